@@ -1,0 +1,121 @@
+// Command mesh-provisioner is the provisioner's seat on a NATS mesh: it tails the provisioner's buckets
+// into a local projection and answers mesh-provisioner.provisioning from it (serve), asks the verb
+// (query), and rebuilds, replays and exports the buckets' history.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+// Version is set at build time with -ldflags "-X main.Version=...".
+var Version = "0.1.0-dev"
+
+func main() {
+	ctx, cancel := context.WithCancel(context.Background())
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	go func() {
+		// The first signal drains and closes cleanly; a second one stops hard.
+		<-sigs
+		cancel()
+		<-sigs
+		fmt.Fprintln(os.Stderr, "second signal: stopping now")
+		os.Exit(130)
+	}()
+	m := NewMain(os.Stdout, os.Stderr)
+	err := m.Run(ctx, os.Args[1:])
+	cancel()
+	os.Exit(exitCode(err, os.Stderr))
+}
+
+// Exit codes scripts can trust.
+const (
+	exitOK      = 0
+	exitFailure = 1 // the command ran and failed
+	exitUsage   = 2 // the command line is wrong
+	exitAnswer  = 3 // the verb answered with an error
+)
+
+// usageError is a wrong command line.
+type usageError struct{ msg string }
+
+func (e *usageError) Error() string { return e.msg }
+
+func exitCode(err error, stderr io.Writer) int {
+	if err == nil || errors.Is(err, flag.ErrHelp) {
+		return exitOK
+	}
+	fmt.Fprintln(stderr, "mesh-provisioner:", err)
+	var ue *usageError
+	var ve *verbError
+	switch {
+	case errors.As(err, &ue):
+		return exitUsage
+	case errors.As(err, &ve):
+		return exitAnswer
+	}
+	return exitFailure
+}
+
+// Main dispatches subcommands.
+type Main struct {
+	Stdout, Stderr io.Writer
+}
+
+// NewMain returns a Main writing to the given streams.
+func NewMain(stdout, stderr io.Writer) *Main { return &Main{Stdout: stdout, Stderr: stderr} }
+
+// Run runs the subcommand named by args[0].
+func (m *Main) Run(ctx context.Context, args []string) error {
+	if len(args) == 0 {
+		m.usage()
+		return &usageError{msg: "no command given"}
+	}
+	cmd, rest := args[0], args[1:]
+	switch cmd {
+	case "serve":
+		return (&ServeCommand{Stdout: m.Stdout, Stderr: m.Stderr}).Run(ctx, rest)
+	case "query":
+		return (&QueryCommand{Stdout: m.Stdout, Stderr: m.Stderr}).Run(ctx, rest)
+	case "version":
+		fmt.Fprintln(m.Stdout, "mesh-provisioner", Version)
+		return nil
+	case "help", "-h", "--help":
+		m.usage()
+		return nil
+	default:
+		if extra, ok := extraCommands[cmd]; ok {
+			return extra(ctx, m, rest)
+		}
+		m.usage()
+		return &usageError{msg: fmt.Sprintf("unknown command %q", cmd)}
+	}
+}
+
+// extraCommands are the subcommands registered by their own files (rebuild, replay, export).
+var extraCommands = map[string]func(ctx context.Context, m *Main, args []string) error{}
+
+func (m *Main) usage() {
+	fmt.Fprint(m.Stderr, `mesh-provisioner: the provisioner's seat on a NATS mesh.
+
+Usage:
+  mesh-provisioner <command> [flags]
+
+Commands:
+  serve     tail the buckets into the projection under --state and answer mesh-provisioner.provisioning
+  query     ask the verb and print a table (--json for scripts)
+  rebuild   rebuild the state dir from scratch from the buckets' streams
+  replay    forensics over the history: state as of a point, a key's history, what changed
+  export    write the buckets' raw history to an archive file
+  version   print the version
+
+Run 'mesh-provisioner <command> --help' for a command's flags and an example.
+`)
+}

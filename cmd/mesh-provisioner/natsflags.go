@@ -1,0 +1,117 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+// natsFlags are the NATS connection flags every command reads, by the NATS conventions.
+type natsFlags struct {
+	url      string
+	creds    string
+	user     string
+	password string
+}
+
+func (f *natsFlags) register(fs *flag.FlagSet, defaultURL string) {
+	if env := os.Getenv("NATS_URL"); env != "" {
+		defaultURL = env
+	}
+	fs.StringVar(&f.url, "nats", defaultURL, "NATS server URL(s), comma separated (env NATS_URL)")
+	fs.StringVar(&f.creds, "creds", os.Getenv("NATS_CREDS"), "NATS credentials file (env NATS_CREDS)")
+	fs.StringVar(&f.user, "user", os.Getenv("NATS_USER"), "NATS user (env NATS_USER)")
+	fs.StringVar(&f.password, "password", os.Getenv("NATS_PASSWORD"), "NATS password (env NATS_PASSWORD)")
+}
+
+// connect dials NATS with the flags, reconnecting forever with backoff once connected.
+func (f *natsFlags) connect(url, name string, log *slog.Logger) (*nats.Conn, error) {
+	opts := []nats.Option{
+		nats.Name(name),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(250 * time.Millisecond),
+		nats.ReconnectJitter(100*time.Millisecond, time.Second),
+		nats.RetryOnFailedConnect(false),
+	}
+	if f.creds != "" {
+		opts = append(opts, nats.UserCredentials(f.creds))
+	}
+	if f.user != "" {
+		opts = append(opts, nats.UserInfo(f.user, f.password))
+	}
+	if log != nil {
+		opts = append(opts,
+			nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+				if err != nil {
+					log.Warn("disconnected from NATS", "err", err)
+				}
+			}),
+			nats.ReconnectHandler(func(nc *nats.Conn) { log.Info("reconnected to NATS", "url", nc.ConnectedUrl()) }),
+			nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
+				subj := ""
+				if sub != nil {
+					subj = sub.Subject
+				}
+				log.Warn("NATS error", "subject", subj, "err", err)
+			}),
+		)
+	}
+	nc, err := nats.Connect(url, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("connect to NATS at %s: %w", redact(url), err)
+	}
+	return nc, nil
+}
+
+// redact hides a password in a URL for messages.
+func redact(url string) string {
+	if i := strings.Index(url, "@"); i >= 0 {
+		if j := strings.Index(url, "://"); j >= 0 && j < i {
+			return url[:j+3] + "***" + url[i:]
+		}
+	}
+	return url
+}
+
+// logFlags set up log/slog.
+type logFlags struct {
+	format string
+	level  string
+}
+
+func (f *logFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.format, "log-format", "text", "log format: text or json")
+	fs.StringVar(&f.level, "log-level", "info", "log level: debug, info, warn or error")
+}
+
+func (f *logFlags) logger(w io.Writer) (*slog.Logger, error) {
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(f.level)); err != nil {
+		return nil, &usageError{msg: fmt.Sprintf("--log-level %q: want debug, info, warn or error", f.level)}
+	}
+	o := &slog.HandlerOptions{Level: lvl}
+	switch f.format {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, o)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, o)), nil
+	}
+	return nil, &usageError{msg: fmt.Sprintf("--log-format %q: want text or json", f.format)}
+}
+
+// parseFlags parses a subcommand's flags, and turns a parse error into a usage error.
+func parseFlags(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		if err == flag.ErrHelp {
+			return err
+		}
+		return &usageError{msg: err.Error()}
+	}
+	return nil
+}

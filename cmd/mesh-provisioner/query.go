@@ -1,0 +1,263 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+
+	"github.com/novox/mesh-provisioner/query"
+)
+
+// verbError is an error answer of the verb.
+type verbError struct {
+	code int
+	msg  string
+}
+
+func (e *verbError) Error() string { return fmt.Sprintf("%d: %s", e.code, e.msg) }
+
+// QueryCommand asks the verb and prints what it answers.
+type QueryCommand struct {
+	Stdout, Stderr io.Writer
+
+	nats       natsFlags
+	node       string
+	module     string
+	collection string
+	kind       string
+	at         string
+	limit      int
+	after      string
+	minSeq     int64
+	wait       time.Duration
+	timeout    time.Duration
+	jsonOut    bool
+	onePage    bool
+}
+
+func (c *QueryCommand) flags() *flag.FlagSet {
+	fs := flag.NewFlagSet("query", flag.ContinueOnError)
+	fs.SetOutput(c.Stderr)
+	c.nats.register(fs, nats.DefaultURL)
+	fs.StringVar(&c.node, "node", "", "only this node")
+	fs.StringVar(&c.module, "module", "", "only this module (for collect: this contributor)")
+	fs.StringVar(&c.module, "contributor", "", "collect: only this contributor (same as --module)")
+	fs.StringVar(&c.collection, "collection", "", "collect: only this collection, by its decoded name (shell:zsh:normal)")
+	fs.StringVar(&c.kind, "kind", "", "registry and needs: only this kind")
+	fs.StringVar(&c.at, "at", "", "forensics: as of an RFC 3339 time or seq:<n>")
+	fs.IntVar(&c.limit, "limit", 0, "rows per page (default 1000, at most 10000)")
+	fs.StringVar(&c.after, "after", "", "start after this cursor (a previous answer's next)")
+	fs.Int64Var(&c.minSeq, "min-seq", 0, "answer only once the projection has applied this stream sequence")
+	fs.DurationVar(&c.wait, "wait", 0, "how long the seat may wait for --min-seq (at most 10s)")
+	fs.DurationVar(&c.timeout, "timeout", 15*time.Second, "how long to wait for each answer")
+	fs.BoolVar(&c.jsonOut, "json", false, "print each answer as one JSON object per line, for scripts")
+	fs.BoolVar(&c.onePage, "one-page", false, "print one page only, not every page")
+	fs.Usage = func() {
+		fmt.Fprint(c.Stderr, `Usage: mesh-provisioner query [WHAT] [flags]
+
+Asks mesh-provisioner.provisioning and prints an aligned table, every page of it (--json for scripts).
+WHAT is registry (the default), needs, applied, collect or plans.
+
+Examples:
+  mesh-provisioner query registry
+  mesh-provisioner query needs --node n00007
+  mesh-provisioner query collect --collection shell:zsh:normal --json
+
+Flags:
+`)
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+// Run asks and prints.
+func (c *QueryCommand) Run(ctx context.Context, args []string) error {
+	fs := c.flags()
+	// WHAT may come before the flags.
+	what := ""
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		what, args = args[0], args[1:]
+	}
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		if what != "" || fs.NArg() > 1 {
+			return &usageError{msg: fmt.Sprintf("query takes one WHAT, got %q", append([]string{what}, fs.Args()...))}
+		}
+		what = fs.Arg(0)
+	}
+	if what == "" {
+		what = "registry"
+	}
+	nc, err := c.nats.connect(c.nats.url, "mesh-provisioner query", nil)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+
+	req := map[string]any{"what": what}
+	for k, v := range map[string]string{"node": c.node, "module": c.module, "collection": c.collection, "kind": c.kind, "at": c.at} {
+		if v != "" {
+			req[k] = v
+		}
+	}
+	if c.limit != 0 {
+		req["limit"] = c.limit
+	}
+	if c.minSeq != 0 {
+		req["min_seq"] = c.minSeq
+		req["wait_ms"] = c.wait.Milliseconds()
+	}
+	after := c.after
+	var answers []map[string]any
+	for {
+		if after != "" {
+			req["after"] = after
+		}
+		body, _ := json.Marshal(req)
+		rctx, cancel := context.WithTimeout(ctx, c.timeout)
+		msg, err := nc.RequestWithContext(rctx, query.Subject, body)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("ask %s: %w", query.Subject, err)
+		}
+		if code := msg.Header.Get(micro.ErrorCodeHeader); code != "" {
+			n, _ := strconv.Atoi(code)
+			return &verbError{code: n, msg: msg.Header.Get(micro.ErrorHeader)}
+		}
+		if c.jsonOut {
+			fmt.Fprintln(c.Stdout, strings.TrimSpace(string(msg.Data)))
+		}
+		var ans map[string]any
+		dec := json.NewDecoder(strings.NewReader(string(msg.Data)))
+		dec.UseNumber()
+		if err := dec.Decode(&ans); err != nil {
+			return fmt.Errorf("read answer: %w", err)
+		}
+		answers = append(answers, ans)
+		next, _ := ans["next"].(string)
+		if next == "" || c.onePage {
+			break
+		}
+		after = next
+	}
+	if !c.jsonOut {
+		printTable(c.Stdout, what, answers)
+	}
+	return nil
+}
+
+// printTable prints the rows of every page, then the anomalies and where the projection stood.
+func printTable(w io.Writer, what string, answers []map[string]any) {
+	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+	cols := columns(what)
+	fmt.Fprintln(tw, strings.ToUpper(strings.Join(cols, "\t")))
+	rows := 0
+	for _, a := range answers {
+		list, _ := a["rows"].([]any)
+		for _, r := range list {
+			row, _ := r.(map[string]any)
+			cells := make([]string, len(cols))
+			for i, col := range cols {
+				cells[i] = cell(what, col, row)
+			}
+			fmt.Fprintln(tw, strings.Join(cells, "\t"))
+			rows++
+		}
+	}
+	tw.Flush()
+	last := answers[len(answers)-1]
+	anoms, _ := last["anomalies"].([]any)
+	if len(anoms) > 0 {
+		fmt.Fprintf(w, "\n%v anomalies (key out of shape, or value not MessagePack):\n", last["anomalies_total"])
+		tw = tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "BUCKET\tKEY\tREVISION\tREASON")
+		for _, x := range anoms {
+			a, _ := x.(map[string]any)
+			fmt.Fprintf(tw, "%v\t%v\t%v\t%v\n", a["bucket"], a["key"], num(a["revision"]), a["reason"])
+		}
+		tw.Flush()
+	}
+	synced := "synced"
+	if s, _ := last["synced"].(bool); !s {
+		synced = "catching up"
+	}
+	fmt.Fprintf(w, "\n%d rows, as of sequence %v (%s)\n", rows, num(last["as_of"]), synced)
+}
+
+func columns(what string) []string {
+	switch what {
+	case "registry":
+		return []string{"kind", "module", "where"}
+	case "needs":
+		return []string{"node", "module", "kind", "name", "revision", "value"}
+	case "applied":
+		return []string{"node", "module", "revision", "value"}
+	case "collect":
+		return []string{"node", "collection", "contributor", "revision", "value"}
+	case "plans":
+		return []string{"node", "module", "want", "have", "current", "newest"}
+	}
+	return []string{"key", "revision", "value"}
+}
+
+func cell(what, col string, row map[string]any) string {
+	switch {
+	case what == "registry" && col == "where":
+		if v, ok := row["verb"].(string); ok && v != "" {
+			return "verb " + v
+		}
+		return fmt.Sprintf("bucket %v  %v", row["bucket"], row["key_shape"])
+	case what == "plans" && (col == "current" || col == "newest"):
+		return planCell(row[col])
+	case col == "value":
+		if raw, ok := row["value_raw"]; ok && row["value"] == nil {
+			return fmt.Sprintf("(not MessagePack: %v)", raw)
+		}
+		b, _ := json.Marshal(row["value"])
+		s := string(b)
+		if len(s) > 72 {
+			s = s[:69] + "..."
+		}
+		return s
+	case col == "revision" || col == "want" || col == "have":
+		return num(row[col])
+	}
+	if v, ok := row[col]; ok && v != nil {
+		return fmt.Sprint(v)
+	}
+	return "-"
+}
+
+func planCell(v any) string {
+	m, ok := v.(map[string]any)
+	if !ok {
+		return "-"
+	}
+	s := fmt.Sprint(m["status"])
+	if b, ok := m["build"]; ok {
+		s = num(b) + " " + s
+	}
+	if hb, ok := m["held_because"]; ok {
+		s += " (" + fmt.Sprint(hb) + ")"
+	}
+	return s
+}
+
+// num prints a JSON number without a float's exponent.
+func num(v any) string {
+	if v == nil {
+		return "-"
+	}
+	return fmt.Sprint(v)
+}

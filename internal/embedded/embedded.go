@@ -1,0 +1,92 @@
+// Package embedded runs an in-process nats-server with JetStream: the default NATS of `serve` when no
+// --nats is given, and the real server every test runs against.
+package embedded
+
+import (
+	"fmt"
+	"log/slog"
+	"net"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+)
+
+// Config of an embedded server.
+type Config struct {
+	// Listen is host:port; port -1 picks a free one.
+	Listen string
+	// StoreDir is JetStream's storage directory.
+	StoreDir string
+	// ConfigFile, when set, is a nats-server configuration file read first (accounts, users); Listen and
+	// StoreDir override its listen and store_dir.
+	ConfigFile string
+	// Logger, when set, receives the server's notices and errors.
+	Logger *slog.Logger
+}
+
+// Start starts a server and waits until it takes connections.
+func Start(cfg Config) (*server.Server, error) {
+	opts := &server.Options{}
+	if cfg.ConfigFile != "" {
+		o, err := server.ProcessConfigFile(cfg.ConfigFile)
+		if err != nil {
+			return nil, fmt.Errorf("nats-server config %s: %w", cfg.ConfigFile, err)
+		}
+		opts = o
+	}
+	host, port, err := splitListen(cfg.Listen)
+	if err != nil {
+		return nil, err
+	}
+	opts.Host, opts.Port = host, port
+	opts.JetStream = true
+	opts.StoreDir = cfg.StoreDir
+	opts.NoSigs = true
+	opts.ServerName = "mesh-provisioner-embedded"
+	ns, err := server.NewServer(opts)
+	if err != nil {
+		return nil, fmt.Errorf("embedded nats-server: %w", err)
+	}
+	if cfg.Logger != nil {
+		ns.SetLoggerV2(slogAdapter{cfg.Logger}, false, false, false)
+	}
+	go ns.Start()
+	if !ns.ReadyForConnections(10 * time.Second) {
+		ns.Shutdown()
+		return nil, fmt.Errorf("embedded nats-server on %s did not start within 10s (is the port taken?)", cfg.Listen)
+	}
+	return ns, nil
+}
+
+func splitListen(listen string) (string, int, error) {
+	if listen == "" {
+		return "127.0.0.1", -1, nil
+	}
+	host, p, err := net.SplitHostPort(listen)
+	if err != nil {
+		return "", 0, fmt.Errorf("listen %q: %w", listen, err)
+	}
+	port, err := strconv.Atoi(p)
+	if err != nil {
+		return "", 0, fmt.Errorf("listen %q: port: %w", listen, err)
+	}
+	return host, port, nil
+}
+
+type slogAdapter struct{ l *slog.Logger }
+
+func (a slogAdapter) Noticef(format string, v ...any) {
+	a.l.Debug(fmt.Sprintf(format, v...), "component", "nats-server")
+}
+func (a slogAdapter) Warnf(format string, v ...any) {
+	a.l.Warn(fmt.Sprintf(format, v...), "component", "nats-server")
+}
+func (a slogAdapter) Fatalf(format string, v ...any) {
+	a.l.Error(fmt.Sprintf(format, v...), "component", "nats-server")
+}
+func (a slogAdapter) Errorf(format string, v ...any) {
+	a.l.Error(fmt.Sprintf(format, v...), "component", "nats-server")
+}
+func (a slogAdapter) Debugf(format string, v ...any) {}
+func (a slogAdapter) Tracef(format string, v ...any) {}

@@ -1,0 +1,102 @@
+package provisioner
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// Parts are the named tokens of a key that fits its bucket's shape. Strings other than Collection are
+// substrings of the raw key, but for composed-<node> keys, whose Node is the bucket's; Collection is the
+// decoded name and CollectionKey its raw token.
+type Parts struct {
+	Node          string
+	Module        string
+	Kind          string
+	Name          string
+	Collection    string
+	CollectionKey string
+	Contributor   string
+	Build         uint64 // composed-<node> keys: the build as a number
+	BuildToken    string // composed-<node> keys: the build as written
+}
+
+// ParseKey reads a raw key by its bucket's shape. A key out of shape returns a *KeyError that names
+// the anomaly reason: token-count first, then bad-token, then bad-escape (collect) or bad-build
+// (composed-<node>).
+func ParseKey(s Shape, key string) (Parts, error) {
+	var toks [4]string
+	n := len(s.Tokens)
+	have := strings.Count(key, ".") + 1
+	if have != n {
+		return Parts{}, &KeyError{Reason: ReasonTokenCount, Detail: fmt.Sprintf("want %d %s, have %d", n, s, have)}
+	}
+	rest := key
+	for i := 0; i < n; i++ {
+		tok := rest
+		if i < n-1 {
+			j := strings.IndexByte(rest, '.')
+			tok, rest = rest[:j], rest[j+1:]
+		}
+		if !ValidToken(tok) {
+			return Parts{}, &KeyError{Reason: ReasonBadToken, Detail: fmt.Sprintf("<%s> token %q is not made of A-Z a-z 0-9 - _ / =", s.Tokens[i], tok)}
+		}
+		toks[i] = tok
+	}
+	var p Parts
+	switch s.What {
+	case WhatRegistry:
+		p.Kind = toks[0]
+	case WhatNeeds:
+		p.Node, p.Module, p.Kind, p.Name = toks[0], toks[1], toks[2], toks[3]
+	case WhatApplied:
+		p.Node, p.Module = toks[0], toks[1]
+	case WhatCollect:
+		name, err := DecodeCollection(toks[1])
+		if err != nil {
+			return Parts{}, &KeyError{Reason: ReasonBadEscape, Detail: fmt.Sprintf("collection %q: want =XX with two hex digits and valid UTF-8", toks[1])}
+		}
+		p.Node, p.Collection, p.CollectionKey, p.Contributor = toks[0], name, toks[1], toks[2]
+	case WhatPlans:
+		switch {
+		case s.Bucket == BucketHostModules:
+			p.Node, p.Module = toks[0], toks[1]
+		case s.Bucket == BucketIndexerBuilds:
+			p.Module = toks[0]
+		default: // composed-<node>
+			b, ok := ParseBuild(toks[1])
+			if !ok {
+				return Parts{}, &KeyError{Reason: ReasonBadBuild, Detail: fmt.Sprintf("build %q is not a decimal number", toks[1])}
+			}
+			p.Node, _ = ComposedNode(s.Bucket)
+			p.Module, p.Build, p.BuildToken = toks[0], b, toks[1]
+		}
+	}
+	return p, nil
+}
+
+// ParseBuild reads a build: a decimal number written as a token (1042).
+func ParseBuild(s string) (uint64, bool) {
+	if s == "" {
+		return 0, false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return 0, false
+		}
+	}
+	b, err := strconv.ParseUint(s, 10, 64)
+	if err != nil {
+		return 0, false
+	}
+	return b, true
+}
+
+// FirstToken is a raw key's first token (all of it when it has no '.'): the node an anomaly row is
+// narrowed by, since an out-of-shape key may lack its other parts.
+func FirstToken(key string) string {
+	if i := strings.IndexByte(key, '.'); i >= 0 {
+		return key[:i]
+	}
+	return key
+}

@@ -1,0 +1,416 @@
+// Package projector tails the history of NATS JetStream key-value buckets into the store: one ordered
+// consumer per bucket on its stream KV_<bucket>, from the first message on a fresh state dir and from the
+// checkpoint + 1 after a restart. Messages are applied in batches, each batch with the bucket's
+// checkpoint in one Pebble batch, so the checkpoint never runs ahead of the rows; a message delivered
+// twice is skipped by its sequence.
+//
+// Each bucket's consumer is one goroutine reading the stream and one applying batches; both are owned by
+// the Projector and stopped by Stop. A bucket that does not exist yet is waited for.
+package projector
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/store"
+)
+
+// Options tune a Projector. The zero value is usable.
+type Options struct {
+	// Buckets to tail; nil means the four provisioner buckets.
+	Buckets []string
+	// BatchSize is the most messages applied in one Pebble batch; 0 means 4096.
+	BatchSize int
+	// PullMessages is how many messages the consumer asks the server for at once; 0 means 8192.
+	PullMessages int
+	// Poll is how often a missing bucket is looked for again, and how often an unsynced bucket asks its
+	// consumer whether anything is pending; 0 means one second.
+	Poll time.Duration
+	// Logger receives the projector's log lines; nil discards them.
+	Logger *slog.Logger
+	// OnReset is called when a bucket's stream can no longer be resumed from the checkpoint (it was
+	// recreated, or messages past the checkpoint were removed before they were read). The consumer of
+	// that bucket stops; the owner rebuilds. Nil logs and keeps waiting.
+	OnReset func(bucket string, reason error)
+}
+
+// ErrCannotResume says a bucket's stream no longer holds what the checkpoint follows on from.
+var ErrCannotResume = errors.New("projector: cannot resume from checkpoint")
+
+// Projector tails buckets into a store.
+type Projector struct {
+	js   jetstream.JetStream
+	db   *store.DB
+	opts Options
+	log  *slog.Logger
+
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	applied atomic.Int64 // messages applied since New, over all buckets
+}
+
+// New returns a Projector; Start runs it.
+func New(js jetstream.JetStream, db *store.DB, opts Options) *Projector {
+	if opts.Buckets == nil {
+		for _, s := range provisioner.ProvisionerShapes {
+			opts.Buckets = append(opts.Buckets, s.Bucket)
+		}
+	}
+	if opts.BatchSize <= 0 {
+		opts.BatchSize = 4096
+	}
+	if opts.PullMessages <= 0 {
+		opts.PullMessages = 8192
+	}
+	if opts.Poll <= 0 {
+		opts.Poll = time.Second
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Projector{js: js, db: db, opts: opts, log: log}
+}
+
+// Applied is how many messages this Projector applied (skipped repeats not counted).
+func (p *Projector) Applied() int64 { return p.applied.Load() }
+
+// Start runs one consumer per bucket until Stop or ctx ends.
+func (p *Projector) Start(ctx context.Context) {
+	ctx, p.cancel = context.WithCancel(ctx)
+	for _, b := range p.opts.Buckets {
+		p.Add(ctx, b)
+	}
+}
+
+// Add starts tailing one more bucket under the Projector's ownership (composed-<node> buckets found
+// while running). ctx must be the one Start derived, or one below it.
+func (p *Projector) Add(ctx context.Context, bucket string) {
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		p.runBucket(ctx, bucket)
+	}()
+}
+
+// Stop stops every consumer and waits until each has committed its last batch.
+func (p *Projector) Stop() {
+	if p.cancel != nil {
+		p.cancel()
+	}
+	p.wg.Wait()
+}
+
+// runBucket waits for the bucket's stream, tails it, and starts over after a failure, with a backoff
+// that doubles up to a cap. The first failure is logged, and "recovered" once it works again.
+func (p *Projector) runBucket(ctx context.Context, bucket string) {
+	log := p.log.With("bucket", bucket)
+	bo := backoff{min: 100 * time.Millisecond, max: 5 * time.Second}
+	failing := false
+	for ctx.Err() == nil {
+		err := p.tail(ctx, bucket, log, func() {
+			if failing {
+				log.Info("recovered")
+				failing = false
+			}
+			bo.reset()
+		})
+		if ctx.Err() != nil {
+			return
+		}
+		if errors.Is(err, ErrCannotResume) {
+			if p.opts.OnReset != nil {
+				p.opts.OnReset(bucket, err)
+				return
+			}
+			log.Error("bucket cannot be resumed; run `mesh-provisioner rebuild`", "err", err)
+		} else if errors.Is(err, jetstream.ErrStreamNotFound) {
+			// Not created yet: nothing to catch up with until it is.
+			p.db.SetSynced(bucket, true)
+			if !sleep(ctx, p.opts.Poll) {
+				return
+			}
+			continue
+		} else if !failing {
+			log.Warn("tailing failed; retrying with backoff", "err", err)
+			failing = true
+		}
+		if !sleep(ctx, bo.next()) {
+			return
+		}
+	}
+}
+
+// tail follows one bucket's stream from the checkpoint until ctx ends or the consumer fails.
+func (p *Projector) tail(ctx context.Context, bucket string, log *slog.Logger, ok func()) error {
+	stream, err := p.js.Stream(ctx, provisioner.StreamName(bucket))
+	if err != nil {
+		return err
+	}
+	info := stream.CachedInfo()
+	cp := p.db.Checkpoint(bucket)
+	created := info.Created.UnixNano()
+	if cp.Applied > 0 {
+		if cp.StreamCreated != 0 && cp.StreamCreated != created {
+			return fmt.Errorf("%w: stream %s was recreated (created %s, checkpoint from a stream created %s)",
+				ErrCannotResume, info.Config.Name, info.Created.UTC().Format(time.RFC3339Nano), time.Unix(0, cp.StreamCreated).UTC().Format(time.RFC3339Nano))
+		}
+		if info.State.FirstSeq > cp.Applied+1 && info.State.Msgs > 0 {
+			return fmt.Errorf("%w: stream %s starts at sequence %d, past checkpoint %d + 1: messages were removed before they were read",
+				ErrCannotResume, info.Config.Name, info.State.FirstSeq, cp.Applied)
+		}
+		if info.State.LastSeq < cp.Applied {
+			return fmt.Errorf("%w: stream %s ends at sequence %d, before checkpoint %d", ErrCannotResume, info.Config.Name, info.State.LastSeq, cp.Applied)
+		}
+	}
+	cfg := jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverAllPolicy}
+	if cp.Applied > 0 {
+		cfg.DeliverPolicy = jetstream.DeliverByStartSequencePolicy
+		cfg.OptStartSeq = cp.Applied + 1
+	}
+	cons, err := stream.OrderedConsumer(ctx, cfg)
+	if err != nil {
+		return fmt.Errorf("create consumer: %w", err)
+	}
+	it, err := cons.Messages(jetstream.PullMaxMessages(p.opts.PullMessages))
+	if err != nil {
+		return fmt.Errorf("consume: %w", err)
+	}
+	ok()
+
+	start := time.Now()
+	startSeq := cp.Applied
+	if info.State.Msgs == 0 || info.State.LastSeq <= cp.Applied {
+		p.markSynced(bucket, log, startSeq, start)
+	}
+
+	// The reader turns NATS messages into store messages; the applier batches and commits them. The
+	// channel between them is the pipeline: while one batch commits, the next is read and parsed.
+	in := make(chan provisioner.Message, p.opts.BatchSize*2)
+	pending := make(chan uint64, 1) // NumPending after the newest message read
+	readErr := make(chan error, 1)
+	rctx, rcancel := context.WithCancel(ctx)
+	defer rcancel()
+	var rwg sync.WaitGroup
+	rwg.Add(1)
+	go func() {
+		defer rwg.Done()
+		defer close(in)
+		readErr <- p.read(rctx, it, bucket, in, pending)
+	}()
+	go func() { <-rctx.Done(); it.Stop() }()
+
+	applyErr := p.applyLoop(ctx, bucket, created, in, pending, cons, log, startSeq, start)
+	rcancel()
+	rwg.Wait()
+	if applyErr != nil {
+		return applyErr
+	}
+	if err := <-readErr; err != nil && ctx.Err() == nil {
+		return err
+	}
+	return nil
+}
+
+func (p *Projector) markSynced(bucket string, log *slog.Logger, from uint64, start time.Time) {
+	if _, synced := p.db.Applied(bucket); synced {
+		return
+	}
+	p.db.SetSynced(bucket, true)
+	seq, _ := p.db.Applied(bucket)
+	log.Info("bucket synced", "applied_seq", seq, "messages", seq-min(seq, from), "took", time.Since(start).Round(time.Millisecond))
+}
+
+// read moves messages from the consumer into in until the consumer stops.
+func (p *Projector) read(ctx context.Context, it jetstream.MessagesContext, bucket string, in chan<- provisioner.Message, pending chan uint64) error {
+	prefix := provisioner.SubjectPrefix(bucket)
+	for {
+		msg, err := it.Next()
+		if err != nil {
+			if errors.Is(err, jetstream.ErrMsgIteratorClosed) || ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		m, np, err := convert(msg, prefix)
+		if err != nil {
+			return err
+		}
+		select {
+		case in <- m:
+		case <-ctx.Done():
+			return nil
+		}
+		// Keep only the newest pending count.
+		select {
+		case <-pending:
+		default:
+		}
+		pending <- np
+	}
+}
+
+// convert reads a stream message as the store applies it.
+func convert(msg jetstream.Msg, prefix string) (provisioner.Message, uint64, error) {
+	md, err := msg.Metadata()
+	if err != nil {
+		return provisioner.Message{}, 0, fmt.Errorf("message metadata: %w", err)
+	}
+	subj := msg.Subject()
+	if !strings.HasPrefix(subj, prefix) {
+		return provisioner.Message{}, 0, fmt.Errorf("message subject %q is not of %s>", subj, prefix)
+	}
+	m := provisioner.Message{Seq: md.Sequence.Stream, Time: md.Timestamp.UnixNano(), Key: subj[len(prefix):], Op: provisioner.OpPut}
+	if h := msg.Headers(); len(h) > 0 {
+		m.Op = opOf(h)
+	}
+	if m.Op == provisioner.OpPut {
+		m.Value = msg.Data()
+	}
+	return m, md.NumPending, nil
+}
+
+// opOf reads a message's operation from its headers: KV-Operation DEL or PURGE, or a TTL marker.
+func opOf(h nats.Header) provisioner.Op {
+	switch h.Get(kvOperationHeader) {
+	case "DEL":
+		return provisioner.OpDelete
+	case "PURGE":
+		return provisioner.OpPurge
+	}
+	if h.Get(jetstream.MarkerReasonHeader) != "" {
+		return provisioner.OpExpire
+	}
+	return provisioner.OpPut
+}
+
+// applyLoop takes what the reader has produced, as much as is there up to BatchSize, and commits it as
+// one batch; it retries a failed commit of the same batch with backoff.
+func (p *Projector) applyLoop(ctx context.Context, bucket string, created int64, in <-chan provisioner.Message, pending <-chan uint64,
+	cons jetstream.Consumer, log *slog.Logger, startSeq uint64, start time.Time) error {
+	batch := make([]provisioner.Message, 0, p.opts.BatchSize)
+	var lastPending uint64 = 1
+	poll := time.NewTicker(p.opts.Poll)
+	defer poll.Stop()
+	bo := backoff{min: 50 * time.Millisecond, max: 5 * time.Second}
+	for {
+		batch = batch[:0]
+		select {
+		case m, open := <-in:
+			if !open {
+				return nil
+			}
+			batch = append(batch, m)
+		case <-poll.C:
+			if _, synced := p.db.Applied(bucket); !synced {
+				p.checkSynced(ctx, bucket, cons, log, startSeq, start)
+			}
+			continue
+		case <-ctx.Done():
+			// The reader stops with ctx; what it already handed over is committed below.
+		}
+	drain:
+		for len(batch) < p.opts.BatchSize {
+			select {
+			case m, open := <-in:
+				if !open {
+					break drain
+				}
+				batch = append(batch, m)
+			default:
+				break drain
+			}
+		}
+		if len(batch) == 0 {
+			return nil
+		}
+		select {
+		case lastPending = <-pending:
+		default:
+		}
+		failing := false
+		for {
+			err := p.db.Apply(bucket, batch, created, false)
+			if err == nil {
+				break
+			}
+			if errors.Is(err, store.ErrClosed) {
+				return err
+			}
+			if !failing {
+				log.Error("applying a batch failed; retrying with backoff", "err", err, "messages", len(batch))
+				failing = true
+			}
+			if !sleep(ctx, bo.next()) {
+				return err
+			}
+		}
+		if failing {
+			log.Info("recovered")
+			bo.reset()
+		}
+		p.applied.Add(int64(len(batch)))
+		if lastPending == 0 && len(in) == 0 {
+			p.markSynced(bucket, log, startSeq, start)
+		}
+		if ctx.Err() != nil && len(in) == 0 {
+			return nil
+		}
+	}
+}
+
+// checkSynced asks the consumer whether anything is left for it: messages at the stream's end may have
+// been removed, so no message with NumPending 0 ever comes.
+func (p *Projector) checkSynced(ctx context.Context, bucket string, cons jetstream.Consumer, log *slog.Logger, startSeq uint64, start time.Time) {
+	ictx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	ci, err := cons.Info(ictx)
+	if err != nil {
+		return
+	}
+	seq, _ := p.db.Applied(bucket)
+	if ci.NumPending == 0 && seq >= ci.Delivered.Stream {
+		p.markSynced(bucket, log, startSeq, start)
+	}
+}
+
+type backoff struct {
+	min, max, cur time.Duration
+}
+
+func (b *backoff) next() time.Duration {
+	if b.cur == 0 {
+		b.cur = b.min
+	} else if b.cur *= 2; b.cur > b.max {
+		b.cur = b.max
+	}
+	return b.cur
+}
+
+func (b *backoff) reset() { b.cur = 0 }
+
+// sleep waits d or until ctx ends, and reports whether ctx is still live.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// kvOperationHeader is the header a KV delete or purge carries (nats.go keeps its name unexported).
+const kvOperationHeader = "KV-Operation"

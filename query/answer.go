@@ -1,0 +1,163 @@
+package query
+
+import (
+	"context"
+	"fmt"
+
+	provisioner "github.com/novox/mesh-provisioner"
+)
+
+// Answer answers a decoded, validated request into e, in the given format.
+func (s *Server) Answer(ctx context.Context, r *Request, format Format, e *Encoder) error {
+	e.Reset(format)
+	if r.At != "" {
+		if s.opts.At == nil {
+			return fmt.Errorf("%w: at is not served by this seat", errNotImplemented)
+		}
+		return s.opts.At(ctx, r, e)
+	}
+	w := provisioner.What(r.What)
+	if w == provisioner.WhatPlans {
+		if s.opts.Plans == nil {
+			return fmt.Errorf("%w: plans are not served by this seat", errNotImplemented)
+		}
+		return s.opts.Plans(ctx, r, e)
+	}
+	shape, _ := provisioner.ShapeOfWhat(w)
+	if r.MinSeq > 0 {
+		if err := s.wait(ctx, shape.Bucket, uint64(r.MinSeq), r.WaitMS); err != nil {
+			return err
+		}
+	}
+	v, err := s.r.View()
+	if err != nil {
+		return err
+	}
+	defer v.Close()
+	cp, err := v.Checkpoint(shape.Bucket)
+	if err != nil {
+		return err
+	}
+	_, synced := s.r.Applied(shape.Bucket)
+	return AnswerView(v, r, e, cp.Applied, synced)
+}
+
+// AnswerView writes the answer to a request of registry, needs, applied or collect from a view: the
+// rows of one bounded range scan, filtered by what the range does not narrow, one page of them, and
+// the bucket's anomalies. asOf and synced are written as given.
+func AnswerView(v View, r *Request, e *Encoder, asOf uint64, synced bool) error {
+	w := provisioner.What(r.What)
+	shape, _ := provisioner.ShapeOfWhat(w)
+	rg, filter := Plan(shape.Bucket, r)
+	if r.After != "" {
+		ok, err := v.HasRow(rg, r.After)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return NotFound("after %q: no such row in this answer any more; start again without after", r.After)
+		}
+		rg.After = r.After
+	}
+
+	e.BeginAnswer(r.What)
+	limit := r.limit()
+	n := 0
+	var next string
+	var last []byte
+	var rowErr error
+	err := v.Rows(rg, func(row *provisioner.Row) bool {
+		parts, err := provisioner.ParseKey(shape, string(row.Key))
+		if err != nil || !filter(&parts) {
+			return true // out-of-shape keys have no row; the filter narrows what the range could not
+		}
+		if n == limit {
+			next = string(last)
+			return false
+		}
+		if rowErr = e.Row(w, row, &parts); rowErr != nil {
+			return false
+		}
+		last = append(last[:0], row.Key...)
+		n++
+		return true
+	})
+	if err == nil {
+		err = rowErr
+	}
+	if err != nil {
+		return err
+	}
+	e.EndRows()
+	node := r.Node
+	if err := e.AnomaliesFrom(v, shape.Bucket, node); err != nil {
+		return err
+	}
+	e.EndAnswer(asOf, synced, next)
+	return nil
+}
+
+// Plan chooses the range scan that answers a request, and the filter for what the range does not
+// narrow. Every choice is bounded by what the request names: a node's rows, a module's, a kind's, a
+// collection's, a contributor's.
+func Plan(bucket string, r *Request) (provisioner.Range, func(*provisioner.Parts) bool) {
+	rg := provisioner.Range{Bucket: bucket, Index: provisioner.IndexPrimary}
+	all := func(*provisioner.Parts) bool { return true }
+	switch provisioner.What(r.What) {
+	case provisioner.WhatRegistry:
+		if r.Kind != "" {
+			rg.Prefix = r.Kind
+		}
+		kind, module := r.Kind, r.Module
+		return rg, func(p *provisioner.Parts) bool {
+			return (kind == "" || p.Kind == kind) && (module == "" || p.Module == module)
+		}
+	case provisioner.WhatNeeds:
+		node, module, kind := r.Node, r.Module, r.Kind
+		switch {
+		case node != "" && module != "":
+			rg.Prefix = node + "." + module + "."
+		case node != "":
+			rg.Prefix = node + "."
+		case module != "":
+			rg.Index, rg.Value = provisioner.IndexModule, module
+		case kind != "":
+			rg.Index, rg.Value = provisioner.IndexKind, kind
+		}
+		if kind == "" {
+			return rg, all
+		}
+		return rg, func(p *provisioner.Parts) bool { return p.Kind == kind }
+	case provisioner.WhatApplied:
+		node, module := r.Node, r.Module
+		switch {
+		case node != "" && module != "":
+			rg.Prefix = node + "." + module
+		case node != "":
+			rg.Prefix = node + "."
+		case module != "":
+			rg.Index, rg.Value = provisioner.IndexModule, module
+		}
+		if module == "" {
+			return rg, all
+		}
+		return rg, func(p *provisioner.Parts) bool { return p.Module == module }
+	case provisioner.WhatCollect:
+		node, contributor, collection := r.Node, r.Module, r.Collection
+		switch {
+		case collection != "":
+			rg.Index, rg.Value = provisioner.IndexCollection, collection
+			if node != "" {
+				rg.Prefix = node + "."
+			}
+		case node != "":
+			rg.Prefix = node + "."
+		case contributor != "":
+			rg.Index, rg.Value = provisioner.IndexContributor, contributor
+		}
+		return rg, func(p *provisioner.Parts) bool {
+			return (contributor == "" || p.Contributor == contributor) && (collection == "" || p.Collection == collection)
+		}
+	}
+	return rg, all
+}

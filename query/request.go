@@ -1,0 +1,161 @@
+package query
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+
+	"github.com/vmihailenco/msgpack/v5"
+
+	provisioner "github.com/novox/mesh-provisioner"
+)
+
+// Limits of a request (CONTRACT section 3).
+const (
+	DefaultLimit    = 1000
+	MaxLimit        = 10000
+	MaxWaitMS       = 10000
+	MaxAnomalies    = 1000
+	maxRequestBytes = 1 << 20
+)
+
+// Request is the verb's request: a JSON object, or a MessagePack map with the same fields.
+type Request struct {
+	What        string `json:"what" msgpack:"what"`
+	Node        string `json:"node" msgpack:"node"`
+	Module      string `json:"module" msgpack:"module"`
+	Contributor string `json:"contributor" msgpack:"contributor"`
+	Collection  string `json:"collection" msgpack:"collection"`
+	Kind        string `json:"kind" msgpack:"kind"`
+	Limit       *int64 `json:"limit" msgpack:"limit"`
+	After       string `json:"after" msgpack:"after"`
+	MinSeq      int64  `json:"min_seq" msgpack:"min_seq"`
+	WaitMS      int64  `json:"wait_ms" msgpack:"wait_ms"`
+	At          string `json:"at" msgpack:"at"`
+}
+
+// Format is the encoding of a request, and so of its answer.
+type Format uint8
+
+const (
+	FormatJSON Format = iota
+	FormatMsgpack
+)
+
+// badRequest is an error the asker made: it answers 400.
+type badRequest struct{ msg string }
+
+func (e *badRequest) Error() string { return e.msg }
+
+func badf(format string, args ...any) error { return &badRequest{msg: fmt.Sprintf(format, args...)} }
+
+// DecodeRequest reads a request body: empty is {}, a body starting with '{' (after white space) is JSON,
+// one starting with a MessagePack map header is MessagePack. It returns the format the answer is to be
+// written in, also when the request is bad.
+func DecodeRequest(body []byte) (Request, Format, error) {
+	var req Request
+	trimmed := bytes.TrimLeft(body, " \t\r\n")
+	if len(trimmed) == 0 {
+		return req, FormatJSON, req.validate()
+	}
+	if len(body) > maxRequestBytes {
+		return req, formatOf(trimmed), badf("request is %d bytes, at most %d", len(body), maxRequestBytes)
+	}
+	switch formatOf(trimmed) {
+	case FormatJSON:
+		if trimmed[0] != '{' {
+			return req, FormatJSON, badf("request is neither a JSON object nor a MessagePack map")
+		}
+		dec := json.NewDecoder(bytes.NewReader(trimmed))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&req); err != nil {
+			return req, FormatJSON, badf("request JSON: %s", jsonErr(err))
+		}
+		if _, err := dec.Token(); err != io.EOF {
+			return req, FormatJSON, badf("request JSON: data after the object")
+		}
+		return req, FormatJSON, req.validate()
+	default:
+		rd := bytes.NewReader(trimmed)
+		dec := msgpack.NewDecoder(rd)
+		dec.DisallowUnknownFields(true)
+		if err := dec.Decode(&req); err != nil {
+			return req, FormatMsgpack, badf("request MessagePack: %s", err)
+		}
+		if rd.Len() > 0 {
+			return req, FormatMsgpack, badf("request MessagePack: data after the map")
+		}
+		return req, FormatMsgpack, req.validate()
+	}
+}
+
+func formatOf(b []byte) Format {
+	if len(b) > 0 && (b[0]&0xf0 == 0x80 || b[0] == 0xde || b[0] == 0xdf) {
+		return FormatMsgpack
+	}
+	return FormatJSON
+}
+
+func jsonErr(err error) string {
+	var te *json.UnmarshalTypeError
+	if errors.As(err, &te) {
+		return fmt.Sprintf("field %q wants %s, not %s", te.Field, te.Type, te.Value)
+	}
+	return err.Error()
+}
+
+// validate checks the fields against what they may be asked with, and sets the defaults.
+func (r *Request) validate() error {
+	if r.What == "" {
+		r.What = string(provisioner.WhatRegistry)
+	}
+	w := provisioner.What(r.What)
+	switch w {
+	case provisioner.WhatRegistry, provisioner.WhatNeeds, provisioner.WhatApplied, provisioner.WhatCollect, provisioner.WhatPlans:
+	default:
+		return badf("what %q is not one of registry, needs, applied, collect, plans", r.What)
+	}
+	if r.Node != "" && w == provisioner.WhatRegistry {
+		return badf("node narrows needs, applied, collect and plans, not registry")
+	}
+	if r.Collection != "" && w != provisioner.WhatCollect {
+		return badf("collection narrows collect only")
+	}
+	if r.Contributor != "" {
+		if w != provisioner.WhatCollect {
+			return badf("contributor narrows collect only")
+		}
+		if r.Module != "" && r.Module != r.Contributor {
+			return badf("module and contributor are the same field for collect, and differ")
+		}
+		r.Module = r.Contributor
+	}
+	if r.Kind != "" && w != provisioner.WhatRegistry && w != provisioner.WhatNeeds {
+		return badf("kind narrows registry and needs only")
+	}
+	for _, f := range []struct{ name, v string }{{"node", r.Node}, {"module", r.Module}, {"kind", r.Kind}} {
+		if f.v != "" && !provisioner.ValidToken(f.v) {
+			return badf("%s %q is not a key token (A-Z a-z 0-9 - _ / =)", f.name, f.v)
+		}
+	}
+	if r.Limit != nil && (*r.Limit < 1 || *r.Limit > MaxLimit) {
+		return badf("limit %d is out of range 1..%d", *r.Limit, MaxLimit)
+	}
+	if r.MinSeq < 0 {
+		return badf("min_seq %d is negative", r.MinSeq)
+	}
+	if r.WaitMS < 0 || r.WaitMS > MaxWaitMS {
+		return badf("wait_ms %d is out of range 0..%d", r.WaitMS, MaxWaitMS)
+	}
+	return nil
+}
+
+// limit is the rows per answer asked for.
+func (r *Request) limit() int {
+	if r.Limit == nil {
+		return DefaultLimit
+	}
+	return int(*r.Limit)
+}

@@ -1,0 +1,265 @@
+// Package query answers the verb mesh-provisioner.provisioning from the projection, never from the
+// buckets. It declares the few reads it needs (Reader, View); the store implements them. Answers are
+// written straight into reused buffers: stored MessagePack values pass through into MessagePack answers
+// and are transcoded, not decoded, into JSON ones.
+package query
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+
+	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/internal/mpk"
+	"github.com/novox/mesh-provisioner/store"
+)
+
+// The verb's names (CONTRACT section 3).
+const (
+	ServiceName  = "mesh-provisioner"
+	EndpointName = "provisioning"
+	Subject      = "mesh-provisioner.provisioning"
+)
+
+// View is one consistent read of the projection.
+type View interface {
+	Rows(r provisioner.Range, fn func(*provisioner.Row) bool) error
+	HasRow(r provisioner.Range, key string) (bool, error)
+	Anomalies(bucket, node string, max int, fn func(provisioner.Anomaly)) (int64, error)
+	Checkpoint(bucket string) (store.Checkpoint, error)
+	Close() error
+}
+
+// Reader is what the verb needs of the projection.
+type Reader interface {
+	View() (View, error)
+	Applied(bucket string) (seq uint64, synced bool)
+	Changed(bucket string) <-chan struct{}
+}
+
+// StoreReader adapts a store to Reader.
+func StoreReader(db *store.DB) Reader { return storeReader{db} }
+
+type storeReader struct{ *store.DB }
+
+func (s storeReader) View() (View, error) {
+	v, err := s.DB.View()
+	if err != nil {
+		return nil, err
+	}
+	return v, nil
+}
+
+var _ View = (*store.View)(nil)
+
+// AtFunc answers a request with `at` set, from the event log; see package replay.
+type AtFunc func(ctx context.Context, req *Request, e *Encoder) error
+
+// Options configure a Server.
+type Options struct {
+	Version string
+	Logger  *slog.Logger
+	// At answers forensics requests; nil answers them 501.
+	At AtFunc
+	// Plans answers what: plans; nil answers it 501.
+	Plans AtFunc
+	// Metadata is added to the micro service's metadata.
+	Metadata map[string]string
+	// Observe, when set, is told of every answered request: what, code, duration.
+	Observe func(what string, code int, d time.Duration)
+}
+
+// Server serves the verb.
+type Server struct {
+	r    Reader
+	opts Options
+	log  *slog.Logger
+	svc  micro.Service
+	pool sync.Pool
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // requests waiting for min_seq in their own goroutine
+}
+
+// NewServer returns a Server reading from r.
+func NewServer(r Reader, opts Options) *Server {
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	s := &Server{r: r, opts: opts, log: log}
+	s.pool.New = func() any { return &Encoder{} }
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	return s
+}
+
+// Start adds the micro service to a connection: service mesh-provisioner, endpoint provisioning on
+// subject mesh-provisioner.provisioning, in the default queue group so several seats share the load.
+func (s *Server) Start(nc *nats.Conn, stats func() any) error {
+	md := map[string]string{}
+	for k, v := range s.opts.Metadata {
+		md[k] = v
+	}
+	cfg := micro.Config{
+		Name:        ServiceName,
+		Version:     s.opts.Version,
+		Description: "what every module on every node needs, what is applied where, and what each collection holds",
+		Metadata:    md,
+	}
+	if stats != nil {
+		cfg.StatsHandler = func(*micro.Endpoint) any { return stats() }
+	}
+	svc, err := micro.AddService(nc, cfg)
+	if err != nil {
+		return fmt.Errorf("add micro service: %w", err)
+	}
+	if err := svc.AddEndpoint(EndpointName, micro.HandlerFunc(s.handle), micro.WithEndpointSubject(Subject)); err != nil {
+		svc.Stop()
+		return fmt.Errorf("add endpoint: %w", err)
+	}
+	s.svc = svc
+	return nil
+}
+
+// Service is the micro service, once started.
+func (s *Server) Service() micro.Service { return s.svc }
+
+// Stop stops taking requests, and answers those still waiting (for min_seq) before returning.
+func (s *Server) Stop() {
+	if s.svc != nil {
+		_ = s.svc.Stop()
+	}
+	s.cancel()
+	s.wg.Wait()
+}
+
+func (s *Server) handle(req micro.Request) {
+	start := time.Now()
+	r, format, err := DecodeRequest(req.Data())
+	if err == nil && r.MinSeq > 0 && r.At == "" {
+		// A wait must not hold up the requests behind it: answer from a goroutine of its own.
+		if seq, _ := s.r.Applied(bucketOf(&r)); seq < uint64(r.MinSeq) {
+			s.wg.Add(1)
+			go func() {
+				defer s.wg.Done()
+				s.respond(req, &r, format, nil, start)
+			}()
+			return
+		}
+	}
+	s.respond(req, &r, format, err, start)
+}
+
+func (s *Server) respond(req micro.Request, r *Request, format Format, err error, start time.Time) {
+	e := s.pool.Get().(*Encoder)
+	defer s.pool.Put(e)
+	if err == nil {
+		err = s.Answer(s.ctx, r, format, e)
+	}
+	code := 200
+	if err != nil {
+		code = Code(err)
+		msg := err.Error()
+		if code == 500 {
+			s.log.Error("answer failed", "what", r.What, "err", err)
+		}
+		body := ErrorBody(format, msg)
+		if rerr := req.Error(strconv.Itoa(code), msg, body); rerr != nil {
+			s.log.Debug("respond", "err", rerr)
+		}
+	} else if rerr := req.Respond(e.Bytes()); rerr != nil {
+		s.log.Debug("respond", "err", rerr)
+	}
+	if s.opts.Observe != nil {
+		s.opts.Observe(r.What, code, time.Since(start))
+	}
+}
+
+// ErrorBody is the body of an error answer: {"error": "..."} in the request's format.
+func ErrorBody(format Format, msg string) []byte {
+	var b []byte
+	if format == FormatMsgpack {
+		b = mpk.AppendMapHeader(b, 1)
+		b = mpk.AppendString(b, "error")
+		return mpk.AppendString(b, msg)
+	}
+	b = append(b, `{"error":`...)
+	b = mpk.AppendJSONString(b, msg)
+	return append(b, '}')
+}
+
+// Errors that map to verb codes; Code maps every error in one place.
+var (
+	errNotFound       = errors.New("not found")
+	errGone           = errors.New("gone")
+	errTimeout        = errors.New("timeout")
+	errNotImplemented = errors.New("not implemented")
+)
+
+// NotFound, Gone and NotImplemented wrap a message as an error of the code 404, 410 or 501, for the
+// forensics and plans answers.
+func NotFound(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{errNotFound}, args...)...)
+}
+
+func Gone(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{errGone}, args...)...)
+}
+
+// BadRequest wraps a message as an error of code 400.
+func BadRequest(format string, args ...any) error { return badf(format, args...) }
+
+// Code is the verb's error code for an error.
+func Code(err error) int {
+	var br *badRequest
+	switch {
+	case err == nil:
+		return 200
+	case errors.As(err, &br):
+		return 400
+	case errors.Is(err, errNotFound):
+		return 404
+	case errors.Is(err, errGone):
+		return 410
+	case errors.Is(err, errTimeout):
+		return 504
+	case errors.Is(err, errNotImplemented):
+		return 501
+	}
+	return 500
+}
+
+func bucketOf(r *Request) string {
+	if s, ok := provisioner.ShapeOfWhat(provisioner.What(r.What)); ok {
+		return s.Bucket
+	}
+	return ""
+}
+
+// wait blocks until the bucket's projection has applied seq, or wait_ms has passed.
+func (s *Server) wait(ctx context.Context, bucket string, seq uint64, waitMS int64) error {
+	deadline := time.NewTimer(time.Duration(waitMS) * time.Millisecond)
+	defer deadline.Stop()
+	for {
+		ch := s.r.Changed(bucket)
+		have, _ := s.r.Applied(bucket)
+		if have >= seq {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-deadline.C:
+			return fmt.Errorf("%w: min_seq %d not reached within %d ms (applied %d)", errTimeout, seq, waitMS, have)
+		case <-ctx.Done():
+			return fmt.Errorf("%w: min_seq %d not reached before the server stopped (applied %d)", errTimeout, seq, have)
+		}
+	}
+}

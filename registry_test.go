@@ -1,0 +1,228 @@
+package provisioner
+
+import (
+	"bytes"
+	"sort"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// contractRegistry is the table of CONTRACT section 4, in kind order.
+var contractRegistry = []RegistryEntry{
+	{Kind: "access", Module: "mesh-controller", Bucket: "mesh-controller_assignments", KeyShape: "<node>.<module>"},
+	{Kind: "bound", Module: "<provider-module>", Bucket: "<provider-module>_bound", KeyShape: "<node>.<module>.<provision>[.<local>]"},
+	{Kind: "collected", Module: "mesh-provisioner", Bucket: "mesh-provisioner_collect", KeyShape: "<node>.<collection>.<contributor>"},
+	{Kind: "config", Module: "mesh-config", Bucket: "mesh-config_values", KeyShape: "<node>.<module>.<name>"},
+	{Kind: "consumers", Module: "mesh-vault", Verb: "mesh-vault.consumers"},
+	{Kind: "contribution", Module: "mesh-provisioner", Bucket: "mesh-provisioner_collect", KeyShape: "<node>.<collection>.<contributor>"},
+	{Kind: "dir", Module: "mesh-controller", Bucket: "mesh-controller_assignments", KeyShape: "<node>.<module>"},
+	{Kind: "environment", Module: "mesh-provisioner", Bucket: "mesh-provisioner_collect", KeyShape: "<node>.<collection>.<contributor>"},
+	{Kind: "machine", Module: "mesh-controller", Bucket: "mesh-controller_assignments", KeyShape: "<node>.<module>"},
+	{Kind: "port", Module: "mesh-controller", Bucket: "mesh-controller_assignments", KeyShape: "<node>.<module>"},
+	{Kind: "seat", Module: "mesh-controller", Bucket: "mesh-controller_assignments", KeyShape: "<node>.<module>"},
+	{Kind: "secret", Module: "mesh-vault", Verb: "mesh-vault.secret"},
+	{Kind: "shell", Module: "mesh-provisioner", Bucket: "mesh-provisioner_collect", KeyShape: "<node>.<collection>.<contributor>"},
+}
+
+func TestRegistry_Table(t *testing.T) {
+	require.Equal(t, contractRegistry, Registry.Entries)
+}
+
+func TestRegistry_Entries(t *testing.T) {
+	t.Run("sorted by kind", func(t *testing.T) {
+		require.True(t, sort.SliceIsSorted(Registry.Entries, func(i, j int) bool {
+			return Registry.Entries[i].Kind < Registry.Entries[j].Kind
+		}))
+		for i := 1; i < len(Registry.Entries); i++ {
+			require.Less(t, Registry.Entries[i-1].Kind, Registry.Entries[i].Kind, "kinds are unique")
+		}
+	})
+
+	for _, e := range Registry.Entries {
+		t.Run(e.Kind, func(t *testing.T) {
+			require.True(t, ValidToken(e.Kind), "a kind is a registry key of one token")
+			_, err := ParseKey(ShapeRegistry, e.Kind)
+			require.NoError(t, err)
+			require.NotEmpty(t, e.Module)
+			if e.Verb != "" {
+				require.Empty(t, e.Bucket, "an entry with a verb has no bucket")
+				require.Empty(t, e.KeyShape, "an entry with a verb has no key shape")
+				return
+			}
+			require.NotEmpty(t, e.Bucket, "an entry has a bucket or a verb")
+			require.NotEmpty(t, e.KeyShape, "a bucket comes with its key shape")
+		})
+	}
+
+	t.Run("secrets are never in a bucket", func(t *testing.T) {
+		for _, kind := range []string{"secret", "consumers"} {
+			e, ok := Registry.Lookup(kind)
+			require.True(t, ok, kind)
+			require.Equal(t, "mesh-vault", e.Module)
+			require.Equal(t, "mesh-vault."+kind, e.Verb)
+			require.Empty(t, e.Bucket)
+			require.Empty(t, e.KeyShape)
+		}
+	})
+
+	t.Run("collections are the provisioner's", func(t *testing.T) {
+		for _, kind := range []string{"collected", "shell", "environment", "contribution"} {
+			e, ok := Registry.Lookup(kind)
+			require.True(t, ok, kind)
+			require.Equal(t, "mesh-provisioner", e.Module)
+			require.Equal(t, BucketCollect, e.Bucket)
+			require.Equal(t, ShapeCollect.String(), e.KeyShape)
+			require.Empty(t, e.Verb)
+		}
+	})
+
+	t.Run("placement is the controller's", func(t *testing.T) {
+		for _, kind := range []string{"dir", "access", "port", "seat", "machine"} {
+			e, ok := Registry.Lookup(kind)
+			require.True(t, ok, kind)
+			require.Equal(t, "mesh-controller", e.Module)
+			require.Equal(t, "mesh-controller_assignments", e.Bucket)
+			require.Equal(t, "<node>.<module>", e.KeyShape)
+			require.Empty(t, e.Verb)
+		}
+	})
+}
+
+func TestRegistryTable_Lookup(t *testing.T) {
+	for _, want := range contractRegistry {
+		t.Run(want.Kind, func(t *testing.T) {
+			got, ok := Registry.Lookup(want.Kind)
+			require.True(t, ok)
+			require.Equal(t, want, got)
+		})
+	}
+	for _, kind := range []string{"", "nope", "Config", "config ", "secrets", "mesh-vault.secret", "shell.x"} {
+		t.Run("unknown "+kind, func(t *testing.T) {
+			got, ok := Registry.Lookup(kind)
+			require.False(t, ok)
+			require.Equal(t, RegistryEntry{}, got)
+		})
+	}
+}
+
+// decodeMapKeys reads a MessagePack map of strings to strings, keeping the order its keys were written.
+func decodeMapKeys(t *testing.T, b []byte) ([]string, map[string]string) {
+	t.Helper()
+	dec := msgpack.NewDecoder(bytes.NewReader(b))
+	n, err := dec.DecodeMapLen()
+	require.NoError(t, err)
+	keys := make([]string, 0, n)
+	m := make(map[string]string, n)
+	for i := 0; i < n; i++ {
+		k, err := dec.DecodeString()
+		require.NoError(t, err)
+		v, err := dec.DecodeString()
+		require.NoError(t, err)
+		keys = append(keys, k)
+		m[k] = v
+	}
+	_, err = dec.PeekCode()
+	require.Error(t, err, "the value is one complete MessagePack object, nothing after it")
+	return keys, m
+}
+
+// entryMap is an entry as the map of CONTRACT section 4: kind, module, and either bucket and key_shape,
+// or verb.
+func entryMap(e RegistryEntry) map[string]string {
+	m := map[string]string{"kind": e.Kind, "module": e.Module}
+	if e.Verb != "" {
+		m["verb"] = e.Verb
+	} else {
+		m["bucket"] = e.Bucket
+		m["key_shape"] = e.KeyShape
+	}
+	return m
+}
+
+func TestRegistryEntry_Value(t *testing.T) {
+	for _, e := range Registry.Entries {
+		t.Run(e.Kind, func(t *testing.T) {
+			v := e.Value()
+			require.Equal(t, v, e.Value(), "the value is the same at every write")
+
+			got, err := DecodeRegistryEntry(v)
+			require.NoError(t, err)
+			require.Equal(t, e, got)
+
+			keys, m := decodeMapKeys(t, v)
+			require.Equal(t, entryMap(e), m)
+			if e.Verb != "" {
+				require.Equal(t, []string{"kind", "module", "verb"}, keys)
+			} else {
+				require.Equal(t, []string{"kind", "module", "bucket", "key_shape"}, keys)
+			}
+		})
+	}
+}
+
+// TestDecodeRegistryEntry_OtherEncodings checks that map order and encoding widths do not matter: another
+// writer's encoding of the same entry decodes to an equal entry.
+func TestDecodeRegistryEntry_OtherEncodings(t *testing.T) {
+	for _, e := range Registry.Entries {
+		t.Run(e.Kind, func(t *testing.T) {
+			m := entryMap(e)
+			keys := make([]string, 0, len(m))
+			for k := range m {
+				keys = append(keys, k)
+			}
+
+			// msgpack's own map[string]string, keys sorted: bucket, key_shape, kind, module / kind, module, verb.
+			var sorted bytes.Buffer
+			enc := msgpack.NewEncoder(&sorted)
+			enc.SetSortMapKeys(true)
+			require.NoError(t, enc.Encode(m))
+
+			// The same map by hand, keys in reverse of Value's order.
+			sort.Sort(sort.Reverse(sort.StringSlice(keys)))
+			var reversed bytes.Buffer
+			enc = msgpack.NewEncoder(&reversed)
+			require.NoError(t, enc.EncodeMapLen(len(keys)))
+			for _, k := range keys {
+				require.NoError(t, enc.EncodeString(k))
+				require.NoError(t, enc.EncodeString(m[k]))
+			}
+
+			// Wider than needed: map16 header, str8 keys and str16 values.
+			wide := []byte{0xde, 0, byte(len(keys))}
+			for _, k := range keys {
+				wide = append(wide, 0xd9, byte(len(k)))
+				wide = append(wide, k...)
+				wide = append(wide, 0xda, 0, byte(len(m[k])))
+				wide = append(wide, m[k]...)
+			}
+
+			for name, b := range map[string][]byte{"sorted": sorted.Bytes(), "reversed": reversed.Bytes(), "wide": wide} {
+				_, got := decodeMapKeys(t, b)
+				require.Equal(t, m, got, name)
+
+				entry, err := DecodeRegistryEntry(b)
+				require.NoError(t, err, name)
+				require.Equal(t, e, entry, name)
+			}
+			require.NotEqual(t, e.Value(), reversed.Bytes(), "the reversed encoding is another order")
+			require.NotEqual(t, e.Value(), wide)
+		})
+	}
+}
+
+func TestDecodeRegistryEntry_NotAnEntry(t *testing.T) {
+	for name, b := range map[string][]byte{
+		"empty":         {},
+		"never used":    {0xc1},
+		"string":        {0xa3, 'a', 'b', 'c'},
+		"truncated map": {0x82, 0xa4, 'k', 'i', 'n', 'd'},
+		"int value":     {0x81, 0xa4, 'k', 'i', 'n', 'd', 0x01},
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := DecodeRegistryEntry(b)
+			require.Error(t, err)
+		})
+	}
+}

@@ -1,0 +1,363 @@
+package store
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	"github.com/cockroachdb/pebble/v2"
+
+	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/internal/mpk"
+)
+
+// rowValue is a row as stored, in its primary key and in every secondary index entry (they cover the
+// row, so an index scan answers without a second read): flags, uvarint revision, varint created (Unix
+// ns), then the value as written.
+const flagMsgpack = 1
+
+func appendRowValue(dst []byte, rev uint64, created int64, msgpack bool, value []byte) []byte {
+	var f byte
+	if msgpack {
+		f = flagMsgpack
+	}
+	dst = append(dst, f)
+	dst = binary.AppendUvarint(dst, rev)
+	dst = binary.AppendVarint(dst, created)
+	return append(dst, value...)
+}
+
+func decodeRowValue(b []byte, r *provisioner.Row) error {
+	if len(b) < 1 {
+		return fmt.Errorf("%w: empty row", ErrCorrupt)
+	}
+	r.Msgpack = b[0]&flagMsgpack != 0
+	b = b[1:]
+	var n int
+	if r.Revision, n = binary.Uvarint(b); n <= 0 {
+		return fmt.Errorf("%w: row revision", ErrCorrupt)
+	}
+	b = b[n:]
+	if r.Created, n = binary.Varint(b); n <= 0 {
+		return fmt.Errorf("%w: row time", ErrCorrupt)
+	}
+	r.Value = b[n:]
+	return nil
+}
+
+// The event log keeps every applied message: history entries hold op, time and value.
+func appendEventValue(dst []byte, op provisioner.Op, t int64, value []byte) []byte {
+	dst = append(dst, byte(op))
+	dst = binary.AppendVarint(dst, t)
+	return append(dst, value...)
+}
+
+func decodeEventValue(b []byte) (op provisioner.Op, t int64, value []byte, err error) {
+	if len(b) < 2 {
+		return 0, 0, nil, fmt.Errorf("%w: event", ErrCorrupt)
+	}
+	op = provisioner.Op(b[0])
+	t, n := binary.Varint(b[1:])
+	if n <= 0 {
+		return 0, 0, nil, fmt.Errorf("%w: event time", ErrCorrupt)
+	}
+	return op, t, b[1+n:], nil
+}
+
+func appendAnomalyValue(dst []byte, rev uint64, text string) []byte {
+	dst = binary.AppendUvarint(dst, rev)
+	return append(dst, text...)
+}
+
+// applier gathers one Apply's writes: a Pebble batch, and the anomaly sets and checkpoints it changes,
+// which reach the DB's memory only once the batch commits.
+type applier struct {
+	db    *DB
+	batch *pebble.Batch
+	buf   []byte
+	val   []byte
+	// anom overlays the committed anomaly sets of the buckets this batch touches.
+	anom map[string]map[string]byte
+	cps  map[string]*Checkpoint
+	// kindsChanged are registry kinds whose presence this batch changed, with their new presence.
+	kindsChanged map[string]bool
+}
+
+func (a *applier) checkpoint(bucket string) *Checkpoint {
+	if cp, ok := a.cps[bucket]; ok {
+		return cp
+	}
+	cp := a.db.bucket(bucket).cp
+	a.cps[bucket] = &cp
+	return &cp
+}
+
+func (a *applier) classes(bucket, key string) byte {
+	if m, ok := a.anom[bucket]; ok {
+		if c, ok := m[key]; ok {
+			return c
+		}
+	}
+	return a.db.bucket(bucket).anom[key]
+}
+
+func (a *applier) setClasses(bucket, key string, c byte) {
+	m, ok := a.anom[bucket]
+	if !ok {
+		m = map[string]byte{}
+		a.anom[bucket] = m
+	}
+	m[key] = c
+}
+
+// setAnomaly writes the anomaly row of one class of a key, replacing any earlier one of that class.
+func (a *applier) setAnomaly(bucket, key string, class byte, rev uint64, reason provisioner.Reason, detail string) error {
+	have := a.classes(bucket, key)
+	if have&class == 0 {
+		a.checkpoint(bucket).AnomalyRows++
+		a.setClasses(bucket, key, have|class)
+	}
+	text := string(reason)
+	if detail != "" {
+		text += ": " + detail
+	}
+	a.buf = anomalyKey(a.buf[:0], bucket, key, class)
+	a.val = appendAnomalyValue(a.val[:0], rev, text)
+	return a.batch.Set(a.buf, a.val, nil)
+}
+
+// clearAnomaly removes the anomaly rows of the given classes of a key, when it has them.
+func (a *applier) clearAnomaly(bucket, key string, classes byte) error {
+	have := a.classes(bucket, key)
+	if have&classes == 0 {
+		return nil
+	}
+	for _, c := range []byte{classShape, classValue, classKind} {
+		if have&classes&c == 0 {
+			continue
+		}
+		a.buf = anomalyKey(a.buf[:0], bucket, key, c)
+		if err := a.batch.Delete(a.buf, nil); err != nil {
+			return err
+		}
+		a.checkpoint(bucket).AnomalyRows--
+	}
+	a.setClasses(bucket, key, have&^classes)
+	return nil
+}
+
+// Apply applies messages of one bucket's stream in order, with the bucket's new checkpoint, in one
+// Pebble batch: rows, index entries, anomaly rows, event log and checkpoint commit together or not at
+// all. Messages at or below the applied sequence are skipped, so a repeated delivery changes nothing.
+// With sync the batch is synced to disk before Apply returns; without, it is written to the OS and
+// survives a crash of the process (not of the machine) — the checkpoint never runs ahead of the rows
+// either way, because both are in the same batch.
+func (db *DB) Apply(bucket string, msgs []provisioner.Message, streamCreated int64, sync bool) error {
+	if db.closed.Load() {
+		return ErrClosed
+	}
+	shape, ok := provisioner.ShapeOf(bucket)
+	if !ok {
+		return fmt.Errorf("store: no shape for bucket %q", bucket)
+	}
+	db.applyMu.Lock()
+	defer db.applyMu.Unlock()
+	if db.closed.Load() {
+		return ErrClosed
+	}
+
+	a := &applier{db: db, batch: db.pdb.NewBatch(), anom: map[string]map[string]byte{}, cps: map[string]*Checkpoint{}}
+	defer a.batch.Close()
+	cp := a.checkpoint(bucket)
+	if streamCreated != 0 {
+		cp.StreamCreated = streamCreated
+	}
+	moved := false
+	for i := range msgs {
+		m := &msgs[i]
+		if m.Seq <= cp.Applied {
+			continue
+		}
+		if err := a.apply(shape, m); err != nil {
+			return fmt.Errorf("apply %s seq %d: %w", bucket, m.Seq, err)
+		}
+		cp.Applied = m.Seq
+		moved = true
+	}
+	if len(a.kindsChanged) > 0 {
+		if err := a.reevaluateKinds(); err != nil {
+			return fmt.Errorf("re-evaluate kinds: %w", err)
+		}
+	}
+	for name, c := range a.cps {
+		if err := a.batch.Set(checkpointKey(name), c.encode(nil), nil); err != nil {
+			return err
+		}
+	}
+	opt := pebble.NoSync
+	if sync {
+		opt = pebble.Sync
+	}
+	if err := a.batch.Commit(opt); err != nil {
+		return fmt.Errorf("commit %s: %w", bucket, err)
+	}
+
+	// The batch is durable in Pebble: now memory follows.
+	for name, c := range a.cps {
+		b := db.bucket(name)
+		b.cp = *c
+	}
+	for name, m := range a.anom {
+		b := db.bucket(name)
+		for k, c := range m {
+			if c == 0 {
+				delete(b.anom, k)
+			} else {
+				b.anom[k] = c
+			}
+		}
+	}
+	for k, present := range a.kindsChanged {
+		if present {
+			db.kinds[k] = struct{}{}
+		} else {
+			delete(db.kinds, k)
+		}
+	}
+	if moved {
+		b := db.bucket(bucket)
+		b.seq.Store(cp.Applied)
+		ch := make(chan struct{})
+		old := b.notify.Swap(&ch)
+		close(*old)
+	}
+	return nil
+}
+
+// kindAnswered reports whether the registry, as this batch leaves it, answers a kind.
+func (a *applier) kindAnswered(kind string) bool {
+	if present, ok := a.kindsChanged[kind]; ok {
+		return present
+	}
+	_, ok := a.db.kinds[kind]
+	return ok
+}
+
+func (a *applier) apply(shape provisioner.Shape, m *provisioner.Message) error {
+	bucket := shape.Bucket
+	// The event log first: every message, whatever its key.
+	a.buf = historyKey(a.buf[:0], bucket, m.Key, m.Seq)
+	a.val = appendEventValue(a.val[:0], m.Op, m.Time, m.Value)
+	if err := a.batch.Set(a.buf, a.val, nil); err != nil {
+		return err
+	}
+	a.buf = eventKey(a.buf[:0], bucket, m.Seq)
+	if err := a.batch.Set(a.buf, []byte(m.Key), nil); err != nil {
+		return err
+	}
+
+	parts, perr := provisioner.ParseKey(shape, m.Key)
+	if perr != nil {
+		var ke *provisioner.KeyError
+		if !errors.As(perr, &ke) {
+			return perr
+		}
+		if m.Op == provisioner.OpPut {
+			return a.setAnomaly(bucket, m.Key, classShape, m.Seq, ke.Reason, ke.Detail)
+		}
+		return a.clearAnomaly(bucket, m.Key, classShape)
+	}
+
+	idx := provisioner.Indexes(bucket, parts)
+	if m.Op != provisioner.OpPut {
+		a.buf = rowKey(a.buf[:0], bucket, m.Key)
+		if err := a.batch.Delete(a.buf, nil); err != nil {
+			return err
+		}
+		for _, iv := range idx {
+			a.buf = indexKey(a.buf[:0], bucket, iv.Index, iv.Value, m.Key)
+			if err := a.batch.Delete(a.buf, nil); err != nil {
+				return err
+			}
+		}
+		if bucket == provisioner.BucketRegistry {
+			a.registryKind(parts.Kind, false)
+		}
+		return a.clearAnomaly(bucket, m.Key, classShape|classValue|classKind)
+	}
+
+	valid := mpk.Valid(m.Value)
+	a.val = appendRowValue(a.val[:0], m.Seq, m.Time, valid, m.Value)
+	a.buf = rowKey(a.buf[:0], bucket, m.Key)
+	if err := a.batch.Set(a.buf, a.val, nil); err != nil {
+		return err
+	}
+	for _, iv := range idx {
+		a.buf = indexKey(a.buf[:0], bucket, iv.Index, iv.Value, m.Key)
+		if err := a.batch.Set(a.buf, a.val, nil); err != nil {
+			return err
+		}
+	}
+	if err := a.clearAnomaly(bucket, m.Key, classShape); err != nil {
+		return err
+	}
+	if valid {
+		if err := a.clearAnomaly(bucket, m.Key, classValue); err != nil {
+			return err
+		}
+	} else if err := a.setAnomaly(bucket, m.Key, classValue, m.Seq, provisioner.ReasonValueNotMsgpack, fmt.Sprintf("%d bytes are not one complete MessagePack object", len(m.Value))); err != nil {
+		return err
+	}
+	switch bucket {
+	case provisioner.BucketRegistry:
+		a.registryKind(parts.Kind, true)
+	case provisioner.BucketNeeds:
+		if a.kindAnswered(parts.Kind) {
+			return a.clearAnomaly(bucket, m.Key, classKind)
+		}
+		return a.setAnomaly(bucket, m.Key, classKind, m.Seq, provisioner.ReasonUnansweredKind, fmt.Sprintf("no registry entry answers kind %q", parts.Kind))
+	}
+	return nil
+}
+
+func (a *applier) registryKind(kind string, present bool) {
+	if a.kindAnswered(kind) == present {
+		return
+	}
+	if a.kindsChanged == nil {
+		a.kindsChanged = map[string]bool{}
+	}
+	a.kindsChanged[kind] = present
+}
+
+// reevaluateKinds raises or clears unanswered-kind on every need of each kind whose presence in the
+// registry this batch changed: one scan of the needs' kind index per changed kind.
+func (a *applier) reevaluateKinds() error {
+	for kind, present := range a.kindsChanged {
+		if _, before := a.db.kinds[kind]; before == present {
+			continue // changed and changed back within the batch
+		}
+		lo := indexPrefix(nil, provisioner.BucketNeeds, provisioner.IndexKind, kind)
+		it, err := a.db.pdb.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: prefixEnd(lo)})
+		if err != nil {
+			return err
+		}
+		var row provisioner.Row
+		for it.First(); it.Valid(); it.Next() {
+			key := string(unesc(nil, it.Key()[len(lo):]))
+			if present {
+				err = a.clearAnomaly(provisioner.BucketNeeds, key, classKind)
+			} else if err = decodeRowValue(it.Value(), &row); err == nil {
+				err = a.setAnomaly(provisioner.BucketNeeds, key, classKind, row.Revision, provisioner.ReasonUnansweredKind, fmt.Sprintf("no registry entry answers kind %q", kind))
+			}
+			if err != nil {
+				it.Close()
+				return err
+			}
+		}
+		if err := it.Close(); err != nil {
+			return err
+		}
+	}
+	return nil
+}

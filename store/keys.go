@@ -1,0 +1,125 @@
+package store
+
+import (
+	"encoding/binary"
+
+	provisioner "github.com/novox/mesh-provisioner"
+)
+
+// Key prefixes: the first byte of every key says what it holds (doc.go has the whole layout).
+const (
+	prefixMeta       = 0x01
+	prefixCheckpoint = 0x02
+	prefixRow        = 0x03
+	prefixIndex      = 0x04
+	prefixAnomaly    = 0x05
+	prefixHistory    = 0x06
+	prefixEvent      = 0x07
+	prefixPlan       = 0x08
+)
+
+// appendEsc appends s with every 0x00 byte written 0x00 0xff, so that the terminator 0x00 0x01 that
+// follows a component sorts before any longer component with the same beginning, and byte order and
+// prefixes of s are kept.
+func appendEsc(dst []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		dst = append(dst, c)
+		if c == 0 {
+			dst = append(dst, 0xff)
+		}
+	}
+	return dst
+}
+
+func appendEscBytes(dst []byte, s []byte) []byte {
+	for _, c := range s {
+		dst = append(dst, c)
+		if c == 0 {
+			dst = append(dst, 0xff)
+		}
+	}
+	return dst
+}
+
+// appendComp appends an escaped component and its terminator.
+func appendComp(dst []byte, s string) []byte {
+	return append(appendEsc(dst, s), 0x00, 0x01)
+}
+
+// unesc reverses appendEsc over a key's tail (it has no terminator).
+func unesc(dst, b []byte) []byte {
+	for i := 0; i < len(b); i++ {
+		dst = append(dst, b[i])
+		if b[i] == 0 && i+1 < len(b) && b[i+1] == 0xff {
+			i++
+		}
+	}
+	return dst
+}
+
+// hasZero reports whether b holds a 0x00 byte, i.e. whether unesc has anything to undo.
+func hasZero(b []byte) bool {
+	for _, c := range b {
+		if c == 0 {
+			return true
+		}
+	}
+	return false
+}
+
+func metaKey(name string) []byte { return append([]byte{prefixMeta}, name...) }
+
+func checkpointKey(bucket string) []byte {
+	return appendEsc([]byte{prefixCheckpoint}, bucket)
+}
+
+// bucketPrefix is the start of every key of kind p for a bucket.
+func bucketPrefix(dst []byte, p byte, bucket string) []byte {
+	return appendComp(append(dst, p), bucket)
+}
+
+func rowKey(dst []byte, bucket, key string) []byte {
+	return appendEsc(bucketPrefix(dst, prefixRow, bucket), key)
+}
+
+// indexPrefix is the start of a secondary index's entries for one indexed value.
+func indexPrefix(dst []byte, bucket string, idx provisioner.Index, value string) []byte {
+	dst = append(bucketPrefix(dst, prefixIndex, bucket), byte(idx))
+	return appendComp(dst, value)
+}
+
+func indexKey(dst []byte, bucket string, idx provisioner.Index, value, key string) []byte {
+	return appendEsc(indexPrefix(dst, bucket, idx, value), key)
+}
+
+// Anomaly classes: a key has at most one anomaly row of each.
+const (
+	classShape byte = 1 << iota // token-count, bad-token, bad-escape, bad-build
+	classValue                  // value-not-msgpack, bad-value
+	classKind                   // unanswered-kind
+)
+
+func anomalyKey(dst []byte, bucket, key string, class byte) []byte {
+	return append(appendComp(bucketPrefix(dst, prefixAnomaly, bucket), key), class)
+}
+
+func historyKey(dst []byte, bucket, key string, seq uint64) []byte {
+	return binary.BigEndian.AppendUint64(appendComp(bucketPrefix(dst, prefixHistory, bucket), key), seq)
+}
+
+func eventKey(dst []byte, bucket string, seq uint64) []byte {
+	return binary.BigEndian.AppendUint64(bucketPrefix(dst, prefixEvent, bucket), seq)
+}
+
+// prefixEnd returns the smallest key greater than every key that starts with p.
+func prefixEnd(p []byte) []byte {
+	end := append([]byte(nil), p...)
+	for i := len(end) - 1; i >= 0; i-- {
+		end[i]++
+		if end[i] != 0 {
+			return end[:i+1]
+		}
+	}
+	return nil // p is all 0xff: no upper bound
+}

@@ -1,0 +1,5 @@
+package store
+
+import "syscall"
+
+var errWouldBlock error = syscall.EWOULDBLOCK

@@ -1,0 +1,171 @@
+package store
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/cockroachdb/pebble/v2"
+
+	provisioner "github.com/novox/mesh-provisioner"
+)
+
+// ErrNotFound is returned when a cursor names a row that no longer exists.
+var ErrNotFound = errors.New("store: not found")
+
+// View is a consistent read of the store: every scan through it sees the same committed state, and
+// AsOf is the applied sequence of exactly that state. Close it when done.
+type View struct {
+	db   *DB
+	snap *pebble.Snapshot
+	key  []byte
+}
+
+// View opens a consistent read of the store.
+func (db *DB) View() (*View, error) {
+	if db.closed.Load() {
+		return nil, ErrClosed
+	}
+	return &View{db: db, snap: db.pdb.NewSnapshot()}, nil
+}
+
+// Close releases the view.
+func (v *View) Close() error { return v.snap.Close() }
+
+// Checkpoint is a bucket's checkpoint as this view sees it.
+func (v *View) Checkpoint(bucket string) (Checkpoint, error) {
+	b, closer, err := v.snap.Get(checkpointKey(bucket))
+	if errors.Is(err, pebble.ErrNotFound) {
+		return Checkpoint{}, nil
+	}
+	if err != nil {
+		return Checkpoint{}, err
+	}
+	defer closer.Close()
+	return decodeCheckpoint(b)
+}
+
+func (v *View) rangeBounds(r provisioner.Range) (base, lo, hi []byte) {
+	if r.Index == provisioner.IndexPrimary {
+		base = bucketPrefix(nil, prefixRow, r.Bucket)
+	} else {
+		base = indexPrefix(nil, r.Bucket, r.Index, r.Value)
+	}
+	lo = appendEsc(append([]byte(nil), base...), r.Prefix)
+	hi = prefixEnd(lo)
+	if r.After != "" {
+		after := appendEsc(append([]byte(nil), base...), r.After)
+		after = append(after, 0x00) // strictly after the cursor's own key
+		if string(after) > string(lo) {
+			lo = after
+		}
+	}
+	return base, lo, hi
+}
+
+// HasRow reports whether a range holds the row of a raw key: a cursor that names a row no longer there
+// cannot be paged on.
+func (v *View) HasRow(r provisioner.Range, key string) (bool, error) {
+	if !strings.HasPrefix(key, r.Prefix) {
+		return false, nil
+	}
+	base, _, _ := v.rangeBounds(provisioner.Range{Bucket: r.Bucket, Index: r.Index, Value: r.Value})
+	v.key = appendEsc(append(v.key[:0], base...), key)
+	_, closer, err := v.snap.Get(v.key)
+	if errors.Is(err, pebble.ErrNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	closer.Close()
+	return true, nil
+}
+
+// Rows calls fn for each row of a range in byte order of raw keys until fn returns false. The Row and
+// its slices are valid only during the call.
+func (v *View) Rows(r provisioner.Range, fn func(*provisioner.Row) bool) error {
+	base, lo, hi := v.rangeBounds(r)
+	it, err := v.snap.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
+	if err != nil {
+		return err
+	}
+	var row provisioner.Row
+	var kbuf []byte
+	for it.First(); it.Valid(); it.Next() {
+		k := it.Key()[len(base):]
+		if hasZero(k) {
+			kbuf = unesc(kbuf[:0], k)
+			k = kbuf
+		}
+		row.Key = k
+		if err := decodeRowValue(it.Value(), &row); err != nil {
+			it.Close()
+			return err
+		}
+		if !fn(&row) {
+			break
+		}
+	}
+	return it.Close()
+}
+
+// Anomalies calls fn for the anomaly rows of a bucket in byte order of raw keys, those of one node only
+// when node is set (the raw key's first token), at most max of them, and returns how many rows matched
+// in all.
+func (v *View) Anomalies(bucket, node string, max int, fn func(provisioner.Anomaly)) (total int64, err error) {
+	base := bucketPrefix(nil, prefixAnomaly, bucket)
+	var ranges [][2][]byte
+	if node == "" {
+		ranges = [][2][]byte{{base, prefixEnd(base)}}
+		cp, err := v.Checkpoint(bucket)
+		if err != nil {
+			return 0, err
+		}
+		total = cp.AnomalyRows
+	} else {
+		exact := append(appendEsc(append([]byte(nil), base...), node), 0x00, 0x01)
+		sub := appendEsc(append([]byte(nil), base...), node+".")
+		ranges = [][2][]byte{{exact, prefixEnd(exact)}, {sub, prefixEnd(sub)}}
+	}
+	n := 0
+	for _, rg := range ranges {
+		it, err := v.snap.NewIter(&pebble.IterOptions{LowerBound: rg[0], UpperBound: rg[1]})
+		if err != nil {
+			return 0, err
+		}
+		for it.First(); it.Valid(); it.Next() {
+			if node != "" {
+				total++
+			}
+			if n >= max {
+				if node == "" {
+					break
+				}
+				continue
+			}
+			b, key, _, ok := splitAnomalyKey(it.Key())
+			if !ok {
+				it.Close()
+				return 0, fmt.Errorf("%w: anomaly key", ErrCorrupt)
+			}
+			val := it.Value()
+			rev, w := binary.Uvarint(val)
+			if w <= 0 {
+				it.Close()
+				return 0, fmt.Errorf("%w: anomaly value", ErrCorrupt)
+			}
+			a := provisioner.Anomaly{Bucket: b, Key: key, Revision: rev}
+			text := string(val[w:])
+			code, detail, _ := strings.Cut(text, ": ")
+			a.Reason, a.Detail = provisioner.Reason(code), detail
+			fn(a)
+			n++
+		}
+		if err := it.Close(); err != nil {
+			return 0, err
+		}
+	}
+	return total, nil
+}

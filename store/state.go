@@ -1,0 +1,167 @@
+package store
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+)
+
+// ErrLocked is returned when another process holds the state dir.
+var ErrLocked = errors.New("store: state dir is in use by another process")
+
+// StateDir is the --state directory: a LOCK file held with flock for as long as a process uses it, a
+// CURRENT file naming the generation in use, and one Pebble directory per generation (gen-000001, ...).
+// A rebuild fills a new generation beside the current one and swaps CURRENT to it with an atomic
+// rename, so a crash at any point leaves a state dir whose CURRENT names a generation that opens.
+type StateDir struct {
+	path string
+	lock *os.File
+}
+
+const (
+	lockName    = "LOCK"
+	currentName = "CURRENT"
+	genPrefix   = "gen-"
+)
+
+// LockState creates the state dir when it does not exist and takes its lock, without waiting.
+func LockState(path string) (*StateDir, error) {
+	if err := os.MkdirAll(path, 0o755); err != nil {
+		return nil, fmt.Errorf("create state dir: %w", err)
+	}
+	f, err := os.OpenFile(filepath.Join(path, lockName), os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("open state dir lock: %w", err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return nil, fmt.Errorf("%w: %s (stop the other mesh-provisioner, or give this one another --state)", ErrLocked, path)
+		}
+		return nil, fmt.Errorf("lock state dir: %w", err)
+	}
+	_ = f.Truncate(0)
+	_, _ = fmt.Fprintf(f, "%d\n", os.Getpid())
+	return &StateDir{path: path, lock: f}, nil
+}
+
+// Path is the state dir.
+func (s *StateDir) Path() string { return s.path }
+
+// Close releases the lock.
+func (s *StateDir) Close() error {
+	if s.lock == nil {
+		return nil
+	}
+	err := s.lock.Close() // closing the descriptor releases the flock
+	s.lock = nil
+	return err
+}
+
+// Current returns the directory of the generation CURRENT names, or "" when there is none yet.
+func (s *StateDir) Current() (string, error) {
+	b, err := os.ReadFile(filepath.Join(s.path, currentName))
+	if errors.Is(err, os.ErrNotExist) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("read %s: %w", currentName, err)
+	}
+	name := strings.TrimSpace(string(b))
+	if !strings.HasPrefix(name, genPrefix) || strings.ContainsAny(name, `/\`) {
+		return "", fmt.Errorf("%w: %s names %q", ErrCorrupt, currentName, name)
+	}
+	return filepath.Join(s.path, name), nil
+}
+
+// NewGeneration creates an empty directory for the next generation and returns it.
+func (s *StateDir) NewGeneration() (string, error) {
+	gens, err := s.generations()
+	if err != nil {
+		return "", err
+	}
+	n := 1
+	if len(gens) > 0 {
+		n = gens[len(gens)-1] + 1
+	}
+	dir := filepath.Join(s.path, fmt.Sprintf("%s%06d", genPrefix, n))
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		return "", fmt.Errorf("create generation: %w", err)
+	}
+	return dir, nil
+}
+
+// Swap makes dir the current generation with an atomic rename of CURRENT, then removes every other
+// generation.
+func (s *StateDir) Swap(dir string) error {
+	tmp := filepath.Join(s.path, currentName+".tmp")
+	f, err := os.Create(tmp)
+	if err != nil {
+		return fmt.Errorf("swap generation: %w", err)
+	}
+	if _, err := fmt.Fprintln(f, filepath.Base(dir)); err != nil {
+		f.Close()
+		return fmt.Errorf("swap generation: %w", err)
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return fmt.Errorf("swap generation: %w", err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("swap generation: %w", err)
+	}
+	if err := os.Rename(tmp, filepath.Join(s.path, currentName)); err != nil {
+		return fmt.Errorf("swap generation: %w", err)
+	}
+	if err := syncDir(s.path); err != nil {
+		return fmt.Errorf("swap generation: %w", err)
+	}
+	return s.RemoveOthers(dir)
+}
+
+// RemoveOthers removes every generation but keep: leftovers of a rebuild that did not finish, and
+// generations a swap replaced.
+func (s *StateDir) RemoveOthers(keep string) error {
+	entries, err := os.ReadDir(s.path)
+	if err != nil {
+		return fmt.Errorf("list state dir: %w", err)
+	}
+	for _, e := range entries {
+		if !strings.HasPrefix(e.Name(), genPrefix) || e.Name() == filepath.Base(keep) {
+			continue
+		}
+		if err := os.RemoveAll(filepath.Join(s.path, e.Name())); err != nil {
+			return fmt.Errorf("remove old generation: %w", err)
+		}
+	}
+	return nil
+}
+
+func (s *StateDir) generations() ([]int, error) {
+	entries, err := os.ReadDir(s.path)
+	if err != nil {
+		return nil, fmt.Errorf("list state dir: %w", err)
+	}
+	var gens []int
+	for _, e := range entries {
+		if n, err := strconv.Atoi(strings.TrimPrefix(e.Name(), genPrefix)); err == nil && strings.HasPrefix(e.Name(), genPrefix) {
+			gens = append(gens, n)
+		}
+	}
+	sort.Ints(gens)
+	return gens, nil
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}

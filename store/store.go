@@ -1,0 +1,409 @@
+package store
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"sync"
+	"sync/atomic"
+
+	"github.com/cockroachdb/pebble/v2"
+
+	provisioner "github.com/novox/mesh-provisioner"
+)
+
+// SchemaVersion is the version of the key layout in doc.go. A state dir of another version is refused
+// with ErrSchema; the answer is a rebuild.
+const SchemaVersion = 1
+
+var (
+	// ErrCorrupt marks a state dir that cannot be read as written: the answer is a rebuild.
+	ErrCorrupt = errors.New("store: state dir is broken")
+	// ErrSchema marks a state dir of another schema version: the answer is a rebuild.
+	ErrSchema = errors.New("store: state dir has another schema version")
+	// ErrClosed is returned by a DB that was closed.
+	ErrClosed = errors.New("store: closed")
+)
+
+// NeedsRebuild reports whether err says the state dir cannot be used as it is and a rebuild from the
+// streams is the way out.
+func NeedsRebuild(err error) bool {
+	return errors.Is(err, ErrCorrupt) || errors.Is(err, ErrSchema)
+}
+
+// Options tune the Pebble store. The zero value is usable.
+type Options struct {
+	// CacheSize is Pebble's block cache in bytes; 0 means 64 MiB.
+	CacheSize int64
+	// MemTableSize is the size of one memtable in bytes; 0 means 32 MiB.
+	MemTableSize uint64
+	// Logger receives Pebble's own messages at debug level; nil discards them.
+	Logger *slog.Logger
+}
+
+// Checkpoint is a bucket's position, committed in the same batch as the rows it produced.
+type Checkpoint struct {
+	Applied       uint64 // the last stream sequence applied
+	StreamCreated int64  // the stream's creation time (Unix ns) when it was read: a new one means it was recreated
+	AnomalyRows   int64  // how many anomaly rows the bucket has
+}
+
+func (c Checkpoint) encode(dst []byte) []byte {
+	dst = binary.AppendUvarint(dst, c.Applied)
+	dst = binary.AppendVarint(dst, c.StreamCreated)
+	return binary.AppendVarint(dst, c.AnomalyRows)
+}
+
+func decodeCheckpoint(b []byte) (Checkpoint, error) {
+	var c Checkpoint
+	var n int
+	if c.Applied, n = binary.Uvarint(b); n <= 0 {
+		return c, fmt.Errorf("%w: checkpoint", ErrCorrupt)
+	}
+	b = b[n:]
+	if c.StreamCreated, n = binary.Varint(b); n <= 0 {
+		return c, fmt.Errorf("%w: checkpoint", ErrCorrupt)
+	}
+	b = b[n:]
+	if c.AnomalyRows, n = binary.Varint(b); n <= 0 {
+		return c, fmt.Errorf("%w: checkpoint", ErrCorrupt)
+	}
+	return c, nil
+}
+
+// DB is the projection: one Pebble database holding every bucket's rows, secondary indexes, anomaly
+// rows, event log and checkpoint. Apply is serialised; reads run beside it on snapshots.
+type DB struct {
+	pdb   *pebble.DB
+	cache interface{ Unref() }
+	dir   string
+	state *StateDir // set by OpenState: released on Close
+
+	applyMu sync.Mutex // one Apply at a time: anomaly sets and kinds are read and written under it
+
+	mu      sync.Mutex // guards buckets
+	buckets map[string]*bucketState
+
+	kinds map[string]struct{} // registry kinds present; under applyMu
+
+	closed atomic.Bool
+}
+
+type bucketState struct {
+	name   string
+	cp     Checkpoint      // under DB.applyMu
+	anom   map[string]byte // raw key -> anomaly classes present; under DB.applyMu
+	seq    atomic.Uint64   // cp.Applied, readable without the lock
+	synced atomic.Bool
+	notify atomic.Pointer[chan struct{}] // closed and replaced after each commit that moves seq
+}
+
+// OpenState takes the state dir's lock and opens its current generation, creating the first one in an
+// empty dir. The DB releases the lock on Close.
+func OpenState(path string, opts Options) (*DB, error) {
+	s, err := LockState(path)
+	if err != nil {
+		return nil, err
+	}
+	cur, err := s.Current()
+	if err != nil {
+		s.Close()
+		return nil, err
+	}
+	if cur == "" {
+		if cur, err = s.NewGeneration(); err != nil {
+			s.Close()
+			return nil, err
+		}
+		db, err := Open(cur, opts)
+		if err != nil {
+			s.Close()
+			return nil, err
+		}
+		if err := s.Swap(cur); err != nil {
+			db.Close()
+			s.Close()
+			return nil, err
+		}
+		db.state = s
+		return db, nil
+	}
+	if _, err := os.Stat(cur); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("%w: current generation %s: %v", ErrCorrupt, cur, err)
+	}
+	db, err := Open(cur, opts)
+	if err != nil {
+		s.Close()
+		return nil, err
+	}
+	// Leftovers of a rebuild that was killed before its swap are removed.
+	if err := s.RemoveOthers(cur); err != nil {
+		db.Close()
+		s.Close()
+		return nil, err
+	}
+	db.state = s
+	return db, nil
+}
+
+// State is the state dir this DB was opened from with OpenState, or nil.
+func (db *DB) State() *StateDir { return db.state }
+
+// Open opens (or creates) a projection in a Pebble directory.
+func Open(dir string, opts Options) (*DB, error) {
+	if opts.CacheSize == 0 {
+		opts.CacheSize = 64 << 20
+	}
+	if opts.MemTableSize == 0 {
+		opts.MemTableSize = 32 << 20
+	}
+	cache := pebble.NewCache(opts.CacheSize)
+	defer cache.Unref() // the DB holds its own reference
+	po := &pebble.Options{
+		Cache:                       cache,
+		MemTableSize:                opts.MemTableSize,
+		MemTableStopWritesThreshold: 4,
+		L0CompactionThreshold:       4,
+		L0StopWritesThreshold:       24,
+		FormatMajorVersion:          pebble.FormatNewest,
+		Logger:                      pebbleLogger{opts.Logger},
+	}
+	fresh := isEmptyDir(dir)
+	pdb, err := pebble.Open(dir, po)
+	if err != nil {
+		if isLockErr(err) {
+			return nil, fmt.Errorf("%w: %s: %v", ErrLocked, dir, err)
+		}
+		return nil, fmt.Errorf("%w: open %s: %v (run `mesh-provisioner rebuild`)", ErrCorrupt, dir, err)
+	}
+	db := &DB{pdb: pdb, dir: dir, buckets: map[string]*bucketState{}, kinds: map[string]struct{}{}}
+	if err := db.load(fresh); err != nil {
+		pdb.Close()
+		return nil, err
+	}
+	return db, nil
+}
+
+func isEmptyDir(dir string) bool {
+	f, err := os.Open(dir)
+	if err != nil {
+		return true
+	}
+	defer f.Close()
+	_, err = f.Readdirnames(1)
+	return err == io.EOF
+}
+
+func isLockErr(err error) bool {
+	return errors.Is(err, os.ErrExist) || errors.Is(err, errWouldBlock)
+}
+
+// load checks the schema and reads every bucket's checkpoint, anomaly set and the registry's kinds.
+func (db *DB) load(fresh bool) error {
+	v, closer, err := db.pdb.Get(metaKey("schema"))
+	switch {
+	case errors.Is(err, pebble.ErrNotFound) && fresh:
+		if err := db.pdb.Set(metaKey("schema"), []byte(fmt.Sprint(SchemaVersion)), pebble.Sync); err != nil {
+			return fmt.Errorf("write schema version: %w", err)
+		}
+	case errors.Is(err, pebble.ErrNotFound):
+		return fmt.Errorf("%w: %s has no schema version (run `mesh-provisioner rebuild`)", ErrSchema, db.dir)
+	case err != nil:
+		return fmt.Errorf("%w: read schema version: %v (run `mesh-provisioner rebuild`)", ErrCorrupt, err)
+	default:
+		have := string(v)
+		closer.Close()
+		if have != fmt.Sprint(SchemaVersion) {
+			return fmt.Errorf("%w: %s is schema v%s, this binary uses v%d (run `mesh-provisioner rebuild`)", ErrSchema, db.dir, have, SchemaVersion)
+		}
+	}
+
+	it, err := db.pdb.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixCheckpoint}, UpperBound: []byte{prefixCheckpoint + 1}})
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrCorrupt, err)
+	}
+	for it.First(); it.Valid(); it.Next() {
+		name := string(unesc(nil, it.Key()[1:]))
+		cp, err := decodeCheckpoint(it.Value())
+		if err != nil {
+			it.Close()
+			return err
+		}
+		b := db.bucket(name)
+		b.cp = cp
+		b.seq.Store(cp.Applied)
+	}
+	if err := it.Close(); err != nil {
+		return fmt.Errorf("%w: %v", ErrCorrupt, err)
+	}
+
+	it, err = db.pdb.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixAnomaly}, UpperBound: []byte{prefixAnomaly + 1}})
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrCorrupt, err)
+	}
+	for it.First(); it.Valid(); it.Next() {
+		bucket, key, class, ok := splitAnomalyKey(it.Key())
+		if !ok {
+			it.Close()
+			return fmt.Errorf("%w: anomaly key %q", ErrCorrupt, it.Key())
+		}
+		b := db.bucket(bucket)
+		b.anom[key] |= class
+	}
+	if err := it.Close(); err != nil {
+		return fmt.Errorf("%w: %v", ErrCorrupt, err)
+	}
+
+	p := bucketPrefix([]byte{}, prefixRow, provisioner.BucketRegistry)
+	it, err = db.pdb.NewIter(&pebble.IterOptions{LowerBound: p, UpperBound: prefixEnd(p)})
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrCorrupt, err)
+	}
+	for it.First(); it.Valid(); it.Next() {
+		db.kinds[string(unesc(nil, it.Key()[len(p):]))] = struct{}{}
+	}
+	if err := it.Close(); err != nil {
+		return fmt.Errorf("%w: %v", ErrCorrupt, err)
+	}
+	return nil
+}
+
+// splitAnomalyKey reads bucket, raw key and class back from an anomaly key.
+func splitAnomalyKey(k []byte) (bucket, key string, class byte, ok bool) {
+	rest := k[1:]
+	i := termIndex(rest)
+	if i < 0 {
+		return "", "", 0, false
+	}
+	bucket = string(unesc(nil, rest[:i]))
+	rest = rest[i+2:]
+	if len(rest) < 3 {
+		return "", "", 0, false
+	}
+	class = rest[len(rest)-1]
+	rest = rest[:len(rest)-1]
+	if rest[len(rest)-2] != 0 || rest[len(rest)-1] != 1 {
+		return "", "", 0, false
+	}
+	return bucket, string(unesc(nil, rest[:len(rest)-2])), class, true
+}
+
+// termIndex finds the first component terminator 0x00 0x01 in b.
+func termIndex(b []byte) int {
+	for i := 0; i+1 < len(b); i++ {
+		if b[i] == 0 {
+			if b[i+1] == 1 {
+				return i
+			}
+			i++ // 0x00 0xff: an escaped zero
+		}
+	}
+	return -1
+}
+
+// bucket returns the state of a bucket, creating it on first use.
+func (db *DB) bucket(name string) *bucketState {
+	db.mu.Lock()
+	defer db.mu.Unlock()
+	b, ok := db.buckets[name]
+	if !ok {
+		b = &bucketState{name: name, anom: map[string]byte{}}
+		ch := make(chan struct{})
+		b.notify.Store(&ch)
+		db.buckets[name] = b
+	}
+	return b
+}
+
+// Buckets lists the buckets the store holds a checkpoint or anomalies for.
+func (db *DB) Buckets() []string {
+	db.mu.Lock()
+	defer db.mu.Unlock()
+	out := make([]string, 0, len(db.buckets))
+	for name := range db.buckets {
+		out = append(out, name)
+	}
+	return out
+}
+
+// Checkpoint returns a bucket's committed position.
+func (db *DB) Checkpoint(bucket string) Checkpoint {
+	db.applyMu.Lock()
+	defer db.applyMu.Unlock()
+	return db.bucket(bucket).cp
+}
+
+// Applied returns the last stream sequence applied for a bucket, and whether it has caught up with the
+// stream since start.
+func (db *DB) Applied(bucket string) (seq uint64, synced bool) {
+	b := db.bucket(bucket)
+	return b.seq.Load(), b.synced.Load()
+}
+
+// SetSynced records that a bucket's projection has caught up with its stream since start.
+func (db *DB) SetSynced(bucket string, synced bool) {
+	db.bucket(bucket).synced.Store(synced)
+}
+
+// Changed returns a channel closed at the next commit that moves a bucket's applied sequence.
+func (db *DB) Changed(bucket string) <-chan struct{} {
+	return *db.bucket(bucket).notify.Load()
+}
+
+// Flush syncs everything committed so far to disk.
+func (db *DB) Flush() error {
+	if db.closed.Load() {
+		return ErrClosed
+	}
+	return db.pdb.LogData(nil, pebble.Sync)
+}
+
+// Close syncs and closes the store, and releases the state dir's lock when it holds it.
+func (db *DB) Close() error {
+	if !db.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	db.applyMu.Lock()
+	defer db.applyMu.Unlock()
+	err := db.pdb.LogData(nil, pebble.Sync)
+	if cerr := db.pdb.Close(); err == nil {
+		err = cerr
+	}
+	if db.state != nil {
+		if serr := db.state.Close(); err == nil {
+			err = serr
+		}
+	}
+	return err
+}
+
+// Pebble exposes the underlying database for metrics and tools in this module.
+func (db *DB) Pebble() *pebble.DB { return db.pdb }
+
+// Dir is the Pebble directory.
+func (db *DB) Dir() string { return db.dir }
+
+type pebbleLogger struct{ l *slog.Logger }
+
+func (p pebbleLogger) Infof(format string, args ...any) {
+	if p.l != nil {
+		p.l.Debug(fmt.Sprintf(format, args...), "component", "pebble")
+	}
+}
+
+func (p pebbleLogger) Errorf(format string, args ...any) {
+	if p.l != nil {
+		p.l.Error(fmt.Sprintf(format, args...), "component", "pebble")
+	}
+}
+
+func (p pebbleLogger) Fatalf(format string, args ...any) {
+	if p.l != nil {
+		p.l.Error(fmt.Sprintf(format, args...), "component", "pebble")
+	}
+	panic(fmt.Sprintf(format, args...))
+}
