@@ -414,3 +414,6 @@ func sleep(ctx context.Context, d time.Duration) bool {
 
 // kvOperationHeader is the header a KV delete or purge carries (nats.go keeps its name unexported).
 const kvOperationHeader = "KV-Operation"
+
+// Buckets lists the buckets the Projector was started with.
+func (p *Projector) Buckets() []string { return append([]string(nil), p.opts.Buckets...) }

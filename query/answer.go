@@ -68,7 +68,7 @@ func AnswerView(v View, r *Request, e *Encoder, asOf uint64, synced bool) error 
 	var rowErr error
 	err := v.Rows(rg, func(row *provisioner.Row) bool {
 		parts, err := provisioner.ParseKey(shape, string(row.Key))
-		if err != nil || !filter(&parts) {
+		if err != nil || !filter(&parts, row) {
 			return true // out-of-shape keys have no row; the filter narrows what the range could not
 		}
 		if n == limit {
@@ -100,17 +100,24 @@ func AnswerView(v View, r *Request, e *Encoder, asOf uint64, synced bool) error 
 // Plan chooses the range scan that answers a request, and the filter for what the range does not
 // narrow. Every choice is bounded by what the request names: a node's rows, a module's, a kind's, a
 // collection's, a contributor's.
-func Plan(bucket string, r *Request) (provisioner.Range, func(*provisioner.Parts) bool) {
+func Plan(bucket string, r *Request) (provisioner.Range, func(*provisioner.Parts, *provisioner.Row) bool) {
 	rg := provisioner.Range{Bucket: bucket, Index: provisioner.IndexPrimary}
-	all := func(*provisioner.Parts) bool { return true }
+	all := func(*provisioner.Parts, *provisioner.Row) bool { return true }
 	switch provisioner.What(r.What) {
 	case provisioner.WhatRegistry:
 		if r.Kind != "" {
 			rg.Prefix = r.Kind
 		}
 		kind, module := r.Kind, r.Module
-		return rg, func(p *provisioner.Parts) bool {
-			return (kind == "" || p.Kind == kind) && (module == "" || p.Module == module)
+		return rg, func(p *provisioner.Parts, row *provisioner.Row) bool {
+			if kind != "" && p.Kind != kind {
+				return false
+			}
+			if module == "" {
+				return true
+			}
+			e, err := provisioner.DecodeRegistryEntry(row.Value) // the module is the value's
+			return err == nil && e.Module == module
 		}
 	case provisioner.WhatNeeds:
 		node, module, kind := r.Node, r.Module, r.Kind
@@ -127,7 +134,7 @@ func Plan(bucket string, r *Request) (provisioner.Range, func(*provisioner.Parts
 		if kind == "" {
 			return rg, all
 		}
-		return rg, func(p *provisioner.Parts) bool { return p.Kind == kind }
+		return rg, func(p *provisioner.Parts, _ *provisioner.Row) bool { return p.Kind == kind }
 	case provisioner.WhatApplied:
 		node, module := r.Node, r.Module
 		switch {
@@ -141,7 +148,7 @@ func Plan(bucket string, r *Request) (provisioner.Range, func(*provisioner.Parts
 		if module == "" {
 			return rg, all
 		}
-		return rg, func(p *provisioner.Parts) bool { return p.Module == module }
+		return rg, func(p *provisioner.Parts, _ *provisioner.Row) bool { return p.Module == module }
 	case provisioner.WhatCollect:
 		node, contributor, collection := r.Node, r.Module, r.Collection
 		switch {
@@ -155,7 +162,7 @@ func Plan(bucket string, r *Request) (provisioner.Range, func(*provisioner.Parts
 		case contributor != "":
 			rg.Index, rg.Value = provisioner.IndexContributor, contributor
 		}
-		return rg, func(p *provisioner.Parts) bool {
+		return rg, func(p *provisioner.Parts, _ *provisioner.Row) bool {
 			return (contributor == "" || p.Contributor == contributor) && (collection == "" || p.Collection == collection)
 		}
 	}

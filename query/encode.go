@@ -34,16 +34,18 @@ func (e *Encoder) Reset(f Format) {
 
 // sep writes the comma before a JSON member and counts a MessagePack member.
 func (e *Encoder) sep() {
-	n := len(e.first) - 1
-	if n < 0 {
-		return
-	}
 	if e.f == FormatJSON {
+		n := len(e.first) - 1
+		if n < 0 {
+			return
+		}
 		if !e.first[n] {
 			e.buf = append(e.buf, ',')
 		}
 		e.first[n] = false
-	} else {
+		return
+	}
+	if n := len(e.count) - 1; n >= 0 {
 		e.count[n]++
 	}
 }

@@ -108,9 +108,13 @@ func (s *Server) Start(nc *nats.Conn, stats func() any) error {
 	for k, v := range s.opts.Metadata {
 		md[k] = v
 	}
+	version := s.opts.Version
+	if version == "" {
+		version = "0.0.0" // micro wants SemVer
+	}
 	cfg := micro.Config{
 		Name:        ServiceName,
-		Version:     s.opts.Version,
+		Version:     version,
 		Description: "what every module on every node needs, what is applied where, and what each collection holds",
 		Metadata:    md,
 	}

@@ -18,9 +18,8 @@ import (
 	provisioner "github.com/novox/mesh-provisioner"
 	"github.com/novox/mesh-provisioner/fixtures"
 	"github.com/novox/mesh-provisioner/internal/embedded"
-	"github.com/novox/mesh-provisioner/projector"
 	"github.com/novox/mesh-provisioner/query"
-	"github.com/novox/mesh-provisioner/registry"
+	"github.com/novox/mesh-provisioner/seat"
 	"github.com/novox/mesh-provisioner/store"
 )
 
@@ -135,35 +134,14 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 	return runSeat(ctx, nc, js, db, seatConfig{log: log, registryInterval: c.registryInterval, writeRegistry: !c.noRegistry, stdout: c.Stdout, demo: c.demo})
 }
 
-type seatConfig struct {
-	log              *slog.Logger
-	registryInterval time.Duration
-	writeRegistry    bool
-	stdout           io.Writer
-	demo             bool
-}
-
-// runSeat runs the registry writer, the projector and the verb until ctx ends, then stops them in the
-// order that loses nothing: the verb drains, the projector commits its last batch, the store syncs.
+// runSeat runs the seat until ctx ends, then stops it in the order that loses nothing.
 func runSeat(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, db *store.DB, cfg seatConfig) error {
 	log := cfg.log
-	var rw *registry.Writer
-	if cfg.writeRegistry {
-		rw = registry.New(js, provisioner.Registry, cfg.registryInterval, log)
-		rw.Start(ctx)
-		defer rw.Stop()
-	}
-
-	proj := projector.New(js, db, projector.Options{Logger: log})
-	proj.Start(ctx)
-	defer proj.Stop()
-
-	srv := query.NewServer(query.StoreReader(db), query.Options{Version: Version, Logger: log,
-		Metadata: map[string]string{"schema": fmt.Sprint(store.SchemaVersion)}})
-	if err := srv.Start(nc, nil); err != nil {
+	st, err := seat.Start(ctx, nc, js, db, seat.Config{Version: Version, Logger: log, WriteRegistry: cfg.writeRegistry, RegistryInterval: cfg.registryInterval})
+	if err != nil {
 		return err
 	}
-	defer srv.Stop()
+	defer st.Stop()
 	log.Info("answering", "subject", query.Subject, "service", query.ServiceName)
 	if cfg.demo {
 		fmt.Fprintf(cfg.stdout, "\nmesh-provisioner is serving the demo mesh on %s. Try, in another terminal:\n"+
@@ -174,13 +152,19 @@ func runSeat(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, db *sto
 	}
 	<-ctx.Done()
 	log.Info("stopping: draining the verb, committing the last batch")
-	srv.Stop()
-	proj.Stop()
-	if err := db.Flush(); err != nil {
-		return fmt.Errorf("sync state: %w", err)
+	if err := st.Stop(); err != nil {
+		return err
 	}
 	log.Info("stopped cleanly")
 	return nil
+}
+
+type seatConfig struct {
+	log              *slog.Logger
+	registryInterval time.Duration
+	writeRegistry    bool
+	stdout           io.Writer
+	demo             bool
 }
 
 // loadDemo loads the demo mesh when the provisioner's buckets are empty or missing.

@@ -1,0 +1,161 @@
+// Package natstest runs real in-process nats-servers with JetStream for tests, and asks the verb the
+// way a client does. Nothing here stands in for NATS: every test talks to a real server.
+package natstest
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nats.go/micro"
+	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/novox/mesh-provisioner/internal/embedded"
+)
+
+// RunServer starts a nats-server with JetStream on a free loopback port, storing under a temporary
+// directory, and shuts it down when the test ends.
+func RunServer(tb testing.TB) *server.Server {
+	tb.Helper()
+	return RunServerAt(tb, "127.0.0.1:-1", tb.TempDir(), "")
+}
+
+// RunServerAt starts a nats-server on listen with a given store dir and optional config file.
+func RunServerAt(tb testing.TB, listen, storeDir, configFile string) *server.Server {
+	tb.Helper()
+	ns, err := embedded.Start(embedded.Config{Listen: listen, StoreDir: storeDir, ConfigFile: configFile})
+	if err != nil {
+		tb.Fatalf("start nats-server: %v", err)
+	}
+	tb.Cleanup(func() {
+		ns.Shutdown()
+		ns.WaitForShutdown()
+	})
+	return ns
+}
+
+// Connect connects to a server and returns the connection and its JetStream context.
+func Connect(tb testing.TB, url string, opts ...nats.Option) (*nats.Conn, jetstream.JetStream) {
+	tb.Helper()
+	opts = append([]nats.Option{nats.MaxReconnects(-1), nats.ReconnectWait(50 * time.Millisecond)}, opts...)
+	nc, err := nats.Connect(url, opts...)
+	if err != nil {
+		tb.Fatalf("connect %s: %v", url, err)
+	}
+	tb.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		tb.Fatalf("jetstream: %v", err)
+	}
+	return nc, js
+}
+
+// CheckFor polls fn every interval until it returns nil, and fails the test with its last error when
+// timeout passes first.
+func CheckFor(tb testing.TB, timeout, interval time.Duration, fn func() error) {
+	tb.Helper()
+	deadline := time.Now().Add(timeout)
+	var err error
+	for time.Now().Before(deadline) {
+		if err = fn(); err == nil {
+			return
+		}
+		time.Sleep(interval)
+	}
+	tb.Fatalf("condition not met within %v: %v", timeout, err)
+}
+
+// Answer is a decoded answer of the verb.
+type Answer struct {
+	What           string           `json:"what" msgpack:"what"`
+	Rows           []map[string]any `json:"rows" msgpack:"rows"`
+	Anomalies      []map[string]any `json:"anomalies" msgpack:"anomalies"`
+	AnomaliesTotal int64            `json:"anomalies_total" msgpack:"anomalies_total"`
+	AsOf           uint64           `json:"as_of" msgpack:"as_of"`
+	Synced         bool             `json:"synced" msgpack:"synced"`
+	Next           string           `json:"next" msgpack:"next"`
+}
+
+// VerbError is an error answer: the micro headers and the body's error.
+type VerbError struct {
+	Code        int
+	Description string
+	Body        string
+}
+
+func (e *VerbError) Error() string { return fmt.Sprintf("verb error %d: %s", e.Code, e.Description) }
+
+// Ask sends a raw request body to the verb and decodes the answer; asMsgpack says how. An error answer
+// is a *VerbError.
+func Ask(nc *nats.Conn, subject string, body []byte, asMsgpack bool) (Answer, []byte, error) {
+	msg, err := nc.Request(subject, body, 10*time.Second)
+	if err != nil {
+		return Answer{}, nil, err
+	}
+	if code := msg.Header.Get(micro.ErrorCodeHeader); code != "" {
+		n, _ := strconv.Atoi(code)
+		ve := &VerbError{Code: n, Description: msg.Header.Get(micro.ErrorHeader)}
+		var b map[string]any
+		if asMsgpack {
+			if err := msgpack.Unmarshal(msg.Data, &b); err != nil {
+				return Answer{}, msg.Data, fmt.Errorf("error body is not MessagePack: %w", err)
+			}
+		} else if err := json.Unmarshal(msg.Data, &b); err != nil {
+			return Answer{}, msg.Data, fmt.Errorf("error body is not JSON: %w (%q)", err, msg.Data)
+		}
+		ve.Body, _ = b["error"].(string)
+		return Answer{}, msg.Data, ve
+	}
+	var a Answer
+	if asMsgpack {
+		err = msgpack.Unmarshal(msg.Data, &a)
+	} else {
+		dec := json.NewDecoder(bytes.NewReader(msg.Data))
+		dec.UseNumber()
+		err = dec.Decode(&a)
+	}
+	if err != nil {
+		return Answer{}, msg.Data, fmt.Errorf("decode answer: %w", err)
+	}
+	return a, msg.Data, nil
+}
+
+// AskAll sends a request (a map, encoded as JSON or MessagePack) and follows next through every page.
+// It returns every row and the last page's answer.
+func AskAll(nc *nats.Conn, subject string, req map[string]any, asMsgpack bool) ([]map[string]any, Answer, error) {
+	var rows []map[string]any
+	r := map[string]any{}
+	for k, v := range req {
+		r[k] = v
+	}
+	for page := 0; ; page++ {
+		if page > 100000 {
+			return nil, Answer{}, fmt.Errorf("more than 100000 pages")
+		}
+		var body []byte
+		var err error
+		if asMsgpack {
+			body, err = msgpack.Marshal(r)
+		} else {
+			body, err = json.Marshal(r)
+		}
+		if err != nil {
+			return nil, Answer{}, err
+		}
+		a, _, err := Ask(nc, subject, body, asMsgpack)
+		if err != nil {
+			return nil, Answer{}, err
+		}
+		rows = append(rows, a.Rows...)
+		if a.Next == "" {
+			return rows, a, nil
+		}
+		r["after"] = a.Next
+	}
+}
