@@ -22,3 +22,10 @@ vet:
 
 clean:
 	rm -rf bin data
+
+# Benchmarks: one table, every figure measured in the same run (docs/benchmarks.md keeps the last one).
+bench: build
+	$(GO) run ./cmd/bench -keys 1000000 -bin $(BIN) -out docs/benchmarks.md
+
+bench-quick: build
+	$(GO) run ./cmd/bench -keys 100000 -lookups 200 -bin $(BIN)

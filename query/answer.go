@@ -3,6 +3,7 @@ package query
 import (
 	"context"
 	"fmt"
+	"unsafe"
 
 	provisioner "github.com/novox/mesh-provisioner"
 )
@@ -67,7 +68,9 @@ func AnswerView(v View, r *Request, e *Encoder, asOf uint64, synced bool) error 
 	var last []byte
 	var rowErr error
 	err := v.Rows(rg, func(row *provisioner.Row) bool {
-		parts, err := provisioner.ParseKey(shape, string(row.Key))
+		// The key's bytes live until the callback returns, and so do the parts read from them: they are
+		// written into the answer before it does. No copy of the key is made.
+		parts, err := provisioner.ParseKey(shape, unsafe.String(unsafe.SliceData(row.Key), len(row.Key)))
 		if err != nil || !filter(&parts, row) {
 			return true // out-of-shape keys have no row; the filter narrows what the range could not
 		}

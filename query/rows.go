@@ -1,7 +1,12 @@
 package query
 
 import (
+	"encoding/base64"
+	"strconv"
+	"time"
+
 	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/internal/mpk"
 )
 
 // BeginAnswer opens an answer and its rows: {"what": ..., "rows": [.
@@ -58,82 +63,143 @@ func (e *Encoder) EndAnswer(asOf uint64, synced bool, next string) {
 }
 
 // Row writes one row of registry, needs, applied or collect: key, revision, created, value (or null and
-// value_raw when it is not MessagePack), then the key's parts.
+// value_raw when it is not MessagePack), then the key's parts. It is the hot path of every answer: the
+// row is written in one go, with the field names pre-encoded, rather than through the generic calls.
 func (e *Encoder) Row(w provisioner.What, row *provisioner.Row, p *provisioner.Parts) error {
 	var reg provisioner.RegistryEntry
-	n := 4
+	if w == provisioner.WhatRegistry && row.Msgpack {
+		if r, err := provisioner.DecodeRegistryEntry(row.Value); err == nil {
+			reg = r
+		}
+	}
+	var parts [5]field
+	np := 0
+	switch w {
+	case provisioner.WhatRegistry:
+		parts[0] = field{fKind, p.Kind}
+		np = 1
+		for _, f := range [4]field{{fModule, reg.Module}, {fBucket, reg.Bucket}, {fKeyShape, reg.KeyShape}, {fVerb, reg.Verb}} {
+			if f.v != "" {
+				parts[np] = f
+				np++
+			}
+		}
+	case provisioner.WhatNeeds:
+		parts = [5]field{{fNode, p.Node}, {fModule, p.Module}, {fKind, p.Kind}, {fName, p.Name}}
+		np = 4
+	case provisioner.WhatApplied:
+		parts[0], parts[1] = field{fNode, p.Node}, field{fModule, p.Module}
+		np = 2
+	case provisioner.WhatCollect:
+		parts = [5]field{{fNode, p.Node}, {fCollection, p.Collection}, {fCollectionKey, p.CollectionKey}, {fContributor, p.Contributor}}
+		np = 4
+	}
+	e.sep()
+	if e.f == FormatMsgpack {
+		e.rowMsgpack(row, parts[:np])
+	} else {
+		e.rowJSON(row, parts[:np])
+	}
+	return nil
+}
+
+// field is a row's part: its name (an index into the pre-encoded names) and value.
+type field struct {
+	name int
+	v    string
+}
+
+const (
+	fKey = iota
+	fRevision
+	fCreated
+	fValue
+	fValueRaw
+	fNode
+	fModule
+	fKind
+	fName
+	fCollection
+	fCollectionKey
+	fContributor
+	fBucket
+	fKeyShape
+	fVerb
+	nFields
+)
+
+var fieldNames = [nFields]string{"key", "revision", "created", "value", "value_raw", "node", "module", "kind", "name",
+	"collection", "collection_key", "contributor", "bucket", "key_shape", "verb"}
+
+// Pre-encoded field names: MessagePack strings, and JSON `"name":` (with a leading comma but for the first).
+var mpNames, jsonNames [nFields][]byte
+
+func init() {
+	for i, n := range fieldNames {
+		mpNames[i] = mpk.AppendString(nil, n)
+		jsonNames[i] = append(mpk.AppendJSONString([]byte{','}, n), ':')
+	}
+}
+
+func (e *Encoder) rowMsgpack(row *provisioner.Row, parts []field) {
+	n := 4 + len(parts)
 	if !row.Msgpack {
 		n++
 	}
-	switch w {
-	case provisioner.WhatRegistry:
-		n++ // kind
-		if row.Msgpack {
-			if r, err := provisioner.DecodeRegistryEntry(row.Value); err == nil {
-				reg = r
-			}
-		}
-		for _, s := range []string{reg.Module, reg.Bucket, reg.KeyShape, reg.Verb} {
-			if s != "" {
-				n++
-			}
-		}
-	case provisioner.WhatNeeds:
-		n += 4
-	case provisioner.WhatApplied:
-		n += 2
-	case provisioner.WhatCollect:
-		n += 4
+	b := mpk.AppendMapHeader(e.buf, n)
+	b = append(b, mpNames[fKey]...)
+	b = mpk.AppendStringBytes(b, row.Key)
+	b = append(b, mpNames[fRevision]...)
+	b = mpk.AppendUint(b, row.Revision)
+	b = append(b, mpNames[fCreated]...)
+	b = mpk.AppendTime(b, time.Unix(0, row.Created).UTC())
+	b = append(b, mpNames[fValue]...)
+	if row.Msgpack {
+		b = append(b, row.Value...) // stored MessagePack passes through
+	} else {
+		b = mpk.AppendNil(b)
+		b = append(b, mpNames[fValueRaw]...)
+		b = mpk.AppendBin(b, row.Value)
 	}
-	e.openMap(n)
-	e.key("key")
-	e.strBytes(row.Key)
-	e.key("revision")
-	e.uint(row.Revision)
-	e.key("created")
-	e.time(row.Created)
-	e.key("value")
-	// MessagePack passes through and never fails; JSON falls back to value_raw for the rare valid
-	// MessagePack it cannot render (keys nested too deep), and only JSON has no count to keep.
-	if !row.Msgpack || !e.msgpack(row.Value) {
-		e.null()
-		e.key("value_raw")
-		e.bin(row.Value)
+	for _, f := range parts {
+		b = append(b, mpNames[f.name]...)
+		b = mpk.AppendString(b, f.v)
 	}
-	switch w {
-	case provisioner.WhatRegistry:
-		e.key("kind")
-		e.str(p.Kind)
-		for _, f := range []struct{ k, v string }{{"module", reg.Module}, {"bucket", reg.Bucket}, {"key_shape", reg.KeyShape}, {"verb", reg.Verb}} {
-			if f.v != "" {
-				e.key(f.k)
-				e.str(f.v)
-			}
+	e.buf = b
+}
+
+func (e *Encoder) rowJSON(row *provisioner.Row, parts []field) {
+	b := append(e.buf, '{')
+	b = append(b, jsonNames[fKey][1:]...)
+	b = mpk.AppendJSONStringBytes(b, row.Key)
+	b = append(b, jsonNames[fRevision]...)
+	b = strconv.AppendUint(b, row.Revision, 10)
+	b = append(b, jsonNames[fCreated]...)
+	b = append(b, '"')
+	b = time.Unix(0, row.Created).UTC().AppendFormat(b, time.RFC3339Nano)
+	b = append(b, '"')
+	b = append(b, jsonNames[fValue]...)
+	raw := !row.Msgpack
+	if row.Msgpack {
+		mark := len(b)
+		out, _, err := mpk.AppendJSON(b, row.Value)
+		if err != nil {
+			// Valid MessagePack that JSON cannot render (keys nested too deep): say it as raw bytes.
+			b, raw = b[:mark], true
+		} else {
+			b = out
 		}
-	case provisioner.WhatNeeds:
-		e.key("node")
-		e.str(p.Node)
-		e.key("module")
-		e.str(p.Module)
-		e.key("kind")
-		e.str(p.Kind)
-		e.key("name")
-		e.str(p.Name)
-	case provisioner.WhatApplied:
-		e.key("node")
-		e.str(p.Node)
-		e.key("module")
-		e.str(p.Module)
-	case provisioner.WhatCollect:
-		e.key("node")
-		e.str(p.Node)
-		e.key("collection")
-		e.str(p.Collection)
-		e.key("collection_key")
-		e.str(p.CollectionKey)
-		e.key("contributor")
-		e.str(p.Contributor)
 	}
-	e.closeMap()
-	return nil
+	if raw {
+		b = append(b, "null"...)
+		b = append(b, jsonNames[fValueRaw]...)
+		b = append(b, '"')
+		b = base64.StdEncoding.AppendEncode(b, row.Value)
+		b = append(b, '"')
+	}
+	for _, f := range parts {
+		b = append(b, jsonNames[f.name]...)
+		b = mpk.AppendJSONString(b, f.v)
+	}
+	e.buf = append(b, '}')
 }

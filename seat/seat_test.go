@@ -521,3 +521,17 @@ func TestSeat_BadRequests(t *testing.T) {
 		})
 	}
 }
+
+// startBenchSeat starts a seat for a benchmark on its own connection and state dir.
+func startBenchSeat(tb testing.TB, url string) (*seat.Seat, func()) {
+	nc, js := natstest.Connect(tb, url)
+	db, err := store.OpenState(tb.TempDir(), store.Options{})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	st, err := seat.Start(context.Background(), nc, js, db, seat.Config{WriteRegistry: true})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return st, func() { st.Stop(); db.Close() }
+}

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"strconv"
 
 	"github.com/cockroachdb/pebble/v2"
 
@@ -81,13 +82,24 @@ type applier struct {
 	cps  map[string]*Checkpoint
 	// kindsChanged are registry kinds whose presence this batch changed, with their new presence.
 	kindsChanged map[string]bool
+	// states caches the buckets' states for the batch: DB.bucket takes a lock.
+	states map[string]*bucketState
+}
+
+func (a *applier) state(bucket string) *bucketState {
+	if b, ok := a.states[bucket]; ok {
+		return b
+	}
+	b := a.db.bucket(bucket)
+	a.states[bucket] = b
+	return b
 }
 
 func (a *applier) checkpoint(bucket string) *Checkpoint {
 	if cp, ok := a.cps[bucket]; ok {
 		return cp
 	}
-	cp := a.db.bucket(bucket).cp
+	cp := a.state(bucket).cp
 	a.cps[bucket] = &cp
 	return &cp
 }
@@ -98,7 +110,7 @@ func (a *applier) classes(bucket, key string) byte {
 			return c
 		}
 	}
-	return a.db.bucket(bucket).anom[key]
+	return a.state(bucket).anom[key]
 }
 
 func (a *applier) setClasses(bucket, key string, c byte) {
@@ -166,7 +178,9 @@ func (db *DB) Apply(bucket string, msgs []provisioner.Message, streamCreated int
 		return ErrClosed
 	}
 
-	a := &applier{db: db, batch: db.pdb.NewBatch(), anom: map[string]map[string]byte{}, cps: map[string]*Checkpoint{}}
+	// Batches come from Pebble's pool; letting them keep buffers of a catch-up batch's size saves
+	// growing a new one for every batch.
+	a := &applier{db: db, batch: db.pdb.NewBatch(pebble.WithMaxRetainedSizeBytes(16 << 20)), anom: map[string]map[string]byte{}, cps: map[string]*Checkpoint{}, states: map[string]*bucketState{}}
 	defer a.batch.Close()
 	cp := a.checkpoint(bucket)
 	if streamCreated != 0 {
@@ -315,7 +329,7 @@ func (a *applier) apply(shape provisioner.Shape, m *provisioner.Message) error {
 		if a.kindAnswered(parts.Kind) {
 			return a.clearAnomaly(bucket, m.Key, classKind)
 		}
-		return a.setAnomaly(bucket, m.Key, classKind, m.Seq, provisioner.ReasonUnansweredKind, fmt.Sprintf("no registry entry answers kind %q", parts.Kind))
+		return a.setAnomaly(bucket, m.Key, classKind, m.Seq, provisioner.ReasonUnansweredKind, unansweredDetail(parts.Kind))
 	}
 	return nil
 }
@@ -348,7 +362,7 @@ func (a *applier) reevaluateKinds() error {
 			if present {
 				err = a.clearAnomaly(provisioner.BucketNeeds, key, classKind)
 			} else if err = decodeRowValue(it.Value(), &row); err == nil {
-				err = a.setAnomaly(provisioner.BucketNeeds, key, classKind, row.Revision, provisioner.ReasonUnansweredKind, fmt.Sprintf("no registry entry answers kind %q", kind))
+				err = a.setAnomaly(provisioner.BucketNeeds, key, classKind, row.Revision, provisioner.ReasonUnansweredKind, unansweredDetail(kind))
 			}
 			if err != nil {
 				it.Close()
@@ -361,3 +375,5 @@ func (a *applier) reevaluateKinds() error {
 	}
 	return nil
 }
+
+func unansweredDetail(kind string) string { return "no registry entry answers kind " + strconv.Quote(kind) }

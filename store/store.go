@@ -38,7 +38,7 @@ func NeedsRebuild(err error) bool {
 type Options struct {
 	// CacheSize is Pebble's block cache in bytes; 0 means 64 MiB.
 	CacheSize int64
-	// MemTableSize is the size of one memtable in bytes; 0 means 32 MiB.
+	// MemTableSize is the size of one memtable in bytes; 0 means 64 MiB.
 	MemTableSize uint64
 	// Logger receives Pebble's own messages at debug level; nil discards them.
 	Logger *slog.Logger
@@ -159,7 +159,7 @@ func Open(dir string, opts Options) (*DB, error) {
 		opts.CacheSize = 64 << 20
 	}
 	if opts.MemTableSize == 0 {
-		opts.MemTableSize = 32 << 20
+		opts.MemTableSize = 64 << 20
 	}
 	cache := pebble.NewCache(opts.CacheSize)
 	defer cache.Unref() // the DB holds its own reference
@@ -167,10 +167,12 @@ func Open(dir string, opts Options) (*DB, error) {
 		Cache:                       cache,
 		MemTableSize:                opts.MemTableSize,
 		MemTableStopWritesThreshold: 4,
-		L0CompactionThreshold:       4,
-		L0StopWritesThreshold:       24,
-		FormatMajorVersion:          pebble.FormatNewest,
-		Logger:                      pebbleLogger{opts.Logger},
+		// A catch-up writes a burst: let L0 take a few flushes before compacting them together, so
+		// fewer compactions rewrite the same data, without letting reads fan out over many files.
+		L0CompactionThreshold: 8,
+		L0StopWritesThreshold: 32,
+		FormatMajorVersion:    pebble.FormatNewest,
+		Logger:                pebbleLogger{opts.Logger},
 	}
 	fresh := isEmptyDir(dir)
 	pdb, err := pebble.Open(dir, po)

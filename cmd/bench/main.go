@@ -1,0 +1,754 @@
+// Command bench measures the seat against the raw stream and against reading NATS KV directly, every
+// figure in one run, and prints one table (and writes it to -out as Markdown).
+//
+// Run using:
+//
+//	make bench        # about 1,000,000 needs keys, under 10 minutes on 2 cores
+//	make bench-quick  # about 100,000 needs keys, under a minute
+//
+// It starts an embedded nats-server, loads a fixtures mesh, runs the real mesh-provisioner binary (-bin)
+// as the seat in a process of its own (so its memory is its own), and measures:
+//
+//   - stream limit: a bare ordered consumer reading the whole needs stream, doing nothing
+//   - ingest: the projector on the same stream from an empty state dir, in this process
+//   - node, module and collection lookups: the verb against a direct KV watch of the same keys
+//   - scale: the node lookup at a tenth of the keys and at all of them
+//   - rebuild: `mesh-provisioner rebuild` of every bucket against the stream limit's time for them
+//   - memory: the seat's peak RSS while ingesting and while serving
+//   - concurrency: verb answers per second from 8 clients while updates stream in
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nats.go/micro"
+	"github.com/vmihailenco/msgpack/v5"
+
+	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/fixtures"
+	"github.com/novox/mesh-provisioner/internal/embedded"
+	"github.com/novox/mesh-provisioner/projector"
+	"github.com/novox/mesh-provisioner/query"
+	"github.com/novox/mesh-provisioner/store"
+)
+
+type row struct{ figure, value, how string }
+
+type bench struct {
+	keys    int
+	lookups int
+	bin     string
+	dir     string
+	url     string
+	nc      *nats.Conn
+	js      jetstream.JetStream
+	rows    []row
+	nodes   int
+	small   int
+	mesh    fixtures.Mesh
+	seat    *exec.Cmd
+	seatErr bytes.Buffer
+}
+
+func main() {
+	keys := flag.Int("keys", 1_000_000, "needs keys in the mesh (250 per node)")
+	lookups := flag.Int("lookups", 500, "random node lookups per measurement")
+	bin := flag.String("bin", "bin/mesh-provisioner", "the mesh-provisioner binary to run as the seat")
+	out := flag.String("out", "", "write the table as Markdown to this file")
+	flag.Parse()
+	b := &bench{keys: *keys, lookups: *lookups, bin: *bin}
+	if err := b.run(); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		if b.seatErr.Len() > 0 {
+			fmt.Fprintln(os.Stderr, "seat stderr (tail):", tail(b.seatErr.String(), 2000))
+		}
+		os.Exit(1)
+	}
+	table := b.markdown()
+	fmt.Println(table)
+	if *out != "" {
+		if err := os.WriteFile(*out, []byte(table), 0o644); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+	}
+}
+
+func (b *bench) add(figure, value, how string) {
+	b.rows = append(b.rows, row{figure, value, how})
+	fmt.Fprintf(os.Stderr, "  %-28s %s\n", figure, value)
+}
+
+func (b *bench) run() error {
+	ctx := context.Background()
+	dir, err := os.MkdirTemp("", "mesh-provisioner-bench-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	b.dir = dir
+	ns, err := embedded.Start(embedded.Config{Listen: "127.0.0.1:-1", StoreDir: filepath.Join(dir, "nats")})
+	if err != nil {
+		return err
+	}
+	defer ns.Shutdown()
+	b.url = ns.ClientURL()
+	if b.nc, err = nats.Connect(b.url); err != nil {
+		return err
+	}
+	defer b.nc.Close()
+	if b.js, err = jetstream.New(b.nc); err != nil {
+		return err
+	}
+
+	const perNode = 250
+	b.nodes = max(b.keys/perNode, 10)
+	b.small = max(b.nodes/10, 1)
+	b.mesh = fixtures.Mesh{Seed: 42, Modules: 25, NeedsPerModule: 10, Collections: 4}
+	partA := b.mesh
+	partA.Nodes = b.small
+	partB := b.mesh
+	partB.FirstNode, partB.Nodes, partB.BadKeys, partB.BadValues = b.small, b.nodes-b.small, 5, 5
+
+	fmt.Fprintf(os.Stderr, "bench: %d nodes, %d needs keys; loading the first %d nodes\n", b.nodes, b.nodes*perNode, b.small)
+	if err := b.load(ctx, partA.Ops()); err != nil {
+		return err
+	}
+	if err := b.startSeat(filepath.Join(dir, "state")); err != nil {
+		return err
+	}
+	defer b.stopSeat()
+	if err := b.waitCaughtUp(ctx, 5*time.Minute); err != nil {
+		return err
+	}
+	smallMedian, _, err := b.nodeLookups(b.small, false)
+	if err != nil {
+		return err
+	}
+
+	fmt.Fprintf(os.Stderr, "bench: loading nodes %d..%d while 8 clients ask\n", b.small, b.nodes-1)
+	opsB := partB.Ops()
+	if err := b.concurrency(ctx, opsB); err != nil {
+		return err
+	}
+	if err := b.waitCaughtUp(ctx, 8*time.Minute); err != nil {
+		return err
+	}
+	ingestHWM := b.seatHWM()
+
+	// Lookups at full size, sampling the seat's RSS meanwhile.
+	stopSample := b.sampleRSS()
+	median, p99, err := b.nodeLookups(b.nodes, false)
+	if err != nil {
+		return err
+	}
+	dMedian, dP99, err := b.nodeLookups(b.nodes, true)
+	if err != nil {
+		return err
+	}
+	b.add("node lookup", fmt.Sprintf("verb %s median, %s p99; direct watch %s median, %s p99; %.1f× faster (median)",
+		ms(median), ms(p99), ms(dMedian), ms(dP99), float64(dMedian)/float64(median)),
+		fmt.Sprintf("%d random nodes, ~250 rows each, MessagePack request; direct: KV watch of <node>.> until its initial values are done", b.lookups))
+	b.add("scale", fmt.Sprintf("node lookup median %s at %d keys, %s at %d keys; ratio %.2f",
+		ms(smallMedian), b.small*perNode, ms(median), b.nodes*perNode, float64(median)/float64(smallMedian)),
+		"the same node lookup before and after the mesh grew tenfold")
+	if err := b.moduleLookups(ctx); err != nil {
+		return err
+	}
+	if err := b.collectionLookups(ctx); err != nil {
+		return err
+	}
+	servingPeak := stopSample()
+	b.add("memory", fmt.Sprintf("seat peak RSS %s during ingest, %s while serving", mib(ingestHWM), mib(servingPeak)),
+		"VmHWM of the seat process after catching up with every key; highest VmRSS sampled every 50 ms during the lookups")
+	b.stopSeat()
+
+	if err := b.ingest(ctx); err != nil {
+		return err
+	}
+	return b.rebuild(ctx)
+}
+
+func (b *bench) load(ctx context.Context, ops []fixtures.Op) error {
+	start := time.Now()
+	if err := fixtures.Load(ctx, b.js, ops, 16384, nil); err != nil {
+		return err
+	}
+	fmt.Fprintf(os.Stderr, "bench: loaded %d ops in %s (%.0f/s)\n", len(ops), time.Since(start).Round(time.Millisecond), float64(len(ops))/time.Since(start).Seconds())
+	return nil
+}
+
+func (b *bench) startSeat(state string) error {
+	cmd := exec.Command(b.bin, "serve", "--nats", b.url, "--state", state, "--log-format", "json")
+	cmd.Stdout = io.Discard
+	cmd.Stderr = &b.seatErr
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start seat %s: %w (run `make build` first)", b.bin, err)
+	}
+	b.seat = cmd
+	return nil
+}
+
+func (b *bench) stopSeat() {
+	if b.seat == nil {
+		return
+	}
+	_ = b.seat.Process.Signal(syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { _ = b.seat.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		_ = b.seat.Process.Kill()
+		<-done
+	}
+	b.seat = nil
+}
+
+// lastSeq is a stream's last sequence.
+func (b *bench) lastSeq(ctx context.Context, bucket string) (uint64, uint64, error) {
+	s, err := b.js.Stream(ctx, provisioner.StreamName(bucket))
+	if err != nil {
+		return 0, 0, err
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		return 0, 0, err
+	}
+	return info.State.LastSeq, info.State.Msgs, nil
+}
+
+// waitCaughtUp waits until the seat answers each bucket as of its stream's last sequence.
+func (b *bench) waitCaughtUp(ctx context.Context, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for _, what := range []string{"needs", "applied", "collect"} {
+		shape, _ := provisioner.ShapeOfWhat(provisioner.What(what))
+		last, _, err := b.lastSeq(ctx, shape.Bucket)
+		if err != nil {
+			return err
+		}
+		for {
+			a, err := b.ask(map[string]any{"what": what, "node": "none", "limit": 1})
+			if err == nil && a.AsOf >= last && a.Synced {
+				break
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("seat did not catch up with %s within %s (as_of %d of %d, err %v)", what, timeout, a.AsOf, last, err)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	return nil
+}
+
+type answer struct {
+	Rows   []msgpack.RawMessage `msgpack:"rows"`
+	AsOf   uint64               `msgpack:"as_of"`
+	Synced bool                 `msgpack:"synced"`
+	Next   string               `msgpack:"next"`
+}
+
+func (b *bench) askRaw(nc *nats.Conn, req map[string]any) ([]byte, error) {
+	body, err := msgpack.Marshal(req)
+	if err != nil {
+		return nil, err
+	}
+	msg, err := nc.Request(query.Subject, body, 10*time.Second)
+	if err != nil {
+		return nil, err
+	}
+	if code := msg.Header.Get(micro.ErrorCodeHeader); code != "" {
+		return nil, fmt.Errorf("verb %s: %s", code, msg.Header.Get(micro.ErrorHeader))
+	}
+	return msg.Data, nil
+}
+
+func (b *bench) ask(req map[string]any) (answer, error) {
+	data, err := b.askRaw(b.nc, req)
+	if err != nil {
+		return answer{}, err
+	}
+	var a answer
+	return a, msgpack.Unmarshal(data, &a)
+}
+
+// nodeLookups asks (or watches directly) random nodes among the first n, and returns median and p99.
+func (b *bench) nodeLookups(n int, direct bool) (time.Duration, time.Duration, error) {
+	r := rand.New(rand.NewPCG(1, 2))
+	var kv jetstream.KeyValue
+	if direct {
+		var err error
+		if kv, err = b.js.KeyValue(context.Background(), provisioner.BucketNeeds); err != nil {
+			return 0, 0, err
+		}
+	}
+	times := make([]time.Duration, 0, b.lookups)
+	for i := 0; i < b.lookups; i++ {
+		node := fixtures.NodeName(r.IntN(n))
+		start := time.Now()
+		var rows int
+		if direct {
+			got, err := watchCount(kv, node+".>")
+			if err != nil {
+				return 0, 0, err
+			}
+			rows = got
+		} else {
+			data, err := b.askRaw(b.nc, map[string]any{"what": "needs", "node": node, "limit": 10000})
+			if err != nil {
+				return 0, 0, err
+			}
+			times = append(times, time.Since(start))
+			var a answer
+			if err := msgpack.Unmarshal(data, &a); err != nil {
+				return 0, 0, err
+			}
+			rows = len(a.Rows)
+		}
+		if direct {
+			times = append(times, time.Since(start))
+		}
+		if rows != 250 && rows < 240 {
+			return 0, 0, fmt.Errorf("node %s: %d rows, want about 250", node, rows)
+		}
+	}
+	return percentile(times, 0.5), percentile(times, 0.99), nil
+}
+
+// watchCount reads a KV watch's initial values and counts them: what a client without the seat does.
+func watchCount(kv jetstream.KeyValue, filter string) (int, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	w, err := kv.Watch(ctx, filter, jetstream.IgnoreDeletes())
+	if err != nil {
+		return 0, err
+	}
+	defer w.Stop()
+	n := 0
+	for e := range w.Updates() {
+		if e == nil {
+			return n, nil
+		}
+		n++
+	}
+	return n, errors.New("watch ended before its initial values")
+}
+
+// allPages asks every page of a request and returns the rows and the time it took.
+func (b *bench) allPages(req map[string]any, asJSON bool) (int, time.Duration, error) {
+	r := map[string]any{}
+	for k, v := range req {
+		r[k] = v
+	}
+	r["limit"] = 10000
+	rows := 0
+	start := time.Now()
+	var elapsed time.Duration
+	for {
+		var body []byte
+		var err error
+		if asJSON {
+			body, err = jsonBody(r)
+		} else {
+			body, err = msgpack.Marshal(r)
+		}
+		if err != nil {
+			return 0, 0, err
+		}
+		t0 := time.Now()
+		msg, err := b.nc.Request(query.Subject, body, 30*time.Second)
+		if err != nil {
+			return 0, 0, err
+		}
+		elapsed += time.Since(t0)
+		if code := msg.Header.Get(micro.ErrorCodeHeader); code != "" {
+			return 0, 0, fmt.Errorf("verb %s: %s", code, msg.Header.Get(micro.ErrorHeader))
+		}
+		n, next, err := countRows(msg.Data, asJSON)
+		if err != nil {
+			return 0, 0, err
+		}
+		rows += n
+		if next == "" {
+			break
+		}
+		r["after"] = next
+	}
+	_ = start
+	return rows, elapsed, nil
+}
+
+func (b *bench) moduleLookups(ctx context.Context) error {
+	kv, err := b.js.KeyValue(ctx, provisioner.BucketNeeds)
+	if err != nil {
+		return err
+	}
+	var vm, vj, dw []time.Duration
+	rows := 0
+	for _, j := range []int{1, 7, 13, 19, 31} {
+		mod := fixtures.ModuleName(j)
+		n, t, err := b.allPages(map[string]any{"what": "needs", "module": mod}, false)
+		if err != nil {
+			return err
+		}
+		_, tj, err := b.allPages(map[string]any{"what": "needs", "module": mod}, true)
+		if err != nil {
+			return err
+		}
+		start := time.Now()
+		dn, err := watchCount(kv, "*."+mod+".>")
+		if err != nil {
+			return err
+		}
+		dw = append(dw, time.Since(start))
+		if dn != n {
+			return fmt.Errorf("module %s: verb %d rows, direct %d", mod, n, dn)
+		}
+		vm, vj = append(vm, t), append(vj, tj)
+		rows += n
+	}
+	m, j, d := percentile(vm, 0.5), percentile(vj, 0.5), percentile(dw, 0.5)
+	b.add("module lookup", fmt.Sprintf("verb %s MessagePack, %s JSON; direct watch %s; %.1f× (MessagePack), %.1f× (JSON) faster",
+		ms(m), ms(j), ms(d), float64(d)/float64(m), float64(d)/float64(j)),
+		fmt.Sprintf("one module across all nodes, about %d rows, every page at limit 10000; median of 5 modules; direct: KV watch of *.<module>.>", rows/5))
+	return nil
+}
+
+func (b *bench) collectionLookups(ctx context.Context) error {
+	kv, err := b.js.KeyValue(ctx, provisioner.BucketCollect)
+	if err != nil {
+		return err
+	}
+	var vm, vj, dw []time.Duration
+	rows := 0
+	for _, c := range []string{"shell:zsh:normal", "environment", "path with space"} {
+		n, t, err := b.allPages(map[string]any{"what": "collect", "collection": c}, false)
+		if err != nil {
+			return err
+		}
+		_, tj, err := b.allPages(map[string]any{"what": "collect", "collection": c}, true)
+		if err != nil {
+			return err
+		}
+		start := time.Now()
+		dn, err := watchCount(kv, "*."+provisioner.EncodeCollection(c)+".*")
+		if err != nil {
+			return err
+		}
+		dw = append(dw, time.Since(start))
+		if dn != n {
+			return fmt.Errorf("collection %s: verb %d rows, direct %d", c, n, dn)
+		}
+		vm, vj = append(vm, t), append(vj, tj)
+		rows += n
+	}
+	m, j, d := percentile(vm, 0.5), percentile(vj, 0.5), percentile(dw, 0.5)
+	b.add("collection lookup", fmt.Sprintf("verb %s MessagePack, %s JSON; direct watch %s; %.1f× (MessagePack), %.1f× (JSON) faster",
+		ms(m), ms(j), ms(d), float64(d)/float64(m), float64(d)/float64(j)),
+		fmt.Sprintf("one collection across all nodes, about %d rows; median of 3 collections; direct: KV watch of *.<escaped>.*", rows/3))
+	return nil
+}
+
+// concurrency loads ops while 8 clients ask random node lookups as fast as they can, and reports the
+// rate, the errors and whether any client saw as_of go backwards.
+func (b *bench) concurrency(ctx context.Context, ops []fixtures.Op) error {
+	stopSample := b.sampleRSS()
+	loadDone := make(chan error, 1)
+	loadStart := time.Now()
+	go func() { loadDone <- fixtures.Load(ctx, b.js, ops, 16384, nil) }()
+
+	var answers, errs, backwards atomic.Int64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for c := 0; c < 8; c++ {
+		nc, err := nats.Connect(b.url)
+		if err != nil {
+			return err
+		}
+		defer nc.Close()
+		wg.Add(1)
+		go func(c int) {
+			defer wg.Done()
+			r := rand.New(rand.NewPCG(uint64(c), 9))
+			var last uint64
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				data, err := b.askRaw(nc, map[string]any{"what": "needs", "node": fixtures.NodeName(r.IntN(b.nodes)), "limit": 10000})
+				if err != nil {
+					errs.Add(1)
+					continue
+				}
+				var a answer
+				if err := msgpack.Unmarshal(data, &a); err != nil {
+					errs.Add(1)
+					continue
+				}
+				if a.AsOf < last {
+					backwards.Add(1)
+				}
+				last = a.AsOf
+				answers.Add(1)
+			}
+		}(c)
+	}
+	measureStart := time.Now()
+	err := <-loadDone
+	loadTime := time.Since(loadStart)
+	elapsed := time.Since(measureStart)
+	close(stop)
+	wg.Wait()
+	stopSample()
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(os.Stderr, "bench: loaded %d ops in %s while asking\n", len(ops), loadTime.Round(time.Millisecond))
+	b.add("concurrency", fmt.Sprintf("%.0f answers/s, %d errors, as_of backwards %d times", float64(answers.Load())/elapsed.Seconds(), errs.Load(), backwards.Load()),
+		fmt.Sprintf("8 clients, each its own connection, random node lookups (MessagePack) for %s while %d updates streamed in", elapsed.Round(time.Millisecond), len(ops)))
+	return nil
+}
+
+// sampleRSS samples the seat's VmRSS every 50 ms until the returned func is called; it returns the peak.
+func (b *bench) sampleRSS() func() int64 {
+	var peak atomic.Int64
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(50 * time.Millisecond)
+		defer t.Stop()
+		for {
+			if v := b.seatStatus("VmRSS:"); v > peak.Load() {
+				peak.Store(v)
+			}
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return func() int64 { close(stop); <-done; return peak.Load() }
+}
+
+func (b *bench) seatHWM() int64 { return b.seatStatus("VmHWM:") }
+
+// seatStatus reads a field of the seat's /proc/<pid>/status, in bytes.
+func (b *bench) seatStatus(field string) int64 {
+	if b.seat == nil || b.seat.Process == nil {
+		return 0
+	}
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", b.seat.Process.Pid))
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if strings.HasPrefix(sc.Text(), field) {
+			fs := strings.Fields(sc.Text())
+			if len(fs) >= 2 {
+				kb, _ := strconv.ParseInt(fs[1], 10, 64)
+				return kb * 1024
+			}
+		}
+	}
+	return 0
+}
+
+// streamLimit reads a whole stream with a bare ordered consumer that does nothing with the messages.
+func (b *bench) streamLimit(ctx context.Context, bucket string) (int, time.Duration, error) {
+	_, msgs, err := b.lastSeq(ctx, bucket)
+	if err != nil {
+		return 0, 0, err
+	}
+	s, err := b.js.Stream(ctx, provisioner.StreamName(bucket))
+	if err != nil {
+		return 0, 0, err
+	}
+	start := time.Now()
+	cons, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		return 0, 0, err
+	}
+	it, err := cons.Messages(jetstream.PullMaxMessages(8192))
+	if err != nil {
+		return 0, 0, err
+	}
+	defer it.Stop()
+	n := 0
+	for n < int(msgs) {
+		if _, err := it.Next(); err != nil {
+			return 0, 0, err
+		}
+		n++
+	}
+	return n, time.Since(start), nil
+}
+
+// ingest projects the needs stream into an empty store, in this process, as serve does.
+func (b *bench) ingest(ctx context.Context) error {
+	n, limit, err := b.streamLimit(ctx, provisioner.BucketNeeds)
+	if err != nil {
+		return err
+	}
+	limitRate := float64(n) / limit.Seconds()
+	b.add("stream limit", fmt.Sprintf("%.0f msgs/s (%d messages in %s)", limitRate, n, limit.Round(time.Millisecond)),
+		"a bare ordered consumer reading the whole needs stream, doing nothing")
+
+	db, err := store.Open(filepath.Join(b.dir, "ingest"), store.Options{})
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	last, _, err := b.lastSeq(ctx, provisioner.BucketNeeds)
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	p := projector.New(b.js, db, projector.Options{Buckets: []string{provisioner.BucketNeeds}})
+	p.Start(ctx)
+	for {
+		if seq, _ := db.Applied(provisioner.BucketNeeds); seq >= last {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	took := time.Since(start)
+	p.Stop()
+	rate := float64(n) / took.Seconds()
+	b.add("ingest", fmt.Sprintf("%.0f msgs/s (%s); %.2f of the stream limit", rate, took.Round(time.Millisecond), rate/limitRate),
+		"the projector on the same stream from an empty state dir, until the last sequence is applied")
+	return nil
+}
+
+// rebuild runs `mesh-provisioner rebuild` on every bucket, against the stream limit's time for them.
+func (b *bench) rebuild(ctx context.Context) error {
+	var total int
+	var limit time.Duration
+	for _, s := range provisioner.ProvisionerShapes {
+		n, t, err := b.streamLimit(ctx, s.Bucket)
+		if err != nil {
+			return err
+		}
+		total += n
+		limit += t
+	}
+	state := filepath.Join(b.dir, "rebuild")
+	cmd := exec.Command(b.bin, "rebuild", "--nats", b.url, "--state", state)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	start := time.Now()
+	how := "`mesh-provisioner rebuild` of all four buckets from scratch"
+	if err := cmd.Run(); err != nil {
+		// Without the rebuild command, a fresh projection of all four buckets in this process.
+		how = "a fresh projection of all four buckets (no rebuild command in this binary: " + tail(strings.TrimSpace(stderr.String()), 80) + ")"
+		start = time.Now()
+		if err := b.freshProjection(ctx, filepath.Join(b.dir, "fresh")); err != nil {
+			return err
+		}
+	}
+	took := time.Since(start)
+	b.add("rebuild", fmt.Sprintf("%s for %d messages; %.2f× the stream limit's %s", took.Round(time.Millisecond), total, took.Seconds()/limit.Seconds(), limit.Round(time.Millisecond)), how)
+	return nil
+}
+
+func (b *bench) freshProjection(ctx context.Context, dir string) error {
+	db, err := store.Open(dir, store.Options{})
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	p := projector.New(b.js, db, projector.Options{})
+	p.Start(ctx)
+	defer p.Stop()
+	for _, s := range provisioner.ProvisionerShapes {
+		last, _, err := b.lastSeq(ctx, s.Bucket)
+		if err != nil {
+			return err
+		}
+		for {
+			if seq, _ := db.Applied(s.Bucket); seq >= last {
+				break
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	return nil
+}
+
+func (b *bench) markdown() string {
+	var s strings.Builder
+	fmt.Fprintf(&s, "# Benchmarks\n\nThe last run of `make bench` (`go run ./cmd/bench`), every figure measured in the same run.\n\n")
+	fmt.Fprintf(&s, "- when: %s\n- machine: %s\n- mesh: %d nodes × 25 modules × 10 needs = %d needs keys, plus applied (%d) and collect (%d) keys, a few out of shape\n\n",
+		time.Now().UTC().Format(time.RFC3339), machine(), b.nodes, b.nodes*250, b.nodes*25, b.nodes*4)
+	s.WriteString("| figure | measured | how |\n| --- | --- | --- |\n")
+	for _, r := range b.rows {
+		fmt.Fprintf(&s, "| %s | %s | %s |\n", r.figure, r.value, r.how)
+	}
+	return s.String()
+}
+
+func machine() string {
+	model := ""
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			if strings.HasPrefix(l, "model name") {
+				model = strings.TrimSpace(strings.SplitN(l, ":", 2)[1])
+				break
+			}
+		}
+	}
+	mem := ""
+	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
+		if f := strings.Fields(strings.SplitN(string(b), "\n", 2)[0]); len(f) >= 2 {
+			kb, _ := strconv.ParseInt(f[1], 10, 64)
+			mem = fmt.Sprintf(", %.0f GiB", float64(kb)/(1<<20))
+		}
+	}
+	return fmt.Sprintf("%d cores (%s)%s, %s %s/%s", runtime.NumCPU(), model, mem, runtime.Version(), runtime.GOOS, runtime.GOARCH)
+}
+
+func percentile(ds []time.Duration, p float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := append([]time.Duration(nil), ds...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	i := int(p * float64(len(s)-1))
+	return s[i]
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.3f ms", float64(d)/1e6) }
+
+func mib(n int64) string { return fmt.Sprintf("%.0f MiB", float64(n)/(1<<20)) }
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}

@@ -1,0 +1,116 @@
+package projector_test
+
+import (
+	"context"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	provisioner "github.com/novox/mesh-provisioner"
+
+	"github.com/novox/mesh-provisioner/fixtures"
+	"github.com/novox/mesh-provisioner/internal/natstest"
+	"github.com/novox/mesh-provisioner/projector"
+	"github.com/novox/mesh-provisioner/store"
+)
+
+// BenchmarkIngest projects a needs stream of 100,000 messages into an empty store, as serve does.
+// Run using: go test ./projector -run x -bench Ingest -benchtime 3x -cpuprofile cpu.prof
+func BenchmarkIngest(b *testing.B) {
+	ns := natstest.RunServer(b)
+	_, js := natstest.Connect(b, ns.ClientURL())
+	ctx := context.Background()
+	ops := fixtures.Mesh{Seed: 1, Nodes: 400, Modules: 25, NeedsPerModule: 10}.Ops()
+	var needs []fixtures.Op
+	for _, op := range ops {
+		if op.Bucket == provisioner.BucketNeeds {
+			needs = append(needs, op)
+		}
+	}
+	if err := fixtures.Load(ctx, js, needs, 16384, nil); err != nil {
+		b.Fatal(err)
+	}
+	last := uint64(len(needs))
+	cpu0 := cpuTime()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		db, err := store.Open(filepath.Join(b.TempDir(), "s"), store.Options{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		// The registry answers every kind, as in a real mesh.
+		var reg []provisioner.Message
+		for i, e := range provisioner.Registry.Entries {
+			reg = append(reg, provisioner.Message{Seq: uint64(i + 1), Key: e.Kind, Op: provisioner.OpPut, Value: e.Value()})
+		}
+		if err := db.Apply(provisioner.BucketRegistry, reg, 0, false); err != nil {
+			b.Fatal(err)
+		}
+		p := projector.New(js, db, projector.Options{Buckets: []string{provisioner.BucketNeeds}})
+		p.Start(ctx)
+		for {
+			if seq, _ := db.Applied(provisioner.BucketNeeds); seq >= last {
+				break
+			}
+			time.Sleep(time.Millisecond)
+		}
+		p.Stop()
+		b.StopTimer()
+		db.Close()
+		b.StartTimer()
+	}
+	b.ReportMetric(float64(last)*float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
+	// CPU time per message (this process: the projector, Pebble and the embedded server's delivery)
+	// is steadier than wall time on a shared machine.
+	b.ReportMetric(float64(cpuTime()-cpu0)/1e3/float64(last)/float64(b.N), "cpu-µs/msg")
+}
+
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// BenchmarkStreamLimit reads the same stream with a bare ordered consumer that does nothing: the
+// floor BenchmarkIngest is measured against.
+func BenchmarkStreamLimit(b *testing.B) {
+	ns := natstest.RunServer(b)
+	_, js := natstest.Connect(b, ns.ClientURL())
+	ctx := context.Background()
+	ops := fixtures.Mesh{Seed: 1, Nodes: 400, Modules: 25, NeedsPerModule: 10}.Ops()
+	var needs []fixtures.Op
+	for _, op := range ops {
+		if op.Bucket == provisioner.BucketNeeds {
+			needs = append(needs, op)
+		}
+	}
+	if err := fixtures.Load(ctx, js, needs, 16384, nil); err != nil {
+		b.Fatal(err)
+	}
+	stream, err := js.Stream(ctx, provisioner.StreamName(provisioner.BucketNeeds))
+	if err != nil {
+		b.Fatal(err)
+	}
+	cpu0 := cpuTime()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		cons, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		it, err := cons.Messages(jetstream.PullMaxMessages(8192))
+		if err != nil {
+			b.Fatal(err)
+		}
+		for n := 0; n < len(needs); n++ {
+			if _, err := it.Next(); err != nil {
+				b.Fatal(err)
+			}
+		}
+		it.Stop()
+	}
+	b.ReportMetric(float64(len(needs))*float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
+	b.ReportMetric(float64(cpuTime()-cpu0)/1e3/float64(len(needs))/float64(b.N), "cpu-µs/msg")
+}

@@ -1,0 +1,61 @@
+package seat_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/novox/mesh-provisioner/fixtures"
+	"github.com/novox/mesh-provisioner/internal/natstest"
+	"github.com/novox/mesh-provisioner/query"
+)
+
+// BenchmarkNodeLookup asks one node's needs (250 rows, MessagePack) of a seat holding 100,000 needs.
+// Run using: go test ./seat -run x -bench NodeLookup -cpuprofile cpu.prof
+func BenchmarkNodeLookup(b *testing.B) {
+	benchLookup(b, func(r *rand.Rand) map[string]any {
+		return map[string]any{"what": "needs", "node": fixtures.NodeName(r.IntN(400)), "limit": 10000}
+	})
+}
+
+// BenchmarkModuleLookup asks one module's needs across all nodes (about 2,000 rows).
+func BenchmarkModuleLookup(b *testing.B) {
+	benchLookup(b, func(r *rand.Rand) map[string]any {
+		return map[string]any{"what": "needs", "module": fixtures.ModuleName(r.IntN(50)), "limit": 10000}
+	})
+}
+
+func benchLookup(b *testing.B, req func(*rand.Rand) map[string]any) {
+	ns := natstest.RunServer(b)
+	nc, js := natstest.Connect(b, ns.ClientURL())
+	if err := fixtures.Load(context.Background(), js, fixtures.Mesh{Seed: 1, Nodes: 400, Modules: 25, NeedsPerModule: 10, Collections: 4}.Ops(), 0, nil); err != nil {
+		b.Fatal(err)
+	}
+	st, stop := startBenchSeat(b, ns.ClientURL())
+	defer stop()
+	natstest.CheckFor(b, time.Minute, 10*time.Millisecond, func() error {
+		if !st.Synced() {
+			return fmt.Errorf("not synced")
+		}
+		return nil
+	})
+	r := rand.New(rand.NewPCG(1, 1))
+	bodies := make([][]byte, 256)
+	for i := range bodies {
+		bodies[i], _ = msgpack.Marshal(req(r))
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		msg, err := nc.Request(query.Subject, bodies[i%len(bodies)], 5*time.Second)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if len(msg.Data) < 1000 {
+			b.Fatalf("short answer: %q", msg.Data)
+		}
+	}
+}
