@@ -376,4 +376,6 @@ func (a *applier) reevaluateKinds() error {
 	return nil
 }
 
-func unansweredDetail(kind string) string { return "no registry entry answers kind " + strconv.Quote(kind) }
+func unansweredDetail(kind string) string {
+	return "no registry entry answers kind " + strconv.Quote(kind)
+}
