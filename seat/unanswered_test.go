@@ -131,3 +131,46 @@ func TestSeat_UnansweredKindFollowsRegistry(t *testing.T) {
 	h.waitCaughtUp(st)
 	require.Equal(t, []string{"n2.mod-b.gadget.x"}, h.unanswered())
 }
+
+// TestSeat_VerbAnswersWhileRegistryFails checks that a registry writer that cannot write leaves the
+// verb answering: here the registry's stream exists but is no KV bucket, so every pass fails.
+func TestSeat_VerbAnswersWhileRegistryFails(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	_, err := h.js.CreateStream(ctx, jetstream.StreamConfig{Name: provisioner.StreamName(provisioner.BucketRegistry),
+		Subjects: []string{provisioner.SubjectPrefix(provisioner.BucketRegistry) + ">"}})
+	require.NoError(t, err)
+	h.load(testMesh.Ops())
+
+	nc, js := natstest.Connect(t, h.url)
+	db, err := store.OpenState(t.TempDir(), store.Options{})
+	require.NoError(t, err)
+	st, err := seat.Start(ctx, nc, js, db, seat.Config{WriteRegistry: true, Projector: projector.Options{Poll: 50 * time.Millisecond}})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		require.NoError(t, st.Stop())
+		require.NoError(t, db.Close())
+	})
+	natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		if n := st.Registry.Failures(); n < 2 {
+			return fmt.Errorf("%d failed passes", n)
+		}
+		return nil
+	})
+	h.waitCaughtUp(st)
+	for _, b := range []string{provisioner.BucketNeeds, provisioner.BucketApplied, provisioner.BucketCollect} {
+		shape, _ := provisioner.ShapeOf(b)
+		rows, _, err := natstest.AskAll(h.nc, query.Subject, map[string]any{"what": string(shape.What)}, false)
+		require.NoError(t, err, b)
+		want := 0
+		for k := range h.bucket(b) {
+			if _, bad := shapeOK(b, k); bad == "" {
+				want++
+			}
+		}
+		require.Positive(t, want)
+		require.Len(t, rows, want, "%s: a row per key in shape", b)
+	}
+	passes, _ := st.Registry.Stats()
+	require.Zero(t, passes)
+}
