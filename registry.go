@@ -6,6 +6,7 @@ import (
 	"sort"
 
 	"github.com/vmihailenco/msgpack/v5"
+	"github.com/vmihailenco/msgpack/v5/msgpcode"
 )
 
 // RegistryEntry is the value of one key of mesh-provisioner_registry: which module answers a kind of
@@ -23,32 +24,38 @@ type RegistryEntry struct {
 // into mesh-provisioner_registry at start and every --registry-interval, only where the stored value
 // differs, and deletes every key the table does not hold.
 var Registry = buildRegistry(
-	// config: a module's configuration values are kept by mesh-config, per node and module, in its own
-	// bucket, so a client reads them directly.
+	// config: configuration values are not secret and are read far more often than they change, so
+	// mesh-config keeps them per node and module in its own bucket: a client reads (or watches) them
+	// straight from the bucket, with no request to a seat per read.
 	RegistryEntry{Kind: "config", Module: "mesh-config", Bucket: "mesh-config_values", KeyShape: "<node>.<module>.<name>"},
 
-	// secret: a secret is never in a bucket. The client asks the vault's verb on request and reply, and
-	// the vault answers only the node that may have it.
+	// secret: a secret is never in a bucket, because a bucket's history stays readable by every user the
+	// stream's account lets read it, long after the secret was rotated. The client asks the vault's verb
+	// on request and reply, and the vault answers only the node that may have it, at the moment it asks.
 	RegistryEntry{Kind: "secret", Module: "mesh-vault", Verb: "mesh-vault.secret"},
 
-	// bound: what a provider bound for a consumer lives in the provider's own bucket (mesh-sdkgo/provider),
-	// so the module is whichever provider the need names.
+	// bound: what a provider bound for a consumer is written by that provider alone, so it lives in the
+	// provider's own bucket (mesh-sdkgo/provider) under the provider's account; the module is whichever
+	// provider the need names, hence the placeholder.
 	RegistryEntry{Kind: "bound", Module: "<provider-module>", Bucket: "<provider-module>_bound", KeyShape: "<node>.<module>.<provision>[.<local>]"},
 
-	// consumers: a provider's consumers' credentials are secrets too, asked of the vault by the provider
-	// machine's client (novox/hq ADR 0373).
+	// consumers: a provider's consumers' credentials are secrets too, so for the same reason as secret
+	// they are asked of the vault's verb, by the provider machine's client (novox/hq ADR 0373).
 	RegistryEntry{Kind: "consumers", Module: "mesh-vault", Verb: "mesh-vault.consumers"},
 
-	// collected, shell, environment, contribution: collections are the provisioner's own, written by each
-	// node's client into mesh-provisioner_collect. For shell, environment and contribution the collection is
-	// the kind's own name (design 57 L1); collected names it in the need.
+	// collected, shell, environment, contribution: a collection gathers items that many modules of a node
+	// contribute, so no single domain owns it; the provisioner keeps them, written by each node's client
+	// into mesh-provisioner_collect, and answers them from its projection by collection name. For shell,
+	// environment and contribution the collection is the kind's own name (design 57 L1); collected names
+	// it in the need.
 	RegistryEntry{Kind: "collected", Module: "mesh-provisioner", Bucket: BucketCollect, KeyShape: ShapeCollect.String()},
 	RegistryEntry{Kind: "shell", Module: "mesh-provisioner", Bucket: BucketCollect, KeyShape: ShapeCollect.String()},
 	RegistryEntry{Kind: "environment", Module: "mesh-provisioner", Bucket: BucketCollect, KeyShape: ShapeCollect.String()},
 	RegistryEntry{Kind: "contribution", Module: "mesh-provisioner", Bucket: BucketCollect, KeyShape: ShapeCollect.String()},
 
-	// dir, access, port, seat, machine: placement belongs to the controller. Its assignments mirror holds,
-	// per node and module, the placement and the provisioner's plan of the module handed to it.
+	// dir, access, port, seat, machine: placement is decided by the controller, the one writer that sees
+	// the whole mesh, so these are read from its assignments mirror, which holds per node and module the
+	// placement and the provisioner's plan of the module handed to it.
 	RegistryEntry{Kind: "dir", Module: "mesh-controller", Bucket: "mesh-controller_assignments", KeyShape: "<node>.<module>"},
 	RegistryEntry{Kind: "access", Module: "mesh-controller", Bucket: "mesh-controller_assignments", KeyShape: "<node>.<module>"},
 	RegistryEntry{Kind: "port", Module: "mesh-controller", Bucket: "mesh-controller_assignments", KeyShape: "<node>.<module>"},
@@ -92,6 +99,59 @@ func (e RegistryEntry) Value() []byte {
 		panic(err) // a struct of strings always encodes
 	}
 	return buf.Bytes()
+}
+
+// Matches reports whether a stored registry value holds exactly this entry, as a reader decodes it: one
+// MessagePack map and nothing after it, whose keys are the entry's fields (kind, module, and bucket with
+// key_shape, or verb), each once, each a string equal to the entry's. Map order and header widths do not
+// matter, so another writer's encoding of the same entry matches and is not written again; a missing,
+// extra or repeated field, or a field of another type (bytes, nil), does not match.
+func (e RegistryEntry) Matches(value []byte) bool {
+	want := e.fields()
+	if len(value) == 0 || !(msgpcode.IsFixedMap(value[0]) || value[0] == msgpcode.Map16 || value[0] == msgpcode.Map32) {
+		return false
+	}
+	rd := bytes.NewReader(value)
+	dec := msgpack.NewDecoder(rd)
+	n, err := dec.DecodeMapLen()
+	if err != nil || n != len(want) {
+		return false
+	}
+	seen := make(map[string]bool, n)
+	for i := 0; i < n; i++ {
+		k, ok := decodeStr(dec)
+		if !ok || seen[k] {
+			return false
+		}
+		seen[k] = true
+		v, ok := decodeStr(dec)
+		if w, known := want[k]; !ok || !known || v != w {
+			return false
+		}
+	}
+	return rd.Len() == 0
+}
+
+// fields are the entry's map as the contract writes it.
+func (e RegistryEntry) fields() map[string]string {
+	m := map[string]string{"kind": e.Kind, "module": e.Module}
+	if e.Verb != "" {
+		m["verb"] = e.Verb
+	} else {
+		m["bucket"] = e.Bucket
+		m["key_shape"] = e.KeyShape
+	}
+	return m
+}
+
+// decodeStr reads a MessagePack str (not bin, not nil).
+func decodeStr(dec *msgpack.Decoder) (string, bool) {
+	c, err := dec.PeekCode()
+	if err != nil || !msgpcode.IsString(c) {
+		return "", false
+	}
+	s, err := dec.DecodeString()
+	return s, err == nil
 }
 
 // DecodeRegistryEntry reads a registry value. Map order and encoding widths do not matter, so two

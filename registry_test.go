@@ -226,3 +226,55 @@ func TestDecodeRegistryEntry_NotAnEntry(t *testing.T) {
 		})
 	}
 }
+
+func TestRegistryEntry_Matches(t *testing.T) {
+	secret, _ := Registry.Lookup("secret")
+	config, _ := Registry.Lookup("config")
+	enc := func(kvs ...any) []byte {
+		var b bytes.Buffer
+		e := msgpack.NewEncoder(&b)
+		require.NoError(t, e.EncodeMapLen(len(kvs)/2))
+		for _, x := range kvs {
+			switch v := x.(type) {
+			case string:
+				require.NoError(t, e.EncodeString(v))
+			case []byte:
+				require.NoError(t, e.EncodeBytes(v))
+			case nil:
+				require.NoError(t, e.EncodeNil())
+			}
+		}
+		return b.Bytes()
+	}
+	for _, tc := range []struct {
+		name  string
+		e     RegistryEntry
+		value []byte
+		want  bool
+	}{
+		{"its own value", secret, secret.Value(), true},
+		{"its own value, bucket entry", config, config.Value(), true},
+		{"another order", secret, enc("verb", "mesh-vault.secret", "module", "mesh-vault", "kind", "secret"), true},
+		{"map16 and str16", secret, []byte{0xde, 0, 3,
+			0xda, 0, 4, 'k', 'i', 'n', 'd', 0xda, 0, 6, 's', 'e', 'c', 'r', 'e', 't',
+			0xda, 0, 6, 'm', 'o', 'd', 'u', 'l', 'e', 0xda, 0, 10, 'm', 'e', 's', 'h', '-', 'v', 'a', 'u', 'l', 't',
+			0xda, 0, 4, 'v', 'e', 'r', 'b', 0xd9, 17, 'm', 'e', 's', 'h', '-', 'v', 'a', 'u', 'l', 't', '.', 's', 'e', 'c', 'r', 'e', 't'}, true},
+		{"an extra field", secret, enc("kind", "secret", "module", "mesh-vault", "verb", "mesh-vault.secret", "note", "x"), false},
+		{"an extra empty field", secret, enc("kind", "secret", "module", "mesh-vault", "verb", "mesh-vault.secret", "bucket", ""), false},
+		{"a missing field", config, enc("kind", "config", "module", "mesh-config", "bucket", "mesh-config_values"), false},
+		{"a repeated field", secret, enc("kind", "secret", "kind", "secret", "verb", "mesh-vault.secret"), false},
+		{"a bin value", secret, enc("kind", "secret", "module", []byte("mesh-vault"), "verb", "mesh-vault.secret"), false},
+		{"a nil value", secret, enc("kind", "secret", "module", nil, "verb", "mesh-vault.secret"), false},
+		{"another value", secret, enc("kind", "secret", "module", "mesh-vault", "verb", "mesh-vault.consumers"), false},
+		{"another entry", secret, config.Value(), false},
+		{"bytes after the map", secret, append(secret.Value(), 0xc0), false},
+		{"truncated", secret, secret.Value()[:len(secret.Value())-1], false},
+		{"not a map", secret, []byte{0xa6, 's', 'e', 'c', 'r', 'e', 't'}, false},
+		{"nil", secret, []byte{0xc0}, false},
+		{"empty", secret, nil, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			require.Equal(t, tc.want, tc.e.Matches(tc.value))
+		})
+	}
+}

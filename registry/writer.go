@@ -1,8 +1,18 @@
 // Package registry keeps mesh-provisioner_registry equal to the compiled table (provisioner.Registry):
 // at start and every interval it puts each kind whose stored value differs, and deletes each key the
-// table does not hold. Every write names the revision it read (create, or update at that revision), so
-// several writers at once converge on the table and never flap: a writer that loses a race reads again
-// and finds nothing left to do.
+// table does not hold.
+//
+// Every write names the revision it read: a kind is created only where the key has no value, updated
+// only at the revision it was read at, and a stray is deleted only at the revision it was read at. So
+// several writers with the same table converge on it and never flap: a writer that loses a race reads
+// the key again, finds the other's value equal to its own, and writes nothing. A value is compared as
+// a reader decodes it (provisioner.RegistryEntry.Matches), so another encoding of the same entry is
+// left alone.
+//
+// Keys are listed from the stream's per-subject state (one STREAM.INFO request with a subject filter),
+// not with a watcher, so the writer needs no consumer of its own: the least a NATS account can grant it
+// is STREAM.INFO, DIRECT.GET (or STREAM.MSG.GET) and publish on $KV.mesh-provisioner_registry.>, plus
+// STREAM.CREATE of the registry's stream and INFO when it creates the bucket (docs/accounts.md).
 package registry
 
 import (
@@ -10,14 +20,23 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"reflect"
+	"sort"
+	"strings"
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	provisioner "github.com/novox/mesh-provisioner"
 )
+
+// passTimeout bounds one pass, so that a request NATS never answers (a denied subject is dropped, not
+// refused) makes the pass fail and retry instead of hanging the writer.
+const passTimeout = 30 * time.Second
+
+// raceAttempts is how often one kind is read again after losing a race to another writer in one pass.
+const raceAttempts = 5
 
 // Writer keeps the registry bucket.
 type Writer struct {
@@ -26,12 +45,16 @@ type Writer struct {
 	interval time.Duration
 	log      *slog.Logger
 
+	// retryMin and retryMax bound the backoff after a failed pass.
+	retryMin, retryMax time.Duration
+
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
-	mu     sync.Mutex
-	passes int
-	writes int
+	mu       sync.Mutex
+	passes   int
+	writes   int
+	failures int
 }
 
 // New returns a Writer of table that runs a pass every interval (0 means one hour).
@@ -42,11 +65,13 @@ func New(js jetstream.JetStream, table provisioner.RegistryTable, interval time.
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Writer{js: js, table: table, interval: interval, log: log.With("component", "registry")}
+	return &Writer{js: js, table: table, interval: interval, log: log.With("component", "registry"),
+		retryMin: 250 * time.Millisecond, retryMax: 30 * time.Second}
 }
 
-// Start runs a pass now and every interval until Stop. A failed pass is retried with backoff and
-// logged once; it never stops the verb.
+// Start runs a pass now and every interval until Stop. A failed pass is retried with a backoff that
+// doubles up to a cap; the first failure is logged, and "recovered" once a pass works again. It never
+// stops the verb: the writer runs beside it.
 func (w *Writer) Start(ctx context.Context) {
 	ctx, w.cancel = context.WithCancel(ctx)
 	w.wg.Add(1)
@@ -71,10 +96,17 @@ func (w *Writer) Stats() (passes, writes int) {
 	return w.passes, w.writes
 }
 
+// Failures says how many passes failed since New.
+func (w *Writer) Failures() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.failures
+}
+
 func (w *Writer) loop(ctx context.Context) {
 	delay := time.Duration(0)
 	failing := false
-	backoff := 250 * time.Millisecond
+	backoff := time.Duration(0)
 	for {
 		t := time.NewTimer(delay)
 		select {
@@ -83,46 +115,53 @@ func (w *Writer) loop(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		n, err := w.Pass(ctx)
+		_, err := w.Pass(ctx)
 		if ctx.Err() != nil {
 			return
 		}
 		if err != nil {
+			w.mu.Lock()
+			w.failures++
+			w.mu.Unlock()
 			if !failing {
 				w.log.Warn("registry pass failed; retrying with backoff", "err", err)
 				failing = true
+			} else {
+				w.log.Debug("registry pass failed again", "err", err)
+			}
+			if backoff == 0 {
+				backoff = w.retryMin
+			} else {
+				backoff = min(backoff*2, w.retryMax)
 			}
 			delay = backoff
-			backoff = min(backoff*2, 30*time.Second)
 			continue
 		}
 		if failing {
 			w.log.Info("registry pass recovered")
 			failing = false
 		}
-		backoff = 250 * time.Millisecond
-		if n > 0 {
-			w.log.Info("registry written", "writes", n, "kinds", len(w.table.Entries))
-		}
+		backoff = 0
 		delay = w.interval
 	}
 }
 
 // Pass makes the bucket equal to the table once, creating the bucket when there is none, and returns
-// how many writes it made.
+// how many writes it made. It is what Start runs; two passes may run at once, in this process or in
+// others, and converge.
 func (w *Writer) Pass(ctx context.Context) (int, error) {
-	kv, err := w.js.KeyValue(ctx, provisioner.BucketRegistry)
-	if errors.Is(err, jetstream.ErrBucketNotFound) {
-		kv, err = w.js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: provisioner.BucketRegistry, History: 8,
-			Description: "mesh-provisioner: which domain answers which kind of placeholder"})
-		if errors.Is(err, jetstream.ErrBucketExists) {
-			kv, err = w.js.KeyValue(ctx, provisioner.BucketRegistry)
-		}
-	}
+	ctx, cancel := context.WithTimeout(ctx, passTimeout)
+	defer cancel()
+	kv, err := w.bucket(ctx)
 	if err != nil {
-		return 0, fmt.Errorf("registry bucket: %w", err)
+		return 0, err
 	}
 	writes := 0
+	defer func() {
+		w.mu.Lock()
+		w.writes += writes
+		w.mu.Unlock()
+	}()
 	for _, e := range w.table.Entries {
 		n, err := w.putKind(ctx, kv, e)
 		writes += n
@@ -130,71 +169,143 @@ func (w *Writer) Pass(ctx context.Context) (int, error) {
 			return writes, err
 		}
 	}
-	keys, err := kv.ListKeys(ctx)
+	stream, stray, err := w.strays(ctx)
 	if err != nil {
-		return writes, fmt.Errorf("list registry keys: %w", err)
+		return writes, err
 	}
-	var stray []string
-	for k := range keys.Keys() {
-		if _, ok := w.table.Lookup(k); !ok {
-			stray = append(stray, k)
-		}
-	}
-	for _, k := range stray {
-		entry, err := kv.Get(ctx, k)
-		if errors.Is(err, jetstream.ErrKeyNotFound) {
-			continue
-		}
+	for _, subj := range stray {
+		n, err := w.deleteStray(ctx, stream, subj)
+		writes += n
 		if err != nil {
-			return writes, fmt.Errorf("read stray kind %q: %w", k, err)
+			return writes, err
 		}
-		if err := kv.Delete(ctx, k, jetstream.LastRevision(entry.Revision())); err != nil {
-			if isWrongRevision(err) {
-				continue // another writer got there first; the next pass looks again
-			}
-			return writes, fmt.Errorf("delete stray kind %q: %w", k, err)
-		}
-		writes++
 	}
 	w.mu.Lock()
 	w.passes++
-	w.writes += writes
 	w.mu.Unlock()
 	return writes, nil
 }
 
-// putKind writes one kind unless its stored value already decodes to the entry. A lost race is read
+// bucket opens the registry bucket, creating it when there is none (another writer may create it at the
+// same moment).
+func (w *Writer) bucket(ctx context.Context) (jetstream.KeyValue, error) {
+	kv, err := w.js.KeyValue(ctx, provisioner.BucketRegistry)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		kv, err = w.js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: provisioner.BucketRegistry, History: 8,
+			Description: "mesh-provisioner: which domain answers which kind of placeholder"})
+		if errors.Is(err, jetstream.ErrBucketExists) {
+			kv, err = w.js.KeyValue(ctx, provisioner.BucketRegistry)
+		}
+		if err == nil {
+			w.log.Info("registry bucket created", "bucket", provisioner.BucketRegistry)
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("registry bucket: %w", err)
+	}
+	return kv, nil
+}
+
+// putKind writes one kind unless its stored value already matches the entry. A lost race is read
 // again, a few times at most.
 func (w *Writer) putKind(ctx context.Context, kv jetstream.KeyValue, e provisioner.RegistryEntry) (int, error) {
-	for attempt := 0; attempt < 5; attempt++ {
+	for attempt := 0; attempt < raceAttempts; attempt++ {
 		cur, err := kv.Get(ctx, e.Kind)
-		switch {
-		case errors.Is(err, jetstream.ErrKeyNotFound):
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			// No value, or a delete marker: Create writes only over those.
 			if _, err := kv.Create(ctx, e.Kind, e.Value()); err != nil {
-				if errors.Is(err, jetstream.ErrKeyExists) || isWrongRevision(err) {
+				if lostRace(err) {
 					continue
 				}
 				return 0, fmt.Errorf("create kind %q: %w", e.Kind, err)
 			}
+			w.log.Info("registry kind written", "kind", e.Kind, "was", "absent")
 			return 1, nil
-		case err != nil:
+		}
+		if err != nil {
 			return 0, fmt.Errorf("read kind %q: %w", e.Kind, err)
 		}
-		if have, err := provisioner.DecodeRegistryEntry(cur.Value()); err == nil && reflect.DeepEqual(have, e) {
+		if e.Matches(cur.Value()) {
 			return 0, nil
 		}
 		if _, err := kv.Update(ctx, e.Kind, e.Value(), cur.Revision()); err != nil {
-			if isWrongRevision(err) {
+			if lostRace(err) {
 				continue
 			}
 			return 0, fmt.Errorf("update kind %q: %w", e.Kind, err)
 		}
+		w.log.Info("registry kind written", "kind", e.Kind, "was", "different", "revision", cur.Revision())
 		return 1, nil
 	}
-	return 0, fmt.Errorf("kind %q: lost the race to another writer 5 times", e.Kind)
+	return 0, fmt.Errorf("kind %q: lost the race to another writer %d times", e.Kind, raceAttempts)
 }
 
-func isWrongRevision(err error) bool {
+// strays lists the subjects of the bucket's stream whose key the table does not hold, in byte order. A
+// key once deleted is still a subject of the stream (its delete marker); deleteStray finds it gone.
+func (w *Writer) strays(ctx context.Context) (jetstream.Stream, []string, error) {
+	stream, err := w.js.Stream(ctx, provisioner.StreamName(provisioner.BucketRegistry))
+	if err != nil {
+		return nil, nil, fmt.Errorf("registry stream: %w", err)
+	}
+	prefix := provisioner.SubjectPrefix(provisioner.BucketRegistry)
+	info, err := stream.Info(ctx, jetstream.WithSubjectFilter(prefix+">"))
+	if err != nil {
+		return nil, nil, fmt.Errorf("list registry keys: %w", err)
+	}
+	var stray []string
+	for subj := range info.State.Subjects {
+		if _, ok := w.table.Lookup(strings.TrimPrefix(subj, prefix)); !ok {
+			stray = append(stray, subj)
+		}
+	}
+	sort.Strings(stray)
+	return stream, stray, nil
+}
+
+// deleteStray deletes the key of a subject the table does not hold, at the revision it was read at.
+// It writes the delete marker kv.Delete writes, on the subject itself, so that a key the KV API cannot
+// name (one published on the raw subject, such as `a:b`) is deleted too.
+func (w *Writer) deleteStray(ctx context.Context, stream jetstream.Stream, subj string) (int, error) {
+	key := strings.TrimPrefix(subj, provisioner.SubjectPrefix(provisioner.BucketRegistry))
+	last, err := stream.GetLastMsgForSubject(ctx, subj)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("read stray kind %q: %w", key, err)
+	}
+	if deleted(last.Header) {
+		return 0, nil
+	}
+	marker := nats.NewMsg(subj)
+	marker.Header.Set(kvOperationHeader, "DEL")
+	if _, err := w.js.PublishMsg(ctx, marker, jetstream.WithExpectLastSequencePerSubject(last.Sequence)); err != nil {
+		if lostRace(err) {
+			return 0, nil // changed since it was read; the next pass looks again
+		}
+		return 0, fmt.Errorf("delete stray kind %q: %w", key, err)
+	}
+	w.log.Info("registry stray deleted", "kind", key, "revision", last.Sequence)
+	return 1, nil
+}
+
+// kvOperationHeader is the header of a KV delete or purge (nats.go keeps its name unexported).
+const kvOperationHeader = "KV-Operation"
+
+// deleted reports whether a key's last message removes it: a delete, a purge, or a TTL marker.
+func deleted(h nats.Header) bool {
+	return h.Get(kvOperationHeader) != "" || h.Get(jetstream.MarkerReasonHeader) != ""
+}
+
+// lostRace reports whether a write was refused because the key's revision is no longer the one read:
+// another writer got there first. A single-replica stream says so with code 10071, a replicated one
+// with 10164; nats.go wraps most, not all, of these as ErrKeyExists or ErrKeyRevisionMismatch (Create
+// over a delete marker returns the bare API error).
+func lostRace(err error) bool {
+	if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+		return true
+	}
 	var apiErr *jetstream.APIError
-	return errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence
+	return errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)
 }

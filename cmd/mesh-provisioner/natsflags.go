@@ -18,7 +18,13 @@ type natsFlags struct {
 	creds    string
 	user     string
 	password string
+	inbox    string
 }
+
+// defaultInboxPrefix keeps the program's replies under a subject of its own, so that its NATS user can be
+// granted `_INBOX.mesh-provisioner.>` rather than every reply of the account (docs/accounts.md); a user
+// granted `_INBOX.>` still receives them.
+const defaultInboxPrefix = "_INBOX.mesh-provisioner"
 
 func (f *natsFlags) register(fs *flag.FlagSet, defaultURL string) {
 	if env := os.Getenv("NATS_URL"); env != "" {
@@ -28,6 +34,11 @@ func (f *natsFlags) register(fs *flag.FlagSet, defaultURL string) {
 	fs.StringVar(&f.creds, "creds", os.Getenv("NATS_CREDS"), "NATS credentials file (env NATS_CREDS)")
 	fs.StringVar(&f.user, "user", os.Getenv("NATS_USER"), "NATS user (env NATS_USER)")
 	fs.StringVar(&f.password, "password", os.Getenv("NATS_PASSWORD"), "NATS password (env NATS_PASSWORD)")
+	inbox := os.Getenv("NATS_INBOX_PREFIX")
+	if inbox == "" {
+		inbox = defaultInboxPrefix
+	}
+	fs.StringVar(&f.inbox, "inbox-prefix", inbox, "subject prefix of reply inboxes, which the NATS user must be allowed to subscribe to (env NATS_INBOX_PREFIX)")
 }
 
 // connect dials NATS with the flags, reconnecting forever with backoff once connected.
@@ -38,6 +49,9 @@ func (f *natsFlags) connect(url, name string, log *slog.Logger) (*nats.Conn, err
 		nats.ReconnectWait(250 * time.Millisecond),
 		nats.ReconnectJitter(100*time.Millisecond, time.Second),
 		nats.RetryOnFailedConnect(false),
+	}
+	if f.inbox != "" {
+		opts = append(opts, nats.CustomInboxPrefix(f.inbox))
 	}
 	if f.creds != "" {
 		opts = append(opts, nats.UserCredentials(f.creds))

@@ -1,0 +1,413 @@
+package registry_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/require"
+	"github.com/vmihailenco/msgpack/v5"
+
+	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/internal/natstest"
+	"github.com/novox/mesh-provisioner/registry"
+)
+
+// contractTable is CONTRACT section 4 as a reader decodes the bucket: each kind's value, a map of kind,
+// module, and either bucket and key_shape, or verb. Written out here, not taken from the table the
+// writer writes, so that a wrong table fails.
+var contractTable = map[string]map[string]any{
+	"config":       {"kind": "config", "module": "mesh-config", "bucket": "mesh-config_values", "key_shape": "<node>.<module>.<name>"},
+	"secret":       {"kind": "secret", "module": "mesh-vault", "verb": "mesh-vault.secret"},
+	"bound":        {"kind": "bound", "module": "<provider-module>", "bucket": "<provider-module>_bound", "key_shape": "<node>.<module>.<provision>[.<local>]"},
+	"consumers":    {"kind": "consumers", "module": "mesh-vault", "verb": "mesh-vault.consumers"},
+	"collected":    {"kind": "collected", "module": "mesh-provisioner", "bucket": "mesh-provisioner_collect", "key_shape": "<node>.<collection>.<contributor>"},
+	"shell":        {"kind": "shell", "module": "mesh-provisioner", "bucket": "mesh-provisioner_collect", "key_shape": "<node>.<collection>.<contributor>"},
+	"environment":  {"kind": "environment", "module": "mesh-provisioner", "bucket": "mesh-provisioner_collect", "key_shape": "<node>.<collection>.<contributor>"},
+	"contribution": {"kind": "contribution", "module": "mesh-provisioner", "bucket": "mesh-provisioner_collect", "key_shape": "<node>.<collection>.<contributor>"},
+	"dir":          {"kind": "dir", "module": "mesh-controller", "bucket": "mesh-controller_assignments", "key_shape": "<node>.<module>"},
+	"access":       {"kind": "access", "module": "mesh-controller", "bucket": "mesh-controller_assignments", "key_shape": "<node>.<module>"},
+	"port":         {"kind": "port", "module": "mesh-controller", "bucket": "mesh-controller_assignments", "key_shape": "<node>.<module>"},
+	"seat":         {"kind": "seat", "module": "mesh-controller", "bucket": "mesh-controller_assignments", "key_shape": "<node>.<module>"},
+	"machine":      {"kind": "machine", "module": "mesh-controller", "bucket": "mesh-controller_assignments", "key_shape": "<node>.<module>"},
+}
+
+const interval = 50 * time.Millisecond
+
+type stored struct {
+	value []byte
+	rev   uint64
+}
+
+// live reads the last message of every key of the registry's stream, leaving out deleted keys: what a
+// node client reads, including keys the KV API cannot name.
+func live(t *testing.T, js jetstream.JetStream) map[string]stored {
+	t.Helper()
+	ctx := context.Background()
+	stream, err := js.Stream(ctx, provisioner.StreamName(provisioner.BucketRegistry))
+	require.NoError(t, err)
+	prefix := provisioner.SubjectPrefix(provisioner.BucketRegistry)
+	out := map[string]stored{}
+	for k := range messages(t, js) {
+		m, err := stream.GetLastMsgForSubject(ctx, prefix+k)
+		require.NoError(t, err)
+		if m.Header.Get("KV-Operation") != "" || m.Header.Get(jetstream.MarkerReasonHeader) != "" {
+			continue
+		}
+		out[k] = stored{value: m.Data, rev: m.Sequence}
+	}
+	return out
+}
+
+// equalsContract says how the bucket differs from the contract's table, or nil.
+func equalsContract(t *testing.T, js jetstream.JetStream) error {
+	t.Helper()
+	got := live(t, js)
+	for k := range got {
+		if _, ok := contractTable[k]; !ok {
+			return fmt.Errorf("stray key %q is still there", k)
+		}
+	}
+	for kind, want := range contractTable {
+		s, ok := got[kind]
+		if !ok {
+			return fmt.Errorf("kind %q is missing", kind)
+		}
+		var m map[string]any
+		rd := bytes.NewReader(s.value)
+		if err := msgpack.NewDecoder(rd).Decode(&m); err != nil || rd.Len() > 0 {
+			return fmt.Errorf("kind %q: value %x is not one MessagePack map", kind, s.value)
+		}
+		if fmt.Sprint(m) != fmt.Sprint(want) {
+			return fmt.Errorf("kind %q: value %v, want %v", kind, m, want)
+		}
+	}
+	return nil
+}
+
+// messages counts the registry stream's messages per key (puts and delete markers).
+func messages(t *testing.T, js jetstream.JetStream) map[string]uint64 {
+	t.Helper()
+	ctx := context.Background()
+	stream, err := js.Stream(ctx, provisioner.StreamName(provisioner.BucketRegistry))
+	require.NoError(t, err)
+	prefix := provisioner.SubjectPrefix(provisioner.BucketRegistry)
+	info, err := stream.Info(ctx, jetstream.WithSubjectFilter(prefix+">"))
+	require.NoError(t, err)
+	out := map[string]uint64{}
+	for subj, n := range info.State.Subjects {
+		out[strings.TrimPrefix(subj, prefix)] = n
+	}
+	return out
+}
+
+func start(t *testing.T, js jetstream.JetStream, log *slog.Logger) *registry.Writer {
+	t.Helper()
+	w := registry.New(js, provisioner.Registry, interval, log)
+	w.Start(context.Background())
+	t.Cleanup(w.Stop)
+	return w
+}
+
+// waitPasses waits until w has completed at least n passes.
+func waitPasses(t *testing.T, w *registry.Writer, n int) {
+	t.Helper()
+	natstest.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		if p, _ := w.Stats(); p < n {
+			return fmt.Errorf("%d passes of %d", p, n)
+		}
+		return nil
+	})
+}
+
+func passes(w *registry.Writer) int {
+	p, _ := w.Stats()
+	return p
+}
+
+func writes(w *registry.Writer) int {
+	_, n := w.Stats()
+	return n
+}
+
+func TestWriter_FreshBucket(t *testing.T) {
+	ns := natstest.RunServer(t)
+	_, js := natstest.Connect(t, ns.ClientURL())
+	_, err := js.KeyValue(context.Background(), provisioner.BucketRegistry)
+	require.ErrorIs(t, err, jetstream.ErrBucketNotFound)
+
+	w := start(t, js, nil)
+	waitPasses(t, w, 1)
+	require.NoError(t, equalsContract(t, js))
+	require.Equal(t, len(contractTable), writes(w), "one write per kind")
+	for kind, n := range messages(t, js) {
+		require.EqualValues(t, 1, n, "kind %q is written once", kind)
+	}
+}
+
+func TestWriter_RestartUnchanged(t *testing.T) {
+	ns := natstest.RunServer(t)
+	_, js := natstest.Connect(t, ns.ClientURL())
+	first := registry.New(js, provisioner.Registry, interval, nil)
+	first.Start(context.Background())
+	waitPasses(t, first, 1)
+	first.Stop()
+	before := live(t, js)
+	require.Len(t, before, len(contractTable))
+
+	// A new process: its own connection, a writer with the same table.
+	_, js2 := natstest.Connect(t, ns.ClientURL())
+	w := start(t, js2, nil)
+	waitPasses(t, w, 3)
+	require.Zero(t, writes(w), "an unchanged table writes nothing")
+	require.Equal(t, before, live(t, js), "no kind has a new revision")
+}
+
+// hand writes registry keys the way an operator with `nats kv put` would.
+type hand struct {
+	t  *testing.T
+	js jetstream.JetStream
+	kv jetstream.KeyValue
+}
+
+func (h hand) put(key string, value []byte) uint64 {
+	h.t.Helper()
+	rev, err := h.kv.Put(context.Background(), key, value)
+	require.NoError(h.t, err)
+	return rev
+}
+
+// encode writes a map of strings with its keys in the order given; str16 makes every string wider
+// than it needs to be.
+func encode(t *testing.T, wide bool, kvs ...string) []byte {
+	t.Helper()
+	var b bytes.Buffer
+	enc := msgpack.NewEncoder(&b)
+	require.NoError(t, enc.EncodeMapLen(len(kvs)/2))
+	for _, s := range kvs {
+		if wide {
+			b.WriteByte(0xda)
+			b.Write([]byte{byte(len(s) >> 8), byte(len(s))})
+			b.WriteString(s)
+			continue
+		}
+		require.NoError(t, enc.EncodeString(s))
+	}
+	return b.Bytes()
+}
+
+func TestWriter_PutsBackHandEdits(t *testing.T) {
+	ns := natstest.RunServer(t)
+	_, js := natstest.Connect(t, ns.ClientURL())
+	ctx := context.Background()
+	w := start(t, js, nil)
+	waitPasses(t, w, 1)
+	kv, err := js.KeyValue(ctx, provisioner.BucketRegistry)
+	require.NoError(t, err)
+	h := hand{t: t, js: js, kv: kv}
+
+	// The same entries, encoded otherwise: equal as decoded, so they stay as written.
+	sameConfig := h.put("config", encode(t, false, "key_shape", "<node>.<module>.<name>", "bucket", "mesh-config_values", "module", "mesh-config", "kind", "config"))
+	sameSecret := h.put("secret", encode(t, true, "verb", "mesh-vault.secret", "kind", "secret", "module", "mesh-vault"))
+	// Changed by hand: each is put back.
+	changed := []string{"consumers", "port", "seat", "dir", "machine", "access"}
+	h.put("consumers", encode(t, false, "kind", "consumers", "module", "mesh-vault", "verb", "mesh-vault.consumers", "note", "extra field"))
+	h.put("port", []byte("not msgpack"))
+	h.put("seat", encode(t, false, "kind", "seat", "module", "someone-else", "bucket", "mesh-controller_assignments", "key_shape", "<node>.<module>"))
+	require.NoError(t, kv.Delete(ctx, "dir"))
+	require.NoError(t, kv.Purge(ctx, "machine"))
+	h.put("access", encode(t, false, "kind", "access", "module", "mesh-controller", "bucket", "mesh-controller_assignments")) // key_shape missing
+	// Strays: a kind no entry has, a key of two tokens, and one the KV API cannot name.
+	strays := []string{"gadget", "dir.extra", "a:b"}
+	h.put("gadget", encode(t, false, "kind", "gadget", "module", "nobody", "verb", "nobody.gadget"))
+	h.put("dir.extra", provisioner.Registry.Entries[0].Value())
+	_, err = js.Publish(ctx, provisioner.SubjectPrefix(provisioner.BucketRegistry)+"a:b", []byte{0x80})
+	require.NoError(t, err)
+
+	p := passes(w)
+	natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error { return equalsContract(t, js) })
+	waitPasses(t, w, p+3) // and then some: nothing more is written
+	require.NoError(t, equalsContract(t, js))
+
+	got := live(t, js)
+	require.Equal(t, sameConfig, got["config"].rev, "another map order is the same entry: not rewritten")
+	require.Equal(t, sameSecret, got["secret"].rev, "wider encodings are the same entry: not rewritten")
+	// Counted from the stream, whenever the passes ran between the edits: each edited kind has its first
+	// write, the hand edit and one write putting it back (a purge leaves only its marker of the first
+	// two); each stray its hand write and one delete marker.
+	after := messages(t, js)
+	for _, kind := range changed {
+		want := uint64(3)
+		if kind == "machine" {
+			want = 2
+		}
+		require.Equal(t, want, after[kind], "kind %q is put back with one write", kind)
+	}
+	for _, k := range strays {
+		require.EqualValues(t, 2, after[k], "stray %q is deleted with one delete marker", k)
+	}
+	require.EqualValues(t, 2, after["config"], "config: first write and the hand edit")
+	require.EqualValues(t, 2, after["secret"], "secret: first write and the hand edit")
+	st, err := js.Stream(ctx, provisioner.StreamName(provisioner.BucketRegistry))
+	require.NoError(t, err)
+	last, err := st.GetLastMsgForSubject(ctx, provisioner.SubjectPrefix(provisioner.BucketRegistry)+"a:b")
+	require.NoError(t, err)
+	require.Equal(t, "DEL", last.Header.Get("KV-Operation"), "a raw-subject stray gets the KV delete marker")
+}
+
+func TestWriter_TwoWritersConverge(t *testing.T) {
+	ns := natstest.RunServer(t)
+	ctx := context.Background()
+
+	t.Run("passes at once on a fresh bucket", func(t *testing.T) {
+		// Four writers race to create the bucket, then every kind: each kind is written exactly once.
+		ns := natstest.RunServer(t)
+		var ws []*registry.Writer
+		for i := 0; i < 4; i++ {
+			_, js := natstest.Connect(t, ns.ClientURL())
+			ws = append(ws, registry.New(js, provisioner.Registry, interval, nil))
+		}
+		var wg sync.WaitGroup
+		errs := make([]error, len(ws))
+		gate := make(chan struct{})
+		for i, w := range ws {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-gate
+				_, errs[i] = w.Pass(ctx)
+			}()
+		}
+		close(gate)
+		wg.Wait()
+		total := 0
+		for i, w := range ws {
+			require.NoError(t, errs[i], "writer %d", i)
+			total += writes(w)
+		}
+		_, js := natstest.Connect(t, ns.ClientURL())
+		require.NoError(t, equalsContract(t, js))
+		require.Equal(t, len(contractTable), total, "the writers made one write per kind between them")
+		for kind, n := range messages(t, js) {
+			require.EqualValues(t, 1, n, "kind %q has one revision", kind)
+		}
+	})
+
+	_, admin := natstest.Connect(t, ns.ClientURL())
+	_, js1 := natstest.Connect(t, ns.ClientURL())
+	_, js2 := natstest.Connect(t, ns.ClientURL())
+	w1, w2 := start(t, js1, nil), start(t, js2, nil)
+	waitPasses(t, w1, 3)
+	waitPasses(t, w2, 3)
+	require.NoError(t, equalsContract(t, admin))
+	for kind, n := range messages(t, admin) {
+		require.EqualValues(t, 1, n, "kind %q has one revision", kind)
+	}
+	require.Equal(t, len(contractTable), writes(w1)+writes(w2), "one write per kind between them")
+
+	// A hand edit and a stray: the two writers fix each with one write between them, and then stay.
+	kv, err := admin.KeyValue(ctx, provisioner.BucketRegistry)
+	require.NoError(t, err)
+	before := writes(w1) + writes(w2)
+	_, err = kv.Put(ctx, "secret", []byte{0x80})
+	require.NoError(t, err)
+	_, err = kv.Put(ctx, "gadget", []byte{0x80})
+	require.NoError(t, err)
+	natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error { return equalsContract(t, admin) })
+	p1, p2 := passes(w1), passes(w2)
+	waitPasses(t, w1, p1+3)
+	waitPasses(t, w2, p2+3)
+	require.Equal(t, before+2, writes(w1)+writes(w2), "one put and one delete between them")
+	after := messages(t, admin)
+	require.EqualValues(t, 3, after["secret"], "secret: written, edited, put back once")
+	require.EqualValues(t, 2, after["gadget"], "gadget: written by hand, deleted once")
+	for kind, n := range after {
+		if kind != "secret" && kind != "gadget" {
+			require.EqualValues(t, 1, n, "kind %q was never written again", kind)
+		}
+	}
+}
+
+// syncBuffer is a log sink the writer's goroutine and the test share.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) count(substr string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return strings.Count(s.b.String(), substr)
+}
+
+func TestWriter_FailedPassRetriesAndLogsOnce(t *testing.T) {
+	ns := natstest.RunServer(t)
+	_, js := natstest.Connect(t, ns.ClientURL())
+	ctx := context.Background()
+	// A stream of the registry's name that is no KV bucket (no per-key history): every pass fails.
+	_, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: provisioner.StreamName(provisioner.BucketRegistry),
+		Subjects: []string{provisioner.SubjectPrefix(provisioner.BucketRegistry) + ">"}})
+	require.NoError(t, err)
+
+	var logs syncBuffer
+	w := registry.New(js, provisioner.Registry, interval, slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo})))
+	registry.SetRetry(w, time.Millisecond, 10*time.Millisecond)
+	w.Start(ctx)
+	t.Cleanup(w.Stop)
+	natstest.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		if n := w.Failures(); n < 5 {
+			return fmt.Errorf("%d failed passes", n)
+		}
+		return nil
+	})
+	require.Zero(t, passes(w))
+
+	// The operator removes the stream: the next retry creates the bucket and writes the table.
+	require.NoError(t, js.DeleteStream(ctx, provisioner.StreamName(provisioner.BucketRegistry)))
+	waitPasses(t, w, 1)
+	require.NoError(t, equalsContract(t, js))
+	require.Equal(t, 1, logs.count("registry pass failed; retrying with backoff"), logs.b.String())
+	require.Equal(t, 1, logs.count("registry pass recovered"), logs.b.String())
+}
+
+// TestWriter_StopsDuringAPass checks that Stop returns while a pass waits on NATS: here the server is
+// gone, so every request hangs until its deadline.
+func TestWriter_StopsDuringAPass(t *testing.T) {
+	ns := natstest.RunServer(t)
+	nc, js := natstest.Connect(t, ns.ClientURL())
+	ns.Shutdown()
+	ns.WaitForShutdown()
+	natstest.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		if nc.IsConnected() {
+			return fmt.Errorf("still connected")
+		}
+		return nil
+	})
+	w := registry.New(js, provisioner.Registry, interval, nil)
+	w.Start(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		w.Stop()
+	}()
+	natstest.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		select {
+		case <-done:
+			return nil
+		default:
+			return fmt.Errorf("Stop has not returned")
+		}
+	})
+}
