@@ -195,7 +195,7 @@ func TestComputePlan_Rules(t *testing.T) {
 			msgs:    []planMsg{comp("m.5", "refused", nil), comp("m.7", "published", "p7"), host(5, nil), newest(7)},
 			current: heldEmpty("refused"), newest: &entry{status: "published", build: 7, rev: 2, plan: "p7"}},
 		{name: "newest refused: held at the last newest plan, ahead of want",
-			msgs: []planMsg{comp("m.5", "published", "p5"), comp("m.6", "published", "p6"), comp("m.8", "refused", nil), host(5, nil), newest(8)},
+			msgs:    []planMsg{comp("m.5", "published", "p5"), comp("m.6", "published", "p6"), comp("m.8", "refused", nil), host(5, nil), newest(8)},
 			current: pub(5, 1, "p5"), newest: &entry{status: "held", because: "refused", build: 6, rev: 2, plan: "p6"}},
 		{name: "newest pending: held, and never at builds not ahead of want",
 			msgs:    []planMsg{comp("m.6", "published", "p6"), comp("m.5", "published", "p5"), comp("m.8", "pending", nil), host(5, nil), newest(8)},
