@@ -81,6 +81,8 @@ type applier struct {
 	cps  map[string]*Checkpoint
 	// kindsChanged are registry kinds whose presence this batch changed, with their new presence.
 	kindsChanged map[string]bool
+	// plans is what a batch of a plans' input bucket touches (plans.go); nil for other buckets.
+	plans *planBatch
 }
 
 func (a *applier) checkpoint(bucket string) *Checkpoint {
@@ -166,7 +168,13 @@ func (db *DB) Apply(bucket string, msgs []provisioner.Message, streamCreated int
 		return ErrClosed
 	}
 
-	a := &applier{db: db, batch: db.pdb.NewBatch(), anom: map[string]map[string]byte{}, cps: map[string]*Checkpoint{}}
+	a := &applier{db: db, anom: map[string]map[string]byte{}, cps: map[string]*Checkpoint{}}
+	if provisioner.IsPlanInput(bucket) {
+		// The plans projection reads its own writes within the batch (plans.go).
+		a.batch = db.pdb.NewIndexedBatch()
+	} else {
+		a.batch = db.pdb.NewBatch()
+	}
 	defer a.batch.Close()
 	cp := a.checkpoint(bucket)
 	if streamCreated != 0 {
@@ -187,6 +195,11 @@ func (db *DB) Apply(bucket string, msgs []provisioner.Message, streamCreated int
 	if len(a.kindsChanged) > 0 {
 		if err := a.reevaluateKinds(); err != nil {
 			return fmt.Errorf("re-evaluate kinds: %w", err)
+		}
+	}
+	if a.plans != nil {
+		if err := a.recomputePlans(); err != nil {
+			return fmt.Errorf("recompute plans: %w", err)
 		}
 	}
 	for name, c := range a.cps {
@@ -283,7 +296,13 @@ func (a *applier) apply(shape provisioner.Shape, m *provisioner.Message) error {
 		if bucket == provisioner.BucketRegistry {
 			a.registryKind(parts.Kind, false)
 		}
-		return a.clearAnomaly(bucket, m.Key, classShape|classValue|classKind)
+		if err := a.clearAnomaly(bucket, m.Key, classShape|classValue|classKind); err != nil {
+			return err
+		}
+		if provisioner.IsPlanInput(bucket) {
+			return a.planMessage(bucket, &parts, m, false)
+		}
+		return nil
 	}
 
 	valid := mpk.Valid(m.Value)
@@ -307,6 +326,9 @@ func (a *applier) apply(shape provisioner.Shape, m *provisioner.Message) error {
 		}
 	} else if err := a.setAnomaly(bucket, m.Key, classValue, m.Seq, provisioner.ReasonValueNotMsgpack, fmt.Sprintf("%d bytes are not one complete MessagePack object", len(m.Value))); err != nil {
 		return err
+	}
+	if provisioner.IsPlanInput(bucket) {
+		return a.planMessage(bucket, &parts, m, valid)
 	}
 	switch bucket {
 	case provisioner.BucketRegistry:
