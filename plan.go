@@ -297,13 +297,24 @@ type Compositions interface {
 // With neither want nor have, current has no build to come from: it is held, missing, with no plan.
 func ComputePlan(node, module string, host HostModule, newest OptBuild, c Compositions) (PlanRow, error) {
 	row := PlanRow{Node: node, Module: module, Want: host.Want, Have: host.Have, NewestBuild: newest}
-	base := host.Want
-	if !base.Set {
-		base = host.Have
+	var err error
+	if row.Current, err = ComputeCurrent(host, c); err != nil {
+		return row, err
 	}
+	row.Newest, row.HasNewest, err = ComputeNewest(host, newest, c)
+	return row, err
+}
 
-	// current
-	done := false
+// base is the build a row's entries are read against: want, or have when there is no want.
+func (h HostModule) base() OptBuild {
+	if h.Want.Set {
+		return h.Want
+	}
+	return h.Have
+}
+
+// ComputeCurrent is a row's current entry (ComputePlan). It does not depend on the newest build.
+func ComputeCurrent(host HostModule, c Compositions) (PlanEntry, error) {
 	heldBecause := CompMissing
 	for i, b := range []OptBuild{host.Want, host.Have} {
 		if !b.Set {
@@ -311,62 +322,60 @@ func ComputePlan(node, module string, host HostModule, newest OptBuild, c Compos
 		}
 		st, err := c.Status(b.N)
 		if err != nil {
-			return row, err
+			return PlanEntry{}, err
 		}
 		if st == CompPublished {
 			rev, ok, err := c.LastPublished(b.N, b.N)
 			if err != nil {
-				return row, err
+				return PlanEntry{}, err
 			}
 			if ok {
-				row.Current = PlanEntry{Status: EntryPublished, HasPlan: true, From: rev}
-				done = true
-				break
+				return PlanEntry{Status: EntryPublished, HasPlan: true, From: rev}, nil
 			}
 		}
 		if i == 0 || !host.Want.Set {
 			heldBecause = st // the composition current should come from: want's, or have's without a want
 		}
 	}
-	if !done {
-		row.Current = PlanEntry{Status: EntryHeld, HeldBecause: heldBecause}
-		if base.Set {
-			rev, ok, err := c.LastPublished(0, base.N)
-			if err != nil {
-				return row, err
-			}
-			row.Current.HasPlan, row.Current.From = ok, rev
+	e := PlanEntry{Status: EntryHeld, HeldBecause: heldBecause}
+	if base := host.base(); base.Set {
+		rev, ok, err := c.LastPublished(0, base.N)
+		if err != nil {
+			return PlanEntry{}, err
 		}
+		e.HasPlan, e.From = ok, rev
 	}
+	return e, nil
+}
 
-	// newest
-	if newest.Set && (!base.Set || newest.N > base.N) {
-		row.HasNewest = true
-		st, err := c.Status(newest.N)
-		if err != nil {
-			return row, err
-		}
-		if st == CompPublished {
-			rev, ok, err := c.LastPublished(newest.N, newest.N)
-			if err != nil {
-				return row, err
-			}
-			if ok {
-				row.Newest = PlanEntry{Status: EntryPublished, HasPlan: true, From: rev}
-				return row, nil
-			}
-		}
-		lo := uint64(0)
-		if base.Set {
-			lo = base.N + 1
-		}
-		rev, ok, err := c.LastPublished(lo, newest.N)
-		if err != nil {
-			return row, err
-		}
-		row.Newest = PlanEntry{Status: EntryHeld, HeldBecause: st, HasPlan: ok, From: rev}
+// ComputeNewest is a row's newest entry (ComputePlan), and whether it has one.
+func ComputeNewest(host HostModule, newest OptBuild, c Compositions) (PlanEntry, bool, error) {
+	base := host.base()
+	if !newest.Set || (base.Set && newest.N <= base.N) {
+		return PlanEntry{}, false, nil
 	}
-	return row, nil
+	st, err := c.Status(newest.N)
+	if err != nil {
+		return PlanEntry{}, false, err
+	}
+	if st == CompPublished {
+		rev, ok, err := c.LastPublished(newest.N, newest.N)
+		if err != nil {
+			return PlanEntry{}, false, err
+		}
+		if ok {
+			return PlanEntry{Status: EntryPublished, HasPlan: true, From: rev}, true, nil
+		}
+	}
+	lo := uint64(0)
+	if base.Set {
+		lo = base.N + 1
+	}
+	rev, ok, err := c.LastPublished(lo, newest.N)
+	if err != nil {
+		return PlanEntry{}, false, err
+	}
+	return PlanEntry{Status: EntryHeld, HeldBecause: st, HasPlan: ok, From: rev}, true, nil
 }
 
 // BuildRecord is what the plan rules keep of one build of one module in one composed-<node> bucket:

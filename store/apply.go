@@ -168,13 +168,7 @@ func (db *DB) Apply(bucket string, msgs []provisioner.Message, streamCreated int
 		return ErrClosed
 	}
 
-	a := &applier{db: db, anom: map[string]map[string]byte{}, cps: map[string]*Checkpoint{}}
-	if provisioner.IsPlanInput(bucket) {
-		// The plans projection reads its own writes within the batch (plans.go).
-		a.batch = db.pdb.NewIndexedBatch()
-	} else {
-		a.batch = db.pdb.NewBatch()
-	}
+	a := &applier{db: db, batch: db.pdb.NewBatch(), anom: map[string]map[string]byte{}, cps: map[string]*Checkpoint{}}
 	defer a.batch.Close()
 	cp := a.checkpoint(bucket)
 	if streamCreated != 0 {

@@ -226,14 +226,23 @@ func decodePlanEntry(b []byte, e *provisioner.PlanEntry) ([]byte, error) {
 }
 
 // planBatch is what one Apply of a plans' input bucket touches: the rows to recompute at the end of
-// the batch, and the modules whose newest build changed.
+// the batch, and the modules whose newest build changed. The batch is write-only, so what its own
+// messages changed is kept here too, and read before the committed state: the host rows (a batch of
+// mesh-host_modules), the newest builds (of mesh-indexer_builds), the build records (of a
+// composed-<node>). Everything else a recompute reads is committed, and stable under applyMu.
 type planBatch struct {
-	rows    map[[2]string]struct{} // node, module
+	rows    map[[2]string]bool // node, module -> whole row (false: only its newest entry)
 	modules map[string]struct{}
-	newest  map[string]provisioner.OptBuild // module -> newest, read once per batch
-	comps   batchComps
+	hosts   map[string]hostState                              // <node>.<module> -> as this batch leaves it
+	newest  map[string]provisioner.OptBuild                   // module -> newest: this batch's, or read once
+	builds  map[[2]string]map[uint64]*provisioner.BuildRecord // node, module -> build -> record; nil: gone
+	comps   planComps
 	row     []byte
-	old     []byte
+}
+
+type hostState struct {
+	host    provisioner.HostModule
+	present bool
 }
 
 // PlanStats counts the plans projection's work since the store was opened.
@@ -250,31 +259,38 @@ func (db *DB) PlanStats() PlanStats {
 // planMessage folds one message of a plans' input bucket whose key fits its shape: a bad-value
 // anomaly for a value out of shape, the composition's build record, and the rows it touches.
 func (a *applier) planMessage(bucket string, p *provisioner.Parts, m *provisioner.Message, valid bool) error {
-	if a.plans == nil {
-		a.plans = &planBatch{rows: map[[2]string]struct{}{}, modules: map[string]struct{}{}, newest: map[string]provisioner.OptBuild{}}
-		a.plans.comps.a = a
+	pb := a.plans
+	if pb == nil {
+		pb = &planBatch{rows: map[[2]string]bool{}, modules: map[string]struct{}{}, hosts: map[string]hostState{},
+			newest: map[string]provisioner.OptBuild{}, builds: map[[2]string]map[uint64]*provisioner.BuildRecord{}}
+		pb.comps.a = a
+		a.plans = pb
 	}
 	var verr error
-	put := m.Op == provisioner.OpPut && valid
+	put := m.Op == provisioner.OpPut
 	switch bucket {
 	case provisioner.BucketHostModules:
-		if put {
-			_, verr = provisioner.DecodeHostModule(m.Value)
+		var h provisioner.HostModule
+		if put && valid {
+			h, verr = provisioner.DecodeHostModule(m.Value)
 		}
-		a.plans.rows[[2]string{p.Node, p.Module}] = struct{}{}
+		pb.hosts[m.Key] = hostState{host: h, present: put}
+		pb.rows[[2]string{p.Node, p.Module}] = true
 	case provisioner.BucketIndexerBuilds:
-		if put {
-			_, verr = provisioner.DecodeIndexerBuild(m.Value)
+		var n provisioner.OptBuild
+		if put && valid {
+			n, verr = provisioner.DecodeIndexerBuild(m.Value)
 		}
-		a.plans.modules[p.Module] = struct{}{}
+		pb.newest[p.Module] = n
+		pb.modules[p.Module] = struct{}{}
 	default: // composed-<node>
-		if put {
+		if put && valid {
 			_, verr = provisioner.DecodeComposition(m.Value)
 		}
 		if err := a.foldBuild(p, m); err != nil {
 			return err
 		}
-		a.plans.rows[[2]string{p.Node, p.Module}] = struct{}{}
+		pb.rows[[2]string{p.Node, p.Module}] = true
 	}
 	var ve *provisioner.ValueError
 	if errors.As(verr, &ve) {
@@ -283,53 +299,70 @@ func (a *applier) planMessage(bucket string, p *provisioner.Parts, m *provisione
 	return verr
 }
 
-// foldBuild folds a composed-<node> message into its build's record, read through the batch.
+// foldBuild folds a composed-<node> message into its build's record: as this batch left it, or as
+// committed.
 func (a *applier) foldBuild(p *provisioner.Parts, m *provisioner.Message) error {
+	nm := [2]string{p.Node, p.Module}
+	recs := a.plans.builds[nm]
+	if recs == nil {
+		recs = map[uint64]*provisioner.BuildRecord{}
+		a.plans.builds[nm] = recs
+	}
 	key := planBuildKey(nil, p.Node, p.Module, p.Build)
-	var rec provisioner.BuildRecord
-	v, closer, err := a.batch.Get(key)
-	switch {
-	case errors.Is(err, pebble.ErrNotFound):
-	case err != nil:
-		return err
-	default:
-		err = decodeBuildRecord(v, p.Build, &rec)
-		if err == nil && rec.Published.Plan != nil {
-			rec.Published.Plan = append([]byte(nil), rec.Published.Plan...)
-		}
-		closer.Close()
-		if err != nil {
+	rec, ok := recs[p.Build]
+	if !ok {
+		rec = &provisioner.BuildRecord{}
+		v, closer, err := a.db.pdb.Get(key)
+		switch {
+		case errors.Is(err, pebble.ErrNotFound):
+		case err != nil:
 			return err
+		default:
+			err = decodeBuildRecord(v, p.Build, rec)
+			if err == nil && rec.Published.Plan != nil {
+				rec.Published.Plan = append([]byte(nil), rec.Published.Plan...)
+			}
+			closer.Close()
+			if err != nil {
+				return err
+			}
 		}
+	} else if rec == nil {
+		rec = &provisioner.BuildRecord{}
 	}
 	if !rec.Fold(m, p.Build) {
+		recs[p.Build] = nil
 		return a.batch.Delete(key, nil)
 	}
-	a.val = appendBuildRecord(a.val[:0], &rec)
+	recs[p.Build] = rec
+	a.val = appendBuildRecord(a.val[:0], rec)
 	return a.batch.Set(key, a.val, nil)
 }
 
-// recomputePlans recomputes every row the batch touched: the rows of the modules whose newest build
-// changed, found by the module index, and the rows touched one by one.
+// recomputePlans recomputes every row the batch touched: the rows touched one by one, and the rows of
+// the modules whose newest build changed, found by the module index; of those, only the newest entry,
+// since the current one does not depend on the newest build.
 func (a *applier) recomputePlans() error {
 	pb := a.plans
 	for module := range pb.modules {
 		lo := planIndexPrefix(nil, module)
-		it, err := a.batch.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: prefixEnd(lo)})
+		it, err := a.db.pdb.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: prefixEnd(lo)})
 		if err != nil {
 			return err
 		}
 		for it.First(); it.Valid(); it.Next() {
 			key := unesc(nil, it.Key()[len(lo):])
 			node, _, _ := strings.Cut(string(key), ".")
-			pb.rows[[2]string{node, module}] = struct{}{}
+			nm := [2]string{node, module}
+			pb.rows[nm] = pb.rows[nm] // whole when touched otherwise too
+
 		}
 		if err := it.Close(); err != nil {
 			return err
 		}
 	}
-	for nm := range pb.rows {
-		if err := a.recomputePlan(nm[0], nm[1]); err != nil {
+	for nm, whole := range pb.rows {
+		if err := a.recomputePlan(nm[0], nm[1], whole); err != nil {
 			return fmt.Errorf("plan %s.%s: %w", nm[0], nm[1], err)
 		}
 	}
@@ -337,78 +370,101 @@ func (a *applier) recomputePlans() error {
 }
 
 // recomputePlan recomputes one row from its inputs as the batch leaves them, and writes it (with its
-// module index entry) when it changed; a row whose mesh-host_modules key is gone is deleted.
-func (a *applier) recomputePlan(node, module string) error {
+// module index entry) when it changed; a row whose mesh-host_modules key is gone is deleted. Unless
+// whole, only the newest entry is recomputed, and the rest kept from the stored row.
+func (a *applier) recomputePlan(node, module string, whole bool) error {
 	pb := a.plans
 	key := node + "." + module
 	a.db.planRows.Add(1)
-	host, ok, err := a.hostModule(key)
-	if err != nil {
-		return err
-	}
-	if !ok {
-		if err := a.batch.Delete(planRowKey(nil, key), nil); err != nil {
-			return err
-		}
-		return a.batch.Delete(planIndexKey(nil, module, key), nil)
-	}
 	newest, ok := pb.newest[module]
 	if !ok {
+		var err error
 		if newest, err = a.indexerNewest(module); err != nil {
 			return err
 		}
 		pb.newest[module] = newest
 	}
 	pb.comps.node, pb.comps.module = node, module
-	row, err := provisioner.ComputePlan(node, module, host, newest, &pb.comps)
-	if err != nil {
-		return err
-	}
-	pb.row = appendPlanRow(pb.row[:0], &row)
+	pb.comps.overlay = pb.builds[[2]string{node, module}]
+
 	rk := planRowKey(nil, key)
-	old, closer, err := a.batch.Get(rk)
+	old, closer, err := a.db.pdb.Get(rk)
 	switch {
 	case errors.Is(err, pebble.ErrNotFound):
+		old, whole = nil, true
 	case err != nil:
 		return err
 	default:
-		same := bytes.Equal(old, pb.row)
-		closer.Close()
-		if same {
-			return nil
+		defer closer.Close()
+	}
+	var row provisioner.PlanRow
+	if whole {
+		hs, ok := pb.hosts[key]
+		if !ok {
+			if hs, err = a.hostModule(key); err != nil {
+				return err
+			}
 		}
+		if !hs.present {
+			if old == nil {
+				return nil
+			}
+			if err := a.batch.Delete(rk, nil); err != nil {
+				return err
+			}
+			return a.batch.Delete(planIndexKey(nil, module, key), nil)
+		}
+		if row, err = provisioner.ComputePlan(node, module, hs.host, newest, &pb.comps); err != nil {
+			return err
+		}
+	} else {
+		if err := decodePlanRow([]byte(key), old, &row); err != nil {
+			return err
+		}
+		row.NewestBuild = newest
+		host := provisioner.HostModule{Want: row.Want, Have: row.Have}
+		if row.Newest, row.HasNewest, err = provisioner.ComputeNewest(host, newest, &pb.comps); err != nil {
+			return err
+		}
+	}
+	pb.row = appendPlanRow(pb.row[:0], &row)
+	if bytes.Equal(old, pb.row) {
+		return nil
 	}
 	if err := a.batch.Set(rk, pb.row, nil); err != nil {
 		return err
 	}
+	if old != nil {
+		return nil // its index entry is there
+	}
 	return a.batch.Set(planIndexKey(nil, module, key), nil, nil)
 }
 
-// hostModule reads want and have of a mesh-host_modules row through the batch. A value out of shape
-// reads what it can (its anomaly says the rest).
-func (a *applier) hostModule(key string) (provisioner.HostModule, bool, error) {
-	v, closer, err := a.batch.Get(rowKey(nil, provisioner.BucketHostModules, key))
+// hostModule reads want and have of a committed mesh-host_modules row. A value out of shape reads
+// what it can (its anomaly says the rest).
+func (a *applier) hostModule(key string) (hostState, error) {
+	v, closer, err := a.db.pdb.Get(rowKey(nil, provisioner.BucketHostModules, key))
 	if errors.Is(err, pebble.ErrNotFound) {
-		return provisioner.HostModule{}, false, nil
+		return hostState{}, nil
 	}
 	if err != nil {
-		return provisioner.HostModule{}, false, err
+		return hostState{}, err
 	}
 	defer closer.Close()
 	var row provisioner.Row
 	if err := decodeRowValue(v, &row); err != nil {
-		return provisioner.HostModule{}, false, err
+		return hostState{}, err
 	}
-	var h provisioner.HostModule
+	hs := hostState{present: true}
 	if row.Msgpack {
-		h, _ = provisioner.DecodeHostModule(row.Value)
+		hs.host, _ = provisioner.DecodeHostModule(row.Value)
 	}
-	return h, true, nil
+	return hs, nil
 }
 
-// indexerNewest reads a module's newest build through the batch.
+// indexerNewest reads a module's committed newest build.
 func (a *applier) indexerNewest(module string) (provisioner.OptBuild, error) {
-	v, closer, err := a.batch.Get(rowKey(nil, provisioner.BucketIndexerBuilds, module))
+	v, closer, err := a.db.pdb.Get(rowKey(nil, provisioner.BucketIndexerBuilds, module))
 	if errors.Is(err, pebble.ErrNotFound) {
 		return provisioner.OptBuild{}, nil
 	}
@@ -427,15 +483,22 @@ func (a *applier) indexerNewest(module string) (provisioner.OptBuild, error) {
 	return n, nil
 }
 
-// batchComps reads one module's build records on one node through the batch: provisioner.Compositions
-// for ComputePlan.
-type batchComps struct {
+// planComps reads one module's build records on one node, this batch's before the committed ones:
+// provisioner.Compositions for ComputePlan.
+type planComps struct {
 	a            *applier
 	node, module string
+	overlay      map[uint64]*provisioner.BuildRecord // this batch's records; nil: gone
 }
 
-func (c *batchComps) Status(build uint64) (provisioner.CompStatus, error) {
-	v, closer, err := c.a.batch.Get(planBuildKey(nil, c.node, c.module, build))
+func (c *planComps) Status(build uint64) (provisioner.CompStatus, error) {
+	if rec, ok := c.overlay[build]; ok {
+		if rec == nil {
+			return provisioner.CompMissing, nil
+		}
+		return rec.Status, nil
+	}
+	v, closer, err := c.a.db.pdb.Get(planBuildKey(nil, c.node, c.module, build))
 	if errors.Is(err, pebble.ErrNotFound) {
 		return provisioner.CompMissing, nil
 	}
@@ -449,13 +512,25 @@ func (c *batchComps) Status(build uint64) (provisioner.CompStatus, error) {
 	return provisioner.CompStatus(v[0]), nil
 }
 
-func (c *batchComps) LastPublished(lo, hi uint64) (provisioner.PlanRevision, bool, error) {
-	return lastPublished(c.a.batch.NewIter, c.node, c.module, lo, hi)
+func (c *planComps) LastPublished(lo, hi uint64) (provisioner.PlanRevision, bool, error) {
+	best, found, err := lastPublished(c.a.db.pdb.NewIter, c.node, c.module, lo, hi, c.overlay)
+	if err != nil {
+		return best, found, err
+	}
+	for b, rec := range c.overlay {
+		if b < lo || b > hi || rec == nil || !rec.HasPublished {
+			continue
+		}
+		if !found || rec.Published.Revision > best.Revision {
+			best, found = rec.Published, true
+		}
+	}
+	return best, found, nil
 }
 
-// lastPublished scans the build records of builds lo..hi for the most recently published revision.
-// The plan is copied out of the iterator.
-func lastPublished(newIter func(*pebble.IterOptions) (*pebble.Iterator, error), node, module string, lo, hi uint64) (provisioner.PlanRevision, bool, error) {
+// lastPublished scans the build records of builds lo..hi for the most recently published revision,
+// skipping the builds in skip (read elsewhere). The plan is copied out of the iterator.
+func lastPublished(newIter func(*pebble.IterOptions) (*pebble.Iterator, error), node, module string, lo, hi uint64, skip map[uint64]*provisioner.BuildRecord) (provisioner.PlanRevision, bool, error) {
 	var best provisioner.PlanRevision
 	found := false
 	if lo > hi {
@@ -481,6 +556,9 @@ func lastPublished(newIter func(*pebble.IterOptions) (*pebble.Iterator, error), 
 			return best, false, fmt.Errorf("%w: plan build key %q", ErrCorrupt, k)
 		}
 		build := binary.BigEndian.Uint64(k[len(p):])
+		if _, ok := skip[build]; ok {
+			continue
+		}
 		if err := decodeBuildRecord(it.Value(), build, &rec); err != nil {
 			it.Close()
 			return best, false, err
