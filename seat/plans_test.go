@@ -1,16 +1,20 @@
 package seat_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/json"
 	"flag"
 	"fmt"
+	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -526,4 +530,115 @@ func mp(t *testing.T, v any) []byte {
 	b, err := msgpack.Marshal(v)
 	require.NoError(t, err)
 	return b
+}
+
+// TestPlans_SurvivesSIGKILL: a seat process killed with SIGKILL, with no chance to flush or close,
+// comes back on its state dir with the same plans answers. The seat runs in a child process (this
+// test binary, running TestPlans_KillHelper), on the parent's nats-server.
+func TestPlans_SurvivesSIGKILL(t *testing.T) {
+	h := newHarness(t)
+	sc := fixtures.Plans()
+	h.load(sc.Before)
+	dir := t.TempDir()
+
+	cmd := exec.Command(os.Args[0], "-test.run=^TestPlans_KillHelper$", "-test.count=1")
+	cmd.Env = append(os.Environ(), "PLANS_HELPER_URL="+h.url, "PLANS_HELPER_DIR="+dir)
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	cmd.Stderr = os.Stderr
+	require.NoError(t, cmd.Start())
+	killed := false
+	t.Cleanup(func() {
+		if !killed {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
+	})
+	ready := make(chan error, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			if sc.Text() == "READY" {
+				ready <- nil
+				_, _ = io.Copy(io.Discard, out)
+				return
+			}
+		}
+		ready <- fmt.Errorf("helper ended before it was ready: %v", sc.Err())
+	}()
+	select {
+	case err := <-ready:
+		require.NoError(t, err)
+	case <-time.After(60 * time.Second):
+		t.Fatal("helper not ready within 60s")
+	}
+
+	// While the child runs: more changes, among them a new composed-<node> bucket.
+	h.load(sc.After)
+	h.waitVerbCaughtUp()
+	before := h.planAnswers()
+
+	require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
+	_ = cmd.Wait()
+	killed = true
+
+	// Batches are committed without a sync, so the last ones may be lost with the process; each is lost
+	// with its checkpoint, and the restarted seat applies them again from the streams.
+	st, _ := h.startPlansSeat(dir)
+	h.waitPlansCaughtUp(st)
+	t.Logf("applied again after the kill: %d messages", st.Projector.Applied())
+	require.LessOrEqual(t, st.Projector.Applied(), int64(len(sc.After)), "resumed from the checkpoints on disk")
+	require.Equal(t, before, h.planAnswers(), "after SIGKILL and restart")
+}
+
+// waitVerbCaughtUp waits until the seat answering the verb, wherever it runs, says every plans' input
+// stream is applied to its end.
+func (h *harness) waitVerbCaughtUp() {
+	h.t.Helper()
+	ctx := context.Background()
+	natstest.CheckFor(h.t, 20*time.Second, 20*time.Millisecond, func() error {
+		a, err := h.askPlans(map[string]any{"what": "plans"}, false)
+		if err != nil {
+			return err
+		}
+		if a["synced"] != true {
+			return fmt.Errorf("not synced")
+		}
+		asOf := a["as_of"].(map[string]any)
+		names := h.js.StreamNames(ctx)
+		for name := range names.Name() {
+			bucket := strings.TrimPrefix(name, "KV_")
+			if !provisioner.IsPlanInput(bucket) {
+				continue
+			}
+			stream, err := h.js.Stream(ctx, name)
+			if err != nil {
+				return err
+			}
+			info, err := stream.Info(ctx)
+			if err != nil {
+				return err
+			}
+			if got := fmt.Sprint(asOf[bucket]); got != fmt.Sprint(info.State.LastSeq) {
+				return fmt.Errorf("%s: as_of %s, stream at %d", bucket, got, info.State.LastSeq)
+			}
+		}
+		return names.Err()
+	})
+}
+
+// TestPlans_KillHelper is the seat process of TestPlans_SurvivesSIGKILL; on its own it skips.
+func TestPlans_KillHelper(t *testing.T) {
+	url, dir := os.Getenv("PLANS_HELPER_URL"), os.Getenv("PLANS_HELPER_DIR")
+	if url == "" {
+		t.Skip("the seat process of TestPlans_SurvivesSIGKILL")
+	}
+	h := &harness{t: t, url: url}
+	h.nc, h.js = natstest.Connect(t, url)
+	st, _ := h.startPlansSeat(dir)
+	h.waitPlansCaughtUp(st)
+	// What it applied so far is on disk; what comes next may still be in memory when it is killed.
+	require.NoError(t, st.DB.Flush())
+	fmt.Println("READY")
+	select {} // until killed
 }
