@@ -58,9 +58,10 @@
 // batch of the input message, so they are exactly as consistent as the rows they come from. A
 // message of composed-<node> folds into its build record (provisioner.BuildRecord.Fold) and
 // recomputes the one row of its node and module; a message of mesh-host_modules recomputes its own
-// row; one of mesh-indexer_builds the rows of its module, found by the 'm' index. Each touched row is
-// recomputed once per batch with provisioner.ComputePlan, from the host row, the module's newest build
-// and the build records. The build records are the "last plan kept" state: a fold of the bucket's
+// row; one of mesh-indexer_builds the rows of its module, found by the 'm' index, and of those only
+// the newest entry, which is all a newest build changes. Each touched row is recomputed once per batch
+// (provisioner.ComputePlan), from the host row, the module's newest build and the build records; what
+// the batch itself changed of those is read from memory, the rest from the committed state. The build records are the "last plan kept" state: a fold of the bucket's
 // history, so a rebuild from the streams finds the same one, and they do not depend on the event log
 // being kept. The 'm' index does not cover the rows (a plan can be large); a module's rows are read
 // by key.
