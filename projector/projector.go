@@ -6,6 +6,9 @@
 //
 // Each bucket's consumer is one goroutine reading the stream and one applying batches; both are owned by
 // the Projector and stopped by Stop. A bucket that does not exist yet is waited for.
+//
+// With Options.Composed it also tails every composed-<node> bucket, those there at start and those
+// created later, found by a discovery goroutine of its own (discover.go).
 package projector
 
 import (
@@ -13,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -42,6 +46,12 @@ type Options struct {
 	// recreated, or messages past the checkpoint were removed before they were read). The consumer of
 	// that bucket stops; the owner rebuilds. Nil logs and keeps waiting.
 	OnReset func(bucket string, reason error)
+	// Composed tails every composed-<node> bucket too: those found at start, and those created later
+	// (discover.go).
+	Composed bool
+	// DiscoverEvery is how often the streams are listed for new composed-<node> buckets; 0 means 30
+	// seconds. Stream-created advisories pick a new bucket up at once in between.
+	DiscoverEvery time.Duration
 }
 
 // ErrCannotResume says a bucket's stream no longer holds what the checkpoint follows on from.
@@ -58,6 +68,11 @@ type Projector struct {
 	wg     sync.WaitGroup
 
 	applied atomic.Int64 // messages applied since New, over all buckets
+
+	mu         sync.Mutex
+	tailed     map[string]bool // buckets with a consumer, so Add starts each once
+	discovered atomic.Bool     // the streams were listed once (always true without Composed)
+	setup      chan struct{}   // bounds consumers being set up at once: a mesh starts thousands
 }
 
 // New returns a Projector; Start runs it.
@@ -80,7 +95,12 @@ func New(js jetstream.JetStream, db *store.DB, opts Options) *Projector {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Projector{js: js, db: db, opts: opts, log: log}
+	if opts.DiscoverEvery <= 0 {
+		opts.DiscoverEvery = 30 * time.Second
+	}
+	p := &Projector{js: js, db: db, opts: opts, log: log, tailed: map[string]bool{}, setup: make(chan struct{}, maxSettingUp)}
+	p.discovered.Store(!opts.Composed)
+	return p
 }
 
 // Applied is how many messages this Projector applied (skipped repeats not counted).
@@ -92,11 +112,25 @@ func (p *Projector) Start(ctx context.Context) {
 	for _, b := range p.opts.Buckets {
 		p.Add(ctx, b)
 	}
+	if p.opts.Composed {
+		p.wg.Add(1)
+		go func() {
+			defer p.wg.Done()
+			p.discover(ctx)
+		}()
+	}
 }
 
 // Add starts tailing one more bucket under the Projector's ownership (composed-<node> buckets found
-// while running). ctx must be the one Start derived, or one below it.
+// while running). ctx must be the one Start derived, or one below it. A bucket already tailed is not
+// started twice.
 func (p *Projector) Add(ctx context.Context, bucket string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.tailed[bucket] || ctx.Err() != nil {
+		return
+	}
+	p.tailed[bucket] = true
 	p.wg.Add(1)
 	go func() {
 		defer p.wg.Done()
@@ -154,6 +188,21 @@ func (p *Projector) runBucket(ctx context.Context, bucket string) {
 
 // tail follows one bucket's stream from the checkpoint until ctx ends or the consumer fails.
 func (p *Projector) tail(ctx context.Context, bucket string, log *slog.Logger, ok func()) error {
+	batchSize, pull := p.sizes(bucket)
+	// Setting up is a few JetStream API requests; at most maxSettingUp buckets do it at once.
+	select {
+	case p.setup <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	settingUp := true
+	release := func() {
+		if settingUp {
+			settingUp = false
+			<-p.setup
+		}
+	}
+	defer release()
 	stream, err := p.js.Stream(ctx, provisioner.StreamName(bucket))
 	if err != nil {
 		return err
@@ -183,10 +232,11 @@ func (p *Projector) tail(ctx context.Context, bucket string, log *slog.Logger, o
 	if err != nil {
 		return fmt.Errorf("create consumer: %w", err)
 	}
-	it, err := cons.Messages(jetstream.PullMaxMessages(p.opts.PullMessages))
+	it, err := cons.Messages(jetstream.PullMaxMessages(pull))
 	if err != nil {
 		return fmt.Errorf("consume: %w", err)
 	}
+	release()
 	ok()
 
 	start := time.Now()
@@ -197,7 +247,7 @@ func (p *Projector) tail(ctx context.Context, bucket string, log *slog.Logger, o
 
 	// The reader turns NATS messages into store messages; the applier batches and commits them. The
 	// channel between them is the pipeline: while one batch commits, the next is read and parsed.
-	in := make(chan provisioner.Message, p.opts.BatchSize*2)
+	in := make(chan provisioner.Message, batchSize*2)
 	pending := make(chan uint64, 1) // NumPending after the newest message read
 	readErr := make(chan error, 1)
 	rctx, rcancel := context.WithCancel(ctx)
@@ -211,7 +261,7 @@ func (p *Projector) tail(ctx context.Context, bucket string, log *slog.Logger, o
 	}()
 	go func() { <-rctx.Done(); it.Stop() }()
 
-	applyErr := p.applyLoop(ctx, bucket, created, in, pending, cons, log, startSeq, start)
+	applyErr := p.applyLoop(ctx, bucket, batchSize, created, in, pending, cons, log, startSeq, start)
 	rcancel()
 	rwg.Wait()
 	if applyErr != nil {
@@ -297,9 +347,9 @@ func opOf(h nats.Header) provisioner.Op {
 
 // applyLoop takes what the reader has produced, as much as is there up to BatchSize, and commits it as
 // one batch; it retries a failed commit of the same batch with backoff.
-func (p *Projector) applyLoop(ctx context.Context, bucket string, created int64, in <-chan provisioner.Message, pending <-chan uint64,
+func (p *Projector) applyLoop(ctx context.Context, bucket string, batchSize int, created int64, in <-chan provisioner.Message, pending <-chan uint64,
 	cons jetstream.Consumer, log *slog.Logger, startSeq uint64, start time.Time) error {
-	batch := make([]provisioner.Message, 0, p.opts.BatchSize)
+	batch := make([]provisioner.Message, 0, batchSize)
 	var lastPending uint64 = 1
 	poll := time.NewTicker(p.opts.Poll)
 	defer poll.Stop()
@@ -321,7 +371,7 @@ func (p *Projector) applyLoop(ctx context.Context, bucket string, created int64,
 			// The reader stops with ctx; what it already handed over is committed below.
 		}
 	drain:
-		for len(batch) < p.opts.BatchSize {
+		for len(batch) < batchSize {
 			select {
 			case m, open := <-in:
 				if !open {
@@ -415,5 +465,22 @@ func sleep(ctx context.Context, d time.Duration) bool {
 // kvOperationHeader is the header a KV delete or purge carries (nats.go keeps its name unexported).
 const kvOperationHeader = "KV-Operation"
 
-// Buckets lists the buckets the Projector was started with.
-func (p *Projector) Buckets() []string { return append([]string(nil), p.opts.Buckets...) }
+// Buckets lists the buckets the Projector tails: those it was started with and those added since, in
+// byte order.
+func (p *Projector) Buckets() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]string, 0, len(p.tailed))
+	for b := range p.tailed {
+		out = append(out, b)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Tails reports whether the Projector has a consumer for a bucket.
+func (p *Projector) Tails(bucket string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.tailed[bucket]
+}

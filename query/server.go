@@ -150,7 +150,7 @@ func (s *Server) handle(req micro.Request) {
 	r, format, err := DecodeRequest(req.Data())
 	if err == nil && r.MinSeq > 0 && r.At == "" {
 		// A wait must not hold up the requests behind it: answer from a goroutine of its own.
-		if seq, _ := s.r.Applied(bucketOf(&r)); seq < uint64(r.MinSeq) {
+		if b := bucketOf(&r); b == "" || appliedSeq(s.r, b) < uint64(r.MinSeq) {
 			s.wg.Add(1)
 			go func() {
 				defer s.wg.Done()
@@ -160,6 +160,11 @@ func (s *Server) handle(req micro.Request) {
 		}
 	}
 	s.respond(req, &r, format, err, start)
+}
+
+func appliedSeq(r applied, bucket string) uint64 {
+	seq, _ := r.Applied(bucket)
+	return seq
 }
 
 func (s *Server) respond(req micro.Request, r *Request, format Format, err error, start time.Time) {
@@ -241,20 +246,36 @@ func Code(err error) int {
 	return 500
 }
 
+// bucketOf is the bucket a request's min_seq is a sequence of: the bucket of its what, and for plans
+// the node's composed-<node> (plans.go).
 func bucketOf(r *Request) string {
 	if s, ok := provisioner.ShapeOfWhat(provisioner.What(r.What)); ok {
 		return s.Bucket
+	}
+	if provisioner.What(r.What) == provisioner.WhatPlans && r.Node != "" {
+		return provisioner.ComposedPrefix + r.Node
 	}
 	return ""
 }
 
 // wait blocks until the bucket's projection has applied seq, or wait_ms has passed.
 func (s *Server) wait(ctx context.Context, bucket string, seq uint64, waitMS int64) error {
+	return waitApplied(ctx, s.r, bucket, seq, waitMS)
+}
+
+// applied is what waiting for a sequence needs of the projection.
+type applied interface {
+	Applied(bucket string) (seq uint64, synced bool)
+	Changed(bucket string) <-chan struct{}
+}
+
+// waitApplied blocks until the bucket's projection has applied seq, or wait_ms has passed.
+func waitApplied(ctx context.Context, r applied, bucket string, seq uint64, waitMS int64) error {
 	deadline := time.NewTimer(time.Duration(waitMS) * time.Millisecond)
 	defer deadline.Stop()
 	for {
-		ch := s.r.Changed(bucket)
-		have, _ := s.r.Applied(bucket)
+		ch := r.Changed(bucket)
+		have, _ := r.Applied(bucket)
 		if have >= seq {
 			return nil
 		}

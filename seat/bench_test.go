@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"syscall"
 	"testing"
 	"time"
 
@@ -48,6 +49,8 @@ func benchLookup(b *testing.B, req func(*rand.Rand) map[string]any) {
 	for i := range bodies {
 		bodies[i], _ = msgpack.Marshal(req(r))
 	}
+	var ru0 syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru0)
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		msg, err := nc.Request(query.Subject, bodies[i%len(bodies)], 5*time.Second)
@@ -58,4 +61,11 @@ func benchLookup(b *testing.B, req func(*rand.Rand) map[string]any) {
 			b.Fatalf("short answer: %q", msg.Data)
 		}
 	}
+	b.StopTimer()
+	// CPU time per request of this process (seat, client and server together) is steadier than wall
+	// time on a shared machine.
+	var ru1 syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru1)
+	cpu := (ru1.Utime.Nano() + ru1.Stime.Nano()) - (ru0.Utime.Nano() + ru0.Stime.Nano())
+	b.ReportMetric(float64(cpu)/1e3/float64(b.N), "cpu-µs/op")
 }

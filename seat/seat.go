@@ -8,6 +8,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -29,6 +30,9 @@ type Config struct {
 	RegistryInterval time.Duration
 	// Projector tunes the consumers; its Logger defaults to the seat's.
 	Projector projector.Options
+	// Plans tails the plans' inputs (mesh-host_modules, mesh-indexer_builds and every composed-<node>
+	// bucket, those created later too) and answers what: plans.
+	Plans bool
 }
 
 // Seat is a running seat.
@@ -57,11 +61,26 @@ func Start(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, db *store
 	if po.Logger == nil {
 		po.Logger = log
 	}
+	if cfg.Plans {
+		var buckets []string
+		if po.Buckets == nil {
+			for _, sh := range provisioner.ProvisionerShapes {
+				buckets = append(buckets, sh.Bucket)
+			}
+		} else {
+			buckets = append(buckets, po.Buckets...)
+		}
+		po.Buckets = append(buckets, provisioner.BucketHostModules, provisioner.BucketIndexerBuilds)
+		po.Composed = true
+	}
 	s.Projector = projector.New(js, db, po)
 	s.Projector.Start(ctx)
 
-	s.Server = query.NewServer(query.StoreReader(db), query.Options{Version: cfg.Version, Logger: log,
-		Metadata: map[string]string{"schema": fmt.Sprint(store.SchemaVersion)}})
+	qo := query.Options{Version: cfg.Version, Logger: log, Metadata: map[string]string{"schema": fmt.Sprint(store.SchemaVersion)}}
+	if cfg.Plans {
+		qo.Plans = query.Plans(query.StorePlans(db), s.PlansSynced)
+	}
+	s.Server = query.NewServer(query.StoreReader(db), qo)
 	if err := s.Server.Start(nc, nil); err != nil {
 		s.Stop()
 		return nil, err
@@ -93,8 +112,36 @@ func (s *Seat) Stop() error {
 
 // Synced reports whether every bucket the projector tails has caught up with its stream since start.
 func (s *Seat) Synced() bool {
+	if !s.Projector.Discovered() {
+		return false
+	}
 	for _, b := range s.Projector.Buckets() {
 		if _, ok := s.DB.Applied(b); !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// PlansSynced reports whether the inputs of a plans answer have caught up with their streams since
+// start: the streams were listed once for composed-<node> buckets, mesh-host_modules and
+// mesh-indexer_builds are synced, and so is composed-<node> of the node (of every node when node is
+// empty). A node with no composed-<node> bucket has nothing to catch up with.
+func (s *Seat) PlansSynced(node string) bool {
+	p := s.Projector
+	synced := func(b string) bool {
+		_, ok := s.DB.Applied(b)
+		return ok
+	}
+	if !p.Discovered() || !synced(provisioner.BucketHostModules) || !synced(provisioner.BucketIndexerBuilds) {
+		return false
+	}
+	if node != "" {
+		b := provisioner.ComposedPrefix + node
+		return !p.Tails(b) || synced(b)
+	}
+	for _, b := range p.Buckets() {
+		if strings.HasPrefix(b, provisioner.ComposedPrefix) && !synced(b) {
 			return false
 		}
 	}

@@ -84,6 +84,8 @@ type applier struct {
 	kindsChanged map[string]bool
 	// states caches the buckets' states for the batch: DB.bucket takes a lock.
 	states map[string]*bucketState
+	// plans is what a batch of a plans' input bucket touches (plans.go); nil for other buckets.
+	plans *planBatch
 }
 
 func (a *applier) state(bucket string) *bucketState {
@@ -203,6 +205,11 @@ func (db *DB) Apply(bucket string, msgs []provisioner.Message, streamCreated int
 			return fmt.Errorf("re-evaluate kinds: %w", err)
 		}
 	}
+	if a.plans != nil {
+		if err := a.recomputePlans(); err != nil {
+			return fmt.Errorf("recompute plans: %w", err)
+		}
+	}
 	for name, c := range a.cps {
 		if err := a.batch.Set(checkpointKey(name), c.encode(nil), nil); err != nil {
 			return err
@@ -297,7 +304,13 @@ func (a *applier) apply(shape provisioner.Shape, m *provisioner.Message) error {
 		if bucket == provisioner.BucketRegistry {
 			a.registryKind(parts.Kind, false)
 		}
-		return a.clearAnomaly(bucket, m.Key, classShape|classValue|classKind)
+		if err := a.clearAnomaly(bucket, m.Key, classShape|classValue|classKind); err != nil {
+			return err
+		}
+		if provisioner.IsPlanInput(bucket) {
+			return a.planMessage(bucket, &parts, m, false)
+		}
+		return nil
 	}
 
 	valid := mpk.Valid(m.Value)
@@ -321,6 +334,9 @@ func (a *applier) apply(shape provisioner.Shape, m *provisioner.Message) error {
 		}
 	} else if err := a.setAnomaly(bucket, m.Key, classValue, m.Seq, provisioner.ReasonValueNotMsgpack, fmt.Sprintf("%d bytes are not one complete MessagePack object", len(m.Value))); err != nil {
 		return err
+	}
+	if provisioner.IsPlanInput(bucket) {
+		return a.planMessage(bucket, &parts, m, valid)
 	}
 	switch bucket {
 	case provisioner.BucketRegistry:

@@ -28,6 +28,11 @@
 //	0x05 <bucket> 00 01 <raw key> 00 01 <class>             -> anomaly: uvarint revision, reason text
 //	0x06 <bucket> 00 01 <raw key> 00 01 <seq: 8 bytes BE>   -> event: op byte, varint time, value
 //	0x07 <bucket> 00 01 <seq: 8 bytes BE>                   -> raw key of the event at seq
+//	0x08 'r' <node>.<module>                                -> plan row (plans.go)
+//	0x08 'm' <module> 00 01 <node>.<module>                 -> (empty) plan rows by module
+//	0x08 'b' <node> 00 01 <module> 00 01 <build: 8 bytes BE> -> build record: the status of the
+//	                                                           build's newest composition and its
+//	                                                           most recently published revision
 //
 // A row (and each covering index entry) is: a flags byte (bit 0: the value is one complete MessagePack
 // object), uvarint revision (the stream sequence of the put), varint created (Unix ns), then the value
@@ -46,6 +51,20 @@
 //
 // The event log (0x06 by key, then sequence; 0x07 by sequence) keeps every applied message, so the
 // history of one key, or of one node's keys, is one range scan.
+//
+// # Plans
+//
+// The plans (CONTRACT section 6) are a projection of projections, kept under 0x08 and written in the
+// batch of the input message, so they are exactly as consistent as the rows they come from. A
+// message of composed-<node> folds into its build record (provisioner.BuildRecord.Fold) and
+// recomputes the one row of its node and module; a message of mesh-host_modules recomputes its own
+// row; one of mesh-indexer_builds the rows of its module, found by the 'm' index, and of those only
+// the newest entry, which is all a newest build changes. Each touched row is recomputed once per batch
+// (provisioner.ComputePlan), from the host row, the module's newest build and the build records; what
+// the batch itself changed of those is read from memory, the rest from the committed state. The build records are the "last plan kept" state: a fold of the bucket's
+// history, so a rebuild from the streams finds the same one, and they do not depend on the event log
+// being kept. The 'm' index does not cover the rows (a plan can be large); a module's rows are read
+// by key.
 //
 // # The state dir
 //

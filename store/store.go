@@ -89,6 +89,8 @@ type DB struct {
 
 	kinds map[string]struct{} // registry kinds present; under applyMu
 
+	planRows atomic.Int64 // plan rows recomputed since open (PlanStats)
+
 	closed atomic.Bool
 }
 

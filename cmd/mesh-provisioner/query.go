@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"sort"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -71,6 +72,7 @@ Examples:
   mesh-provisioner query registry
   mesh-provisioner query needs --node n00007
   mesh-provisioner query collect --collection shell:zsh:normal --json
+  mesh-provisioner query plans --node edge-1
 
 Flags:
 `)
@@ -179,7 +181,7 @@ func printTable(w io.Writer, what string, answers []map[string]any) {
 	last := answers[len(answers)-1]
 	anoms, _ := last["anomalies"].([]any)
 	if len(anoms) > 0 {
-		fmt.Fprintf(w, "\n%v anomalies (key out of shape, or value not MessagePack):\n", last["anomalies_total"])
+		fmt.Fprintf(w, "\n%v anomalies (keys or values out of shape):\n", last["anomalies_total"])
 		tw = tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "BUCKET\tKEY\tREVISION\tREASON")
 		for _, x := range anoms {
@@ -192,7 +194,25 @@ func printTable(w io.Writer, what string, answers []map[string]any) {
 	if s, _ := last["synced"].(bool); !s {
 		synced = "catching up"
 	}
-	fmt.Fprintf(w, "\n%d rows, as of sequence %v (%s)\n", rows, num(last["as_of"]), synced)
+	fmt.Fprintf(w, "\n%d rows, as of %s (%s)\n", rows, asOf(last["as_of"]), synced)
+}
+
+// asOf prints as_of: one stream sequence, or for plans one per input bucket.
+func asOf(v any) string {
+	m, ok := v.(map[string]any)
+	if !ok {
+		return "sequence " + num(v)
+	}
+	buckets := make([]string, 0, len(m))
+	for b := range m {
+		buckets = append(buckets, b)
+	}
+	sort.Strings(buckets)
+	parts := make([]string, len(buckets))
+	for i, b := range buckets {
+		parts[i] = b + " " + num(m[b])
+	}
+	return strings.Join(parts, ", ")
 }
 
 func columns(what string) []string {
@@ -206,7 +226,7 @@ func columns(what string) []string {
 	case "collect":
 		return []string{"node", "collection", "contributor", "revision", "value"}
 	case "plans":
-		return []string{"node", "module", "want", "have", "current", "newest"}
+		return []string{"node", "module", "want", "have", "newest_build", "current", "newest"}
 	}
 	return []string{"key", "revision", "value"}
 }
@@ -230,7 +250,7 @@ func cell(what, col string, row map[string]any) string {
 			s = s[:69] + "..."
 		}
 		return s
-	case col == "revision" || col == "want" || col == "have":
+	case col == "revision" || col == "want" || col == "have" || col == "newest_build":
 		return num(row[col])
 	}
 	if v, ok := row[col]; ok && v != nil {

@@ -36,6 +36,7 @@ type ServeCommand struct {
 	demo             bool
 	registryInterval time.Duration
 	noRegistry       bool
+	plans            bool
 }
 
 func (c *ServeCommand) flags() *flag.FlagSet {
@@ -50,11 +51,14 @@ func (c *ServeCommand) flags() *flag.FlagSet {
 	fs.BoolVar(&c.demo, "demo", false, "load a synthetic mesh into an empty embedded server")
 	fs.DurationVar(&c.registryInterval, "registry-interval", time.Hour, "how often the registry is compared with the table and written where it differs")
 	fs.BoolVar(&c.noRegistry, "no-registry", false, "do not write the registry (another seat writes it)")
+	fs.BoolVar(&c.plans, "plans", true, "tail mesh-host_modules, mesh-indexer_builds and every composed-<node> bucket, and answer what: plans (--plans=false: do not)")
 	fs.Usage = func() {
 		fmt.Fprint(c.Stderr, `Usage: mesh-provisioner serve [flags]
 
 Tails mesh-provisioner_registry, _needs, _applied and _collect into the projection under --state and
-answers mesh-provisioner.provisioning from it. With no --nats it starts an embedded NATS server.
+answers mesh-provisioner.provisioning from it. With --plans (the default) it also tails the plans'
+inputs: mesh-host_modules, mesh-indexer_builds and every composed-<node> bucket, those created later
+too. With no --nats it starts an embedded NATS server.
 
 Example:
   mesh-provisioner serve --demo
@@ -127,17 +131,17 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 		"registry_interval", c.registryInterval, "demo", c.demo, "schema", store.SchemaVersion)
 
 	if c.demo {
-		if err := loadDemo(ctx, js, log); err != nil {
+		if err := loadDemo(ctx, js, log, c.plans); err != nil {
 			return err
 		}
 	}
-	return runSeat(ctx, nc, js, db, seatConfig{log: log, registryInterval: c.registryInterval, writeRegistry: !c.noRegistry, stdout: c.Stdout, demo: c.demo})
+	return runSeat(ctx, nc, js, db, seatConfig{log: log, registryInterval: c.registryInterval, writeRegistry: !c.noRegistry, stdout: c.Stdout, demo: c.demo, plans: c.plans})
 }
 
 // runSeat runs the seat until ctx ends, then stops it in the order that loses nothing.
 func runSeat(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, db *store.DB, cfg seatConfig) error {
 	log := cfg.log
-	st, err := seat.Start(ctx, nc, js, db, seat.Config{Version: Version, Logger: log, WriteRegistry: cfg.writeRegistry, RegistryInterval: cfg.registryInterval})
+	st, err := seat.Start(ctx, nc, js, db, seat.Config{Version: Version, Logger: log, WriteRegistry: cfg.writeRegistry, RegistryInterval: cfg.registryInterval, Plans: cfg.plans})
 	if err != nil {
 		return err
 	}
@@ -147,6 +151,7 @@ func runSeat(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, db *sto
 		fmt.Fprintf(cfg.stdout, "\nmesh-provisioner is serving the demo mesh on %s. Try, in another terminal:\n"+
 			"  go run ./cmd/mesh-provisioner query needs --node %s\n"+
 			"  go run ./cmd/mesh-provisioner query collect --collection shell:zsh:normal\n"+
+			"  go run ./cmd/mesh-provisioner query plans --node edge-1\n"+
 			"  nats req mesh-provisioner.provisioning '{\"what\":\"applied\",\"node\":\"%s\"}'\n\n",
 			nc.ConnectedUrl(), fixtures.NodeName(7), fixtures.NodeName(7))
 	}
@@ -165,10 +170,12 @@ type seatConfig struct {
 	writeRegistry    bool
 	stdout           io.Writer
 	demo             bool
+	plans            bool
 }
 
-// loadDemo loads the demo mesh when the provisioner's buckets are empty or missing.
-func loadDemo(ctx context.Context, js jetstream.JetStream, log *slog.Logger) error {
+// loadDemo loads the demo mesh when the provisioner's buckets are empty or missing; with plans, the
+// plans' scenario of the golden tests too (fixtures.Plans).
+func loadDemo(ctx context.Context, js jetstream.JetStream, log *slog.Logger, plans bool) error {
 	for _, b := range []string{provisioner.BucketNeeds, provisioner.BucketApplied, provisioner.BucketCollect} {
 		s, err := js.Stream(ctx, provisioner.StreamName(b))
 		if errors.Is(err, jetstream.ErrStreamNotFound) {
@@ -184,6 +191,10 @@ func loadDemo(ctx context.Context, js jetstream.JetStream, log *slog.Logger) err
 	}
 	start := time.Now()
 	ops := fixtures.Demo().Ops()
+	if plans {
+		sc := fixtures.Plans()
+		ops = append(append(ops, sc.Before...), sc.After...)
+	}
 	if err := fixtures.Load(ctx, js, ops, 0, nil); err != nil {
 		return fmt.Errorf("demo: %w", err)
 	}

@@ -1,0 +1,122 @@
+package projector
+
+import (
+	"context"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	provisioner "github.com/novox/mesh-provisioner"
+)
+
+// advisoryStreamCreated is the subject prefix of JetStream's stream-created advisories; the stream's
+// name is the last token.
+const advisoryStreamCreated = "$JS.EVENT.ADVISORY.STREAM.CREATED."
+
+// maxSettingUp bounds the consumers being set up at once (stream info, consumer create): a seat that
+// starts on a mesh of thousands of nodes finds thousands of composed-<node> buckets at once, and the
+// JetStream API is better asked a few at a time than flooded.
+const maxSettingUp = 16
+
+// Sizes of a composed-<node> bucket's consumer. One node's compositions are few and the mesh has
+// thousands of such buckets, each with its own consumer: a small pipeline each keeps the seat's memory
+// bounded (the batch channel is allocated whole, and the server pushes up to the pull size ahead).
+const (
+	composedBatchSize = 64
+	composedPull      = 128
+)
+
+// sizes returns the batch size and pull size of a bucket's consumer.
+func (p *Projector) sizes(bucket string) (batch, pull int) {
+	if strings.HasPrefix(bucket, provisioner.ComposedPrefix) {
+		return min(p.opts.BatchSize, composedBatchSize), min(p.opts.PullMessages, composedPull)
+	}
+	return p.opts.BatchSize, p.opts.PullMessages
+}
+
+// Discovered reports whether the streams were listed once since Start, so every composed-<node>
+// bucket that existed then is tailed. Without Options.Composed it is always true.
+func (p *Projector) Discovered() bool { return p.discovered.Load() }
+
+// discover finds composed-<node> buckets and tails each: it lists the streams at start and every
+// DiscoverEvery, and between listings takes stream-created advisories for a quick pick-up. An account
+// that may not subscribe to the advisories still finds new buckets at the next listing.
+func (p *Projector) discover(ctx context.Context) {
+	log := p.log.With("component", "discover")
+	found := make(chan string, 256)
+	if nc := p.js.Conn(); nc != nil {
+		sub, err := nc.Subscribe(advisoryStreamCreated+"*", func(m *nats.Msg) {
+			select {
+			case found <- strings.TrimPrefix(m.Subject, advisoryStreamCreated):
+			default: // full: the next listing finds it
+			}
+		})
+		if err != nil {
+			log.Warn("cannot subscribe to stream-created advisories; new composed buckets are found by listing", "err", err, "every", p.opts.DiscoverEvery)
+		} else {
+			defer sub.Unsubscribe()
+		}
+	}
+	bo := backoff{min: 500 * time.Millisecond, max: p.opts.DiscoverEvery}
+	failing := false
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case name := <-found:
+			p.addStream(ctx, name)
+		case <-timer.C:
+			n, err := p.listStreams(ctx)
+			if ctx.Err() != nil {
+				return
+			}
+			next := p.opts.DiscoverEvery
+			if err != nil {
+				if !failing {
+					log.Warn("listing streams failed; retrying with backoff", "err", err)
+					failing = true
+				}
+				next = bo.next()
+			} else {
+				if failing {
+					log.Info("recovered")
+					failing = false
+				}
+				bo.reset()
+				if !p.discovered.Swap(true) {
+					log.Info("composed buckets found", "buckets", n)
+				}
+			}
+			timer.Reset(next)
+		}
+	}
+}
+
+// listStreams lists every stream and tails the composed-<node> buckets among them; it returns how many
+// there are.
+func (p *Projector) listStreams(ctx context.Context) (int, error) {
+	lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	names := p.js.StreamNames(lctx)
+	n := 0
+	for name := range names.Name() {
+		if p.addStream(ctx, name) {
+			n++
+		}
+	}
+	return n, names.Err()
+}
+
+// addStream tails the bucket behind a stream when it is a composed-<node> bucket, and reports whether
+// it is one.
+func (p *Projector) addStream(ctx context.Context, stream string) bool {
+	bucket, ok := strings.CutPrefix(stream, "KV_")
+	if !ok || !strings.HasPrefix(bucket, provisioner.ComposedPrefix) || !provisioner.IsPlanInput(bucket) {
+		return false
+	}
+	p.Add(ctx, bucket)
+	return true
+}
