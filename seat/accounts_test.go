@@ -136,7 +136,7 @@ func TestAccounts_LeastPrivilege(t *testing.T) {
 	prov := connectAs(t, url, "mesh-provisioner", "provisioner-change-me", "_INBOX.mesh-provisioner")
 	db, err := store.OpenState(t.TempDir(), store.Options{})
 	require.NoError(t, err)
-	st, err := seat.Start(ctx, prov.nc, prov.js, db, seat.Config{WriteRegistry: true, Projector: projector.Options{Poll: 50 * time.Millisecond}})
+	st, err := seat.Start(ctx, prov.nc, prov.js, db, seat.Config{WriteRegistry: true, Plans: true, Projector: projector.Options{Poll: 50 * time.Millisecond}})
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		require.NoError(t, st.Stop())
