@@ -391,7 +391,9 @@ func (p *Projector) applyLoop(ctx context.Context, bucket string, batchSize int,
 		}
 		failing := false
 		for {
-			err := p.db.Apply(bucket, batch, created, false)
+			// A catch-up commits without waiting for the disk; the batch that leaves nothing behind
+			// it is synced, so an idle seat holds everything it answered with after a crash.
+			err := p.db.Apply(bucket, batch, created, len(in) == 0)
 			if err == nil {
 				break
 			}

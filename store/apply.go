@@ -163,9 +163,10 @@ func (a *applier) clearAnomaly(bucket, key string, classes byte) error {
 // Apply applies messages of one bucket's stream in order, with the bucket's new checkpoint, in one
 // Pebble batch: rows, index entries, anomaly rows, event log and checkpoint commit together or not at
 // all. Messages at or below the applied sequence are skipped, so a repeated delivery changes nothing.
-// With sync the batch is synced to disk before Apply returns; without, it is written to the OS and
-// survives a crash of the process (not of the machine) — the checkpoint never runs ahead of the rows
-// either way, because both are in the same batch.
+// With sync the batch is synced to disk before Apply returns. Without, it may sit in Pebble's WAL
+// buffer, and a crash (even of the process alone) can lose it and the batches after it: then the
+// projection resumes from an older checkpoint and applies them again. The checkpoint never runs ahead
+// of the rows either way, because both are in the same batch.
 func (db *DB) Apply(bucket string, msgs []provisioner.Message, streamCreated int64, sync bool) error {
 	if db.closed.Load() {
 		return ErrClosed
