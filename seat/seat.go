@@ -29,6 +29,8 @@ type Config struct {
 	RegistryInterval time.Duration
 	// Projector tunes the consumers; its Logger defaults to the seat's.
 	Projector projector.Options
+	// Observe, when set, is told of every answered request (query.Options.Observe): the metrics.
+	Observe func(what string, code int, d time.Duration)
 }
 
 // Seat is a running seat.
@@ -61,8 +63,9 @@ func Start(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, db *store
 	s.Projector.Start(ctx)
 
 	s.Server = query.NewServer(query.StoreReader(db), query.Options{Version: cfg.Version, Logger: log,
-		Metadata: map[string]string{"schema": fmt.Sprint(store.SchemaVersion)}})
-	if err := s.Server.Start(nc, nil); err != nil {
+		Metadata: s.metadata(), Observe: cfg.Observe})
+	// $SRV.STATS carries where each bucket stands (see ops.go).
+	if err := s.Server.Start(nc, func() any { return s.Stats() }); err != nil {
 		s.Stop()
 		return nil, err
 	}
