@@ -96,7 +96,7 @@ func TestDB_ApplyIsIdempotent(t *testing.T) {
 	defer db.Close()
 	msgs := []provisioner.Message{
 		put(1, "n1.m1.config.a", []byte{0x01}),
-		put(2, "n1.m1.config", []byte{0x01}), // out of shape
+		put(2, "n1.m1.config", []byte{0x01}),   // out of shape
 		put(3, "n1.m2.secret.b", []byte{0xc1}), // not MessagePack
 		put(4, "n2.m1.config.c", []byte{0x02}),
 		del(5, "n2.m1.config.c"),
