@@ -18,6 +18,7 @@ import (
 	provisioner "github.com/novox/mesh-provisioner"
 	"github.com/novox/mesh-provisioner/fixtures"
 	"github.com/novox/mesh-provisioner/internal/embedded"
+	"github.com/novox/mesh-provisioner/internal/progress"
 	"github.com/novox/mesh-provisioner/query"
 	"github.com/novox/mesh-provisioner/seat"
 	"github.com/novox/mesh-provisioner/store"
@@ -29,6 +30,7 @@ type ServeCommand struct {
 
 	nats             natsFlags
 	logs             logFlags
+	ops              opsFlags
 	state            string
 	embeddedListen   string
 	embeddedStore    string
@@ -36,6 +38,10 @@ type ServeCommand struct {
 	demo             bool
 	registryInterval time.Duration
 	noRegistry       bool
+
+	// started, when set (tests), is called once the seat answers, with the NATS URL and the metrics
+	// address.
+	started func(natsURL, metricsAddr string)
 }
 
 func (c *ServeCommand) flags() *flag.FlagSet {
@@ -43,6 +49,7 @@ func (c *ServeCommand) flags() *flag.FlagSet {
 	fs.SetOutput(c.Stderr)
 	c.nats.register(fs, "")
 	c.logs.register(fs)
+	c.ops.register(fs)
 	fs.StringVar(&c.state, "state", "./data/state", "state dir: the projection, the program's alone")
 	fs.StringVar(&c.embeddedListen, "embedded-listen", "127.0.0.1:4222", "with no --nats: where the embedded NATS server listens")
 	fs.StringVar(&c.embeddedStore, "embedded-store", "./data/nats", "with no --nats: the embedded server's JetStream store (never inside --state)")
@@ -57,8 +64,9 @@ Tails mesh-provisioner_registry, _needs, _applied and _collect into the projecti
 answers mesh-provisioner.provisioning from it. With no --nats it starts an embedded NATS server.
 
 Example:
-  mesh-provisioner serve --demo
-  mesh-provisioner serve --nats nats://nats.mesh:4222 --creds /etc/mesh/provisioner.creds --state /var/lib/mesh-provisioner
+  mesh-provisioner serve --demo --metrics-addr 127.0.0.1:9464
+  mesh-provisioner serve --nats nats://nats.mesh:4222 --creds /etc/mesh/provisioner.creds \
+      --state /var/lib/mesh-provisioner/state --metrics-addr :9464 --log-format json
 
 Flags:
 `)
@@ -123,25 +131,43 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 			log.Error("close state", "err", err)
 		}
 	}()
-	log.Info("mesh-provisioner starting", "version", Version, "nats", redact(url), "state", c.state,
-		"registry_interval", c.registryInterval, "demo", c.demo, "schema", store.SchemaVersion)
+	log.Info("mesh-provisioner starting", "version", Version, "nats", redact(url), "embedded", c.nats.url == "",
+		"creds", c.nats.creds, "user", c.nats.user, "state", c.state, "schema", store.SchemaVersion,
+		"write_registry", !c.noRegistry, "registry_interval", c.registryInterval, "demo", c.demo,
+		"metrics_addr", c.ops.metricsAddr, "log_format", c.logs.format, "log_level", c.logs.level)
+
+	// The listener comes up before the demo load and the seat, so /healthz answers at once and
+	// /readyz says 503 until every bucket is synced.
+	ops, err := startOps(c.ops, js, log)
+	if err != nil {
+		return err
+	}
+	defer ops.stop(log) // before the store closes
 
 	if c.demo {
-		if err := loadDemo(ctx, js, log); err != nil {
+		if err := loadDemo(ctx, js, log, c.Stderr); err != nil {
 			return err
 		}
 	}
-	return runSeat(ctx, nc, js, db, seatConfig{log: log, registryInterval: c.registryInterval, writeRegistry: !c.noRegistry, stdout: c.Stdout, demo: c.demo})
+	return runSeat(ctx, nc, js, db, seatConfig{log: log, registryInterval: c.registryInterval, writeRegistry: !c.noRegistry, stdout: c.Stdout, demo: c.demo,
+		ops: ops, started: func() {
+			if c.started != nil {
+				c.started(nc.ConnectedUrl(), ops.addr())
+			}
+		}})
 }
 
 // runSeat runs the seat until ctx ends, then stops it in the order that loses nothing.
 func runSeat(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, db *store.DB, cfg seatConfig) error {
 	log := cfg.log
-	st, err := seat.Start(ctx, nc, js, db, seat.Config{Version: Version, Logger: log, WriteRegistry: cfg.writeRegistry, RegistryInterval: cfg.registryInterval})
+	st, err := seat.Start(ctx, nc, js, db, seat.Config{Version: Version, Logger: log, WriteRegistry: cfg.writeRegistry, RegistryInterval: cfg.registryInterval,
+		Observe: cfg.ops.observe()})
 	if err != nil {
 		return err
 	}
 	defer st.Stop()
+	cfg.ops.setSeat(st)
+	defer cfg.ops.setSeat(nil)
 	log.Info("answering", "subject", query.Subject, "service", query.ServiceName)
 	if cfg.demo {
 		fmt.Fprintf(cfg.stdout, "\nmesh-provisioner is serving the demo mesh on %s. Try, in another terminal:\n"+
@@ -150,7 +176,11 @@ func runSeat(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, db *sto
 			"  nats req mesh-provisioner.provisioning '{\"what\":\"applied\",\"node\":\"%s\"}'\n\n",
 			nc.ConnectedUrl(), fixtures.NodeName(7), fixtures.NodeName(7))
 	}
+	if cfg.started != nil {
+		cfg.started()
+	}
 	<-ctx.Done()
+	cfg.ops.setSeat(nil) // /readyz says 503 while the seat drains
 	log.Info("stopping: draining the verb, committing the last batch")
 	if err := st.Stop(); err != nil {
 		return err
@@ -165,10 +195,13 @@ type seatConfig struct {
 	writeRegistry    bool
 	stdout           io.Writer
 	demo             bool
+	ops              *opsServer // nil without --metrics-addr
+	started          func()     // called once the seat answers
 }
 
-// loadDemo loads the demo mesh when the provisioner's buckets are empty or missing.
-func loadDemo(ctx context.Context, js jetstream.JetStream, log *slog.Logger) error {
+// loadDemo loads the demo mesh when the provisioner's buckets are empty or missing, with a progress
+// bar when stderr is a terminal.
+func loadDemo(ctx context.Context, js jetstream.JetStream, log *slog.Logger, stderr io.Writer) error {
 	for _, b := range []string{provisioner.BucketNeeds, provisioner.BucketApplied, provisioner.BucketCollect} {
 		s, err := js.Stream(ctx, provisioner.StreamName(b))
 		if errors.Is(err, jetstream.ErrStreamNotFound) {
@@ -184,9 +217,11 @@ func loadDemo(ctx context.Context, js jetstream.JetStream, log *slog.Logger) err
 	}
 	start := time.Now()
 	ops := fixtures.Demo().Ops()
-	if err := fixtures.Load(ctx, js, ops, 0, nil); err != nil {
+	bar := progress.New(stderr, nil, "demo: loading", "ops", int64(len(ops)))
+	if err := fixtures.Load(ctx, js, ops, 0, func(done int) { bar.Set(int64(done)) }); err != nil {
 		return fmt.Errorf("demo: %w", err)
 	}
+	bar.Done()
 	log.Info("demo mesh loaded", "ops", len(ops), "took", time.Since(start).Round(time.Millisecond))
 	return nil
 }
