@@ -169,4 +169,3 @@ func TestMain_HelpOnEveryCommand(t *testing.T) {
 		require.Contains(t, stderr, "  "+name+" ")
 	}
 }
-
