@@ -274,10 +274,13 @@ func (r *docsRunner) run(t *testing.T, l docLine) {
 		}
 		require.Len(t, grep, 1, "%s: grep takes one pattern here", l)
 	}
-	if len(words) > 0 && words[0] == "sudo" {
+	if len(words) > 0 && words[0] == "sudo" { // run as the seat's user: here, as the test
 		words = words[1:]
-		if len(words) > 1 && words[0] == "-u" {
-			words = words[2:]
+		for len(words) > 0 && strings.HasPrefix(words[0], "-") {
+			if (words[0] == "-u" || words[0] == "-g") && len(words) > 1 {
+				words = words[1:]
+			}
+			words = words[1:]
 		}
 	}
 	require.NotEmpty(t, words, l.String())

@@ -18,7 +18,9 @@ import (
 	"github.com/novox/mesh-provisioner/query"
 )
 
-// waitReady polls /readyz until it answers 200.
+// waitReady polls until /readyz answers 200 and every bucket's lag is 0: a bucket whose stream did not
+// exist at start is synced (nothing to catch up with) but is picked up only once the registry writer
+// has created it, so readiness alone does not say the demo data is all in.
 func (s *servedSeat) waitReady(tb testing.TB) {
 	tb.Helper()
 	natstest.CheckFor(tb, 60*time.Second, 20*time.Millisecond, func() error {
@@ -28,6 +30,17 @@ func (s *servedSeat) waitReady(tb testing.TB) {
 		}
 		if code != http.StatusOK {
 			return fmt.Errorf("/readyz %d: %s", code, body)
+		}
+		fams, err := metricstest.Scrape(s.metricsAddr)
+		if err != nil {
+			return err
+		}
+		for _, sh := range provisioner.ProvisionerShapes {
+			last, ok := fams.Value("mesh_provisioner_bucket_stream_last_sequence", "bucket", sh.Bucket)
+			lag, _ := fams.Value("mesh_provisioner_bucket_lag", "bucket", sh.Bucket)
+			if !ok || last == 0 || lag != 0 {
+				return fmt.Errorf("%s: stream last %v (%v), lag %v", sh.Bucket, last, ok, lag)
+			}
 		}
 		return nil
 	})
