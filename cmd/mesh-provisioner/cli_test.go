@@ -169,3 +169,13 @@ func TestMain_HelpOnEveryCommand(t *testing.T) {
 		require.Contains(t, stderr, "  "+name+" ")
 	}
 }
+
+// Long work draws a progress bar on a terminal only: the demo load under a test (no terminal) leaves
+// one summary line in the log and no bar.
+func TestServe_DemoLoadQuietWithoutTerminal(t *testing.T) {
+	s := demoSeat(t)
+	logs := s.stderr.String()
+	require.NotContains(t, logs, "\r", "no bar redrawn in place")
+	require.NotContains(t, logs, "demo: loading")
+	require.Contains(t, logs, `"demo mesh loaded"`)
+}

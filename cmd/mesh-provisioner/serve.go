@@ -175,6 +175,9 @@ func runSeat(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, db *sto
 			"  go run ./cmd/mesh-provisioner query collect --collection shell:zsh:normal\n"+
 			"  nats req mesh-provisioner.provisioning '{\"what\":\"applied\",\"node\":\"%s\"}'\n\n",
 			nc.ConnectedUrl(), fixtures.NodeName(7), fixtures.NodeName(7))
+		if addr := cfg.ops.addr(); addr != "" {
+			fmt.Fprintf(cfg.stdout, "Metrics: curl -s http://%s/metrics | grep mesh_provisioner_bucket_lag\n\n", addr)
+		}
 	}
 	if cfg.started != nil {
 		cfg.started()
