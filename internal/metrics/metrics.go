@@ -406,7 +406,7 @@ var (
 	descPebbleReadAmp = prometheus.NewDesc("mesh_provisioner_pebble_read_amplification",
 		"Pebble's read amplification: sublevels of L0 plus non-empty levels below.", nil, nil)
 	descPebbleL0Files = prometheus.NewDesc("mesh_provisioner_pebble_l0_files",
-		"Tables in L0; writes stall as this nears 24 (L0StopWritesThreshold).", nil, nil)
+		"Tables in L0; Pebble stalls writes when this reaches L0StopWritesThreshold (store.Open).", nil, nil)
 	descPebbleMemtable = prometheus.NewDesc("mesh_provisioner_pebble_memtable_size_bytes",
 		"Bytes in memtables.", nil, nil)
 )
