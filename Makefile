@@ -7,9 +7,10 @@ BIN := bin/mesh-provisioner
 build:
 	$(GO) build -o $(BIN) ./cmd/mesh-provisioner
 
-# The main job: the seat on an embedded NATS server, with a synthetic demo mesh loaded.
+# The main job: the seat on an embedded NATS server, with a synthetic demo mesh loaded, and its
+# metrics, /healthz and /readyz on 127.0.0.1:9464.
 run: build
-	./$(BIN) serve --demo
+	./$(BIN) serve --demo --metrics-addr 127.0.0.1:9464
 
 # Every test, against real in-process nats-servers and real Pebble stores.
 test: vet

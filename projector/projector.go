@@ -170,8 +170,9 @@ func (p *Projector) runBucket(ctx context.Context, bucket string) {
 			}
 			log.Error("bucket cannot be resumed; run `mesh-provisioner rebuild`", "err", err)
 		} else if errors.Is(err, jetstream.ErrStreamNotFound) {
-			// Not created yet: nothing to catch up with until it is.
-			p.db.SetSynced(bucket, true)
+			// Not created yet: nothing to catch up with until it is (said once, like any bucket synced).
+			seq, _ := p.db.Applied(bucket)
+			p.markSynced(bucket, log.With("stream", "not created yet"), seq, time.Now())
 			if !sleep(ctx, p.opts.Poll) {
 				return
 			}

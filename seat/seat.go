@@ -33,6 +33,8 @@ type Config struct {
 	// Plans tails the plans' inputs (mesh-host_modules, mesh-indexer_builds and every composed-<node>
 	// bucket, those created later too) and answers what: plans.
 	Plans bool
+	// Observe, when set, is told of every answered request (query.Options.Observe): the metrics.
+	Observe func(what string, code int, d time.Duration)
 }
 
 // Seat is a running seat.
@@ -76,12 +78,13 @@ func Start(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, db *store
 	s.Projector = projector.New(js, db, po)
 	s.Projector.Start(ctx)
 
-	qo := query.Options{Version: cfg.Version, Logger: log, Metadata: map[string]string{"schema": fmt.Sprint(store.SchemaVersion)}}
+	qo := query.Options{Version: cfg.Version, Logger: log, Metadata: s.metadata(), Observe: cfg.Observe}
 	if cfg.Plans {
 		qo.Plans = query.Plans(query.StorePlans(db), s.PlansSynced)
 	}
 	s.Server = query.NewServer(query.StoreReader(db), qo)
-	if err := s.Server.Start(nc, nil); err != nil {
+	// $SRV.STATS carries where each bucket stands (see ops.go).
+	if err := s.Server.Start(nc, func() any { return s.Stats() }); err != nil {
 		s.Stop()
 		return nil, err
 	}

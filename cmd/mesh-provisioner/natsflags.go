@@ -109,7 +109,7 @@ func (f *logFlags) logger(w io.Writer) (*slog.Logger, error) {
 	if err := lvl.UnmarshalText([]byte(f.level)); err != nil {
 		return nil, &usageError{msg: fmt.Sprintf("--log-level %q: want debug, info, warn or error", f.level)}
 	}
-	o := &slog.HandlerOptions{Level: lvl}
+	o := &slog.HandlerOptions{Level: lvl, ReplaceAttr: durationsAsText}
 	switch f.format {
 	case "text":
 		return slog.New(slog.NewTextHandler(w, o)), nil
@@ -117,6 +117,15 @@ func (f *logFlags) logger(w io.Writer) (*slog.Logger, error) {
 		return slog.New(slog.NewJSONHandler(w, o)), nil
 	}
 	return nil, &usageError{msg: fmt.Sprintf("--log-format %q: want text or json", f.format)}
+}
+
+// durationsAsText writes durations as "1.5s" rather than nanoseconds, so JSON logs read as the text
+// ones do ("took": "13ms").
+func durationsAsText(_ []string, a slog.Attr) slog.Attr {
+	if a.Value.Kind() == slog.KindDuration {
+		return slog.String(a.Key, a.Value.Duration().String())
+	}
+	return a
 }
 
 // parseFlags parses a subcommand's flags, and turns a parse error into a usage error.

@@ -18,6 +18,7 @@ import (
 	provisioner "github.com/novox/mesh-provisioner"
 	"github.com/novox/mesh-provisioner/fixtures"
 	"github.com/novox/mesh-provisioner/internal/embedded"
+	"github.com/novox/mesh-provisioner/internal/progress"
 	"github.com/novox/mesh-provisioner/query"
 	"github.com/novox/mesh-provisioner/seat"
 	"github.com/novox/mesh-provisioner/store"
@@ -29,6 +30,7 @@ type ServeCommand struct {
 
 	nats             natsFlags
 	logs             logFlags
+	ops              opsFlags
 	state            string
 	embeddedListen   string
 	embeddedStore    string
@@ -37,6 +39,10 @@ type ServeCommand struct {
 	registryInterval time.Duration
 	noRegistry       bool
 	plans            bool
+
+	// started, when set (tests), is called once the seat answers, with the NATS URL and the metrics
+	// address.
+	started func(natsURL, metricsAddr string)
 }
 
 func (c *ServeCommand) flags() *flag.FlagSet {
@@ -44,6 +50,7 @@ func (c *ServeCommand) flags() *flag.FlagSet {
 	fs.SetOutput(c.Stderr)
 	c.nats.register(fs, "")
 	c.logs.register(fs)
+	c.ops.register(fs)
 	fs.StringVar(&c.state, "state", "./data/state", "state dir: the projection, the program's alone")
 	fs.StringVar(&c.embeddedListen, "embedded-listen", "127.0.0.1:4222", "with no --nats: where the embedded NATS server listens")
 	fs.StringVar(&c.embeddedStore, "embedded-store", "./data/nats", "with no --nats: the embedded server's JetStream store (never inside --state)")
@@ -61,8 +68,9 @@ inputs: mesh-host_modules, mesh-indexer_builds and every composed-<node> bucket,
 too. With no --nats it starts an embedded NATS server.
 
 Example:
-  mesh-provisioner serve --demo
-  mesh-provisioner serve --nats nats://nats.mesh:4222 --creds /etc/mesh/provisioner.creds --state /var/lib/mesh-provisioner
+  mesh-provisioner serve --demo --metrics-addr 127.0.0.1:9464
+  mesh-provisioner serve --nats nats://nats.mesh:4222 --creds /etc/mesh/provisioner.creds \
+      --state /var/lib/mesh-provisioner/state --metrics-addr :9464 --log-format json
 
 Flags:
 `)
@@ -127,25 +135,43 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 			log.Error("close state", "err", err)
 		}
 	}()
-	log.Info("mesh-provisioner starting", "version", Version, "nats", redact(url), "state", c.state,
-		"registry_interval", c.registryInterval, "demo", c.demo, "schema", store.SchemaVersion)
+	log.Info("mesh-provisioner starting", "version", Version, "nats", redact(url), "embedded", c.nats.url == "",
+		"creds", c.nats.creds, "user", c.nats.user, "state", c.state, "schema", store.SchemaVersion,
+		"write_registry", !c.noRegistry, "registry_interval", c.registryInterval, "demo", c.demo,
+		"metrics_addr", c.ops.metricsAddr, "log_format", c.logs.format, "log_level", c.logs.level)
+
+	// The listener comes up before the demo load and the seat, so /healthz answers at once and
+	// /readyz says 503 until every bucket is synced.
+	ops, err := startOps(c.ops, js, log)
+	if err != nil {
+		return err
+	}
+	defer ops.stop(log) // before the store closes
 
 	if c.demo {
-		if err := loadDemo(ctx, js, log, c.plans); err != nil {
+		if err := loadDemo(ctx, js, log, c.Stderr, c.plans); err != nil {
 			return err
 		}
 	}
-	return runSeat(ctx, nc, js, db, seatConfig{log: log, registryInterval: c.registryInterval, writeRegistry: !c.noRegistry, stdout: c.Stdout, demo: c.demo, plans: c.plans})
+	return runSeat(ctx, nc, js, db, seatConfig{log: log, registryInterval: c.registryInterval, writeRegistry: !c.noRegistry, stdout: c.Stdout, demo: c.demo, plans: c.plans,
+		ops: ops, started: func() {
+			if c.started != nil {
+				c.started(nc.ConnectedUrl(), ops.addr())
+			}
+		}})
 }
 
 // runSeat runs the seat until ctx ends, then stops it in the order that loses nothing.
 func runSeat(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, db *store.DB, cfg seatConfig) error {
 	log := cfg.log
-	st, err := seat.Start(ctx, nc, js, db, seat.Config{Version: Version, Logger: log, WriteRegistry: cfg.writeRegistry, RegistryInterval: cfg.registryInterval, Plans: cfg.plans})
+	st, err := seat.Start(ctx, nc, js, db, seat.Config{Version: Version, Logger: log, WriteRegistry: cfg.writeRegistry, RegistryInterval: cfg.registryInterval,
+		Plans: cfg.plans, Observe: cfg.ops.observe()})
 	if err != nil {
 		return err
 	}
 	defer st.Stop()
+	cfg.ops.setSeat(st)
+	defer cfg.ops.setSeat(nil)
 	log.Info("answering", "subject", query.Subject, "service", query.ServiceName)
 	if cfg.demo {
 		fmt.Fprintf(cfg.stdout, "\nmesh-provisioner is serving the demo mesh on %s. Try, in another terminal:\n"+
@@ -154,8 +180,15 @@ func runSeat(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, db *sto
 			"  go run ./cmd/mesh-provisioner query plans --node edge-1\n"+
 			"  nats req mesh-provisioner.provisioning '{\"what\":\"applied\",\"node\":\"%s\"}'\n\n",
 			nc.ConnectedUrl(), fixtures.NodeName(7), fixtures.NodeName(7))
+		if addr := cfg.ops.addr(); addr != "" {
+			fmt.Fprintf(cfg.stdout, "Metrics: curl -s http://%s/metrics | grep mesh_provisioner_bucket_lag\n\n", addr)
+		}
+	}
+	if cfg.started != nil {
+		cfg.started()
 	}
 	<-ctx.Done()
+	cfg.ops.setSeat(nil) // /readyz says 503 while the seat drains
 	log.Info("stopping: draining the verb, committing the last batch")
 	if err := st.Stop(); err != nil {
 		return err
@@ -171,11 +204,14 @@ type seatConfig struct {
 	stdout           io.Writer
 	demo             bool
 	plans            bool
+	ops              *opsServer // nil without --metrics-addr
+	started          func()     // called once the seat answers
 }
 
-// loadDemo loads the demo mesh when the provisioner's buckets are empty or missing; with plans, the
-// plans' scenario of the golden tests too (fixtures.Plans).
-func loadDemo(ctx context.Context, js jetstream.JetStream, log *slog.Logger, plans bool) error {
+// loadDemo loads the demo mesh when the provisioner's buckets are empty or missing, with a progress
+// bar when stderr is a terminal; with plans, the plans' scenario of the golden tests too
+// (fixtures.Plans).
+func loadDemo(ctx context.Context, js jetstream.JetStream, log *slog.Logger, stderr io.Writer, plans bool) error {
 	for _, b := range []string{provisioner.BucketNeeds, provisioner.BucketApplied, provisioner.BucketCollect} {
 		s, err := js.Stream(ctx, provisioner.StreamName(b))
 		if errors.Is(err, jetstream.ErrStreamNotFound) {
@@ -195,9 +231,11 @@ func loadDemo(ctx context.Context, js jetstream.JetStream, log *slog.Logger, pla
 		sc := fixtures.Plans()
 		ops = append(append(ops, sc.Before...), sc.After...)
 	}
-	if err := fixtures.Load(ctx, js, ops, 0, nil); err != nil {
+	bar := progress.New(stderr, nil, "demo: loading", "ops", int64(len(ops)))
+	if err := fixtures.Load(ctx, js, ops, 0, func(done int) { bar.Set(int64(done)) }); err != nil {
 		return fmt.Errorf("demo: %w", err)
 	}
+	bar.Done()
 	log.Info("demo mesh loaded", "ops", len(ops), "took", time.Since(start).Round(time.Millisecond))
 	return nil
 }

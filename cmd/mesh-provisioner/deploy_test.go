@@ -1,0 +1,239 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.yaml.in/yaml/v3"
+
+	"github.com/novox/mesh-provisioner/internal/metrics/metricstest"
+	"github.com/novox/mesh-provisioner/internal/natstest"
+	"github.com/novox/mesh-provisioner/query"
+)
+
+func repoFile(tb testing.TB, rel string) []byte {
+	tb.Helper()
+	b, err := os.ReadFile(filepath.Join("..", "..", rel))
+	require.NoError(tb, err)
+	return b
+}
+
+var metricNameRe = regexp.MustCompile(`\bmesh_provisioner_[a-z0-9_]+`)
+
+// Every metric the docs, the alert rules and the dashboard name is one a running seat serves: a renamed
+// metric cannot leave a dead panel or an alert that never fires.
+func TestDeploy_MetricNamesExist(t *testing.T) {
+	s := demoSeat(t)
+	s.waitReady(t)
+	// The request histogram has a series once a request was answered.
+	nc, _ := natstest.Connect(t, s.natsURL)
+	_, _, err := natstest.Ask(nc, query.Subject, nil, false)
+	require.NoError(t, err)
+	var fams metricstest.Families
+	natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		fams, err = metricstest.Scrape(s.metricsAddr)
+		if err != nil {
+			return err
+		}
+		if _, ok := fams.Value("mesh_provisioner_request_duration_seconds"); !ok {
+			return fmt.Errorf("no request counted yet")
+		}
+		return nil
+	})
+	served := map[string]bool{}
+	for name, f := range fams {
+		served[name] = true
+		if f.GetType().String() == "HISTOGRAM" {
+			for _, suffix := range []string{"_bucket", "_sum", "_count"} {
+				served[name+suffix] = true
+			}
+		}
+	}
+	files, err := filepath.Glob(filepath.Join("..", "..", "docs", "*.md"))
+	require.NoError(t, err)
+	files = append(files, filepath.Join("..", "..", "deploy", "grafana", "mesh-provisioner.json"),
+		filepath.Join("..", "..", "deploy", "prometheus", "mesh-provisioner-rules.yml"))
+	named := map[string]bool{}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		require.NoError(t, err)
+		for _, name := range metricNameRe.FindAllString(string(b), -1) {
+			named[name] = true
+			require.True(t, served[name], "%s names %s, which no seat serves", f, name)
+		}
+	}
+	// And the other way: every seat metric is documented.
+	var undocumented []string
+	for name := range fams {
+		if strings.HasPrefix(name, "mesh_provisioner_") && !named[name] {
+			undocumented = append(undocumented, name)
+		}
+	}
+	sort.Strings(undocumented)
+	require.Empty(t, undocumented, "metrics served but named in no doc")
+}
+
+func TestDeploy_GrafanaDashboard(t *testing.T) {
+	var dash struct {
+		UID        string `json:"uid"`
+		Templating struct {
+			List []struct{ Name string } `json:"list"`
+		} `json:"templating"`
+		Panels []struct {
+			ID      int    `json:"id"`
+			Type    string `json:"type"`
+			Title   string `json:"title"`
+			GridPos struct{ H, W, X, Y int }
+			Targets []struct {
+				RefID string `json:"refId"`
+				Expr  string `json:"expr"`
+			} `json:"targets"`
+		} `json:"panels"`
+	}
+	require.NoError(t, json.Unmarshal(repoFile(t, "deploy/grafana/mesh-provisioner.json"), &dash))
+	require.NotEmpty(t, dash.UID)
+	vars := map[string]bool{}
+	for _, v := range dash.Templating.List {
+		vars[v.Name] = true
+	}
+	require.True(t, vars["datasource"] && vars["instance"], "the data source and the seat are picked")
+	ids := map[int]bool{}
+	for _, p := range dash.Panels {
+		require.False(t, ids[p.ID], "panel id %d twice", p.ID)
+		ids[p.ID] = true
+		require.LessOrEqual(t, p.GridPos.X+p.GridPos.W, 24, p.Title)
+		if p.Type == "row" {
+			continue
+		}
+		require.NotEmpty(t, p.Targets, p.Title)
+		for _, tg := range p.Targets {
+			require.NotEmpty(t, tg.RefID, p.Title)
+			require.Contains(t, tg.Expr, `instance=~"$instance"`, "%s: every query follows the seat picker", p.Title)
+		}
+	}
+}
+
+func TestDeploy_PrometheusRules(t *testing.T) {
+	var rules struct {
+		Groups []struct {
+			Name  string
+			Rules []struct {
+				Alert       string
+				Expr        string
+				For         string
+				Labels      map[string]string
+				Annotations map[string]string
+			}
+		}
+	}
+	require.NoError(t, yaml.Unmarshal(repoFile(t, "deploy/prometheus/mesh-provisioner-rules.yml"), &rules))
+	require.Len(t, rules.Groups, 1)
+	alerts := map[string]bool{}
+	for _, r := range rules.Groups[0].Rules {
+		require.NotEmpty(t, r.Alert)
+		require.NotEmpty(t, r.Expr, r.Alert)
+		require.Contains(t, []string{"page", "ticket"}, r.Labels["severity"], r.Alert)
+		require.NotEmpty(t, r.Annotations["summary"], r.Alert)
+		alerts[r.Alert] = true
+	}
+	// The alerts docs/operations.md lists are the rules'.
+	ops := string(repoFile(t, "docs/operations.md"))
+	for a := range alerts {
+		require.Contains(t, ops, "`"+a+"`", "docs/operations.md explains %s", a)
+	}
+}
+
+// The systemd unit: systemd itself accepts it (when systemd-analyze is here), it keeps the seat's
+// promises (own user, state dir, restart, a signal that drains), and its command line is one serve
+// takes.
+func TestDeploy_SystemdUnit(t *testing.T) {
+	unit := string(repoFile(t, "deploy/systemd/mesh-provisioner.service"))
+	for _, d := range []string{"User=mesh-provisioner", "StateDirectory=mesh-provisioner", "Restart=on-failure",
+		"KillSignal=SIGTERM", "TimeoutStopSec=", "RestartPreventExitStatus=2", "NoNewPrivileges=yes", "ProtectSystem=strict"} {
+		require.Contains(t, unit, "\n"+d, d)
+	}
+	var argv []string
+	lines := strings.Split(unit, "\n")
+	for i := 0; i < len(lines); i++ {
+		if strings.HasPrefix(lines[i], "ExecStart=") {
+			l := strings.TrimPrefix(lines[i], "ExecStart=")
+			for strings.HasSuffix(l, "\\") && i+1 < len(lines) {
+				i++
+				l = strings.TrimSuffix(l, "\\") + " " + strings.TrimSpace(lines[i])
+			}
+			argv = strings.Fields(strings.ReplaceAll(l, "%S", "/var/lib"))
+		}
+	}
+	require.GreaterOrEqual(t, len(argv), 2)
+	require.Equal(t, "serve", argv[1])
+	var stderr bytes.Buffer
+	fs := (&ServeCommand{Stdout: io.Discard, Stderr: &stderr}).flags()
+	require.NoError(t, fs.Parse(argv[2:]), stderr.String())
+
+	analyze, err := exec.LookPath("systemd-analyze")
+	if err != nil {
+		t.Log("systemd-analyze is not installed: the unit's syntax is not checked")
+		return
+	}
+	self, err := os.Executable()
+	require.NoError(t, err)
+	path := filepath.Join(t.TempDir(), "mesh-provisioner.service")
+	require.NoError(t, os.WriteFile(path, []byte(strings.ReplaceAll(unit, "/usr/local/bin/mesh-provisioner", self)), 0o644))
+	out, err := exec.Command(analyze, "verify", path).CombinedOutput()
+	require.NoError(t, err, string(out))
+	require.Empty(t, strings.TrimSpace(string(out)), "systemd-analyze verify has something to say")
+}
+
+// The Kubernetes manifest: probes on the paths serve answers, and arguments serve takes.
+func TestDeploy_KubernetesManifest(t *testing.T) {
+	dec := yaml.NewDecoder(bytes.NewReader(repoFile(t, "deploy/kubernetes/mesh-provisioner.yaml")))
+	kinds := map[string]bool{}
+	for {
+		var doc map[string]any
+		err := dec.Decode(&doc)
+		if err == io.EOF {
+			break
+		}
+		require.NoError(t, err)
+		kind, _ := doc["kind"].(string)
+		kinds[kind] = true
+		if kind != "StatefulSet" {
+			continue
+		}
+		b, err := json.Marshal(doc)
+		require.NoError(t, err)
+		var sts struct {
+			Spec struct {
+				Template struct {
+					Spec struct {
+						Containers []struct {
+							Args           []string
+							LivenessProbe  struct{ HTTPGet struct{ Path string } } `json:"livenessProbe"`
+							ReadinessProbe struct{ HTTPGet struct{ Path string } } `json:"readinessProbe"`
+						}
+					}
+				}
+			}
+		}
+		require.NoError(t, json.Unmarshal(b, &sts))
+		c := sts.Spec.Template.Spec.Containers[0]
+		require.Equal(t, "/healthz", c.LivenessProbe.HTTPGet.Path)
+		require.Equal(t, "/readyz", c.ReadinessProbe.HTTPGet.Path)
+		require.Equal(t, "serve", c.Args[0])
+		var stderr bytes.Buffer
+		fs := (&ServeCommand{Stdout: io.Discard, Stderr: &stderr}).flags()
+		require.NoError(t, fs.Parse(c.Args[1:]), stderr.String())
+	}
+	require.True(t, kinds["StatefulSet"] && kinds["Service"])
+}

@@ -1,0 +1,112 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+)
+
+// syncBuffer is a bytes.Buffer safe for the serve goroutine writing logs while a test reads them.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// servedSeat is `mesh-provisioner serve` running in this process, as a user runs it.
+type servedSeat struct {
+	natsURL     string
+	metricsAddr string
+	dir         string // holds state/ and nats/
+	stdout      *syncBuffer
+	stderr      *syncBuffer
+	cancel      context.CancelFunc
+	done        chan error
+}
+
+// startServe runs serve with args (plus --state and, without --nats, an embedded server on a free port
+// under dir) until stop, and waits until the seat answers.
+func startServe(dir string, args ...string) (*servedSeat, error) {
+	s := &servedSeat{dir: dir, stdout: &syncBuffer{}, stderr: &syncBuffer{}, done: make(chan error, 1)}
+	full := append([]string{"--state", filepath.Join(dir, "state"), "--embedded-listen", "127.0.0.1:-1",
+		"--embedded-store", filepath.Join(dir, "nats")}, args...)
+	started := make(chan struct{})
+	cmd := &ServeCommand{Stdout: s.stdout, Stderr: s.stderr, started: func(url, addr string) {
+		s.natsURL, s.metricsAddr = url, addr
+		close(started)
+	}}
+	ctx, cancel := context.WithCancel(context.Background())
+	s.cancel = cancel
+	go func() { s.done <- cmd.Run(ctx, full) }()
+	select {
+	case <-started:
+		return s, nil
+	case err := <-s.done:
+		cancel()
+		return nil, fmt.Errorf("serve stopped before it answered: %v\n%s", err, s.stderr.String())
+	case <-time.After(60 * time.Second):
+		cancel()
+		<-s.done
+		return nil, fmt.Errorf("serve did not answer within 60s\n%s", s.stderr.String())
+	}
+}
+
+// stop cancels serve, as a first SIGTERM does, and returns what Run returned.
+func (s *servedSeat) stop() error {
+	s.cancel()
+	return <-s.done
+}
+
+// The demo seat: one `serve --demo` shared by the tests of this package that only read, started on
+// first use and stopped in TestMain.
+var demo struct {
+	once sync.Once
+	seat *servedSeat
+	err  error
+	dir  string
+}
+
+func demoSeat(tb testing.TB) *servedSeat {
+	tb.Helper()
+	demo.once.Do(func() {
+		demo.dir, demo.err = os.MkdirTemp("", "mesh-provisioner-demo-")
+		if demo.err != nil {
+			return
+		}
+		demo.seat, demo.err = startServe(demo.dir, "--demo", "--metrics-addr", "127.0.0.1:0", "--metrics-poll", "50ms", "--log-format", "json")
+	})
+	if demo.err != nil {
+		tb.Fatalf("demo seat: %v", demo.err)
+	}
+	return demo.seat
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if demo.seat != nil {
+		if err := demo.seat.stop(); err != nil {
+			fmt.Fprintln(os.Stderr, "demo seat stopped with:", err)
+			code = 1
+		}
+	}
+	if demo.dir != "" {
+		os.RemoveAll(demo.dir)
+	}
+	os.Exit(code)
+}

@@ -1,0 +1,96 @@
+package main
+
+import (
+	"flag"
+	"log/slog"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/novox/mesh-provisioner/internal/metrics"
+	"github.com/novox/mesh-provisioner/seat"
+)
+
+// opsFlags are serve's flags for what operators read beside the verb.
+type opsFlags struct {
+	metricsAddr string
+	metricsPoll time.Duration
+}
+
+func (f *opsFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "serve /metrics (Prometheus), /healthz and /readyz on this host:port, e.g. 127.0.0.1:9464 (empty: off)")
+	fs.DurationVar(&f.metricsPoll, "metrics-poll", 5*time.Second, "how often the streams' last sequences are read for the lag metric")
+}
+
+// opsServer serves the metrics, /healthz and /readyz of serve. A nil *opsServer (no --metrics-addr)
+// does nothing.
+type opsServer struct {
+	metrics *metrics.Metrics
+	http    *metrics.Server
+}
+
+// startOps binds the listener at once (a taken port fails serve at start) and starts the stream
+// poller; stop undoes both. /readyz answers 503 until setSeat names a seat whose buckets are synced.
+func startOps(f opsFlags, js jetstream.JetStream, log *slog.Logger) (*opsServer, error) {
+	if f.metricsAddr == "" {
+		return nil, nil
+	}
+	m := metrics.New(metrics.Options{Version: Version, JetStream: js, Poll: f.metricsPoll, Logger: log})
+	srv, err := metrics.Listen(f.metricsAddr, m.Handler(), log)
+	if err != nil {
+		return nil, err
+	}
+	m.Start()
+	log.Info("metrics listening", "addr", srv.Addr(), "paths", "/metrics /healthz /readyz")
+	return &opsServer{metrics: m, http: srv}, nil
+}
+
+// addr is where the listener is bound, or "".
+func (o *opsServer) addr() string {
+	if o == nil {
+		return ""
+	}
+	return o.http.Addr()
+}
+
+// observe is the seat's request hook, nil without metrics.
+func (o *opsServer) observe() func(what string, code int, d time.Duration) {
+	if o == nil {
+		return nil
+	}
+	return o.metrics.ObserveRequest
+}
+
+// setSeat says which seat the metrics and /readyz read; nil (while stopping, or rebuilding) makes
+// /readyz answer 503. Clear it before the seat's store closes.
+func (o *opsServer) setSeat(st *seat.Seat) {
+	if o == nil {
+		return
+	}
+	if st == nil {
+		o.metrics.SetSource(nil)
+		return
+	}
+	o.metrics.SetSource(st)
+}
+
+// rebuilds is the hook rebuild code inside serve calls: done := o.rebuilds().StartRebuild(); ...;
+// done(err). It is safe without metrics.
+func (o *opsServer) rebuilds() *metrics.Metrics {
+	if o == nil {
+		return nil
+	}
+	return o.metrics
+}
+
+// stop closes the listener and stops the poller.
+func (o *opsServer) stop(log *slog.Logger) {
+	if o == nil {
+		return
+	}
+	o.metrics.SetSource(nil)
+	if err := o.http.Close(); err != nil {
+		log.Warn("closing the metrics listener", "err", err)
+	}
+	o.metrics.Stop()
+}

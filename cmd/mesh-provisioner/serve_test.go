@@ -1,0 +1,159 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/fixtures"
+	"github.com/novox/mesh-provisioner/internal/metrics/metricstest"
+	"github.com/novox/mesh-provisioner/internal/natstest"
+	"github.com/novox/mesh-provisioner/query"
+)
+
+// waitReady polls until /readyz answers 200 and every bucket's lag is 0: a bucket whose stream did not
+// exist at start is synced (nothing to catch up with) but is picked up only once the registry writer
+// has created it, so readiness alone does not say the demo data is all in.
+func (s *servedSeat) waitReady(tb testing.TB) {
+	tb.Helper()
+	natstest.CheckFor(tb, 60*time.Second, 20*time.Millisecond, func() error {
+		code, body, err := metricstest.Get("http://" + s.metricsAddr + "/readyz")
+		if err != nil {
+			return err
+		}
+		if code != http.StatusOK {
+			return fmt.Errorf("/readyz %d: %s", code, body)
+		}
+		fams, err := metricstest.Scrape(s.metricsAddr)
+		if err != nil {
+			return err
+		}
+		for _, sh := range provisioner.ProvisionerShapes {
+			last, ok := fams.Value("mesh_provisioner_bucket_stream_last_sequence", "bucket", sh.Bucket)
+			lag, _ := fams.Value("mesh_provisioner_bucket_lag", "bucket", sh.Bucket)
+			if !ok || last == 0 || lag != 0 {
+				return fmt.Errorf("%s: stream last %v (%v), lag %v", sh.Bucket, last, ok, lag)
+			}
+		}
+		return nil
+	})
+}
+
+var serveMesh = fixtures.Mesh{Seed: 5, Nodes: 30, Modules: 3, NeedsPerModule: 3, Collections: 3, BadKeys: 2, BadValues: 1}
+
+// serve as an operator runs it: on a NATS it does not own, with metrics, JSON logs. After ingest the
+// metrics say lag 0 at the streams' last sequences; the logs say the config once, each bucket synced
+// once, and nothing per message or per request.
+func TestServe_MetricsAndLogs(t *testing.T) {
+	ns := natstest.RunServer(t)
+	nc, js := natstest.Connect(t, ns.ClientURL())
+	require.NoError(t, fixtures.Load(context.Background(), js, serveMesh.Ops(), 256, nil))
+
+	s, err := startServe(t.TempDir(), "--nats", ns.ClientURL(), "--metrics-addr", "127.0.0.1:0", "--metrics-poll", "20ms",
+		"--log-format", "json", "--log-level", "info")
+	require.NoError(t, err)
+	stopped := false
+	t.Cleanup(func() {
+		if !stopped {
+			s.stop()
+		}
+	})
+	code, _, err := metricstest.Get("http://" + s.metricsAddr + "/healthz")
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, code)
+	s.waitReady(t)
+
+	natstest.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error {
+		fams, err := metricstest.Scrape(s.metricsAddr)
+		if err != nil {
+			return err
+		}
+		for _, sh := range provisioner.ProvisionerShapes {
+			stream, err := js.Stream(context.Background(), provisioner.StreamName(sh.Bucket))
+			if err != nil {
+				return err
+			}
+			last := float64(stream.CachedInfo().State.LastSeq)
+			applied, _ := fams.Value("mesh_provisioner_bucket_applied_sequence", "bucket", sh.Bucket)
+			lag, ok := fams.Value("mesh_provisioner_bucket_lag", "bucket", sh.Bucket)
+			if last == 0 || applied != last || !ok || lag != 0 {
+				return fmt.Errorf("%s: stream last %v, applied %v, lag %v (%v)", sh.Bucket, last, applied, lag, ok)
+			}
+		}
+		return nil
+	})
+
+	// Many requests, good and bad: none of them is a log line at info.
+	for i := 0; i < 50; i++ {
+		_, _, _ = natstest.Ask(nc, query.Subject, []byte(fmt.Sprintf(`{"what":"needs","node":"%s"}`, fixtures.NodeName(i%30))), false)
+		_, _, _ = natstest.Ask(nc, query.Subject, []byte(`{"what":"wants"}`), false)
+	}
+	natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		fams, err := metricstest.Scrape(s.metricsAddr)
+		if err != nil {
+			return err
+		}
+		if v, _ := fams.Value("mesh_provisioner_request_duration_seconds", "what", "invalid", "code", "400"); v != 50 {
+			return fmt.Errorf("%v bad requests counted", v)
+		}
+		return nil
+	})
+	stopped = true
+	require.NoError(t, s.stop())
+
+	type line struct {
+		Level, Msg, Bucket string
+		Messages           *int64
+		Took               *string
+	}
+	var lines []line
+	counts := map[string]int{}
+	for _, raw := range strings.Split(strings.TrimSpace(s.stderr.String()), "\n") {
+		var l line
+		require.NoError(t, json.Unmarshal([]byte(raw), &l), "every log line is JSON: %s", raw)
+		lines = append(lines, l)
+		counts[l.Msg]++
+	}
+	require.Equal(t, 1, counts["mesh-provisioner starting"], "one line with the config")
+	synced := map[string]int{}
+	for _, l := range lines {
+		if l.Msg == "bucket synced" {
+			require.NotEmpty(t, l.Bucket)
+			require.NotNil(t, l.Messages, "how many messages")
+			require.NotNil(t, l.Took, "how long")
+			synced[l.Bucket]++
+		}
+	}
+	// One line per bucket tailed: the four of the provisioner, and the plans' inputs serve tails too.
+	for _, sh := range provisioner.ProvisionerShapes {
+		require.Equal(t, 1, synced[sh.Bucket], "one line for %s:\n%s", sh.Bucket, s.stderr.String())
+	}
+	for b, n := range synced {
+		require.Equal(t, 1, n, "one line for %s:\n%s", b, s.stderr.String())
+	}
+	// Every info line is one of the few that happen once per start, stop, bucket or hour.
+	once := map[string]bool{"mesh-provisioner starting": true, "metrics listening": true, "answering": true, "bucket synced": true,
+		"registry written": true, "composed buckets found": true, "stopping: draining the verb, committing the last batch": true, "stopped cleanly": true}
+	for _, l := range lines {
+		require.True(t, once[l.Msg] || l.Level != "INFO", "unexpected info line %q", l.Msg)
+	}
+	require.Less(t, len(lines), 20, "no line per message or per request:\n%s", s.stderr.String())
+
+	// The config line says everything that shapes this seat.
+	for _, raw := range strings.Split(s.stderr.String(), "\n") {
+		if strings.Contains(raw, `"mesh-provisioner starting"`) {
+			var cfg map[string]any
+			require.NoError(t, json.Unmarshal([]byte(raw), &cfg))
+			for _, k := range []string{"version", "nats", "state", "schema", "write_registry", "registry_interval", "metrics_addr", "log_format", "log_level"} {
+				require.Contains(t, cfg, k)
+			}
+		}
+	}
+}

@@ -1,0 +1,482 @@
+// Package metrics shows a running seat to Prometheus, and its liveness and readiness to systemd or
+// Kubernetes, on one HTTP listener: /metrics, /healthz and /readyz.
+//
+// What is read when:
+//   - per-bucket positions (applied sequence, synced), anomaly rows by reason and Pebble's figures are
+//     read from the seat at scrape time, so nothing is counted twice and nothing drifts;
+//   - each bucket's stream last sequence comes from a poller that asks JetStream for the stream's info
+//     every Options.Poll (the lag is their difference, so a stuck projector shows as a growing lag even
+//     when no message reaches it);
+//   - verb requests and rebuilds are counted as they happen (ObserveRequest, StartRebuild).
+//
+// The seat may change under the metrics (a rebuild swaps the store): SetSource says which one is
+// current, and nil says there is none, which /readyz answers 503.
+package metrics
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/store"
+)
+
+// Source is the running seat as the metrics read it; *seat.Seat implements it.
+type Source interface {
+	// Store is the projection the seat answers from.
+	Store() *store.DB
+	// MessagesApplied is how many stream messages the seat's projector applied since it started.
+	MessagesApplied() int64
+	// Unsynced lists the buckets that have not caught up with their stream since start.
+	Unsynced() []string
+}
+
+// Options configure Metrics. The zero value is usable (no stream polling).
+type Options struct {
+	Version string
+	// JetStream, when set, is asked for each bucket's stream info every Poll.
+	JetStream jetstream.JetStream
+	// Poll is how often the streams' last sequences are read; 0 means five seconds.
+	Poll time.Duration
+	// AnomalyScanLimit bounds the anomaly rows read per bucket and scrape to count them by reason; rows
+	// past it are counted under reason "uncounted". 0 means 100000.
+	AnomalyScanLimit int
+	Logger           *slog.Logger
+}
+
+// Metrics holds the seat's Prometheus registry and the metrics kept between scrapes.
+type Metrics struct {
+	opts Options
+	log  *slog.Logger
+	reg  *prometheus.Registry
+	src  atomic.Pointer[sourceBox]
+
+	requests       *prometheus.HistogramVec
+	rebuilds       *prometheus.CounterVec
+	rebuildTook    prometheus.Histogram
+	rebuildRunning prometheus.Gauge
+	pollErrors     prometheus.Counter
+
+	streamsMu sync.Mutex
+	streams   map[string]uint64 // bucket -> stream last sequence, as last polled
+
+	anomMu    sync.Mutex
+	anomKey   string                      // the applied sequences the counts were made at
+	anomCount map[string]map[string]int64 // bucket -> reason -> rows
+
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+type sourceBox struct{ s Source }
+
+// The whats a request is counted under; anything else is "invalid", so a bad request cannot make a
+// new series.
+var knownWhats = map[string]bool{"registry": true, "needs": true, "applied": true, "collect": true, "plans": true}
+
+// New returns Metrics with every metric registered; Start runs the stream poller.
+func New(opts Options) *Metrics {
+	if opts.Poll <= 0 {
+		opts.Poll = 5 * time.Second
+	}
+	if opts.AnomalyScanLimit <= 0 {
+		opts.AnomalyScanLimit = 100000
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	m := &Metrics{opts: opts, log: log, reg: prometheus.NewRegistry(), streams: map[string]uint64{}}
+	m.requests = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "mesh_provisioner_request_duration_seconds",
+		Help:    "Verb requests answered, by what and code (200 or the error code), and how long each took (a min_seq wait included).",
+		Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
+	}, []string{"what", "code"})
+	m.rebuilds = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "mesh_provisioner_rebuilds_total",
+		Help: "Rebuilds of the state dir from the streams done by this process, by result (ok or error).",
+	}, []string{"result"})
+	m.rebuildTook = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "mesh_provisioner_rebuild_duration_seconds",
+		Help:    "How long each rebuild of the state dir took.",
+		Buckets: []float64{1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200},
+	})
+	m.rebuildRunning = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "mesh_provisioner_rebuild_running",
+		Help: "1 while a rebuild of the state dir runs.",
+	})
+	m.pollErrors = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "mesh_provisioner_stream_info_errors_total",
+		Help: "Stream info requests that failed (the stream's last sequence, and so the lag, is then stale).",
+	})
+	m.reg.MustRegister(m.requests, m.rebuilds, m.rebuildTook, m.rebuildRunning, m.pollErrors,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		seatCollector{m})
+	for _, r := range []string{"ok", "error"} {
+		m.rebuilds.WithLabelValues(r) // present at 0, so increase() sees the first one
+	}
+	return m
+}
+
+// Registry is the registry /metrics serves.
+func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
+
+// SetSource says which seat is current; nil says none is (before start, during a rebuild, at stop).
+// Clear it before the seat's store is closed.
+func (m *Metrics) SetSource(s Source) {
+	if s == nil {
+		m.src.Store(nil)
+		return
+	}
+	m.src.Store(&sourceBox{s})
+}
+
+func (m *Metrics) source() Source {
+	if b := m.src.Load(); b != nil {
+		return b.s
+	}
+	return nil
+}
+
+// ObserveRequest counts one answered request; it has the signature of query.Options.Observe.
+func (m *Metrics) ObserveRequest(what string, code int, d time.Duration) {
+	if m == nil {
+		return
+	}
+	if !knownWhats[what] {
+		what = "invalid"
+	}
+	m.requests.WithLabelValues(what, strconv.Itoa(code)).Observe(d.Seconds())
+}
+
+// StartRebuild marks a rebuild of the state dir as running; call the returned func once it ends, with
+// its error. It is safe on a nil *Metrics, so rebuild code can call it whether or not metrics are
+// served:
+//
+//	done := m.StartRebuild()
+//	err := rebuild(...)
+//	done(err)
+func (m *Metrics) StartRebuild() (done func(err error)) {
+	if m == nil {
+		return func(error) {}
+	}
+	start := time.Now()
+	m.rebuildRunning.Inc()
+	var once sync.Once
+	return func(err error) {
+		once.Do(func() {
+			m.rebuildRunning.Dec()
+			m.rebuildTook.Observe(time.Since(start).Seconds())
+			result := "ok"
+			if err != nil {
+				result = "error"
+			}
+			m.rebuilds.WithLabelValues(result).Inc()
+		})
+	}
+}
+
+// Start runs the stream poller until Stop, when Options.JetStream is set.
+func (m *Metrics) Start() {
+	if m.opts.JetStream == nil || m.cancel != nil {
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	m.cancel = cancel
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		m.pollLoop(ctx)
+	}()
+}
+
+// Stop stops the poller and waits for it.
+func (m *Metrics) Stop() {
+	if m.cancel != nil {
+		m.cancel()
+	}
+	m.wg.Wait()
+}
+
+// pollLoop reads every bucket's stream last sequence now and every Poll. The first failure is logged,
+// and "recovered" once a poll works again; failures in between are only counted.
+func (m *Metrics) pollLoop(ctx context.Context) {
+	t := time.NewTicker(m.opts.Poll)
+	defer t.Stop()
+	failing := false
+	for {
+		err := m.pollOnce(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		switch {
+		case err != nil && !failing:
+			m.log.Warn("reading stream info for the lag failed; retrying", "err", err)
+			failing = true
+		case err == nil && failing:
+			m.log.Info("reading stream info recovered")
+			failing = false
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (m *Metrics) pollOnce(ctx context.Context) error {
+	src := m.source()
+	if src == nil {
+		return nil
+	}
+	var firstErr error
+	for _, b := range src.Store().Buckets() {
+		ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		s, err := m.opts.JetStream.Stream(ictx, provisioner.StreamName(b))
+		cancel()
+		var last uint64
+		switch {
+		case errors.Is(err, jetstream.ErrStreamNotFound):
+			// No stream yet: nothing to be behind of.
+		case err != nil:
+			if ctx.Err() != nil {
+				return nil
+			}
+			m.pollErrors.Inc()
+			if firstErr == nil {
+				firstErr = fmt.Errorf("stream info %s: %w", provisioner.StreamName(b), err)
+			}
+			continue
+		default:
+			last = s.CachedInfo().State.LastSeq
+		}
+		m.streamsMu.Lock()
+		m.streams[b] = last
+		m.streamsMu.Unlock()
+	}
+	return firstErr
+}
+
+func (m *Metrics) streamLast(bucket string) (uint64, bool) {
+	m.streamsMu.Lock()
+	defer m.streamsMu.Unlock()
+	v, ok := m.streams[bucket]
+	return v, ok
+}
+
+// Ready says whether the seat answers from projections that have caught up: nil when every bucket is
+// synced, else what is not.
+func (m *Metrics) Ready() error {
+	src := m.source()
+	if src == nil {
+		return errors.New("the seat is not running")
+	}
+	if u := src.Unsynced(); len(u) > 0 {
+		return fmt.Errorf("not synced yet: %s", strings.Join(u, ", "))
+	}
+	return nil
+}
+
+// Handler serves /metrics, /healthz (the process is up) and /readyz (200 once every bucket is synced,
+// 503 before, with what is missing in the body).
+func (m *Metrics) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{ErrorLog: slogErrorLog{m.log}}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		if err := m.Ready(); err != nil {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			fmt.Fprintln(w, err)
+			return
+		}
+		fmt.Fprintln(w, "ready")
+	})
+	return mux
+}
+
+type slogErrorLog struct{ l *slog.Logger }
+
+func (s slogErrorLog) Println(v ...any) { s.l.Warn("metrics: " + fmt.Sprint(v...)) }
+
+// anomalyCounts counts each bucket's anomaly rows by reason code. The counts are kept until any
+// bucket's applied sequence moves (a registry change re-evaluates the needs' unanswered kinds, so one
+// bucket's rows can change with another's sequence).
+func (m *Metrics) anomalyCounts(db *store.DB, buckets []string) map[string]map[string]int64 {
+	var key strings.Builder
+	fmt.Fprintf(&key, "%p", db)
+	for _, b := range buckets {
+		seq, _ := db.Applied(b)
+		fmt.Fprintf(&key, " %s=%d", b, seq)
+	}
+	m.anomMu.Lock()
+	defer m.anomMu.Unlock()
+	if m.anomCount != nil && m.anomKey == key.String() {
+		return m.anomCount
+	}
+	counts := map[string]map[string]int64{}
+	for _, b := range buckets {
+		by, err := countAnomalies(db, b, m.opts.AnomalyScanLimit)
+		if err != nil {
+			m.log.Debug("counting anomalies", "bucket", b, "err", err)
+			return nil // a scrape during close: do not keep a partial count
+		}
+		counts[b] = by
+	}
+	m.anomKey, m.anomCount = key.String(), counts
+	return counts
+}
+
+func countAnomalies(db *store.DB, bucket string, limit int) (map[string]int64, error) {
+	v, err := db.View()
+	if err != nil {
+		return nil, err
+	}
+	defer v.Close()
+	by := map[string]int64{}
+	var counted int64
+	total, err := v.Anomalies(bucket, "", limit, func(a provisioner.Anomaly) {
+		by[string(a.Reason)]++
+		counted++
+	})
+	if err != nil {
+		return nil, err
+	}
+	if total > counted {
+		by["uncounted"] += total - counted
+	}
+	return by, nil
+}
+
+// seatCollector reads the current seat at scrape time.
+type seatCollector struct{ m *Metrics }
+
+var (
+	descBuildInfo = prometheus.NewDesc("mesh_provisioner_build_info",
+		"Always 1: the version of the binary and the state dir's schema version.", []string{"version", "schema"}, nil)
+	descReady = prometheus.NewDesc("mesh_provisioner_ready",
+		"1 when every bucket is synced and /readyz answers 200.", nil, nil)
+	descSynced = prometheus.NewDesc("mesh_provisioner_bucket_synced",
+		"1 once the bucket's projection has caught up with its stream since start.", []string{"bucket"}, nil)
+	descApplied = prometheus.NewDesc("mesh_provisioner_bucket_applied_sequence",
+		"The last stream sequence the bucket's projection applied: the as_of of its answers.", []string{"bucket"}, nil)
+	descStreamLast = prometheus.NewDesc("mesh_provisioner_bucket_stream_last_sequence",
+		"The bucket's stream last sequence, as last polled (0 when the stream does not exist).", []string{"bucket"}, nil)
+	descLag = prometheus.NewDesc("mesh_provisioner_bucket_lag",
+		"Stream sequences the bucket's projection is behind its stream: stream last sequence minus applied sequence, at least 0.", []string{"bucket"}, nil)
+	descAnomalies = prometheus.NewDesc("mesh_provisioner_anomaly_rows",
+		"Anomaly rows the projection holds (keys out of shape, values not MessagePack, ...), by bucket and reason code.", []string{"bucket", "reason"}, nil)
+	descApplyCount = prometheus.NewDesc("mesh_provisioner_messages_applied_total",
+		"Stream messages the projector applied since it started (repeats skipped).", nil, nil)
+
+	descPebbleDisk = prometheus.NewDesc("mesh_provisioner_pebble_disk_usage_bytes",
+		"Bytes the Pebble store uses on disk (tables, WAL, manifests).", nil, nil)
+	descPebbleCompactions = prometheus.NewDesc("mesh_provisioner_pebble_compactions_total",
+		"Compactions Pebble ran since the store opened.", nil, nil)
+	descPebbleCompactDebt = prometheus.NewDesc("mesh_provisioner_pebble_compaction_debt_bytes",
+		"Pebble's estimate of the bytes compactions must still rewrite to reach a stable shape.", nil, nil)
+	descPebbleCompacting = prometheus.NewDesc("mesh_provisioner_pebble_compactions_in_progress",
+		"Compactions running now.", nil, nil)
+	descPebbleFlushes = prometheus.NewDesc("mesh_provisioner_pebble_flushes_total",
+		"Memtable flushes since the store opened.", nil, nil)
+	descPebbleCacheHits = prometheus.NewDesc("mesh_provisioner_pebble_block_cache_hits_total",
+		"Block cache hits since the store opened.", nil, nil)
+	descPebbleCacheMisses = prometheus.NewDesc("mesh_provisioner_pebble_block_cache_misses_total",
+		"Block cache misses since the store opened.", nil, nil)
+	descPebbleCacheSize = prometheus.NewDesc("mesh_provisioner_pebble_block_cache_size_bytes",
+		"Bytes in the block cache.", nil, nil)
+	descPebbleReadAmp = prometheus.NewDesc("mesh_provisioner_pebble_read_amplification",
+		"Pebble's read amplification: sublevels of L0 plus non-empty levels below.", nil, nil)
+	descPebbleL0Files = prometheus.NewDesc("mesh_provisioner_pebble_l0_files",
+		"Tables in L0; Pebble stalls writes when this reaches L0StopWritesThreshold (store.Open).", nil, nil)
+	descPebbleMemtable = prometheus.NewDesc("mesh_provisioner_pebble_memtable_size_bytes",
+		"Bytes in memtables.", nil, nil)
+)
+
+func (c seatCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descBuildInfo, descReady, descSynced, descApplied, descStreamLast, descLag,
+		descAnomalies, descApplyCount, descPebbleDisk, descPebbleCompactions, descPebbleCompactDebt, descPebbleCompacting,
+		descPebbleFlushes, descPebbleCacheHits, descPebbleCacheMisses, descPebbleCacheSize, descPebbleReadAmp,
+		descPebbleL0Files, descPebbleMemtable} {
+		ch <- d
+	}
+}
+
+func (c seatCollector) Collect(ch chan<- prometheus.Metric) {
+	m := c.m
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	counter := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v, labels...)
+	}
+	gauge(descBuildInfo, 1, m.opts.Version, strconv.Itoa(store.SchemaVersion))
+	ready := 0.0
+	if m.Ready() == nil {
+		ready = 1
+	}
+	gauge(descReady, ready)
+	src := m.source()
+	if src == nil {
+		return
+	}
+	db := src.Store()
+	buckets := db.Buckets()
+	sort.Strings(buckets)
+	for _, b := range buckets {
+		seq, synced := db.Applied(b)
+		gauge(descApplied, float64(seq), b)
+		gauge(descSynced, b2f(synced), b)
+		if last, ok := m.streamLast(b); ok {
+			gauge(descStreamLast, float64(last), b)
+			gauge(descLag, float64(last-min(last, seq)), b)
+		}
+	}
+	for b, by := range m.anomalyCounts(db, buckets) {
+		for reason, n := range by {
+			gauge(descAnomalies, float64(n), b, reason)
+		}
+	}
+	counter(descApplyCount, float64(src.MessagesApplied()))
+
+	pm, err := db.PebbleMetrics()
+	if err != nil {
+		return
+	}
+	counter(descPebbleCompactions, float64(pm.Compact.Count))
+	gauge(descPebbleDisk, float64(pm.DiskSpaceUsage()))
+	gauge(descPebbleCompactDebt, float64(pm.Compact.EstimatedDebt))
+	gauge(descPebbleCompacting, float64(pm.Compact.NumInProgress))
+	counter(descPebbleFlushes, float64(pm.Flush.Count))
+	counter(descPebbleCacheHits, float64(pm.BlockCache.Hits))
+	counter(descPebbleCacheMisses, float64(pm.BlockCache.Misses))
+	gauge(descPebbleCacheSize, float64(pm.BlockCache.Size))
+	gauge(descPebbleReadAmp, float64(pm.ReadAmp()))
+	gauge(descPebbleL0Files, float64(pm.Levels[0].TablesCount))
+	gauge(descPebbleMemtable, float64(pm.MemTable.Size))
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}

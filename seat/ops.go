@@ -1,0 +1,93 @@
+package seat
+
+import (
+	"sort"
+	"strconv"
+	"strings"
+
+	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/store"
+)
+
+// What an operator reads of a running seat: the metrics (internal/metrics.Source) and the micro
+// service's $SRV.INFO metadata and $SRV.STATS data, so `nats micro info mesh-provisioner` tells what a
+// seat holds.
+
+// Store is the projection the seat answers from.
+func (s *Seat) Store() *store.DB { return s.DB }
+
+// MessagesApplied is how many stream messages the seat's projector applied since it started.
+func (s *Seat) MessagesApplied() int64 { return s.Projector.Applied() }
+
+// Unsynced lists, in order, the buckets the projector tails that have not caught up with their stream
+// since start; empty once the seat is ready.
+func (s *Seat) Unsynced() []string {
+	var out []string
+	for _, b := range s.Projector.Buckets() {
+		if _, ok := s.DB.Applied(b); !ok {
+			out = append(out, b)
+		}
+	}
+	return out
+}
+
+// maxStatsBuckets bounds the buckets listed one by one in Stats: $SRV.STATS is one NATS message, and a
+// mesh of thousands of nodes tails one composed-<node> bucket per node.
+const maxStatsBuckets = 32
+
+// Stats is the data of the verb endpoint in $SRV.STATS (and so in `nats micro info` and `nats micro
+// stats`).
+type Stats struct {
+	// Schema is the state dir's schema version.
+	Schema int `json:"schema"`
+	// Synced is true once every bucket the projector tails has caught up with its stream (as /readyz).
+	Synced bool `json:"synced"`
+	// MessagesApplied counts the stream messages applied since start.
+	MessagesApplied int64 `json:"messages_applied"`
+	// Buckets holds, per bucket, the as_of an answer would carry now: the provisioner's own buckets
+	// first, at most 32 in all.
+	Buckets map[string]BucketStats `json:"buckets"`
+	// BucketsTotal is how many buckets the projection holds, listed in Buckets or not.
+	BucketsTotal int `json:"buckets_total"`
+}
+
+// BucketStats is one bucket's position.
+type BucketStats struct {
+	AsOf        uint64 `json:"as_of"`
+	Synced      bool   `json:"synced"`
+	AnomalyRows int64  `json:"anomaly_rows"`
+}
+
+// Stats reads where every bucket's projection stands.
+func (s *Seat) Stats() Stats {
+	st := Stats{Schema: store.SchemaVersion, MessagesApplied: s.Projector.Applied(), Buckets: map[string]BucketStats{}}
+	st.Synced = len(s.Unsynced()) == 0
+	buckets := s.DB.Buckets()
+	own := map[string]bool{}
+	for _, sh := range provisioner.ProvisionerShapes {
+		own[sh.Bucket] = true
+	}
+	sort.Slice(buckets, func(i, j int) bool {
+		if own[buckets[i]] != own[buckets[j]] {
+			return own[buckets[i]]
+		}
+		return buckets[i] < buckets[j]
+	})
+	st.BucketsTotal = len(buckets)
+	for _, b := range buckets {
+		if len(st.Buckets) == maxStatsBuckets {
+			break
+		}
+		seq, synced := s.DB.Applied(b)
+		st.Buckets[b] = BucketStats{AsOf: seq, Synced: synced, AnomalyRows: s.DB.Checkpoint(b).AnomalyRows}
+	}
+	return st
+}
+
+// metadata is the micro service's fixed metadata: the schema version and the buckets tailed.
+func (s *Seat) metadata() map[string]string {
+	return map[string]string{
+		"schema":  strconv.Itoa(store.SchemaVersion),
+		"buckets": strings.Join(s.Projector.Buckets(), ","),
+	}
+}
