@@ -115,9 +115,13 @@ func (w *Writer) loop(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		_, err := w.Pass(ctx)
+		n, err := w.Pass(ctx)
 		if ctx.Err() != nil {
 			return
+		}
+		if n > 0 {
+			// One line a pass that changed something; each kind written is a debug line.
+			w.log.Info("registry written", "writes", n, "kinds", len(w.table.Entries))
 		}
 		if err != nil {
 			w.mu.Lock()
@@ -219,7 +223,7 @@ func (w *Writer) putKind(ctx context.Context, kv jetstream.KeyValue, e provision
 				}
 				return 0, fmt.Errorf("create kind %q: %w", e.Kind, err)
 			}
-			w.log.Info("registry kind written", "kind", e.Kind, "was", "absent")
+			w.log.Debug("registry kind written", "kind", e.Kind, "was", "absent")
 			return 1, nil
 		}
 		if err != nil {
@@ -234,7 +238,7 @@ func (w *Writer) putKind(ctx context.Context, kv jetstream.KeyValue, e provision
 			}
 			return 0, fmt.Errorf("update kind %q: %w", e.Kind, err)
 		}
-		w.log.Info("registry kind written", "kind", e.Kind, "was", "different", "revision", cur.Revision())
+		w.log.Debug("registry kind written", "kind", e.Kind, "was", "different", "revision", cur.Revision())
 		return 1, nil
 	}
 	return 0, fmt.Errorf("kind %q: lost the race to another writer %d times", e.Kind, raceAttempts)
@@ -285,7 +289,7 @@ func (w *Writer) deleteStray(ctx context.Context, stream jetstream.Stream, subj 
 		}
 		return 0, fmt.Errorf("delete stray kind %q: %w", key, err)
 	}
-	w.log.Info("registry stray deleted", "kind", key, "revision", last.Sequence)
+	w.log.Debug("registry stray deleted", "kind", key, "revision", last.Sequence)
 	return 1, nil
 }
 
