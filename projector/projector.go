@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -189,6 +190,9 @@ func (p *Projector) runBucket(ctx context.Context, bucket string) {
 
 // tail follows one bucket's stream from the checkpoint until ctx ends or the consumer fails.
 func (p *Projector) tail(ctx context.Context, bucket string, log *slog.Logger, ok func()) error {
+	if err := p.awaitRegistry(ctx, bucket); err != nil {
+		return err
+	}
 	batchSize, pull := p.sizes(bucket)
 	// Setting up is a few JetStream API requests; at most maxSettingUp buckets do it at once.
 	select {
@@ -486,4 +490,26 @@ func (p *Projector) Tails(bucket string) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.tailed[bucket]
+}
+
+// awaitRegistry holds the needs back until the registry has caught up, when this Projector tails both:
+// a need's unanswered-kind is judged against the registry, and needs applied before it would all be
+// raised and then cleared again, a burst of writes and of tombstones in the anomaly rows that later
+// scans would have to step over.
+func (p *Projector) awaitRegistry(ctx context.Context, bucket string) error {
+	if bucket != provisioner.BucketNeeds || !slices.Contains(p.opts.Buckets, provisioner.BucketRegistry) {
+		return nil
+	}
+	for {
+		changed := p.db.Changed(provisioner.BucketRegistry)
+		if _, synced := p.db.Applied(provisioner.BucketRegistry); synced {
+			return nil
+		}
+		select {
+		case <-changed:
+		case <-time.After(p.opts.Poll):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 }

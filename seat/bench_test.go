@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"syscall"
 	"testing"
 	"time"
@@ -44,6 +45,11 @@ func benchLookup(b *testing.B, req func(*rand.Rand) map[string]any) {
 		}
 		return nil
 	})
+	if os.Getenv("BENCH_COMPACT") != "" {
+		if err := st.DB.Pebble().Compact(context.Background(), []byte{0}, []byte{0xff}, true); err != nil {
+			b.Fatal(err)
+		}
+	}
 	r := rand.New(rand.NewPCG(1, 1))
 	bodies := make([][]byte, 256)
 	for i := range bodies {

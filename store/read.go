@@ -20,6 +20,23 @@ type View struct {
 	db   *DB
 	snap *pebble.Snapshot
 	key  []byte
+	// it is one iterator on the snapshot, moved between ranges with SetBounds: cheaper than a new
+	// iterator per scan, which seeks into every level again.
+	it *pebble.Iterator
+}
+
+// iter returns the view's iterator bounded to [lo, hi), unpositioned.
+func (v *View) iter(lo, hi []byte) (*pebble.Iterator, error) {
+	if v.it == nil {
+		it, err := v.snap.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
+		if err != nil {
+			return nil, err
+		}
+		v.it = it
+		return it, nil
+	}
+	v.it.SetBounds(lo, hi)
+	return v.it, nil
 }
 
 // View opens a consistent read of the store.
@@ -31,18 +48,35 @@ func (db *DB) View() (*View, error) {
 }
 
 // Close releases the view.
-func (v *View) Close() error { return v.snap.Close() }
+func (v *View) Close() error {
+	var err error
+	if v.it != nil {
+		err = v.it.Close()
+	}
+	if serr := v.snap.Close(); err == nil {
+		err = serr
+	}
+	return err
+}
+
+// get reads one key through the view's iterator.
+func (v *View) get(key []byte) ([]byte, bool, error) {
+	it, err := v.iter(key, append(key[:len(key):len(key)], 0x00))
+	if err != nil {
+		return nil, false, err
+	}
+	if !it.First() {
+		return nil, false, it.Error()
+	}
+	return it.Value(), true, nil
+}
 
 // Checkpoint is a bucket's checkpoint as this view sees it.
 func (v *View) Checkpoint(bucket string) (Checkpoint, error) {
-	b, closer, err := v.snap.Get(checkpointKey(bucket))
-	if errors.Is(err, pebble.ErrNotFound) {
-		return Checkpoint{}, nil
-	}
-	if err != nil {
+	b, ok, err := v.get(checkpointKey(bucket))
+	if err != nil || !ok {
 		return Checkpoint{}, err
 	}
-	defer closer.Close()
 	return decodeCheckpoint(b)
 }
 
@@ -71,23 +105,15 @@ func (v *View) HasRow(r provisioner.Range, key string) (bool, error) {
 		return false, nil
 	}
 	base, _, _ := v.rangeBounds(provisioner.Range{Bucket: r.Bucket, Index: r.Index, Value: r.Value})
-	v.key = appendEsc(append(v.key[:0], base...), key)
-	_, closer, err := v.snap.Get(v.key)
-	if errors.Is(err, pebble.ErrNotFound) {
-		return false, nil
-	}
-	if err != nil {
-		return false, err
-	}
-	closer.Close()
-	return true, nil
+	_, ok, err := v.get(appendEsc(append([]byte(nil), base...), key))
+	return ok, err
 }
 
 // Rows calls fn for each row of a range in byte order of raw keys until fn returns false. The Row and
 // its slices are valid only during the call.
 func (v *View) Rows(r provisioner.Range, fn func(*provisioner.Row) bool) error {
 	base, lo, hi := v.rangeBounds(r)
-	it, err := v.snap.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
+	it, err := v.iter(lo, hi)
 	if err != nil {
 		return err
 	}
@@ -101,14 +127,13 @@ func (v *View) Rows(r provisioner.Range, fn func(*provisioner.Row) bool) error {
 		}
 		row.Key = k
 		if err := decodeRowValue(it.Value(), &row); err != nil {
-			it.Close()
 			return err
 		}
 		if !fn(&row) {
 			break
 		}
 	}
-	return it.Close()
+	return it.Error()
 }
 
 // Anomalies calls fn for the anomaly rows of a bucket in byte order of raw keys, those of one node only
@@ -131,7 +156,7 @@ func (v *View) Anomalies(bucket, node string, max int, fn func(provisioner.Anoma
 	}
 	n := 0
 	for _, rg := range ranges {
-		it, err := v.snap.NewIter(&pebble.IterOptions{LowerBound: rg[0], UpperBound: rg[1]})
+		it, err := v.iter(rg[0], rg[1])
 		if err != nil {
 			return 0, err
 		}
@@ -147,13 +172,11 @@ func (v *View) Anomalies(bucket, node string, max int, fn func(provisioner.Anoma
 			}
 			b, key, _, ok := splitAnomalyKey(it.Key())
 			if !ok {
-				it.Close()
 				return 0, fmt.Errorf("%w: anomaly key", ErrCorrupt)
 			}
 			val := it.Value()
 			rev, w := binary.Uvarint(val)
 			if w <= 0 {
-				it.Close()
 				return 0, fmt.Errorf("%w: anomaly value", ErrCorrupt)
 			}
 			a := provisioner.Anomaly{Bucket: b, Key: key, Revision: rev}
@@ -163,7 +186,7 @@ func (v *View) Anomalies(bucket, node string, max int, fn func(provisioner.Anoma
 			fn(a)
 			n++
 		}
-		if err := it.Close(); err != nil {
+		if err := it.Error(); err != nil {
 			return 0, err
 		}
 	}
