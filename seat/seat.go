@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -46,7 +47,13 @@ type Seat struct {
 
 	log     *slog.Logger
 	stopped bool
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
 }
+
+// CompactAfter is how many messages a catch-up must have applied for the seat to compact the store
+// once it is synced.
+var CompactAfter int64 = 50_000
 
 // Start starts a seat on a store, and answers the verb on nc.
 func Start(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, db *store.DB, cfg Config) (*Seat, error) {
@@ -55,6 +62,7 @@ func Start(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, db *store
 		log = slog.New(slog.DiscardHandler)
 	}
 	s := &Seat{DB: db, log: log}
+	ctx, s.cancel = context.WithCancel(ctx)
 	if cfg.WriteRegistry {
 		s.Registry = registry.New(js, provisioner.Registry, cfg.RegistryInterval, log)
 		s.Registry.Start(ctx)
@@ -88,7 +96,39 @@ func Start(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, db *store
 		s.Stop()
 		return nil, err
 	}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		s.compactAfterCatchUp(ctx)
+	}()
 	return s, nil
+}
+
+// compactAfterCatchUp waits until the seat is synced and, when the catch-up applied many messages,
+// compacts the store once: a fresh catch-up leaves its rows spread over the memtable and many L0 files,
+// and every answer would merge them until background compactions caught up.
+func (s *Seat) compactAfterCatchUp(ctx context.Context) {
+	t := time.NewTicker(200 * time.Millisecond)
+	defer t.Stop()
+	for !s.Synced() {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+	n := s.Projector.Applied()
+	if n < CompactAfter {
+		return
+	}
+	start := time.Now()
+	if err := s.DB.CompactAll(ctx); err != nil {
+		if ctx.Err() == nil {
+			s.log.Warn("compaction after catch-up failed; background compactions go on", "err", err)
+		}
+		return
+	}
+	s.log.Info("compacted after catch-up", "messages", n, "took", time.Since(start).Round(time.Millisecond))
 }
 
 // Stop drains the verb, stops the registry writer and the projector (its last batch committed), and
@@ -98,6 +138,10 @@ func (s *Seat) Stop() error {
 		return nil
 	}
 	s.stopped = true
+	if s.cancel != nil {
+		s.cancel()
+	}
+	s.wg.Wait()
 	if s.Server != nil {
 		s.Server.Stop()
 	}

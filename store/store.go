@@ -1,6 +1,7 @@
 package store
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -36,7 +37,7 @@ func NeedsRebuild(err error) bool {
 
 // Options tune the Pebble store. The zero value is usable.
 type Options struct {
-	// CacheSize is Pebble's block cache in bytes; 0 means 64 MiB.
+	// CacheSize is Pebble's block cache in bytes; 0 means 128 MiB.
 	CacheSize int64
 	// MemTableSize is the size of one memtable in bytes; 0 means 64 MiB.
 	MemTableSize uint64
@@ -158,7 +159,7 @@ func (db *DB) State() *StateDir { return db.state }
 // Open opens (or creates) a projection in a Pebble directory.
 func Open(dir string, opts Options) (*DB, error) {
 	if opts.CacheSize == 0 {
-		opts.CacheSize = 64 << 20
+		opts.CacheSize = 128 << 20
 	}
 	if opts.MemTableSize == 0 {
 		opts.MemTableSize = 64 << 20
@@ -166,9 +167,10 @@ func Open(dir string, opts Options) (*DB, error) {
 	cache := pebble.NewCache(opts.CacheSize)
 	defer cache.Unref() // the DB holds its own reference
 	po := &pebble.Options{
-		Cache:                       cache,
-		MemTableSize:                opts.MemTableSize,
-		MemTableStopWritesThreshold: 4,
+		Cache:        cache,
+		MemTableSize: opts.MemTableSize,
+		// Two memtables at most (one filling, one flushing): memory stays bounded during a catch-up.
+		MemTableStopWritesThreshold: 2,
 		// A catch-up writes a burst: let L0 take a few flushes before compacting them together, so
 		// fewer compactions rewrite the same data, without letting reads fan out over many files.
 		L0CompactionThreshold: 8,
@@ -410,4 +412,17 @@ func (p pebbleLogger) Fatalf(format string, args ...any) {
 		p.l.Error(fmt.Sprintf(format, args...), "component", "pebble")
 	}
 	panic(fmt.Sprintf(format, args...))
+}
+
+// CompactAll compacts the whole store down to its last level: after a large catch-up, every read then
+// merges one sorted run instead of the memtable, many L0 files and the levels below. It is work the
+// background compactions would do over time, done at once; reads and writes go on meanwhile.
+func (db *DB) CompactAll(ctx context.Context) error {
+	if db.closed.Load() {
+		return ErrClosed
+	}
+	if err := db.pdb.Flush(); err != nil {
+		return err
+	}
+	return db.pdb.Compact(ctx, []byte{0x00}, []byte{0xff}, true)
 }
