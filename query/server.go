@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime"
 	"strconv"
 	"sync"
 	"time"
@@ -74,6 +75,8 @@ type Options struct {
 	Metadata map[string]string
 	// Observe, when set, is told of every answered request: what, code, duration.
 	Observe func(what string, code int, d time.Duration)
+	// Workers is how many requests are answered at once; 0 means GOMAXPROCS, at least 2.
+	Workers int
 }
 
 // Server serves the verb.
@@ -87,6 +90,11 @@ type Server struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup // requests waiting for min_seq in their own goroutine
+
+	jobsMu     sync.RWMutex // held to read by a sender, to write by Stop closing jobs
+	jobs       chan job
+	jobsClosed bool
+	workers    sync.WaitGroup
 }
 
 // NewServer returns a Server reading from r.
@@ -125,6 +133,7 @@ func (s *Server) Start(nc *nats.Conn, stats func() any) error {
 	if err != nil {
 		return fmt.Errorf("add micro service: %w", err)
 	}
+	s.startWorkers()
 	if err := svc.AddEndpoint(EndpointName, micro.HandlerFunc(s.handle), micro.WithEndpointSubject(Subject)); err != nil {
 		svc.Stop()
 		return fmt.Errorf("add endpoint: %w", err)
@@ -141,6 +150,14 @@ func (s *Server) Stop() {
 	if s.svc != nil {
 		_ = s.svc.Stop()
 	}
+	s.jobsMu.Lock()
+	if s.jobs != nil && !s.jobsClosed {
+		// The service takes no more requests: the workers answer what is queued, then end.
+		s.jobsClosed = true
+		close(s.jobs)
+	}
+	s.jobsMu.Unlock()
+	s.workers.Wait()
 	s.cancel()
 	s.wg.Wait()
 }
@@ -159,7 +176,43 @@ func (s *Server) handle(req micro.Request) {
 			return
 		}
 	}
-	s.respond(req, &r, format, err, start)
+	// Answers are written by a few workers, so a long answer (a module across the mesh) does not hold
+	// up the short ones behind it on the subscription's one goroutine.
+	s.jobsMu.RLock()
+	defer s.jobsMu.RUnlock()
+	if s.jobs == nil || s.jobsClosed {
+		// micro drains its subscription after Stop: a late request is answered here.
+		s.respond(req, &r, format, err, start)
+		return
+	}
+	s.jobs <- job{req: req, r: r, format: format, err: err, start: start}
+}
+
+// job is a decoded request waiting for a worker.
+type job struct {
+	req    micro.Request
+	r      Request
+	format Format
+	err    error
+	start  time.Time
+}
+
+// startWorkers starts the workers that answer; Stop ends them once the service no longer takes requests.
+func (s *Server) startWorkers() {
+	n := s.opts.Workers
+	if n <= 0 {
+		n = max(2, runtime.GOMAXPROCS(0))
+	}
+	s.jobs = make(chan job, 4*n)
+	for i := 0; i < n; i++ {
+		s.workers.Add(1)
+		go func() {
+			defer s.workers.Done()
+			for j := range s.jobs {
+				s.respond(j.req, &j.r, j.format, j.err, j.start)
+			}
+		}()
+	}
 }
 
 func appliedSeq(r applied, bucket string) uint64 {
@@ -181,7 +234,10 @@ func (s *Server) respond(req micro.Request, r *Request, format Format, err error
 			s.log.Error("answer failed", "what", r.What, "err", err)
 		}
 		body := ErrorBody(format, msg)
-		if rerr := req.Error(strconv.Itoa(code), msg, body); rerr != nil {
+		// The micro convention's headers, sent with Respond: req.Error records the error on the request,
+		// which micro reads when the handler returns, and answers are written by workers after that.
+		hdr := micro.Headers{micro.ErrorCodeHeader: []string{strconv.Itoa(code)}, micro.ErrorHeader: []string{msg}}
+		if rerr := req.Respond(body, micro.WithHeaders(hdr)); rerr != nil {
 			s.log.Debug("respond", "err", rerr)
 		}
 	} else if rerr := req.Respond(e.Bytes()); rerr != nil {
