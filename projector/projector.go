@@ -43,6 +43,9 @@ type Options struct {
 	Poll time.Duration
 	// Logger receives the projector's log lines; nil discards them.
 	Logger *slog.Logger
+	// Verify is how often each bucket's stream is checked against the projection while it runs (it
+	// was recreated, or purged; see verify.go); 0 means ten seconds.
+	Verify time.Duration
 	// OnReset is called when a bucket's stream can no longer be resumed from the checkpoint (it was
 	// recreated, or messages past the checkpoint were removed before they were read). The consumer of
 	// that bucket stops; the owner rebuilds. Nil logs and keeps waiting.
@@ -91,6 +94,9 @@ func New(js jetstream.JetStream, db *store.DB, opts Options) *Projector {
 	}
 	if opts.Poll <= 0 {
 		opts.Poll = time.Second
+	}
+	if opts.Verify <= 0 {
+		opts.Verify = 10 * time.Second
 	}
 	log := opts.Logger
 	if log == nil {
@@ -215,18 +221,16 @@ func (p *Projector) tail(ctx context.Context, bucket string, log *slog.Logger, o
 	info := stream.CachedInfo()
 	cp := p.db.Checkpoint(bucket)
 	created := info.Created.UnixNano()
-	if cp.Applied > 0 {
-		if cp.StreamCreated != 0 && cp.StreamCreated != created {
-			return fmt.Errorf("%w: stream %s was recreated (created %s, checkpoint from a stream created %s)",
-				ErrCannotResume, info.Config.Name, info.Created.UTC().Format(time.RFC3339Nano), time.Unix(0, cp.StreamCreated).UTC().Format(time.RFC3339Nano))
+	ver := &verifier{last: time.Now()}
+	if err := p.check(info, bucket, ver); err != nil {
+		return err
+	}
+	verify := func() error {
+		if time.Since(ver.last) < p.opts.Verify {
+			return nil
 		}
-		if info.State.FirstSeq > cp.Applied+1 && info.State.Msgs > 0 {
-			return fmt.Errorf("%w: stream %s starts at sequence %d, past checkpoint %d + 1: messages were removed before they were read",
-				ErrCannotResume, info.Config.Name, info.State.FirstSeq, cp.Applied)
-		}
-		if info.State.LastSeq < cp.Applied {
-			return fmt.Errorf("%w: stream %s ends at sequence %d, before checkpoint %d", ErrCannotResume, info.Config.Name, info.State.LastSeq, cp.Applied)
-		}
+		ver.last = time.Now()
+		return p.verify(ctx, stream, bucket, ver)
 	}
 	cfg := jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverAllPolicy}
 	if cp.Applied > 0 {
@@ -254,6 +258,7 @@ func (p *Projector) tail(ctx context.Context, bucket string, log *slog.Logger, o
 	// channel between them is the pipeline: while one batch commits, the next is read and parsed.
 	in := make(chan provisioner.Message, batchSize*2)
 	pending := make(chan uint64, 1) // NumPending after the newest message read
+	var atEnd atomic.Uint64         // the newest sequence read with NumPending 0: it closes history gaps
 	readErr := make(chan error, 1)
 	rctx, rcancel := context.WithCancel(ctx)
 	defer rcancel()
@@ -262,11 +267,11 @@ func (p *Projector) tail(ctx context.Context, bucket string, log *slog.Logger, o
 	go func() {
 		defer rwg.Done()
 		defer close(in)
-		readErr <- p.read(rctx, it, bucket, in, pending)
+		readErr <- p.read(rctx, it, bucket, in, pending, &atEnd)
 	}()
 	go func() { <-rctx.Done(); it.Stop() }()
 
-	applyErr := p.applyLoop(ctx, bucket, batchSize, created, in, pending, cons, log, startSeq, start)
+	applyErr := p.applyLoop(ctx, bucket, batchSize, created, in, pending, &atEnd, verify, cons, log, startSeq, start)
 	rcancel()
 	rwg.Wait()
 	if applyErr != nil {
@@ -288,7 +293,7 @@ func (p *Projector) markSynced(bucket string, log *slog.Logger, from uint64, sta
 }
 
 // read moves messages from the consumer into in until the consumer stops.
-func (p *Projector) read(ctx context.Context, it jetstream.MessagesContext, bucket string, in chan<- provisioner.Message, pending chan uint64) error {
+func (p *Projector) read(ctx context.Context, it jetstream.MessagesContext, bucket string, in chan<- provisioner.Message, pending chan uint64, atEnd *atomic.Uint64) error {
 	prefix := provisioner.SubjectPrefix(bucket)
 	for {
 		msg, err := it.Next()
@@ -306,6 +311,9 @@ func (p *Projector) read(ctx context.Context, it jetstream.MessagesContext, buck
 		case in <- m:
 		case <-ctx.Done():
 			return nil
+		}
+		if np == 0 {
+			atEnd.Store(m.Seq)
 		}
 		// Keep only the newest pending count.
 		select {
@@ -353,7 +361,7 @@ func opOf(h nats.Header) provisioner.Op {
 // applyLoop takes what the reader has produced, as much as is there up to BatchSize, and commits it as
 // one batch; it retries a failed commit of the same batch with backoff.
 func (p *Projector) applyLoop(ctx context.Context, bucket string, batchSize int, created int64, in <-chan provisioner.Message, pending <-chan uint64,
-	cons jetstream.Consumer, log *slog.Logger, startSeq uint64, start time.Time) error {
+	atEnd *atomic.Uint64, verify func() error, cons jetstream.Consumer, log *slog.Logger, startSeq uint64, start time.Time) error {
 	batch := make([]provisioner.Message, 0, batchSize)
 	var lastPending uint64 = 1
 	poll := time.NewTicker(p.opts.Poll)
@@ -368,8 +376,12 @@ func (p *Projector) applyLoop(ctx context.Context, bucket string, batchSize int,
 			}
 			batch = append(batch, m)
 		case <-poll.C:
+			p.caughtUp(bucket, atEnd, log) // the end may have been read after its batch was applied
 			if _, synced := p.db.Applied(bucket); !synced {
 				p.checkSynced(ctx, bucket, cons, log, startSeq, start)
+			}
+			if err := verify(); err != nil {
+				return err
 			}
 			continue
 		case <-ctx.Done():
@@ -395,10 +407,12 @@ func (p *Projector) applyLoop(ctx context.Context, bucket string, batchSize int,
 		default:
 		}
 		failing := false
+		// A batch that reaches the stream's end is synced: Pebble keeps unsynced commits in its own
+		// WAL buffer, where neither a crash nor a reader of a copy of the state dir (replay --state)
+		// would find them. While catching up, batches follow each other and are not synced one by one.
+		atStreamEnd := lastPending == 0 && len(in) == 0
 		for {
-			// A catch-up commits without waiting for the disk; the batch that leaves nothing behind
-			// it is synced, so an idle seat holds everything it answered with after a crash.
-			err := p.db.Apply(bucket, batch, created, len(in) == 0)
+			err := p.db.Apply(bucket, batch, created, atStreamEnd)
 			if err == nil {
 				break
 			}
@@ -418,11 +432,22 @@ func (p *Projector) applyLoop(ctx context.Context, bucket string, batchSize int,
 			bo.reset()
 		}
 		p.applied.Add(int64(len(batch)))
+		p.caughtUp(bucket, atEnd, log)
 		if lastPending == 0 && len(in) == 0 {
 			p.markSynced(bucket, log, startSeq, start)
 		}
 		if ctx.Err() != nil && len(in) == 0 {
 			return nil
+		}
+	}
+}
+
+// caughtUp tells the store the newest message read as the stream's last: it closes any history gap
+// opened before it (store/doc.go).
+func (p *Projector) caughtUp(bucket string, atEnd *atomic.Uint64, log *slog.Logger) {
+	if end := atEnd.Load(); end > 0 {
+		if err := p.db.CaughtUp(bucket, end); err != nil && !errors.Is(err, store.ErrClosed) {
+			log.Warn("recording the end of a history gap failed", "err", err)
 		}
 	}
 }

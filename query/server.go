@@ -279,6 +279,10 @@ func Gone(format string, args ...any) error {
 	return fmt.Errorf("%w: "+format, append([]any{errGone}, args...)...)
 }
 
+func NotImplemented(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{errNotImplemented}, args...)...)
+}
+
 // BadRequest wraps a message as an error of code 400.
 func BadRequest(format string, args ...any) error { return badf(format, args...) }
 

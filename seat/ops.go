@@ -13,18 +13,16 @@ import (
 // service's $SRV.INFO metadata and $SRV.STATS data, so `nats micro info mesh-provisioner` tells what a
 // seat holds.
 
-// Store is the projection the seat answers from.
-func (s *Seat) Store() *store.DB { return s.DB }
-
 // MessagesApplied is how many stream messages the seat's projector applied since it started.
-func (s *Seat) MessagesApplied() int64 { return s.Projector.Applied() }
+func (s *Seat) MessagesApplied() int64 { return s.Current().Applied() }
 
 // Unsynced lists, in order, the buckets the projector tails that have not caught up with their stream
 // since start; empty once the seat is ready.
 func (s *Seat) Unsynced() []string {
 	var out []string
-	for _, b := range s.Projector.Buckets() {
-		if _, ok := s.DB.Applied(b); !ok {
+	db := s.Store()
+	for _, b := range s.Current().Buckets() {
+		if _, ok := db.Applied(b); !ok {
 			out = append(out, b)
 		}
 	}
@@ -60,9 +58,10 @@ type BucketStats struct {
 
 // Stats reads where every bucket's projection stands.
 func (s *Seat) Stats() Stats {
-	st := Stats{Schema: store.SchemaVersion, MessagesApplied: s.Projector.Applied(), Buckets: map[string]BucketStats{}}
+	db := s.Store()
+	st := Stats{Schema: store.SchemaVersion, MessagesApplied: s.Current().Applied(), Buckets: map[string]BucketStats{}}
 	st.Synced = len(s.Unsynced()) == 0
-	buckets := s.DB.Buckets()
+	buckets := db.Buckets()
 	own := map[string]bool{}
 	for _, sh := range provisioner.ProvisionerShapes {
 		own[sh.Bucket] = true
@@ -78,8 +77,8 @@ func (s *Seat) Stats() Stats {
 		if len(st.Buckets) == maxStatsBuckets {
 			break
 		}
-		seq, synced := s.DB.Applied(b)
-		st.Buckets[b] = BucketStats{AsOf: seq, Synced: synced, AnomalyRows: s.DB.Checkpoint(b).AnomalyRows}
+		seq, synced := db.Applied(b)
+		st.Buckets[b] = BucketStats{AsOf: seq, Synced: synced, AnomalyRows: db.Checkpoint(b).AnomalyRows}
 	}
 	return st
 }

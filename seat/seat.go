@@ -2,6 +2,10 @@
 // verb over one store. The command's serve and the end-to-end tests start it the same way. Stop takes
 // it down in the order that loses nothing: the verb drains, the projector commits its last batch, the
 // store syncs.
+//
+// The seat also keeps the event log's retention, answers the verb's at from the event log (package
+// replay), and rebuilds the projection in a new generation when a bucket cannot be resumed, answering
+// from the old one until the new one has caught up (rebuild.go).
 package seat
 
 import (
@@ -19,6 +23,7 @@ import (
 	"github.com/novox/mesh-provisioner/projector"
 	"github.com/novox/mesh-provisioner/query"
 	"github.com/novox/mesh-provisioner/registry"
+	"github.com/novox/mesh-provisioner/replay"
 	"github.com/novox/mesh-provisioner/store"
 )
 
@@ -29,17 +34,24 @@ type Config struct {
 	// WriteRegistry runs the registry writer every RegistryInterval (0 means one hour).
 	WriteRegistry    bool
 	RegistryInterval time.Duration
-	// Projector tunes the consumers; its Logger defaults to the seat's.
+	// Projector tunes the consumers; its Logger defaults to the seat's. With OnReset unset, a bucket
+	// that cannot be resumed makes the seat rebuild the projection (rebuild.go).
 	Projector projector.Options
 	// Plans tails the plans' inputs (mesh-host_modules, mesh-indexer_builds and every composed-<node>
 	// bucket, those created later too) and answers what: plans.
 	Plans bool
 	// Observe, when set, is told of every answered request (query.Options.Observe): the metrics.
 	Observe func(what string, code int, d time.Duration)
+	// Retention, when set, trims the event log in the background.
+	Retention *store.RetentionOptions
+	// Store tunes a store the seat opens itself: the new generation of a rebuild.
+	Store store.Options
 }
 
 // Seat is a running seat.
 type Seat struct {
+	// DB and Projector are those the seat started with; after a rebuild, Store and Current return the
+	// ones in use.
 	DB        *store.DB
 	Projector *projector.Projector
 	Server    *query.Server
@@ -47,8 +59,21 @@ type Seat struct {
 
 	log     *slog.Logger
 	stopped bool
-	cancel  context.CancelFunc
-	wg      sync.WaitGroup
+
+	cfg    Config
+	js     jetstream.JetStream
+	reader *swapReader
+	ctx    context.Context // the seat's own, for what outlives a rebuild round
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu        sync.Mutex
+	cur       *store.DB
+	proj      *projector.Projector
+	retention *store.Retention
+	owned     *store.DB // a store a rebuild swapped in: the seat closes it at Stop
+	rebuildCh chan struct{}
+	rebuilds  int
 }
 
 // CompactAfter is how many messages a catch-up must have applied for the seat to compact the store
@@ -61,46 +86,42 @@ func Start(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, db *store
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	s := &Seat{DB: db, log: log}
-	ctx, s.cancel = context.WithCancel(ctx)
+	s := &Seat{DB: db, log: log, cfg: cfg, js: js, cur: db, reader: newSwapReader(db), rebuildCh: make(chan struct{}, 1)}
+	s.ctx, s.cancel = context.WithCancel(ctx)
 	if cfg.WriteRegistry {
 		s.Registry = registry.New(js, provisioner.Registry, cfg.RegistryInterval, log)
 		s.Registry.Start(ctx)
 	}
-	po := cfg.Projector
-	if po.Logger == nil {
-		po.Logger = log
-	}
-	if cfg.Plans {
-		var buckets []string
-		if po.Buckets == nil {
-			for _, sh := range provisioner.ProvisionerShapes {
-				buckets = append(buckets, sh.Bucket)
-			}
-		} else {
-			buckets = append(buckets, po.Buckets...)
-		}
-		po.Buckets = append(buckets, provisioner.BucketHostModules, provisioner.BucketIndexerBuilds)
-		po.Composed = true
-	}
-	s.Projector = projector.New(js, db, po)
-	s.Projector.Start(ctx)
+	s.Projector = projector.New(js, db, s.projectorOptions(db, nil))
+	s.Projector.Start(s.ctx)
+	s.proj = s.Projector
+	s.retention = s.startRetention(db)
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		s.rebuildLoop(s.ctx)
+	}()
 
-	qo := query.Options{Version: cfg.Version, Logger: log, Metadata: s.metadata(), Observe: cfg.Observe}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		s.compactAfterCatchUp(s.ctx)
+	}()
+
+	qo := query.Options{Version: cfg.Version, Logger: log, Metadata: s.metadata(), Observe: cfg.Observe,
+		At: replay.Handler(s.reader.open, func(bucket string) bool {
+			_, synced := s.reader.Applied(bucket)
+			return synced
+		})}
 	if cfg.Plans {
-		qo.Plans = query.Plans(query.StorePlans(db), s.PlansSynced)
+		qo.Plans = query.Plans(s.reader, s.PlansSynced)
 	}
-	s.Server = query.NewServer(query.StoreReader(db), qo)
+	s.Server = query.NewServer(s.reader, qo)
 	// $SRV.STATS carries where each bucket stands (see ops.go).
 	if err := s.Server.Start(nc, func() any { return s.Stats() }); err != nil {
 		s.Stop()
 		return nil, err
 	}
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		s.compactAfterCatchUp(ctx)
-	}()
 	return s, nil
 }
 
@@ -117,12 +138,12 @@ func (s *Seat) compactAfterCatchUp(ctx context.Context) {
 		case <-t.C:
 		}
 	}
-	n := s.Projector.Applied()
+	n := s.Current().Applied()
 	if n < CompactAfter {
 		return
 	}
 	start := time.Now()
-	if err := s.DB.CompactAll(ctx); err != nil {
+	if err := s.Store().CompactAll(ctx); err != nil {
 		if ctx.Err() == nil {
 			s.log.Warn("compaction after catch-up failed; background compactions go on", "err", err)
 		}
@@ -132,38 +153,70 @@ func (s *Seat) compactAfterCatchUp(ctx context.Context) {
 }
 
 // Stop drains the verb, stops the registry writer and the projector (its last batch committed), and
-// syncs the store. It does not close the store.
+// syncs the store. It does not close the store given to Start (after a rebuild that one is closed
+// already); it closes a store a rebuild swapped in.
 func (s *Seat) Stop() error {
 	if s.stopped {
 		return nil
 	}
 	s.stopped = true
-	if s.cancel != nil {
-		s.cancel()
-	}
-	s.wg.Wait()
 	if s.Server != nil {
 		s.Server.Stop()
 	}
+	s.cancel() // a rebuild under way stops, and leaves its generation to be removed at the next open
+	s.wg.Wait()
 	if s.Registry != nil {
 		s.Registry.Stop()
 	}
-	if s.Projector != nil {
-		s.Projector.Stop()
+	s.mu.Lock()
+	db, proj, ret, owned := s.cur, s.proj, s.retention, s.owned
+	s.mu.Unlock()
+	if proj != nil {
+		proj.Stop()
 	}
-	if err := s.DB.Flush(); err != nil {
+	if ret != nil {
+		ret.Stop()
+	}
+	if err := db.Flush(); err != nil {
 		return fmt.Errorf("sync state: %w", err)
+	}
+	if owned != nil {
+		if err := owned.Close(); err != nil {
+			return fmt.Errorf("close state: %w", err)
+		}
 	}
 	return nil
 }
 
+// Store is the store the seat answers from: the one it started with, or the one a rebuild swapped in.
+func (s *Seat) Store() *store.DB {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cur
+}
+
+// Current is the projector in use.
+func (s *Seat) Current() *projector.Projector {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.proj
+}
+
+// Retention is the event log's retention in use, or nil.
+func (s *Seat) Retention() *store.Retention {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.retention
+}
+
 // Synced reports whether every bucket the projector tails has caught up with its stream since start.
 func (s *Seat) Synced() bool {
-	if !s.Projector.Discovered() {
+	db, p := s.Store(), s.Current()
+	if !p.Discovered() {
 		return false
 	}
-	for _, b := range s.Projector.Buckets() {
-		if _, ok := s.DB.Applied(b); !ok {
+	for _, b := range p.Buckets() {
+		if _, ok := db.Applied(b); !ok {
 			return false
 		}
 	}
@@ -175,9 +228,9 @@ func (s *Seat) Synced() bool {
 // mesh-indexer_builds are synced, and so is composed-<node> of the node (of every node when node is
 // empty). A node with no composed-<node> bucket has nothing to catch up with.
 func (s *Seat) PlansSynced(node string) bool {
-	p := s.Projector
+	db, p := s.Store(), s.Current()
 	synced := func(b string) bool {
-		_, ok := s.DB.Applied(b)
+		_, ok := db.Applied(b)
 		return ok
 	}
 	if !p.Discovered() || !synced(provisioner.BucketHostModules) || !synced(provisioner.BucketIndexerBuilds) {

@@ -49,7 +49,7 @@ func (h *harness) startSeat(dir string) (*seat.Seat, func()) {
 	nc, js := natstest.Connect(h.t, h.url)
 	db, err := store.OpenState(dir, store.Options{})
 	require.NoError(h.t, err)
-	st, err := seat.Start(context.Background(), nc, js, db, seat.Config{WriteRegistry: true, Projector: projector.Options{Poll: 50 * time.Millisecond}})
+	st, err := seat.Start(context.Background(), nc, js, db, seat.Config{WriteRegistry: true, Projector: projector.Options{Poll: 50 * time.Millisecond, Verify: 200 * time.Millisecond}})
 	require.NoError(h.t, err)
 	done := false
 	stop := func() {
@@ -84,7 +84,7 @@ func (h *harness) waitCaughtUp(st *seat.Seat) {
 			if err != nil {
 				return err
 			}
-			seq, synced := st.DB.Applied(s.Bucket)
+			seq, synced := st.Store().Applied(s.Bucket)
 			if !synced || seq < info.State.LastSeq {
 				return fmt.Errorf("%s: applied %d of %d, synced %v", s.Bucket, seq, info.State.LastSeq, synced)
 			}

@@ -86,6 +86,8 @@ type applier struct {
 	states map[string]*bucketState
 	// plans is what a batch of a plans' input bucket touches (plans.go); nil for other buckets.
 	plans *planBatch
+	// gaps are the open history gaps this batch opened or extended (history.go).
+	gaps map[string]Gap
 }
 
 func (a *applier) state(bucket string) *bucketState {
@@ -163,10 +165,10 @@ func (a *applier) clearAnomaly(bucket, key string, classes byte) error {
 // Apply applies messages of one bucket's stream in order, with the bucket's new checkpoint, in one
 // Pebble batch: rows, index entries, anomaly rows, event log and checkpoint commit together or not at
 // all. Messages at or below the applied sequence are skipped, so a repeated delivery changes nothing.
-// With sync the batch is synced to disk before Apply returns. Without, it may sit in Pebble's WAL
-// buffer, and a crash (even of the process alone) can lose it and the batches after it: then the
-// projection resumes from an older checkpoint and applies them again. The checkpoint never runs ahead
-// of the rows either way, because both are in the same batch.
+// With sync the batch is synced to disk before Apply returns; without, it may stay in Pebble's WAL
+// buffer until the next synced commit, so a crash can lose it (the projector syncs each batch that
+// reaches the stream's end) — the checkpoint never runs ahead of the rows either way, because both are
+// in the same batch, and what is lost is read again from the stream.
 func (db *DB) Apply(bucket string, msgs []provisioner.Message, streamCreated int64, sync bool) error {
 	if db.closed.Load() {
 		return ErrClosed
@@ -194,6 +196,12 @@ func (db *DB) Apply(bucket string, msgs []provisioner.Message, streamCreated int
 		m := &msgs[i]
 		if m.Seq <= cp.Applied {
 			continue
+		}
+		if m.Seq > cp.Applied+1 {
+			// Messages were removed from the stream before they were read: the log has a gap.
+			if err := a.gap(bucket, cp.Applied+1, m.Seq); err != nil {
+				return fmt.Errorf("apply %s seq %d: %w", bucket, m.Seq, err)
+			}
 		}
 		if err := a.apply(shape, m); err != nil {
 			return fmt.Errorf("apply %s seq %d: %w", bucket, m.Seq, err)
@@ -238,6 +246,9 @@ func (db *DB) Apply(bucket string, msgs []provisioner.Message, streamCreated int
 				b.anom[k] = c
 			}
 		}
+	}
+	for name, g := range a.gaps {
+		db.openGaps[name] = g
 	}
 	for k, present := range a.kindsChanged {
 		if present {

@@ -33,6 +33,10 @@
 //	0x08 'b' <node> 00 01 <module> 00 01 <build: 8 bytes BE> -> build record: the status of the
 //	                                                           build's newest composition and its
 //	                                                           most recently published revision
+//	0x09 <bucket> 00 01 'f'                                 -> history floor: uvarint floor seq, varint
+//	                                                           time of the floor's message, uvarint trimmed
+//	0x09 <bucket> 00 01 'g' <from: 8 bytes BE>              -> history gap: uvarint to (0: open),
+//	                                                           uvarint opened-at
 //
 // A row (and each covering index entry) is: a flags byte (bit 0: the value is one complete MessagePack
 // object), uvarint revision (the stream sequence of the put), varint created (Unix ns), then the value
@@ -50,7 +54,33 @@
 // node or starting with "<node>.".
 //
 // The event log (0x06 by key, then sequence; 0x07 by sequence) keeps every applied message, so the
-// history of one key, or of one node's keys, is one range scan.
+// history of one key, or of one node's keys, is one range scan, and the state of a range of keys as of
+// sequence n is two seeks per key (the newest event at or below n), whatever the length of the history.
+//
+// # What the event log can rebuild: floor and gaps
+//
+// The log rebuilds the state of a bucket as of sequence n (every message with a sequence at or below n
+// applied) exactly when n is at or above the bucket's floor and inside no gap; otherwise the answer is
+// ErrTrimmed or ErrGap, never a guess.
+//
+//   - Retention trims by compaction, not by cutting: trimming to a horizon h keeps, of every key, the
+//     newest event at or below h when it is a put, and deletes every other event at or below h. The
+//     state as of every n >= h is unchanged, so a key last written long before the horizon still
+//     answers as of any later point; only points below h are lost, and the floor becomes h. The floor
+//     is committed before anything is deleted, and the walk (0x07, in sequence order) commits how far
+//     it got with each batch, so an interrupted trim resumes. Trimming runs beside Apply without its
+//     lock: it touches only events at or below h, and Apply only writes above the applied sequence.
+//     Retention is by the messages' own time (--history-retention) and by Pebble's estimate of the
+//     log's size (--history-max-bytes; trimmed to 80% of it, then compacted so the next estimate sees
+//     the space freed). One time horizon applies to every bucket, so the registry, which as-of needs
+//     answers read too, is kept as far back as the needs.
+//   - A gap is a range of messages the stream removed before the projector read them: Apply sees the
+//     next sequence jump past applied + 1 (a KV bucket's history limit or a purge removed superseded
+//     revisions while the projector was behind, or a fresh projection starts on a stream whose first
+//     sequence is past 1). Such a message was superseded by a later one of the same key that was in the
+//     stream when the jump was read, so the gap closes at the first message read afterwards whose
+//     NumPending was 0 (CaughtUp): from there on every point is exact again. Points before the gap
+//     stay exact.
 //
 // # Plans
 //
@@ -71,5 +101,9 @@
 // OpenState uses a directory of its own: LOCK (held with flock by the process that has it open),
 // CURRENT (the name of the generation in use) and gen-NNNNNN Pebble directories. A rebuild fills a new
 // generation and swaps CURRENT to it with an atomic rename; generations CURRENT does not name are
-// leftovers and are removed at open.
+// leftovers and are removed at open, or resumed by the next rebuild (StateDir.Pending). A seat that
+// rebuilds while running hands the state dir and its lock from the old store to the new one (SwapIn).
+// ResetState starts a state dir over when it cannot be opened. CopyCurrent makes a private copy of the
+// current generation (tables hard-linked) for a reader in another process, since Pebble locks its
+// directory even to read it; copies live in .replay-* and belong to whoever made them.
 package store

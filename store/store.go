@@ -37,7 +37,8 @@ func NeedsRebuild(err error) bool {
 
 // Options tune the Pebble store. The zero value is usable.
 type Options struct {
-	// CacheSize is Pebble's block cache in bytes; 0 means 128 MiB.
+	// CacheSize is Pebble's block cache in bytes; 0 means 128 MiB. Pebble reserves its memtables from
+	// the same cache, so the cache is made that much larger: CacheSize is what blocks get.
 	CacheSize int64
 	// MemTableSize is the size of one memtable in bytes; 0 means 64 MiB.
 	MemTableSize uint64
@@ -90,7 +91,8 @@ type DB struct {
 
 	kinds map[string]struct{} // registry kinds present; under applyMu
 
-	planRows atomic.Int64 // plan rows recomputed since open (PlanStats)
+	planRows atomic.Int64   // plan rows recomputed since open (PlanStats)
+	openGaps map[string]Gap // each bucket's open history gap (history.go); under applyMu
 
 	closed atomic.Bool
 }
@@ -164,13 +166,16 @@ func Open(dir string, opts Options) (*DB, error) {
 	if opts.MemTableSize == 0 {
 		opts.MemTableSize = 64 << 20
 	}
-	cache := pebble.NewCache(opts.CacheSize)
+	const memTables = 2 // MemTableStopWritesThreshold
+	// Memtables are reserved from the block cache: without room for them on top, a store under
+	// write load has a block cache of size zero and every read goes to disk.
+	cache := pebble.NewCache(opts.CacheSize + memTables*int64(opts.MemTableSize))
 	defer cache.Unref() // the DB holds its own reference
 	po := &pebble.Options{
 		Cache:        cache,
 		MemTableSize: opts.MemTableSize,
 		// Two memtables at most (one filling, one flushing): memory stays bounded during a catch-up.
-		MemTableStopWritesThreshold: 2,
+		MemTableStopWritesThreshold: memTables,
 		// A catch-up writes a burst: let L0 take a few flushes before compacting them together, so
 		// fewer compactions rewrite the same data, without letting reads fan out over many files.
 		L0CompactionThreshold: 8,
@@ -186,7 +191,7 @@ func Open(dir string, opts Options) (*DB, error) {
 		}
 		return nil, fmt.Errorf("%w: open %s: %v (run `mesh-provisioner rebuild`)", ErrCorrupt, dir, err)
 	}
-	db := &DB{pdb: pdb, dir: dir, buckets: map[string]*bucketState{}, kinds: map[string]struct{}{}}
+	db := &DB{pdb: pdb, dir: dir, buckets: map[string]*bucketState{}, kinds: map[string]struct{}{}, openGaps: map[string]Gap{}}
 	if err := db.load(fresh); err != nil {
 		pdb.Close()
 		return nil, err
@@ -275,7 +280,7 @@ func (db *DB) load(fresh bool) error {
 	if err := it.Close(); err != nil {
 		return fmt.Errorf("%w: %v", ErrCorrupt, err)
 	}
-	return nil
+	return db.loadGaps()
 }
 
 // splitAnomalyKey reads bucket, raw key and class back from an anomaly key.
@@ -384,6 +389,13 @@ func (db *DB) Close() error {
 			err = serr
 		}
 	}
+	// Whoever waits on Changed wakes, and finds the store closed (or, behind a reader that swaps
+	// stores after a rebuild, the new one).
+	db.mu.Lock()
+	for _, b := range db.buckets {
+		close(*b.notify.Load())
+	}
+	db.mu.Unlock()
 	return err
 }
 

@@ -243,6 +243,10 @@ func TestDocs_CommandsRun(t *testing.T) {
 	s.waitReady(t)
 	work := t.TempDir()
 	t.Chdir(work) // relative paths the docs write (archives, ./data) land here
+	// ./data/state, the default the README's commands name, is the running demo seat's state dir, as it
+	// is after `make run`.
+	require.NoError(t, os.MkdirAll(filepath.Join(work, "data"), 0o755))
+	require.NoError(t, os.Symlink(filepath.Join(s.dir, "state"), filepath.Join(work, "data", "state")))
 	t.Setenv("NATS_URL", s.natsURL)
 	t.Setenv("STATE", filepath.Join(work, "state"))
 	nc, js := natstest.Connect(t, s.natsURL)

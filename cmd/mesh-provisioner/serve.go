@@ -42,7 +42,9 @@ type ServeCommand struct {
 
 	// started, when set (tests), is called once the seat answers, with the NATS URL and the metrics
 	// address.
-	started func(natsURL, metricsAddr string)
+	started          func(natsURL, metricsAddr string)
+	historyRetention time.Duration
+	historyMaxBytes  byteSize
 }
 
 func (c *ServeCommand) flags() *flag.FlagSet {
@@ -59,6 +61,8 @@ func (c *ServeCommand) flags() *flag.FlagSet {
 	fs.DurationVar(&c.registryInterval, "registry-interval", time.Hour, "how often the registry is compared with the table and written where it differs")
 	fs.BoolVar(&c.noRegistry, "no-registry", false, "do not write the registry (another seat writes it)")
 	fs.BoolVar(&c.plans, "plans", true, "tail mesh-host_modules, mesh-indexer_builds and every composed-<node> bucket, and answer what: plans (--plans=false: do not)")
+	fs.DurationVar(&c.historyRetention, "history-retention", 30*24*time.Hour, "keep the event log's history this long, by the messages' time (0 keeps it all)")
+	fs.Var(&c.historyMaxBytes, "history-max-bytes", "trim the oldest event log history beyond this size, e.g. 20GiB (0: no limit)")
 	fs.Usage = func() {
 		fmt.Fprint(c.Stderr, `Usage: mesh-provisioner serve [flags]
 
@@ -124,10 +128,13 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 	}
 
 	db, err := store.OpenState(c.state, store.Options{Logger: log})
+	if store.NeedsRebuild(err) {
+		// Nothing this binary can answer from: start over, and answer (synced false) while the
+		// projection refills from the streams, as on a first start.
+		log.Warn("the state dir cannot be used; starting it over from the streams", "state", c.state, "reason", err)
+		db, err = store.ResetState(c.state, store.Options{Logger: log})
+	}
 	if err != nil {
-		if store.NeedsRebuild(err) {
-			return fmt.Errorf("%w\nrun: mesh-provisioner rebuild --state %s", err, c.state)
-		}
 		return err
 	}
 	defer func() {
@@ -153,8 +160,9 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 			return err
 		}
 	}
+	retention := &store.RetentionOptions{MaxAge: c.historyRetention, MaxBytes: int64(c.historyMaxBytes)}
 	return runSeat(ctx, nc, js, db, seatConfig{log: log, registryInterval: c.registryInterval, writeRegistry: !c.noRegistry, stdout: c.Stdout, demo: c.demo, plans: c.plans,
-		ops: ops, started: func() {
+		retention: retention, ops: ops, started: func() {
 			if c.started != nil {
 				c.started(nc.ConnectedUrl(), ops.addr())
 			}
@@ -165,7 +173,7 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 func runSeat(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, db *store.DB, cfg seatConfig) error {
 	log := cfg.log
 	st, err := seat.Start(ctx, nc, js, db, seat.Config{Version: Version, Logger: log, WriteRegistry: cfg.writeRegistry, RegistryInterval: cfg.registryInterval,
-		Plans: cfg.plans, Observe: cfg.ops.observe()})
+		Plans: cfg.plans, Observe: cfg.ops.observe(), Retention: cfg.retention, Store: store.Options{Logger: log}})
 	if err != nil {
 		return err
 	}
@@ -206,6 +214,7 @@ type seatConfig struct {
 	plans            bool
 	ops              *opsServer // nil without --metrics-addr
 	started          func()     // called once the seat answers
+	retention        *store.RetentionOptions
 }
 
 // loadDemo loads the demo mesh when the provisioner's buckets are empty or missing, with a progress

@@ -1,0 +1,162 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/novox/mesh-provisioner/internal/progress"
+	"github.com/novox/mesh-provisioner/projector"
+	"github.com/novox/mesh-provisioner/replay"
+	"github.com/novox/mesh-provisioner/store"
+)
+
+func init() {
+	extraCommands["rebuild"] = func(ctx context.Context, m *Main, args []string) error {
+		return (&RebuildCommand{Stdout: m.Stdout, Stderr: m.Stderr}).Run(ctx, args)
+	}
+}
+
+// RebuildCommand rebuilds the state dir from scratch from the buckets' streams.
+type RebuildCommand struct {
+	Stdout, Stderr io.Writer
+
+	nats  natsFlags
+	logs  logFlags
+	state string
+}
+
+func (c *RebuildCommand) flags() *flag.FlagSet {
+	fs := flag.NewFlagSet("rebuild", flag.ContinueOnError)
+	fs.SetOutput(c.Stderr)
+	c.nats.register(fs, nats.DefaultURL)
+	c.logs.register(fs)
+	fs.StringVar(&c.state, "state", "./data/state", "state dir to rebuild")
+	fs.Usage = func() {
+		fmt.Fprint(c.Stderr, `Usage: mesh-provisioner rebuild [flags]
+
+Builds a fresh projection from the buckets' streams into a new generation beside the current one, and
+swaps it in only once every bucket has caught up: killed at any point, the state dir still opens, and
+the next rebuild resumes where this one stopped. A running serve holds the state dir; it rebuilds by
+itself when a stream can no longer be resumed, so stop it first to rebuild by hand.
+
+The local event log of the replaced generation is not carried over: what the streams no longer hold
+is gone with it. Keep it first with: mesh-provisioner export --state DIR --out FILE
+
+Example:
+  mesh-provisioner rebuild --nats nats://nats.mesh:4222 --state /var/lib/mesh-provisioner
+
+Flags:
+`)
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+// Run rebuilds.
+func (c *RebuildCommand) Run(ctx context.Context, args []string) error {
+	fs := c.flags()
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return &usageError{msg: fmt.Sprintf("rebuild takes no arguments, got %q", fs.Args())}
+	}
+	log, err := c.logs.logger(c.Stderr)
+	if err != nil {
+		return err
+	}
+	sd, err := store.LockState(c.state)
+	if errors.Is(err, store.ErrLocked) {
+		return fmt.Errorf("%w\na running serve rebuilds by itself when a stream cannot be resumed; stop it to rebuild by hand", err)
+	}
+	if err != nil {
+		return err
+	}
+	defer sd.Close()
+
+	nc, err := c.nats.connect(c.nats.url, "mesh-provisioner rebuild", log)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return fmt.Errorf("jetstream: %w", err)
+	}
+
+	start := time.Now()
+	for attempt := 0; ; attempt++ {
+		gen, resumed, err := rebuildGeneration(sd)
+		if err != nil {
+			return err
+		}
+		if resumed {
+			log.Info("resuming a rebuild that did not finish", "generation", gen)
+		} else {
+			log.Info("rebuilding", "generation", gen)
+		}
+		db, err := store.Open(gen, store.Options{Logger: log})
+		if err != nil && resumed {
+			log.Warn("the unfinished rebuild does not open; starting over", "err", err)
+			os.RemoveAll(gen)
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		var bar *progress.Bar
+		var applied int64
+		err = replay.Fill(ctx, js, db, projector.Options{Logger: log}, func(done, total int64) {
+			applied = done
+			if bar == nil {
+				bar = progress.New(c.Stderr, log, "rebuild", "messages", total)
+			}
+			bar.Set(done)
+		})
+		if bar != nil {
+			bar.Done()
+		}
+		if errors.Is(err, projector.ErrCannotResume) && attempt == 0 {
+			// A resumed generation read streams that were recreated since: start over, once.
+			db.Close()
+			os.RemoveAll(gen)
+			log.Warn("the streams changed since the unfinished rebuild; starting over", "err", err)
+			continue
+		}
+		if err != nil {
+			db.Close()
+			return fmt.Errorf("rebuild (the generation is kept; run rebuild again to resume): %w", err)
+		}
+		if err := db.Close(); err != nil {
+			return err
+		}
+		if err := sd.Swap(gen); err != nil {
+			return err
+		}
+		took := time.Since(start)
+		fmt.Fprintf(c.Stdout, "rebuilt %s from the streams: %d messages in %s (%.0f messages/s)\n",
+			c.state, applied, took.Round(time.Millisecond), float64(applied)/took.Seconds())
+		return nil
+	}
+}
+
+// rebuildGeneration is the generation to rebuild into: one a killed rebuild left, or a new one.
+func rebuildGeneration(sd *store.StateDir) (string, bool, error) {
+	pending, err := sd.Pending()
+	if err != nil {
+		return "", false, err
+	}
+	if pending != "" {
+		return pending, true, nil
+	}
+	gen, err := sd.NewGeneration()
+	return gen, false, err
+}

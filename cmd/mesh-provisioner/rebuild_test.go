@@ -1,0 +1,138 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/fixtures"
+	"github.com/novox/mesh-provisioner/internal/natstest"
+	"github.com/novox/mesh-provisioner/store"
+)
+
+// buildBinary builds the command into dir.
+func buildBinary(t *testing.T, dir string) string {
+	t.Helper()
+	bin := filepath.Join(dir, "mesh-provisioner")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	require.NoError(t, err, "go build: %s", out)
+	return bin
+}
+
+// pendingBytes is how much the newest generation, when CURRENT does not name it, has written to its
+// WAL and tables.
+func pendingBytes(dir string) int64 {
+	gens, _ := filepath.Glob(filepath.Join(dir, "gen-*"))
+	var newest string
+	for _, g := range gens {
+		if g > newest {
+			newest = g
+		}
+	}
+	if newest == "" {
+		return 0
+	}
+	cur, _ := os.ReadFile(filepath.Join(dir, "CURRENT"))
+	if strings.TrimSpace(string(cur)) == filepath.Base(newest) {
+		return 0
+	}
+	var n int64
+	files, _ := os.ReadDir(newest)
+	for _, f := range files {
+		if strings.HasSuffix(f.Name(), ".log") || strings.HasSuffix(f.Name(), ".sst") {
+			if info, err := f.Info(); err == nil {
+				n += info.Size()
+			}
+		}
+	}
+	return n
+}
+
+// startKilled starts `rebuild` and SIGKILLs it once it has written killAt bytes into its generation.
+// It reports whether the rebuild was killed before it finished.
+func startKilled(t *testing.T, bin, url, dir string, killAt int64) bool {
+	t.Helper()
+	cmd := exec.Command(bin, "rebuild", "--nats", url, "--state", dir)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	require.NoError(t, cmd.Start())
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	for {
+		select {
+		case err := <-done:
+			require.NoError(t, err, "%s", out.String())
+			return false // finished before it could be killed
+		case <-time.After(2 * time.Millisecond):
+		}
+		if pendingBytes(dir) >= killAt {
+			require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
+			<-done
+			return true
+		}
+	}
+}
+
+func TestRebuild_KilledMidwayTheNextStartOpensAndFinishes(t *testing.T) {
+	bin := buildBinary(t, t.TempDir())
+	ns := natstest.RunServer(t)
+	_, js := natstest.Connect(t, ns.ClientURL())
+	ctx := context.Background()
+	mesh := fixtures.Mesh{Seed: 11, Nodes: 500, Modules: 8, NeedsPerModule: 4, Collections: 3, BadKeys: 2, BadValues: 2}
+	ops := mesh.Ops()
+	require.NoError(t, fixtures.Load(ctx, js, ops, 0, nil))
+	last := map[string]uint64{}
+	for _, s := range provisioner.ProvisionerShapes[1:] {
+		st, err := js.Stream(ctx, provisioner.StreamName(s.Bucket))
+		require.NoError(t, err)
+		last[s.Bucket] = st.CachedInfo().State.LastSeq
+	}
+	dir := t.TempDir()
+
+	// Killed after it started writing: no CURRENT yet, a partial generation.
+	killed := startKilled(t, bin, ns.ClientURL(), dir, 64<<10)
+	require.True(t, killed, "the rebuild of %d messages finished before 64 KiB were written", len(ops))
+	_, err := os.Stat(filepath.Join(dir, "CURRENT"))
+	require.ErrorIs(t, err, os.ErrNotExist, "nothing was swapped in")
+
+	// The next rebuild resumes the generation and finishes.
+	out, err := exec.Command(bin, "rebuild", "--nats", ns.ClientURL(), "--state", dir).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	require.Contains(t, string(out), "resuming a rebuild that did not finish")
+	checkState(t, dir, last)
+
+	// Killed again, now with a current generation: the state dir opens on the old one, and the
+	// leftover is removed.
+	killed = startKilled(t, bin, ns.ClientURL(), dir, 64<<10)
+	require.True(t, killed)
+	require.Len(t, globGens(t, dir), 2)
+	checkState(t, dir, last)
+	require.Len(t, globGens(t, dir), 1, "opening removed the unfinished generation")
+}
+
+func globGens(t *testing.T, dir string) []string {
+	gens, err := filepath.Glob(filepath.Join(dir, "gen-*"))
+	require.NoError(t, err)
+	return gens
+}
+
+// checkState opens the state dir as serve does and checks every bucket was applied to its end.
+func checkState(t *testing.T, dir string, last map[string]uint64) {
+	t.Helper()
+	db, err := store.OpenState(dir, store.Options{})
+	require.NoError(t, err)
+	defer db.Close()
+	for b, seq := range last {
+		require.Equal(t, seq, db.Checkpoint(b).Applied, fmt.Sprintf("%s applied", b))
+	}
+}

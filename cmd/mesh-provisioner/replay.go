@@ -1,0 +1,492 @@
+package main
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/internal/progress"
+	"github.com/novox/mesh-provisioner/query"
+	"github.com/novox/mesh-provisioner/replay"
+)
+
+func init() {
+	extraCommands["replay"] = func(ctx context.Context, m *Main, args []string) error {
+		return (&ReplayCommand{Stdout: m.Stdout, Stderr: m.Stderr}).Run(ctx, args)
+	}
+}
+
+// ReplayCommand answers forensics questions from an event log: the local one, the streams', or an
+// archive's.
+type ReplayCommand struct {
+	Stdout, Stderr io.Writer
+
+	nats       natsFlags
+	state      string
+	archive    string
+	at         string
+	from, to   string
+	node       string
+	module     string
+	collection string
+	kind       string
+	jsonOut    bool
+}
+
+const replayUsage = `Usage: mesh-provisioner replay state WHAT --at POINT [narrowing] [source] [--json]
+       mesh-provisioner replay history BUCKET KEY [source] [--json]
+       mesh-provisioner replay diff WHAT --from POINT --to POINT [narrowing] [source] [--json]
+
+Forensics over the buckets' history. A POINT is an RFC 3339 time (2026-11-02T03:12:00Z) or seq:<n>, a
+stream sequence of the bucket WHAT reads; "as of" a point is the state after every message at or before
+it. WHAT is registry, needs, applied or collect; BUCKET is one of those too, or a bucket's full name.
+
+  state    the table as of a point, narrowed like query (--node, --module, --collection, --kind)
+  history  every revision of one key: time, sequence, operation, value
+  diff     rows added, changed and removed between two points, and anomalies that appeared or cleared
+
+Sources (one of):
+  --state DIR      the seat's local event log, which outlives the buckets' history. Works beside a
+                   running serve: replay reads a private copy (hard links) of the current generation.
+  --archive FILE   an archive written by mesh-provisioner export
+  --nats URL       the streams' own history (the default, with NATS_URL): only what they still hold
+
+A point the log cannot rebuild exactly (trimmed by retention, or messages the stream removed before the
+seat read them) is refused with the nearest points that can be answered, never guessed.
+
+Examples:
+  mesh-provisioner replay state needs --node n17 --at 2026-11-02T03:12:00Z --state /var/lib/mesh-provisioner
+  mesh-provisioner replay diff applied --node n17 --from 2026-11-02T03:12:00Z --to 2026-11-02T09:00:00Z --archive incident.mph
+  mesh-provisioner replay history needs n17.mod-web.config.port --state /var/lib/mesh-provisioner
+
+Flags:
+`
+
+func (c *ReplayCommand) flags() *flag.FlagSet {
+	fs := flag.NewFlagSet("replay", flag.ContinueOnError)
+	fs.SetOutput(c.Stderr)
+	c.nats.register(fs, nats.DefaultURL)
+	fs.StringVar(&c.state, "state", "", "read the seat's local event log in this state dir")
+	fs.StringVar(&c.archive, "archive", "", "read an archive written by export")
+	fs.StringVar(&c.at, "at", "", "state: the point, an RFC 3339 time or seq:<n>")
+	fs.StringVar(&c.from, "from", "", "diff: the earlier point")
+	fs.StringVar(&c.to, "to", "", "diff: the later point")
+	fs.StringVar(&c.node, "node", "", "only this node")
+	fs.StringVar(&c.module, "module", "", "only this module (for collect: this contributor)")
+	fs.StringVar(&c.module, "contributor", "", "collect: only this contributor (same as --module)")
+	fs.StringVar(&c.collection, "collection", "", "collect: only this collection, by its decoded name")
+	fs.StringVar(&c.kind, "kind", "", "registry and needs: only this kind")
+	fs.BoolVar(&c.jsonOut, "json", false, "print JSON for scripts")
+	fs.Usage = func() {
+		fmt.Fprint(c.Stderr, replayUsage)
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+// Run answers the question.
+func (c *ReplayCommand) Run(ctx context.Context, args []string) error {
+	fs := c.flags()
+	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
+		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help") {
+			fs.Usage()
+			return flag.ErrHelp
+		}
+		fs.Usage()
+		return &usageError{msg: "replay wants a question: state, history or diff"}
+	}
+	question := args[0]
+	// Positional arguments may come before or after the flags.
+	var pos []string
+	rest := args[1:]
+	for len(rest) > 0 && !strings.HasPrefix(rest[0], "-") {
+		pos, rest = append(pos, rest[0]), rest[1:]
+	}
+	if err := parseFlags(fs, rest); err != nil {
+		return err
+	}
+	pos = append(pos, fs.Args()...)
+	switch question {
+	case "state":
+		if len(pos) > 1 {
+			return &usageError{msg: fmt.Sprintf("replay state takes one WHAT, got %q", pos)}
+		}
+		if c.at == "" {
+			return &usageError{msg: "replay state needs --at (an RFC 3339 time or seq:<n>)"}
+		}
+	case "diff":
+		if len(pos) > 1 {
+			return &usageError{msg: fmt.Sprintf("replay diff takes one WHAT, got %q", pos)}
+		}
+		if c.from == "" || c.to == "" {
+			return &usageError{msg: "replay diff needs --from and --to (RFC 3339 times or seq:<n>)"}
+		}
+	case "history":
+		if len(pos) != 2 {
+			return &usageError{msg: "replay history takes BUCKET KEY"}
+		}
+	default:
+		fs.Usage()
+		return &usageError{msg: fmt.Sprintf("unknown question %q: want state, history or diff", question)}
+	}
+	if c.state != "" && c.archive != "" {
+		return &usageError{msg: "give one source: --state or --archive (or --nats)"}
+	}
+	what := "registry"
+	if len(pos) > 0 && question != "history" {
+		what = pos[0]
+	}
+	var req query.Request
+	if question != "history" {
+		r, err := c.request(what)
+		if err != nil {
+			return err
+		}
+		req = r
+	} else {
+		b, err := bucketName(pos[0])
+		if err != nil {
+			return err
+		}
+		pos[0] = b
+	}
+
+	l, err := c.open(ctx)
+	if err != nil {
+		return err
+	}
+	defer l.Close()
+	switch question {
+	case "state":
+		return c.runState(l, req)
+	case "diff":
+		return c.runDiff(l, req)
+	default:
+		return c.runHistory(l, pos[0], pos[1])
+	}
+}
+
+// request builds and checks the verb request the narrowing flags make, as the verb would.
+func (c *ReplayCommand) request(what string) (query.Request, error) {
+	m := map[string]any{"what": what, "at": "seq:0"}
+	for k, v := range map[string]string{"node": c.node, "module": c.module, "collection": c.collection, "kind": c.kind} {
+		if v != "" {
+			m[k] = v
+		}
+	}
+	body, _ := json.Marshal(m)
+	r, _, err := query.DecodeRequest(body)
+	if err != nil {
+		return r, &usageError{msg: err.Error()}
+	}
+	if _, ok := provisioner.ShapeOfWhat(provisioner.What(r.What)); !ok {
+		return r, &usageError{msg: fmt.Sprintf("replay answers registry, needs, applied and collect, not %s", what)}
+	}
+	return r, nil
+}
+
+func (c *ReplayCommand) open(ctx context.Context) (*replay.Log, error) {
+	switch {
+	case c.state != "":
+		return replay.OpenState(c.state)
+	case c.archive != "":
+		var bar *progress.Bar
+		l, err := replay.FromArchive(ctx, c.archive, func(done, total int64) {
+			if bar == nil {
+				bar = progress.New(c.Stderr, nil, "reading archive", "messages", total)
+			}
+			bar.Set(done)
+		})
+		if bar != nil {
+			bar.Done()
+		}
+		return l, err
+	}
+	nc, err := c.nats.connect(c.nats.url, "mesh-provisioner replay", nil)
+	if err != nil {
+		return nil, err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("jetstream: %w", err)
+	}
+	var bar *progress.Bar
+	l, err := replay.FromNATS(ctx, js, nil, "nats "+redact(c.nats.url), func(done, total int64) {
+		if bar == nil {
+			bar = progress.New(c.Stderr, nil, "reading streams", "messages", total)
+		}
+		bar.Set(done)
+	})
+	if bar != nil {
+		bar.Done()
+	}
+	return l, err
+}
+
+// answerError turns a verb error code into the command's error.
+func answerError(err error) error {
+	if code := query.Code(err); code != 500 {
+		return &verbError{code: code, msg: err.Error()}
+	}
+	return err
+}
+
+func (c *ReplayCommand) runState(l *replay.Log, req query.Request) error {
+	m := map[string]any{"what": req.What, "at": c.at}
+	for k, v := range map[string]string{"node": req.Node, "module": req.Module, "collection": req.Collection, "kind": req.Kind} {
+		if v != "" {
+			m[k] = v
+		}
+	}
+	var answers []map[string]any
+	for {
+		body, _ := json.Marshal(m)
+		out, err := l.Ask(body)
+		if err != nil {
+			return answerError(err)
+		}
+		if c.jsonOut {
+			fmt.Fprintln(c.Stdout, string(out))
+		}
+		var ans map[string]any
+		dec := json.NewDecoder(strings.NewReader(string(out)))
+		dec.UseNumber()
+		if err := dec.Decode(&ans); err != nil {
+			return fmt.Errorf("read answer: %w", err)
+		}
+		answers = append(answers, ans)
+		next, _ := ans["next"].(string)
+		if next == "" {
+			break
+		}
+		m["after"] = next
+	}
+	if !c.jsonOut {
+		printTable(c.Stdout, req.What, answers)
+		fmt.Fprintf(c.Stdout, "(from %s, at %s)\n", l.Source, c.at)
+	}
+	return nil
+}
+
+// jsonRow is a row as replay prints it in JSON: as the verb writes it, without the key's parts.
+type jsonRow struct {
+	Key      string          `json:"key"`
+	Revision uint64          `json:"revision"`
+	Created  time.Time       `json:"created"`
+	Value    json.RawMessage `json:"value"`
+	ValueRaw []byte          `json:"value_raw,omitempty"`
+}
+
+func rowJSON(r replay.Row) jsonRow {
+	j := jsonRow{Key: r.Key, Revision: r.Revision, Created: r.Created, Value: json.RawMessage("null")}
+	if s, ok := replay.ValueJSON(r.Value); ok {
+		j.Value = json.RawMessage(s)
+	} else {
+		j.ValueRaw = r.Value
+	}
+	return j
+}
+
+type jsonAnomaly struct {
+	Bucket   string `json:"bucket"`
+	Key      string `json:"key"`
+	Revision uint64 `json:"revision"`
+	Reason   string `json:"reason"`
+}
+
+func anomaliesJSON(as []provisioner.Anomaly) []jsonAnomaly {
+	out := []jsonAnomaly{}
+	for _, a := range as {
+		out = append(out, jsonAnomaly{Bucket: a.Bucket, Key: a.Key, Revision: a.Revision, Reason: a.Text()})
+	}
+	return out
+}
+
+func (c *ReplayCommand) runDiff(l *replay.Log, req query.Request) error {
+	pf, err := replay.ParsePoint(c.from)
+	if err != nil {
+		return &usageError{msg: "--from: " + err.Error()}
+	}
+	pt, err := replay.ParsePoint(c.to)
+	if err != nil {
+		return &usageError{msg: "--to: " + err.Error()}
+	}
+	a, err := l.State(req, pf)
+	if err != nil {
+		return answerError(err)
+	}
+	b, err := l.State(req, pt)
+	if err != nil {
+		return answerError(err)
+	}
+	d := replay.DiffStates(a, b)
+	if c.jsonOut {
+		type change struct {
+			Key  string  `json:"key"`
+			From jsonRow `json:"from"`
+			To   jsonRow `json:"to"`
+		}
+		out := struct {
+			What              string        `json:"what"`
+			From              uint64        `json:"from_as_of"`
+			To                uint64        `json:"to_as_of"`
+			Added             []jsonRow     `json:"added"`
+			Changed           []change      `json:"changed"`
+			Removed           []jsonRow     `json:"removed"`
+			AnomaliesAppeared []jsonAnomaly `json:"anomalies_appeared"`
+			AnomaliesCleared  []jsonAnomaly `json:"anomalies_cleared"`
+		}{What: d.What, From: d.FromSeq, To: d.ToSeq, Added: []jsonRow{}, Changed: []change{}, Removed: []jsonRow{},
+			AnomaliesAppeared: anomaliesJSON(d.AnomaliesAppeared), AnomaliesCleared: anomaliesJSON(d.AnomaliesCleared)}
+		for _, r := range d.Added {
+			out.Added = append(out.Added, rowJSON(r))
+		}
+		for _, ch := range d.Changed {
+			out.Changed = append(out.Changed, change{Key: ch.Key, From: rowJSON(ch.From), To: rowJSON(ch.To)})
+		}
+		for _, r := range d.Removed {
+			out.Removed = append(out.Removed, rowJSON(r))
+		}
+		b, _ := json.Marshal(out)
+		fmt.Fprintln(c.Stdout, string(b))
+		return nil
+	}
+	w := c.Stdout
+	fmt.Fprintf(w, "%s from %s (as of sequence %d) to %s (as of sequence %d), %s:\n\n", d.What, d.From, d.FromSeq, d.To, d.ToSeq, l.Source)
+	if d.Empty() {
+		fmt.Fprintln(w, "no changes")
+		return nil
+	}
+	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+	if len(d.Added)+len(d.Changed)+len(d.Removed) > 0 {
+		fmt.Fprintln(tw, "CHANGE\tKEY\tREVISION\tVALUE")
+		for _, r := range d.Added {
+			fmt.Fprintf(tw, "added\t%s\t%d\t%s\n", r.Key, r.Revision, valueCell(r.Value))
+		}
+		for _, ch := range d.Changed {
+			fmt.Fprintf(tw, "changed\t%s\t%d -> %d\t%s -> %s\n", ch.Key, ch.From.Revision, ch.To.Revision, valueCell(ch.From.Value), valueCell(ch.To.Value))
+		}
+		for _, r := range d.Removed {
+			fmt.Fprintf(tw, "removed\t%s\t%d\t%s\n", r.Key, r.Revision, valueCell(r.Value))
+		}
+		tw.Flush()
+	}
+	if len(d.AnomaliesAppeared)+len(d.AnomaliesCleared) > 0 {
+		fmt.Fprintln(w)
+		tw = tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "ANOMALY\tKEY\tREVISION\tREASON")
+		for _, a := range d.AnomaliesAppeared {
+			fmt.Fprintf(tw, "appeared\t%s\t%d\t%s\n", a.Key, a.Revision, a.Text())
+		}
+		for _, a := range d.AnomaliesCleared {
+			fmt.Fprintf(tw, "cleared\t%s\t%d\t%s\n", a.Key, a.Revision, a.Text())
+		}
+		tw.Flush()
+	}
+	fmt.Fprintf(w, "\n%d added, %d changed, %d removed; %d anomalies appeared, %d cleared\n",
+		len(d.Added), len(d.Changed), len(d.Removed), len(d.AnomaliesAppeared), len(d.AnomaliesCleared))
+	return nil
+}
+
+// valueCell is a value for a table cell: its JSON, cut to a line, or what it is when not MessagePack.
+func valueCell(v []byte) string {
+	s, ok := replay.ValueJSON(v)
+	if !ok {
+		return fmt.Sprintf("(not MessagePack: %s)", base64.StdEncoding.EncodeToString(v))
+	}
+	if len(s) > 72 {
+		s = s[:69] + "..."
+	}
+	return s
+}
+
+// bucketName reads a bucket given by its full name or by what it answers (needs).
+func bucketName(s string) (string, error) {
+	if shape, ok := provisioner.ShapeOfWhat(provisioner.What(s)); ok {
+		return shape.Bucket, nil
+	}
+	if _, ok := provisioner.ShapeOf(s); ok {
+		return s, nil
+	}
+	return "", &usageError{msg: fmt.Sprintf("bucket %q: want registry, needs, applied, collect or a bucket's full name", s)}
+}
+
+func (c *ReplayCommand) runHistory(l *replay.Log, bucketArg, key string) error {
+	bucket, err := bucketName(bucketArg)
+	if err != nil {
+		return err
+	}
+	h, err := l.History(bucket, key)
+	if err != nil {
+		return err
+	}
+	if c.jsonOut {
+		type rev struct {
+			Revision uint64          `json:"revision"`
+			Time     time.Time       `json:"time"`
+			Op       string          `json:"op"`
+			Value    json.RawMessage `json:"value,omitempty"`
+			ValueRaw []byte          `json:"value_raw,omitempty"`
+		}
+		type gap struct {
+			From uint64 `json:"from"`
+			To   uint64 `json:"to,omitempty"`
+		}
+		out := struct {
+			Bucket    string `json:"bucket"`
+			Key       string `json:"key"`
+			Revisions []rev  `json:"revisions"`
+			Floor     uint64 `json:"floor"`
+			Gaps      []gap  `json:"gaps"`
+		}{Bucket: h.Bucket, Key: h.Key, Revisions: []rev{}, Floor: h.Floor, Gaps: []gap{}}
+		for _, r := range h.Revisions {
+			x := rev{Revision: r.Seq, Time: r.Time, Op: r.Op.String()}
+			if r.Op == provisioner.OpPut {
+				if s, ok := replay.ValueJSON(r.Value); ok {
+					x.Value = json.RawMessage(s)
+				} else {
+					x.ValueRaw = r.Value
+				}
+			}
+			out.Revisions = append(out.Revisions, x)
+		}
+		for _, g := range h.Gaps {
+			out.Gaps = append(out.Gaps, gap{From: g.From, To: g.To})
+		}
+		b, _ := json.Marshal(out)
+		fmt.Fprintln(c.Stdout, string(b))
+		return nil
+	}
+	w := c.Stdout
+	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "TIME\tREVISION\tOP\tVALUE")
+	for _, r := range h.Revisions {
+		val := "-"
+		if r.Op == provisioner.OpPut {
+			val = valueCell(r.Value)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\n", r.Time.Format(time.RFC3339Nano), r.Seq, r.Op, val)
+	}
+	tw.Flush()
+	fmt.Fprintf(w, "\n%d revisions of %s in %s (from %s)\n", len(h.Revisions), key, bucket, l.Source)
+	if h.Floor > 0 {
+		fmt.Fprintf(w, "the log was trimmed to sequence %d: revisions before the newest one at or below it are gone\n", h.Floor)
+	}
+	for _, g := range h.Gaps {
+		fmt.Fprintf(w, "messages from sequence %d to %d were removed from the stream before the seat read them: a revision may be missing there\n", g.From, g.OpenedAt-1)
+	}
+	if len(h.Revisions) == 0 {
+		return &verbError{code: 404, msg: fmt.Sprintf("the log holds no revision of %s in %s", key, bucket)}
+	}
+	return nil
+}

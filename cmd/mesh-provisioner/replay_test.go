@@ -1,0 +1,165 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/require"
+
+	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/fixtures"
+	"github.com/novox/mesh-provisioner/internal/natstest"
+)
+
+// runCmd runs a command in-process and returns its output and exit code.
+func runCmd(t *testing.T, args ...string) (string, string, int) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	err := NewMain(&out, &errOut).Run(context.Background(), args)
+	code := exitCode(err, &errOut)
+	return out.String(), errOut.String(), code
+}
+
+func TestReplayCommand_SourcesAgree(t *testing.T) {
+	ns := natstest.RunServer(t)
+	url := ns.ClientURL()
+	_, js := natstest.Connect(t, url)
+	ctx := context.Background()
+	mesh := fixtures.Mesh{Seed: 5, Nodes: 12, Modules: 3, NeedsPerModule: 2, Collections: 2, BadKeys: 1, BadValues: 1}
+	ops := mesh.Ops()
+	key := ops[0].Key
+	for i := 0; i < 5; i++ {
+		ops = append(ops, fixtures.Op{Bucket: provisioner.BucketNeeds, Key: key, Op: provisioner.OpPut, Value: []byte{byte(i)}}) // fixint i
+	}
+	ops = append(ops, fixtures.Op{Bucket: provisioner.BucketNeeds, Key: ops[1].Key, Op: provisioner.OpDelete})
+	require.NoError(t, fixtures.Load(ctx, js, ops, 0, nil))
+	st, err := js.Stream(ctx, provisioner.StreamName(provisioner.BucketNeeds))
+	require.NoError(t, err)
+	last := st.CachedInfo().State.LastSeq
+	node := strings.SplitN(key, ".", 2)[0]
+
+	dir := filepath.Join(t.TempDir(), "state")
+	out, errOut, code := runCmd(t, "rebuild", "--nats", url, "--state", dir)
+	require.Zero(t, code, errOut)
+	require.Contains(t, out, "rebuilt")
+
+	archive := filepath.Join(t.TempDir(), "h.mph")
+	out, errOut, code = runCmd(t, "export", "--state", dir, "--out", archive)
+	require.Zero(t, code, errOut)
+	require.Contains(t, out, "mesh-provisioner_needs")
+
+	// The same question from the three sources: the same answer.
+	var answers []string
+	for _, src := range [][]string{{"--state", dir}, {"--nats", url}, {"--archive", archive}} {
+		args := append([]string{"replay", "state", "needs", "--node", node, "--at", fmt.Sprintf("seq:%d", last), "--json"}, src...)
+		out, errOut, code := runCmd(t, args...)
+		require.Zero(t, code, "%v: %s", src, errOut)
+		answers = append(answers, out)
+	}
+	require.Equal(t, answers[0], answers[1], "--state and --nats")
+	require.Equal(t, answers[0], answers[2], "--state and --archive")
+	var a struct {
+		Rows []map[string]any `json:"rows"`
+		AsOf uint64           `json:"as_of"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(answers[0]), &a))
+	require.Equal(t, last, a.AsOf)
+	require.NotEmpty(t, a.Rows)
+
+	// history: all six revisions of the key written six times.
+	out, errOut, code = runCmd(t, "replay", "history", "needs", key, "--state", dir, "--json")
+	require.Zero(t, code, errOut)
+	var h struct {
+		Revisions []struct {
+			Op    string          `json:"op"`
+			Value json.RawMessage `json:"value"`
+		} `json:"revisions"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &h))
+	require.Len(t, h.Revisions, 6)
+	require.JSONEq(t, "4", string(h.Revisions[5].Value))
+	out, _, code = runCmd(t, "replay", "history", "mesh-provisioner_needs", key, "--state", dir)
+	require.Zero(t, code)
+	require.Contains(t, out, "TIME")
+	require.Contains(t, out, "6 revisions of "+key)
+
+	// diff: from before the rewrites to the end, the key changed and the deleted one is gone.
+	from := last - 6
+	out, errOut, code = runCmd(t, "replay", "diff", "needs", "--from", fmt.Sprintf("seq:%d", from), "--to", fmt.Sprintf("seq:%d", last), "--state", dir, "--json")
+	require.Zero(t, code, errOut)
+	var d struct {
+		Changed []struct{ Key string } `json:"changed"`
+		Removed []struct{ Key string } `json:"removed"`
+		Added   []json.RawMessage      `json:"added"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &d))
+	require.Len(t, d.Changed, 1)
+	require.Equal(t, key, d.Changed[0].Key)
+	require.Len(t, d.Removed, 1)
+	require.Equal(t, ops[1].Key, d.Removed[0].Key)
+	require.Empty(t, d.Added)
+	out, _, code = runCmd(t, "replay", "diff", "needs", "--from", fmt.Sprintf("seq:%d", from), "--to", fmt.Sprintf("seq:%d", last), "--archive", archive)
+	require.Zero(t, code)
+	require.Contains(t, out, "0 added, 1 changed, 1 removed")
+
+	// The table, as query prints it.
+	out, _, code = runCmd(t, "replay", "state", "needs", "--node", node, "--at", fmt.Sprintf("seq:%d", last), "--state", dir)
+	require.Zero(t, code)
+	require.Contains(t, out, "NODE")
+	require.Contains(t, out, fmt.Sprintf("as of sequence %d", last))
+}
+
+func TestReplayCommand_Errors(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		code int
+	}{
+		{[]string{"replay"}, exitUsage},
+		{[]string{"replay", "state", "needs"}, exitUsage},
+		{[]string{"replay", "diff", "needs", "--from", "seq:1"}, exitUsage},
+		{[]string{"replay", "history", "needs"}, exitUsage},
+		{[]string{"replay", "history", "wants", "k", "--archive", "x"}, exitUsage},
+		{[]string{"replay", "state", "needs", "--at", "seq:1", "--collection", "x"}, exitUsage},
+		{[]string{"replay", "state", "needs", "--at", "seq:1", "--state", "a", "--archive", "b"}, exitUsage},
+		{[]string{"replay", "what"}, exitUsage},
+		{[]string{"export"}, exitUsage},
+		{[]string{"rebuild", "extra"}, exitUsage},
+	} {
+		_, _, code := runCmd(t, tc.args...)
+		require.Equal(t, tc.code, code, "%v", tc.args)
+	}
+	dir := filepath.Join(t.TempDir(), "none")
+	_, errOut, code := runCmd(t, "replay", "state", "needs", "--at", "seq:1", "--state", dir)
+	require.Equal(t, exitFailure, code, errOut)
+	require.Contains(t, errOut, "no projection yet")
+}
+
+func TestReplayCommand_PointTheStreamsNoLongerHoldIs410(t *testing.T) {
+	ns := natstest.RunServer(t)
+	_, js := natstest.Connect(t, ns.ClientURL())
+	ctx := context.Background()
+	_, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: provisioner.BucketNeeds, History: 1})
+	require.NoError(t, err)
+	k := "n1.m.config.a"
+	require.NoError(t, fixtures.Load(ctx, js, []fixtures.Op{
+		{Bucket: provisioner.BucketNeeds, Key: "n1.m.config.b", Op: provisioner.OpPut, Value: []byte{1}},
+		{Bucket: provisioner.BucketNeeds, Key: k, Op: provisioner.OpPut, Value: []byte{1}},
+		{Bucket: provisioner.BucketNeeds, Key: k, Op: provisioner.OpPut, Value: []byte{2}}, // removes seq 2
+	}, 0, nil))
+	_, errOut, code := runCmd(t, "replay", "state", "needs", "--at", "seq:2", "--nats", ns.ClientURL())
+	require.Equal(t, exitAnswer, code, errOut)
+	require.Contains(t, errOut, "410")
+	require.Contains(t, errOut, "removed before they were read")
+	out, errOut, code := runCmd(t, "replay", "state", "needs", "--at", "seq:1", "--nats", ns.ClientURL())
+	require.Zero(t, code, errOut)
+	require.Contains(t, out, "1 rows, as of sequence 1")
+	out, errOut, code = runCmd(t, "replay", "state", "needs", "--at", "seq:3", "--nats", ns.ClientURL())
+	require.Zero(t, code, errOut)
+	require.Contains(t, out, "2 rows, as of sequence 3")
+}

@@ -1,0 +1,43 @@
+package projector
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	provisioner "github.com/novox/mesh-provisioner"
+)
+
+// MessageOf reads a raw message of a bucket's stream (from an archive, or read by hand) as the store
+// applies it, with the same rules as the live consumer: the key is the subject after $KV.<bucket>., the
+// operation comes from the headers, and only a put keeps its data.
+func MessageOf(bucket, subject string, h nats.Header, data []byte, seq uint64, t time.Time) (provisioner.Message, error) {
+	prefix := provisioner.SubjectPrefix(bucket)
+	if !strings.HasPrefix(subject, prefix) {
+		return provisioner.Message{}, fmt.Errorf("message subject %q is not of %s>", subject, prefix)
+	}
+	m := provisioner.Message{Seq: seq, Time: t.UnixNano(), Key: subject[len(prefix):], Op: provisioner.OpPut}
+	if len(h) > 0 {
+		m.Op = opOf(h)
+	}
+	if m.Op == provisioner.OpPut {
+		m.Value = data
+	}
+	return m, nil
+}
+
+// HeadersOf writes the headers a KV message of an operation carries: what MessageOf reads back. The
+// event log keeps the operation, not the headers, so this is how a message is written out again.
+func HeadersOf(op provisioner.Op) nats.Header {
+	switch op {
+	case provisioner.OpDelete:
+		return nats.Header{kvOperationHeader: {"DEL"}}
+	case provisioner.OpPurge:
+		return nats.Header{kvOperationHeader: {"PURGE"}, "Nats-Rollup": {"sub"}}
+	case provisioner.OpExpire:
+		return nats.Header{"Nats-Marker-Reason": {"MaxAge"}}
+	}
+	return nil
+}

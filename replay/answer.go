@@ -1,0 +1,57 @@
+package replay
+
+import (
+	"context"
+
+	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/query"
+	"github.com/novox/mesh-provisioner/store"
+)
+
+// Answer writes the verb's answer to a request with at, from the event log in v: the same rows,
+// anomalies, paging and cursor rules as a live answer, as of the point. as_of is the sequence answered
+// as of; synced is passed through. The encoder must have been reset for the answer's format.
+func Answer(v *store.View, r *query.Request, e *query.Encoder, synced bool) error {
+	w := provisioner.What(r.What)
+	shape, ok := provisioner.ShapeOfWhat(w)
+	if !ok {
+		return query.NotImplemented("at is answered for registry, needs, applied and collect, not %s", r.What)
+	}
+	if r.MinSeq > 0 {
+		return query.BadRequest("min_seq waits for the live projection and does not go with at; ask at seq:<n> instead")
+	}
+	p, err := ParsePoint(r.At)
+	if err != nil {
+		return query.BadRequest("at: %v", err)
+	}
+	res, err := Resolve(v, shape.Bucket, p)
+	if err != nil {
+		return goneOr(err)
+	}
+	view, err := newAsOf(v, res)
+	if err != nil {
+		return goneOr(err)
+	}
+	return query.AnswerView(view, r, e, res.Seq, synced)
+}
+
+// Opener opens a consistent read of the current store, with a release to call when done with it (a
+// seat that swaps stores after a rebuild keeps the old one open until every reader has released it).
+type Opener func() (v *store.View, release func(), err error)
+
+// Handler answers the verb's at from the store an Opener opens; synced says whether a bucket's
+// projection has caught up (it is passed through to the answer).
+func Handler(open Opener, synced func(bucket string) bool) query.AtFunc {
+	return func(_ context.Context, r *query.Request, e *query.Encoder) error {
+		v, release, err := open()
+		if err != nil {
+			return err
+		}
+		defer release()
+		s := false
+		if shape, ok := provisioner.ShapeOfWhat(provisioner.What(r.What)); ok {
+			s = synced(shape.Bucket)
+		}
+		return Answer(v, r, e, s)
+	}
+}

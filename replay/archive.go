@@ -1,0 +1,491 @@
+package replay
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/klauspost/compress/zstd"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/vmihailenco/msgpack/v5"
+
+	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/projector"
+	"github.com/novox/mesh-provisioner/store"
+)
+
+// The archive export writes and replay --archive reads: a zstd stream of MessagePack values, written
+// as three zstd frames one after another (which a zstd reader reads as one stream):
+//
+//  1. the header, a map (ArchiveHeader): format, version, tool, created, source, and per bucket its
+//     first and last sequence, message count, stream creation time, and the history marks (floor and
+//     gaps) that say which points the archive rebuilds exactly;
+//  2. the records, each an array [bucket index, sequence, time (Unix ns), subject, headers, data], in
+//     sequence order one bucket after another;
+//  3. the end, a record with bucket index -1 whose sequence is the number of records: an archive
+//     without it was cut short and is refused.
+const (
+	ArchiveFormat  = "mesh-provisioner-history"
+	ArchiveVersion = 1
+)
+
+// ArchiveHeader says what an archive holds.
+type ArchiveHeader struct {
+	Format  string          `msgpack:"format"`
+	Version int             `msgpack:"version"`
+	Tool    string          `msgpack:"tool"`
+	Created time.Time       `msgpack:"created"`
+	Source  string          `msgpack:"source"` // "state": the seat's event log; "nats": the streams
+	Buckets []ArchiveBucket `msgpack:"buckets"`
+}
+
+// ArchiveBucket is one bucket of an archive.
+type ArchiveBucket struct {
+	Name          string       `msgpack:"name"`
+	FirstSeq      uint64       `msgpack:"first_seq"`
+	LastSeq       uint64       `msgpack:"last_seq"`
+	Messages      uint64       `msgpack:"messages"`
+	StreamCreated time.Time    `msgpack:"stream_created"`
+	Floor         uint64       `msgpack:"floor"`
+	FloorTime     int64        `msgpack:"floor_time"`
+	Gaps          []ArchiveGap `msgpack:"gaps"`
+}
+
+// ArchiveGap is a store.Gap as written: [from, to, opened-at].
+type ArchiveGap struct {
+	_msgpack struct{} `msgpack:",as_array"`
+	From     uint64
+	To       uint64
+	OpenedAt uint64
+}
+
+type archiveRecord struct {
+	_msgpack struct{} `msgpack:",as_array"`
+	Bucket   int
+	Seq      uint64
+	Time     int64
+	Subject  string
+	Headers  map[string][]string
+	Data     []byte
+}
+
+// archiveWriter spools records into a temporary file beside the archive (the header's counts and marks
+// are known only once every record is read), then writes header, records and end, and renames the
+// result into place, so a half-written archive never has the archive's name.
+type archiveWriter struct {
+	out    string
+	spool  *os.File
+	zw     *zstd.Encoder
+	bw     *bufio.Writer
+	enc    *msgpack.Encoder
+	header ArchiveHeader
+	count  uint64
+}
+
+func newArchiveWriter(out, tool, source string) (*archiveWriter, error) {
+	spool, err := os.CreateTemp(filepath.Dir(out), "."+filepath.Base(out)+".spool-")
+	if err != nil {
+		return nil, fmt.Errorf("archive: %w", err)
+	}
+	zw, err := zstd.NewWriter(spool)
+	if err != nil {
+		spool.Close()
+		os.Remove(spool.Name())
+		return nil, err
+	}
+	w := &archiveWriter{out: out, spool: spool, zw: zw, bw: bufio.NewWriterSize(zw, 1<<16),
+		header: ArchiveHeader{Format: ArchiveFormat, Version: ArchiveVersion, Tool: tool, Source: source, Created: time.Now().UTC()}}
+	w.enc = msgpack.NewEncoder(w.bw)
+	return w, nil
+}
+
+func (w *archiveWriter) abort() {
+	w.zw.Close()
+	w.spool.Close()
+	os.Remove(w.spool.Name())
+}
+
+func (w *archiveWriter) bucket(b ArchiveBucket) int {
+	w.header.Buckets = append(w.header.Buckets, b)
+	return len(w.header.Buckets) - 1
+}
+
+func (w *archiveWriter) record(r *archiveRecord) error {
+	w.count++
+	b := &w.header.Buckets[r.Bucket]
+	if b.Messages == 0 {
+		b.FirstSeq = r.Seq
+	}
+	b.Messages++
+	b.LastSeq = max(b.LastSeq, r.Seq)
+	return w.enc.Encode(r)
+}
+
+// finish writes the archive: header, the spooled records, end; synced and renamed into place.
+func (w *archiveWriter) finish() (err error) {
+	defer w.abort()
+	if err := w.bw.Flush(); err != nil {
+		return err
+	}
+	if err := w.zw.Close(); err != nil {
+		return err
+	}
+	f, err := os.CreateTemp(filepath.Dir(w.out), "."+filepath.Base(w.out)+".tmp-")
+	if err != nil {
+		return fmt.Errorf("archive: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			f.Close()
+			os.Remove(f.Name())
+		}
+	}()
+	frame := func(v any) error {
+		zw, err := zstd.NewWriter(f)
+		if err != nil {
+			return err
+		}
+		if err := msgpack.NewEncoder(zw).Encode(v); err != nil {
+			zw.Close()
+			return err
+		}
+		return zw.Close()
+	}
+	if err := frame(&w.header); err != nil {
+		return fmt.Errorf("archive header: %w", err)
+	}
+	if _, err := w.spool.Seek(0, io.SeekStart); err != nil {
+		return err
+	}
+	if _, err := io.Copy(f, w.spool); err != nil {
+		return fmt.Errorf("archive records: %w", err)
+	}
+	if err := frame(&archiveRecord{Bucket: -1, Seq: w.count}); err != nil {
+		return fmt.Errorf("archive end: %w", err)
+	}
+	if err := f.Sync(); err != nil {
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(f.Name(), w.out)
+}
+
+func gapsOut(gs []store.Gap) []ArchiveGap {
+	out := make([]ArchiveGap, 0, len(gs))
+	for _, g := range gs {
+		out = append(out, ArchiveGap{From: g.From, To: g.To, OpenedAt: g.OpenedAt})
+	}
+	return out
+}
+
+// ExportLog writes the provisioner buckets' history from an event log to an archive: every event it
+// keeps, with the subject and the headers of its operation written out again (the log keeps the
+// operation, not the headers), and the log's marks, so the archive answers the points the log answers.
+func ExportLog(ctx context.Context, db *store.DB, out, tool string, progress Progress) (ArchiveHeader, error) {
+	w, err := newArchiveWriter(out, tool, "state")
+	if err != nil {
+		return ArchiveHeader{}, err
+	}
+	v, err := db.View()
+	if err != nil {
+		w.abort()
+		return ArchiveHeader{}, err
+	}
+	defer v.Close()
+	var done int64
+	for _, s := range provisioner.ProvisionerShapes {
+		cp, err := v.Checkpoint(s.Bucket)
+		if err != nil {
+			w.abort()
+			return ArchiveHeader{}, err
+		}
+		marks, err := v.HistoryMarks(s.Bucket)
+		if err != nil {
+			w.abort()
+			return ArchiveHeader{}, err
+		}
+		i := w.bucket(ArchiveBucket{Name: s.Bucket, Floor: marks.Floor, FloorTime: marks.FloorTime, Gaps: gapsOut(marks.Gaps)})
+		if cp.StreamCreated != 0 {
+			w.header.Buckets[i].StreamCreated = time.Unix(0, cp.StreamCreated).UTC()
+		}
+		prefix := provisioner.SubjectPrefix(s.Bucket)
+		var rerr error
+		err = v.Events(s.Bucket, 0, func(key []byte, ev *store.Event) bool {
+			rec := archiveRecord{Bucket: i, Seq: ev.Seq, Time: ev.Time, Subject: prefix + string(key), Headers: projector.HeadersOf(ev.Op)}
+			if ev.Op == provisioner.OpPut {
+				rec.Data = ev.Value
+			}
+			if rerr = w.record(&rec); rerr != nil {
+				return false
+			}
+			if done++; progress != nil && done%4096 == 0 {
+				progress(done, 0)
+			}
+			return ctx.Err() == nil
+		})
+		if err == nil {
+			err = rerr
+		}
+		if err == nil {
+			err = ctx.Err()
+		}
+		if err != nil {
+			w.abort()
+			return ArchiveHeader{}, err
+		}
+		w.header.Buckets[i].LastSeq = max(w.header.Buckets[i].LastSeq, cp.Applied)
+	}
+	if progress != nil {
+		progress(done, done)
+	}
+	return w.header, w.finish()
+}
+
+// ExportNATS writes the buckets' raw history from their streams to an archive: every message the
+// streams hold, with its subject and headers as stored, read until each stream's end. Messages a
+// stream no longer holds (superseded revisions past the bucket's history, purged ones) are recorded as
+// gaps, as the projector would record them.
+func ExportNATS(ctx context.Context, js jetstream.JetStream, buckets []string, out, tool string, progress Progress) (ArchiveHeader, error) {
+	if buckets == nil {
+		for _, s := range provisioner.ProvisionerShapes {
+			buckets = append(buckets, s.Bucket)
+		}
+	}
+	w, err := newArchiveWriter(out, tool, "nats")
+	if err != nil {
+		return ArchiveHeader{}, err
+	}
+	var total, done int64
+	type src struct {
+		stream jetstream.Stream
+		info   *jetstream.StreamInfo
+		index  int
+	}
+	var srcs []src
+	for _, b := range buckets {
+		s, err := js.Stream(ctx, provisioner.StreamName(b))
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			continue
+		}
+		if err != nil {
+			w.abort()
+			return ArchiveHeader{}, fmt.Errorf("stream of %s: %w", b, err)
+		}
+		info := s.CachedInfo()
+		total += int64(info.State.Msgs)
+		srcs = append(srcs, src{stream: s, info: info, index: w.bucket(ArchiveBucket{Name: b, StreamCreated: info.Created.UTC()})})
+	}
+	for _, s := range srcs {
+		if err := exportStream(ctx, w, s.stream, s.info, s.index, func() {
+			if done++; progress != nil && done%4096 == 0 {
+				progress(done, total)
+			}
+		}); err != nil {
+			w.abort()
+			return ArchiveHeader{}, err
+		}
+	}
+	if progress != nil {
+		progress(done, total)
+	}
+	return w.header, w.finish()
+}
+
+// exportStream reads one stream from its first message until a message read with nothing pending at
+// or past the stream's last sequence when the export began (or until a read finds nothing more).
+func exportStream(ctx context.Context, w *archiveWriter, s jetstream.Stream, info *jetstream.StreamInfo, index int, tick func()) error {
+	name := w.header.Buckets[index].Name
+	if info.State.Msgs == 0 {
+		return nil
+	}
+	cons, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverAllPolicy})
+	if err != nil {
+		return fmt.Errorf("consume %s: %w", name, err)
+	}
+	var prev uint64
+	var open *store.Gap
+	var gaps []store.Gap
+	for {
+		batch, err := cons.Fetch(4096, jetstream.FetchMaxWait(time.Second))
+		if err != nil {
+			return fmt.Errorf("read %s: %w", name, err)
+		}
+		n := 0
+		end := false
+		for msg := range batch.Messages() {
+			n++
+			md, err := msg.Metadata()
+			if err != nil {
+				return fmt.Errorf("read %s: %w", name, err)
+			}
+			seq := md.Sequence.Stream
+			if seq > prev+1 {
+				if open == nil {
+					gaps = append(gaps, store.Gap{From: prev + 1})
+					open = &gaps[len(gaps)-1]
+				}
+				open.OpenedAt = seq
+			}
+			prev = seq
+			rec := archiveRecord{Bucket: index, Seq: seq, Time: md.Timestamp.UnixNano(), Subject: msg.Subject(), Data: msg.Data()}
+			if h := msg.Headers(); len(h) > 0 {
+				rec.Headers = map[string][]string(h)
+			}
+			if err := w.record(&rec); err != nil {
+				return err
+			}
+			tick()
+			if md.NumPending == 0 {
+				if open != nil && seq >= open.OpenedAt {
+					open.To = seq
+					open = nil
+				}
+				if seq >= info.State.LastSeq {
+					end = true
+				}
+			}
+		}
+		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, jetstream.ErrNoMessages) {
+			return fmt.Errorf("read %s: %w", name, err)
+		}
+		if end || n == 0 {
+			break
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+	}
+	w.header.Buckets[index].Gaps = gapsOut(gaps)
+	return nil
+}
+
+// FromArchive reads an archive into a temporary store, with the marks it carries.
+func FromArchive(ctx context.Context, path string, progress Progress) (*Log, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	zr, err := zstd.NewReader(bufio.NewReaderSize(f, 1<<16))
+	if err != nil {
+		return nil, fmt.Errorf("archive %s: %w", path, err)
+	}
+	defer zr.Close()
+	dec := msgpack.NewDecoder(zr)
+	var h ArchiveHeader
+	if err := dec.Decode(&h); err != nil {
+		return nil, fmt.Errorf("archive %s: not a mesh-provisioner history archive: %w", path, err)
+	}
+	if h.Format != ArchiveFormat {
+		return nil, fmt.Errorf("archive %s: format %q, want %q", path, h.Format, ArchiveFormat)
+	}
+	if h.Version > ArchiveVersion {
+		return nil, fmt.Errorf("archive %s: version %d is newer than this tool reads (%d)", path, h.Version, ArchiveVersion)
+	}
+	l, err := newTemp("archive " + path)
+	if err != nil {
+		return nil, err
+	}
+	fail := func(err error) (*Log, error) {
+		l.Close()
+		return nil, err
+	}
+	var total int64
+	for _, b := range h.Buckets {
+		total += int64(b.Messages)
+		if _, ok := provisioner.ShapeOf(b.Name); !ok {
+			return fail(fmt.Errorf("archive %s: bucket %q is not one the seat tails", path, b.Name))
+		}
+	}
+	batch := make([]provisioner.Message, 0, 4096)
+	cur := -1
+	flush := func() error {
+		if len(batch) == 0 {
+			return nil
+		}
+		b := h.Buckets[cur]
+		err := l.DB.Apply(b.Name, batch, b.StreamCreated.UnixNano(), false)
+		batch = batch[:0]
+		return err
+	}
+	var n uint64
+	for {
+		var rec archiveRecord
+		if err := dec.Decode(&rec); err != nil {
+			if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+				return fail(fmt.Errorf("archive %s is cut short after %d records: it has no end", path, n))
+			}
+			return fail(fmt.Errorf("archive %s: record %d: %w", path, n+1, err))
+		}
+		if rec.Bucket == -1 {
+			if rec.Seq != n {
+				return fail(fmt.Errorf("archive %s: the end says %d records, read %d", path, rec.Seq, n))
+			}
+			break
+		}
+		if rec.Bucket < 0 || rec.Bucket >= len(h.Buckets) {
+			return fail(fmt.Errorf("archive %s: record %d names bucket %d of %d", path, n+1, rec.Bucket, len(h.Buckets)))
+		}
+		if rec.Bucket != cur || len(batch) == cap(batch) {
+			if err := flush(); err != nil {
+				return fail(err)
+			}
+			cur = rec.Bucket
+		}
+		m, err := projector.MessageOf(h.Buckets[cur].Name, rec.Subject, nats.Header(rec.Headers), rec.Data, rec.Seq, time.Unix(0, rec.Time))
+		if err != nil {
+			return fail(fmt.Errorf("archive %s: record %d: %w", path, n+1, err))
+		}
+		batch = append(batch, m)
+		if n++; progress != nil && n%4096 == 0 {
+			progress(int64(n), total)
+			if ctx.Err() != nil {
+				return fail(ctx.Err())
+			}
+		}
+	}
+	if err := flush(); err != nil {
+		return fail(err)
+	}
+	for _, b := range h.Buckets {
+		m := store.HistoryMarks{Floor: b.Floor, FloorTime: b.FloorTime, Trimmed: b.Floor}
+		for _, g := range b.Gaps {
+			m.Gaps = append(m.Gaps, store.Gap{From: g.From, To: g.To, OpenedAt: g.OpenedAt})
+		}
+		if err := l.DB.SetHistoryMarks(b.Name, m); err != nil {
+			return fail(err)
+		}
+	}
+	markSynced(l.DB)
+	if progress != nil {
+		progress(int64(n), total)
+	}
+	return l, nil
+}
+
+// ReadArchiveHeader reads only an archive's header.
+func ReadArchiveHeader(path string) (ArchiveHeader, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return ArchiveHeader{}, err
+	}
+	defer f.Close()
+	zr, err := zstd.NewReader(f)
+	if err != nil {
+		return ArchiveHeader{}, err
+	}
+	defer zr.Close()
+	var h ArchiveHeader
+	if err := msgpack.NewDecoder(zr).Decode(&h); err != nil {
+		return ArchiveHeader{}, fmt.Errorf("archive %s: %w", path, err)
+	}
+	return h, nil
+}

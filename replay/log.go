@@ -1,0 +1,156 @@
+package replay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/projector"
+	"github.com/novox/mesh-provisioner/store"
+)
+
+// Log is an event log to ask forensics questions of: a private copy of a state dir, or a temporary
+// store filled from the streams or from an archive. Close removes whatever it made.
+type Log struct {
+	DB     *store.DB
+	Source string // what it was read from, for messages
+	dir    string // removed on Close
+}
+
+// Close closes the store and removes the copy or temporary store.
+func (l *Log) Close() error {
+	err := l.DB.Close()
+	if l.dir != "" {
+		if rerr := os.RemoveAll(l.dir); err == nil {
+			err = rerr
+		}
+	}
+	return err
+}
+
+// offlineOptions are the store options of a log read by a command: a small cache, nothing to tune.
+var offlineOptions = store.Options{CacheSize: 32 << 20, MemTableSize: 16 << 20}
+
+// OpenState opens a private copy of a state dir's current generation (store.CopyCurrent): it never
+// takes the state dir's lock, so it reads a running seat's log as well as a stopped one's.
+func OpenState(stateDir string) (*Log, error) {
+	dir, err := store.CopyCurrent(stateDir)
+	if err != nil {
+		return nil, err
+	}
+	db, err := store.Open(dir, offlineOptions)
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("open the copy of %s: %w", stateDir, err)
+	}
+	markSynced(db)
+	return &Log{DB: db, Source: "state " + stateDir, dir: dir}, nil
+}
+
+// markSynced says every provisioner bucket of an offline log holds all it will ever hold.
+func markSynced(db *store.DB) {
+	for _, s := range provisioner.ProvisionerShapes {
+		db.SetSynced(s.Bucket, true)
+	}
+}
+
+// newTemp opens an empty store in a temporary directory.
+func newTemp(source string) (*Log, error) {
+	dir, err := os.MkdirTemp("", "mesh-provisioner-replay-")
+	if err != nil {
+		return nil, fmt.Errorf("temporary store: %w", err)
+	}
+	db, err := store.Open(dir, offlineOptions)
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	return &Log{DB: db, Source: source, dir: dir}, nil
+}
+
+// Progress is told how many messages are done out of how many (0 when not known yet).
+type Progress func(done, total int64)
+
+// FromNATS reads the buckets' streams, from their first message to their end, into a temporary store
+// with the projector the seat runs, and returns it once every bucket has caught up. It holds what the
+// streams still hold: older revisions the buckets' history limits dropped are not there.
+func FromNATS(ctx context.Context, js jetstream.JetStream, buckets []string, source string, progress Progress) (*Log, error) {
+	l, err := newTemp(source)
+	if err != nil {
+		return nil, err
+	}
+	if err := Fill(ctx, js, l.DB, projector.Options{Buckets: buckets}, progress); err != nil {
+		l.Close()
+		return nil, err
+	}
+	return l, nil
+}
+
+// Fill runs a projector over db until every bucket has caught up with its stream, then stops it. A
+// bucket that cannot be resumed (its stream was recreated meanwhile) is an error wrapping
+// projector.ErrCannotResume.
+func Fill(ctx context.Context, js jetstream.JetStream, db *store.DB, opts projector.Options, progress Progress) error {
+	if opts.Buckets == nil {
+		for _, s := range provisioner.ProvisionerShapes {
+			opts.Buckets = append(opts.Buckets, s.Bucket)
+		}
+	}
+	var total int64
+	for _, b := range opts.Buckets {
+		s, err := js.Stream(ctx, provisioner.StreamName(b))
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("stream of %s: %w", b, err)
+		}
+		total += int64(s.CachedInfo().State.Msgs)
+	}
+	var mu sync.Mutex
+	var resetErr error
+	if opts.Poll == 0 {
+		opts.Poll = 100 * time.Millisecond
+	}
+	opts.OnReset = func(bucket string, err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		resetErr = errors.Join(resetErr, fmt.Errorf("%s: %w", bucket, err))
+	}
+	p := projector.New(js, db, opts)
+	p.Start(ctx)
+	defer p.Stop()
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if progress != nil {
+			progress(p.Applied(), total)
+		}
+		mu.Lock()
+		err := resetErr
+		mu.Unlock()
+		if err != nil {
+			return err
+		}
+		done := true
+		for _, b := range opts.Buckets {
+			if _, synced := db.Applied(b); !synced {
+				done = false
+				break
+			}
+		}
+		if done {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick.C:
+		}
+	}
+}

@@ -1,0 +1,159 @@
+package replay
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+	"time"
+
+	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/query"
+	"github.com/novox/mesh-provisioner/store"
+)
+
+// Point is a moment to answer as of: a stream sequence of the asked bucket, or a time.
+type Point struct {
+	Seq  uint64
+	Time time.Time // set for a time point
+}
+
+// IsTime reports whether the point is a time.
+func (p Point) IsTime() bool { return !p.Time.IsZero() }
+
+func (p Point) String() string {
+	if p.IsTime() {
+		return p.Time.UTC().Format(time.RFC3339Nano)
+	}
+	return "seq:" + strconv.FormatUint(p.Seq, 10)
+}
+
+// ParsePoint reads a point as the verb's at and the replay command take it: seq:<n>, or an RFC 3339
+// time (fractions of a second allowed).
+func ParsePoint(s string) (Point, error) {
+	if rest, ok := strings.CutPrefix(s, "seq:"); ok {
+		n, err := strconv.ParseUint(rest, 10, 64)
+		if err != nil || n == math.MaxUint64 {
+			return Point{}, fmt.Errorf("point %q: want seq:<n> with n a stream sequence", s)
+		}
+		return Point{Seq: n}, nil
+	}
+	t, err := time.Parse(time.RFC3339Nano, s)
+	if err != nil {
+		return Point{}, fmt.Errorf("point %q: want an RFC 3339 time (2026-11-02T03:12:00Z) or seq:<n>", s)
+	}
+	if t.IsZero() {
+		t = t.Add(time.Nanosecond) // the zero time is no point; one nanosecond later answers the same
+	}
+	return Point{Time: t}, nil
+}
+
+// Resolved is a point resolved against a bucket's log: the sequence to answer as of, and the moment
+// the registry is read at for unanswered-kind.
+type Resolved struct {
+	Bucket string
+	Seq    uint64
+	// RegistryAt is the time (Unix ns) the registry is read as of; math.MaxInt64 means its newest.
+	RegistryAt int64
+}
+
+// Resolve turns a point into the sequence of bucket to answer as of, and checks that the log rebuilds
+// it exactly; a point it cannot is an error wrapping store.ErrTrimmed or store.ErrGap.
+func Resolve(v *store.View, bucket string, p Point) (Resolved, error) {
+	applied, err := v.Checkpoint(bucket)
+	if err != nil {
+		return Resolved{}, err
+	}
+	marks, err := v.HistoryMarks(bucket)
+	if err != nil {
+		return Resolved{}, err
+	}
+	r := Resolved{Bucket: bucket}
+	if p.IsTime() {
+		t := p.Time.UnixNano()
+		if r.Seq, err = v.SeqAtTime(bucket, t); err != nil {
+			return r, err
+		}
+		r.Seq = min(r.Seq, applied.Applied)
+		r.RegistryAt = t
+		if r.Seq < marks.Floor {
+			return r, fmt.Errorf("%w: the log rebuilds %s (seq:%d) and later, not %s", store.ErrTrimmed,
+				time.Unix(0, marks.FloorTime).UTC().Format(time.RFC3339Nano), marks.Floor, p)
+		}
+		if err := marks.Check(r.Seq); err != nil {
+			return r, err
+		}
+		// Messages the log never saw right after the point may be stamped before the time.
+		if r.Seq < applied.Applied {
+			if err := marks.Check(r.Seq + 1); errors.Is(err, store.ErrGap) {
+				return r, fmt.Errorf("%w: the messages right after sequence %d were removed before they were read, so which of them came before %s is not known", store.ErrGap, r.Seq, p)
+			}
+		}
+		return r, nil
+	}
+	r.Seq = min(p.Seq, applied.Applied)
+	if err := marks.Check(r.Seq); err != nil {
+		return r, err
+	}
+	// The registry is read as of the last moment the bucket was in this state.
+	r.RegistryAt = math.MaxInt64
+	if r.Seq < applied.Applied {
+		if first, err := firstEventAfter(v, bucket, r.Seq); err != nil {
+			return r, err
+		} else if first != 0 {
+			r.RegistryAt = first - 1
+		}
+	}
+	return r, nil
+}
+
+// firstEventAfter is the time of the first message the log keeps after seq, or 0.
+func firstEventAfter(v *store.View, bucket string, seq uint64) (int64, error) {
+	var t int64
+	err := v.Events(bucket, seq+1, func(_ []byte, ev *store.Event) bool {
+		t = ev.Time
+		return false
+	})
+	return t, err
+}
+
+// registryKinds reads the registry's kinds as of a time: the keys of the registry bucket that hold a
+// put. It checks that the registry's log rebuilds that moment.
+func registryKinds(v *store.View, at int64) (map[string]struct{}, error) {
+	bucket := provisioner.BucketRegistry
+	cp, err := v.Checkpoint(bucket)
+	if err != nil {
+		return nil, err
+	}
+	n := cp.Applied
+	if at != math.MaxInt64 {
+		if n, err = v.SeqAtTime(bucket, at); err != nil {
+			return nil, err
+		}
+		n = min(n, cp.Applied)
+	}
+	marks, err := v.HistoryMarks(bucket)
+	if err != nil {
+		return nil, err
+	}
+	if err := marks.Check(n); err != nil {
+		return nil, fmt.Errorf("unanswered-kind needs the registry as of the same moment: %w", err)
+	}
+	kinds := map[string]struct{}{}
+	err = v.StateAt(bucket, "", "", n, func(key []byte, _ *store.Event) bool {
+		if _, err := provisioner.ParseKey(provisioner.ShapeRegistry, string(key)); err == nil {
+			kinds[string(key)] = struct{}{}
+		}
+		return true
+	})
+	return kinds, err
+}
+
+// goneOr maps the log's "cannot rebuild" errors to the verb's 410.
+func goneOr(err error) error {
+	if errors.Is(err, store.ErrTrimmed) || errors.Is(err, store.ErrGap) {
+		return query.Gone("%w", err)
+	}
+	return err
+}

@@ -1,0 +1,229 @@
+package replay
+
+import (
+	"fmt"
+	"math"
+	"time"
+
+	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/internal/mpk"
+	"github.com/novox/mesh-provisioner/query"
+	"github.com/novox/mesh-provisioner/store"
+)
+
+// Ask answers one page of a verb request with at from the log, as the seat would: the answer's bytes
+// in the request's format, or an error that query.Code maps to the verb's code.
+func (l *Log) Ask(body []byte) ([]byte, error) {
+	r, format, err := query.DecodeRequest(body)
+	if err != nil {
+		return nil, err
+	}
+	if r.At == "" {
+		return nil, query.BadRequest("replay answers as of a point: at is required")
+	}
+	v, err := l.DB.View()
+	if err != nil {
+		return nil, err
+	}
+	defer v.Close()
+	var e query.Encoder
+	e.Reset(format)
+	_, synced := l.DB.Applied(bucketOfWhat(r.What))
+	if err := Answer(v, &r, &e, synced); err != nil {
+		return nil, err
+	}
+	return append([]byte(nil), e.Bytes()...), nil
+}
+
+func bucketOfWhat(what string) string {
+	if s, ok := provisioner.ShapeOfWhat(provisioner.What(what)); ok {
+		return s.Bucket
+	}
+	return ""
+}
+
+// Row is one row of a state: a key's newest put as of the point.
+type Row struct {
+	Key      string
+	Revision uint64
+	Created  time.Time
+	Msgpack  bool
+	Value    []byte
+}
+
+// State is everything a question answers as of a point, unpaged: rows in byte order of raw keys and
+// every anomaly row (not capped).
+type State struct {
+	What      string
+	Point     Point
+	AsOf      uint64
+	Rows      []Row
+	Anomalies []provisioner.Anomaly
+}
+
+// State reads what a request (what and its narrowing; at, limit and after are ignored) answers as of
+// a point. The request must be valid (query.DecodeRequest checks it).
+func (l *Log) State(r query.Request, p Point) (State, error) {
+	w := provisioner.What(r.What)
+	shape, ok := provisioner.ShapeOfWhat(w)
+	if !ok {
+		return State{}, query.NotImplemented("replay answers registry, needs, applied and collect, not %s", r.What)
+	}
+	v, err := l.DB.View()
+	if err != nil {
+		return State{}, err
+	}
+	defer v.Close()
+	res, err := Resolve(v, shape.Bucket, p)
+	if err != nil {
+		return State{}, goneOr(err)
+	}
+	view, err := newAsOf(v, res)
+	if err != nil {
+		return State{}, goneOr(err)
+	}
+	st := State{What: r.What, Point: p, AsOf: res.Seq}
+	rg, filter := query.Plan(shape.Bucket, &r)
+	var rowErr error
+	err = view.Rows(rg, func(row *provisioner.Row) bool {
+		parts, perr := provisioner.ParseKey(shape, string(row.Key))
+		if perr != nil || !filter(&parts, row) {
+			return true
+		}
+		st.Rows = append(st.Rows, Row{Key: string(row.Key), Revision: row.Revision, Created: time.Unix(0, row.Created).UTC(),
+			Msgpack: row.Msgpack, Value: append([]byte(nil), row.Value...)})
+		return true
+	})
+	if err == nil {
+		err = rowErr
+	}
+	if err != nil {
+		return State{}, err
+	}
+	_, err = view.Anomalies(shape.Bucket, r.Node, math.MaxInt, func(a provisioner.Anomaly) {
+		st.Anomalies = append(st.Anomalies, a)
+	})
+	return st, err
+}
+
+// Change is one row that differs between two points.
+type Change struct {
+	Key      string
+	From, To Row
+}
+
+// Diff is what changed between two states of the same question: rows added, changed (a new revision)
+// and removed, and anomaly rows that appeared or cleared (by key and reason code).
+type Diff struct {
+	What              string
+	From, To          Point
+	FromSeq, ToSeq    uint64
+	Added             []Row
+	Changed           []Change
+	Removed           []Row
+	AnomaliesAppeared []provisioner.Anomaly
+	AnomaliesCleared  []provisioner.Anomaly
+}
+
+// Empty reports whether nothing changed.
+func (d Diff) Empty() bool {
+	return len(d.Added)+len(d.Changed)+len(d.Removed)+len(d.AnomaliesAppeared)+len(d.AnomaliesCleared) == 0
+}
+
+// DiffStates compares two states of the same question. Both are in byte order of raw keys, and so is
+// the result.
+func DiffStates(from, to State) Diff {
+	d := Diff{What: to.What, From: from.Point, To: to.Point, FromSeq: from.AsOf, ToSeq: to.AsOf}
+	i, j := 0, 0
+	for i < len(from.Rows) || j < len(to.Rows) {
+		switch {
+		case j == len(to.Rows) || (i < len(from.Rows) && from.Rows[i].Key < to.Rows[j].Key):
+			d.Removed = append(d.Removed, from.Rows[i])
+			i++
+		case i == len(from.Rows) || to.Rows[j].Key < from.Rows[i].Key:
+			d.Added = append(d.Added, to.Rows[j])
+			j++
+		default:
+			if from.Rows[i].Revision != to.Rows[j].Revision {
+				d.Changed = append(d.Changed, Change{Key: to.Rows[j].Key, From: from.Rows[i], To: to.Rows[j]})
+			}
+			i++
+			j++
+		}
+	}
+	id := func(a provisioner.Anomaly) string { return a.Key + "\x00" + string(a.Reason) }
+	before := map[string]bool{}
+	for _, a := range from.Anomalies {
+		before[id(a)] = true
+	}
+	after := map[string]bool{}
+	for _, a := range to.Anomalies {
+		after[id(a)] = true
+		if !before[id(a)] {
+			d.AnomaliesAppeared = append(d.AnomaliesAppeared, a)
+		}
+	}
+	for _, a := range from.Anomalies {
+		if !after[id(a)] {
+			d.AnomaliesCleared = append(d.AnomaliesCleared, a)
+		}
+	}
+	return d
+}
+
+// Revision is one event of a key's history.
+type Revision struct {
+	Seq   uint64
+	Time  time.Time
+	Op    provisioner.Op
+	Value []byte
+}
+
+// KeyHistory is every revision of one key the log keeps, oldest first, and what the log cannot show.
+type KeyHistory struct {
+	Bucket    string
+	Key       string
+	Revisions []Revision
+	// Floor is the bucket's history floor: revisions of the key at or below it were compacted to the
+	// newest one (a delete at or below it is gone with the revisions it removed).
+	Floor uint64
+	// Gaps are ranges of messages the stream removed before they were read; a revision of this key
+	// may be among them.
+	Gaps []store.Gap
+}
+
+// History reads every revision of one key that the log keeps.
+func (l *Log) History(bucket, key string) (KeyHistory, error) {
+	if _, ok := provisioner.ShapeOf(bucket); !ok {
+		return KeyHistory{}, fmt.Errorf("replay: %q is not a bucket the seat tails", bucket)
+	}
+	v, err := l.DB.View()
+	if err != nil {
+		return KeyHistory{}, err
+	}
+	defer v.Close()
+	h := KeyHistory{Bucket: bucket, Key: key}
+	marks, err := v.HistoryMarks(bucket)
+	if err != nil {
+		return h, err
+	}
+	h.Floor, h.Gaps = marks.Floor, marks.Gaps
+	err = v.KeyHistory(bucket, key, func(ev *store.Event) bool {
+		h.Revisions = append(h.Revisions, Revision{Seq: ev.Seq, Time: time.Unix(0, ev.Time).UTC(), Op: ev.Op, Value: append([]byte(nil), ev.Value...)})
+		return true
+	})
+	return h, err
+}
+
+// ValueJSON renders a stored value for people and scripts: its JSON when it is one MessagePack object,
+// and ok false when it is not (the caller shows the raw bytes).
+func ValueJSON(v []byte) (string, bool) {
+	if !mpk.Valid(v) {
+		return "", false
+	}
+	out, _, err := mpk.AppendJSON(nil, v)
+	if err != nil {
+		return "", false
+	}
+	return string(out), true
+}

@@ -1,0 +1,153 @@
+package replay
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/internal/mpk"
+	"github.com/novox/mesh-provisioner/query"
+	"github.com/novox/mesh-provisioner/store"
+)
+
+// asOf is a query.View of one bucket as of a point, read from the event log: query.AnswerView answers
+// from it exactly as it answers from the live projection, paging and all.
+type asOf struct {
+	v      *store.View
+	shape  provisioner.Shape
+	n      uint64
+	kinds  map[string]struct{} // the registry's kinds at the moment; needs only
+	closer func() error
+}
+
+var _ query.View = (*asOf)(nil)
+
+// newAsOf returns the view of a resolved point; for needs it reads the registry's kinds at the moment.
+func newAsOf(v *store.View, r Resolved) (*asOf, error) {
+	shape, ok := provisioner.ShapeOf(r.Bucket)
+	if !ok {
+		return nil, fmt.Errorf("replay: no shape for bucket %q", r.Bucket)
+	}
+	a := &asOf{v: v, shape: shape, n: r.Seq}
+	if r.Bucket == provisioner.BucketNeeds && r.Seq > 0 {
+		kinds, err := registryKinds(v, r.RegistryAt)
+		if err != nil {
+			return nil, err
+		}
+		a.kinds = kinds
+	}
+	return a, nil
+}
+
+// indexed reports whether a key's parts put it in a secondary index range.
+func indexed(bucket string, p *provisioner.Parts, idx provisioner.Index, value string) bool {
+	for _, iv := range provisioner.Indexes(bucket, *p) {
+		if iv.Index == idx && iv.Value == value {
+			return true
+		}
+	}
+	return false
+}
+
+// Rows reads a range as of the point. The event log is keyed by raw key only, so a secondary index
+// range (module, kind, collection, contributor) is the bucket's keys filtered by their parts; a node's
+// range (and a node's collection) is a prefix of the log.
+func (a *asOf) Rows(r provisioner.Range, fn func(*provisioner.Row) bool) error {
+	var row provisioner.Row
+	return a.v.StateAt(r.Bucket, r.Prefix, r.After, a.n, func(key []byte, ev *store.Event) bool {
+		if r.Index != provisioner.IndexPrimary {
+			parts, err := provisioner.ParseKey(a.shape, string(key))
+			if err != nil || !indexed(r.Bucket, &parts, r.Index, r.Value) {
+				return true
+			}
+		}
+		row = provisioner.Row{Key: key, Revision: ev.Seq, Created: ev.Time, Msgpack: mpk.Valid(ev.Value), Value: ev.Value}
+		return fn(&row)
+	})
+}
+
+// HasRow reports whether the key had a row in the range as of the point.
+func (a *asOf) HasRow(r provisioner.Range, key string) (bool, error) {
+	if !strings.HasPrefix(key, r.Prefix) {
+		return false, nil
+	}
+	_, ok, err := a.v.KeyAt(r.Bucket, key, a.n)
+	if err != nil || !ok {
+		return false, err
+	}
+	if r.Index == provisioner.IndexPrimary {
+		return true, nil
+	}
+	parts, err := provisioner.ParseKey(a.shape, key)
+	return err == nil && indexed(r.Bucket, &parts, r.Index, r.Value), nil
+}
+
+// Anomalies derives the anomaly rows of the bucket as of the point, from each live key and value, with
+// the rules and texts of the live store; narrowed by node, it reads the node's key and its prefix only.
+func (a *asOf) Anomalies(bucket, node string, max int, fn func(provisioner.Anomaly)) (int64, error) {
+	var total int64
+	var n int
+	var err error
+	each := func(key []byte, ev *store.Event) bool {
+		for _, an := range a.derive(string(key), ev) {
+			total++
+			if n < max {
+				fn(an)
+				n++
+			}
+		}
+		return true
+	}
+	if node == "" {
+		err = a.v.StateAt(bucket, "", "", a.n, each)
+		return total, err
+	}
+	ev, ok, err := a.v.KeyAt(bucket, node, a.n)
+	if err != nil {
+		return 0, err
+	}
+	if ok {
+		each([]byte(node), &ev)
+	}
+	err = a.v.StateAt(bucket, node+".", "", a.n, each)
+	return total, err
+}
+
+// derive is the anomaly rows of one live key, in the store's class order: shape, value, kind.
+func (a *asOf) derive(key string, ev *store.Event) []provisioner.Anomaly {
+	bucket := a.shape.Bucket
+	parts, err := provisioner.ParseKey(a.shape, key)
+	if err != nil {
+		var ke *provisioner.KeyError
+		if !errors.As(err, &ke) {
+			return nil
+		}
+		return []provisioner.Anomaly{{Bucket: bucket, Key: key, Revision: ev.Seq, Reason: ke.Reason, Detail: ke.Detail}}
+	}
+	var out []provisioner.Anomaly
+	if !mpk.Valid(ev.Value) {
+		out = append(out, provisioner.Anomaly{Bucket: bucket, Key: key, Revision: ev.Seq, Reason: provisioner.ReasonValueNotMsgpack,
+			Detail: fmt.Sprintf("%d bytes are not one complete MessagePack object", len(ev.Value))})
+	}
+	if bucket == provisioner.BucketNeeds {
+		if _, ok := a.kinds[parts.Kind]; !ok {
+			out = append(out, provisioner.Anomaly{Bucket: bucket, Key: key, Revision: ev.Seq, Reason: provisioner.ReasonUnansweredKind,
+				Detail: fmt.Sprintf("no registry entry answers kind %q", parts.Kind)})
+		}
+	}
+	return out
+}
+
+// Checkpoint is the point: the view answers as of it.
+func (a *asOf) Checkpoint(string) (store.Checkpoint, error) {
+	return store.Checkpoint{Applied: a.n}, nil
+}
+
+// Close closes the underlying view when this view owns it.
+func (a *asOf) Close() error {
+	if a.closer != nil {
+		return a.closer()
+	}
+	return nil
+}

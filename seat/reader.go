@@ -1,0 +1,98 @@
+package seat
+
+import (
+	"sync"
+	"sync/atomic"
+
+	"github.com/novox/mesh-provisioner/query"
+	"github.com/novox/mesh-provisioner/store"
+)
+
+// swapReader is the verb's reader over whichever store is current: a rebuild swaps a new one in while
+// requests are being answered. A store is closed only once every view opened on it is closed: each view
+// holds its store's handle for reading, and a swap takes the old handle for writing before it lets the
+// store go. A request opens one view at a time, so a waiting swap cannot deadlock it.
+type swapReader struct {
+	cur atomic.Pointer[handle]
+}
+
+type handle struct {
+	db      *store.DB
+	mu      sync.RWMutex
+	retired bool // under mu: a swap replaced this store
+}
+
+var _ query.Reader = (*swapReader)(nil)
+
+func newSwapReader(db *store.DB) *swapReader {
+	r := &swapReader{}
+	r.cur.Store(&handle{db: db})
+	return r
+}
+
+// acquire returns the current store's handle, held for reading until release.
+func (r *swapReader) acquire() *handle {
+	for {
+		h := r.cur.Load()
+		h.mu.RLock()
+		if !h.retired {
+			return h
+		}
+		h.mu.RUnlock()
+	}
+}
+
+// open is a view of the current store for the forensics answers, and its release.
+func (r *swapReader) open() (*store.View, func(), error) {
+	h := r.acquire()
+	v, err := h.db.View()
+	if err != nil {
+		h.mu.RUnlock()
+		return nil, nil, err
+	}
+	return v, func() { v.Close(); h.mu.RUnlock() }, nil
+}
+
+// View opens a view of the current store.
+func (r *swapReader) View() (query.View, error) {
+	v, release, err := r.open()
+	if err != nil {
+		return nil, err
+	}
+	return &heldView{View: v, release: release}, nil
+}
+
+type heldView struct {
+	*store.View
+	release func()
+}
+
+func (v *heldView) Close() error {
+	v.release()
+	return nil
+}
+
+func (r *swapReader) Applied(bucket string) (uint64, bool) { return r.cur.Load().db.Applied(bucket) }
+
+// Changed is the current store's channel; a swap closes the old store, which closes its channels, so a
+// waiter wakes and asks again of the new one.
+func (r *swapReader) Changed(bucket string) <-chan struct{} { return r.cur.Load().db.Changed(bucket) }
+
+// swap makes db current, and returns once no view of the old store is open.
+func (r *swapReader) swap(db *store.DB) {
+	old := r.cur.Swap(&handle{db: db})
+	old.mu.Lock()
+	old.retired = true
+	old.mu.Unlock()
+}
+
+// PlansView opens a view of the current store for a plans answer.
+func (r *swapReader) PlansView() (query.PlansView, error) {
+	v, release, err := r.open()
+	if err != nil {
+		return nil, err
+	}
+	return &heldView{View: v, release: release}, nil
+}
+
+var _ query.PlansReader = (*swapReader)(nil)

@@ -1,0 +1,229 @@
+package seat
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/internal/progress"
+	"github.com/novox/mesh-provisioner/projector"
+	"github.com/novox/mesh-provisioner/store"
+)
+
+// A bucket whose stream can no longer be resumed from the checkpoint (it was deleted and created again,
+// or purged past the checkpoint) makes the seat rebuild the whole projection: a new generation beside
+// the current one is filled from the streams by a second projector while the verb keeps answering from
+// the current one; once every bucket of the new one has caught up, the old projector stops, the verb
+// switches to the new store (waiting for the answers in flight on the old one), CURRENT is renamed to
+// the new generation and the old one is removed. The new projector keeps running: nothing is read
+// twice. A crash at any point leaves CURRENT naming a generation that opens (store/rebuild.go).
+
+// projectorOptions are the seat's projector options for a store, with OnReset wired to a rebuild;
+// onReset, when set, takes the resets instead (a rebuild's own projector, until it is swapped in).
+func (s *Seat) projectorOptions(db *store.DB, onReset func(string, error)) projector.Options {
+	po := s.cfg.Projector
+	if po.Logger == nil {
+		po.Logger = s.log
+	}
+	if s.cfg.Plans {
+		var buckets []string
+		if po.Buckets == nil {
+			for _, sh := range provisioner.ProvisionerShapes {
+				buckets = append(buckets, sh.Bucket)
+			}
+		} else {
+			buckets = append(buckets, po.Buckets...)
+		}
+		po.Buckets = append(buckets, provisioner.BucketHostModules, provisioner.BucketIndexerBuilds)
+		po.Composed = true
+	}
+	if po.OnReset != nil {
+		return po
+	}
+	po.OnReset = func(bucket string, reason error) {
+		if onReset != nil {
+			onReset(bucket, reason)
+			return
+		}
+		// The bucket no longer follows its stream: say so in its answers until the rebuild is in.
+		db.SetSynced(bucket, false)
+		s.requestRebuild(bucket, reason)
+	}
+	return po
+}
+
+func (s *Seat) startRetention(db *store.DB) *store.Retention {
+	if s.cfg.Retention == nil {
+		return nil
+	}
+	ro := *s.cfg.Retention
+	if ro.Logger == nil {
+		ro.Logger = s.log
+	}
+	r := store.NewRetention(db, ro)
+	r.Start(s.ctx)
+	return r
+}
+
+func (s *Seat) requestRebuild(bucket string, reason error) {
+	s.log.Warn("bucket cannot be resumed: rebuilding the projection in a new generation, answering from the current one meanwhile",
+		"bucket", bucket, "reason", reason)
+	select {
+	case s.rebuildCh <- struct{}{}:
+	default: // one is asked for already
+	}
+}
+
+// Rebuilds is how many rebuilds the seat has swapped in.
+func (s *Seat) Rebuilds() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.rebuilds
+}
+
+func (s *Seat) rebuildLoop(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.rebuildCh:
+		}
+		bo := 250 * time.Millisecond
+		failing := false
+		for {
+			err := s.rebuild(ctx)
+			if err == nil || ctx.Err() != nil {
+				if failing && err == nil {
+					s.log.Info("recovered")
+				}
+				break
+			}
+			if !failing {
+				s.log.Error("rebuild failed; retrying with backoff", "err", err)
+				failing = true
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(bo):
+			}
+			bo = min(bo*2, 30*time.Second)
+		}
+	}
+}
+
+// rebuild fills a new generation and swaps it in.
+func (s *Seat) rebuild(ctx context.Context) error {
+	old := s.Store()
+	st := old.State()
+	if st == nil {
+		return fmt.Errorf("the store was not opened from a state dir: run `mesh-provisioner rebuild`")
+	}
+	gen, err := st.NewGeneration()
+	if err != nil {
+		return err
+	}
+	ndb, err := store.Open(gen, s.cfg.Store)
+	if err != nil {
+		os.RemoveAll(gen)
+		return err
+	}
+	abandon := func() {
+		ndb.Close()
+		os.RemoveAll(gen)
+	}
+
+	// Until the swap, a reset of the new projector restarts the rebuild; after it, it is the seat's.
+	var swapped atomic.Bool
+	resets := make(chan error, 1)
+	p := projector.New(s.js, ndb, s.projectorOptions(ndb, func(bucket string, reason error) {
+		if swapped.Load() {
+			ndb.SetSynced(bucket, false)
+			s.requestRebuild(bucket, reason)
+			return
+		}
+		select {
+		case resets <- fmt.Errorf("%s: %w", bucket, reason):
+		default:
+		}
+	}))
+	total := s.messages(ctx, p.Buckets())
+	start := time.Now()
+	s.log.Info("rebuild started", "generation", gen, "messages", total)
+	p.Start(s.ctx)
+	bar := progress.New(io.Discard, s.log, "rebuild", "messages", total)
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for caughtUp := false; !caughtUp; {
+		select {
+		case <-ctx.Done():
+			p.Stop()
+			abandon()
+			return ctx.Err()
+		case err := <-resets:
+			p.Stop()
+			abandon()
+			return fmt.Errorf("a stream changed again during the rebuild: %w", err)
+		case <-tick.C:
+		}
+		bar.Set(p.Applied())
+		caughtUp = true
+		for _, b := range p.Buckets() {
+			if _, synced := ndb.Applied(b); !synced {
+				caughtUp = false
+				break
+			}
+		}
+	}
+	bar.Done()
+
+	// Swap: the old projector stops, the verb moves over, then CURRENT.
+	s.mu.Lock()
+	oldProj, oldRet := s.proj, s.retention
+	s.mu.Unlock()
+	oldProj.Stop()
+	if oldRet != nil {
+		oldRet.Stop()
+	}
+	s.reader.swap(ndb)
+	swapped.Store(true)
+	swapErr := store.SwapIn(old, ndb)
+	s.mu.Lock()
+	s.cur, s.proj, s.owned = ndb, p, ndb
+	s.retention = s.startRetention(ndb)
+	s.rebuilds++
+	s.mu.Unlock()
+	// Resets the old projector reported while this ran are covered by it.
+	select {
+	case <-s.rebuildCh:
+	default:
+	}
+	if swapErr != nil {
+		// The new store answers; CURRENT still names the old generation, which the next start opens
+		// and finds out of date again.
+		s.log.Error("the rebuilt projection answers, but the state dir could not be switched to it", "err", swapErr)
+		return nil
+	}
+	s.log.Info("rebuild swapped in", "generation", gen, "messages", p.Applied(), "took", time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
+// messages is how many messages the buckets' streams hold, for the progress line.
+func (s *Seat) messages(ctx context.Context, buckets []string) int64 {
+	var n int64
+	for _, b := range buckets {
+		st, err := s.js.Stream(ctx, provisioner.StreamName(b))
+		if errors.Is(err, jetstream.ErrStreamNotFound) || err != nil {
+			continue
+		}
+		n += int64(st.CachedInfo().State.Msgs)
+	}
+	return n
+}

@@ -1,0 +1,155 @@
+package store
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+)
+
+// CopyCurrent makes a private copy of a state dir's current generation that Open can open, without
+// taking the state dir's lock, so it works while a serve (or a rebuild) has the state dir open. Pebble
+// locks its directory even to read it, so reading the live one is not possible.
+//
+// The copy hard-links the immutable .sst files (so it costs no space and little time) and copies the
+// rest: the MANIFEST, its marker, OPTIONS and the WAL files (a WAL caught mid-append ends in a torn
+// record, which Pebble's recovery treats as the end of the log). A flush or compaction that changes the
+// manifest or the set of files while copying would make the copy inconsistent, so the file list is
+// compared before and after and the copy made again when it moved.
+//
+// The copy lives in <state>/.replay-* (same filesystem, so links work), or in the system's temporary
+// directory with the .sst files copied when the state dir is not writable. The caller removes it
+// (os.RemoveAll) when done.
+func CopyCurrent(stateDir string) (string, error) {
+	var lastErr error
+	for attempt := 0; attempt < 20; attempt++ {
+		gen, err := readCurrent(stateDir)
+		if err != nil {
+			return "", err
+		}
+		if gen == "" {
+			return "", fmt.Errorf("store: %s holds no projection yet (no %s)", stateDir, currentName)
+		}
+		dir, err := copyGeneration(stateDir, gen)
+		if err == nil {
+			return dir, nil
+		}
+		lastErr = err
+		if !errors.Is(err, errCopyMoved) && !errors.Is(err, os.ErrNotExist) {
+			return "", err
+		}
+	}
+	return "", fmt.Errorf("copy %s: the store kept changing under the copy: %w", stateDir, lastErr)
+}
+
+var errCopyMoved = errors.New("store: files changed while copying")
+
+// readCurrent is the generation dir CURRENT names, read without the lock.
+func readCurrent(stateDir string) (string, error) {
+	s := &StateDir{path: stateDir}
+	return s.Current()
+}
+
+// signature lists what must not change while copying: every file but the WALs' sizes (they grow).
+func signature(dir string) ([]string, error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	var sig []string
+	for _, e := range entries {
+		name := e.Name()
+		if name == "LOCK" || e.IsDir() {
+			continue
+		}
+		if strings.HasSuffix(name, ".log") || strings.HasSuffix(name, ".sst") {
+			sig = append(sig, name)
+			continue
+		}
+		info, err := e.Info()
+		if err != nil {
+			return nil, err
+		}
+		sig = append(sig, fmt.Sprintf("%s %d", name, info.Size()))
+	}
+	return sig, nil
+}
+
+func copyGeneration(stateDir, gen string) (string, error) {
+	before, err := signature(gen)
+	if err != nil {
+		return "", err
+	}
+	tmp, err := os.MkdirTemp(stateDir, ".replay-")
+	link := err == nil
+	if err != nil {
+		if tmp, err = os.MkdirTemp("", "mesh-provisioner-replay-"); err != nil {
+			return "", fmt.Errorf("copy state: %w", err)
+		}
+	}
+	fail := func(err error) (string, error) {
+		os.RemoveAll(tmp)
+		return "", err
+	}
+	entries, err := os.ReadDir(gen)
+	if err != nil {
+		return fail(err)
+	}
+	// Metadata first, then the tables it names, then the WALs.
+	slices.SortFunc(entries, func(a, b os.DirEntry) int { return copyOrder(a.Name()) - copyOrder(b.Name()) })
+	for _, e := range entries {
+		name := e.Name()
+		if name == "LOCK" || e.IsDir() {
+			continue
+		}
+		src, dst := filepath.Join(gen, name), filepath.Join(tmp, name)
+		if strings.HasSuffix(name, ".sst") && link {
+			if err := os.Link(src, dst); err == nil {
+				continue
+			} else if errors.Is(err, os.ErrNotExist) {
+				return fail(err)
+			}
+		}
+		if err := copyFile(src, dst); err != nil {
+			return fail(err)
+		}
+	}
+	after, err := signature(gen)
+	if err != nil {
+		return fail(err)
+	}
+	if !slices.Equal(before, after) {
+		return fail(errCopyMoved)
+	}
+	return tmp, nil
+}
+
+func copyOrder(name string) int {
+	switch {
+	case strings.HasSuffix(name, ".sst"):
+		return 1
+	case strings.HasSuffix(name, ".log"):
+		return 2
+	}
+	return 0
+}
+
+func copyFile(src, dst string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.Create(dst)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
+}

@@ -1,0 +1,8 @@
+package store
+
+// SetTrimBatch sets how many events a trim batch walks, for tests of the multi-batch path.
+func SetTrimBatch(n int) (restore func()) {
+	old := trimBatch
+	trimBatch = n
+	return func() { trimBatch = old }
+}

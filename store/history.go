@@ -1,0 +1,569 @@
+package store
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/cockroachdb/pebble/v2"
+
+	provisioner "github.com/novox/mesh-provisioner"
+)
+
+// Event is one message of a bucket as the event log keeps it. Value aliases the store's memory and is
+// valid only during the callback that received it.
+type Event struct {
+	Seq   uint64
+	Time  int64 // Unix ns
+	Op    provisioner.Op
+	Value []byte
+}
+
+// HistoryMarks say which points a bucket's event log rebuilds exactly: every sequence n >= Floor that no
+// gap holds. doc.go explains where the marks come from.
+type HistoryMarks struct {
+	// Floor is the lowest point the log rebuilds: events at or below it were compacted to the newest
+	// event of each key (deletes dropped). 0 when nothing was ever trimmed.
+	Floor uint64
+	// FloorTime is the time of the message at Floor (Unix ns); 0 when nothing was trimmed.
+	FloorTime int64
+	// Trimmed is how far the compaction to Floor has got; below Floor only while a trim is under way or
+	// was interrupted (it resumes).
+	Trimmed uint64
+	// Gaps are the ranges of messages the stream had removed before the projector read them.
+	Gaps []Gap
+}
+
+// Gap is a range of sequences [From, To) the log cannot rebuild: messages at From and after were
+// removed from the stream before the projector read them, and a point becomes exact again only once
+// the projector has read to the stream's end since (To). To is 0 while the gap is open.
+type Gap struct {
+	From     uint64
+	To       uint64 // 0: open, the projector has not reached the stream's end since
+	OpenedAt uint64 // the first sequence read after the newest jump the gap covers
+}
+
+// Open reports whether the projector has not yet caught up since the gap.
+func (g Gap) Open() bool { return g.To == 0 }
+
+// Holds reports whether the gap makes point n inexact.
+func (g Gap) Holds(n uint64) bool { return n >= g.From && (g.To == 0 || n < g.To) }
+
+// ErrTrimmed and ErrGap say why the log cannot rebuild a point; callers test them with errors.Is.
+var (
+	ErrTrimmed = errors.New("store: the event log was trimmed past that point")
+	ErrGap     = errors.New("store: the stream had removed messages around that point before they were read")
+)
+
+// Check returns nil when the log rebuilds the state as of n exactly, and an error wrapping ErrTrimmed or
+// ErrGap, with the nearest points it can rebuild, when not.
+func (m HistoryMarks) Check(n uint64) error {
+	if n < m.Floor {
+		return fmt.Errorf("%w: the log rebuilds sequence %d and later, not %d", ErrTrimmed, m.Floor, n)
+	}
+	for _, g := range m.Gaps {
+		if !g.Holds(n) {
+			continue
+		}
+		if g.Open() {
+			return fmt.Errorf("%w: messages from sequence %d were removed before they were read, and the projector has not caught up since; ask as of seq:%d or earlier", ErrGap, g.From, g.From-1)
+		}
+		return fmt.Errorf("%w: messages from sequence %d were removed before they were read; ask as of seq:%d or earlier, or seq:%d or later", ErrGap, g.From, g.From-1, g.To)
+	}
+	return nil
+}
+
+// Keys of the history marks (doc.go):
+//
+//	0x09 <bucket> 00 01 'f'              -> uvarint floor, varint floor time, uvarint trimmed
+//	0x09 <bucket> 00 01 'g' <from BE8>   -> uvarint to (0: open), uvarint opened-at
+func floorKey(dst []byte, bucket string) []byte {
+	return append(bucketPrefix(dst, prefixMarks, bucket), 'f')
+}
+
+func gapPrefix(dst []byte, bucket string) []byte {
+	return append(bucketPrefix(dst, prefixMarks, bucket), 'g')
+}
+
+func gapKey(dst []byte, bucket string, from uint64) []byte {
+	return binary.BigEndian.AppendUint64(gapPrefix(dst, bucket), from)
+}
+
+func encodeFloor(m HistoryMarks) []byte {
+	b := binary.AppendUvarint(nil, m.Floor)
+	b = binary.AppendVarint(b, m.FloorTime)
+	return binary.AppendUvarint(b, m.Trimmed)
+}
+
+func decodeFloor(b []byte) (HistoryMarks, error) {
+	var m HistoryMarks
+	var n int
+	if m.Floor, n = binary.Uvarint(b); n <= 0 {
+		return m, ErrCorrupt
+	}
+	b = b[n:]
+	if m.FloorTime, n = binary.Varint(b); n <= 0 {
+		return m, ErrCorrupt
+	}
+	if m.Trimmed, n = binary.Uvarint(b[n:]); n <= 0 {
+		return m, ErrCorrupt
+	}
+	return m, nil
+}
+
+func encodeGap(g Gap) []byte {
+	return binary.AppendUvarint(binary.AppendUvarint(nil, g.To), g.OpenedAt)
+}
+
+// readMarks reads a bucket's marks from any Pebble reader (the DB, a snapshot, a batch).
+func readMarks(r pebble.Reader, bucket string) (HistoryMarks, error) {
+	var m HistoryMarks
+	v, closer, err := r.Get(floorKey(nil, bucket))
+	switch {
+	case errors.Is(err, pebble.ErrNotFound):
+	case err != nil:
+		return m, err
+	default:
+		m, err = decodeFloor(v)
+		closer.Close()
+		if err != nil {
+			return m, fmt.Errorf("%w: history floor of %s", err, bucket)
+		}
+	}
+	p := gapPrefix(nil, bucket)
+	it, err := r.NewIter(&pebble.IterOptions{LowerBound: p, UpperBound: prefixEnd(p)})
+	if err != nil {
+		return m, err
+	}
+	for it.First(); it.Valid(); it.Next() {
+		k := it.Key()
+		if len(k) != len(p)+8 {
+			it.Close()
+			return m, fmt.Errorf("%w: gap key of %s", ErrCorrupt, bucket)
+		}
+		g := Gap{From: binary.BigEndian.Uint64(k[len(p):])}
+		var n int
+		if g.To, n = binary.Uvarint(it.Value()); n <= 0 {
+			it.Close()
+			return m, fmt.Errorf("%w: gap of %s", ErrCorrupt, bucket)
+		}
+		if g.OpenedAt, n = binary.Uvarint(it.Value()[n:]); n <= 0 {
+			it.Close()
+			return m, fmt.Errorf("%w: gap of %s", ErrCorrupt, bucket)
+		}
+		m.Gaps = append(m.Gaps, g)
+	}
+	return m, it.Close()
+}
+
+// loadGaps reads every bucket's open gap into memory at open: Apply extends it, CaughtUp closes it.
+func (db *DB) loadGaps() error {
+	it, err := db.pdb.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixMarks}, UpperBound: []byte{prefixMarks + 1}})
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrCorrupt, err)
+	}
+	defer it.Close()
+	for it.First(); it.Valid(); it.Next() {
+		rest := it.Key()[1:]
+		i := termIndex(rest)
+		if i < 0 || len(rest) < i+3 {
+			return fmt.Errorf("%w: history mark key %q", ErrCorrupt, it.Key())
+		}
+		if rest[i+2] != 'g' {
+			continue
+		}
+		bucket := string(unesc(nil, rest[:i]))
+		to, n := binary.Uvarint(it.Value())
+		if n <= 0 || len(rest) != i+3+8 {
+			return fmt.Errorf("%w: gap of %s", ErrCorrupt, bucket)
+		}
+		if to != 0 {
+			continue
+		}
+		opened, m := binary.Uvarint(it.Value()[n:])
+		if m <= 0 {
+			return fmt.Errorf("%w: gap of %s", ErrCorrupt, bucket)
+		}
+		db.openGaps[bucket] = Gap{From: binary.BigEndian.Uint64(rest[i+3:]), OpenedAt: opened}
+	}
+	return nil
+}
+
+// gap records, in the applier's batch, that messages from..openedAt-1 of a bucket were removed before
+// they were read. An open gap is extended instead: it keeps its From and becomes exact only after the
+// newest jump.
+func (a *applier) gap(bucket string, from, openedAt uint64) error {
+	g, ok := a.gaps[bucket]
+	if !ok {
+		g, ok = a.db.openGaps[bucket]
+	}
+	if !ok {
+		g = Gap{From: from}
+	}
+	g.OpenedAt = openedAt
+	if a.gaps == nil {
+		a.gaps = map[string]Gap{}
+	}
+	a.gaps[bucket] = g
+	a.buf = gapKey(a.buf[:0], bucket, g.From)
+	return a.batch.Set(a.buf, encodeGap(g), nil)
+}
+
+// CaughtUp tells the store that the message at seq was the last of its bucket's stream when it was
+// read (its NumPending was 0). An open gap whose newest jump is at or below seq, and below what is
+// applied, is closed there: every message the stream removed before it was read was superseded by one
+// at or below seq, so points from seq on are exact again.
+func (db *DB) CaughtUp(bucket string, seq uint64) error {
+	if db.closed.Load() {
+		return ErrClosed
+	}
+	db.applyMu.Lock()
+	defer db.applyMu.Unlock()
+	g, ok := db.openGaps[bucket]
+	if !ok || seq < g.OpenedAt || seq > db.bucket(bucket).cp.Applied || db.closed.Load() {
+		return nil
+	}
+	g.To = seq
+	if err := db.pdb.Set(gapKey(nil, bucket, g.From), encodeGap(g), pebble.NoSync); err != nil {
+		return fmt.Errorf("close history gap of %s: %w", bucket, err)
+	}
+	delete(db.openGaps, bucket)
+	return nil
+}
+
+// SetHistoryMarks replaces a bucket's marks: an archive loaded into a temporary store carries the marks
+// of the log it was written from.
+func (db *DB) SetHistoryMarks(bucket string, m HistoryMarks) error {
+	if db.closed.Load() {
+		return ErrClosed
+	}
+	db.applyMu.Lock()
+	defer db.applyMu.Unlock()
+	b := db.pdb.NewBatch()
+	defer b.Close()
+	p := gapPrefix(nil, bucket)
+	if err := b.DeleteRange(p, prefixEnd(p), nil); err != nil {
+		return err
+	}
+	if err := b.Set(floorKey(nil, bucket), encodeFloor(m), nil); err != nil {
+		return err
+	}
+	delete(db.openGaps, bucket)
+	for _, g := range m.Gaps {
+		if err := b.Set(gapKey(nil, bucket, g.From), encodeGap(g), nil); err != nil {
+			return err
+		}
+		if g.Open() {
+			db.openGaps[bucket] = g
+		}
+	}
+	return b.Commit(pebble.Sync)
+}
+
+// HistoryMarks returns a bucket's marks as this view sees them.
+func (v *View) HistoryMarks(bucket string) (HistoryMarks, error) { return readMarks(v.snap, bucket) }
+
+// historyKeyStart is the start of every event of one key: <bucket comp> <esc key> 00 01.
+func historyKeyStart(dst []byte, bucket, key string) []byte {
+	return appendComp(bucketPrefix(dst, prefixHistory, bucket), key)
+}
+
+func seqAfter(keyStart []byte, n uint64) []byte {
+	if n == math.MaxUint64 {
+		return prefixEnd(keyStart)
+	}
+	return binary.BigEndian.AppendUint64(append([]byte(nil), keyStart...), n+1)
+}
+
+func decodeEvent(k, v []byte, ev *Event) error {
+	if len(k) < 8 {
+		return fmt.Errorf("%w: event key", ErrCorrupt)
+	}
+	ev.Seq = binary.BigEndian.Uint64(k[len(k)-8:])
+	var err error
+	ev.Op, ev.Time, ev.Value, err = decodeEventValue(v)
+	return err
+}
+
+// StateAt calls fn, in byte order of raw keys, for every key of a bucket that starts with prefix and
+// sorts after after (when set) whose newest event at or below n is a put: the key's state as of n. Each
+// key's events are stepped through while they are few and sought past when they are many, so the cost
+// is about one step per event for short histories and a few seeks per key for long ones. The key and
+// event are valid only during the call; fn returns false to stop.
+func (v *View) StateAt(bucket, prefix, after string, n uint64, fn func(key []byte, ev *Event) bool) error {
+	base := bucketPrefix(nil, prefixHistory, bucket)
+	lo := appendEsc(append([]byte(nil), base...), prefix)
+	hi := prefixEnd(lo)
+	if after != "" {
+		a := prefixEnd(appendComp(append([]byte(nil), base...), after))
+		if bytes.Compare(a, lo) > 0 {
+			lo = a
+		}
+	}
+	if hi != nil && bytes.Compare(lo, hi) >= 0 {
+		return nil
+	}
+	it, err := v.snap.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
+	if err != nil {
+		return err
+	}
+	const steps = 8 // events stepped through before seeking instead
+	var ev Event
+	var keyStart, kbuf, val []byte
+	// take copies the event under the iterator: it is emitted after the iterator has moved on.
+	take := func() error {
+		if err := decodeEvent(it.Key(), it.Value(), &ev); err != nil {
+			return err
+		}
+		val = append(val[:0], ev.Value...)
+		ev.Value = val
+		return nil
+	}
+	seqOf := func(k []byte) uint64 { return binary.BigEndian.Uint64(k[len(k)-8:]) }
+	for valid := it.First(); valid; {
+		k := it.Key()
+		if len(k) < len(base)+10 {
+			it.Close()
+			return fmt.Errorf("%w: event key", ErrCorrupt)
+		}
+		keyStart = append(keyStart[:0], k[:len(k)-8]...)
+		found := false
+		for i := 0; valid && bytes.HasPrefix(it.Key(), keyStart) && seqOf(it.Key()) <= n; i++ {
+			if i == steps {
+				// A long history: seek to the newest event at or below n.
+				if it.SeekLT(seqAfter(keyStart, n)) {
+					if err := take(); err != nil {
+						it.Close()
+						return err
+					}
+				}
+				valid = it.SeekGE(prefixEnd(keyStart))
+				break
+			}
+			if err := take(); err != nil {
+				it.Close()
+				return err
+			}
+			found = true
+			valid = it.Next()
+		}
+		// Past n: skip the key's later events, stepping a few, then seeking.
+		for i := 0; valid && bytes.HasPrefix(it.Key(), keyStart); i++ {
+			if i == steps {
+				valid = it.SeekGE(prefixEnd(keyStart))
+				break
+			}
+			valid = it.Next()
+		}
+		if found && ev.Op == provisioner.OpPut {
+			raw := keyStart[len(base) : len(keyStart)-2]
+			if hasZero(raw) {
+				kbuf = unesc(kbuf[:0], raw)
+				raw = kbuf
+			}
+			if !fn(raw, &ev) {
+				break
+			}
+		}
+	}
+	return it.Close()
+}
+
+// KeyAt returns one key's newest event at or below n, and whether it has one that is a put.
+func (v *View) KeyAt(bucket, key string, n uint64) (Event, bool, error) {
+	start := historyKeyStart(nil, bucket, key)
+	it, err := v.snap.NewIter(&pebble.IterOptions{LowerBound: start, UpperBound: prefixEnd(start)})
+	if err != nil {
+		return Event{}, false, err
+	}
+	defer it.Close()
+	var ev Event
+	if !it.SeekLT(seqAfter(start, n)) {
+		return Event{}, false, it.Error()
+	}
+	if err := decodeEvent(it.Key(), it.Value(), &ev); err != nil {
+		return Event{}, false, err
+	}
+	ev.Value = append([]byte(nil), ev.Value...)
+	return ev, ev.Op == provisioner.OpPut, nil
+}
+
+// KeyHistory calls fn for every event of one key that the log keeps, oldest first.
+func (v *View) KeyHistory(bucket, key string, fn func(ev *Event) bool) error {
+	start := historyKeyStart(nil, bucket, key)
+	it, err := v.snap.NewIter(&pebble.IterOptions{LowerBound: start, UpperBound: prefixEnd(start)})
+	if err != nil {
+		return err
+	}
+	var ev Event
+	for it.First(); it.Valid(); it.Next() {
+		if err := decodeEvent(it.Key(), it.Value(), &ev); err != nil {
+			it.Close()
+			return err
+		}
+		if !fn(&ev) {
+			break
+		}
+	}
+	return it.Close()
+}
+
+// Events calls fn for every event of a bucket with a sequence at or above from, in sequence order.
+func (v *View) Events(bucket string, from uint64, fn func(key []byte, ev *Event) bool) error {
+	return events(v.snap, bucket, from, fn)
+}
+
+func events(r pebble.Reader, bucket string, from uint64, fn func(key []byte, ev *Event) bool) error {
+	p := bucketPrefix(nil, prefixEvent, bucket)
+	it, err := r.NewIter(&pebble.IterOptions{LowerBound: eventKey(nil, bucket, from), UpperBound: prefixEnd(p)})
+	if err != nil {
+		return err
+	}
+	defer it.Close()
+	var ev Event
+	var hk []byte
+	for it.First(); it.Valid(); it.Next() {
+		key := it.Value()
+		seq := binary.BigEndian.Uint64(it.Key()[len(p):])
+		hk = historyKey(hk[:0], bucket, string(key), seq)
+		val, closer, err := r.Get(hk)
+		if err != nil {
+			return fmt.Errorf("%w: event %d of %s has no history entry: %v", ErrCorrupt, seq, bucket, err)
+		}
+		err = decodeEvent(hk, val, &ev)
+		if err == nil && !fn(key, &ev) {
+			closer.Close()
+			return nil
+		}
+		closer.Close()
+		if err != nil {
+			return err
+		}
+	}
+	return it.Error()
+}
+
+// eventAtOrAfter returns the first event the log keeps at or after seq: its sequence and time.
+func eventAtOrAfter(r pebble.Reader, bucket string, seq uint64) (uint64, int64, bool, error) {
+	p := bucketPrefix(nil, prefixEvent, bucket)
+	it, err := r.NewIter(&pebble.IterOptions{LowerBound: eventKey(nil, bucket, seq), UpperBound: prefixEnd(p)})
+	if err != nil {
+		return 0, 0, false, err
+	}
+	defer it.Close()
+	if !it.First() {
+		return 0, 0, false, it.Error()
+	}
+	s := binary.BigEndian.Uint64(it.Key()[len(p):])
+	t, err := eventTime(r, bucket, string(it.Value()), s)
+	return s, t, err == nil, err
+}
+
+// eventBefore returns the sequence of the last event the log keeps below seq, or 0.
+func eventBefore(r pebble.Reader, bucket string, seq uint64) (uint64, error) {
+	p := bucketPrefix(nil, prefixEvent, bucket)
+	it, err := r.NewIter(&pebble.IterOptions{LowerBound: p, UpperBound: eventKey(nil, bucket, seq)})
+	if err != nil {
+		return 0, err
+	}
+	defer it.Close()
+	if !it.Last() {
+		return 0, it.Error()
+	}
+	return binary.BigEndian.Uint64(it.Key()[len(p):]), nil
+}
+
+func eventTime(r pebble.Reader, bucket, key string, seq uint64) (int64, error) {
+	val, closer, err := r.Get(historyKey(nil, bucket, key, seq))
+	if err != nil {
+		return 0, fmt.Errorf("%w: event %d of %s has no history entry: %v", ErrCorrupt, seq, bucket, err)
+	}
+	defer closer.Close()
+	_, t, _, err := decodeEventValue(val)
+	return t, err
+}
+
+// seqAtTime is the last sequence whose message is stamped at or before t: the largest sequence the log
+// keeps with a time at or below t, or the floor when the floor's message is (it may have been compacted
+// away). JetStream stamps a stream's messages in sequence order, so a binary search over sequences finds
+// it in O(log n) seeks.
+func seqAtTime(r pebble.Reader, bucket string, t int64) (uint64, error) {
+	marks, err := readMarks(r, bucket)
+	if err != nil {
+		return 0, err
+	}
+	// The smallest m such that the first event at or after m is stamped after t (or there is none).
+	lo, hi := uint64(0), uint64(math.MaxUint64)
+	if last, err := eventBefore(r, bucket, math.MaxUint64); err != nil {
+		return 0, err
+	} else {
+		hi = last + 1
+	}
+	for lo < hi {
+		mid := lo + (hi-lo)/2
+		_, ts, ok, err := eventAtOrAfter(r, bucket, mid)
+		if err != nil {
+			return 0, err
+		}
+		if !ok || ts > t {
+			hi = mid
+		} else {
+			lo = mid + 1
+		}
+	}
+	n, err := eventBefore(r, bucket, lo)
+	if err != nil {
+		return 0, err
+	}
+	if marks.Floor > n && marks.FloorTime <= t && marks.FloorTime != 0 {
+		n = marks.Floor
+	}
+	return n, nil
+}
+
+// SeqAtTime is the last sequence of a bucket whose message is stamped at or before t (Unix ns), as far
+// as the log knows: 0 when it knows none.
+func (v *View) SeqAtTime(bucket string, t int64) (uint64, error) { return seqAtTime(v.snap, bucket, t) }
+
+// LiveBelow reports the lowest sequence in [from, to) whose event is still the newest of its key and a
+// put: a message the bucket's current state rests on. When a stream's first sequence moves past such a
+// message, the message was removed while its key still held it (a purge, or an age limit without
+// markers), and the projection no longer equals the bucket. It scans the events in [from, to) by
+// sequence, one seek per event.
+func (db *DB) LiveBelow(bucket string, from, to uint64) (uint64, bool, error) {
+	if db.closed.Load() {
+		return 0, false, ErrClosed
+	}
+	if to <= from {
+		return 0, false, nil
+	}
+	p := bucketPrefix(nil, prefixEvent, bucket)
+	walk, err := db.pdb.NewIter(&pebble.IterOptions{LowerBound: eventKey(nil, bucket, from), UpperBound: eventKey(nil, bucket, to)})
+	if err != nil {
+		return 0, false, err
+	}
+	defer walk.Close()
+	hist, err := db.pdb.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixHistory}, UpperBound: []byte{prefixHistory + 1}})
+	if err != nil {
+		return 0, false, err
+	}
+	defer hist.Close()
+	for walk.First(); walk.Valid(); walk.Next() {
+		seq := binary.BigEndian.Uint64(walk.Key()[len(p):])
+		start := historyKeyStart(nil, bucket, string(walk.Value()))
+		cur := binary.BigEndian.AppendUint64(append([]byte(nil), start...), seq)
+		if !hist.SeekGE(cur) || !bytes.Equal(hist.Key(), cur) {
+			continue // compacted away meanwhile
+		}
+		if len(hist.Value()) == 0 || provisioner.Op(hist.Value()[0]) != provisioner.OpPut {
+			continue
+		}
+		if hist.Next() && bytes.HasPrefix(hist.Key(), start) {
+			continue // superseded
+		}
+		return seq, true, nil
+	}
+	return 0, false, walk.Error()
+}

@@ -1,0 +1,84 @@
+package store
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+)
+
+// A rebuild fills a new generation beside the current one and swaps it in only once it has caught up.
+// Until the swap, CURRENT names the old generation, which opens; the new one is a leftover that the
+// next OpenState removes, or that the next rebuild resumes (Pending). After the swap, CURRENT names the
+// new one. A crash at any point leaves a state dir that opens.
+
+// Pending returns the newest generation newer than the current one (a rebuild that did not finish),
+// or "" when there is none.
+func (s *StateDir) Pending() (string, error) {
+	cur, err := s.Current()
+	if err != nil {
+		return "", err
+	}
+	curN := -1
+	if cur != "" {
+		curN, _ = strconv.Atoi(strings.TrimPrefix(filepath.Base(cur), genPrefix))
+	}
+	gens, err := s.generations()
+	if err != nil {
+		return "", err
+	}
+	if len(gens) == 0 || gens[len(gens)-1] <= curN {
+		return "", nil
+	}
+	return filepath.Join(s.path, fmt.Sprintf("%s%06d", genPrefix, gens[len(gens)-1])), nil
+}
+
+// ResetState starts a state dir over: it takes the lock, makes a new empty generation current and
+// removes every other one. It is the answer to a state dir that cannot be opened (NeedsRebuild): the
+// projection refills from the streams as on a first start.
+func ResetState(path string, opts Options) (*DB, error) {
+	s, err := LockState(path)
+	if err != nil {
+		return nil, err
+	}
+	gen, err := s.NewGeneration()
+	if err != nil {
+		s.Close()
+		return nil, err
+	}
+	db, err := Open(gen, opts)
+	if err != nil {
+		s.Close()
+		os.RemoveAll(gen)
+		return nil, err
+	}
+	if err := s.Swap(gen); err != nil {
+		db.Close()
+		s.Close()
+		return nil, err
+	}
+	db.state = s
+	return db, nil
+}
+
+// SwapIn makes a rebuilt store the state dir's current generation in place of old, which it closes:
+// the state dir (and its lock) passes from old to rebuilt, CURRENT is renamed to rebuilt's directory,
+// and old's directory is removed. old must have been opened with OpenState, rebuilt with Open on a
+// generation of the same state dir, and nothing may read or write old any more.
+func SwapIn(old, rebuilt *DB) error {
+	s := old.state
+	if s == nil {
+		return fmt.Errorf("store: %s was not opened from a state dir", old.dir)
+	}
+	old.state = nil // old's Close must not release the lock
+	closeErr := old.Close()
+	rebuilt.state = s
+	if err := s.Swap(rebuilt.dir); err != nil {
+		return fmt.Errorf("swap in %s: %w", rebuilt.dir, err)
+	}
+	if closeErr != nil {
+		return fmt.Errorf("close the replaced generation: %w", closeErr)
+	}
+	return nil
+}

@@ -1,0 +1,438 @@
+package store
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"sync"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+
+	provisioner "github.com/novox/mesh-provisioner"
+)
+
+// trimBatch is how many events one trim batch walks before it commits: deletes go to Pebble in
+// batches of this size, so a trim never holds much in memory and never stalls ingest.
+var trimBatch = 4096
+
+// TrimHistory compacts a bucket's event log up to horizon: of every key, only the newest event at or
+// below horizon is kept, and only when it is a put; every older event is deleted. The state as of every
+// point at or after horizon is unchanged, and the floor moves to horizon, so as-of questions below it
+// are refused (ErrTrimmed) rather than answered wrong. horizonTime is the time of the message at
+// horizon.
+//
+// The floor is committed before any event is deleted, and the walk commits its progress with each
+// batch, so an interrupted trim is resumed by the next one. Trimming runs beside Apply without taking
+// its lock: it only touches events at or below horizon, and Apply only writes above the applied
+// sequence, which is at or above horizon. It returns how many events it deleted.
+func (db *DB) TrimHistory(ctx context.Context, bucket string, horizon uint64, horizonTime int64) (int, error) {
+	if db.closed.Load() {
+		return 0, ErrClosed
+	}
+	if applied, _ := db.Applied(bucket); horizon > applied {
+		return 0, fmt.Errorf("store: trim %s to %d: only %d is applied", bucket, horizon, applied)
+	}
+	marks, err := readMarks(db.pdb, bucket)
+	if err != nil {
+		return 0, err
+	}
+	if horizon <= marks.Floor {
+		if marks.Trimmed >= marks.Floor {
+			return 0, nil // nothing new, nothing left over
+		}
+		horizon, horizonTime = marks.Floor, marks.FloorTime // resume an interrupted trim
+	} else {
+		// The floor first: from this commit on, no reader asks for a point below it, so deleting
+		// events it no longer needs can happen in any number of batches.
+		b := db.pdb.NewBatch()
+		marks.Floor, marks.FloorTime = horizon, horizonTime
+		if err := b.Set(floorKey(nil, bucket), encodeFloor(marks), nil); err == nil {
+			for _, g := range marks.Gaps {
+				if !g.Open() && g.To <= horizon {
+					err = errors.Join(err, b.Delete(gapKey(nil, bucket, g.From), nil))
+				}
+			}
+			if err == nil {
+				err = b.Commit(pebble.NoSync)
+			}
+		}
+		b.Close()
+		if err != nil {
+			return 0, fmt.Errorf("trim %s: write floor: %w", bucket, err)
+		}
+	}
+
+	p := bucketPrefix(nil, prefixEvent, bucket)
+	walk, err := db.pdb.NewIter(&pebble.IterOptions{LowerBound: eventKey(nil, bucket, marks.Trimmed+1), UpperBound: eventKey(nil, bucket, horizon+1)})
+	if err != nil {
+		return 0, err
+	}
+	defer walk.Close()
+	deleted := 0
+	t := &trimmer{db: db, bucket: bucket}
+	if err := t.begin(); err != nil {
+		return 0, err
+	}
+	defer t.close()
+	n := 0
+	for walk.First(); walk.Valid(); walk.Next() {
+		seq := binary.BigEndian.Uint64(walk.Key()[len(p):])
+		d, err := t.event(string(walk.Value()), seq)
+		if err != nil {
+			return deleted, fmt.Errorf("trim %s at %d: %w", bucket, seq, err)
+		}
+		deleted += d
+		if n++; n%trimBatch == 0 {
+			marks.Trimmed = seq
+			if err := t.commit(marks); err != nil {
+				return deleted, err
+			}
+			if ctx.Err() != nil {
+				return deleted, ctx.Err()
+			}
+			if err := t.begin(); err != nil {
+				return deleted, err
+			}
+		}
+	}
+	if err := walk.Error(); err != nil {
+		return deleted, err
+	}
+	marks.Trimmed = horizon
+	return deleted, t.commit(marks)
+}
+
+// trimmer is one trim batch: the deletes, an iterator over the bucket's history as committed when the
+// batch began, and the event the walk last kept of each key it met in this batch (0: none), since the
+// iterator does not see the batch's own deletes.
+type trimmer struct {
+	db     *DB
+	bucket string
+	batch  *pebble.Batch
+	hist   *pebble.Iterator
+	kept   map[string]uint64
+	buf    []byte
+}
+
+func (t *trimmer) begin() error {
+	p := bucketPrefix(nil, prefixHistory, t.bucket)
+	it, err := t.db.pdb.NewIter(&pebble.IterOptions{LowerBound: p, UpperBound: prefixEnd(p)})
+	if err != nil {
+		return err
+	}
+	t.batch, t.hist, t.kept = t.db.pdb.NewBatch(), it, map[string]uint64{}
+	return nil
+}
+
+func (t *trimmer) close() {
+	if t.batch != nil {
+		t.batch.Close()
+		t.batch = nil
+	}
+	if t.hist != nil {
+		t.hist.Close()
+		t.hist = nil
+	}
+}
+
+func (t *trimmer) commit(m HistoryMarks) error {
+	defer t.close()
+	if err := t.batch.Set(floorKey(nil, t.bucket), encodeFloor(m), nil); err != nil {
+		return err
+	}
+	if err := t.batch.Commit(pebble.NoSync); err != nil {
+		return fmt.Errorf("trim %s: commit: %w", t.bucket, err)
+	}
+	return nil
+}
+
+// event handles the event at seq of key, walked in sequence order below the horizon: it supersedes
+// whatever event of the key the walk kept before it, and is itself dropped when it is not a put (a key
+// absent from the log is absent from the state).
+func (t *trimmer) event(key string, seq uint64) (int, error) {
+	start := historyKeyStart(nil, t.bucket, key)
+	cur := binary.BigEndian.AppendUint64(append([]byte(nil), start...), seq)
+	if !t.hist.SeekGE(cur) || !bytes.Equal(t.hist.Key(), cur) || len(t.hist.Value()) == 0 {
+		return 0, fmt.Errorf("%w: event %d of %s has no history entry", ErrCorrupt, seq, t.bucket)
+	}
+	put := provisioner.Op(t.hist.Value()[0]) == provisioner.OpPut
+	prev, met := t.kept[key]
+	if !met && t.hist.Prev() && bytes.HasPrefix(t.hist.Key(), start) {
+		prev = binary.BigEndian.Uint64(t.hist.Key()[len(t.hist.Key())-8:])
+	}
+	deleted := 0
+	if prev != 0 {
+		if err := t.drop(start, prev); err != nil {
+			return 0, err
+		}
+		deleted++
+	}
+	if put {
+		t.kept[key] = seq
+		return deleted, nil
+	}
+	t.kept[key] = 0
+	if err := t.drop(start, seq); err != nil {
+		return 0, err
+	}
+	return deleted + 1, nil
+}
+
+func (t *trimmer) drop(keyStart []byte, seq uint64) error {
+	t.buf = binary.BigEndian.AppendUint64(append(t.buf[:0], keyStart...), seq)
+	if err := t.batch.Delete(t.buf, nil); err != nil {
+		return err
+	}
+	t.buf = eventKey(t.buf[:0], t.bucket, seq)
+	return t.batch.Delete(t.buf, nil)
+}
+
+// HistoryBytes estimates the disk space the event log takes, all buckets together (Pebble's estimate
+// over the sstables of the log's key ranges; what sits in memtables is not counted).
+func (db *DB) HistoryBytes() (uint64, error) {
+	if db.closed.Load() {
+		return 0, ErrClosed
+	}
+	return db.pdb.EstimateDiskUsage([]byte{prefixHistory}, []byte{prefixEvent + 1})
+}
+
+// RetentionOptions say how long the event log keeps history. The zero value keeps everything.
+type RetentionOptions struct {
+	// MaxAge trims events stamped longer ago than this (by the messages' own time); 0 keeps them.
+	MaxAge time.Duration
+	// MaxBytes trims the oldest history when the log's estimated size passes this, down to 80% of it;
+	// 0 means no limit. The state at the floor is always kept, so the log never gets smaller than
+	// about one copy of the current rows.
+	MaxBytes int64
+	// Every is how often the retention is applied; 0 means one minute.
+	Every time.Duration
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+	// Logger receives a line per trim; nil discards them.
+	Logger *slog.Logger
+}
+
+// Retention trims a store's event log in the background, without blocking ingest. Start runs it; Stop
+// stops it and waits.
+type Retention struct {
+	db   *DB
+	opts RetentionOptions
+	log  *slog.Logger
+
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu      sync.Mutex
+	rounds  int
+	deleted int64
+}
+
+// NewRetention returns a Retention for db.
+func NewRetention(db *DB, opts RetentionOptions) *Retention {
+	if opts.Every <= 0 {
+		opts.Every = time.Minute
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Retention{db: db, opts: opts, log: log.With("component", "history")}
+}
+
+// Start applies the retention now and every Every until Stop.
+func (r *Retention) Start(ctx context.Context) {
+	ctx, r.cancel = context.WithCancel(ctx)
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		failing := false
+		t := time.NewTimer(0)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			_, err := r.Apply(ctx)
+			switch {
+			case err != nil && ctx.Err() == nil && !errors.Is(err, ErrClosed):
+				if !failing {
+					r.log.Warn("trimming the event log failed; retrying", "err", err)
+					failing = true
+				}
+			case err == nil && failing:
+				r.log.Info("recovered")
+				failing = false
+			}
+			t.Reset(r.opts.Every)
+		}
+	}()
+}
+
+// Stop stops the background trimming and waits for it.
+func (r *Retention) Stop() {
+	if r.cancel != nil {
+		r.cancel()
+	}
+	r.wg.Wait()
+}
+
+// Stats says how many rounds ran and how many events they deleted.
+func (r *Retention) Stats() (rounds int, deleted int64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.rounds, r.deleted
+}
+
+// Apply runs one round: for each bucket the horizon is the newer of what MaxAge and MaxBytes ask for,
+// and the log is trimmed to it. It returns how many events it deleted.
+func (r *Retention) Apply(ctx context.Context) (int, error) {
+	now := r.opts.Now().UnixNano()
+	horizon := int64(math.MinInt64) // trim messages stamped at or before this
+	if r.opts.MaxAge > 0 {
+		horizon = now - int64(r.opts.MaxAge)
+	}
+	bySize := false
+	if r.opts.MaxBytes > 0 {
+		t, ok, err := r.sizeHorizon(now)
+		if err != nil {
+			return 0, err
+		}
+		if ok && t > horizon {
+			horizon, bySize = t, true
+		}
+	}
+	total := 0
+	var errs error
+	if horizon != math.MinInt64 {
+		for _, b := range r.db.Buckets() {
+			n, err := r.trimBucket(ctx, b, horizon)
+			total += n
+			errs = errors.Join(errs, err)
+		}
+	}
+	if bySize && total > 0 {
+		// Deleted events free their space only once compacted; without it the next round would find
+		// the log still too big and trim again.
+		if err := r.db.pdb.Compact(ctx, []byte{prefixHistory}, []byte{prefixEvent + 1}, false); err != nil && ctx.Err() == nil {
+			errs = errors.Join(errs, fmt.Errorf("compact the event log: %w", err))
+		}
+	}
+	r.mu.Lock()
+	r.rounds++
+	r.deleted += int64(total)
+	r.mu.Unlock()
+	if total > 0 {
+		r.log.Info("event log trimmed", "events_deleted", total, "horizon", time.Unix(0, horizon).UTC().Format(time.RFC3339), "by_size", bySize)
+	}
+	return total, errs
+}
+
+func (r *Retention) trimBucket(ctx context.Context, bucket string, horizon int64) (int, error) {
+	seq, err := seqAtTime(r.db.pdb, bucket, horizon)
+	if err != nil {
+		return 0, err
+	}
+	if applied, _ := r.db.Applied(bucket); seq > applied {
+		seq = applied
+	}
+	if seq == 0 {
+		return 0, nil
+	}
+	s, ts, ok, err := eventAtOrAfter(r.db.pdb, bucket, seq)
+	if err != nil {
+		return 0, err
+	}
+	if !ok || s != seq {
+		return 0, nil // at or below the floor already
+	}
+	return r.db.TrimHistory(ctx, bucket, seq, ts)
+}
+
+// sizeHorizon finds, when the log is bigger than MaxBytes, the time before which enough events go to
+// bring it down to 80% of MaxBytes. Events are counted by sequence above each bucket's compacted floor,
+// so the estimate is proportional: compaction keeps one event per live key, which is why the next
+// round may trim further.
+func (r *Retention) sizeHorizon(now int64) (int64, bool, error) {
+	used, err := r.db.HistoryBytes()
+	if err != nil {
+		return 0, false, err
+	}
+	if used <= uint64(r.opts.MaxBytes) {
+		return 0, false, nil
+	}
+	target := uint64(r.opts.MaxBytes) / 10 * 8
+	frac := float64(used-target) / float64(used)
+	type span struct {
+		bucket      string
+		from, to    uint64
+		first, last int64
+	}
+	var spans []span
+	var all uint64
+	lo, hi := int64(math.MaxInt64), int64(math.MinInt64)
+	for _, b := range r.db.Buckets() {
+		marks, err := readMarks(r.db.pdb, b)
+		if err != nil {
+			return 0, false, err
+		}
+		applied, _ := r.db.Applied(b)
+		if applied <= marks.Trimmed {
+			continue
+		}
+		s, first, ok, err := eventAtOrAfter(r.db.pdb, b, marks.Trimmed+1)
+		if err != nil || !ok {
+			if err != nil {
+				return 0, false, err
+			}
+			continue
+		}
+		_, last, _, err := eventAtOrAfter(r.db.pdb, b, applied)
+		if err != nil {
+			return 0, false, err
+		}
+		spans = append(spans, span{bucket: b, from: s, to: applied, first: first, last: last})
+		all += applied - s + 1
+		lo, hi = min(lo, first), max(hi, last)
+	}
+	if len(spans) == 0 {
+		return 0, false, nil
+	}
+	want := uint64(frac * float64(all))
+	count := func(t int64) (uint64, error) {
+		var n uint64
+		for _, sp := range spans {
+			seq, err := seqAtTime(r.db.pdb, sp.bucket, t)
+			if err != nil {
+				return 0, err
+			}
+			if seq >= sp.from {
+				n += min(seq, sp.to) - sp.from + 1
+			}
+		}
+		return n, nil
+	}
+	// The earliest time whose count reaches want.
+	for lo < hi {
+		mid := lo + (hi-lo)/2
+		n, err := count(mid)
+		if err != nil {
+			return 0, false, err
+		}
+		if n >= want {
+			hi = mid
+		} else {
+			lo = mid + 1
+		}
+	}
+	return min(lo, now), true, nil
+}
