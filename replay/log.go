@@ -137,8 +137,9 @@ func Fill(ctx context.Context, js jetstream.JetStream, db *store.DB, opts projec
 		if err != nil {
 			return err
 		}
-		done := true
-		for _, b := range opts.Buckets {
+		// With Composed, the composed-<node> buckets found by listing count too, once listed.
+		done := !opts.Composed || p.Discovered()
+		for _, b := range p.Buckets() {
 			if _, synced := db.Applied(b); !synced {
 				done = false
 				break

@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	provisioner "github.com/novox/mesh-provisioner"
 	"github.com/novox/mesh-provisioner/internal/progress"
 	"github.com/novox/mesh-provisioner/projector"
 	"github.com/novox/mesh-provisioner/replay"
@@ -31,6 +32,7 @@ type RebuildCommand struct {
 	nats  natsFlags
 	logs  logFlags
 	state string
+	plans bool
 }
 
 func (c *RebuildCommand) flags() *flag.FlagSet {
@@ -39,6 +41,7 @@ func (c *RebuildCommand) flags() *flag.FlagSet {
 	c.nats.register(fs, nats.DefaultURL)
 	c.logs.register(fs)
 	fs.StringVar(&c.state, "state", "./data/state", "state dir to rebuild")
+	fs.BoolVar(&c.plans, "plans", true, "rebuild the plans' inputs too, as serve --plans tails them (--plans=false: do not)")
 	fs.Usage = func() {
 		fmt.Fprint(c.Stderr, `Usage: mesh-provisioner rebuild [flags]
 
@@ -114,7 +117,16 @@ func (c *RebuildCommand) Run(ctx context.Context, args []string) error {
 		}
 		var bar *progress.Bar
 		var applied int64
-		err = replay.Fill(ctx, js, db, projector.Options{Logger: log}, func(done, total int64) {
+		po := projector.Options{Logger: log}
+		if c.plans {
+			// The plans' inputs too, as serve tails them: a rebuilt state dir answers plans at once.
+			for _, sh := range provisioner.ProvisionerShapes {
+				po.Buckets = append(po.Buckets, sh.Bucket)
+			}
+			po.Buckets = append(po.Buckets, provisioner.BucketHostModules, provisioner.BucketIndexerBuilds)
+			po.Composed = true
+		}
+		err = replay.Fill(ctx, js, db, po, func(done, total int64) {
 			applied = done
 			if bar == nil {
 				bar = progress.New(c.Stderr, log, "rebuild", "messages", total)
