@@ -100,3 +100,42 @@ func FirstToken(key string) string {
 	}
 	return key
 }
+
+// PartsOfStored reads the parts of a key the store holds a row for: a key that already fit its shape
+// when it was applied, so its tokens are split without being checked again. It is the read path's
+// ParseKey; a key that does not split into the shape's tokens reports false.
+func PartsOfStored(s Shape, key string) (Parts, bool) {
+	var toks [4]string
+	n := len(s.Tokens)
+	rest := key
+	for i := 0; i < n-1; i++ {
+		j := strings.IndexByte(rest, '.')
+		if j < 0 {
+			return Parts{}, false
+		}
+		toks[i], rest = rest[:j], rest[j+1:]
+	}
+	if strings.IndexByte(rest, '.') >= 0 {
+		return Parts{}, false
+	}
+	toks[n-1] = rest
+	var p Parts
+	switch s.What {
+	case WhatRegistry:
+		p.Kind = toks[0]
+	case WhatNeeds:
+		p.Node, p.Module, p.Kind, p.Name = toks[0], toks[1], toks[2], toks[3]
+	case WhatApplied:
+		p.Node, p.Module = toks[0], toks[1]
+	case WhatCollect:
+		name, err := DecodeCollection(toks[1])
+		if err != nil {
+			return Parts{}, false
+		}
+		p.Node, p.Collection, p.CollectionKey, p.Contributor = toks[0], name, toks[1], toks[2]
+	default:
+		parts, err := ParseKey(s, key)
+		return parts, err == nil
+	}
+	return p, true
+}

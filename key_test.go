@@ -384,3 +384,24 @@ func FuzzParseKey(f *testing.F) {
 		require.Equal(t, key, strings.Join(rebuilt, "."))
 	})
 }
+
+func TestPartsOfStored_AgreesWithParseKey(t *testing.T) {
+	cases := []struct {
+		shape Shape
+		key   string
+	}{
+		{ShapeRegistry, "config"}, {ShapeNeeds, "n1.m.config.a"}, {ShapeApplied, "n1.m"},
+		{ShapeCollect, "n1.shell=3Azsh.c"}, {ShapeCollect, "n1.=C3=A9.c"},
+	}
+	for _, tc := range cases {
+		want, err := ParseKey(tc.shape, tc.key)
+		require.NoError(t, err)
+		got, ok := PartsOfStored(tc.shape, tc.key)
+		require.True(t, ok, tc.key)
+		require.Equal(t, want, got, tc.key)
+	}
+	for _, bad := range []string{"n1.m.config", "n1.m.config.a.b"} {
+		_, ok := PartsOfStored(ShapeNeeds, bad)
+		require.False(t, ok, bad)
+	}
+}

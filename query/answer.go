@@ -70,8 +70,8 @@ func AnswerView(v View, r *Request, e *Encoder, asOf uint64, synced bool) error 
 	err := v.Rows(rg, func(row *provisioner.Row) bool {
 		// The key's bytes live until the callback returns, and so do the parts read from them: they are
 		// written into the answer before it does. No copy of the key is made.
-		parts, err := provisioner.ParseKey(shape, unsafe.String(unsafe.SliceData(row.Key), len(row.Key)))
-		if err != nil || !filter(&parts, row) {
+		parts, ok := provisioner.PartsOfStored(shape, unsafe.String(unsafe.SliceData(row.Key), len(row.Key)))
+		if !ok || !filter(&parts, row) {
 			return true // out-of-shape keys have no row; the filter narrows what the range could not
 		}
 		if n == limit {
