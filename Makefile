@@ -29,3 +29,17 @@ bench: build
 
 bench-quick: build
 	$(GO) run ./cmd/bench -keys 100000 -lookups 200 -bin $(BIN)
+
+# Fuzzing: each target explores for FUZZTIME (the corpus under testdata/fuzz/ is replayed by every
+# `make test`; what a run finds goes there too, to be kept as a regression seed).
+FUZZTIME ?= 15s
+FUZZ_TARGETS := .:FuzzParseKey .:FuzzDecodeCollection ./query:FuzzDecodeRequest ./query:FuzzAnswer \
+	./internal/mpk:FuzzSkip ./internal/mpk:FuzzAppendJSON
+
+fuzz:
+	@set -e; for t in $(FUZZ_TARGETS); do \
+		pkg=$${t%%:*}; name=$${t##*:}; \
+		echo "== $$name ($$pkg, $(FUZZTIME))"; \
+		out=$$($(GO) test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) $$pkg 2>&1) || { echo "$$out"; exit 1; }; \
+		echo "$$out" | grep -E 'execs: [0-9]+' | tail -n 1; \
+	done
