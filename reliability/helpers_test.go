@@ -3,6 +3,7 @@ package reliability_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -22,7 +23,6 @@ import (
 	"github.com/novox/mesh-provisioner/fixtures"
 	"github.com/novox/mesh-provisioner/internal/natstest"
 	"github.com/novox/mesh-provisioner/internal/verbcheck"
-	"github.com/novox/mesh-provisioner/projector"
 	"github.com/novox/mesh-provisioner/query"
 	"github.com/novox/mesh-provisioner/seat"
 	"github.com/novox/mesh-provisioner/store"
@@ -187,12 +187,21 @@ type inSeat struct {
 // a cluster); stop, also run at cleanup, stops it and closes the store.
 func startSeat(tb testing.TB, url, dir string, opts ...nats.Option) *inSeat {
 	tb.Helper()
+	return startSeatWith(tb, url, dir, seat.Config{WriteRegistry: true}, opts...)
+}
+
+// startSeatWith is startSeat with a seat config; a zero projector Poll is 50ms here.
+func startSeatWith(tb testing.TB, url, dir string, cfg seat.Config, opts ...nats.Option) *inSeat {
+	tb.Helper()
 	nc, js := natstest.Connect(tb, url, opts...)
 	db, err := store.OpenState(dir, store.Options{CacheSize: 8 << 20, MemTableSize: 8 << 20})
 	if err != nil {
 		tb.Fatal(err)
 	}
-	st, err := seat.Start(context.Background(), nc, js, db, seat.Config{WriteRegistry: true, Projector: projector.Options{Poll: 50 * time.Millisecond}})
+	if cfg.Projector.Poll == 0 {
+		cfg.Projector.Poll = 50 * time.Millisecond
+	}
+	st, err := seat.Start(context.Background(), nc, js, db, cfg)
 	if err != nil {
 		db.Close()
 		tb.Fatal(err)
@@ -213,6 +222,26 @@ func startSeat(tb testing.TB, url, dir string, opts ...nats.Option) *inSeat {
 	tb.Cleanup(s.stop)
 	return s
 }
+
+// logBuffer collects a seat's log lines, safely from its goroutines.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf strings.Builder
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *logBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+func (b *logBuffer) logger() *slog.Logger { return slog.New(slog.NewTextHandler(b, nil)) }
 
 // waitAnswering waits until the verb answers a registry request.
 func waitAnswering(tb testing.TB, nc *nats.Conn, timeout time.Duration, p *proc) {
@@ -372,7 +401,8 @@ type writer struct {
 	pauseCh  chan chan struct{}
 	resumeCh chan struct{}
 	written  atomic.Int64
-	err      atomic.Pointer[error]
+	retries  atomic.Int64          // chunks sent again after an error
+	err      atomic.Pointer[error] // the last error a chunk met
 	cancel   context.CancelFunc
 	done     chan struct{}
 }
@@ -403,11 +433,24 @@ func startWriter(tb testing.TB, js jetstream.JetStream, m *mix, chunk, total int
 			if total > 0 && n+size > total {
 				size = total - n
 			}
-			if err := fixtures.Load(ctx, js, m.ops(size), 512, nil); err != nil {
-				if ctx.Err() == nil {
-					w.err.Store(&err)
+			// A chunk that fails (the server restarting, a leader moving) is sent again whole: every
+			// key ends as the last write of it in the chunk, as if it had been sent once.
+			ops := m.ops(size)
+			for {
+				err := fixtures.Load(ctx, js, ops, 512, nil)
+				if err == nil {
+					break
 				}
-				return
+				if ctx.Err() != nil {
+					return
+				}
+				w.err.Store(&err)
+				w.retries.Add(1)
+				select {
+				case <-time.After(100 * time.Millisecond):
+				case <-ctx.Done():
+					return
+				}
 			}
 			w.written.Add(int64(size))
 		}
@@ -445,14 +488,11 @@ func (w *writer) wait(tb testing.TB, timeout time.Duration) {
 	select {
 	case <-w.done:
 	case <-time.After(timeout):
-		tb.Fatalf("writer: %d written after %v", w.written.Load(), timeout)
-	}
-	if err := w.error(); err != nil {
-		tb.Fatalf("writer: %v", err)
+		tb.Fatalf("writer: %d written after %v (last error: %v)", w.written.Load(), timeout, w.lastErr())
 	}
 }
 
-func (w *writer) error() error {
+func (w *writer) lastErr() error {
 	if p := w.err.Load(); p != nil {
 		return *p
 	}

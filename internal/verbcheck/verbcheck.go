@@ -340,13 +340,17 @@ func ask(nc *nats.Conn, req map[string]any, asMsgpack bool) (page, error) {
 
 // Check asks req through every page, in JSON or MessagePack, and compares rows and anomalies with the
 // truth. asOf, when non-zero, is the sequence every page's as_of must equal (the bucket's last stream
-// sequence, with writers paused). It returns a *Diff when they differ, or the error that stopped it.
+// sequence, with writers paused); each page asks with it as min_seq. It returns a *Diff when they differ, or the error that stopped it.
 func (t Truth) Check(nc *nats.Conn, req map[string]any, asMsgpack bool, asOf uint64) error {
 	want, wantAnoms := t.Expect(req)
 	d := &Diff{Request: fmt.Sprintf("%v msgpack=%v", req, asMsgpack)}
 	r := map[string]any{}
 	for k, v := range req {
 		r[k] = v
+	}
+	if asOf != 0 {
+		// Whichever seat of the queue group answers, it answers once it has applied asOf.
+		r["min_seq"], r["wait_ms"] = asOf, query.MaxWaitMS
 	}
 	var rows []map[string]any
 	var values [][]byte
