@@ -150,8 +150,9 @@ func (s *Server) Stop() {
 func (s *Server) handle(req micro.Request) {
 	start := time.Now()
 	r, format, err := DecodeRequest(req.Data())
-	if err == nil && r.MinSeq > 0 && r.At == "" {
-		// A wait must not hold up the requests behind it: answer from a goroutine of its own.
+	if err == nil && r.MinSeq > 0 && r.At == "" && s.ctx.Err() == nil {
+		// A wait must not hold up the requests behind it: answer from a goroutine of its own (once
+		// stopping, it ends at once, and is answered here).
 		if seq, _ := s.r.Applied(bucketOf(&r)); seq < uint64(r.MinSeq) {
 			s.wg.Add(1)
 			go func() {

@@ -39,6 +39,7 @@ type Seat struct {
 	Registry  *registry.Writer // nil when the seat does not write the registry
 
 	log     *slog.Logger
+	nc      *nats.Conn // the verb's connection: Stop drains it
 	stopped bool
 }
 
@@ -48,7 +49,7 @@ func Start(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, db *store
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	s := &Seat{DB: db, log: log}
+	s := &Seat{DB: db, log: log, nc: nc}
 	if cfg.WriteRegistry {
 		s.Registry = registry.New(js, provisioner.Registry, cfg.RegistryInterval, log)
 		s.Registry.Start(ctx)
@@ -70,7 +71,8 @@ func Start(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, db *store
 }
 
 // Stop drains the verb, stops the registry writer and the projector (its last batch committed), and
-// syncs the store. It does not close the store.
+// syncs the store. It does not close the store; it leaves the connection given to Start drained and
+// closed (drain.go).
 func (s *Seat) Stop() error {
 	if s.stopped {
 		return nil
@@ -85,6 +87,7 @@ func (s *Seat) Stop() error {
 	if s.Projector != nil {
 		s.Projector.Stop()
 	}
+	s.drainVerb()
 	if err := s.DB.Flush(); err != nil {
 		return fmt.Errorf("sync state: %w", err)
 	}
