@@ -351,6 +351,8 @@ func (p *Projector) applyLoop(ctx context.Context, bucket string, created int64,
 			if !failing {
 				log.Error("applying a batch failed; retrying with backoff", "err", err, "messages", len(batch))
 				failing = true
+				// Answers say they are behind until the batch is in (it is marked again once caught up).
+				p.db.SetSynced(bucket, false)
 			}
 			if !sleep(ctx, bo.next()) {
 				return err

@@ -150,7 +150,14 @@ func runSeat(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, db *sto
 			"  nats req mesh-provisioner.provisioning '{\"what\":\"applied\",\"node\":\"%s\"}'\n\n",
 			nc.ConnectedUrl(), fixtures.NodeName(7), fixtures.NodeName(7))
 	}
-	<-ctx.Done()
+	select {
+	case <-ctx.Done():
+	case <-db.Broken():
+		// Part of the projection no longer reads back: stop answering around the hole, and say what to do.
+		log.Error("stopping: the state dir is broken", "err", db.BrokenErr())
+		st.Stop()
+		return db.BrokenErr()
+	}
 	log.Info("stopping: draining the verb, committing the last batch")
 	if err := st.Stop(); err != nil {
 		return err
