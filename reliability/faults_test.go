@@ -107,7 +107,11 @@ func TestFault_ClusterFailover(t *testing.T) {
 
 	s := startSeat(t, c.URLs(), t.TempDir(), nats.DontRandomize(), nats.ReconnectWait(20*time.Millisecond))
 	require.Equal(t, c.URL(0), s.nc.ConnectedUrl(), "the seat starts on S-1")
-	w := startWriter(t, js, newMix(2, 40), 50, 0)
+	// The writer gives up on an ack after a second and sends its chunk again: a publish to a leader
+	// that died is never acknowledged.
+	wjs, err := jetstream.New(natsConn(t, c.URLs()), jetstream.WithPublishAsyncTimeout(time.Second))
+	require.NoError(t, err)
+	w := startWriter(t, wjs, newMix(2, 40), 50, 0)
 	faults := 0
 
 	// check writes a while more, holds the writer, and compares through a client on survivors.
@@ -244,6 +248,12 @@ func TestFault_QueueGroupSeatKilled(t *testing.T) {
 	require.LessOrEqual(t, retried.Load(), int64(clients), "only requests in flight to the killed seat are lost")
 	require.Equal(t, 1, pingCount(nc), "one seat left in the group")
 	require.False(t, b.exited(), b.tail())
+}
+
+// natsConn connects to url and closes the connection at the end of the test.
+func natsConn(tb testing.TB, url string) *nats.Conn {
+	nc, _ := natstest.Connect(tb, url)
+	return nc
 }
 
 // pingCount is how many instances of the service answer $SRV.PING within a short wait.

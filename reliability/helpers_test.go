@@ -437,7 +437,11 @@ func startWriter(tb testing.TB, js jetstream.JetStream, m *mix, chunk, total int
 			// key ends as the last write of it in the chunk, as if it had been sent once.
 			ops := m.ops(size)
 			for {
-				err := fixtures.Load(ctx, js, ops, 512, nil)
+				// An attempt is bounded: a JetStream API call to a meta leader that just died waits
+				// for its own 5 s timeout otherwise.
+				actx, cancel := context.WithTimeout(ctx, 2*time.Second)
+				err := fixtures.Load(actx, js, ops, 512, nil)
+				cancel()
 				if err == nil {
 					break
 				}

@@ -281,7 +281,7 @@ func TestHostile_LongKeys(t *testing.T) {
 func longestKey(tb testing.TB, url, bucket string) int {
 	tb.Helper()
 	fits := func(n int) bool {
-		nc, err := nats.Connect(url, nats.NoReconnect())
+		nc, err := nats.Connect(url, nats.NoReconnect(), nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
 		require.NoError(tb, err)
 		defer nc.Close()
 		js, err := jetstream.New(nc)
