@@ -98,10 +98,10 @@ func TestCrashLoop_SIGKILL(t *testing.T) {
 			p.kill()
 		case killCatchingUp:
 			p.kill()
-			writeMore(2000 + r.IntN(3000))
+			writeMore(3000 + r.IntN(5000))
 			p = serve(t, url, state)
 			waitAnswering(t, nc, 30*time.Second, p)
-			time.Sleep(time.Duration(r.IntN(300)) * time.Millisecond)
+			time.Sleep(time.Duration(r.IntN(60)) * time.Millisecond)
 			behind = lag(nc)
 			p.kill()
 		case killStarting:
