@@ -30,3 +30,24 @@ bench: build
 
 bench-quick: build
 	$(GO) run ./cmd/bench -keys 100000 -lookups 200 -bin $(BIN)
+
+# The long reliability runs: 20 SIGKILLs in the crash loop, 100,000 updates under 8 clients, and the
+# fault tests, against real nats-servers and the real binary (the short versions run in make test).
+chaos:
+	@log=$$(mktemp); MESH_CHAOS=1 $(GO) test -count=1 -v -timeout 30m ./reliability/ >$$log 2>&1; rc=$$?; \
+		grep -E '^(--- |PASS|FAIL|ok)|restarts consistent|faults survived|requests|seed|restart [0-9]+:|at SIGTERM|updates written' $$log; \
+		if [ $$rc -ne 0 ]; then echo "--- the end of the log:"; tail -n 150 $$log; fi; rm -f $$log; exit $$rc
+
+# Fuzzing: each target explores for FUZZTIME (the corpus under testdata/fuzz/ is replayed by every
+# `make test`; what a run finds goes there too, to be kept as a regression seed).
+FUZZTIME ?= 15s
+FUZZ_TARGETS := .:FuzzParseKey .:FuzzDecodeCollection ./query:FuzzDecodeRequest ./query:FuzzAnswer \
+	./internal/mpk:FuzzSkip ./internal/mpk:FuzzAppendJSON
+
+fuzz:
+	@set -e; for t in $(FUZZ_TARGETS); do \
+		pkg=$${t%%:*}; name=$${t##*:}; \
+		echo "== $$name ($$pkg, $(FUZZTIME))"; \
+		out=$$($(GO) test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) $$pkg 2>&1) || { echo "$$out"; exit 1; }; \
+		echo "$$out" | grep -E 'execs: [0-9]+' | tail -n 1; \
+	done

@@ -241,7 +241,7 @@ func (p *Projector) tail(ctx context.Context, bucket string, log *slog.Logger, o
 	if err != nil {
 		return fmt.Errorf("create consumer: %w", err)
 	}
-	it, err := cons.Messages(jetstream.PullMaxMessages(pull))
+	it, err := cons.Messages(jetstream.PullMaxMessages(pull), jetstream.PullHeartbeat(pullHeartbeat))
 	if err != nil {
 		return fmt.Errorf("consume: %w", err)
 	}
@@ -422,6 +422,8 @@ func (p *Projector) applyLoop(ctx context.Context, bucket string, batchSize int,
 			if !failing {
 				log.Error("applying a batch failed; retrying with backoff", "err", err, "messages", len(batch))
 				failing = true
+				// Answers say they are behind until the batch is in (it is marked again once caught up).
+				p.db.SetSynced(bucket, false)
 			}
 			if !sleep(ctx, bo.next()) {
 				return err
@@ -493,6 +495,13 @@ func sleep(ctx context.Context, d time.Duration) bool {
 		return false
 	}
 }
+
+// pullHeartbeat is how often the server says a pull is still alive when no message flows. A consumer
+// whose server died (a cluster node lost, the seat's connection moved) is found out after two missed
+// heartbeats and recreated from the last sequence read; nats.go's default is half the pull's 30 s
+// expiry, which left the seat reading nothing for up to 30 s after a failover (10 s in the cluster test
+// before). One small message a second per bucket while idle is the price.
+const pullHeartbeat = jetstream.PullHeartbeat(time.Second)
 
 // kvOperationHeader is the header a KV delete or purge carries (nats.go keeps its name unexported).
 const kvOperationHeader = "KV-Operation"

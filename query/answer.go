@@ -78,8 +78,19 @@ func AnswerView(v View, r *Request, e *Encoder, asOf uint64, synced bool) error 
 			next = string(last)
 			return false
 		}
+		m := e.mark()
 		if rowErr = e.Row(w, row, &parts); rowErr != nil {
 			return false
+		}
+		if e.rowsFull(row.Key) { // past the rows' share of one NATS message (limits.go)
+			e.rewind(m)
+			if n > 0 {
+				next = string(last)
+				return false
+			}
+			if rowErr = e.rowOmitted(w, row, &parts); rowErr != nil {
+				return false
+			}
 		}
 		last = append(last[:0], row.Key...)
 		n++
@@ -92,6 +103,7 @@ func AnswerView(v View, r *Request, e *Encoder, asOf uint64, synced bool) error 
 		return err
 	}
 	e.EndRows()
+	e.reserveTail(len(next))
 	node := r.Node
 	if err := e.AnomaliesFrom(v, shape.Bucket, node); err != nil {
 		return err

@@ -16,11 +16,13 @@ import (
 // MessagePack maps and arrays whose length is known only at the end are written with a header of
 // fixed width that is patched when they close; JSON tracks commas per open level.
 type Encoder struct {
-	f     Format
-	buf   []byte
-	first []bool // JSON: whether the open level has no member yet
-	marks []int  // MessagePack: offset of each open header to patch, -1 when the count was known
-	count []int  // MessagePack: members written at each open level
+	f       Format
+	buf     []byte
+	first   []bool // JSON: whether the open level has no member yet
+	marks   []int  // MessagePack: offset of each open header to patch, -1 when the count was known
+	count   []int  // MessagePack: members written at each open level
+	max     int    // bound on an answer's size in bytes, 0 for none (limits.go)
+	reserve int    // bytes kept free for the answer's tail (limits.go)
 }
 
 // Reset empties the encoder for an answer in format f.
@@ -30,6 +32,7 @@ func (e *Encoder) Reset(f Format) {
 	e.first = e.first[:0]
 	e.marks = e.marks[:0]
 	e.count = e.count[:0]
+	e.reserve = 0
 }
 
 // sep writes the comma before a JSON member and counts a MessagePack member.

@@ -10,6 +10,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/internal/mpk"
 )
 
 // Limits of a request (CONTRACT section 3).
@@ -68,6 +69,9 @@ func DecodeRequest(body []byte) (Request, Format, error) {
 		if trimmed[0] != '{' {
 			return req, FormatJSON, badf("request is neither a JSON object nor a MessagePack map")
 		}
+		if err := jsonFields(trimmed); err != nil {
+			return req, FormatJSON, err
+		}
 		dec := json.NewDecoder(bytes.NewReader(trimmed))
 		dec.DisallowUnknownFields()
 		if err := dec.Decode(&req); err != nil {
@@ -78,6 +82,9 @@ func DecodeRequest(body []byte) (Request, Format, error) {
 		}
 		return req, FormatJSON, req.validate()
 	default:
+		if err := msgpackFields(trimmed); err != nil {
+			return req, FormatMsgpack, err
+		}
 		rd := bytes.NewReader(trimmed)
 		dec := msgpack.NewDecoder(rd)
 		dec.DisallowUnknownFields(true)
@@ -89,6 +96,81 @@ func DecodeRequest(body []byte) (Request, Format, error) {
 		}
 		return req, FormatMsgpack, req.validate()
 	}
+}
+
+// requestFields are the request's field names, exactly as the contract writes them.
+var requestFields = map[string]bool{
+	"what": true, "node": true, "module": true, "contributor": true, "collection": true, "kind": true,
+	"limit": true, "after": true, "min_seq": true, "wait_ms": true, "at": true,
+}
+
+// jsonFields checks the names of a JSON request's members before it is decoded: encoding/json matches
+// names regardless of case and lets a repeated name win over the first, so {"WHAT":"needs"} or
+// {"what":"needs","what":"applied"} would be read, where a MessagePack reader (or a proxy) reads them
+// otherwise. Each is a bad request. Malformed JSON is left for the decoder to describe.
+func jsonFields(b []byte) error {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return nil
+	}
+	seen := make(map[string]bool, 4)
+	for dec.More() {
+		t, err := dec.Token()
+		if err != nil {
+			return nil
+		}
+		name, _ := t.(string)
+		if err := checkField(name, seen); err != nil {
+			return err
+		}
+		var skip json.RawMessage
+		if err := dec.Decode(&skip); err != nil {
+			return nil
+		}
+	}
+	return nil
+}
+
+// msgpackFields does for a MessagePack map what jsonFields does for JSON: every key a known field
+// name, none twice. Values are stepped over with mpk.Skip, whose depth is bounded. Malformed
+// MessagePack is left for the decoder to describe.
+func msgpackFields(b []byte) error {
+	rd := bytes.NewReader(b)
+	dec := msgpack.NewDecoder(rd)
+	n, err := dec.DecodeMapLen()
+	if err != nil {
+		return nil
+	}
+	seen := make(map[string]bool, 4)
+	for i := 0; i < n; i++ {
+		name, err := dec.DecodeString()
+		if err != nil {
+			return nil
+		}
+		if err := checkField(name, seen); err != nil {
+			return err
+		}
+		off := len(b) - rd.Len()
+		m, err := mpk.Skip(b[off:])
+		if err != nil {
+			return nil
+		}
+		if _, err := rd.Seek(int64(off+m), io.SeekStart); err != nil {
+			return nil
+		}
+	}
+	return nil
+}
+
+func checkField(name string, seen map[string]bool) error {
+	if !requestFields[name] {
+		return badf("unknown field %q (fields are what, node, module, contributor, collection, kind, limit, after, min_seq, wait_ms, at)", name)
+	}
+	if seen[name] {
+		return badf("field %q is given twice", name)
+	}
+	seen[name] = true
+	return nil
 }
 
 func formatOf(b []byte) Format {

@@ -25,7 +25,7 @@ func (e *Encoder) EndRows() { e.closeArray() }
 func (e *Encoder) AnomaliesFrom(v View, bucket, node string) error {
 	e.key("anomalies")
 	e.openArray(-1)
-	total, err := v.Anomalies(bucket, node, MaxAnomalies, e.Anomaly)
+	total, err := v.Anomalies(bucket, node, MaxAnomalies, e.boundedAnomaly())
 	if err != nil {
 		return err
 	}

@@ -85,6 +85,7 @@ type Server struct {
 	opts Options
 	log  *slog.Logger
 	svc  micro.Service
+	nc   *nats.Conn // the verb's connection: its max payload bounds an answer
 	pool sync.Pool
 
 	ctx    context.Context
@@ -139,6 +140,7 @@ func (s *Server) Start(nc *nats.Conn, stats func() any) error {
 		return fmt.Errorf("add endpoint: %w", err)
 	}
 	s.svc = svc
+	s.nc = nc
 	return nil
 }
 
@@ -165,8 +167,9 @@ func (s *Server) Stop() {
 func (s *Server) handle(req micro.Request) {
 	start := time.Now()
 	r, format, err := DecodeRequest(req.Data())
-	if err == nil && r.MinSeq > 0 && r.At == "" {
-		// A wait must not hold up the requests behind it: answer from a goroutine of its own.
+	if err == nil && r.MinSeq > 0 && r.At == "" && s.ctx.Err() == nil {
+		// A wait must not hold up the requests behind it: answer from a goroutine of its own (once
+		// stopping, it ends at once, and is answered here).
 		if b := bucketOf(&r); b == "" || appliedSeq(s.r, b) < uint64(r.MinSeq) {
 			s.wg.Add(1)
 			go func() {
@@ -223,13 +226,18 @@ func appliedSeq(r applied, bucket string) uint64 {
 func (s *Server) respond(req micro.Request, r *Request, format Format, err error, start time.Time) {
 	e := s.pool.Get().(*Encoder)
 	defer s.pool.Put(e)
+	max := maxAnswer(s.nc)
+	e.SetMaxBytes(max)
 	if err == nil {
 		err = s.Answer(s.ctx, r, format, e)
+		if err == nil && max > 0 && len(e.Bytes()) > max {
+			err = tooLarge(len(e.Bytes()), max) // an answer not bounded by limits.go: say so, not time out
+		}
 	}
 	code := 200
 	if err != nil {
 		code = Code(err)
-		msg := err.Error()
+		msg := clipText(err.Error())
 		if code == 500 {
 			s.log.Error("answer failed", "what", r.What, "err", err)
 		}

@@ -58,6 +58,7 @@ type Seat struct {
 	Registry  *registry.Writer // nil when the seat does not write the registry
 
 	log     *slog.Logger
+	nc      *nats.Conn // the verb's connection: Stop drains it
 	stopped bool
 
 	cfg    Config
@@ -86,7 +87,7 @@ func Start(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, db *store
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	s := &Seat{DB: db, log: log, cfg: cfg, js: js, cur: db, reader: newSwapReader(db), rebuildCh: make(chan struct{}, 1)}
+	s := &Seat{DB: db, log: log, nc: nc, cfg: cfg, js: js, cur: db, reader: newSwapReader(db), rebuildCh: make(chan struct{}, 1)}
 	s.ctx, s.cancel = context.WithCancel(ctx)
 	if cfg.WriteRegistry {
 		s.Registry = registry.New(js, provisioner.Registry, cfg.RegistryInterval, log)
@@ -154,7 +155,8 @@ func (s *Seat) compactAfterCatchUp(ctx context.Context) {
 
 // Stop drains the verb, stops the registry writer and the projector (its last batch committed), and
 // syncs the store. It does not close the store given to Start (after a rebuild that one is closed
-// already); it closes a store a rebuild swapped in.
+// already); it closes a store a rebuild swapped in. It leaves the connection given to Start drained
+// and closed (drain.go).
 func (s *Seat) Stop() error {
 	if s.stopped {
 		return nil
@@ -177,6 +179,7 @@ func (s *Seat) Stop() error {
 	if ret != nil {
 		ret.Stop()
 	}
+	s.drainVerb()
 	if err := db.Flush(); err != nil {
 		return fmt.Errorf("sync state: %w", err)
 	}

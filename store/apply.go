@@ -182,6 +182,9 @@ func (db *DB) Apply(bucket string, msgs []provisioner.Message, streamCreated int
 	if db.closed.Load() {
 		return ErrClosed
 	}
+	if err := db.checkRoom(); err != nil {
+		return err
+	}
 
 	// Batches come from Pebble's pool; letting them keep buffers of a catch-up batch's size saves
 	// growing a new one for every batch.

@@ -49,14 +49,11 @@ func (db *DB) View() (*View, error) {
 
 // Close releases the view.
 func (v *View) Close() error {
-	var err error
 	if v.it != nil {
-		err = v.it.Close()
+		// Its error, if any, is the last scan's, which that scan returned already.
+		_ = v.it.Close()
 	}
-	if serr := v.snap.Close(); err == nil {
-		err = serr
-	}
-	return err
+	return v.snap.Close()
 }
 
 // get reads one key through the view's iterator.

@@ -36,6 +36,9 @@ func LockState(path string) (*StateDir, error) {
 	}
 	f, err := os.OpenFile(filepath.Join(path, lockName), os.O_RDWR|os.O_CREATE, 0o644)
 	if err != nil {
+		if errors.Is(err, syscall.EROFS) || errors.Is(err, syscall.EACCES) || errors.Is(err, syscall.EPERM) {
+			return nil, fmt.Errorf("open state dir lock: %w: the state dir must be writable by the seat: fix its mount or permissions, or give another --state", err)
+		}
 		return nil, fmt.Errorf("open state dir lock: %w", err)
 	}
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {

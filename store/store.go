@@ -32,7 +32,7 @@ var (
 // NeedsRebuild reports whether err says the state dir cannot be used as it is and a rebuild from the
 // streams is the way out.
 func NeedsRebuild(err error) bool {
-	return errors.Is(err, ErrCorrupt) || errors.Is(err, ErrSchema)
+	return errors.Is(err, ErrCorrupt) || errors.Is(err, ErrSchema) || isPebbleCorruption(err)
 }
 
 // Options tune the Pebble store. The zero value is usable.
@@ -44,6 +44,9 @@ type Options struct {
 	MemTableSize uint64
 	// Logger receives Pebble's own messages at debug level; nil discards them.
 	Logger *slog.Logger
+	// MinFreeBytes is the room Apply keeps free on the state dir's file system (space.go); 0 means
+	// two memtables and 32 MiB, a negative value turns the check off.
+	MinFreeBytes int64
 }
 
 // Checkpoint is a bucket's position, committed in the same batch as the rows it produced.
@@ -93,6 +96,8 @@ type DB struct {
 
 	planRows atomic.Int64   // plan rows recomputed since open (PlanStats)
 	openGaps map[string]Gap // each bucket's open history gap (history.go); under applyMu
+	minFree  int64          // room Apply keeps free (space.go); negative: no check
+	broken   *brokenState   // the first corruption Pebble found (broken.go)
 
 	closed atomic.Bool
 }
@@ -183,19 +188,30 @@ func Open(dir string, opts Options) (*DB, error) {
 		FormatMajorVersion:    pebble.FormatNewest,
 		Logger:                pebbleLogger{opts.Logger},
 	}
+	broken := newBrokenState(opts.Logger)
+	po.EventListener = broken.listener()
+	minFree := opts.MinFreeBytes
+	if minFree == 0 {
+		minFree = defaultMinFree(opts.MemTableSize)
+	}
+	if err := roomToOpen(dir, minFree); err != nil {
+		return nil, err
+	}
 	fresh := isEmptyDir(dir)
 	pdb, err := pebble.Open(dir, po)
 	if err != nil {
 		if isLockErr(err) {
 			return nil, fmt.Errorf("%w: %s: %v", ErrLocked, dir, err)
 		}
-		return nil, fmt.Errorf("%w: open %s: %v (run `mesh-provisioner rebuild`)", ErrCorrupt, dir, err)
+		return nil, openErr(dir, err)
 	}
 	db := &DB{pdb: pdb, dir: dir, buckets: map[string]*bucketState{}, kinds: map[string]struct{}{}, openGaps: map[string]Gap{}}
 	if err := db.load(fresh); err != nil {
 		pdb.Close()
 		return nil, err
 	}
+	db.broken = broken
+	db.minFree = minFree
 	return db, nil
 }
 

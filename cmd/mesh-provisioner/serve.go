@@ -131,7 +131,7 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 	if store.NeedsRebuild(err) {
 		// Nothing this binary can answer from: start over, and answer (synced false) while the
 		// projection refills from the streams, as on a first start.
-		log.Warn("the state dir cannot be used; starting it over from the streams", "state", c.state, "reason", err)
+		log.Warn("the state dir cannot be used; rebuilding it from the streams", "state", c.state, "reason", err)
 		db, err = store.ResetState(c.state, store.Options{Logger: log})
 	}
 	if err != nil {
@@ -195,8 +195,16 @@ func runSeat(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, db *sto
 	if cfg.started != nil {
 		cfg.started()
 	}
-	<-ctx.Done()
-	cfg.ops.setSeat(nil) // /readyz says 503 while the seat drains
+	select {
+	case <-ctx.Done():
+		cfg.ops.setSeat(nil) // /readyz says 503 while the seat drains
+	case <-db.Broken():
+		// Part of the projection no longer reads back: stop answering around the hole, and say what to do.
+		log.Error("stopping: the state dir is broken", "err", db.BrokenErr())
+		cfg.ops.setSeat(nil)
+		st.Stop()
+		return db.BrokenErr()
+	}
 	log.Info("stopping: draining the verb, committing the last batch")
 	if err := st.Stop(); err != nil {
 		return err

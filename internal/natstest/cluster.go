@@ -1,0 +1,152 @@
+package natstest
+
+import (
+	"fmt"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+)
+
+// FreePort returns a loopback TCP port that was free a moment ago.
+func FreePort(tb testing.TB) int {
+	tb.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatalf("free port: %v", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// Cluster is a JetStream cluster of in-process nats-servers on loopback, each with a store dir of
+// its own, routed to each other. A server can be stopped and started again on the same ports and
+// store, as a crashed and restarted node would be.
+type Cluster struct {
+	tb      testing.TB
+	opts    []*server.Options
+	Servers []*server.Server // nil while a server is stopped
+}
+
+// RunCluster starts n servers named S-1..S-n in a cluster named "mesh" and waits until JetStream has
+// a meta leader. They are shut down when the test ends.
+func RunCluster(tb testing.TB, n int) *Cluster {
+	tb.Helper()
+	c := &Cluster{tb: tb, Servers: make([]*server.Server, n)}
+	routes := make([]string, n)
+	clusterPorts := make([]int, n)
+	for i := range routes {
+		clusterPorts[i] = FreePort(tb)
+		routes[i] = fmt.Sprintf("nats://127.0.0.1:%d", clusterPorts[i])
+	}
+	for i := 0; i < n; i++ {
+		c.opts = append(c.opts, &server.Options{
+			ServerName: fmt.Sprintf("S-%d", i+1),
+			Host:       "127.0.0.1",
+			Port:       FreePort(tb),
+			JetStream:  true,
+			StoreDir:   tb.TempDir(),
+			Cluster:    server.ClusterOpts{Name: "mesh", Host: "127.0.0.1", Port: clusterPorts[i]},
+			Routes:     server.RoutesFromStr(strings.Join(routes, ",")),
+			NoSigs:     true,
+			NoLog:      true,
+		})
+	}
+	for i := range c.opts {
+		c.Start(i)
+	}
+	tb.Cleanup(func() {
+		for i := range c.Servers {
+			c.Stop(i)
+		}
+	})
+	c.WaitMetaLeader(30 * time.Second)
+	return c
+}
+
+// Start starts server i (again), on its ports and store dir.
+func (c *Cluster) Start(i int) {
+	c.tb.Helper()
+	if c.Servers[i] != nil {
+		return
+	}
+	o := *c.opts[i]
+	ns, err := server.NewServer(&o)
+	if err != nil {
+		c.tb.Fatalf("server %s: %v", o.ServerName, err)
+	}
+	go ns.Start()
+	if !ns.ReadyForConnections(10 * time.Second) {
+		ns.Shutdown()
+		c.tb.Fatalf("server %s did not start", o.ServerName)
+	}
+	c.Servers[i] = ns
+}
+
+// Stop shuts server i down, as a crash would take it away (its clients see the connection drop).
+func (c *Cluster) Stop(i int) {
+	if ns := c.Servers[i]; ns != nil {
+		ns.Shutdown()
+		ns.WaitForShutdown()
+		c.Servers[i] = nil
+	}
+}
+
+// URL is server i's client URL.
+func (c *Cluster) URL(i int) string { return fmt.Sprintf("nats://127.0.0.1:%d", c.opts[i].Port) }
+
+// URLs are the client URLs of the servers listed (all of them when none is), comma separated.
+func (c *Cluster) URLs(idx ...int) string {
+	if len(idx) == 0 {
+		for i := range c.opts {
+			idx = append(idx, i)
+		}
+	}
+	var urls []string
+	for _, i := range idx {
+		urls = append(urls, c.URL(i))
+	}
+	return strings.Join(urls, ",")
+}
+
+// Index returns the index of the server named name, or -1.
+func (c *Cluster) Index(name string) int {
+	for i, o := range c.opts {
+		if o.ServerName == name {
+			return i
+		}
+	}
+	return -1
+}
+
+// WaitMetaLeader waits until a running server knows the JetStream meta leader.
+func (c *Cluster) WaitMetaLeader(timeout time.Duration) {
+	c.tb.Helper()
+	CheckFor(c.tb, timeout, 50*time.Millisecond, func() error {
+		for _, ns := range c.Servers {
+			if ns != nil && ns.JetStreamIsLeader() {
+				return nil
+			}
+		}
+		return fmt.Errorf("no JetStream meta leader yet")
+	})
+}
+
+// WaitCurrent waits until every running server reports JetStream healthy: its streams and consumers
+// caught up with their leaders.
+func (c *Cluster) WaitCurrent(timeout time.Duration) {
+	c.tb.Helper()
+	CheckFor(c.tb, timeout, 100*time.Millisecond, func() error {
+		for i, ns := range c.Servers {
+			if ns == nil {
+				continue
+			}
+			if st := ns.Healthz(&server.HealthzOptions{}); st.Status != "ok" {
+				return fmt.Errorf("%s: %s %s", c.opts[i].ServerName, st.Status, st.Error)
+			}
+		}
+		return nil
+	})
+}

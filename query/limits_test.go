@@ -1,0 +1,114 @@
+package query
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"github.com/vmihailenco/msgpack/v5"
+
+	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/store"
+)
+
+// TestAnswer_BoundedBySize walks a bucket whose rows and anomalies are far more than one bounded answer
+// holds: every page stays within the bound, the walk sees every row once and in order, a row too large
+// for any answer comes without its value, and the anomalies are cut while anomalies_total counts them
+// all.
+func TestAnswer_BoundedBySize(t *testing.T) {
+	db, err := store.Open(t.TempDir(), store.Options{CacheSize: 1 << 20, MemTableSize: 4 << 20})
+	require.NoError(t, err)
+	defer db.Close()
+	const max = 64 << 10
+	var msgs []provisioner.Message
+	seq := uint64(0)
+	put := func(key string, value []byte) {
+		seq++
+		msgs = append(msgs, provisioner.Message{Seq: seq, Time: int64(seq), Key: key, Op: provisioner.OpPut, Value: value})
+	}
+	val, _ := msgpack.Marshal(map[string]any{"pad": strings.Repeat("v", 2000)})
+	var keys []string
+	for i := 0; i < 200; i++ {
+		k := fmt.Sprintf("n1.m%03d.config.%s", i, strings.Repeat("k", 500))
+		keys = append(keys, k)
+		put(k, val)
+	}
+	huge, _ := msgpack.Marshal(strings.Repeat("h", max))
+	put("n1.m100.config.huge", huge) // sorts among the others
+	keys = append(keys, "n1.m100.config.huge")
+	notMsgpack := append([]byte{0xc1}, strings.Repeat("r", max)...)
+	put("n1.m150.config.raw", notMsgpack)
+	keys = append(keys, "n1.m150.config.raw")
+	for i := 0; i < 300; i++ {
+		put(fmt.Sprintf("n1.bad%03d.%s", i, strings.Repeat("b", 1000)), []byte{0x01}) // out of shape
+	}
+	require.NoError(t, db.Apply(provisioner.BucketNeeds, msgs, 0, false))
+	db.SetSynced(provisioner.BucketNeeds, true)
+	s := NewServer(StoreReader(db), Options{})
+	defer s.Stop()
+
+	for _, format := range []Format{FormatJSON, FormatMsgpack} {
+		t.Run(fmt.Sprint("format ", format), func(t *testing.T) {
+			var got []string
+			omitted := map[string]uint64{}
+			after := ""
+			for page := 0; ; page++ {
+				require.Less(t, page, 500)
+				req := Request{What: "needs", After: after, Limit: ptr(int64(MaxLimit))}
+				var e Encoder
+				e.SetMaxBytes(max)
+				require.NoError(t, s.Answer(context.Background(), &req, format, &e))
+				require.LessOrEqual(t, len(e.Bytes()), max, "page %d", page)
+				var a struct {
+					Rows      []map[string]any `json:"rows" msgpack:"rows"`
+					Anomalies []map[string]any `json:"anomalies" msgpack:"anomalies"`
+					Total     int64            `json:"anomalies_total" msgpack:"anomalies_total"`
+					Next      string           `json:"next" msgpack:"next"`
+				}
+				if format == FormatJSON {
+					require.NoError(t, json.Unmarshal(e.Bytes(), &a))
+				} else {
+					require.NoError(t, msgpack.Unmarshal(e.Bytes(), &a))
+				}
+				require.NotEmpty(t, a.Rows, "page %d", page)
+				// 300 out of shape, 202 needs of a kind no registry answers (it is empty), 1 value not MessagePack.
+				require.EqualValues(t, 503, a.Total, "anomalies_total counts every anomaly")
+				require.NotEmpty(t, a.Anomalies)
+				require.Less(t, len(a.Anomalies), 503, "the anomalies are cut to the bound")
+				for _, row := range a.Rows {
+					k := row["key"].(string)
+					got = append(got, k)
+					if n, ok := row["value_omitted"]; ok {
+						require.Nil(t, row["value"], k)
+						require.NotContains(t, row, "value_raw", k)
+						omitted[k] = toUint(n)
+					}
+				}
+				if a.Next == "" {
+					break
+				}
+				require.Equal(t, got[len(got)-1], a.Next)
+				after = a.Next
+			}
+			want := append([]string(nil), keys...)
+			sort.Strings(want)
+			require.Equal(t, want, got, "every row once, in byte order")
+			require.Equal(t, map[string]uint64{"n1.m100.config.huge": uint64(len(huge)), "n1.m150.config.raw": uint64(len(notMsgpack))}, omitted)
+		})
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+func toUint(v any) uint64 {
+	n, err := strconv.ParseUint(fmt.Sprint(v), 10, 64)
+	if err != nil {
+		panic(err)
+	}
+	return n
+}
