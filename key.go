@@ -43,6 +43,11 @@ func ParseKey(s Shape, key string) (Parts, error) {
 		}
 		toks[i] = tok
 	}
+	return partsOf(s, toks)
+}
+
+// partsOf names the tokens of a key split by its shape, and reads the collection and the build.
+func partsOf(s Shape, toks [4]string) (Parts, error) {
 	var p Parts
 	switch s.What {
 	case WhatRegistry:
@@ -119,23 +124,6 @@ func PartsOfStored(s Shape, key string) (Parts, bool) {
 		return Parts{}, false
 	}
 	toks[n-1] = rest
-	var p Parts
-	switch s.What {
-	case WhatRegistry:
-		p.Kind = toks[0]
-	case WhatNeeds:
-		p.Node, p.Module, p.Kind, p.Name = toks[0], toks[1], toks[2], toks[3]
-	case WhatApplied:
-		p.Node, p.Module = toks[0], toks[1]
-	case WhatCollect:
-		name, err := DecodeCollection(toks[1])
-		if err != nil {
-			return Parts{}, false
-		}
-		p.Node, p.Collection, p.CollectionKey, p.Contributor = toks[0], name, toks[1], toks[2]
-	default:
-		parts, err := ParseKey(s, key)
-		return parts, err == nil
-	}
-	return p, true
+	p, err := partsOf(s, toks)
+	return p, err == nil
 }

@@ -19,19 +19,8 @@ import (
 // BenchmarkIngest projects a needs stream of 100,000 messages into an empty store, as serve does.
 // Run using: go test ./projector -run x -bench Ingest -benchtime 3x -cpuprofile cpu.prof
 func BenchmarkIngest(b *testing.B) {
-	ns := natstest.RunServer(b)
-	_, js := natstest.Connect(b, ns.ClientURL())
+	js, needs := loadNeeds(b)
 	ctx := context.Background()
-	ops := fixtures.Mesh{Seed: 1, Nodes: 400, Modules: 25, NeedsPerModule: 10}.Ops()
-	var needs []fixtures.Op
-	for _, op := range ops {
-		if op.Bucket == provisioner.BucketNeeds {
-			needs = append(needs, op)
-		}
-	}
-	if err := fixtures.Load(ctx, js, needs, 16384, nil); err != nil {
-		b.Fatal(err)
-	}
 	last := uint64(len(needs))
 	cpu0 := cpuTime()
 	b.ResetTimer()
@@ -76,19 +65,8 @@ func cpuTime() time.Duration {
 // BenchmarkStreamLimit reads the same stream with a bare ordered consumer that does nothing: the
 // floor BenchmarkIngest is measured against.
 func BenchmarkStreamLimit(b *testing.B) {
-	ns := natstest.RunServer(b)
-	_, js := natstest.Connect(b, ns.ClientURL())
+	js, needs := loadNeeds(b)
 	ctx := context.Background()
-	ops := fixtures.Mesh{Seed: 1, Nodes: 400, Modules: 25, NeedsPerModule: 10}.Ops()
-	var needs []fixtures.Op
-	for _, op := range ops {
-		if op.Bucket == provisioner.BucketNeeds {
-			needs = append(needs, op)
-		}
-	}
-	if err := fixtures.Load(ctx, js, needs, 16384, nil); err != nil {
-		b.Fatal(err)
-	}
 	stream, err := js.Stream(ctx, provisioner.StreamName(provisioner.BucketNeeds))
 	if err != nil {
 		b.Fatal(err)
@@ -113,4 +91,20 @@ func BenchmarkStreamLimit(b *testing.B) {
 	}
 	b.ReportMetric(float64(len(needs))*float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
 	b.ReportMetric(float64(cpuTime()-cpu0)/1e3/float64(len(needs))/float64(b.N), "cpu-µs/msg")
+}
+
+// loadNeeds starts a server and loads the needs of a 400-node mesh: 100,000 messages.
+func loadNeeds(b *testing.B) (jetstream.JetStream, []fixtures.Op) {
+	ns := natstest.RunServer(b)
+	_, js := natstest.Connect(b, ns.ClientURL())
+	var needs []fixtures.Op
+	for _, op := range (fixtures.Mesh{Seed: 1, Nodes: 400, Modules: 25, NeedsPerModule: 10}).Ops() {
+		if op.Bucket == provisioner.BucketNeeds {
+			needs = append(needs, op)
+		}
+	}
+	if err := fixtures.Load(context.Background(), js, needs, 16384, nil); err != nil {
+		b.Fatal(err)
+	}
+	return js, needs
 }

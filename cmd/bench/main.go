@@ -399,73 +399,63 @@ func (b *bench) allPages(req map[string]any, asJSON bool) (int, time.Duration, e
 }
 
 func (b *bench) moduleLookups(ctx context.Context) error {
-	kv, err := b.js.KeyValue(ctx, provisioner.BucketNeeds)
-	if err != nil {
-		return err
-	}
-	var vm, vj, dw []time.Duration
-	rows := 0
+	var cases []lookupCase
 	for _, j := range []int{1, 7, 13, 19, 31} {
 		mod := fixtures.ModuleName(j)
-		n, t, err := b.allPages(map[string]any{"what": "needs", "module": mod}, false)
-		if err != nil {
-			return err
-		}
-		_, tj, err := b.allPages(map[string]any{"what": "needs", "module": mod}, true)
-		if err != nil {
-			return err
-		}
-		start := time.Now()
-		dn, err := watchCount(kv, "*."+mod+".>")
-		if err != nil {
-			return err
-		}
-		dw = append(dw, time.Since(start))
-		if dn != n {
-			return fmt.Errorf("module %s: verb %d rows, direct %d", mod, n, dn)
-		}
-		vm, vj = append(vm, t), append(vj, tj)
-		rows += n
+		cases = append(cases, lookupCase{req: map[string]any{"what": "needs", "module": mod}, filter: "*." + mod + ".>"})
 	}
-	m, j, d := percentile(vm, 0.5), percentile(vj, 0.5), percentile(dw, 0.5)
-	b.add("module lookup", fmt.Sprintf("verb %s MessagePack, %s JSON; direct watch %s; %.1f× (MessagePack), %.1f× (JSON) faster",
-		ms(m), ms(j), ms(d), float64(d)/float64(m), float64(d)/float64(j)),
-		fmt.Sprintf("one module across all nodes, about %d rows, every page at limit 10000; median of 5 modules; direct: KV watch of *.<module>.>", rows/5))
-	return nil
+	return b.wideLookups(ctx, "module lookup", provisioner.BucketNeeds, cases,
+		"one module across all nodes, about %d rows, every page at limit 10000; median of 5 modules; direct: KV watch of *.<module>.>")
 }
 
 func (b *bench) collectionLookups(ctx context.Context) error {
-	kv, err := b.js.KeyValue(ctx, provisioner.BucketCollect)
+	var cases []lookupCase
+	for _, c := range []string{"shell:zsh:normal", "environment", "path with space"} {
+		cases = append(cases, lookupCase{req: map[string]any{"what": "collect", "collection": c}, filter: "*." + provisioner.EncodeCollection(c) + ".*"})
+	}
+	return b.wideLookups(ctx, "collection lookup", provisioner.BucketCollect, cases,
+		"one collection across all nodes, about %d rows; median of 3 collections; direct: KV watch of *.<escaped>.*")
+}
+
+// lookupCase is one wide lookup: the verb's request, and the KV watch filter that reads the same keys.
+type lookupCase struct {
+	req    map[string]any
+	filter string
+}
+
+// wideLookups asks each case through every page, in MessagePack and in JSON, and reads the same keys
+// with a direct KV watch; it reports the medians and the ratios.
+func (b *bench) wideLookups(ctx context.Context, figure, bucket string, cases []lookupCase, how string) error {
+	kv, err := b.js.KeyValue(ctx, bucket)
 	if err != nil {
 		return err
 	}
 	var vm, vj, dw []time.Duration
 	rows := 0
-	for _, c := range []string{"shell:zsh:normal", "environment", "path with space"} {
-		n, t, err := b.allPages(map[string]any{"what": "collect", "collection": c}, false)
+	for _, c := range cases {
+		n, t, err := b.allPages(c.req, false)
 		if err != nil {
 			return err
 		}
-		_, tj, err := b.allPages(map[string]any{"what": "collect", "collection": c}, true)
+		_, tj, err := b.allPages(c.req, true)
 		if err != nil {
 			return err
 		}
 		start := time.Now()
-		dn, err := watchCount(kv, "*."+provisioner.EncodeCollection(c)+".*")
+		dn, err := watchCount(kv, c.filter)
 		if err != nil {
 			return err
 		}
 		dw = append(dw, time.Since(start))
 		if dn != n {
-			return fmt.Errorf("collection %s: verb %d rows, direct %d", c, n, dn)
+			return fmt.Errorf("%v: verb %d rows, direct %d", c.req, n, dn)
 		}
 		vm, vj = append(vm, t), append(vj, tj)
 		rows += n
 	}
 	m, j, d := percentile(vm, 0.5), percentile(vj, 0.5), percentile(dw, 0.5)
-	b.add("collection lookup", fmt.Sprintf("verb %s MessagePack, %s JSON; direct watch %s; %.1f× (MessagePack), %.1f× (JSON) faster",
-		ms(m), ms(j), ms(d), float64(d)/float64(m), float64(d)/float64(j)),
-		fmt.Sprintf("one collection across all nodes, about %d rows; median of 3 collections; direct: KV watch of *.<escaped>.*", rows/3))
+	b.add(figure, fmt.Sprintf("verb %s MessagePack, %s JSON; direct watch %s; %.1f× (MessagePack), %.1f× (JSON) faster",
+		ms(m), ms(j), ms(d), float64(d)/float64(m), float64(d)/float64(j)), fmt.Sprintf(how, rows/len(cases)))
 	return nil
 }
 
