@@ -126,31 +126,42 @@ func Start(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, db *store
 	return s, nil
 }
 
-// compactAfterCatchUp waits until the seat is synced and, when the catch-up applied many messages,
-// compacts the store once: a fresh catch-up leaves its rows spread over the memtable and many L0 files,
-// and every answer would merge them until background compactions caught up.
+// compactAfterCatchUp compacts the store once a burst of CompactAfter messages or more has been applied
+// and the seat has gone quiet (synced, nothing applied for a second): a catch-up leaves its rows spread
+// over memtables and many L0 files, and every answer would merge them until background compactions
+// caught up. A steady trickle never goes quiet and is left to Pebble's own compactions.
 func (s *Seat) compactAfterCatchUp(ctx context.Context) {
-	t := time.NewTicker(200 * time.Millisecond)
+	t := time.NewTicker(time.Second)
 	defer t.Stop()
-	for !s.Synced() {
+	var proj *projector.Projector
+	var compacted, last int64
+	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
-	}
-	n := s.Current().Applied()
-	if n < CompactAfter {
-		return
-	}
-	start := time.Now()
-	if err := s.Store().CompactAll(ctx); err != nil {
-		if ctx.Err() == nil {
-			s.log.Warn("compaction after catch-up failed; background compactions go on", "err", err)
+		p := s.Current()
+		if p != proj {
+			// The seat's first projector, or a rebuild's: its count starts at zero.
+			proj, compacted, last = p, 0, -1
 		}
-		return
+		n := p.Applied()
+		quiet := n == last && s.Synced()
+		last = n
+		if !quiet || n-compacted < CompactAfter {
+			continue
+		}
+		compacted = n
+		start := time.Now()
+		if err := s.Store().CompactAll(ctx); err != nil {
+			if ctx.Err() == nil {
+				s.log.Warn("compaction after catch-up failed; background compactions go on", "err", err)
+			}
+			continue
+		}
+		s.log.Info("compacted after catch-up", "messages", n, "took", time.Since(start).Round(time.Millisecond))
 	}
-	s.log.Info("compacted after catch-up", "messages", n, "took", time.Since(start).Round(time.Millisecond))
 }
 
 // Stop drains the verb, stops the registry writer and the projector (its last batch committed), and
