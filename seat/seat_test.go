@@ -1,7 +1,6 @@
 package seat_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -20,6 +19,7 @@ import (
 	provisioner "github.com/novox/mesh-provisioner"
 	"github.com/novox/mesh-provisioner/fixtures"
 	"github.com/novox/mesh-provisioner/internal/natstest"
+	"github.com/novox/mesh-provisioner/internal/verbcheck"
 	"github.com/novox/mesh-provisioner/projector"
 	"github.com/novox/mesh-provisioner/query"
 	"github.com/novox/mesh-provisioner/seat"
@@ -128,40 +128,11 @@ func (h *harness) bucket(name string) map[string]kvEntry {
 	return out
 }
 
-// shapeOK says, by splitting the key itself, whether it fits the bucket's shape, and its parts.
-func shapeOK(bucket, key string) (map[string]string, string) {
-	toks := strings.Split(key, ".")
-	names := map[string][]string{
-		provisioner.BucketRegistry: {"kind"},
-		provisioner.BucketNeeds:    {"node", "module", "kind", "name"},
-		provisioner.BucketApplied:  {"node", "module"},
-		provisioner.BucketCollect:  {"node", "collection_key", "contributor"},
-	}[bucket]
-	if len(toks) != len(names) {
-		return nil, "token-count"
-	}
-	parts := map[string]string{}
-	for i, tok := range toks {
-		if tok == "" || strings.Trim(tok, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_/=") != "" {
-			return nil, "bad-token"
-		}
-		parts[names[i]] = tok
-	}
-	if bucket == provisioner.BucketCollect {
-		name, err := provisioner.DecodeCollection(parts["collection_key"])
-		if err != nil {
-			return nil, "bad-escape"
-		}
-		parts["collection"] = name
-	}
-	return parts, ""
-}
-
-func isMsgpack(b []byte) bool {
-	rd := bytes.NewReader(b)
-	var v any
-	return len(b) > 0 && msgpack.NewDecoder(rd).Decode(&v) == nil && rd.Len() == 0
-}
+// shapeOK and isMsgpack are the independent truth's rules (internal/verbcheck), not the seat's.
+var (
+	shapeOK   = verbcheck.Shape
+	isMsgpack = verbcheck.IsMsgpack
+)
 
 type expectRow struct {
 	e     kvEntry
