@@ -13,9 +13,12 @@ import (
 // as of; synced is passed through. The encoder must have been reset for the answer's format.
 func Answer(v *store.View, r *query.Request, e *query.Encoder, synced bool) error {
 	w := provisioner.What(r.What)
+	if w == provisioner.WhatPlans {
+		return answerPlans(v, r, e, synced)
+	}
 	shape, ok := provisioner.ShapeOfWhat(w)
 	if !ok {
-		return query.NotImplemented("at is answered for registry, needs, applied and collect, not %s", r.What)
+		return query.NotImplemented("at is answered for registry, needs, applied, collect and plans, not %s", r.What)
 	}
 	if r.MinSeq > 0 {
 		return query.BadRequest("min_seq waits for the live projection and does not go with at; ask at seq:<n> instead")
@@ -51,6 +54,8 @@ func Handler(open Opener, synced func(bucket string) bool) query.AtFunc {
 		s := false
 		if shape, ok := provisioner.ShapeOfWhat(provisioner.What(r.What)); ok {
 			s = synced(shape.Bucket)
+		} else if r.What == string(provisioner.WhatPlans) {
+			s = synced(provisioner.BucketHostModules)
 		}
 		return Answer(v, r, e, s)
 	}

@@ -642,3 +642,46 @@ func TestPlans_KillHelper(t *testing.T) {
 	fmt.Println("READY")
 	select {} // until killed
 }
+
+// TestPlans_At: plans asked at a time answer what the live seat answered then, from the event log,
+// after the inputs have moved on (the verb's at, and so `replay state plans --at`).
+func TestPlans_At(t *testing.T) {
+	h := newHarness(t)
+	sc := fixtures.Plans()
+	h.load(sc.Before)
+	st, _ := h.startPlansSeat(t.TempDir())
+	h.waitPlansCaughtUp(st)
+	then := map[string][]any{}
+	for _, pr := range planRequests {
+		rows, _ := h.askAllPlans(pr.req, false)
+		then[pr.name] = rows
+	}
+	at := time.Now().UTC()
+	time.Sleep(5 * time.Millisecond) // the next message is stamped after at
+	h.load(sc.After)
+	h.waitPlansCaughtUp(st)
+	changed := false
+	for _, pr := range planRequests {
+		now, _ := h.askAllPlans(pr.req, false)
+		if fmt.Sprint(now) != fmt.Sprint(then[pr.name]) {
+			changed = true
+		}
+		for _, asMsgpack := range []bool{false, true} {
+			for _, limit := range []int{1000, 2} {
+				req := map[string]any{"at": at.Format(time.RFC3339Nano), "limit": limit}
+				for k, v := range pr.req {
+					req[k] = v
+				}
+				rows, _ := h.askAllPlans(req, asMsgpack)
+				require.Equal(t, fmt.Sprint(then[pr.name]), fmt.Sprint(rows), "%s at %s (msgpack %v, limit %d)", pr.name, at, asMsgpack, limit)
+			}
+		}
+	}
+	require.True(t, changed, "the scenario's second part changes the plans, so at is tested against something")
+
+	// A sequence names one stream, and plans read several.
+	_, err := h.askPlans(map[string]any{"what": "plans", "at": "seq:3"}, false)
+	var ve *natstest.VerbError
+	require.ErrorAs(t, err, &ve)
+	require.Equal(t, 400, ve.Code)
+}

@@ -189,3 +189,6 @@ func (v *View) Anomalies(bucket, node string, max int, fn func(provisioner.Anoma
 	}
 	return total, nil
 }
+
+// Buckets lists the buckets the store holds a checkpoint or anomalies for.
+func (v *View) Buckets() []string { return v.db.Buckets() }

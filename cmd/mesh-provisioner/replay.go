@@ -49,7 +49,8 @@ const replayUsage = `Usage: mesh-provisioner replay state WHAT --at POINT [narro
 
 Forensics over the buckets' history. A POINT is an RFC 3339 time (2026-11-02T03:12:00Z) or seq:<n>, a
 stream sequence of the bucket WHAT reads; "as of" a point is the state after every message at or before
-it. WHAT is registry, needs, applied or collect; BUCKET is one of those too, or a bucket's full name.
+it. WHAT is registry, needs, applied or collect (state also takes plans, at a time); BUCKET is one of
+those too, or a bucket's full name.
 
   state    the table as of a point, narrowed like query (--node, --module, --collection, --kind)
   history  every revision of one key: time, sequence, operation, value
@@ -146,6 +147,9 @@ func (c *ReplayCommand) Run(ctx context.Context, args []string) error {
 	if len(pos) > 0 && question != "history" {
 		what = pos[0]
 	}
+	if what == string(provisioner.WhatPlans) && question != "state" {
+		return &usageError{msg: "plans are replayed with state, at an RFC 3339 time"}
+	}
 	var req query.Request
 	if question != "history" {
 		r, err := c.request(what)
@@ -189,8 +193,8 @@ func (c *ReplayCommand) request(what string) (query.Request, error) {
 	if err != nil {
 		return r, &usageError{msg: err.Error()}
 	}
-	if _, ok := provisioner.ShapeOfWhat(provisioner.What(r.What)); !ok {
-		return r, &usageError{msg: fmt.Sprintf("replay answers registry, needs, applied and collect, not %s", what)}
+	if _, ok := provisioner.ShapeOfWhat(provisioner.What(r.What)); !ok && r.What != string(provisioner.WhatPlans) {
+		return r, &usageError{msg: fmt.Sprintf("replay answers registry, needs, applied, collect and plans, not %s", what)}
 	}
 	return r, nil
 }
