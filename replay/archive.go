@@ -255,8 +255,9 @@ func ExportLog(ctx context.Context, db *store.DB, out, tool string, progress Pro
 // gaps, as the projector would record them.
 func ExportNATS(ctx context.Context, js jetstream.JetStream, buckets []string, out, tool string, progress Progress) (ArchiveHeader, error) {
 	if buckets == nil {
-		for _, s := range provisioner.ProvisionerShapes {
-			buckets = append(buckets, s.Bucket)
+		var err error
+		if buckets, err = DefaultBuckets(ctx, js); err != nil {
+			return ArchiveHeader{}, err
 		}
 	}
 	w, err := newArchiveWriter(out, tool, "nats")
@@ -313,8 +314,15 @@ func exportStream(ctx context.Context, w *archiveWriter, s jetstream.Stream, inf
 	var prev uint64
 	var open *store.Gap
 	var gaps []store.Gap
+	read := uint64(0)
 	for {
-		batch, err := cons.Fetch(4096, jetstream.FetchMaxWait(time.Second))
+		// Ask for no more than the stream held when the export began: a fetch for messages that do
+		// not exist waits out its whole expiry.
+		want := min(4096, info.State.Msgs-min(read, info.State.Msgs))
+		if want == 0 {
+			break
+		}
+		batch, err := cons.Fetch(int(want), jetstream.FetchMaxWait(time.Second))
 		if err != nil {
 			return fmt.Errorf("read %s: %w", name, err)
 		}
@@ -322,6 +330,7 @@ func exportStream(ctx context.Context, w *archiveWriter, s jetstream.Stream, inf
 		end := false
 		for msg := range batch.Messages() {
 			n++
+			read++
 			md, err := msg.Metadata()
 			if err != nil {
 				return fmt.Errorf("read %s: %w", name, err)
@@ -348,9 +357,9 @@ func exportStream(ctx context.Context, w *archiveWriter, s jetstream.Stream, inf
 					open.To = seq
 					open = nil
 				}
-				if seq >= info.State.LastSeq {
-					end = true
-				}
+				// Nothing after this one in the stream: its last sequence when the export began was
+				// removed, or is this one.
+				end = true
 			}
 		}
 		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, jetstream.ErrNoMessages) {

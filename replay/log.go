@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -85,7 +86,14 @@ func FromNATS(ctx context.Context, js jetstream.JetStream, buckets []string, sou
 	if err != nil {
 		return nil, err
 	}
-	if err := Fill(ctx, js, l.DB, projector.Options{Buckets: buckets}, progress); err != nil {
+	opts := projector.Options{Buckets: buckets}
+	if buckets == nil {
+		// The seat's buckets: the provisioner's four and the plans' inputs, composed-<node> ones found
+		// by listing.
+		opts.Buckets = append(provisionerBuckets(), provisioner.BucketHostModules, provisioner.BucketIndexerBuilds)
+		opts.Composed = true
+	}
+	if err := Fill(ctx, js, l.DB, opts, progress); err != nil {
 		l.Close()
 		return nil, err
 	}
@@ -154,4 +162,28 @@ func Fill(ctx context.Context, js jetstream.JetStream, db *store.DB, opts projec
 		case <-tick.C:
 		}
 	}
+}
+
+func provisionerBuckets() []string {
+	var out []string
+	for _, s := range provisioner.ProvisionerShapes {
+		out = append(out, s.Bucket)
+	}
+	return out
+}
+
+// DefaultBuckets are the buckets a seat reads that exist on js: the provisioner's four, and the plans'
+// inputs (mesh-host_modules, mesh-indexer_builds and every composed-<node> bucket).
+func DefaultBuckets(ctx context.Context, js jetstream.JetStream) ([]string, error) {
+	out := append(provisionerBuckets(), provisioner.BucketHostModules, provisioner.BucketIndexerBuilds)
+	names := js.StreamNames(ctx)
+	for name := range names.Name() {
+		if b, ok := strings.CutPrefix(name, "KV_"); ok && provisioner.IsPlanInput(b) {
+			out = append(out, b)
+		}
+	}
+	if err := names.Err(); err != nil {
+		return nil, fmt.Errorf("list composed buckets: %w", err)
+	}
+	return out, nil
 }

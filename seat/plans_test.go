@@ -27,6 +27,7 @@ import (
 	"github.com/novox/mesh-provisioner/internal/natstest"
 	"github.com/novox/mesh-provisioner/projector"
 	"github.com/novox/mesh-provisioner/query"
+	"github.com/novox/mesh-provisioner/replay"
 	"github.com/novox/mesh-provisioner/seat"
 	"github.com/novox/mesh-provisioner/store"
 )
@@ -679,8 +680,31 @@ func TestPlans_At(t *testing.T) {
 	}
 	require.True(t, changed, "the scenario's second part changes the plans, so at is tested against something")
 
+	// From the streams and from an archive of them, as from the local log: the plans' inputs are among
+	// the buckets they read by default.
+	archive := filepath.Join(t.TempDir(), "incident.mph")
+	_, err := replay.ExportNATS(context.Background(), h.js, nil, archive, "test", nil)
+	require.NoError(t, err)
+	fromArchive, err := replay.FromArchive(context.Background(), archive, nil)
+	require.NoError(t, err)
+	defer fromArchive.Close()
+	fromNATS, err := replay.FromNATS(context.Background(), h.js, nil, "test", nil)
+	require.NoError(t, err)
+	defer fromNATS.Close()
+	for name, l := range map[string]*replay.Log{"archive": fromArchive, "nats": fromNATS} {
+		body, _ := json.Marshal(map[string]any{"what": "plans", "at": at.Format(time.RFC3339Nano)})
+		out, err := l.Ask(body)
+		require.NoError(t, err, name)
+		var v any
+		dec := json.NewDecoder(bytes.NewReader(out))
+		dec.UseNumber()
+		require.NoError(t, dec.Decode(&v))
+		rows := plain(v).(map[string]any)["rows"]
+		require.Equal(t, fmt.Sprint(then["all"]), fmt.Sprint(rows), "plans at %s from %s", at, name)
+	}
+
 	// A sequence names one stream, and plans read several.
-	_, err := h.askPlans(map[string]any{"what": "plans", "at": "seq:3"}, false)
+	_, err = h.askPlans(map[string]any{"what": "plans", "at": "seq:3"}, false)
 	var ve *natstest.VerbError
 	require.ErrorAs(t, err, &ve)
 	require.Equal(t, 400, ve.Code)
