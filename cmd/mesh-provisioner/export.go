@@ -63,11 +63,8 @@ Flags:
 // Run exports.
 func (c *ExportCommand) Run(ctx context.Context, args []string) error {
 	fs := c.flags()
-	if err := parseFlags(fs, args); err != nil {
+	if err := parseNoArgs(fs, args); err != nil {
 		return err
-	}
-	if fs.NArg() > 0 {
-		return &usageError{msg: fmt.Sprintf("export takes no arguments, got %q", fs.Args())}
 	}
 	if c.out == "" {
 		return &usageError{msg: "export needs --out FILE"}

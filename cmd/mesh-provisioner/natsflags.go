@@ -138,3 +138,14 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 	}
 	return nil
 }
+
+// parseNoArgs parses the flags of a subcommand that takes no positional arguments.
+func parseNoArgs(fs *flag.FlagSet, args []string) error {
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return &usageError{msg: fmt.Sprintf("%s takes no arguments, got %q", fs.Name(), fs.Args())}
+	}
+	return nil
+}

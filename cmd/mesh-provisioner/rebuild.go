@@ -66,11 +66,8 @@ Flags:
 // Run rebuilds.
 func (c *RebuildCommand) Run(ctx context.Context, args []string) error {
 	fs := c.flags()
-	if err := parseFlags(fs, args); err != nil {
+	if err := parseNoArgs(fs, args); err != nil {
 		return err
-	}
-	if fs.NArg() > 0 {
-		return &usageError{msg: fmt.Sprintf("rebuild takes no arguments, got %q", fs.Args())}
 	}
 	log, err := c.logs.logger(c.Stderr)
 	if err != nil {

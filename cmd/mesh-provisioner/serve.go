@@ -86,11 +86,8 @@ Flags:
 // Run serves until ctx ends.
 func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 	fs := c.flags()
-	if err := parseFlags(fs, args); err != nil {
+	if err := parseNoArgs(fs, args); err != nil {
 		return err
-	}
-	if fs.NArg() > 0 {
-		return &usageError{msg: fmt.Sprintf("serve takes no arguments, got %q", fs.Args())}
 	}
 	log, err := c.logs.logger(c.Stderr)
 	if err != nil {
