@@ -78,17 +78,19 @@ type Range struct {
 	After  string // only raw keys after this one (a cursor); empty for none
 }
 
-// Indexes lists the secondary indexes a bucket keeps and, for a key's parts, the value each indexes.
-func Indexes(bucket string, p Parts) []IndexValue {
+// Indexes appends to dst the secondary indexes a bucket keeps and, for a key's parts, the value each
+// indexes. It is on the path of every message applied: give it a small array's slice, and nothing is
+// allocated.
+func Indexes(dst []IndexValue, bucket string, p Parts) []IndexValue {
 	switch bucket {
 	case BucketNeeds:
-		return []IndexValue{{IndexModule, p.Module}, {IndexKind, p.Kind}}
+		return append(dst, IndexValue{IndexModule, p.Module}, IndexValue{IndexKind, p.Kind})
 	case BucketApplied:
-		return []IndexValue{{IndexModule, p.Module}}
+		return append(dst, IndexValue{IndexModule, p.Module})
 	case BucketCollect:
-		return []IndexValue{{IndexCollection, p.Collection}, {IndexContributor, p.Contributor}}
+		return append(dst, IndexValue{IndexCollection, p.Collection}, IndexValue{IndexContributor, p.Contributor})
 	}
-	return nil
+	return dst
 }
 
 // IndexValue is one secondary index entry of a key.

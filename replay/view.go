@@ -42,7 +42,8 @@ func newAsOf(v *store.View, r Resolved) (*asOf, error) {
 
 // indexed reports whether a key's parts put it in a secondary index range.
 func indexed(bucket string, p *provisioner.Parts, idx provisioner.Index, value string) bool {
-	for _, iv := range provisioner.Indexes(bucket, *p) {
+	var buf [2]provisioner.IndexValue
+	for _, iv := range provisioner.Indexes(buf[:0], bucket, *p) {
 		if iv.Index == idx && iv.Value == value {
 			return true
 		}

@@ -304,7 +304,8 @@ func (a *applier) apply(shape provisioner.Shape, m *provisioner.Message) error {
 		return a.clearAnomaly(bucket, m.Key, classShape)
 	}
 
-	idx := provisioner.Indexes(bucket, parts)
+	var idxBuf [2]provisioner.IndexValue
+	idx := provisioner.Indexes(idxBuf[:0], bucket, parts)
 	if m.Op != provisioner.OpPut {
 		a.buf = rowKey(a.buf[:0], bucket, m.Key)
 		if err := a.batch.Delete(a.buf, nil); err != nil {
