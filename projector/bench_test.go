@@ -1,6 +1,8 @@
 package projector_test
 
 import (
+	"os"
+	"strconv"
 	"context"
 	"path/filepath"
 	"syscall"
@@ -93,12 +95,17 @@ func BenchmarkStreamLimit(b *testing.B) {
 	b.ReportMetric(float64(cpuTime()-cpu0)/1e3/float64(len(needs))/float64(b.N), "cpu-µs/msg")
 }
 
-// loadNeeds starts a server and loads the needs of a 400-node mesh: 100,000 messages.
+// loadNeeds starts a server and loads the needs of a 400-node mesh: 100,000 messages (BENCH_NODES=4000:
+// 1,000,000, as make bench).
 func loadNeeds(b *testing.B) (jetstream.JetStream, []fixtures.Op) {
 	ns := natstest.RunServer(b)
 	_, js := natstest.Connect(b, ns.ClientURL())
 	var needs []fixtures.Op
-	for _, op := range (fixtures.Mesh{Seed: 1, Nodes: 400, Modules: 25, NeedsPerModule: 10}).Ops() {
+	nodes := 400
+	if n, err := strconv.Atoi(os.Getenv("BENCH_NODES")); err == nil && n > 0 {
+		nodes = n
+	}
+	for _, op := range (fixtures.Mesh{Seed: 1, Nodes: nodes, Modules: 25, NeedsPerModule: 10}).Ops() {
 		if op.Bucket == provisioner.BucketNeeds {
 			needs = append(needs, op)
 		}

@@ -75,8 +75,10 @@ func appendAnomalyValue(dst []byte, rev uint64, text string) []byte {
 type applier struct {
 	db    *DB
 	batch *pebble.Batch
-	buf   []byte
-	val   []byte
+	// w holds the batch's writes until commit, which hands them to batch in key order (sorted.go).
+	w   *sortedWrites
+	buf []byte
+	val []byte
 	// anom overlays the committed anomaly sets of the buckets this batch touches.
 	anom map[string]map[string]byte
 	cps  map[string]*Checkpoint
@@ -89,6 +91,9 @@ type applier struct {
 	// gaps are the open history gaps this batch opened or extended (history.go).
 	gaps map[string]Gap
 }
+
+func (a *applier) set(key, val []byte) { a.w.set(key, val) }
+func (a *applier) delete(key []byte)   { a.w.delete(key) }
 
 func (a *applier) state(bucket string) *bucketState {
 	if b, ok := a.states[bucket]; ok {
@@ -139,7 +144,8 @@ func (a *applier) setAnomaly(bucket, key string, class byte, rev uint64, reason 
 	}
 	a.buf = anomalyKey(a.buf[:0], bucket, key, class)
 	a.val = appendAnomalyValue(a.val[:0], rev, text)
-	return a.batch.Set(a.buf, a.val, nil)
+	a.set(a.buf, a.val)
+	return nil
 }
 
 // clearAnomaly removes the anomaly rows of the given classes of a key, when it has them.
@@ -153,9 +159,7 @@ func (a *applier) clearAnomaly(bucket, key string, classes byte) error {
 			continue
 		}
 		a.buf = anomalyKey(a.buf[:0], bucket, key, c)
-		if err := a.batch.Delete(a.buf, nil); err != nil {
-			return err
-		}
+		a.delete(a.buf)
 		a.checkpoint(bucket).AnomalyRows--
 	}
 	a.setClasses(bucket, key, have&^classes)
@@ -188,8 +192,9 @@ func (db *DB) Apply(bucket string, msgs []provisioner.Message, streamCreated int
 
 	// Batches come from Pebble's pool; letting them keep buffers of a catch-up batch's size saves
 	// growing a new one for every batch.
-	a := &applier{db: db, batch: db.pdb.NewBatch(pebble.WithMaxRetainedSizeBytes(16 << 20)), anom: map[string]map[string]byte{}, cps: map[string]*Checkpoint{}, states: map[string]*bucketState{}}
+	a := &applier{db: db, batch: db.pdb.NewBatch(pebble.WithMaxRetainedSizeBytes(16 << 20)), w: db.writes.take(), anom: map[string]map[string]byte{}, cps: map[string]*Checkpoint{}, states: map[string]*bucketState{}}
 	defer a.batch.Close()
+	defer db.writes.give(a.w)
 	cp := a.checkpoint(bucket)
 	if streamCreated != 0 {
 		cp.StreamCreated = streamCreated
@@ -223,9 +228,10 @@ func (db *DB) Apply(bucket string, msgs []provisioner.Message, streamCreated int
 		}
 	}
 	for name, c := range a.cps {
-		if err := a.batch.Set(checkpointKey(name), c.encode(nil), nil); err != nil {
-			return err
-		}
+		a.set(checkpointKey(name), c.encode(nil))
+	}
+	if err := a.w.writeTo(a.batch); err != nil {
+		return err
 	}
 	opt := pebble.NoSync
 	if sync {
@@ -284,13 +290,9 @@ func (a *applier) apply(shape provisioner.Shape, m *provisioner.Message) error {
 	// The event log first: every message, whatever its key.
 	a.buf = historyKey(a.buf[:0], bucket, m.Key, m.Seq)
 	a.val = appendEventValue(a.val[:0], m.Op, m.Time, m.Value)
-	if err := a.batch.Set(a.buf, a.val, nil); err != nil {
-		return err
-	}
+	a.set(a.buf, a.val)
 	a.buf = eventKey(a.buf[:0], bucket, m.Seq)
-	if err := a.batch.Set(a.buf, []byte(m.Key), nil); err != nil {
-		return err
-	}
+	a.set(a.buf, []byte(m.Key))
 
 	parts, perr := provisioner.ParseKey(shape, m.Key)
 	if perr != nil {
@@ -308,14 +310,10 @@ func (a *applier) apply(shape provisioner.Shape, m *provisioner.Message) error {
 	idx := provisioner.Indexes(idxBuf[:0], bucket, parts)
 	if m.Op != provisioner.OpPut {
 		a.buf = rowKey(a.buf[:0], bucket, m.Key)
-		if err := a.batch.Delete(a.buf, nil); err != nil {
-			return err
-		}
+		a.delete(a.buf)
 		for _, iv := range idx {
 			a.buf = indexKey(a.buf[:0], bucket, iv.Index, iv.Value, m.Key)
-			if err := a.batch.Delete(a.buf, nil); err != nil {
-				return err
-			}
+			a.delete(a.buf)
 		}
 		if bucket == provisioner.BucketRegistry {
 			a.registryKind(parts.Kind, false)
@@ -332,14 +330,10 @@ func (a *applier) apply(shape provisioner.Shape, m *provisioner.Message) error {
 	valid := mpk.Valid(m.Value)
 	a.val = appendRowValue(a.val[:0], m.Seq, m.Time, valid, m.Value)
 	a.buf = rowKey(a.buf[:0], bucket, m.Key)
-	if err := a.batch.Set(a.buf, a.val, nil); err != nil {
-		return err
-	}
+	a.set(a.buf, a.val)
 	for _, iv := range idx {
 		a.buf = indexKey(a.buf[:0], bucket, iv.Index, iv.Value, m.Key)
-		if err := a.batch.Set(a.buf, a.val, nil); err != nil {
-			return err
-		}
+		a.set(a.buf, a.val)
 	}
 	if err := a.clearAnomaly(bucket, m.Key, classShape); err != nil {
 		return err

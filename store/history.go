@@ -208,7 +208,8 @@ func (a *applier) gap(bucket string, from, openedAt uint64) error {
 	}
 	a.gaps[bucket] = g
 	a.buf = gapKey(a.buf[:0], bucket, g.From)
-	return a.batch.Set(a.buf, encodeGap(g), nil)
+	a.set(a.buf, encodeGap(g))
+	return nil
 }
 
 // CaughtUp tells the store that the message at seq was the last of its bucket's stream when it was

@@ -332,11 +332,13 @@ func (a *applier) foldBuild(p *provisioner.Parts, m *provisioner.Message) error 
 	}
 	if !rec.Fold(m, p.Build) {
 		recs[p.Build] = nil
-		return a.batch.Delete(key, nil)
+		a.delete(key)
+		return nil
 	}
 	recs[p.Build] = rec
 	a.val = appendBuildRecord(a.val[:0], rec)
-	return a.batch.Set(key, a.val, nil)
+	a.set(key, a.val)
+	return nil
 }
 
 // recomputePlans recomputes every row the batch touched: the rows touched one by one, and the rows of
@@ -409,10 +411,9 @@ func (a *applier) recomputePlan(node, module string, whole bool) error {
 			if old == nil {
 				return nil
 			}
-			if err := a.batch.Delete(rk, nil); err != nil {
-				return err
-			}
-			return a.batch.Delete(planIndexKey(nil, module, key), nil)
+			a.delete(rk)
+			a.delete(planIndexKey(nil, module, key))
+			return nil
 		}
 		if row, err = provisioner.ComputePlan(node, module, hs.host, newest, &pb.comps); err != nil {
 			return err
@@ -431,13 +432,12 @@ func (a *applier) recomputePlan(node, module string, whole bool) error {
 	if bytes.Equal(old, pb.row) {
 		return nil
 	}
-	if err := a.batch.Set(rk, pb.row, nil); err != nil {
-		return err
-	}
+	a.set(rk, pb.row)
 	if old != nil {
 		return nil // its index entry is there
 	}
-	return a.batch.Set(planIndexKey(nil, module, key), nil, nil)
+	a.set(planIndexKey(nil, module, key), nil)
+	return nil
 }
 
 // hostModule reads want and have of a committed mesh-host_modules row. A value out of shape reads

@@ -87,7 +87,8 @@ type DB struct {
 	dir   string
 	state *StateDir // set by OpenState: released on Close
 
-	applyMu sync.Mutex // one Apply at a time: anomaly sets and kinds are read and written under it
+	applyMu sync.Mutex  // one Apply at a time: anomaly sets and kinds are read and written under it
+	writes  writesCache // the sorted writes of Apply, reused under applyMu
 
 	mu      sync.Mutex // guards buckets
 	buckets map[string]*bucketState
