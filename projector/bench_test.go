@@ -1,10 +1,10 @@
 package projector_test
 
 import (
-	"os"
-	"strconv"
 	"context"
+	"os"
 	"path/filepath"
+	"strconv"
 	"syscall"
 	"testing"
 	"time"
@@ -24,9 +24,10 @@ func BenchmarkIngest(b *testing.B) {
 	js, needs := loadNeeds(b)
 	ctx := context.Background()
 	last := uint64(len(needs))
-	cpu0 := cpuTime()
+	var cpu time.Duration
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
+		cpu0 := cpuTime()
 		db, err := store.Open(filepath.Join(b.TempDir(), "s"), store.Options{})
 		if err != nil {
 			b.Fatal(err)
@@ -47,6 +48,9 @@ func BenchmarkIngest(b *testing.B) {
 			}
 			time.Sleep(time.Millisecond)
 		}
+		// Up to the last message applied: what the store does after (its compaction once the
+		// catch-up ends, as Close waits for it) is not ingest.
+		cpu += cpuTime() - cpu0
 		p.Stop()
 		b.StopTimer()
 		db.Close()
@@ -55,7 +59,7 @@ func BenchmarkIngest(b *testing.B) {
 	b.ReportMetric(float64(last)*float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
 	// CPU time per message (this process: the projector, Pebble and the embedded server's delivery)
 	// is steadier than wall time on a shared machine.
-	b.ReportMetric(float64(cpuTime()-cpu0)/1e3/float64(last)/float64(b.N), "cpu-µs/msg")
+	b.ReportMetric(float64(cpu)/1e3/float64(last)/float64(b.N), "cpu-µs/msg")
 }
 
 func cpuTime() time.Duration {

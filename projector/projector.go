@@ -364,6 +364,9 @@ func (p *Projector) applyLoop(ctx context.Context, bucket string, batchSize int,
 	atEnd *atomic.Uint64, verify func() error, cons jetstream.Consumer, log *slog.Logger, startSeq uint64, start time.Time) error {
 	batch := make([]provisioner.Message, 0, batchSize)
 	var lastPending uint64 = 1
+	// A bucket far behind its stream holds the store's compactions back until it catches up
+	// (store/catchup.go); one that stops is no longer catching up.
+	defer p.db.CatchingUp(bucket, 0)
 	poll := time.NewTicker(p.opts.Poll)
 	defer poll.Stop()
 	bo := backoff{min: 50 * time.Millisecond, max: 5 * time.Second}
@@ -411,6 +414,7 @@ func (p *Projector) applyLoop(ctx context.Context, bucket string, batchSize int,
 		// WAL buffer, where neither a crash nor a reader of a copy of the state dir (replay --state)
 		// would find them. While catching up, batches follow each other and are not synced one by one.
 		atStreamEnd := lastPending == 0 && len(in) == 0
+		p.db.CatchingUp(bucket, lastPending+uint64(len(in)))
 		for {
 			err := p.db.Apply(bucket, batch, created, atStreamEnd)
 			if err == nil {

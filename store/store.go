@@ -89,6 +89,7 @@ type DB struct {
 
 	applyMu sync.Mutex  // one Apply at a time: anomaly sets and kinds are read and written under it
 	writes  writesCache // the sorted writes of Apply, reused under applyMu
+	catchUp *catchUp    // holds compactions back while a bucket catches up (catchup.go)
 
 	mu      sync.Mutex // guards buckets
 	buckets map[string]*bucketState
@@ -190,7 +191,11 @@ func Open(dir string, opts Options) (*DB, error) {
 		Logger:                pebbleLogger{opts.Logger},
 	}
 	broken := newBrokenState(opts.Logger)
-	po.EventListener = broken.listener()
+	catchUp := newCatchUp()
+	listener := pebble.TeeEventListener(*broken.listener(), *catchUp.listener())
+	po.EventListener = &listener
+	po.Experimental.CompactionScheduler = catchUp.sched
+
 	minFree := opts.MinFreeBytes
 	if minFree == 0 {
 		minFree = defaultMinFree(opts.MemTableSize)
@@ -212,6 +217,7 @@ func Open(dir string, opts Options) (*DB, error) {
 		return nil, err
 	}
 	db.broken = broken
+	db.catchUp = catchUp
 	db.minFree = minFree
 	return db, nil
 }
@@ -450,6 +456,10 @@ func (db *DB) CompactAll(ctx context.Context) error {
 	if db.closed.Load() {
 		return ErrClosed
 	}
+	// Compactions that wait for a catch-up would keep this one waiting too.
+	db.catchUp.manual.Add(1)
+	defer db.catchUp.manual.Add(-1)
+	db.catchUp.sched.wake()
 	if err := db.pdb.Flush(); err != nil {
 		return err
 	}

@@ -1,0 +1,232 @@
+package store
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+)
+
+// Compactions wait while a catch-up writes.
+//
+// A catch-up (a fresh state dir, a rebuild, a seat that was down while the mesh wrote) is a bulk load:
+// hundreds of thousands of messages in a burst, each writing a row, index entries and events spread over
+// the whole key space. Left to itself Pebble compacts L0 into the levels below after every few flushes,
+// and the next flushes overlap what it just wrote, so the same bytes are rewritten again and again while
+// the projector competes with those compactions for the CPU. At a million needs that was 3.7 of the 26
+// cpu-µs per message. While any bucket is far behind its stream (CatchingUp), the store lets flushes
+// pile up in L0 instead and compacts once when the catch-up ends (the seat's compaction after catch-up,
+// or Pebble's own as soon as the wait ends).
+//
+// The wait is bounded: after maxHeldFlushes flushes compactions run again whatever the catch-up says,
+// well before L0StopWritesThreshold would stall writes, so a catch-up of any size, or a projector that
+// stopped without saying it was done, never leaves the LSM unbounded. Reads during the catch-up fan out
+// over more L0 files; answers then say synced: false anyway.
+
+// CatchUpBehind is how far behind its stream (messages) a bucket must be for its catch-up to hold
+// compactions back: the size of a burst after which the seat compacts anyway.
+const CatchUpBehind = 50_000
+
+// maxHeldFlushes bounds how many flushes pile up in L0 while compactions wait (L0StopWritesThreshold is
+// 32 sublevels).
+const maxHeldFlushes = 16
+
+// catchUp tracks which buckets are catching up, and gates compactions on it.
+type catchUp struct {
+	mu      sync.Mutex
+	buckets map[string]struct{}
+	// held is set while compactions wait; flushes counts the flushes since they began to wait.
+	held    atomic.Bool
+	flushes atomic.Int32
+	// manual counts CompactAll calls under way: they open the gate, or they would wait for it.
+	manual atomic.Int32
+	sched  *gateScheduler
+}
+
+func newCatchUp() *catchUp {
+	c := &catchUp{buckets: map[string]struct{}{}}
+	c.sched = newGateScheduler(c.holding)
+	return c
+}
+
+// holding reports whether compactions wait now.
+func (c *catchUp) holding() bool {
+	return c.held.Load() && c.manual.Load() == 0 && c.flushes.Load() < maxHeldFlushes
+}
+
+func (c *catchUp) listener() *pebble.EventListener {
+	return &pebble.EventListener{FlushEnd: func(info pebble.FlushInfo) {
+		if info.Err != nil || len(info.Output) == 0 {
+			return // nothing reached L0
+		}
+		if c.held.Load() && c.flushes.Add(1) == maxHeldFlushes {
+			c.sched.wake()
+		}
+	}}
+}
+
+// set records how far behind its stream a bucket is.
+func (c *catchUp) set(bucket string, behind uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	// A bucket starts catching up CatchUpBehind messages behind, and ends at its stream's end: the
+	// compactions that waited then run on a quiet store rather than beside the catch-up's last batches.
+	_, was := c.buckets[bucket]
+	now := behind >= CatchUpBehind || was && behind > 0
+	if was == now {
+		return
+	}
+	if now {
+		c.buckets[bucket] = struct{}{}
+	} else {
+		delete(c.buckets, bucket)
+	}
+	held := len(c.buckets) > 0
+	if held == c.held.Load() {
+		return
+	}
+	if held {
+		c.flushes.Store(0)
+	}
+	c.held.Store(held)
+	if !held {
+		c.sched.wake() // the compactions that waited start now
+	}
+}
+
+// CatchingUp tells the store how many messages of a bucket's stream are still to come after the batch
+// it is about to apply (the consumer's pending count): a bucket CatchUpBehind or more behind holds
+// compactions back until it reaches the end of its stream, or says 0 when it stops.
+func (db *DB) CatchingUp(bucket string, behind uint64) { db.catchUp.set(bucket, behind) }
+
+// gateScheduler is Pebble's compaction scheduler with a gate: Pebble's default scheduler (a concurrency
+// limit, ConcurrencyLimitScheduler, whose constructor is not exported) granting nothing while held
+// says so. It grants when Pebble asks (TrySchedule), when a compaction ends, and from a loop of its own
+// (a compaction refused once is not asked for again: the scheduler must offer it), every 100 ms and when
+// woken.
+type gateScheduler struct {
+	held func() bool
+	db   pebble.DBForCompaction
+
+	mu           sync.Mutex
+	cond         *sync.Cond
+	running      int
+	granting     bool
+	unregistered bool
+
+	poke chan struct{}
+	stop chan struct{}
+	done chan struct{}
+}
+
+var _ pebble.CompactionScheduler = (*gateScheduler)(nil)
+
+func newGateScheduler(held func() bool) *gateScheduler {
+	s := &gateScheduler{held: held, poke: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+	s.cond = sync.NewCond(&s.mu)
+	return s
+}
+
+func (s *gateScheduler) allowed() int {
+	if s.held() {
+		return 0
+	}
+	return s.db.GetAllowedWithoutPermission()
+}
+
+// Register is called once by Pebble when the DB opens; the grant loop runs until Unregister.
+func (s *gateScheduler) Register(_ int, db pebble.DBForCompaction) {
+	s.db = db
+	go s.loop()
+}
+
+// Unregister is called once by Pebble when the DB closes: the loop stops, and no grant follows.
+func (s *gateScheduler) Unregister() {
+	close(s.stop)
+	<-s.done
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.unregistered = true
+	for s.granting {
+		s.cond.Wait()
+	}
+}
+
+func (s *gateScheduler) TrySchedule() (bool, pebble.CompactionGrantHandle) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.unregistered || s.allowed() <= s.running {
+		return false, nil
+	}
+	s.running++
+	return true, s
+}
+
+func (s *gateScheduler) UpdateGetAllowedWithoutPermission() { s.wake() }
+
+func (s *gateScheduler) wake() {
+	select {
+	case s.poke <- struct{}{}:
+	default:
+	}
+}
+
+func (s *gateScheduler) loop() {
+	defer close(s.done)
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+		case <-s.poke:
+		}
+		s.grant()
+	}
+}
+
+// grant offers the compactions the DB waits to run as many grants as are allowed. Pebble's DB methods
+// take its own mutex: they are called without s.mu held.
+func (s *gateScheduler) grant() {
+	s.mu.Lock()
+	for s.granting {
+		s.cond.Wait()
+	}
+	n := 0
+	if !s.unregistered {
+		n = s.allowed() - s.running
+	}
+	if n <= 0 {
+		s.mu.Unlock()
+		return
+	}
+	s.granting = true
+	s.mu.Unlock()
+	for ; n > 0; n-- {
+		if waiting, _ := s.db.GetWaitingCompaction(); !waiting || !s.db.Schedule(s) {
+			break
+		}
+		s.mu.Lock()
+		s.running++
+		s.mu.Unlock()
+	}
+	s.mu.Lock()
+	s.granting = false
+	s.cond.Broadcast()
+	s.mu.Unlock()
+}
+
+// The scheduler is its own grant handle: it only counts running compactions.
+
+func (s *gateScheduler) Started()                                          {}
+func (s *gateScheduler) MeasureCPU(pebble.CompactionGoroutineKind)         {}
+func (s *gateScheduler) CumulativeStats(pebble.CompactionGrantHandleStats) {}
+
+func (s *gateScheduler) Done() {
+	s.mu.Lock()
+	s.running--
+	s.mu.Unlock()
+	s.wake()
+}

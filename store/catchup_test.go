@@ -1,0 +1,75 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	provisioner "github.com/novox/mesh-provisioner"
+)
+
+// fill applies n needs with values of about 1 KiB, from seq on, and flushes: one L0 sublevel each call
+// (every call writes the whole key range again).
+func fill(t *testing.T, db *DB, seq *uint64, n int) {
+	t.Helper()
+	val := append([]byte{0xc5, 0x04, 0x00}, make([]byte, 1024)...) // bin 16 of 1024 bytes
+	msgs := make([]provisioner.Message, 0, n)
+	for i := 0; i < n; i++ {
+		*seq++
+		msgs = append(msgs, provisioner.Message{Seq: *seq, Time: int64(*seq), Key: fmt.Sprintf("n%04d.m.config.x", i), Op: provisioner.OpPut, Value: val})
+	}
+	require.NoError(t, db.Apply(provisioner.BucketNeeds, msgs, 0, false))
+	require.NoError(t, db.pdb.Flush())
+}
+
+func compactions(db *DB) int64 { return db.pdb.Metrics().Compact.Count }
+
+// TestCatchingUp_HoldsCompactionsUntilTheEnd: while a bucket is far behind its stream, flushes pile up
+// in L0 with no compaction; when it reaches its stream's end, the compactions that waited run.
+func TestCatchingUp_HoldsCompactionsUntilTheEnd(t *testing.T) {
+	db, err := Open(t.TempDir(), Options{MemTableSize: 4 << 20})
+	require.NoError(t, err)
+	defer db.Close()
+	var seq uint64
+	db.CatchingUp(provisioner.BucketNeeds, CatchUpBehind)
+	for i := 0; i < 10; i++ { // past L0CompactionThreshold (8), short of maxHeldFlushes
+		fill(t, db, &seq, 500)
+	}
+	time.Sleep(300 * time.Millisecond) // the grant loop runs every 100 ms: it had its chances
+	require.Zero(t, compactions(db), "no compaction while catching up")
+	require.GreaterOrEqual(t, db.pdb.Metrics().Levels[0].Sublevels, int32(10))
+
+	db.CatchingUp(provisioner.BucketNeeds, 1) // nearer than CatchUpBehind, but not at the end yet
+	time.Sleep(300 * time.Millisecond)
+	require.Zero(t, compactions(db), "a catch-up holds compactions until its stream's end")
+
+	db.CatchingUp(provisioner.BucketNeeds, 0)
+	require.Eventually(t, func() bool { return compactions(db) > 0 }, 30*time.Second, 10*time.Millisecond)
+}
+
+// TestCatchingUp_Bounded: a catch-up that never says it ended (or one larger than the gate is meant
+// for) holds compactions for maxHeldFlushes flushes at most; CompactAll does not wait for it either.
+func TestCatchingUp_Bounded(t *testing.T) {
+	db, err := Open(t.TempDir(), Options{MemTableSize: 4 << 20})
+	require.NoError(t, err)
+	defer db.Close()
+	var seq uint64
+	db.CatchingUp(provisioner.BucketNeeds, CatchUpBehind)
+	fill(t, db, &seq, 500)
+	fill(t, db, &seq, 500)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	require.NoError(t, db.CompactAll(ctx))
+	require.Positive(t, compactions(db))
+	require.Zero(t, db.pdb.Metrics().Levels[0].Sublevels)
+
+	n := compactions(db)
+	for i := 0; i < maxHeldFlushes; i++ {
+		fill(t, db, &seq, 500)
+	}
+	require.Eventually(t, func() bool { return compactions(db) > n }, 30*time.Second, 10*time.Millisecond,
+		"compactions run again after maxHeldFlushes flushes, catching up or not")
+}
