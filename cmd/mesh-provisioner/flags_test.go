@@ -44,6 +44,10 @@ func TestServe_FlagDefaults(t *testing.T) {
 	t.Setenv("NATS_URL", "nats://10.0.0.1:4222")
 	fs = (&ServeCommand{Stderr: os.Stderr}).flags()
 	require.Equal(t, "nats://10.0.0.1:4222", fs.Lookup("nats").DefValue)
+	// So --demo, which loads the embedded server, says which of the two to leave out.
+	code, _, stderr := run(t, "serve", "--demo")
+	require.Equal(t, exitUsage, code)
+	require.Contains(t, stderr, "NATS_URL")
 }
 
 // TestServe_EmbeddedStoreNeverInsideState: --embedded-store inside --state is a wrong command line

@@ -94,7 +94,7 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 		return err
 	}
 	if c.demo && c.nats.url != "" {
-		return &usageError{msg: "--demo loads the embedded server: leave out --nats"}
+		return &usageError{msg: "--demo loads the embedded server: leave out --nats, and unset NATS_URL"}
 	}
 
 	url := c.nats.url
