@@ -87,7 +87,7 @@ func DecodeRequest(body []byte) (Request, Format, error) {
 		if !msgpackMap(trimmed[0]) {
 			// Not JSON (no JSON text starts with this byte): a MessagePack object other than a map. The
 			// decoder would read an array into the fields by position; it is refused, in MessagePack.
-			return req, FormatMsgpack, badf("request is MessagePack but not a map: send a map of the fields")
+			return req, FormatMsgpack, badf("request is neither a JSON object nor a MessagePack map")
 		}
 		if err := msgpackFields(trimmed); err != nil {
 			return req, FormatMsgpack, err

@@ -112,7 +112,7 @@ func TestDecodeRequest_MessagePackNotAMap(t *testing.T) {
 			r, format, err := DecodeRequest(body)
 			require.Error(t, err)
 			require.Equal(t, 400, Code(err))
-			require.Contains(t, err.Error(), "not a map")
+			require.Contains(t, err.Error(), "nor a MessagePack map")
 			require.Equal(t, FormatMsgpack, format, "the error is answered in MessagePack")
 			require.Empty(t, r.What, "nothing read from it")
 		})
