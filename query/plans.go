@@ -89,16 +89,33 @@ func AnswerPlans(v PlansView, r *Request, e *Encoder, synced bool) error {
 	n := 0
 	var next, last string
 	nodes := map[string]struct{}{}
+	// asOfBytes is about what as_of will take: a member per input bucket of the page (limits.go keeps
+	// the answer within one NATS message, and as_of grows with the nodes of the page).
+	asOfBytes := 2 * asOfMember(provisioner.BucketIndexerBuilds)
 	if r.Node != "" {
 		nodes[r.Node] = struct{}{}
+		asOfBytes += asOfMember(provisioner.ComposedPrefix + r.Node)
 	}
 	err := v.Plans(r.Node, r.Module, r.After, func(row *provisioner.PlanRow) bool {
 		if n == limit {
 			next = last
 			return false
 		}
+		m := e.mark()
 		e.PlanRow(row)
-		last = row.Key()
+		key := row.Key()
+		grow := 0
+		if _, ok := nodes[row.Node]; !ok {
+			grow = asOfMember(provisioner.ComposedPrefix + row.Node)
+		}
+		if n > 0 && e.max > 0 && len(e.buf)+len(key)+tailReserve+asOfBytes+grow > e.max-e.max/4 {
+			// Past the rows' share of the bound: the page ends here, as at its limit.
+			e.rewind(m)
+			next = last
+			return false
+		}
+		asOfBytes += grow
+		last = key
 		nodes[row.Node] = struct{}{}
 		n++
 		return true
@@ -107,6 +124,7 @@ func AnswerPlans(v PlansView, r *Request, e *Encoder, synced bool) error {
 		return err
 	}
 	e.EndRows()
+	e.reserveTail(len(next) + asOfBytes)
 	if err := e.PlanAnomalies(v, r.Node); err != nil {
 		return err
 	}
@@ -146,13 +164,14 @@ func (e *Encoder) PlanAnomalies(v PlansView, node string) error {
 	e.openArray(-1)
 	var total int64
 	left := MaxAnomalies
+	write := e.boundedAnomaly() // one for every bucket: once one does not fit, none after it is written
 	for _, b := range buckets {
 		narrow := ""
 		if b == provisioner.BucketHostModules {
 			narrow = node
 		}
 		t, err := v.Anomalies(b, narrow, left, func(a provisioner.Anomaly) {
-			e.Anomaly(a)
+			write(a)
 			left--
 		})
 		if err != nil {
@@ -165,6 +184,9 @@ func (e *Encoder) PlanAnomalies(v PlansView, node string) error {
 	e.int(total)
 	return nil
 }
+
+// asOfMember is about the bytes a bucket's member of as_of takes, in either format.
+func asOfMember(bucket string) int { return len(bucket) + 16 }
 
 // BucketSeq is one bucket's applied stream sequence.
 type BucketSeq struct {

@@ -2,10 +2,12 @@ package query
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"math"
 
 	"github.com/vmihailenco/msgpack/v5"
 
@@ -82,6 +84,11 @@ func DecodeRequest(body []byte) (Request, Format, error) {
 		}
 		return req, FormatJSON, req.validate()
 	default:
+		if !msgpackMap(trimmed[0]) {
+			// Not JSON (no JSON text starts with this byte): a MessagePack object other than a map. The
+			// decoder would read an array into the fields by position; it is refused, in MessagePack.
+			return req, FormatMsgpack, badf("request is neither a JSON object nor a MessagePack map")
+		}
 		if err := msgpackFields(trimmed); err != nil {
 			return req, FormatMsgpack, err
 		}
@@ -151,6 +158,10 @@ func msgpackFields(b []byte) error {
 			return err
 		}
 		off := len(b) - rd.Len()
+		if v, ok := bigUint(b[off:]); ok && intFields[name] {
+			// The decoder would wrap it to a negative int64 and the error would name that number.
+			return badf("%s %d is out of range", name, v)
+		}
 		m, err := mpk.Skip(b[off:])
 		if err != nil {
 			return nil
@@ -160,6 +171,18 @@ func msgpackFields(b []byte) error {
 		}
 	}
 	return nil
+}
+
+// intFields are the request's integer fields.
+var intFields = map[string]bool{"limit": true, "min_seq": true, "wait_ms": true}
+
+// bigUint reads a MessagePack uint 64 above the largest int64, which no integer field can hold.
+func bigUint(b []byte) (uint64, bool) {
+	if len(b) < 9 || b[0] != 0xcf {
+		return 0, false
+	}
+	v := binary.BigEndian.Uint64(b[1:9])
+	return v, v > math.MaxInt64
 }
 
 func checkField(name string, seen map[string]bool) error {
@@ -173,12 +196,18 @@ func checkField(name string, seen map[string]bool) error {
 	return nil
 }
 
+// formatOf is the format of a body, so of its answer and its error: MessagePack when its first byte
+// is one no JSON text starts with (0x80-0xff: maps, arrays, strings, nil, ... of MessagePack), JSON
+// otherwise. A MessagePack request that is not a map is bad, and told so in MessagePack.
 func formatOf(b []byte) Format {
-	if len(b) > 0 && (b[0]&0xf0 == 0x80 || b[0] == 0xde || b[0] == 0xdf) {
+	if len(b) > 0 && b[0] >= 0x80 {
 		return FormatMsgpack
 	}
 	return FormatJSON
 }
+
+// msgpackMap reports whether c starts a MessagePack map: fixmap, map 16 or map 32.
+func msgpackMap(c byte) bool { return c&0xf0 == 0x80 || c == 0xde || c == 0xdf }
 
 func jsonErr(err error) string {
 	var te *json.UnmarshalTypeError

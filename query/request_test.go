@@ -2,6 +2,7 @@ package query
 
 import (
 	"bytes"
+	"encoding/json"
 	"strconv"
 	"testing"
 
@@ -94,4 +95,72 @@ func TestDecodeRequest_Size(t *testing.T) {
 	require.Error(t, err)
 	require.Equal(t, 400, Code(err))
 	require.Contains(t, err.Error(), "at most 1048576")
+}
+
+// TestDecodeRequest_MessagePackNotAMap: a body no JSON text starts with is MessagePack, so its error is
+// told in MessagePack; one that is not a map is a bad request, never read by position into the fields.
+func TestDecodeRequest_MessagePackNotAMap(t *testing.T) {
+	for name, v := range map[string]any{
+		"array":  []any{"needs", "n1"},
+		"string": "needs",
+		"nil":    nil,
+		"bin":    []byte("{}"),
+	} {
+		t.Run(name, func(t *testing.T) {
+			body, err := msgpack.Marshal(v)
+			require.NoError(t, err)
+			r, format, err := DecodeRequest(body)
+			require.Error(t, err)
+			require.Equal(t, 400, Code(err))
+			require.Contains(t, err.Error(), "nor a MessagePack map")
+			require.Equal(t, FormatMsgpack, format, "the error is answered in MessagePack")
+			require.Empty(t, r.What, "nothing read from it")
+		})
+	}
+	// A JSON value that is not an object stays JSON.
+	_, format, err := DecodeRequest([]byte(`["needs"]`))
+	require.Error(t, err)
+	require.Equal(t, FormatJSON, format)
+}
+
+// TestDecodeRequest_IntegerOutOfRange: an integer no int64 holds is refused with its own value, in
+// both formats, not a wrapped negative one.
+func TestDecodeRequest_IntegerOutOfRange(t *testing.T) {
+	for _, field := range []string{"limit", "min_seq", "wait_ms"} {
+		body, err := msgpack.Marshal(map[string]any{"what": "needs", field: uint64(1) << 63})
+		require.NoError(t, err)
+		_, _, err = DecodeRequest(body)
+		require.Error(t, err, field)
+		require.Equal(t, 400, Code(err))
+		require.Contains(t, err.Error(), field+" 9223372036854775808 is out of range")
+
+		_, _, err = DecodeRequest([]byte(`{"what":"needs","` + field + `":9223372036854775808}`))
+		require.Error(t, err, field)
+		require.Equal(t, 400, Code(err))
+	}
+}
+
+// TestDecodeRequest_NullAndEmptyAreAbsent pins docs/decisions.md: a field given as null, or a string
+// field given as "", is the field left out, alike in both formats.
+func TestDecodeRequest_NullAndEmptyAreAbsent(t *testing.T) {
+	for _, members := range []map[string]any{
+		{"what": nil}, {"what": ""}, {"what": "needs", "node": nil, "limit": nil},
+		{"what": "needs", "collection": ""}, {"what": "applied", "kind": "", "contributor": ""},
+	} {
+		js, err := json.Marshal(members)
+		require.NoError(t, err)
+		mp, err := msgpack.Marshal(members)
+		require.NoError(t, err)
+		for _, body := range [][]byte{js, mp} {
+			r, _, err := DecodeRequest(body)
+			require.NoError(t, err, "%q", body)
+			require.Nil(t, r.Limit)
+			require.Empty(t, r.Node+r.Collection+r.Kind+r.Contributor)
+			if w, _ := members["what"].(string); w != "" {
+				require.Equal(t, w, r.What)
+			} else {
+				require.Equal(t, "registry", r.What, "the default")
+			}
+		}
+	}
 }

@@ -77,6 +77,11 @@ func Resolve(v *store.View, bucket string, p Point) (Resolved, error) {
 		}
 		r.Seq = min(r.Seq, applied.Applied)
 		r.RegistryAt = t
+		if r.Seq == 0 && marks.Floor == 0 && applied.StreamCreated > 0 && t < applied.StreamCreated {
+			// Before the stream was created, so before the bucket's first message, and nothing trimmed:
+			// the empty state, whatever the stream removed later before the seat read it.
+			return r, nil
+		}
 		if r.Seq < marks.Floor {
 			return r, fmt.Errorf("%w: the log rebuilds %s (seq:%d) and later, not %s", store.ErrTrimmed,
 				time.Unix(0, marks.FloorTime).UTC().Format(time.RFC3339Nano), marks.Floor, p)

@@ -400,7 +400,18 @@ func TestPlans_Rules(t *testing.T) {
 		{"edge-2.web", "newest", "held", "missing", ""},
 		{"edge-3.web", "current", "published", "", "1042"},
 	})
-	// Narrowed by node, anomalies are the node's: composed-<node> by the bucket's name.
+	// Narrowed by node, anomalies are the node's: composed-<node> by the bucket's name. The keys of
+	// composed-edge-2 start with a module (web, api), never with edge-2: only the bucket names the node.
+	a, err = h.askPlans(map[string]any{"what": "plans", "node": "edge-2"}, false)
+	require.NoError(t, err)
+	var edge2 []string
+	for _, x := range a["anomalies"].([]any) {
+		an := x.(map[string]any)
+		if an["bucket"] == "composed-edge-2" {
+			edge2 = append(edge2, an["key"].(string))
+		}
+	}
+	require.Equal(t, []string{"api.2002", "web", "web.latest"}, edge2, "composed-edge-2's anomalies, in byte order of raw key")
 	a, err = h.askPlans(map[string]any{"what": "plans", "node": "edge-1"}, false)
 	require.NoError(t, err)
 	for _, x := range a["anomalies"].([]any) {

@@ -476,6 +476,23 @@ func TestSeat_BadRequests(t *testing.T) {
 		{"MessagePack limit 0", mp(map[string]any{"what": "needs", "limit": 0}), true, 400},
 		{"not JSON nor MessagePack", []byte("what=needs"), false, 400},
 		{"cursor that does not exist", []byte(`{"what":"needs","after":"n00000.nope.config.x"}`), false, 404},
+		{"collection with registry", []byte(`{"what":"registry","collection":"shell"}`), false, 400},
+		{"collection with applied", []byte(`{"what":"applied","collection":"shell"}`), false, 400},
+		{"collection with plans", []byte(`{"what":"plans","collection":"shell"}`), false, 400},
+		{"contributor with needs", []byte(`{"what":"needs","contributor":"mod-001"}`), false, 400},
+		{"contributor and module differ", []byte(`{"what":"collect","contributor":"mod-001","module":"mod-002"}`), false, 400},
+		{"kind with applied", []byte(`{"what":"applied","kind":"config"}`), false, 400},
+		{"kind with collect", []byte(`{"what":"collect","kind":"config"}`), false, 400},
+		{"node not a token", []byte(`{"what":"needs","node":"n1.m1"}`), false, 400},
+		{"negative min_seq", []byte(`{"what":"needs","min_seq":-1}`), false, 400},
+		{"what of the wrong type", []byte(`{"what":1}`), false, 400},
+		// Every error of a MessagePack request is a MessagePack map (Ask decodes the body as one).
+		{"MessagePack unknown what", mp(map[string]any{"what": "wants"}), true, 400},
+		{"MessagePack array", mp([]any{"needs", "n1"}), true, 400},
+		{"MessagePack nil", mp(nil), true, 400},
+		{"MessagePack cursor that does not exist", mp(map[string]any{"what": "needs", "after": "n00000.nope.config.x"}), true, 404},
+		{"MessagePack min_seq not reached", mp(map[string]any{"what": "needs", "min_seq": 99999999, "wait_ms": 20}), true, 504},
+		{"MessagePack at that is no point", mp(map[string]any{"what": "needs", "at": "seq:x"}), true, 400},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

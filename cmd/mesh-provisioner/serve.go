@@ -94,7 +94,7 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 		return err
 	}
 	if c.demo && c.nats.url != "" {
-		return &usageError{msg: "--demo loads the embedded server: leave out --nats"}
+		return &usageError{msg: "--demo loads the embedded server: leave out --nats, and unset NATS_URL"}
 	}
 
 	url := c.nats.url
@@ -254,12 +254,31 @@ func loadDemo(ctx context.Context, js jetstream.JetStream, log *slog.Logger, std
 	return nil
 }
 
-// inside reports whether path is dir or below it.
+// inside reports whether path is dir or below it, as written or once symbolic links are followed (a
+// --state that is a link to the directory holding --embedded-store is the same directory).
 func inside(path, dir string) bool {
+	below := func(p, d string) bool { return p == d || strings.HasPrefix(p, d+string(os.PathSeparator)) }
 	p, err1 := filepath.Abs(path)
 	d, err2 := filepath.Abs(dir)
 	if err1 != nil || err2 != nil {
 		return false
 	}
-	return p == d || strings.HasPrefix(p, d+string(os.PathSeparator))
+	return below(p, d) || below(realPath(p), realPath(d))
+}
+
+// realPath is an absolute path with the symbolic links of its longest existing part followed; the
+// part that does not exist yet is kept as written.
+func realPath(abs string) string {
+	rest := ""
+	for cur := abs; ; {
+		if r, err := filepath.EvalSymlinks(cur); err == nil {
+			return filepath.Join(r, rest)
+		}
+		parent := filepath.Dir(cur)
+		if parent == cur {
+			return abs
+		}
+		rest = filepath.Join(filepath.Base(cur), rest)
+		cur = parent
+	}
 }
