@@ -380,6 +380,12 @@ func (p *Projector) applyLoop(ctx context.Context, bucket string, batchSize int,
 			batch = append(batch, m)
 		case <-poll.C:
 			p.caughtUp(bucket, atEnd, log) // the end may have been read after its batch was applied
+			// So may the pending count that says the catch-up is over.
+			select {
+			case lastPending = <-pending:
+			default:
+			}
+			p.db.CatchingUp(bucket, lastPending+uint64(len(in)))
 			if _, synced := p.db.Applied(bucket); !synced {
 				p.checkSynced(ctx, bucket, cons, log, startSeq, start)
 			}

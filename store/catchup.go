@@ -25,8 +25,8 @@ import (
 // over more L0 files; answers then say synced: false anyway.
 
 // CatchUpBehind is how far behind its stream (messages) a bucket must be for its catch-up to hold
-// compactions back: the size of a burst after which the seat compacts anyway.
-const CatchUpBehind = 50_000
+// compactions back: the size of a burst after which the seat compacts anyway. A variable for tests.
+var CatchUpBehind uint64 = 50_000
 
 // maxHeldFlushes bounds how many flushes pile up in L0 while compactions wait (L0StopWritesThreshold is
 // 32 sublevels).
@@ -36,6 +36,7 @@ const maxHeldFlushes = 16
 type catchUp struct {
 	mu      sync.Mutex
 	buckets map[string]struct{}
+	bulk    bool // BulkLoad: held until Close
 	// held is set while compactions wait; flushes counts the flushes since they began to wait.
 	held    atomic.Bool
 	flushes atomic.Int32
@@ -82,7 +83,12 @@ func (c *catchUp) set(bucket string, behind uint64) {
 	} else {
 		delete(c.buckets, bucket)
 	}
-	held := len(c.buckets) > 0
+	c.update()
+}
+
+// update holds or releases compactions as the buckets and the bulk load say. c.mu is held.
+func (c *catchUp) update() {
+	held := len(c.buckets) > 0 || c.bulk
 	if held == c.held.Load() {
 		return
 	}
@@ -99,6 +105,21 @@ func (c *catchUp) set(bucket string, behind uint64) {
 // it is about to apply (the consumer's pending count): a bucket CatchUpBehind or more behind holds
 // compactions back until it reaches the end of its stream, or says 0 when it stops.
 func (db *DB) CatchingUp(bucket string, behind uint64) { db.catchUp.set(bucket, behind) }
+
+// CompactionsHeld reports whether compactions wait for a catch-up or a bulk load now.
+func (db *DB) CompactionsHeld() bool { return db.catchUp.holding() }
+
+// BulkLoad holds compactions back until the store closes, whatever CatchingUp says: for a store that is
+// filled from scratch and then closed (a rebuild), so Close does not wait for a compaction of everything
+// just written. The seat that opens it next compacts it (Pebble does as soon as it opens, as L0 is over
+// its threshold), while it answers. Like a catch-up, the wait ends after maxHeldFlushes flushes.
+func (db *DB) BulkLoad() {
+	c := db.catchUp
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.bulk = true
+	c.update()
+}
 
 // gateScheduler is Pebble's compaction scheduler with a gate: Pebble's default scheduler (a concurrency
 // limit, ConcurrencyLimitScheduler, whose constructor is not exported) granting nothing while held

@@ -73,3 +73,27 @@ func TestCatchingUp_Bounded(t *testing.T) {
 	require.Eventually(t, func() bool { return compactions(db) > n }, 30*time.Second, 10*time.Millisecond,
 		"compactions run again after maxHeldFlushes flushes, catching up or not")
 }
+
+// TestBulkLoad_HoldsUntilClose: a bulk load holds compactions after its buckets caught up, and the store
+// it leaves is compacted by the next open.
+func TestBulkLoad_HoldsUntilClose(t *testing.T) {
+	dir := t.TempDir()
+	db, err := Open(dir, Options{MemTableSize: 4 << 20})
+	require.NoError(t, err)
+	db.BulkLoad()
+	var seq uint64
+	db.CatchingUp(provisioner.BucketNeeds, CatchUpBehind)
+	for i := 0; i < 10; i++ {
+		fill(t, db, &seq, 500)
+	}
+	db.CatchingUp(provisioner.BucketNeeds, 0)
+	time.Sleep(300 * time.Millisecond)
+	require.Zero(t, compactions(db), "a bulk load holds compactions until Close")
+	require.NoError(t, db.Close())
+
+	db, err = Open(dir, Options{MemTableSize: 4 << 20})
+	require.NoError(t, err)
+	defer db.Close()
+	require.Eventually(t, func() bool { return compactions(db) > 0 }, 30*time.Second, 10*time.Millisecond,
+		"the next open compacts what the bulk load left in L0")
+}

@@ -112,6 +112,9 @@ func (c *RebuildCommand) Run(ctx context.Context, args []string) error {
 		if err != nil {
 			return err
 		}
+		// A generation is written from scratch and closed: its compaction is the next serve's,
+		// which answers meanwhile, rather than a wait at the end of the rebuild.
+		db.BulkLoad()
 		var bar *progress.Bar
 		var applied int64
 		po := projector.Options{Logger: log}
