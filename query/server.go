@@ -51,14 +51,17 @@ func StoreReader(db *store.DB) Reader { return storeReader{db} }
 type storeReader struct{ *store.DB }
 
 func (s storeReader) View() (View, error) {
-	v, err := s.DB.View()
+	v, err := s.DB.RowsView()
 	if err != nil {
 		return nil, err
 	}
 	return v, nil
 }
 
-var _ View = (*store.View)(nil)
+var (
+	_ View = (*store.View)(nil)
+	_ View = (*store.RowsView)(nil)
+)
 
 // AtFunc answers a request with `at` set, from the event log; see package replay.
 type AtFunc func(ctx context.Context, req *Request, e *Encoder) error

@@ -53,13 +53,26 @@ func (r *swapReader) open() (*store.View, func(), error) {
 	return v, func() { v.Close(); h.mu.RUnlock() }, nil
 }
 
-// View opens a view of the current store.
+// View opens a view of the current store's rows, for the verb's answers.
 func (r *swapReader) View() (query.View, error) {
-	v, release, err := r.open()
+	h := r.acquire()
+	v, err := h.db.RowsView()
 	if err != nil {
+		h.mu.RUnlock()
 		return nil, err
 	}
-	return &heldView{View: v, release: release}, nil
+	return &heldRowsView{RowsView: v, h: h}, nil
+}
+
+type heldRowsView struct {
+	*store.RowsView
+	h *handle
+}
+
+func (v *heldRowsView) Close() error {
+	v.RowsView.Close()
+	v.h.mu.RUnlock()
+	return nil
 }
 
 type heldView struct {
