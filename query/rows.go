@@ -50,6 +50,7 @@ func (e *Encoder) Anomaly(a provisioner.Anomaly) {
 
 // EndAnswer writes as_of, synced and, when more rows follow, next; and closes the answer.
 func (e *Encoder) EndAnswer(asOf uint64, synced bool, next string) {
+	e.next = next
 	e.key("as_of")
 	e.uint(asOf)
 	e.key("synced")
