@@ -23,12 +23,14 @@ import (
 //   - min_seq, when the request has it, is reached already (the page would not have waited).
 //
 // Otherwise the page is dropped and the request answered as any other. A request that arrives while
-// its page is still being written waits for it rather than writing it twice. At most aheadPages pages
-// are kept, each at most aheadTTL; `at` and plans answers are not read ahead.
+// its page is still being written waits for it rather than writing it twice. Pages are written up to
+// aheadDepth ahead of the last one sent; at most aheadPages are kept, each at most aheadTTL; `at` and
+// plans answers are not read ahead.
 const (
 	aheadPages = 4
 	aheadTTL   = 2 * time.Second
 	aheadQueue = 4
+	aheadDepth = 2 // pages written ahead of the last one sent
 )
 
 // aheadKey is what names an answer's page: every field of the request that the answer depends on.
@@ -78,6 +80,7 @@ type aheadPage struct {
 type aheadJob struct {
 	r      Request
 	format Format
+	depth  int // pages ahead of the one the asker was last sent
 }
 
 // readAhead holds the pages written ahead, and those being written.
@@ -118,8 +121,12 @@ func (s *Server) readNextAhead(r *Request, format Format, e *Encoder) {
 	if s.opts.NoReadAhead || e.next == "" || !readsAhead(r) {
 		return
 	}
-	j := aheadJob{r: *r, format: format}
-	j.r.After = e.next
+	s.queueAhead(aheadJob{r: *r, format: format, depth: 1}, e.next)
+}
+
+// queueAhead queues the page after next of a request, when a worker is free for it.
+func (s *Server) queueAhead(j aheadJob, next string) {
+	j.r.After = next
 	s.jobsMu.RLock()
 	defer s.jobsMu.RUnlock()
 	if s.ahead.jobs == nil || s.jobsClosed {
@@ -167,6 +174,11 @@ func (s *Server) writeAhead(j *aheadJob) {
 	a.mu.Unlock()
 	if !keep {
 		s.pool.Put(e)
+		return
+	}
+	if j.depth < aheadDepth && e.next != "" {
+		// The asker is still reading an earlier page: go on with the one after.
+		s.queueAhead(aheadJob{r: j.r, format: j.format, depth: j.depth + 1}, e.next)
 	}
 }
 
