@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 )
 
 // Parts are the named tokens of a key that fits its bucket's shape. Strings other than Collection are
@@ -110,20 +111,61 @@ func FirstToken(key string) string {
 // when it was applied, so its tokens are split without being checked again. It is the read path's
 // ParseKey; a key that does not split into the shape's tokens reports false.
 func PartsOfStored(s Shape, key string) (Parts, bool) {
+	var r StoredParts
+	var p Parts
+	ok := r.Read(s, key, &p)
+	return p, ok
+}
+
+// StoredParts reads the parts of the stored keys of one answer, as PartsOfStored does, into a Parts of
+// the caller's, without allocating: the rows of an answer mostly share their collection token (a
+// collection lookup reads one collection), so the last one decoded is remembered.
+type StoredParts struct {
+	tok, name string
+}
+
+// Read sets *p to the parts of key, and reports whether the key split into the shape's tokens.
+func (r *StoredParts) Read(s Shape, key string, p *Parts) bool {
 	var toks [4]string
 	n := len(s.Tokens)
 	rest := key
 	for i := 0; i < n-1; i++ {
 		j := strings.IndexByte(rest, '.')
 		if j < 0 {
-			return Parts{}, false
+			return false
 		}
 		toks[i], rest = rest[:j], rest[j+1:]
 	}
 	if strings.IndexByte(rest, '.') >= 0 {
-		return Parts{}, false
+		return false
 	}
 	toks[n-1] = rest
-	p, err := partsOf(s, toks)
-	return p, err == nil
+	switch s.What {
+	case WhatNeeds:
+		*p = Parts{Node: toks[0], Module: toks[1], Kind: toks[2], Name: toks[3]}
+		return true
+	case WhatApplied:
+		*p = Parts{Node: toks[0], Module: toks[1]}
+		return true
+	case WhatCollect:
+		name := toks[1]
+		if strings.IndexByte(name, '=') >= 0 {
+			// Decoding allocates: keep the name, with a copy of its token (the key's memory is the caller's).
+			if name != r.tok {
+				dec, err := DecodeCollection(name)
+				if err != nil {
+					return false
+				}
+				r.tok, r.name = strings.Clone(name), dec
+			}
+			name = r.name
+		} else if !utf8.ValidString(name) {
+			return false
+		}
+		*p = Parts{Node: toks[0], Collection: name, CollectionKey: toks[1], Contributor: toks[2]}
+		return true
+	}
+	q, err := partsOf(s, toks)
+	*p = q
+	return err == nil
 }

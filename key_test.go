@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 	"unicode/utf8"
+	"unsafe"
 
 	"github.com/stretchr/testify/require"
 )
@@ -404,4 +405,33 @@ func TestPartsOfStored_AgreesWithParseKey(t *testing.T) {
 		_, ok := PartsOfStored(ShapeNeeds, bad)
 		require.False(t, ok, bad)
 	}
+}
+
+// TestStoredParts_ReusedAcrossRows reads the keys of one answer with one StoredParts, each from a buffer
+// that the next key overwrites (as the store's iterator does): every row's parts are its own.
+func TestStoredParts_ReusedAcrossRows(t *testing.T) {
+	keys := []struct {
+		shape Shape
+		key   string
+	}{
+		{ShapeCollect, "n1.shell=3Azsh.c"}, {ShapeCollect, "n2.shell=3Azsh.c"}, {ShapeCollect, "n2.shell=3Abash.c"},
+		{ShapeCollect, "n3.shell=3Azsh.d"}, {ShapeCollect, "n3.plain.d"}, {ShapeCollect, "n4.=C3=A9.c"},
+		{ShapeCollect, "n4.=C3=A9.d"}, {ShapeCollect, "n5.aa=41.c"}, {ShapeCollect, "n5.bb=41.c"}, {ShapeNeeds, "n1.m.config.a"}, {ShapeApplied, "n1.m"}, {ShapeRegistry, "config"},
+	}
+	var r StoredParts
+	var buf []byte
+	for _, tc := range keys {
+		want, err := ParseKey(tc.shape, tc.key)
+		require.NoError(t, err)
+		for i := range buf {
+			buf[i] = 'x' // the previous key's memory is reused
+		}
+		buf = append(buf[:0], tc.key...)
+		var got Parts
+		require.True(t, r.Read(tc.shape, unsafe.String(unsafe.SliceData(buf), len(buf)), &got), tc.key)
+		require.Equal(t, want, got, tc.key)
+	}
+	var p Parts
+	require.False(t, r.Read(ShapeCollect, "n1.=ZZ.c", &p), "a bad escape")
+	require.False(t, r.Read(ShapeCollect, "n1.a.b.c", &p), "too many tokens")
 }

@@ -67,10 +67,13 @@ func AnswerView(v View, r *Request, e *Encoder, asOf uint64, synced bool) error 
 	var next string
 	var last []byte
 	var rowErr error
+	// One Parts for the whole answer, filled in place for each row: a Parts per row would be allocated.
+	var parts provisioner.Parts
+	var pr provisioner.StoredParts
 	err := v.Rows(rg, func(row *provisioner.Row) bool {
 		// The key's bytes live until the callback returns, and so do the parts read from them: they are
 		// written into the answer before it does. No copy of the key is made.
-		parts, ok := provisioner.PartsOfStored(shape, unsafe.String(unsafe.SliceData(row.Key), len(row.Key)))
+		ok := pr.Read(shape, unsafe.String(unsafe.SliceData(row.Key), len(row.Key)), &parts)
 		if !ok || !filter(&parts, row) {
 			return true // out-of-shape keys have no row; the filter narrows what the range could not
 		}

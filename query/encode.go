@@ -23,6 +23,7 @@ type Encoder struct {
 	count   []int  // MessagePack: members written at each open level
 	max     int    // bound on an answer's size in bytes, 0 for none (limits.go)
 	reserve int    // bytes kept free for the answer's tail (limits.go)
+	next    string // the answer's next, once written (readahead.go)
 }
 
 // Reset empties the encoder for an answer in format f.
@@ -33,6 +34,7 @@ func (e *Encoder) Reset(f Format) {
 	e.marks = e.marks[:0]
 	e.count = e.count[:0]
 	e.reserve = 0
+	e.next = ""
 }
 
 // sep writes the comma before a JSON member and counts a MessagePack member.

@@ -3,7 +3,6 @@ package query
 import (
 	"encoding/base64"
 	"strconv"
-	"time"
 
 	provisioner "github.com/novox/mesh-provisioner"
 	"github.com/novox/mesh-provisioner/internal/mpk"
@@ -51,6 +50,7 @@ func (e *Encoder) Anomaly(a provisioner.Anomaly) {
 
 // EndAnswer writes as_of, synced and, when more rows follow, next; and closes the answer.
 func (e *Encoder) EndAnswer(asOf uint64, synced bool, next string) {
+	e.next = next
 	e.key("as_of")
 	e.uint(asOf)
 	e.key("synced")
@@ -152,7 +152,7 @@ func (e *Encoder) rowMsgpack(row *provisioner.Row, parts []field) {
 	b = append(b, mpNames[fRevision]...)
 	b = mpk.AppendUint(b, row.Revision)
 	b = append(b, mpNames[fCreated]...)
-	b = mpk.AppendTime(b, time.Unix(0, row.Created).UTC())
+	b = mpk.AppendUnixNano(b, row.Created)
 	b = append(b, mpNames[fValue]...)
 	if row.Msgpack {
 		b = append(b, row.Value...) // stored MessagePack passes through
@@ -176,7 +176,7 @@ func (e *Encoder) rowJSON(row *provisioner.Row, parts []field) {
 	b = strconv.AppendUint(b, row.Revision, 10)
 	b = append(b, jsonNames[fCreated]...)
 	b = append(b, '"')
-	b = time.Unix(0, row.Created).UTC().AppendFormat(b, time.RFC3339Nano)
+	b = mpk.AppendRFC3339Nano(b, row.Created)
 	b = append(b, '"')
 	b = append(b, jsonNames[fValue]...)
 	raw := !row.Msgpack

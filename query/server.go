@@ -51,14 +51,17 @@ func StoreReader(db *store.DB) Reader { return storeReader{db} }
 type storeReader struct{ *store.DB }
 
 func (s storeReader) View() (View, error) {
-	v, err := s.DB.View()
+	v, err := s.DB.RowsView()
 	if err != nil {
 		return nil, err
 	}
 	return v, nil
 }
 
-var _ View = (*store.View)(nil)
+var (
+	_ View = (*store.View)(nil)
+	_ View = (*store.RowsView)(nil)
+)
 
 // AtFunc answers a request with `at` set, from the event log; see package replay.
 type AtFunc func(ctx context.Context, req *Request, e *Encoder) error
@@ -77,6 +80,8 @@ type Options struct {
 	Observe func(what string, code int, d time.Duration)
 	// Workers is how many requests are answered at once; 0 means GOMAXPROCS, at least 2.
 	Workers int
+	// NoReadAhead turns off writing the next page of a paged answer ahead (readahead.go).
+	NoReadAhead bool
 }
 
 // Server serves the verb.
@@ -92,10 +97,11 @@ type Server struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup // requests waiting for min_seq in their own goroutine
 
-	jobsMu     sync.RWMutex // held to read by a sender, to write by Stop closing jobs
+	jobsMu     sync.RWMutex // held to read by a sender, to write by Stop closing jobs and ahead.jobs
 	jobs       chan job
 	jobsClosed bool
 	workers    sync.WaitGroup
+	ahead      readAhead
 }
 
 // NewServer returns a Server reading from r.
@@ -157,9 +163,11 @@ func (s *Server) Stop() {
 		// The service takes no more requests: the workers answer what is queued, then end.
 		s.jobsClosed = true
 		close(s.jobs)
+		close(s.ahead.jobs)
 	}
 	s.jobsMu.Unlock()
 	s.workers.Wait()
+	s.stopReadAhead()
 	s.cancel()
 	s.wg.Wait()
 }
@@ -207,6 +215,7 @@ func (s *Server) startWorkers() {
 		n = max(2, runtime.GOMAXPROCS(0))
 	}
 	s.jobs = make(chan job, 4*n)
+	s.startReadAhead()
 	for i := 0; i < n; i++ {
 		s.workers.Add(1)
 		go func() {
@@ -225,13 +234,21 @@ func appliedSeq(r applied, bucket string) uint64 {
 
 func (s *Server) respond(req micro.Request, r *Request, format Format, err error, start time.Time) {
 	e := s.pool.Get().(*Encoder)
-	defer s.pool.Put(e)
+	defer func() { s.pool.Put(e) }()
 	max := maxAnswer(s.nc)
 	e.SetMaxBytes(max)
 	if err == nil {
-		err = s.Answer(s.ctx, r, format, e)
-		if err == nil && max > 0 && len(e.Bytes()) > max {
-			err = tooLarge(len(e.Bytes()), max) // an answer not bounded by limits.go: say so, not time out
+		if page := s.takeAhead(r, format); page != nil {
+			s.pool.Put(e)
+			e = page
+		} else {
+			err = s.Answer(s.ctx, r, format, e)
+			if err == nil && max > 0 && len(e.Bytes()) > max {
+				err = tooLarge(len(e.Bytes()), max) // an answer not bounded by limits.go: say so, not time out
+			}
+		}
+		if err == nil {
+			s.readNextAhead(r, format, e) // the next page is written while this one travels
 		}
 	}
 	code := 200

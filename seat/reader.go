@@ -13,7 +13,8 @@ import (
 // holds its store's handle for reading, and a swap takes the old handle for writing before it lets the
 // store go. A request opens one view at a time, so a waiting swap cannot deadlock it.
 type swapReader struct {
-	cur atomic.Pointer[handle]
+	cur   atomic.Pointer[handle]
+	swaps atomic.Uint64
 }
 
 type handle struct {
@@ -53,13 +54,26 @@ func (r *swapReader) open() (*store.View, func(), error) {
 	return v, func() { v.Close(); h.mu.RUnlock() }, nil
 }
 
-// View opens a view of the current store.
+// View opens a view of the current store's rows, for the verb's answers.
 func (r *swapReader) View() (query.View, error) {
-	v, release, err := r.open()
+	h := r.acquire()
+	v, err := h.db.RowsView()
 	if err != nil {
+		h.mu.RUnlock()
 		return nil, err
 	}
-	return &heldView{View: v, release: release}, nil
+	return &heldRowsView{RowsView: v, h: h}, nil
+}
+
+type heldRowsView struct {
+	*store.RowsView
+	h *handle
+}
+
+func (v *heldRowsView) Close() error {
+	v.RowsView.Close()
+	v.h.mu.RUnlock()
+	return nil
 }
 
 type heldView struct {
@@ -78,8 +92,13 @@ func (r *swapReader) Applied(bucket string) (uint64, bool) { return r.cur.Load()
 // waiter wakes and asks again of the new one.
 func (r *swapReader) Changed(bucket string) <-chan struct{} { return r.cur.Load().db.Changed(bucket) }
 
+// Generation counts the swaps: an answer written ahead of one store is not an answer of the next
+// (query.Generationer).
+func (r *swapReader) Generation() uint64 { return r.swaps.Load() }
+
 // swap makes db current, and returns once no view of the old store is open.
 func (r *swapReader) swap(db *store.DB) {
+	r.swaps.Add(1)
 	old := r.cur.Swap(&handle{db: db})
 	old.mu.Lock()
 	old.retired = true

@@ -17,18 +17,26 @@ var ErrNotFound = errors.New("store: not found")
 // View is a consistent read of the store: every scan through it sees the same committed state, and
 // AsOf is the applied sequence of exactly that state. Close it when done.
 type View struct {
-	db   *DB
+	rows
 	snap *pebble.Snapshot
 	key  []byte
-	// it is one iterator on the snapshot, moved between ranges with SetBounds: cheaper than a new
-	// iterator per scan, which seeks into every level again.
+}
+
+// rows reads rows, anomalies and checkpoints through one iterator, moved between ranges with SetBounds:
+// cheaper than a new iterator per scan, which seeks into every level again. An iterator reads one point
+// in time whatever its bounds, so every read through it is consistent with the others.
+type rows struct {
+	db  *DB
+	src interface {
+		NewIter(*pebble.IterOptions) (*pebble.Iterator, error)
+	}
 	it *pebble.Iterator
 }
 
 // iter returns the view's iterator bounded to [lo, hi), unpositioned.
-func (v *View) iter(lo, hi []byte) (*pebble.Iterator, error) {
+func (v *rows) iter(lo, hi []byte) (*pebble.Iterator, error) {
 	if v.it == nil {
-		it, err := v.snap.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
+		it, err := v.src.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
 		if err != nil {
 			return nil, err
 		}
@@ -44,20 +52,52 @@ func (db *DB) View() (*View, error) {
 	if db.closed.Load() {
 		return nil, ErrClosed
 	}
-	return &View{db: db, snap: db.pdb.NewSnapshot()}, nil
+	snap := db.pdb.NewSnapshot()
+	return &View{rows: rows{db: db, src: snap}, snap: snap}, nil
 }
 
 // Close releases the view.
 func (v *View) Close() error {
+	v.closeIter()
+	return v.snap.Close()
+}
+
+func (v *rows) closeIter() {
 	if v.it != nil {
 		// Its error, if any, is the last scan's, which that scan returned already.
 		_ = v.it.Close()
 	}
-	return v.snap.Close()
+}
+
+// RowsView is a consistent read of rows, anomalies and checkpoints only (the verb's answers): the
+// reads of a View but for the event log and plans, without a snapshot. Its one iterator, opened at
+// once, is the point in time; a snapshot would cost its opening and, at its close, Pebble's look for
+// a compaction to schedule, on every answer. Close it when done; do not keep it open long, since an
+// open iterator keeps the files and memtables it reads.
+type RowsView struct {
+	rows
+}
+
+// RowsView opens a consistent read of rows, anomalies and checkpoints.
+func (db *DB) RowsView() (*RowsView, error) {
+	if db.closed.Load() {
+		return nil, ErrClosed
+	}
+	it, err := db.pdb.NewIter(nil)
+	if err != nil {
+		return nil, err
+	}
+	return &RowsView{rows: rows{db: db, it: it}}, nil
+}
+
+// Close releases the view.
+func (v *RowsView) Close() error {
+	v.closeIter()
+	return nil
 }
 
 // get reads one key through the view's iterator.
-func (v *View) get(key []byte) ([]byte, bool, error) {
+func (v *rows) get(key []byte) ([]byte, bool, error) {
 	it, err := v.iter(key, append(key[:len(key):len(key)], 0x00))
 	if err != nil {
 		return nil, false, err
@@ -69,7 +109,7 @@ func (v *View) get(key []byte) ([]byte, bool, error) {
 }
 
 // Checkpoint is a bucket's checkpoint as this view sees it.
-func (v *View) Checkpoint(bucket string) (Checkpoint, error) {
+func (v *rows) Checkpoint(bucket string) (Checkpoint, error) {
 	b, ok, err := v.get(checkpointKey(bucket))
 	if err != nil || !ok {
 		return Checkpoint{}, err
@@ -77,7 +117,7 @@ func (v *View) Checkpoint(bucket string) (Checkpoint, error) {
 	return decodeCheckpoint(b)
 }
 
-func (v *View) rangeBounds(r provisioner.Range) (base, lo, hi []byte) {
+func (v *rows) rangeBounds(r provisioner.Range) (base, lo, hi []byte) {
 	if r.Index == provisioner.IndexPrimary {
 		base = bucketPrefix(nil, prefixRow, r.Bucket)
 	} else {
@@ -97,7 +137,7 @@ func (v *View) rangeBounds(r provisioner.Range) (base, lo, hi []byte) {
 
 // HasRow reports whether a range holds the row of a raw key: a cursor that names a row no longer there
 // cannot be paged on.
-func (v *View) HasRow(r provisioner.Range, key string) (bool, error) {
+func (v *rows) HasRow(r provisioner.Range, key string) (bool, error) {
 	if !strings.HasPrefix(key, r.Prefix) {
 		return false, nil
 	}
@@ -108,7 +148,7 @@ func (v *View) HasRow(r provisioner.Range, key string) (bool, error) {
 
 // Rows calls fn for each row of a range in byte order of raw keys until fn returns false. The Row and
 // its slices are valid only during the call.
-func (v *View) Rows(r provisioner.Range, fn func(*provisioner.Row) bool) error {
+func (v *rows) Rows(r provisioner.Range, fn func(*provisioner.Row) bool) error {
 	base, lo, hi := v.rangeBounds(r)
 	it, err := v.iter(lo, hi)
 	if err != nil {
@@ -136,7 +176,7 @@ func (v *View) Rows(r provisioner.Range, fn func(*provisioner.Row) bool) error {
 // Anomalies calls fn for the anomaly rows of a bucket in byte order of raw keys, those of one node only
 // when node is set (the raw key's first token), at most max of them, and returns how many rows matched
 // in all.
-func (v *View) Anomalies(bucket, node string, max int, fn func(provisioner.Anomaly)) (total int64, err error) {
+func (v *rows) Anomalies(bucket, node string, max int, fn func(provisioner.Anomaly)) (total int64, err error) {
 	base := bucketPrefix(nil, prefixAnomaly, bucket)
 	var ranges [][2][]byte
 	if node == "" {

@@ -1,6 +1,7 @@
 package store_test
 
 import (
+	"context"
 	"strings"
 	"testing"
 
@@ -197,4 +198,40 @@ func TestDB_RangesAreBounded(t *testing.T) {
 		rows(t, db, provisioner.Range{Bucket: b, Index: provisioner.IndexContributor, Value: "c1"}))
 	require.Equal(t, []string{"n1.shell=3azsh.c2"},
 		rows(t, db, provisioner.Range{Bucket: b, Index: provisioner.IndexPrimary, Prefix: "n1.", After: "n1.shell=3Azsh.c1"}))
+}
+
+// TestRowsView_OnePointInTime reads through a RowsView while later batches commit, and a flush and a
+// compaction rewrite the files: every read, whatever range it moves the view's iterator to, sees the
+// state of the view's opening, checkpoint and anomalies included.
+func TestRowsView_OnePointInTime(t *testing.T) {
+	db, err := store.OpenState(t.TempDir(), store.Options{})
+	require.NoError(t, err)
+	defer db.Close()
+	b := provisioner.BucketNeeds
+	require.NoError(t, db.Apply(b, []provisioner.Message{put(1, "n1.m.config.a", []byte{0x01}), put(2, "n2.m.config.a", []byte{0x01})}, 0, false))
+	v, err := db.RowsView()
+	require.NoError(t, err)
+	defer v.Close()
+	require.NoError(t, db.Apply(b, []provisioner.Message{put(3, "n1.m.config.b", []byte{0x01}), del(4, "n2.m.config.a"), put(5, "n3.bad", []byte{0x01})}, 0, false))
+	require.NoError(t, db.Pebble().Flush())
+	require.NoError(t, db.CompactAll(context.Background()))
+	for i := 0; i < 2; i++ {
+		cp, err := v.Checkpoint(b)
+		require.NoError(t, err)
+		require.EqualValues(t, 2, cp.Applied)
+		var keys []string
+		require.NoError(t, v.Rows(provisioner.Range{Bucket: b, Index: provisioner.IndexPrimary}, func(row *provisioner.Row) bool {
+			keys = append(keys, string(row.Key))
+			return true
+		}))
+		require.Equal(t, []string{"n1.m.config.a", "n2.m.config.a"}, keys)
+		ok, err := v.HasRow(provisioner.Range{Bucket: b, Index: provisioner.IndexModule, Value: "m"}, "n2.m.config.a")
+		require.NoError(t, err)
+		require.True(t, ok)
+		var anoms []string
+		_, err = v.Anomalies(b, "n3", 10, func(a provisioner.Anomaly) { anoms = append(anoms, a.Key) })
+		require.NoError(t, err)
+		require.Empty(t, anoms)
+	}
+	require.Equal(t, []string{"n1.m.config.a", "n1.m.config.b"}, rows(t, db, provisioner.Range{Bucket: b, Index: provisioner.IndexPrimary}))
 }

@@ -132,6 +132,68 @@ func AppendTime(dst []byte, t time.Time) []byte {
 	return binary.BigEndian.AppendUint64(dst, uint64(sec))
 }
 
+// AppendUnixNano appends the time ns nanoseconds after the Unix epoch as AppendTime does
+// time.Unix(0, ns), without making the time.Time.
+func AppendUnixNano(dst []byte, ns int64) []byte {
+	sec, nsec := ns/1e9, ns%1e9
+	if nsec < 0 {
+		sec, nsec = sec-1, nsec+1e9
+	}
+	if uint64(sec)>>34 == 0 {
+		data := uint64(nsec)<<34 | uint64(sec)
+		if data>>32 == 0 {
+			return binary.BigEndian.AppendUint32(append(dst, 0xd6, 0xff), uint32(data))
+		}
+		return binary.BigEndian.AppendUint64(append(dst, 0xd7, 0xff), data)
+	}
+	dst = binary.BigEndian.AppendUint32(append(dst, 0xc7, 12, 0xff), uint32(nsec))
+	return binary.BigEndian.AppendUint64(dst, uint64(sec))
+}
+
+// AppendRFC3339Nano appends the time ns nanoseconds after the Unix epoch, in UTC, as
+// time.Unix(0, ns).UTC().AppendFormat(dst, time.RFC3339Nano) does, without the general formatter.
+func AppendRFC3339Nano(dst []byte, ns int64) []byte {
+	if ns < 0 {
+		return time.Unix(0, ns).UTC().AppendFormat(dst, time.RFC3339Nano)
+	}
+	sec, nsec := ns/1e9, ns%1e9
+	days, rem := sec/86400, sec%86400
+	// Civil date from days since 1970-01-01 (Howard Hinnant's days_from_civil, inverted).
+	z := days + 719468
+	era := z / 146097
+	doe := z - era*146097
+	yoe := (doe - doe/1460 + doe/36524 - doe/146096) / 365
+	y := yoe + era*400
+	doy := doe - (365*yoe + yoe/4 - yoe/100)
+	mp := (5*doy + 2) / 153
+	d := doy - (153*mp+2)/5 + 1
+	m := mp + 3
+	if m > 12 {
+		m -= 12
+	}
+	if m <= 2 {
+		y++
+	}
+	dst = append(dst, byte('0'+y/1000), byte('0'+y/100%10), byte('0'+y/10%10), byte('0'+y%10), '-',
+		byte('0'+m/10), byte('0'+m%10), '-', byte('0'+d/10), byte('0'+d%10), 'T',
+		byte('0'+rem/36000), byte('0'+rem/3600%10), ':', byte('0'+rem/600%6), byte('0'+rem/60%10), ':',
+		byte('0'+rem%60/10), byte('0'+rem%10))
+	if nsec != 0 {
+		var f [10]byte
+		f[0] = '.'
+		for i := 9; i >= 1; i-- {
+			f[i] = byte('0' + nsec%10)
+			nsec /= 10
+		}
+		n := 10
+		for f[n-1] == '0' {
+			n--
+		}
+		dst = append(dst, f[:n]...)
+	}
+	return append(dst, 'Z')
+}
+
 func appendStrHeader(dst []byte, n int) []byte {
 	u := checkLen(n)
 	switch {

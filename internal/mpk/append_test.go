@@ -302,3 +302,27 @@ func TestAppend_NoAllocs(t *testing.T) {
 	})
 	require.Zero(t, allocs)
 }
+
+// TestAppendUnixNano_AsAppendTime and TestAppendRFC3339Nano_AsTimeFormat check the answer's fast time
+// writers against the general ones, at the edges of each form and at random points.
+func TestAppendUnixNano_AsAppendTime(t *testing.T) {
+	for _, ns := range timePoints() {
+		require.Equal(t, AppendTime(nil, time.Unix(0, ns)), AppendUnixNano(nil, ns), "%d", ns)
+	}
+}
+
+func TestAppendRFC3339Nano_AsTimeFormat(t *testing.T) {
+	for _, ns := range timePoints() {
+		require.Equal(t, time.Unix(0, ns).UTC().Format(time.RFC3339Nano), string(AppendRFC3339Nano(nil, ns)), "%d", ns)
+	}
+}
+
+func timePoints() []int64 {
+	ps := []int64{0, 1, -1, 999999999, 1e9, -1e9, -1e9 - 1, math.MaxUint32 * 1e9, (math.MaxUint32 + 1) * 1e9,
+		math.MaxInt64, math.MinInt64, 951782400 * 1e9, 951868800*1e9 - 1, 4107542400 * 1e9, 1e17 + 100}
+	r := rand.New(rand.NewSource(7))
+	for i := 0; i < 100000; i++ {
+		ps = append(ps, r.Int63(), r.Int63n(1e10)*1e9+r.Int63n(10)*1e8, -r.Int63n(3e18))
+	}
+	return ps
+}

@@ -1,0 +1,141 @@
+package query
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"math/rand/v2"
+	"sync"
+	"syscall"
+	"testing"
+
+	"github.com/vmihailenco/msgpack/v5"
+
+	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/fixtures"
+	"github.com/novox/mesh-provisioner/store"
+)
+
+// BenchmarkAnswer writes answers from a compacted store of 100,000 needs (400 nodes × 25 modules × 10)
+// without NATS: the seat's own share of a lookup, per row, steadier than the end-to-end benches.
+// Run using: go test ./query -run x -bench Answer -cpuprofile cpu.prof
+func BenchmarkAnswer(b *testing.B) {
+	s := benchServer(b)
+	for _, tc := range []struct {
+		name string
+		req  func(r *rand.Rand) Request
+	}{
+		{"node", func(r *rand.Rand) Request { return Request{What: "needs", Node: fixtures.NodeName(r.IntN(400))} }},
+		{"module", func(r *rand.Rand) Request { return Request{What: "needs", Module: fixtures.ModuleName(r.IntN(50))} }},
+	} {
+		for _, f := range []Format{FormatMsgpack, FormatJSON} {
+			name := tc.name + "/msgpack"
+			if f == FormatJSON {
+				name = tc.name + "/json"
+			}
+			b.Run(name, func(b *testing.B) {
+				r := rand.New(rand.NewPCG(1, 1))
+				var e Encoder
+				e.SetMaxBytes(1 << 20)
+				rows := 0
+				var ru0, ru1 syscall.Rusage
+				_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru0)
+				for b.Loop() {
+					req := tc.req(r)
+					req.Limit = ptr(int64(MaxLimit))
+					for {
+						if err := s.Answer(context.Background(), &req, f, &e); err != nil {
+							b.Fatal(err)
+						}
+						n, next := countAnswer(b, e.Bytes(), f)
+						rows += n
+						if next == "" {
+							break
+						}
+						req.After = next
+					}
+				}
+				_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru1)
+				cpu := (ru1.Utime.Nano() + ru1.Stime.Nano()) - (ru0.Utime.Nano() + ru0.Stime.Nano())
+				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(rows), "ns/row")
+				// CPU time of the process (GC and Pebble's own goroutines too) is steadier than wall time on a
+				// shared machine.
+				b.ReportMetric(float64(cpu)/float64(rows), "cpu-ns/row")
+			})
+		}
+	}
+}
+
+var (
+	benchOnce sync.Once
+	benchDB   *store.DB
+)
+
+// benchServer is a Server over a store of 100,000 needs, built once per process and compacted.
+func benchServer(b *testing.B) *Server {
+	benchOnce.Do(func() {
+		db, err := store.Open(b.TempDir(), store.Options{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		byBucket := map[string][]provisioner.Message{}
+		for _, e := range provisioner.Registry.Entries {
+			ms := byBucket[provisioner.BucketRegistry]
+			byBucket[provisioner.BucketRegistry] = append(ms, provisioner.Message{Seq: uint64(len(ms) + 1), Key: e.Kind, Op: provisioner.OpPut, Value: e.Value(), Time: 1.7e18})
+		}
+		for _, op := range (fixtures.Mesh{Seed: 1, Nodes: 400, Modules: 25, NeedsPerModule: 10}).Ops() {
+			if op.Bucket == provisioner.BucketNeeds {
+				ms := byBucket[op.Bucket]
+				byBucket[op.Bucket] = append(ms, provisioner.Message{Seq: uint64(len(ms) + 1), Key: op.Key, Op: op.Op, Value: op.Value, Time: 1.7e18 + int64(len(ms))*1237})
+			}
+		}
+		for _, bucket := range []string{provisioner.BucketRegistry, provisioner.BucketNeeds} {
+			ms := byBucket[bucket]
+			for i := 0; i < len(ms); i += 4096 {
+				if err := db.Apply(bucket, ms[i:min(i+4096, len(ms))], 1, false); err != nil {
+					b.Fatal(err)
+				}
+			}
+			db.SetSynced(bucket, true)
+		}
+		if err := db.CompactAll(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+		benchDB = db // the process's: closed when it ends
+	})
+	return NewServer(StoreReader(benchDB), Options{})
+}
+
+// countAnswer counts an answer's rows and reads its next, from the bytes the encoder wrote (rows are
+// an array of fixed-width header in MessagePack, objects starting {"key": in JSON; next is written
+// last), without decoding the answer: the benchmark measures the writing.
+func countAnswer(b *testing.B, data []byte, f Format) (int, string) {
+	tail := data[max(0, len(data)-1024):] // next is written last; the fixtures' keys are short
+	if f == FormatJSON {
+		n := bytes.Count(data, []byte(`{"key":`))
+		i := bytes.LastIndex(tail, []byte(`,"next":`))
+		if i < 0 {
+			return n, ""
+		}
+		var next string
+		if err := json.Unmarshal(tail[i+len(`,"next":`):len(tail)-1], &next); err != nil {
+			b.Fatal(err)
+		}
+		return n, next
+	}
+	i := bytes.Index(data, []byte("\xa4rows\xdd"))
+	if i < 0 {
+		b.Fatal("no rows")
+	}
+	n := int(binary.BigEndian.Uint32(data[i+6:]))
+	j := bytes.LastIndex(tail, []byte("\xa4next"))
+	if j < 0 {
+		return n, ""
+	}
+	var next string
+	if err := msgpack.Unmarshal(tail[j+5:], &next); err != nil {
+		b.Fatal(err)
+	}
+	return n, next
+}

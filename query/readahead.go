@@ -1,0 +1,256 @@
+package query
+
+import (
+	"slices"
+	"sync"
+	"time"
+
+	provisioner "github.com/novox/mesh-provisioner"
+)
+
+// Read-ahead. A wide lookup (a module across the mesh: 20,000 rows, several pages of one NATS message
+// each) is a walk: the asker reads a page, then asks again with its next as after. While a page
+// travels and the asker reads it, a worker of its own writes the next page, and the asker's next
+// request is answered with it, when nothing that answer reads has changed meanwhile:
+//
+//   - the applied sequence and synced flag of the page's bucket, and for needs the registry's applied
+//     sequence (the registry raises and clears the needs' unanswered-kind anomalies), are what they
+//     were before the page's view was opened, and the reader's generation is the same (a rebuild swaps
+//     in a new store). Everything an answer holds is written by a commit that moves one of them. The
+//     view was opened after they were read, so it saw that state or a later one, and a later one would
+//     have moved them: the page is the answer the request would be given now, byte for byte, with the
+//     as_of and synced it would have;
+//   - min_seq, when the request has it, is reached already (the page would not have waited).
+//
+// Otherwise the page is dropped and the request answered as any other. A request that arrives while
+// its page is still being written waits for it rather than writing it twice. Pages are written up to
+// aheadDepth ahead of the last one sent; at most aheadPages are kept, each at most aheadTTL; `at` and
+// plans answers are not read ahead.
+const (
+	aheadPages = 4
+	aheadTTL   = 2 * time.Second
+	aheadQueue = 4
+	aheadDepth = 2 // pages written ahead of the last one sent
+)
+
+// aheadKey is what names an answer's page: every field of the request that the answer depends on.
+type aheadKey struct {
+	what, node, module, contributor, collection, kind, after string
+	limit                                                    int64
+	format                                                   Format
+}
+
+func keyOf(r *Request, f Format) aheadKey {
+	return aheadKey{what: r.What, node: r.Node, module: r.Module, contributor: r.Contributor, collection: r.Collection,
+		kind: r.Kind, after: r.After, limit: int64(r.limit()), format: f}
+}
+
+// aheadState is what an answer of a bucket reads, as far as any commit changes it.
+type aheadState struct {
+	seq, registry uint64
+	synced        bool
+	gen           uint64
+}
+
+// Generationer is a Reader whose store can be swapped for another (a rebuild): Generation changes when
+// it is.
+type Generationer interface {
+	Generation() uint64
+}
+
+func (s *Server) aheadState(bucket string) aheadState {
+	var st aheadState
+	st.seq, st.synced = s.r.Applied(bucket)
+	if bucket == provisioner.BucketNeeds {
+		st.registry, _ = s.r.Applied(provisioner.BucketRegistry)
+	}
+	if g, ok := s.r.(Generationer); ok {
+		st.gen = g.Generation()
+	}
+	return st
+}
+
+type aheadPage struct {
+	key   aheadKey
+	state aheadState
+	e     *Encoder
+	made  time.Time
+}
+
+type aheadJob struct {
+	r      Request
+	format Format
+	depth  int // pages ahead of the one the asker was last sent
+}
+
+// readAhead holds the pages written ahead, and those being written.
+type readAhead struct {
+	mu       sync.Mutex
+	pages    []aheadPage
+	inflight map[aheadKey]chan struct{}
+	jobs     chan aheadJob // closed by Stop, under Server.jobsMu
+	done     sync.WaitGroup
+}
+
+// readsAhead reports whether the next page of a request is written ahead.
+func readsAhead(r *Request) bool {
+	if r.At != "" {
+		return false
+	}
+	_, ok := provisioner.ShapeOfWhat(provisioner.What(r.What))
+	return ok
+}
+
+// startReadAhead starts the worker that writes pages ahead; Stop ends it.
+func (s *Server) startReadAhead() {
+	a := &s.ahead
+	a.inflight = map[aheadKey]chan struct{}{}
+	a.jobs = make(chan aheadJob, aheadQueue)
+	a.done.Add(1)
+	go func() {
+		defer a.done.Done()
+		for j := range a.jobs {
+			s.writeAhead(&j)
+		}
+	}()
+}
+
+// readNextAhead asks for the page after e's answer to r to be written ahead, when it has one and a worker is
+// free for it.
+func (s *Server) readNextAhead(r *Request, format Format, e *Encoder) {
+	if s.opts.NoReadAhead || e.next == "" || !readsAhead(r) {
+		return
+	}
+	s.queueAhead(aheadJob{r: *r, format: format, depth: 1}, e.next)
+}
+
+// queueAhead queues the page after next of a request, when a worker is free for it.
+func (s *Server) queueAhead(j aheadJob, next string) {
+	j.r.After = next
+	s.jobsMu.RLock()
+	defer s.jobsMu.RUnlock()
+	if s.ahead.jobs == nil || s.jobsClosed {
+		return
+	}
+	select {
+	case s.ahead.jobs <- j:
+	default: // the worker is behind: this walk's next page is written when asked for
+	}
+}
+
+func (s *Server) writeAhead(j *aheadJob) {
+	a := &s.ahead
+	key := keyOf(&j.r, j.format)
+	a.mu.Lock()
+	if _, ok := a.inflight[key]; ok || a.find(key) >= 0 {
+		a.mu.Unlock()
+		return
+	}
+	ch := make(chan struct{})
+	a.inflight[key] = ch
+	a.mu.Unlock()
+
+	shape, _ := provisioner.ShapeOfWhat(provisioner.What(j.r.What))
+	st := s.aheadState(shape.Bucket) // before the view opens: see the package comment above
+	e := s.pool.Get().(*Encoder)
+	max := maxAnswer(s.nc)
+	e.SetMaxBytes(max)
+	r := j.r
+	r.MinSeq, r.WaitMS = 0, 0 // the page is kept only for a state that has reached min_seq
+	err := s.Answer(s.ctx, &r, j.format, e)
+	keep := err == nil && (max == 0 || len(e.Bytes()) <= max)
+
+	a.mu.Lock()
+	delete(a.inflight, key)
+	close(ch)
+	if keep {
+		a.dropStale(s, time.Now())
+		if len(a.pages) >= aheadPages {
+			s.pool.Put(a.pages[0].e)
+			a.pages = a.pages[1:]
+		}
+		a.pages = append(a.pages, aheadPage{key: key, state: st, e: e, made: time.Now()})
+	}
+	a.mu.Unlock()
+	if !keep {
+		s.pool.Put(e)
+		return
+	}
+	if j.depth < aheadDepth && e.next != "" {
+		// The asker is still reading an earlier page: go on with the one after.
+		s.queueAhead(aheadJob{r: j.r, format: j.format, depth: j.depth + 1}, e.next)
+	}
+}
+
+// find is the index of key's page, or -1; under mu.
+func (a *readAhead) find(key aheadKey) int {
+	for i := range a.pages {
+		if a.pages[i].key == key {
+			return i
+		}
+	}
+	return -1
+}
+
+// dropStale drops the pages older than aheadTTL; under mu.
+func (a *readAhead) dropStale(s *Server, now time.Time) {
+	kept := a.pages[:0]
+	for _, p := range a.pages {
+		if now.Sub(p.made) > aheadTTL {
+			s.pool.Put(p.e)
+			continue
+		}
+		kept = append(kept, p)
+	}
+	clear(a.pages[len(kept):])
+	a.pages = kept
+}
+
+// takeAhead returns the page written ahead for a request, when it is the answer the request would be
+// given now; the caller puts the encoder back in the pool. A page still being written is waited for.
+func (s *Server) takeAhead(r *Request, format Format) *Encoder {
+	if s.opts.NoReadAhead || r.After == "" || !readsAhead(r) {
+		return nil
+	}
+	a := &s.ahead
+	key := keyOf(r, format)
+	a.mu.Lock()
+	if ch, ok := a.inflight[key]; ok {
+		a.mu.Unlock()
+		select {
+		case <-ch:
+		case <-s.ctx.Done():
+			return nil
+		}
+		a.mu.Lock()
+	}
+	i := a.find(key)
+	if i < 0 {
+		a.mu.Unlock()
+		return nil
+	}
+	p := a.pages[i]
+	a.pages = slices.Delete(a.pages, i, i+1)
+	a.mu.Unlock()
+	shape, _ := provisioner.ShapeOfWhat(provisioner.What(r.What))
+	if time.Since(p.made) > aheadTTL || s.aheadState(shape.Bucket) != p.state || p.state.seq < uint64(max(r.MinSeq, 0)) {
+		s.pool.Put(p.e)
+		return nil
+	}
+	return p.e
+}
+
+// stopReadAhead ends the worker (its jobs channel closed already) and drops the pages.
+func (s *Server) stopReadAhead() {
+	a := &s.ahead
+	if a.jobs == nil {
+		return
+	}
+	a.done.Wait()
+	a.mu.Lock()
+	for _, p := range a.pages {
+		s.pool.Put(p.e)
+	}
+	a.pages = nil
+	a.mu.Unlock()
+}

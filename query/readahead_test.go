@@ -1,0 +1,87 @@
+package query
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/store"
+)
+
+// TestReadAhead_SameBytesOrNone walks a module page by page with pages written ahead: each page taken
+// is byte for byte the answer written at the time it is asked for, and a page written before a commit
+// that changes the answer (a row of the bucket, or for needs a registry entry) is not taken.
+func TestReadAhead_SameBytesOrNone(t *testing.T) {
+	db, err := store.Open(t.TempDir(), store.Options{CacheSize: 1 << 20, MemTableSize: 4 << 20})
+	require.NoError(t, err)
+	defer db.Close()
+	kind := provisioner.Registry.Entries[0]
+	var msgs []provisioner.Message
+	for i := 0; i < 50; i++ {
+		msgs = append(msgs, provisioner.Message{Seq: uint64(i + 1), Time: int64(i+1) * 1e9, Key: fmt.Sprintf("n%02d.m1.%s.a", i, kind.Kind), Op: provisioner.OpPut, Value: []byte{0x01}})
+	}
+	require.NoError(t, db.Apply(provisioner.BucketNeeds, msgs, 0, false))
+	db.SetSynced(provisioner.BucketNeeds, true)
+	s := NewServer(StoreReader(db), Options{})
+	s.startWorkers()
+	defer s.Stop()
+	fresh := NewServer(StoreReader(db), Options{NoReadAhead: true})
+
+	answer := func(srv *Server, r Request, f Format) *Encoder {
+		e := &Encoder{}
+		require.NoError(t, srv.Answer(context.Background(), &r, f, e))
+		return e
+	}
+	// waitAhead waits until the page of r is written ahead.
+	waitAhead := func(r Request, f Format) {
+		key := keyOf(&r, f)
+		require.Eventually(t, func() bool {
+			s.ahead.mu.Lock()
+			defer s.ahead.mu.Unlock()
+			return s.ahead.find(key) >= 0
+		}, 5*time.Second, time.Millisecond)
+	}
+
+	for _, f := range []Format{FormatJSON, FormatMsgpack} {
+		req := Request{What: "needs", Module: "m1", Limit: ptr(int64(10))}
+		e := answer(s, req, f)
+		pages := 1
+		for e.next != "" {
+			s.readNextAhead(&req, f, e)
+			req.After = e.next
+			waitAhead(req, f)
+			got := s.takeAhead(&req, f)
+			require.NotNil(t, got, "page %d", pages)
+			want := answer(fresh, req, f)
+			require.Equal(t, string(want.Bytes()), string(got.Bytes()), "page %d", pages)
+			e = got
+			pages++
+		}
+		require.Equal(t, 5, pages)
+	}
+
+	// A commit between the page written ahead and the request: the page is not taken.
+	for _, change := range []provisioner.Message{
+		{Seq: 51, Key: "n99.m1." + kind.Kind + ".b", Value: []byte{0x01}},
+		{Seq: 1, Key: kind.Kind, Value: kind.Value()}, // the needs' kind is answered now: their anomalies go
+	} {
+		bucket := provisioner.BucketNeeds
+		if change.Seq == 1 {
+			bucket = provisioner.BucketRegistry
+		}
+		req := Request{What: "needs", Module: "m1", Limit: ptr(int64(10))}
+		e := answer(s, req, FormatMsgpack)
+		s.readNextAhead(&req, FormatMsgpack, e)
+		req.After = e.next
+		waitAhead(req, FormatMsgpack)
+		before := answer(fresh, req, FormatMsgpack)
+		change.Op, change.Time = provisioner.OpPut, int64(change.Seq)*1e9
+		require.NoError(t, db.Apply(bucket, []provisioner.Message{change}, 0, false), bucket)
+		require.NotEqual(t, string(before.Bytes()), string(answer(fresh, req, FormatMsgpack).Bytes()), "the commit to %s changes the page", bucket)
+		require.Nil(t, s.takeAhead(&req, FormatMsgpack), "after a commit to %s", bucket)
+	}
+}
