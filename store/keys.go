@@ -1,7 +1,9 @@
 package store
 
 import (
+	"bytes"
 	"encoding/binary"
+	"strings"
 
 	provisioner "github.com/novox/mesh-provisioner"
 )
@@ -23,24 +25,29 @@ const (
 // follows a component sorts before any longer component with the same beginning, and byte order and
 // prefixes of s are kept.
 func appendEsc(dst []byte, s string) []byte {
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		dst = append(dst, c)
-		if c == 0 {
-			dst = append(dst, 0xff)
+	// Whole runs between zero bytes at a time: a key is appended on every write of every message, and
+	// almost none hold a zero byte.
+	for {
+		i := strings.IndexByte(s, 0)
+		if i < 0 {
+			return append(dst, s...)
 		}
+		dst = append(dst, s[:i+1]...)
+		dst = append(dst, 0xff)
+		s = s[i+1:]
 	}
-	return dst
 }
 
 func appendEscBytes(dst []byte, s []byte) []byte {
-	for _, c := range s {
-		dst = append(dst, c)
-		if c == 0 {
-			dst = append(dst, 0xff)
+	for {
+		i := bytes.IndexByte(s, 0)
+		if i < 0 {
+			return append(dst, s...)
 		}
+		dst = append(dst, s[:i+1]...)
+		dst = append(dst, 0xff)
+		s = s[i+1:]
 	}
-	return dst
 }
 
 // appendComp appends an escaped component and its terminator.

@@ -1,0 +1,36 @@
+package store
+
+import (
+	"bytes"
+	"math/rand/v2"
+	"testing"
+)
+
+// TestAppendEsc_EveryZeroByte: the escape writes every 0x00 as 0x00 0xff and nothing else changes, for
+// strings and byte slices alike, and unesc reverses it.
+func TestAppendEsc_EveryZeroByte(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	for n := 0; n < 2000; n++ {
+		b := make([]byte, r.IntN(12))
+		for i := range b {
+			b[i] = []byte{0, 0xff, 1, 'a'}[r.IntN(4)]
+		}
+		var want []byte
+		for _, c := range b {
+			want = append(want, c)
+			if c == 0 {
+				want = append(want, 0xff)
+			}
+		}
+		prefix := []byte{0x03}
+		if got := appendEsc(bytes.Clone(prefix), string(b)); !bytes.Equal(got, append(prefix, want...)) {
+			t.Fatalf("appendEsc(%x) = %x, want %x", b, got[1:], want)
+		}
+		if got := appendEscBytes(nil, b); !bytes.Equal(got, want) {
+			t.Fatalf("appendEscBytes(%x) = %x, want %x", b, got, want)
+		}
+		if got := unesc(nil, want); !bytes.Equal(got, b) {
+			t.Fatalf("unesc(%x) = %x, want %x", want, got, b)
+		}
+	}
+}
