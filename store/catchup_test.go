@@ -40,6 +40,7 @@ func TestCatchingUp_HoldsCompactionsUntilTheEnd(t *testing.T) {
 	}
 	time.Sleep(300 * time.Millisecond) // the grant loop runs every 100 ms: it had its chances
 	require.Zero(t, compactions(db), "no compaction while catching up")
+	require.True(t, db.CompactionsHeld())
 	require.GreaterOrEqual(t, db.pdb.Metrics().Levels[0].Sublevels, int32(10))
 
 	db.CatchingUp(provisioner.BucketNeeds, 1) // nearer than CatchUpBehind, but not at the end yet
@@ -47,6 +48,7 @@ func TestCatchingUp_HoldsCompactionsUntilTheEnd(t *testing.T) {
 	require.Zero(t, compactions(db), "a catch-up holds compactions until its stream's end")
 
 	db.CatchingUp(provisioner.BucketNeeds, 0)
+	require.False(t, db.CompactionsHeld())
 	require.Eventually(t, func() bool { return compactions(db) > 0 }, 30*time.Second, 10*time.Millisecond)
 }
 

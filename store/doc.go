@@ -96,6 +96,15 @@
 // being kept. The 'm' index does not cover the rows (a plan can be large); a module's rows are read
 // by key.
 //
+// # Writing a catch-up
+//
+// Apply hands its writes to the batch in key order (sorted.go), so the memtable inserts walk the
+// skiplist where the last one ended. While a bucket is CatchUpBehind messages or more behind its stream,
+// CatchingUp holds compactions back until it reaches the end, bounded by maxHeldFlushes flushes
+// (catchup.go): a catch-up is a bulk load, and compacting L0 into the levels below after every few
+// flushes rewrote the same bytes while the projector needed the CPU. BulkLoad holds them until Close,
+// for a rebuild's generation.
+//
 // # The state dir
 //
 // OpenState uses a directory of its own: LOCK (held with flock by the process that has it open),

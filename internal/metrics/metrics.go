@@ -395,6 +395,8 @@ var (
 		"Pebble's estimate of the bytes compactions must still rewrite to reach a stable shape.", nil, nil)
 	descPebbleCompacting = prometheus.NewDesc("mesh_provisioner_pebble_compactions_in_progress",
 		"Compactions running now.", nil, nil)
+	descPebbleHeld = prometheus.NewDesc("mesh_provisioner_pebble_compactions_held",
+		"1 while compactions wait for a catch-up to reach its stream's end (store/catchup.go), else 0.", nil, nil)
 	descPebbleFlushes = prometheus.NewDesc("mesh_provisioner_pebble_flushes_total",
 		"Memtable flushes since the store opened.", nil, nil)
 	descPebbleCacheHits = prometheus.NewDesc("mesh_provisioner_pebble_block_cache_hits_total",
@@ -414,7 +416,7 @@ var (
 func (c seatCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descBuildInfo, descReady, descSynced, descApplied, descStreamLast, descLag,
 		descAnomalies, descApplyCount, descPebbleDisk, descPebbleCompactions, descPebbleCompactDebt, descPebbleCompacting,
-		descPebbleFlushes, descPebbleCacheHits, descPebbleCacheMisses, descPebbleCacheSize, descPebbleReadAmp,
+		descPebbleHeld, descPebbleFlushes, descPebbleCacheHits, descPebbleCacheMisses, descPebbleCacheSize, descPebbleReadAmp,
 		descPebbleL0Files, descPebbleMemtable} {
 		ch <- d
 	}
@@ -465,6 +467,7 @@ func (c seatCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(descPebbleDisk, float64(pm.DiskSpaceUsage()))
 	gauge(descPebbleCompactDebt, float64(pm.Compact.EstimatedDebt))
 	gauge(descPebbleCompacting, float64(pm.Compact.NumInProgress))
+	gauge(descPebbleHeld, b2f(db.CompactionsHeld()))
 	counter(descPebbleFlushes, float64(pm.Flush.Count))
 	counter(descPebbleCacheHits, float64(pm.BlockCache.Hits))
 	counter(descPebbleCacheMisses, float64(pm.BlockCache.Misses))

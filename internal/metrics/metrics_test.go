@@ -223,6 +223,9 @@ func TestMetrics_ReadyzAndLagAfterIngest(t *testing.T) {
 		_, ok := fams.Value(name)
 		require.True(t, ok, name)
 	}
+	held, ok := fams.Value("mesh_provisioner_pebble_compactions_held")
+	require.True(t, ok)
+	require.EqualValues(t, 0, held, "a synced seat holds no compactions back")
 	v, ok := fams.Value("mesh_provisioner_build_info", "version", "1.2.3-test", "schema", fmt.Sprint(store.SchemaVersion))
 	require.True(t, ok)
 	require.EqualValues(t, 1, v)
