@@ -4,7 +4,6 @@ import (
 	"context"
 	"os"
 	"path/filepath"
-	"runtime/pprof"
 	"strconv"
 	"syscall"
 	"testing"
@@ -14,6 +13,7 @@ import (
 	provisioner "github.com/novox/mesh-provisioner"
 
 	"github.com/novox/mesh-provisioner/fixtures"
+	"github.com/novox/mesh-provisioner/internal/benchprof"
 	"github.com/novox/mesh-provisioner/internal/natstest"
 	"github.com/novox/mesh-provisioner/projector"
 	"github.com/novox/mesh-provisioner/store"
@@ -27,17 +27,7 @@ func BenchmarkIngest(b *testing.B) {
 	last := uint64(len(needs))
 	var cpu time.Duration
 	// BENCH_PROFILE=cpu.prof profiles the ingest alone: from an empty store to the last message applied.
-	if f := os.Getenv("BENCH_PROFILE"); f != "" {
-		out, err := os.Create(f)
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer out.Close()
-		if err := pprof.StartCPUProfile(out); err != nil {
-			b.Fatal(err)
-		}
-		defer pprof.StopCPUProfile()
-	}
+	stopProfile := benchprof.Start(b)
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		cpu0 := cpuTime()
@@ -64,7 +54,7 @@ func BenchmarkIngest(b *testing.B) {
 		// Up to the last message applied: what the store does after (its compaction once the
 		// catch-up ends, as Close waits for it) is not ingest.
 		cpu += cpuTime() - cpu0
-		pprof.StopCPUProfile()
+		stopProfile()
 		p.Stop()
 		b.StopTimer()
 		db.Close()

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"runtime/pprof"
 	"syscall"
 	"testing"
 	"time"
@@ -13,6 +12,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/novox/mesh-provisioner/fixtures"
+	"github.com/novox/mesh-provisioner/internal/benchprof"
 	"github.com/novox/mesh-provisioner/internal/natstest"
 	"github.com/novox/mesh-provisioner/query"
 )
@@ -57,17 +57,7 @@ func benchLookup(b *testing.B, req func(*rand.Rand) map[string]any) {
 	for i := range bodies {
 		bodies[i], _ = msgpack.Marshal(req(r))
 	}
-	if f := os.Getenv("BENCH_PROFILE"); f != "" {
-		out, err := os.Create(f)
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer out.Close()
-		if err := pprof.StartCPUProfile(out); err != nil {
-			b.Fatal(err)
-		}
-		defer pprof.StopCPUProfile()
-	}
+	defer benchprof.Start(b)()
 	var ru0 syscall.Rusage
 	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru0)
 	b.ResetTimer()

@@ -1,7 +1,6 @@
 package store
 
 import (
-	"bytes"
 	"encoding/binary"
 	"strings"
 
@@ -29,18 +28,6 @@ func appendEsc(dst []byte, s string) []byte {
 	// almost none hold a zero byte.
 	for {
 		i := strings.IndexByte(s, 0)
-		if i < 0 {
-			return append(dst, s...)
-		}
-		dst = append(dst, s[:i+1]...)
-		dst = append(dst, 0xff)
-		s = s[i+1:]
-	}
-}
-
-func appendEscBytes(dst []byte, s []byte) []byte {
-	for {
-		i := bytes.IndexByte(s, 0)
 		if i < 0 {
 			return append(dst, s...)
 		}

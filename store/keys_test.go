@@ -26,9 +26,6 @@ func TestAppendEsc_EveryZeroByte(t *testing.T) {
 		if got := appendEsc(bytes.Clone(prefix), string(b)); !bytes.Equal(got, append(prefix, want...)) {
 			t.Fatalf("appendEsc(%x) = %x, want %x", b, got[1:], want)
 		}
-		if got := appendEscBytes(nil, b); !bytes.Equal(got, want) {
-			t.Fatalf("appendEscBytes(%x) = %x, want %x", b, got, want)
-		}
 		if got := unesc(nil, want); !bytes.Equal(got, b) {
 			t.Fatalf("unesc(%x) = %x, want %x", want, got, b)
 		}

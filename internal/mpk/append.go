@@ -119,17 +119,7 @@ func AppendMapHeader(dst []byte, n int) []byte {
 // t is in [1970, 2514), and 32-bit nanoseconds with 64-bit signed seconds
 // otherwise. The location of t is not encoded.
 func AppendTime(dst []byte, t time.Time) []byte {
-	sec := t.Unix()
-	nsec := uint64(t.Nanosecond())
-	if uint64(sec)>>34 == 0 {
-		data := nsec<<34 | uint64(sec)
-		if data>>32 == 0 {
-			return binary.BigEndian.AppendUint32(append(dst, 0xd6, 0xff), uint32(data))
-		}
-		return binary.BigEndian.AppendUint64(append(dst, 0xd7, 0xff), data)
-	}
-	dst = binary.BigEndian.AppendUint32(append(dst, 0xc7, 12, 0xff), uint32(nsec))
-	return binary.BigEndian.AppendUint64(dst, uint64(sec))
+	return appendTimestamp(dst, t.Unix(), uint64(t.Nanosecond()))
 }
 
 // AppendUnixNano appends the time ns nanoseconds after the Unix epoch as AppendTime does
@@ -139,8 +129,14 @@ func AppendUnixNano(dst []byte, ns int64) []byte {
 	if nsec < 0 {
 		sec, nsec = sec-1, nsec+1e9
 	}
+	return appendTimestamp(dst, sec, uint64(nsec))
+}
+
+// appendTimestamp appends the timestamp extension of sec seconds and nsec (below 1e9) nanoseconds
+// after the Unix epoch, in its smallest form.
+func appendTimestamp(dst []byte, sec int64, nsec uint64) []byte {
 	if uint64(sec)>>34 == 0 {
-		data := uint64(nsec)<<34 | uint64(sec)
+		data := nsec<<34 | uint64(sec)
 		if data>>32 == 0 {
 			return binary.BigEndian.AppendUint32(append(dst, 0xd6, 0xff), uint32(data))
 		}
