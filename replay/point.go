@@ -39,7 +39,9 @@ func ParsePoint(s string) (Point, error) {
 		}
 		return Point{Seq: n}, nil
 	}
-	t, err := time.Parse(time.RFC3339Nano, s)
+	// RFC 3339 allows a lower-case t and z (section 5.6); Go's layout takes upper case only, and a
+	// time has no other letters.
+	t, err := time.Parse(time.RFC3339Nano, strings.ToUpper(s))
 	if err != nil {
 		return Point{}, fmt.Errorf("point %q: want an RFC 3339 time (2026-11-02T03:12:00Z) or seq:<n>", s)
 	}

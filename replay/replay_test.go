@@ -544,3 +544,21 @@ func TestReplay_VerbAtEqualsReplayState(t *testing.T) {
 		require.Equal(t, want.AsOf, last.AsOf)
 	}
 }
+
+// TestParsePoint_RFC3339 reads times as RFC 3339 writes them, lower-case t and z included, and
+// refuses what it does not.
+func TestParsePoint_RFC3339(t *testing.T) {
+	want := time.Date(2026, 11, 2, 3, 12, 0, 500_000_000, time.UTC)
+	for _, s := range []string{"2026-11-02T03:12:00.5Z", "2026-11-02t03:12:00.5z", "2026-11-02T04:12:00.5+01:00"} {
+		p, err := replay.ParsePoint(s)
+		require.NoError(t, err, s)
+		require.True(t, p.Time.Equal(want), "%s: %s", s, p.Time)
+	}
+	p, err := replay.ParsePoint("seq:42")
+	require.NoError(t, err)
+	require.EqualValues(t, 42, p.Seq)
+	for _, s := range []string{"2026-11-02", "2026-11-02x03:12:00Z", "seq:", "seq:-1", "SEQ:4", "yesterday"} {
+		_, err := replay.ParsePoint(s)
+		require.Error(t, err, s)
+	}
+}
