@@ -421,7 +421,11 @@ func FromArchive(ctx context.Context, path string, progress Progress) (*Log, err
 			return nil
 		}
 		b := h.Buckets[cur]
-		err := l.DB.Apply(b.Name, batch, b.StreamCreated.UnixNano(), false)
+		var created int64 // 0: not known, as Apply takes it (the zero time.Time is no Unix time)
+		if !b.StreamCreated.IsZero() {
+			created = b.StreamCreated.UnixNano()
+		}
+		err := l.DB.Apply(b.Name, batch, created, false)
 		batch = batch[:0]
 		return err
 	}
