@@ -132,7 +132,7 @@ func (a *applier) setClasses(bucket, key string, c byte) {
 }
 
 // setAnomaly writes the anomaly row of one class of a key, replacing any earlier one of that class.
-func (a *applier) setAnomaly(bucket, key string, class byte, rev uint64, reason provisioner.Reason, detail string) error {
+func (a *applier) setAnomaly(bucket, key string, class byte, rev uint64, reason provisioner.Reason, detail string) {
 	have := a.classes(bucket, key)
 	if have&class == 0 {
 		a.checkpoint(bucket).AnomalyRows++
@@ -145,14 +145,13 @@ func (a *applier) setAnomaly(bucket, key string, class byte, rev uint64, reason 
 	a.buf = anomalyKey(a.buf[:0], bucket, key, class)
 	a.val = appendAnomalyValue(a.val[:0], rev, text)
 	a.set(a.buf, a.val)
-	return nil
 }
 
 // clearAnomaly removes the anomaly rows of the given classes of a key, when it has them.
-func (a *applier) clearAnomaly(bucket, key string, classes byte) error {
+func (a *applier) clearAnomaly(bucket, key string, classes byte) {
 	have := a.classes(bucket, key)
 	if have&classes == 0 {
-		return nil
+		return
 	}
 	for _, c := range []byte{classShape, classValue, classKind} {
 		if have&classes&c == 0 {
@@ -163,7 +162,6 @@ func (a *applier) clearAnomaly(bucket, key string, classes byte) error {
 		a.checkpoint(bucket).AnomalyRows--
 	}
 	a.setClasses(bucket, key, have&^classes)
-	return nil
 }
 
 // Apply applies messages of one bucket's stream in order, with the bucket's new checkpoint, in one
@@ -207,9 +205,7 @@ func (db *DB) Apply(bucket string, msgs []provisioner.Message, streamCreated int
 		}
 		if m.Seq > cp.Applied+1 {
 			// Messages were removed from the stream before they were read: the log has a gap.
-			if err := a.gap(bucket, cp.Applied+1, m.Seq); err != nil {
-				return fmt.Errorf("apply %s seq %d: %w", bucket, m.Seq, err)
-			}
+			a.gap(bucket, cp.Applied+1, m.Seq)
 		}
 		if err := a.apply(shape, m); err != nil {
 			return fmt.Errorf("apply %s seq %d: %w", bucket, m.Seq, err)
@@ -301,9 +297,11 @@ func (a *applier) apply(shape provisioner.Shape, m *provisioner.Message) error {
 			return perr
 		}
 		if m.Op == provisioner.OpPut {
-			return a.setAnomaly(bucket, m.Key, classShape, m.Seq, ke.Reason, ke.Detail)
+			a.setAnomaly(bucket, m.Key, classShape, m.Seq, ke.Reason, ke.Detail)
+		} else {
+			a.clearAnomaly(bucket, m.Key, classShape)
 		}
-		return a.clearAnomaly(bucket, m.Key, classShape)
+		return nil
 	}
 
 	var idxBuf [2]provisioner.IndexValue
@@ -318,9 +316,7 @@ func (a *applier) apply(shape provisioner.Shape, m *provisioner.Message) error {
 		if bucket == provisioner.BucketRegistry {
 			a.registryKind(parts.Kind, false)
 		}
-		if err := a.clearAnomaly(bucket, m.Key, classShape|classValue|classKind); err != nil {
-			return err
-		}
+		a.clearAnomaly(bucket, m.Key, classShape|classValue|classKind)
 		if provisioner.IsPlanInput(bucket) {
 			return a.planMessage(bucket, &parts, m, false)
 		}
@@ -335,15 +331,11 @@ func (a *applier) apply(shape provisioner.Shape, m *provisioner.Message) error {
 		a.buf = indexKey(a.buf[:0], bucket, iv.Index, iv.Value, m.Key)
 		a.set(a.buf, a.val)
 	}
-	if err := a.clearAnomaly(bucket, m.Key, classShape); err != nil {
-		return err
-	}
+	a.clearAnomaly(bucket, m.Key, classShape)
 	if valid {
-		if err := a.clearAnomaly(bucket, m.Key, classValue); err != nil {
-			return err
-		}
-	} else if err := a.setAnomaly(bucket, m.Key, classValue, m.Seq, provisioner.ReasonValueNotMsgpack, fmt.Sprintf("%d bytes are not one complete MessagePack object", len(m.Value))); err != nil {
-		return err
+		a.clearAnomaly(bucket, m.Key, classValue)
+	} else {
+		a.setAnomaly(bucket, m.Key, classValue, m.Seq, provisioner.ReasonValueNotMsgpack, fmt.Sprintf("%d bytes are not one complete MessagePack object", len(m.Value)))
 	}
 	if provisioner.IsPlanInput(bucket) {
 		return a.planMessage(bucket, &parts, m, valid)
@@ -353,9 +345,10 @@ func (a *applier) apply(shape provisioner.Shape, m *provisioner.Message) error {
 		a.registryKind(parts.Kind, true)
 	case provisioner.BucketNeeds:
 		if a.kindAnswered(parts.Kind) {
-			return a.clearAnomaly(bucket, m.Key, classKind)
+			a.clearAnomaly(bucket, m.Key, classKind)
+		} else {
+			a.setAnomaly(bucket, m.Key, classKind, m.Seq, provisioner.ReasonUnansweredKind, unansweredDetail(parts.Kind))
 		}
-		return a.setAnomaly(bucket, m.Key, classKind, m.Seq, provisioner.ReasonUnansweredKind, unansweredDetail(parts.Kind))
 	}
 	return nil
 }
@@ -386,14 +379,14 @@ func (a *applier) reevaluateKinds() error {
 		for it.First(); it.Valid(); it.Next() {
 			key := string(unesc(nil, it.Key()[len(lo):]))
 			if present {
-				err = a.clearAnomaly(provisioner.BucketNeeds, key, classKind)
-			} else if err = decodeRowValue(it.Value(), &row); err == nil {
-				err = a.setAnomaly(provisioner.BucketNeeds, key, classKind, row.Revision, provisioner.ReasonUnansweredKind, unansweredDetail(kind))
+				a.clearAnomaly(provisioner.BucketNeeds, key, classKind)
+				continue
 			}
-			if err != nil {
+			if err := decodeRowValue(it.Value(), &row); err != nil {
 				it.Close()
 				return err
 			}
+			a.setAnomaly(provisioner.BucketNeeds, key, classKind, row.Revision, provisioner.ReasonUnansweredKind, unansweredDetail(kind))
 		}
 		if err := it.Close(); err != nil {
 			return err

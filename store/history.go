@@ -194,7 +194,7 @@ func (db *DB) loadGaps() error {
 // gap records, in the applier's batch, that messages from..openedAt-1 of a bucket were removed before
 // they were read. An open gap is extended instead: it keeps its From and becomes exact only after the
 // newest jump.
-func (a *applier) gap(bucket string, from, openedAt uint64) error {
+func (a *applier) gap(bucket string, from, openedAt uint64) {
 	g, ok := a.gaps[bucket]
 	if !ok {
 		g, ok = a.db.openGaps[bucket]
@@ -209,7 +209,6 @@ func (a *applier) gap(bucket string, from, openedAt uint64) error {
 	a.gaps[bucket] = g
 	a.buf = gapKey(a.buf[:0], bucket, g.From)
 	a.set(a.buf, encodeGap(g))
-	return nil
 }
 
 // CaughtUp tells the store that the message at seq was the last of its bucket's stream when it was

@@ -294,7 +294,8 @@ func (a *applier) planMessage(bucket string, p *provisioner.Parts, m *provisione
 	}
 	var ve *provisioner.ValueError
 	if errors.As(verr, &ve) {
-		return a.setAnomaly(bucket, m.Key, classValue, m.Seq, provisioner.ReasonBadValue, ve.Detail)
+		a.setAnomaly(bucket, m.Key, classValue, m.Seq, provisioner.ReasonBadValue, ve.Detail)
+		return nil
 	}
 	return verr
 }
