@@ -27,6 +27,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/internal/streaminfo"
 	"github.com/novox/mesh-provisioner/store"
 )
 
@@ -44,7 +45,8 @@ type Options struct {
 	// Logger receives the projector's log lines; nil discards them.
 	Logger *slog.Logger
 	// Verify is how often each bucket's stream is checked against the projection while it runs (it
-	// was recreated, or purged; see verify.go); 0 means ten seconds.
+	// was recreated, or purged; see verify.go), and how often the streams' infos are listed for it; 0
+	// means ten seconds.
 	Verify time.Duration
 	// OnReset is called when a bucket's stream can no longer be resumed from the checkpoint (it was
 	// recreated, or messages past the checkpoint were removed before they were read). The consumer of
@@ -77,6 +79,8 @@ type Projector struct {
 	tailed     map[string]bool // buckets with a consumer, so Add starts each once
 	discovered atomic.Bool     // the streams were listed once (always true without Composed)
 	setup      chan struct{}   // bounds consumers being set up at once: a mesh starts thousands
+
+	streams *streaminfo.Poller // every stream's info, listed every Verify, for verify
 }
 
 // New returns a Projector; Start runs it.
@@ -105,7 +109,8 @@ func New(js jetstream.JetStream, db *store.DB, opts Options) *Projector {
 	if opts.DiscoverEvery <= 0 {
 		opts.DiscoverEvery = 30 * time.Second
 	}
-	p := &Projector{js: js, db: db, opts: opts, log: log, tailed: map[string]bool{}, setup: make(chan struct{}, maxSettingUp)}
+	p := &Projector{js: js, db: db, opts: opts, log: log, tailed: map[string]bool{}, setup: make(chan struct{}, maxSettingUp),
+		streams: streaminfo.New(js)}
 	p.discovered.Store(!opts.Composed)
 	return p
 }
@@ -116,6 +121,11 @@ func (p *Projector) Applied() int64 { return p.applied.Load() }
 // Start runs one consumer per bucket until Stop or ctx ends.
 func (p *Projector) Start(ctx context.Context) {
 	ctx, p.cancel = context.WithCancel(ctx)
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		p.streams.Run(ctx, p.opts.Verify, p.log.With("component", "verify"))
+	}()
 	for _, b := range p.opts.Buckets {
 		p.Add(ctx, b)
 	}
@@ -225,13 +235,7 @@ func (p *Projector) tail(ctx context.Context, bucket string, log *slog.Logger, o
 	if err := p.check(info, bucket, ver); err != nil {
 		return err
 	}
-	verify := func() error {
-		if time.Since(ver.last) < p.opts.Verify {
-			return nil
-		}
-		ver.last = time.Now()
-		return p.verify(ctx, stream, bucket, ver)
-	}
+	verify := func() error { return p.verify(ctx, stream, bucket, ver) }
 	cfg := jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverAllPolicy}
 	if cp.Applied > 0 {
 		cfg.DeliverPolicy = jetstream.DeliverByStartSequencePolicy

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	provisioner "github.com/novox/mesh-provisioner"
 )
 
 // The ordered consumer recreates itself after the server lost it, at the sequence after the last one
@@ -22,15 +24,41 @@ import (
 //     projection does. Checked only when the projection has applied the stream's last sequence: a key
 //     rewritten since, whose older revision the bucket's history limit removed, is not a purge.
 
-// verifier remembers how far the live-message check has looked, so each check reads only the events
-// the stream's head moved past since the last one.
+// The streams' infos come from one listing of every stream every Options.Verify (streaminfo.Poller,
+// about 256 infos a request), not from one STREAM.INFO request per bucket: a seat with plans tails
+// thousands of composed-<node> buckets. A bucket uses the listed info when the listing started after
+// its last check, so the info is newer than anything that check saw. It asks its own stream instead
+// when there is no such info (the listing fails, or has not returned the stream yet), and also when the listed info ends before the checkpoint: messages written after the listing
+// and applied since are no sign of a truncated stream, but check cannot tell them from one.
+//
+// A bucket checks with the listing as soon as one newer than its last check is in and at least half of
+// Options.Verify has passed, so its checks follow the listings rather than race them; without one, it
+// checks once one and a half Options.Verify have passed, late enough that a listing merely slower than
+// the last one does not send each bucket to ask its own.
+
+// verifier remembers when the bucket was last checked, and how far the live-message check has looked,
+// so each check reads only the events the stream's head moved past since the last one.
 type verifier struct {
 	checkedBelow uint64 // no live message below this
 	last         time.Time
 }
 
-// verify checks a bucket's stream against the projection; see above.
+// verify checks a bucket's stream against the projection when a check is due; see above.
 func (p *Projector) verify(ctx context.Context, stream jetstream.Stream, bucket string, v *verifier) error {
+	now := time.Now()
+	since := now.Sub(v.last)
+	if since < p.opts.Verify/2 {
+		return nil
+	}
+	info, read, ok := p.streams.Info(provisioner.StreamName(bucket))
+	if ok && read.After(v.last) && info.State.LastSeq >= p.db.Checkpoint(bucket).Applied {
+		v.last = now
+		return p.check(info, bucket, v)
+	}
+	if since < p.opts.Verify+p.opts.Verify/2 {
+		return nil
+	}
+	v.last = now
 	ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	info, err := stream.Info(ictx)

@@ -4,9 +4,10 @@
 // What is read when:
 //   - per-bucket positions (applied sequence, synced), anomaly rows by reason and Pebble's figures are
 //     read from the seat at scrape time, so nothing is counted twice and nothing drifts;
-//   - each bucket's stream last sequence comes from a poller that asks JetStream for the stream's info
-//     every Options.Poll (the lag is their difference, so a stuck projector shows as a growing lag even
-//     when no message reaches it);
+//   - each bucket's stream last sequence comes from a poller that lists every stream's info every
+//     Options.Poll, about 256 streams a request rather than one request per bucket (a seat with plans
+//     tails thousands of composed-<node> buckets); the lag is their difference, so a stuck projector
+//     shows as a growing lag even when no message reaches it;
 //   - verb requests and rebuilds are counted as they happen (ObserveRequest, StartRebuild).
 //
 // The seat may change under the metrics (a rebuild swaps the store): SetSource says which one is
@@ -32,6 +33,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/internal/streaminfo"
 	"github.com/novox/mesh-provisioner/store"
 )
 
@@ -48,7 +50,7 @@ type Source interface {
 // Options configure Metrics. The zero value is usable (no stream polling).
 type Options struct {
 	Version string
-	// JetStream, when set, is asked for each bucket's stream info every Poll.
+	// JetStream, when set, is asked for every stream's info every Poll (one listing).
 	JetStream jetstream.JetStream
 	// Poll is how often the streams' last sequences are read; 0 means five seconds.
 	Poll time.Duration
@@ -71,6 +73,7 @@ type Metrics struct {
 	rebuildRunning prometheus.Gauge
 	pollErrors     prometheus.Counter
 
+	infos     *streaminfo.Poller // nil without Options.JetStream
 	streamsMu sync.Mutex
 	streams   map[string]uint64 // bucket -> stream last sequence, as last polled
 
@@ -101,6 +104,9 @@ func New(opts Options) *Metrics {
 		log = slog.New(slog.DiscardHandler)
 	}
 	m := &Metrics{opts: opts, log: log, reg: prometheus.NewRegistry(), streams: map[string]uint64{}}
+	if opts.JetStream != nil {
+		m.infos = streaminfo.New(opts.JetStream)
+	}
 	m.requests = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "mesh_provisioner_request_duration_seconds",
 		Help:    "Verb requests answered, by what and code (200 or the error code), and how long each took (a min_seq wait included).",
@@ -121,7 +127,7 @@ func New(opts Options) *Metrics {
 	})
 	m.pollErrors = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "mesh_provisioner_stream_info_errors_total",
-		Help: "Stream info requests that failed (the stream's last sequence, and so the lag, is then stale).",
+		Help: "Stream info listings that failed (the streams' last sequences, and so the lags, are then stale).",
 	})
 	m.reg.MustRegister(m.requests, m.rebuilds, m.rebuildTook, m.rebuildRunning, m.pollErrors,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
@@ -239,37 +245,38 @@ func (m *Metrics) pollLoop(ctx context.Context) {
 	}
 }
 
+// pollOnce lists every stream's info once and keeps the last sequence of each bucket's stream; a bucket
+// whose stream the listing did not return has none yet (0). A failed listing is one error: the buckets
+// it returned before failing are updated, the others keep their last value.
 func (m *Metrics) pollOnce(ctx context.Context) error {
 	src := m.source()
 	if src == nil {
 		return nil
 	}
-	var firstErr error
+	read, err := m.infos.List(ctx)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		m.pollErrors.Inc()
+		err = fmt.Errorf("listing stream infos: %w", err)
+	}
 	for _, b := range src.Store().Buckets() {
-		ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		s, err := m.opts.JetStream.Stream(ictx, provisioner.StreamName(b))
-		cancel()
 		var last uint64
+		info, at, ok := m.infos.Info(provisioner.StreamName(b))
 		switch {
-		case errors.Is(err, jetstream.ErrStreamNotFound):
-			// No stream yet: nothing to be behind of.
+		case ok && !at.Before(read):
+			last = info.State.LastSeq
 		case err != nil:
-			if ctx.Err() != nil {
-				return nil
-			}
-			m.pollErrors.Inc()
-			if firstErr == nil {
-				firstErr = fmt.Errorf("stream info %s: %w", provisioner.StreamName(b), err)
-			}
-			continue
+			continue // not read this time: keep what the last poll read
 		default:
-			last = s.CachedInfo().State.LastSeq
+			// No stream yet: nothing to be behind of.
 		}
 		m.streamsMu.Lock()
 		m.streams[b] = last
 		m.streamsMu.Unlock()
 	}
-	return firstErr
+	return err
 }
 
 func (m *Metrics) streamLast(bucket string) (uint64, bool) {

@@ -1,0 +1,97 @@
+package projector_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/require"
+
+	"github.com/novox/mesh-provisioner/internal/natstest"
+	"github.com/novox/mesh-provisioner/projector"
+	"github.com/novox/mesh-provisioner/store"
+)
+
+// TestProjector_VerifyListsStreamsNotEachBucket: a projector tailing hundreds of composed-<node>
+// buckets checks their streams from one listing of every stream per Options.Verify (about 256 infos a
+// request), not with one STREAM.INFO request per bucket, and a check made from the listing still
+// finds a purge. The JetStream API requests are counted by a plain subscriber of the same
+// account, which receives every request the projector's connection sends.
+func TestProjector_VerifyListsStreamsNotEachBucket(t *testing.T) {
+	const buckets = 300
+	const verify = 200 * time.Millisecond
+	ns := natstest.RunServer(t)
+	nc, js := natstest.Connect(t, ns.ClientURL())
+	ctx := context.Background()
+
+	for i := range buckets {
+		kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: fmt.Sprintf("composed-n%04d", i), History: 1, Storage: jetstream.MemoryStorage})
+		require.NoError(t, err)
+		_, err = kv.Put(ctx, "web.1", []byte{0x80})
+		require.NoError(t, err)
+	}
+
+	var infos, lists atomic.Int64
+	for subj, n := range map[string]*atomic.Int64{"$JS.API.STREAM.INFO.>": &infos, "$JS.API.STREAM.LIST": &lists} {
+		sub, err := nc.Subscribe(subj, func(*nats.Msg) { n.Add(1) })
+		require.NoError(t, err)
+		defer sub.Unsubscribe()
+	}
+	require.NoError(t, nc.Flush())
+
+	db, err := store.Open(t.TempDir(), store.Options{})
+	require.NoError(t, err)
+	defer db.Close()
+	reset := make(chan error, 1)
+	_, pjs := natstest.Connect(t, ns.ClientURL())
+	p := projector.New(pjs, db, projector.Options{Buckets: []string{}, Composed: true, Poll: 50 * time.Millisecond, Verify: verify,
+		OnReset: func(_ string, reason error) {
+			select {
+			case reset <- reason:
+			default:
+			}
+		}})
+	p.Start(ctx)
+	defer p.Stop()
+	natstest.CheckFor(t, 20*time.Second, 50*time.Millisecond, func() error {
+		for i := range buckets {
+			if seq, synced := db.Applied(fmt.Sprintf("composed-n%04d", i)); seq == 0 || !synced {
+				return fmt.Errorf("composed-n%04d: applied %d, synced %v", i, seq, synced)
+			}
+		}
+		return nil
+	})
+	require.Positive(t, infos.Load(), "the subscriber sees the API requests: each bucket's setup asks its stream's info once")
+
+	// Steady state: count the requests over a few verify intervals.
+	const intervals = 5
+	infos.Store(0)
+	lists.Store(0)
+	time.Sleep(intervals * verify)
+	gotInfos, gotLists := infos.Load(), lists.Load()
+	t.Logf("over %d verify intervals with %d buckets: %d STREAM.INFO, %d STREAM.LIST requests", intervals, buckets, gotInfos, gotLists)
+	pages := int64(buckets/256 + 1)
+	require.LessOrEqual(t, gotLists, (intervals+2)*pages, "one listing per interval, of about 256 streams a page")
+	require.Positive(t, gotLists)
+	require.LessOrEqual(t, gotInfos, int64(intervals), "no stream info per bucket: the checks read the listing")
+
+	// A check made from the listing finds a purge: the stream's only message is gone while the
+	// projection still rests on it. No consumer notices a purge; only the periodic check does.
+	stream, err := js.Stream(ctx, "KV_composed-n0007")
+	require.NoError(t, err)
+	infos.Store(0)
+	require.NoError(t, stream.Purge(ctx))
+	select {
+	case reason := <-reset:
+		require.True(t, errors.Is(reason, projector.ErrCannotResume), reason)
+		require.Contains(t, reason.Error(), "purged")
+	case <-time.After(10 * time.Second):
+		t.Fatal("the purge was not found")
+	}
+	t.Logf("STREAM.INFO requests until the purge was found: %d", infos.Load())
+}
