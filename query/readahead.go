@@ -159,6 +159,9 @@ func (s *Server) writeAhead(j *aheadJob) {
 	r.MinSeq, r.WaitMS = 0, 0 // the page is kept only for a state that has reached min_seq
 	err := s.Answer(s.ctx, &r, j.format, e)
 	keep := err == nil && (max == 0 || len(e.Bytes()) <= max)
+	// Read before the page is published: from then on a request may take e, answer with it and put
+	// it back in the pool for another answer.
+	next := e.next
 
 	a.mu.Lock()
 	delete(a.inflight, key)
@@ -176,9 +179,9 @@ func (s *Server) writeAhead(j *aheadJob) {
 		s.pool.Put(e)
 		return
 	}
-	if j.depth < aheadDepth && e.next != "" {
+	if j.depth < aheadDepth && next != "" {
 		// The asker is still reading an earlier page: go on with the one after.
-		s.queueAhead(aheadJob{r: j.r, format: j.format, depth: j.depth + 1}, e.next)
+		s.queueAhead(aheadJob{r: j.r, format: j.format, depth: j.depth + 1}, next)
 	}
 }
 
