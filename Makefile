@@ -2,7 +2,7 @@
 GO ?= go
 BIN := bin/mesh-provisioner
 
-.PHONY: build run test test-short vet fmt bench bench-quick chaos fuzz clean
+.PHONY: build run test test-short race vet fmt bench bench-quick chaos fuzz clean
 
 build:
 	$(GO) build -o $(BIN) ./cmd/mesh-provisioner
@@ -15,6 +15,10 @@ run: build
 # Every test, against real in-process nats-servers and real Pebble stores.
 test: vet
 	$(GO) test -count=1 -timeout 270s ./...
+
+# Every test under the race detector: about 5 minutes on 2 cores (the reliability package alone 2).
+race:
+	$(GO) test -race -count=1 -timeout 15m ./...
 
 vet:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
