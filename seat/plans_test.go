@@ -70,26 +70,14 @@ func (h *harness) waitPlansCaughtUp(st *seat.Seat) {
 	h.t.Helper()
 	ctx := context.Background()
 	natstest.CheckFor(h.t, 20*time.Second, 20*time.Millisecond, func() error {
-		names := h.js.StreamNames(ctx)
-		for name := range names.Name() {
-			bucket := strings.TrimPrefix(name, "KV_")
-			if !provisioner.IsPlanInput(bucket) {
-				continue
-			}
-			stream, err := h.js.Stream(ctx, name)
-			if err != nil {
-				return err
-			}
-			info, err := stream.Info(ctx)
-			if err != nil {
-				return err
-			}
-			if seq, _ := st.DB.Applied(bucket); seq < info.State.LastSeq {
-				return fmt.Errorf("%s: applied %d of %d", bucket, seq, info.State.LastSeq)
-			}
-		}
-		if err := names.Err(); err != nil {
+		last, err := h.planInputsLastSeq(ctx)
+		if err != nil {
 			return err
+		}
+		for bucket, l := range last {
+			if seq, _ := st.DB.Applied(bucket); seq < l {
+				return fmt.Errorf("%s: applied %d of %d", bucket, seq, l)
+			}
 		}
 		if !st.PlansSynced("") {
 			return fmt.Errorf("plans not synced")
@@ -617,26 +605,39 @@ func (h *harness) waitVerbCaughtUp() {
 			return fmt.Errorf("not synced")
 		}
 		asOf := a["as_of"].(map[string]any)
-		names := h.js.StreamNames(ctx)
-		for name := range names.Name() {
-			bucket := strings.TrimPrefix(name, "KV_")
-			if !provisioner.IsPlanInput(bucket) {
-				continue
-			}
-			stream, err := h.js.Stream(ctx, name)
-			if err != nil {
-				return err
-			}
-			info, err := stream.Info(ctx)
-			if err != nil {
-				return err
-			}
-			if got := fmt.Sprint(asOf[bucket]); got != fmt.Sprint(info.State.LastSeq) {
-				return fmt.Errorf("%s: as_of %s, stream at %d", bucket, got, info.State.LastSeq)
+		last, err := h.planInputsLastSeq(ctx)
+		if err != nil {
+			return err
+		}
+		for bucket, l := range last {
+			if got := fmt.Sprint(asOf[bucket]); got != fmt.Sprint(l) {
+				return fmt.Errorf("%s: as_of %s, stream at %d", bucket, got, l)
 			}
 		}
-		return names.Err()
+		return nil
 	})
+}
+
+// planInputsLastSeq reads the last sequence of every plans' input bucket's stream.
+func (h *harness) planInputsLastSeq(ctx context.Context) (map[string]uint64, error) {
+	last := map[string]uint64{}
+	names := h.js.StreamNames(ctx)
+	for name := range names.Name() {
+		bucket := strings.TrimPrefix(name, "KV_")
+		if !provisioner.IsPlanInput(bucket) {
+			continue
+		}
+		stream, err := h.js.Stream(ctx, name)
+		if err != nil {
+			return nil, err
+		}
+		info, err := stream.Info(ctx)
+		if err != nil {
+			return nil, err
+		}
+		last[bucket] = info.State.LastSeq
+	}
+	return last, names.Err()
 }
 
 // TestPlans_KillHelper is the seat process of TestPlans_SurvivesSIGKILL; on its own it skips.
