@@ -101,15 +101,7 @@ func TestSeat_RebuildsWhenAStreamIsRecreated(t *testing.T) {
 	}
 	h.load(fresh)
 
-	natstest.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error {
-		if st.Rebuilds() == 0 {
-			return errors.New("not rebuilt yet")
-		}
-		return nil
-	})
-	h.waitCaughtUp(st)
-	ask.finish(t)
-	h.checkAll()
+	h.waitRebuilt(st, ask)
 	gens := generations(t, dir)
 	require.Len(t, gens, 1, "the replaced generation is removed")
 	cur, err := os.ReadFile(filepath.Join(dir, "CURRENT"))
@@ -134,15 +126,7 @@ func TestSeat_RebuildsWhenAStreamIsPurgedBelowTheCheckpoint(t *testing.T) {
 	applied, _ := st.Store().Applied(provisioner.BucketNeeds)
 	require.NoError(t, stream.Purge(ctx, jetstream.WithPurgeSequence(applied/2)))
 
-	natstest.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error {
-		if st.Rebuilds() == 0 {
-			return errors.New("not rebuilt yet")
-		}
-		return nil
-	})
-	h.waitCaughtUp(st)
-	ask.finish(t)
-	h.checkAll()
+	h.waitRebuilt(st, ask)
 	require.Len(t, generations(t, dir), 1)
 
 	// The rebuilt seat goes on as before: a new write is answered, and a restart resumes.
@@ -239,4 +223,19 @@ func TestSeat_RetentionTrimsInTheBackgroundAndAtSays410(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, live.Rows, at.Rows)
 	require.Equal(t, live.AsOf, at.AsOf)
+}
+
+// waitRebuilt waits until the seat has rebuilt and caught up again, then checks that the asker never
+// saw a wrong answer meanwhile and that every answer equals the buckets.
+func (h *harness) waitRebuilt(st *seat.Seat, ask *asker) {
+	h.t.Helper()
+	natstest.CheckFor(h.t, 20*time.Second, 20*time.Millisecond, func() error {
+		if st.Rebuilds() == 0 {
+			return errors.New("not rebuilt yet")
+		}
+		return nil
+	})
+	h.waitCaughtUp(st)
+	ask.finish(h.t)
+	h.checkAll()
 }
