@@ -70,6 +70,8 @@ type bench struct {
 	mesh    fixtures.Mesh
 	seat    *exec.Cmd
 	seatErr syncBuffer
+	// nodeBytes is the size of the last node answer, which the reply floor answers with.
+	nodeBytes int
 }
 
 // syncBuffer is the seat's stderr: written by the command's copier, read by the bench.
@@ -101,7 +103,16 @@ func main() {
 	lookups := flag.Int("lookups", 500, "random node lookups per measurement")
 	bin := flag.String("bin", "bin/mesh-provisioner", "the mesh-provisioner binary to run as the seat")
 	out := flag.String("out", "", "write the table as Markdown to this file")
+	floorURL := flag.String("floor-reply", "", "(internal) run as the bare replier of the reply floor, on this NATS URL")
+	floorBytes := flag.Int("floor-bytes", 0, "(internal) the reply floor's body size")
 	flag.Parse()
+	if *floorURL != "" {
+		if err := serveFloor(*floorURL, *floorBytes); err != nil {
+			fmt.Fprintln(os.Stderr, "bench floor:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	b := &bench{keys: *keys, lookups: *lookups, bin: *bin}
 	if err := b.run(); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
@@ -199,6 +210,13 @@ func (b *bench) run() error {
 	b.add("node lookup", fmt.Sprintf("verb %s median, %s p99; direct watch %s median, %s p99; %.1f× faster (median)",
 		ms(median), ms(p99), ms(dMedian), ms(dP99), float64(dMedian)/float64(median)),
 		fmt.Sprintf("%d random nodes, ~250 rows each, MessagePack request; direct: KV watch of <node>.> until its initial values are done", b.lookups))
+	fMedian, fP99, err := b.replyFloor(b.nodeBytes)
+	if err != nil {
+		return err
+	}
+	b.add("reply floor", fmt.Sprintf("%s median, %s p99; so a node lookup can be at most %.1f× faster than the direct watch here",
+		ms(fMedian), ms(fP99), float64(dMedian)/float64(fMedian)),
+		fmt.Sprintf("a bare micro endpoint in another process answering a fixed %d-byte body (a node answer's size), asked as the node lookups are: what NATS and two processes alone cost", b.nodeBytes))
 	b.add("scale", fmt.Sprintf("node lookup median %s at %d keys, %s at %d keys; ratio %.2f",
 		ms(smallMedian), b.small*perNode, ms(median), b.nodes*perNode, float64(median)/float64(smallMedian)),
 		"the same node lookup before and after the mesh grew tenfold")
@@ -377,6 +395,7 @@ func (b *bench) nodeLookups(n int, direct bool) (time.Duration, time.Duration, e
 				return 0, 0, err
 			}
 			times = append(times, time.Since(start))
+			b.nodeBytes = len(data)
 			var a answer
 			if err := msgpack.Unmarshal(data, &a); err != nil {
 				return 0, 0, err
@@ -412,7 +431,9 @@ func watchCount(kv jetstream.KeyValue, filter string) (int, error) {
 	return n, errors.New("watch ended before its initial values")
 }
 
-// allPages asks every page of a request and returns the rows and the time it took.
+// allPages asks every page of a request, reading each answer as a client does (its rows and next),
+// and returns the rows and the time from the first request to the last page read: the client's reading
+// counts, as the direct watch's does.
 func (b *bench) allPages(req map[string]any, asJSON bool) (int, time.Duration, error) {
 	r := map[string]any{}
 	for k, v := range req {
@@ -421,7 +442,6 @@ func (b *bench) allPages(req map[string]any, asJSON bool) (int, time.Duration, e
 	r["limit"] = 10000
 	rows := 0
 	start := time.Now()
-	var elapsed time.Duration
 	for {
 		var body []byte
 		var err error
@@ -433,12 +453,10 @@ func (b *bench) allPages(req map[string]any, asJSON bool) (int, time.Duration, e
 		if err != nil {
 			return 0, 0, err
 		}
-		t0 := time.Now()
 		msg, err := b.nc.Request(query.Subject, body, 30*time.Second)
 		if err != nil {
 			return 0, 0, err
 		}
-		elapsed += time.Since(t0)
 		if code := msg.Header.Get(micro.ErrorCodeHeader); code != "" {
 			return 0, 0, fmt.Errorf("verb %s: %s", code, msg.Header.Get(micro.ErrorHeader))
 		}
@@ -452,8 +470,7 @@ func (b *bench) allPages(req map[string]any, asJSON bool) (int, time.Duration, e
 		}
 		r["after"] = next
 	}
-	_ = start
-	return rows, elapsed, nil
+	return rows, time.Since(start), nil
 }
 
 func (b *bench) moduleLookups(ctx context.Context) error {
@@ -463,7 +480,7 @@ func (b *bench) moduleLookups(ctx context.Context) error {
 		cases = append(cases, lookupCase{req: map[string]any{"what": "needs", "module": mod}, filter: "*." + mod + ".>"})
 	}
 	return b.wideLookups(ctx, "module lookup", provisioner.BucketNeeds, cases,
-		"one module across all nodes, about %d rows, every page at limit 10000; median of 5 modules × 3 rounds; direct: KV watch of *.<module>.>")
+		"one module across all nodes, about %d rows, every page at limit 10000, from the first request to the last page read (rows and next) by the client; median of 5 modules × 3 rounds; direct: KV watch of *.<module>.> until its initial values are done")
 }
 
 func (b *bench) collectionLookups(ctx context.Context) error {
@@ -472,7 +489,7 @@ func (b *bench) collectionLookups(ctx context.Context) error {
 		cases = append(cases, lookupCase{req: map[string]any{"what": "collect", "collection": c}, filter: "*." + provisioner.EncodeCollection(c) + ".*"})
 	}
 	return b.wideLookups(ctx, "collection lookup", provisioner.BucketCollect, cases,
-		"one collection across all nodes, about %d rows; median of 3 collections × 3 rounds; direct: KV watch of *.<escaped>.*")
+		"one collection across all nodes, about %d rows, timed as the module lookup; median of 3 collections × 3 rounds; direct: KV watch of *.<escaped>.*")
 }
 
 // lookupCase is one wide lookup: the verb's request, and the KV watch filter that reads the same keys.
