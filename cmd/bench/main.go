@@ -785,7 +785,7 @@ func (b *bench) freshProjection(ctx context.Context, dir string) error {
 
 func (b *bench) markdown() string {
 	var s strings.Builder
-	fmt.Fprintf(&s, "# Benchmarks\n\nThe last run of `make bench` (`go run ./cmd/bench`), every figure measured in the same run.\n\n")
+	fmt.Fprintf(&s, "# Benchmarks\n\nThe last run of `make bench` (`go run ./cmd/bench`), every figure measured in the same run. How they are taken and what limits each: `docs/performance.md`.\n\n")
 	fmt.Fprintf(&s, "- when: %s\n- machine: %s\n- mesh: %d nodes × 25 modules × 10 needs = %d needs keys, plus applied (%d) and collect (%d) keys, a few out of shape\n\n",
 		time.Now().UTC().Format(time.RFC3339), machine(), b.nodes, b.nodes*250, b.nodes*25, b.nodes*4)
 	s.WriteString("| figure | measured | how |\n| --- | --- | --- |\n")
