@@ -414,5 +414,21 @@ func (r *BuildRecord) Fold(m *Message, build uint64) (keep bool) {
 	return r.Status != CompMissing || r.HasPublished
 }
 
+// PublishesPlan reports whether a message of a composed-<node> key is a published composition: one
+// that BuildRecord.Fold keeps as the build's most recently published revision.
+//
+// Of a key's history up to a point, the fold needs two messages only: the newest, which sets the
+// status (or forgets the build, for a purge or a TTL marker), and the newest that publishes a plan
+// after the last purge or TTL marker, which a later refusal, pending composition, value out of shape
+// or delete does not replace. Trimming the event log keeps those two (store/trim.go), so that a fold
+// of the trimmed log finds the same record as the fold of the whole history.
+func PublishesPlan(m *Message) bool {
+	if m.Op != OpPut {
+		return false
+	}
+	c, err := DecodeComposition(m.Value)
+	return err == nil && c.Status == CompPublished
+}
+
 // FormatBuild writes a build as the contract does: a decimal number.
 func FormatBuild(b uint64) string { return strconv.FormatUint(b, 10) }

@@ -185,7 +185,9 @@ type KeyHistory struct {
 	Key       string
 	Revisions []Revision
 	// Floor is the bucket's history floor: revisions of the key at or below it were compacted to the
-	// newest one (a delete at or below it is gone with the revisions it removed).
+	// newest one (a delete at or below it is gone with the revisions it removed), and of a
+	// composed-<node> key to its newest published one too, which a later refusal, pending composition
+	// or delete (then kept) holds the module at.
 	Floor uint64
 	// Gaps are ranges of messages the stream removed before they were read; a revision of this key
 	// may be among them.

@@ -721,3 +721,63 @@ func TestPlans_At(t *testing.T) {
 	require.ErrorAs(t, err, &ve)
 	require.Equal(t, 400, ve.Code)
 }
+
+// TestPlans_AtAfterRetention: once retention has trimmed the plans' inputs' logs to their newest
+// message, plans asked at a time at or above the floor still answer what the live seat answers. Among
+// the rows is edge-2.web, whose refusal overwrote the published composition of the same build: the
+// live seat holds it at the plan the refusal overwrote, and so must the answer rebuilt from the log.
+func TestPlans_AtAfterRetention(t *testing.T) {
+	h := newHarness(t)
+	sc := fixtures.Plans()
+	h.load(sc.Before)
+	h.load(sc.After)
+	st, _ := h.startPlansSeat(t.TempDir())
+	h.waitPlansCaughtUp(st)
+	live := map[string][]any{}
+	for _, pr := range planRequests {
+		live[pr.name], _ = h.askAllPlans(pr.req, false)
+	}
+	at := time.Now().UTC()
+
+	// The retention's clock an hour ahead: every bucket's log is trimmed to its newest message.
+	ctx := context.Background()
+	r := store.NewRetention(st.DB, store.RetentionOptions{MaxAge: time.Minute, Now: func() time.Time { return at.Add(time.Hour) }})
+	deleted, err := r.Apply(ctx)
+	require.NoError(t, err)
+	require.Positive(t, deleted)
+	last, err := h.planInputsLastSeq(ctx)
+	require.NoError(t, err)
+	v, err := st.DB.View()
+	require.NoError(t, err)
+	for bucket, l := range last {
+		m, err := v.HistoryMarks(bucket)
+		require.NoError(t, err)
+		require.Equal(t, l, m.Floor, "%s is trimmed to its newest message", bucket)
+	}
+	v.Close()
+
+	for _, pr := range planRequests {
+		now, _ := h.askAllPlans(pr.req, false)
+		require.Equal(t, fmt.Sprint(live[pr.name]), fmt.Sprint(now), "%s: the live answer is unchanged by the trim", pr.name)
+		req := map[string]any{"at": at.Format(time.RFC3339Nano)}
+		for k, v := range pr.req {
+			req[k] = v
+		}
+		rows, _ := h.askAllPlans(req, false)
+		want, got := rowsByKey(live[pr.name]), rowsByKey(rows)
+		for key, row := range want {
+			require.Equal(t, row, got[key], "%s at %s, after the trim: row %s", pr.name, at, key)
+		}
+		require.Len(t, got, len(want), "%s at %s, after the trim", pr.name, at)
+	}
+}
+
+// rowsByKey is each row of an answer, printed, by its key.
+func rowsByKey(rows []any) map[string]string {
+	out := map[string]string{}
+	for _, r := range rows {
+		row := r.(map[string]any)
+		out[row["key"].(string)] = fmt.Sprint(row)
+	}
+	return out
+}

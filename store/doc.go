@@ -74,6 +74,16 @@
 //     log's size (--history-max-bytes; trimmed to 80% of it, then compacted so the next estimate sees
 //     the space freed). One time horizon applies to every bucket, so the registry, which as-of needs
 //     answers read too, is kept as far back as the needs.
+//   - A key of a composed-<node> bucket (one that fits <module>.<build>) keeps one event more: its
+//     newest published composition at or below h since its last purge or TTL marker, and, when it
+//     keeps one, its newest event even if that is a delete. Those are the two messages its build
+//     record is a fold of (provisioner.PublishesPlan). The plans as of a point are folded again from
+//     the log (replay), and a refusal, a pending composition, a value out of shape or a delete after a
+//     published composition holds the module at that plan: so the build records as of every n >= h
+//     are unchanged too, and plans as of n answer what the live projection answered at n. A purge or a
+//     TTL marker makes the fold forget the build, and the trim then drops all of the key. What earlier
+//     batches or trims kept of a key is read back from the log, so a resumed trim keeps the same. The
+//     other buckets, the plans' other inputs among them, keep the rule above.
 //   - A gap is a range of messages the stream removed before the projector read them: Apply sees the
 //     next sequence jump past applied + 1 (a KV bucket's history limit or a purge removed superseded
 //     revisions while the projector was behind, or a fresh projection starts on a stream whose first
@@ -93,7 +103,8 @@
 // (provisioner.ComputePlan), from the host row, the module's newest build and the build records; what
 // the batch itself changed of those is read from memory, the rest from the committed state. The build records are the "last plan kept" state: a fold of the bucket's
 // history, so a rebuild from the streams finds the same one, and they do not depend on the event log
-// being kept. The 'm' index does not cover the rows (a plan can be large); a module's rows are read
+// being kept. The plans as of a point do: replay folds them again from the log, which is why trimming
+// a composed-<node> bucket keeps each key's newest published composition (above). The 'm' index does not cover the rows (a plan can be large); a module's rows are read
 // by key.
 //
 // # Writing a catch-up

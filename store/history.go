@@ -25,7 +25,8 @@ type Event struct {
 // gap holds. doc.go explains where the marks come from.
 type HistoryMarks struct {
 	// Floor is the lowest point the log rebuilds: events at or below it were compacted to the newest
-	// event of each key (deletes dropped). 0 when nothing was ever trimmed.
+	// event of each key (deletes dropped), and of a composed-<node> key to its newest published
+	// composition too, with a newest delete after it (trim.go). 0 when nothing was ever trimmed.
 	Floor uint64
 	// FloorTime is the time of the message at Floor (Unix ns); 0 when nothing was trimmed.
 	FloorTime int64

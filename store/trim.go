@@ -21,10 +21,14 @@ import (
 var trimBatch = 4096
 
 // TrimHistory compacts a bucket's event log up to horizon: of every key, only the newest event at or
-// below horizon is kept, and only when it is a put; every older event is deleted. The state as of every
-// point at or after horizon is unchanged, and the floor moves to horizon, so as-of questions below it
-// are refused (ErrTrimmed) rather than answered wrong. horizonTime is the time of the message at
-// horizon.
+// below horizon is kept, and only when it is a put; every older event is deleted. A key of a
+// composed-<node> bucket also keeps its newest published composition at or below horizon since its
+// last purge or TTL marker, and beside it its newest event even when that is a delete: the plans as
+// of a point fold the last plan kept from the log (replay), and a refusal, a pending composition or a
+// delete after a published composition still holds the module at that plan. The state, and the
+// plans' build records, as of every point at or after horizon are unchanged, and the floor moves to
+// horizon, so as-of questions below it are refused (ErrTrimmed) rather than answered wrong.
+// horizonTime is the time of the message at horizon.
 //
 // The floor is committed before any event is deleted, and the walk commits its progress with each
 // batch, so an interrupted trim is resumed by the next one. Trimming runs beside Apply without taking
@@ -74,7 +78,7 @@ func (db *DB) TrimHistory(ctx context.Context, bucket string, horizon uint64, ho
 	}
 	defer walk.Close()
 	deleted := 0
-	t := &trimmer{db: db, bucket: bucket}
+	t := newTrimmer(db, bucket)
 	if err := t.begin(); err != nil {
 		return 0, err
 	}
@@ -108,15 +112,34 @@ func (db *DB) TrimHistory(ctx context.Context, bucket string, horizon uint64, ho
 }
 
 // trimmer is one trim batch: the deletes, an iterator over the bucket's history as committed when the
-// batch began, and the event the walk last kept of each key it met in this batch (0: none), since the
-// iterator does not see the batch's own deletes.
+// batch began, and what the walk kept of each key it met in this batch, since the iterator does not see
+// the batch's own deletes.
 type trimmer struct {
 	db     *DB
 	bucket string
-	batch  *pebble.Batch
-	hist   *pebble.Iterator
-	kept   map[string]uint64
-	buf    []byte
+	// composed is the shape of a composed-<node> bucket, whose keys keep their last published
+	// composition too; nil for every other bucket.
+	composed *provisioner.Shape
+	batch    *pebble.Batch
+	hist     *pebble.Iterator
+	kept     map[string]keptEvents
+	buf      []byte
+}
+
+// keptEvents is what a trim keeps of one key at or below the horizon: its newest event, and, of a
+// composed-<node> key, its newest published composition since its last purge or TTL marker (the two
+// messages a build record is a fold of: provisioner.PublishesPlan). Each is a sequence, 0 for none;
+// they may be one event.
+type keptEvents struct{ newest, published uint64 }
+
+func newTrimmer(db *DB, bucket string) *trimmer {
+	t := &trimmer{db: db, bucket: bucket}
+	if _, ok := provisioner.ComposedNode(bucket); ok {
+		if shape, ok := provisioner.ShapeOf(bucket); ok {
+			t.composed = &shape
+		}
+	}
+	return t
 }
 
 func (t *trimmer) begin() error {
@@ -125,7 +148,7 @@ func (t *trimmer) begin() error {
 	if err != nil {
 		return err
 	}
-	t.batch, t.hist, t.kept = t.db.pdb.NewBatch(), it, map[string]uint64{}
+	t.batch, t.hist, t.kept = t.db.pdb.NewBatch(), it, map[string]keptEvents{}
 	return nil
 }
 
@@ -151,36 +174,94 @@ func (t *trimmer) commit(m HistoryMarks) error {
 	return nil
 }
 
-// event handles the event at seq of key, walked in sequence order below the horizon: it supersedes
-// whatever event of the key the walk kept before it, and is itself dropped when it is not a put (a key
-// absent from the log is absent from the state).
+// event handles the event at seq of key, walked in sequence order below the horizon. It becomes the
+// key's newest event, kept when it is a put, and supersedes what the walk kept of the key before it,
+// except, of a composed-<node> key, the newest published composition: a refusal, a pending
+// composition, a value out of shape or a delete leaves the fold's published revision as it was, so it
+// stays, and a delete after it stays too (it makes the build missing). A purge or a TTL marker makes
+// the fold forget the build, so nothing of the key is kept. A key absent from the log is absent from
+// the state, and a build absent from it has no record.
 func (t *trimmer) event(key string, seq uint64) (int, error) {
 	start := historyKeyStart(nil, t.bucket, key)
 	cur := binary.BigEndian.AppendUint64(append([]byte(nil), start...), seq)
-	if !t.hist.SeekGE(cur) || !bytes.Equal(t.hist.Key(), cur) || len(t.hist.Value()) == 0 {
+	if !t.hist.SeekGE(cur) || !bytes.Equal(t.hist.Key(), cur) {
 		return 0, fmt.Errorf("%w: event %d of %s has no history entry", ErrCorrupt, seq, t.bucket)
 	}
-	put := provisioner.Op(t.hist.Value()[0]) == provisioner.OpPut
-	prev, met := t.kept[key]
-	if !met && t.hist.Prev() && bytes.HasPrefix(t.hist.Key(), start) {
-		prev = binary.BigEndian.Uint64(t.hist.Key()[len(t.hist.Key())-8:])
+	m, err := t.message(key)
+	if err != nil {
+		return 0, err
+	}
+	plans := false
+	if t.composed != nil {
+		_, perr := provisioner.ParseKey(*t.composed, key)
+		plans = perr == nil
 	}
 	deleted := 0
-	if prev != 0 {
-		if err := t.drop(start, prev); err != nil {
+	k, met := t.kept[key]
+	if !met {
+		if k, deleted, err = t.keptBefore(key, start, plans); err != nil {
+			return 0, err
+		}
+	}
+	var next keptEvents
+	switch {
+	case m.Op == provisioner.OpPut:
+		next = keptEvents{newest: seq, published: k.published}
+		if plans && provisioner.PublishesPlan(&m) {
+			next.published = seq
+		}
+	case m.Op == provisioner.OpDelete && k.published != 0:
+		next = keptEvents{newest: seq, published: k.published}
+	}
+	t.kept[key] = next
+	for i, s := range [...]uint64{k.newest, k.published, seq} {
+		if s == 0 || s == next.newest || s == next.published || (i == 1 && s == k.newest) {
+			continue // nothing, kept, or dropped already as the newest
+		}
+		if err := t.drop(start, s); err != nil {
 			return 0, err
 		}
 		deleted++
 	}
-	if put {
-		t.kept[key] = seq
-		return deleted, nil
+	return deleted, nil
+}
+
+// message decodes the history entry under the iterator, an event of key.
+func (t *trimmer) message(key string) (provisioner.Message, error) {
+	m := provisioner.Message{Key: key, Seq: binary.BigEndian.Uint64(t.hist.Key()[len(t.hist.Key())-8:])}
+	var err error
+	m.Op, m.Time, m.Value, err = decodeEventValue(t.hist.Value())
+	return m, err
+}
+
+// keptBefore reads what earlier batches and trims kept of a key that this batch has not met yet: its
+// committed events before the iterator's position, which are all at or below what was trimmed
+// before. There are at most two, the newest and a published composition older than it; any other is
+// dropped, as the rule says.
+func (t *trimmer) keptBefore(key string, start []byte, plans bool) (keptEvents, int, error) {
+	var k keptEvents
+	deleted := 0
+	for t.hist.Prev() && bytes.HasPrefix(t.hist.Key(), start) {
+		m, err := t.message(key)
+		if err != nil {
+			return k, deleted, err
+		}
+		switch published := plans && provisioner.PublishesPlan(&m); {
+		case k.newest == 0:
+			k.newest = m.Seq
+			if published {
+				k.published = m.Seq
+			}
+		case k.published == 0 && published:
+			k.published = m.Seq
+		default:
+			if err := t.drop(start, m.Seq); err != nil {
+				return k, deleted, err
+			}
+			deleted++
+		}
 	}
-	t.kept[key] = 0
-	if err := t.drop(start, seq); err != nil {
-		return 0, err
-	}
-	return deleted + 1, nil
+	return k, deleted, t.hist.Error()
 }
 
 func (t *trimmer) drop(keyStart []byte, seq uint64) error {
@@ -207,7 +288,7 @@ type RetentionOptions struct {
 	MaxAge time.Duration
 	// MaxBytes trims the oldest history when the log's estimated size passes this, down to 80% of it;
 	// 0 means no limit. The state at the floor is always kept, so the log never gets smaller than
-	// about one copy of the current rows.
+	// about one copy of the current rows (and of the compositions' last published revisions).
 	MaxBytes int64
 	// Every is how often the retention is applied; 0 means one minute.
 	Every time.Duration
@@ -360,8 +441,8 @@ func (r *Retention) trimBucket(ctx context.Context, bucket string, horizon int64
 
 // sizeHorizon finds, when the log is bigger than MaxBytes, the time before which enough events go to
 // bring it down to 80% of MaxBytes. Events are counted by sequence above each bucket's compacted floor,
-// so the estimate is proportional: compaction keeps one event per live key, which is why the next
-// round may trim further.
+// so the estimate is proportional: compaction keeps one event per live key (two for a composition
+// held at an older published one), which is why the next round may trim further.
 func (r *Retention) sizeHorizon(now int64) (int64, bool, error) {
 	used, err := r.db.HistoryBytes()
 	if err != nil {

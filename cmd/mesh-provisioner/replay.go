@@ -484,7 +484,11 @@ func (c *ReplayCommand) runHistory(l *replay.Log, bucketArg, key string) error {
 	tw.Flush()
 	fmt.Fprintf(w, "\n%d revisions of %s in %s (from %s)\n", len(h.Revisions), key, bucket, l.Source)
 	if h.Floor > 0 {
-		fmt.Fprintf(w, "the log was trimmed to sequence %d: revisions before the newest one at or below it are gone\n", h.Floor)
+		kept := "revisions before the newest one at or below it are gone"
+		if _, ok := provisioner.ComposedNode(bucket); ok {
+			kept = "of the revisions at or below it, the newest and the newest published one are kept, the others are gone"
+		}
+		fmt.Fprintf(w, "the log was trimmed to sequence %d: %s\n", h.Floor, kept)
 	}
 	for _, g := range h.Gaps {
 		fmt.Fprintf(w, "messages from sequence %d to %d were removed from the stream before the seat read them: a revision may be missing there\n", g.From, g.OpenedAt-1)

@@ -1,0 +1,158 @@
+package replay_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/query"
+	"github.com/novox/mesh-provisioner/replay"
+	"github.com/novox/mesh-provisioner/store"
+)
+
+// keptPlansScenario is a history of the plans' inputs on one node, one message a second from 1 s:
+// the kept plans of every kind a trim could lose, all in place by the horizon, at 20 s, and changes
+// after it. What each row answers at the horizon:
+//
+//	n1.m1  want 7, refused over its published composition: current held refused at the plan the
+//	       refusal overwrote (1 s); newest 9, published then refused, with a later build 8 published
+//	       in between: newest held refused at 9's plan (14 s), not 8's
+//	n1.m2  want 5 pending, have 4 refused over its published composition: held pending at 4's plan
+//	n1.m3  want 2, whose key was deleted after it published: held missing at 2's plan
+//	n1.m4  want 2 refused; build 1 published, then purged: held refused with no plan
+func keptPlansScenario() ([]provisioner.Message, []string) {
+	c := provisioner.ComposedPrefix + "n1"
+	comp := func(status string, plan any) []byte {
+		v := map[string]any{"status": status}
+		if plan != nil {
+			v["plan"] = plan
+		}
+		return mp(v)
+	}
+	type w struct {
+		bucket, key string
+		op          provisioner.Op
+		value       []byte
+	}
+	writes := []w{
+		{c, "m1.7", provisioner.OpPut, comp("published", "m1 7")}, // 1 s
+		{c, "m1.7", provisioner.OpPut, comp("refused", "m1 7 refused")},
+		{c, "m2.3", provisioner.OpPut, comp("published", "m2 3")},
+		{c, "m2.4", provisioner.OpPut, comp("published", "m2 4")},
+		{c, "m2.5", provisioner.OpPut, comp("pending", nil)}, // 5 s
+		{c, "m2.4", provisioner.OpPut, comp("refused", nil)},
+		{c, "m3.1", provisioner.OpPut, comp("published", "m3 1")},
+		{c, "m3.2", provisioner.OpPut, comp("published", "m3 2")},
+		{c, "m3.2", provisioner.OpDelete, nil},
+		{c, "m4.1", provisioner.OpPut, comp("published", "m4 1")}, // 10 s
+		{c, "m4.1", provisioner.OpPurge, nil},
+		{c, "m4.2", provisioner.OpPut, comp("refused", "m4 2 refused")},
+		{c, "m1.8", provisioner.OpPut, comp("published", "m1 8")},
+		{c, "m1.9", provisioner.OpPut, comp("published", "m1 9")},
+		{c, "m1.9", provisioner.OpPut, comp("refused", nil)}, // 15 s
+		{provisioner.BucketHostModules, "n1.m1", provisioner.OpPut, mp(map[string]any{"want": 7})},
+		{provisioner.BucketHostModules, "n1.m2", provisioner.OpPut, mp(map[string]any{"want": 5, "have": 4})},
+		{provisioner.BucketHostModules, "n1.m3", provisioner.OpPut, mp(map[string]any{"want": 2})},
+		{provisioner.BucketHostModules, "n1.m4", provisioner.OpPut, mp(map[string]any{"want": 2})},
+		{provisioner.BucketIndexerBuilds, "m1", provisioner.OpPut, mp(map[string]any{"newest": 9})}, // 20 s: the horizon
+		{c, "m2.5", provisioner.OpPut, comp("published", "m2 5")},
+		{c, "m1.7", provisioner.OpPut, comp("pending", nil)},
+		{provisioner.BucketHostModules, "n1.m3", provisioner.OpPut, mp(map[string]any{"want": 3})},
+		{c, "m3.2", provisioner.OpPut, comp("published", "m3 2 again")}, // 24 s
+	}
+	seqs := map[string]uint64{}
+	msgs, buckets := make([]provisioner.Message, len(writes)), make([]string, len(writes))
+	for i, x := range writes {
+		seqs[x.bucket]++
+		msgs[i] = provisioner.Message{Seq: seqs[x.bucket], Time: int64(i+1) * 1e9, Key: x.key, Op: x.op, Value: x.value}
+		buckets[i] = x.bucket
+	}
+	return msgs, buckets
+}
+
+const keptPlansHorizon, keptPlansEnd = 20, 24
+
+// askPlansAt asks the log for the plans as of a second of the scenario, and returns the rows, or the
+// error's code.
+func askPlansAt(t *testing.T, db *store.DB, sec int) (string, int) {
+	t.Helper()
+	at := time.Unix(int64(sec), 0).UTC().Format(time.RFC3339Nano)
+	out, err := (&replay.Log{DB: db}).Ask([]byte(`{"what":"plans","at":"` + at + `"}`))
+	if err != nil {
+		code := query.Code(err)
+		require.NotEqual(t, 500, code, "plans at %s: %v", at, err)
+		return "", code
+	}
+	return plansRows(t, out), 200
+}
+
+func plansRows(t *testing.T, answer []byte) string {
+	t.Helper()
+	var v map[string]any
+	dec := json.NewDecoder(bytes.NewReader(answer))
+	dec.UseNumber()
+	require.NoError(t, dec.Decode(&v))
+	rows, err := json.Marshal(v["rows"])
+	require.NoError(t, err)
+	return string(rows)
+}
+
+// livePlans is the live projection's plans answer.
+func livePlans(t *testing.T, db *store.DB) string {
+	t.Helper()
+	v, err := db.View()
+	require.NoError(t, err)
+	defer v.Close()
+	var e query.Encoder
+	e.Reset(query.FormatJSON)
+	require.NoError(t, query.AnswerPlans(v, &query.Request{What: "plans"}, &e, true))
+	return plansRows(t, e.Bytes())
+}
+
+// TestPlansAt_AfterTrim: once the retention has trimmed the plans' inputs, plans as of every time from
+// the floor on answer what they answered before the trim, and the newest what the live projection
+// answers: the kept plans are read from the log, and the trim keeps what they need. (A trim
+// interrupted and resumed keeps the same: store's TestDB_InterruptedTrimKeepsTheLastPlanKept.)
+func TestPlansAt_AfterTrim(t *testing.T) {
+	db, err := store.OpenState(t.TempDir(), store.Options{})
+	require.NoError(t, err)
+	defer db.Close()
+	msgs, buckets := keptPlansScenario()
+	for i := range msgs {
+		require.NoError(t, db.Apply(buckets[i], msgs[i:i+1], 1, false))
+	}
+	live := livePlans(t, db)
+	before := map[int]string{}
+	for sec := 1; sec <= keptPlansEnd; sec++ {
+		before[sec], _ = askPlansAt(t, db, sec)
+	}
+	require.Equal(t, live, before[keptPlansEnd], "the newest point answers what the live projection does")
+	for _, want := range []string{`"m1 7"`, `"m1 9"`, `"m2 4"`, `"m3 2"`} {
+		require.Contains(t, before[keptPlansHorizon], want, "a kept plan at the horizon")
+	}
+
+	r := store.NewRetention(db, store.RetentionOptions{MaxAge: 100 * time.Second, Now: func() time.Time { return time.Unix(keptPlansHorizon+100, 0) }})
+	_, err = r.Apply(context.Background())
+	require.NoError(t, err)
+	v, err := db.View()
+	require.NoError(t, err)
+	m, err := v.HistoryMarks(provisioner.ComposedPrefix + "n1")
+	v.Close()
+	require.NoError(t, err)
+	require.EqualValues(t, 15, m.Floor, "composed-n1 is trimmed to its last message at the horizon")
+	require.Equal(t, m.Floor, m.Trimmed)
+
+	for sec := keptPlansHorizon; sec <= keptPlansEnd; sec++ {
+		got, code := askPlansAt(t, db, sec)
+		require.Equal(t, 200, code, "plans at %d s, after the trim", sec)
+		require.Equal(t, before[sec], got, "plans at %d s, after the trim", sec)
+	}
+	require.Equal(t, live, livePlans(t, db), "the live projection does not read the log")
+	_, code := askPlansAt(t, db, keptPlansHorizon-1)
+	require.Equal(t, 410, code, "below the floor of mesh-indexer_builds")
+}

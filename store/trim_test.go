@@ -1,0 +1,220 @@
+package store_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/store"
+)
+
+// foldBuilds folds a composed-<node> bucket's messages into a build record per key, as Apply does
+// (provisioner.BuildRecord.Fold), and returns the records as of every point from..to: the plans as of
+// a point read the bucket through these.
+func foldBuilds(tb testing.TB, bucket string, msgs []provisioner.Message, from, to uint64) []map[string]provisioner.BuildRecord {
+	tb.Helper()
+	shape, ok := provisioner.ShapeOf(bucket)
+	require.True(tb, ok, bucket)
+	recs := map[string]provisioner.BuildRecord{}
+	var out []map[string]provisioner.BuildRecord
+	i := 0
+	for n := from; n <= to; n++ {
+		for ; i < len(msgs) && msgs[i].Seq <= n; i++ {
+			m := &msgs[i]
+			p, err := provisioner.ParseKey(shape, m.Key)
+			if err != nil {
+				continue
+			}
+			r := recs[m.Key]
+			if r.Fold(m, p.Build) {
+				recs[m.Key] = r
+			} else {
+				delete(recs, m.Key)
+			}
+		}
+		at := make(map[string]provisioner.BuildRecord, len(recs))
+		for k, r := range recs {
+			at[k] = r
+		}
+		out = append(out, at)
+	}
+	return out
+}
+
+// logged reads every event a bucket's log keeps, in sequence order.
+func logged(tb testing.TB, db *store.DB, bucket string) []provisioner.Message {
+	tb.Helper()
+	v, err := db.View()
+	require.NoError(tb, err)
+	defer v.Close()
+	var out []provisioner.Message
+	require.NoError(tb, v.Events(bucket, 0, func(key []byte, ev *store.Event) bool {
+		out = append(out, provisioner.Message{Seq: ev.Seq, Time: ev.Time, Key: string(key), Op: ev.Op, Value: append([]byte(nil), ev.Value...)})
+		return true
+	}))
+	return out
+}
+
+// statesOf is the state of a bucket after each of its messages: states[n] is key -> value as of n.
+func statesOf(msgs []provisioner.Message) []map[string]string {
+	states := []map[string]string{{}}
+	for _, m := range msgs {
+		next := make(map[string]string, len(states[len(states)-1])+1)
+		for k, v := range states[len(states)-1] {
+			next[k] = v
+		}
+		if m.Op == provisioner.OpPut {
+			next[m.Key] = string(m.Value)
+		} else {
+			delete(next, m.Key)
+		}
+		states = append(states, next)
+	}
+	return states
+}
+
+// checkTrimmedComposed checks a composed-<node> bucket's log after a trim to its floor: as of every
+// point from the floor on, the state is unchanged, and the build records folded from the log are those
+// folded from the whole history; below the floor, each key keeps at most two events. It returns how
+// many keys keep two, and how many keep a delete.
+func checkTrimmedComposed(t *testing.T, db *store.DB, bucket string, msgs []provisioner.Message, what string) (pairs, deletes int) {
+	t.Helper()
+	m := marks(t, db, bucket)
+	states := statesOf(msgs)
+	log := logged(t, db, bucket)
+	last := uint64(len(msgs))
+	want, got := foldBuilds(t, bucket, msgs, m.Floor, last), foldBuilds(t, bucket, log, m.Floor, last)
+	for n := m.Floor; n <= last; n++ {
+		require.Equal(t, want[n-m.Floor], got[n-m.Floor], "%s: %s: build records as of %d, floor %d", what, bucket, n, m.Floor)
+		if n == m.Floor || n%10 == 0 || n == last {
+			require.Equal(t, states[n], stateAt(t, db, bucket, "", n), "%s: %s: state as of %d, floor %d", what, bucket, n, m.Floor)
+		}
+	}
+	if m.Trimmed < m.Floor {
+		return 0, 0 // the walk has not got there yet
+	}
+	below := map[string]int{}
+	for _, ev := range log {
+		if ev.Seq <= m.Floor {
+			below[ev.Key]++
+			require.LessOrEqual(t, below[ev.Key], 2, "%s: %s: at most the newest event and a published one of %s below the floor", what, bucket, ev.Key)
+			require.Contains(t, []provisioner.Op{provisioner.OpPut, provisioner.OpDelete}, ev.Op, "%s: %s", what, bucket)
+			if below[ev.Key] == 2 {
+				pairs++
+			}
+			if ev.Op == provisioner.OpDelete {
+				deletes++
+			}
+		}
+	}
+	return pairs, deletes
+}
+
+// TestDB_TrimHistoryKeepsTheLastPlanKept: trimming a composed-<node> bucket keeps, of every key, the
+// newest published composition beside the newest event, so that the plans as of any point from the
+// floor on, rebuilt from the log, find the plan a refusal, a pending composition or a delete left
+// kept, and forget what a purge forgot.
+func TestDB_TrimHistoryKeepsTheLastPlanKept(t *testing.T) {
+	for _, batch := range []int{4096, 3} {
+		for seed := uint64(1); seed <= 4; seed++ {
+			t.Run(fmt.Sprintf("batch %d seed %d", batch, seed), func(t *testing.T) {
+				defer store.SetTrimBatch(batch)()
+				db, err := store.OpenState(t.TempDir(), store.Options{})
+				require.NoError(t, err)
+				defer db.Close()
+				hist := randomPlanHistory(t, seed, 900)
+				for b, msgs := range hist {
+					require.NoError(t, db.Apply(b, msgs, 1, false))
+				}
+				pairs, deletes := 0, 0
+				for b, msgs := range hist {
+					if _, ok := provisioner.ComposedNode(b); !ok {
+						continue
+					}
+					last := uint64(len(msgs))
+					for _, h := range []uint64{last / 4, last/4 + 1, last / 2, last - 1, last} {
+						_, err := db.TrimHistory(context.Background(), b, h, int64(h)*1e9)
+						require.NoError(t, err)
+						p, d := checkTrimmedComposed(t, db, b, msgs, fmt.Sprintf("trimmed to %d", h))
+						pairs, deletes = pairs+p, deletes+d
+					}
+				}
+				require.Positive(t, pairs, "some key keeps a published composition below a newer event")
+				require.Positive(t, deletes, "some key keeps a delete after its published composition")
+			})
+		}
+	}
+}
+
+// TestDB_InterruptedTrimKeepsTheLastPlanKept: a trim of a composed-<node> bucket stopped part way is
+// exact, and the trim that resumes it finds the published compositions the first batches kept.
+func TestDB_InterruptedTrimKeepsTheLastPlanKept(t *testing.T) {
+	defer store.SetTrimBatch(4)()
+	db, err := store.OpenState(t.TempDir(), store.Options{})
+	require.NoError(t, err)
+	defer db.Close()
+	hist := randomPlanHistory(t, 7, 900)
+	const b = provisioner.ComposedPrefix + "n2"
+	msgs := hist[b]
+	require.NoError(t, db.Apply(b, msgs, 1, false))
+	last := uint64(len(msgs))
+
+	// A first trim, finished, so that the interrupted one walks on from a compacted log.
+	_, err = db.TrimHistory(context.Background(), b, last/3, int64(last/3)*1e9)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // stops after the first batch
+	_, err = db.TrimHistory(ctx, b, last-2, int64(last-2)*1e9)
+	require.ErrorIs(t, err, context.Canceled)
+	m := marks(t, db, b)
+	require.Equal(t, last-2, m.Floor, "the floor is committed first")
+	require.Less(t, m.Trimmed, m.Floor, "the walk stopped part way")
+	checkTrimmedComposed(t, db, b, msgs, "mid-trim")
+
+	// The next trim, even to an older horizon, finishes this one.
+	_, err = db.TrimHistory(context.Background(), b, 1, 1e9)
+	require.NoError(t, err)
+	m = marks(t, db, b)
+	require.Equal(t, last-2, m.Trimmed)
+	pairs, _ := checkTrimmedComposed(t, db, b, msgs, "resumed")
+	require.Positive(t, pairs, "some key keeps a published composition below a newer event")
+}
+
+// TestDB_TrimHistoryOfOtherBucketsKeepsOnlyTheNewestPut: the plans' other inputs, and the
+// provisioner's buckets, keep at most one event per key below the floor, a put, however their values
+// read: only composed-<node> keys keep a published composition.
+func TestDB_TrimHistoryOfOtherBucketsKeepsOnlyTheNewestPut(t *testing.T) {
+	db, err := store.OpenState(t.TempDir(), store.Options{})
+	require.NoError(t, err)
+	defer db.Close()
+	published := mpk(t, map[string]any{"status": "published", "plan": 1})
+	refused := mpk(t, map[string]any{"status": "refused"})
+	for _, b := range []string{provisioner.BucketHostModules, provisioner.BucketNeeds, provisioner.BucketRegistry} {
+		key := map[string]string{provisioner.BucketHostModules: "n1.m", provisioner.BucketNeeds: "n1.m.config.a", provisioner.BucketRegistry: "config"}[b]
+		require.NoError(t, db.Apply(b, []provisioner.Message{
+			put(1, key, published), put(2, key, refused), put(3, key+"x", published), del(4, key+"x"),
+		}, 1, false))
+		_, err := db.TrimHistory(context.Background(), b, 4, 4e9)
+		require.NoError(t, err)
+		var seqs []uint64
+		for _, ev := range logged(t, db, b) {
+			seqs = append(seqs, ev.Seq)
+		}
+		require.Equal(t, []uint64{2}, seqs, "%s: the newest put of each key, and nothing of a deleted key", b)
+	}
+	// A composed-<node> key out of shape (its build is no number) has no build record either.
+	b := provisioner.ComposedPrefix + "n1"
+	require.NoError(t, db.Apply(b, []provisioner.Message{
+		put(1, "m.latest", published), put(2, "m.latest", refused), put(3, "m.7", published), put(4, "m.7", refused),
+	}, 1, false))
+	_, err = db.TrimHistory(context.Background(), b, 4, 4e9)
+	require.NoError(t, err)
+	var seqs []uint64
+	for _, ev := range logged(t, db, b) {
+		seqs = append(seqs, ev.Seq)
+	}
+	require.Equal(t, []uint64{2, 3, 4}, seqs, "m.latest keeps its newest put; m.7 its published composition too")
+}
