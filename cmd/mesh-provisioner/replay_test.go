@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -162,4 +163,44 @@ func TestReplayCommand_PointTheStreamsNoLongerHoldIs410(t *testing.T) {
 	out, errOut, code = runCmd(t, "replay", "state", "needs", "--at", "seq:3", "--nats", ns.ClientURL())
 	require.Zero(t, code, errOut)
 	require.Contains(t, out, "2 rows, as of sequence 3")
+}
+
+// replay and export --state on a broken state dir say so and what to do, and answer nothing: an empty
+// answer from a generation that holds nothing would read as "the bucket was empty then".
+func TestReplayCommand_BrokenStateSaysRebuild(t *testing.T) {
+	url, _ := smallMesh(t)
+	for name, damage := range map[string]func(t *testing.T, dir string){
+		"CURRENT names a generation that does not exist": func(t *testing.T, dir string) {
+			require.NoError(t, os.WriteFile(filepath.Join(dir, "CURRENT"), []byte("gen-000042\n"), 0o644))
+		},
+		"CURRENT names an empty generation": func(t *testing.T, dir string) {
+			require.NoError(t, os.Mkdir(filepath.Join(dir, "gen-000042"), 0o755))
+			require.NoError(t, os.WriteFile(filepath.Join(dir, "CURRENT"), []byte("gen-000042\n"), 0o644))
+		},
+		"CURRENT is garbage": func(t *testing.T, dir string) {
+			require.NoError(t, os.WriteFile(filepath.Join(dir, "CURRENT"), []byte("garbage\n"), 0o644))
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "state")
+			_, errOut, code := runCmd(t, "rebuild", "--nats", url, "--state", dir)
+			require.Zero(t, code, errOut)
+			damage(t, dir)
+
+			out, errOut, code := runCmd(t, "replay", "state", "needs", "--at", "seq:5", "--state", dir)
+			require.Equal(t, exitFailure, code, "answered from a broken state dir:\n%s", out)
+			require.Contains(t, errOut, "broken")
+			require.Contains(t, errOut, "mesh-provisioner rebuild")
+
+			archive := filepath.Join(t.TempDir(), "x.mph")
+			_, errOut, code = runCmd(t, "export", "--state", dir, "--out", archive)
+			require.Equal(t, exitFailure, code)
+			require.Contains(t, errOut, "mesh-provisioner rebuild")
+			require.NoFileExists(t, archive)
+
+			left, err := filepath.Glob(filepath.Join(dir, ".replay-*"))
+			require.NoError(t, err)
+			require.Empty(t, left, "the private copies are removed")
+		})
+	}
 }
