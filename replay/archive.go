@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/klauspost/compress/zstd"
@@ -186,7 +187,8 @@ func gapsOut(gs []store.Gap) []ArchiveGap {
 	return out
 }
 
-// ExportLog writes the provisioner buckets' history from an event log to an archive: every event it
+// ExportLog writes the history of every bucket a seat reads from an event log to an archive: the
+// provisioner's four, then the plans' inputs the log holds (in ExportNATS's order): every event it
 // keeps, with the subject and the headers of its operation written out again (the log keeps the
 // operation, not the headers), and the log's marks, so the archive answers the points the log answers.
 func ExportLog(ctx context.Context, db *store.DB, out, tool string, progress Progress) (ArchiveHeader, error) {
@@ -200,25 +202,49 @@ func ExportLog(ctx context.Context, db *store.DB, out, tool string, progress Pro
 		return ArchiveHeader{}, err
 	}
 	defer v.Close()
+	buckets := provisionerBuckets()
+	var inputs []string
+	for _, b := range v.Buckets() {
+		// The store names every bucket it was asked about; a plans' input is in the log once applied.
+		if !provisioner.IsPlanInput(b) {
+			continue
+		}
+		cp, err := v.Checkpoint(b)
+		if err != nil {
+			w.abort()
+			return ArchiveHeader{}, err
+		}
+		if cp.Applied > 0 || cp.StreamCreated != 0 {
+			inputs = append(inputs, b)
+		}
+	}
+	for _, b := range []string{provisioner.BucketHostModules, provisioner.BucketIndexerBuilds} {
+		if i := slices.Index(inputs, b); i >= 0 {
+			buckets = append(buckets, b)
+			inputs = slices.Delete(inputs, i, i+1)
+		}
+	}
+	slices.Sort(inputs)
+	buckets = append(buckets, inputs...)
 	var done int64
-	for _, s := range provisioner.ProvisionerShapes {
-		cp, err := v.Checkpoint(s.Bucket)
+	for _, bucket := range buckets {
+		cp, err := v.Checkpoint(bucket)
 		if err != nil {
 			w.abort()
 			return ArchiveHeader{}, err
 		}
-		marks, err := v.HistoryMarks(s.Bucket)
+		marks, err := v.HistoryMarks(bucket)
 		if err != nil {
 			w.abort()
 			return ArchiveHeader{}, err
 		}
-		i := w.bucket(ArchiveBucket{Name: s.Bucket, Floor: marks.Floor, FloorTime: marks.FloorTime, Gaps: gapsOut(marks.Gaps)})
+		i := w.bucket(ArchiveBucket{Name: bucket, Floor: marks.Floor, FloorTime: marks.FloorTime, Gaps: gapsOut(marks.Gaps)})
 		if cp.StreamCreated != 0 {
 			w.header.Buckets[i].StreamCreated = time.Unix(0, cp.StreamCreated).UTC()
 		}
-		prefix := provisioner.SubjectPrefix(s.Bucket)
+		prefix := provisioner.SubjectPrefix(bucket)
 		var rerr error
-		err = v.Events(s.Bucket, 0, func(key []byte, ev *store.Event) bool {
+		err = v.Events(bucket, 0, func(key []byte, ev *store.Event) bool {
 			rec := archiveRecord{Bucket: i, Seq: ev.Seq, Time: ev.Time, Subject: prefix + string(key), Headers: projector.HeadersOf(ev.Op)}
 			if ev.Op == provisioner.OpPut {
 				rec.Data = ev.Value

@@ -37,8 +37,9 @@ func (c *ExportCommand) flags() *flag.FlagSet {
 	fs.Usage = func() {
 		fmt.Fprint(c.Stderr, `Usage: mesh-provisioner export --out FILE [--nats URL | --state DIR]
 
-Writes the four buckets' history (sequence, time, subject, headers, data of every message) to an
-archive: zstd-compressed MessagePack records after a header that says what it holds (format version,
+Writes the history of every bucket a seat reads (the provisioner's four and the plans' inputs:
+mesh-host_modules, mesh-indexer_builds, composed-<node>), sequence, time, subject, headers and data of
+every message, to an archive: zstd-compressed MessagePack records after a header that says what it holds (format version,
 tool, buckets, first and last sequence of each, created time, and which points it rebuilds exactly).
 Read it anywhere with: mesh-provisioner replay ... --archive FILE
 

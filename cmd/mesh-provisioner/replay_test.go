@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
@@ -16,6 +18,7 @@ import (
 	provisioner "github.com/novox/mesh-provisioner"
 	"github.com/novox/mesh-provisioner/fixtures"
 	"github.com/novox/mesh-provisioner/internal/natstest"
+	"github.com/novox/mesh-provisioner/replay"
 )
 
 // runCmd runs a command in-process and returns its output and exit code.
@@ -202,5 +205,67 @@ func TestReplayCommand_BrokenStateSaysRebuild(t *testing.T) {
 			require.NoError(t, err)
 			require.Empty(t, left, "the private copies are removed")
 		})
+	}
+}
+
+// An archive holds every bucket a seat reads, each once, from either source: an archive of the seat's
+// log (export --state, the one the docs say to keep before a schema change) answers plans as the log
+// does, and an offline log holds all it ever will, so its plans answers are synced.
+func TestExport_EveryBucketOnceFromEitherSource(t *testing.T) {
+	ns := natstest.RunServer(t)
+	url := ns.ClientURL()
+	_, js := natstest.Connect(t, url)
+	ctx := context.Background()
+	sc := fixtures.Plans()
+	mesh := fixtures.Mesh{Seed: 9, Nodes: 6, Modules: 2, NeedsPerModule: 2, Collections: 1}
+	ops := append(append(mesh.Ops(), sc.Before...), sc.After...)
+	require.NoError(t, fixtures.Load(ctx, js, ops, 0, nil))
+	_, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: provisioner.BucketRegistry}) // as serve would
+	require.NoError(t, err)
+	var streams []string
+	for name := range js.StreamNames(ctx).Name() {
+		streams = append(streams, strings.TrimPrefix(name, "KV_"))
+	}
+	sort.Strings(streams)
+
+	dir := filepath.Join(t.TempDir(), "state")
+	_, errOut, code := runCmd(t, "rebuild", "--nats", url, "--state", dir)
+	require.Zero(t, code, errOut)
+	fromState := filepath.Join(t.TempDir(), "state.mph")
+	fromNATS := filepath.Join(t.TempDir(), "nats.mph")
+	_, errOut, code = runCmd(t, "export", "--state", dir, "--out", fromState)
+	require.Zero(t, code, errOut)
+	out, errOut, code := runCmd(t, "export", "--nats", url, "--out", fromNATS)
+	require.Zero(t, code, errOut)
+	for _, b := range streams {
+		require.Equal(t, 1, strings.Count(out, b+" "), "export lists %s once:\n%s", b, out)
+	}
+	for _, archive := range []string{fromState, fromNATS} {
+		h, err := replay.ReadArchiveHeader(archive)
+		require.NoError(t, err)
+		var names []string
+		for _, b := range h.Buckets {
+			names = append(names, b.Name)
+		}
+		sort.Strings(names)
+		require.Equal(t, streams, names, "%s holds every bucket once", archive)
+	}
+
+	at := time.Now().UTC().Format(time.RFC3339Nano)
+	var answers []string
+	for _, src := range [][]string{{"--state", dir}, {"--nats", url}, {"--archive", fromState}, {"--archive", fromNATS}} {
+		out, errOut, code := runCmd(t, append([]string{"replay", "state", "plans", "--at", at, "--json"}, src...)...)
+		require.Zero(t, code, "%v: %s", src, errOut)
+		var a struct {
+			Rows   []json.RawMessage `json:"rows"`
+			Synced bool              `json:"synced"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(out), &a))
+		require.NotEmpty(t, a.Rows, "%v answers the plans", src)
+		require.True(t, a.Synced, "%v: an offline log is not catching up", src)
+		answers = append(answers, out)
+	}
+	for i := range answers[1:] {
+		require.Equal(t, answers[0], answers[i+1], "source %d answers as --state", i+1)
 	}
 }
