@@ -70,6 +70,9 @@ func (c *ExportCommand) Run(ctx context.Context, args []string) error {
 	if c.out == "" {
 		return &usageError{msg: "export needs --out FILE"}
 	}
+	if countSources(fs, c.state, "") > 1 {
+		return &usageError{msg: "give one source: --state or --nats"}
+	}
 	var bar *progress.Bar
 	tick := func(done, total int64) {
 		if bar == nil {

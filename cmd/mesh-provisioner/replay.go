@@ -140,8 +140,8 @@ func (c *ReplayCommand) Run(ctx context.Context, args []string) error {
 		fs.Usage()
 		return &usageError{msg: fmt.Sprintf("unknown question %q: want state, history or diff", question)}
 	}
-	if c.state != "" && c.archive != "" {
-		return &usageError{msg: "give one source: --state or --archive (or --nats)"}
+	if err := c.oneSource(fs); err != nil {
+		return err
 	}
 	what := "registry"
 	if len(pos) > 0 && question != "history" {
@@ -149,6 +149,30 @@ func (c *ReplayCommand) Run(ctx context.Context, args []string) error {
 	}
 	if what == string(provisioner.WhatPlans) && question != "state" {
 		return &usageError{msg: "plans are replayed with state, at an RFC 3339 time"}
+	}
+	// The points are checked before a source is read: reading the streams or an archive of a large
+	// mesh takes minutes, and a typo should not cost them.
+	var from, to replay.Point
+	switch question {
+	case "state":
+		p, err := replay.ParsePoint(c.at)
+		if err != nil {
+			return &usageError{msg: "--at: " + err.Error()}
+		}
+		if what == string(provisioner.WhatPlans) && !p.IsTime() {
+			return &usageError{msg: fmt.Sprintf("--at %s: plans are read from several buckets, so they are replayed at an RFC 3339 time, not a sequence of one", c.at)}
+		}
+	case "diff":
+		var err error
+		if from, err = replay.ParsePoint(c.from); err != nil {
+			return &usageError{msg: "--from: " + err.Error()}
+		}
+		if to, err = replay.ParsePoint(c.to); err != nil {
+			return &usageError{msg: "--to: " + err.Error()}
+		}
+		if from.IsTime() == to.IsTime() && (from.Time.After(to.Time) || from.Seq > to.Seq) {
+			return &usageError{msg: fmt.Sprintf("--from %s is after --to %s: give the earlier point as --from", c.from, c.to)}
+		}
 	}
 	var req query.Request
 	if question != "history" {
@@ -174,10 +198,35 @@ func (c *ReplayCommand) Run(ctx context.Context, args []string) error {
 	case "state":
 		return c.runState(l, req)
 	case "diff":
-		return c.runDiff(l, req)
+		return c.runDiff(l, req, from, to)
 	default:
 		return c.runHistory(l, pos[0], pos[1])
 	}
+}
+
+// oneSource refuses two sources: --state with --archive, or either with a --nats given on the command
+// line (NATS_URL in the environment is the default of --nats, not a choice of source).
+func (c *ReplayCommand) oneSource(fs *flag.FlagSet) error {
+	if n := countSources(fs, c.state, c.archive); n > 1 {
+		return &usageError{msg: "give one source: --state, --archive or --nats"}
+	}
+	return nil
+}
+
+// countSources counts the sources a command line gives: --state, --archive and an explicit --nats.
+func countSources(fs *flag.FlagSet, state, archive string) int {
+	n := 0
+	for _, s := range []string{state, archive} {
+		if s != "" {
+			n++
+		}
+	}
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name == "nats" {
+			n++
+		}
+	})
+	return n
 }
 
 // request builds and checks the verb request the narrowing flags make, as the verb would.
@@ -317,15 +366,7 @@ func anomaliesJSON(as []provisioner.Anomaly) []jsonAnomaly {
 	return out
 }
 
-func (c *ReplayCommand) runDiff(l *replay.Log, req query.Request) error {
-	pf, err := replay.ParsePoint(c.from)
-	if err != nil {
-		return &usageError{msg: "--from: " + err.Error()}
-	}
-	pt, err := replay.ParsePoint(c.to)
-	if err != nil {
-		return &usageError{msg: "--to: " + err.Error()}
-	}
+func (c *ReplayCommand) runDiff(l *replay.Log, req query.Request, pf, pt replay.Point) error {
 	a, err := l.State(req, pf)
 	if err != nil {
 		return answerError(err)
@@ -333,6 +374,11 @@ func (c *ReplayCommand) runDiff(l *replay.Log, req query.Request) error {
 	b, err := l.State(req, pt)
 	if err != nil {
 		return answerError(err)
+	}
+	if a.AsOf > b.AsOf {
+		// A time and a sequence are ordered by the log only: the diff would list every row added in
+		// between as removed.
+		return &usageError{msg: fmt.Sprintf("--from %s (as of sequence %d) is after --to %s (as of sequence %d): give the earlier point as --from", c.from, a.AsOf, c.to, b.AsOf)}
 	}
 	d := replay.DiffStates(a, b)
 	if c.jsonOut {

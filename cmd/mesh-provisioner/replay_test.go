@@ -269,3 +269,69 @@ func TestExport_EveryBucketOnceFromEitherSource(t *testing.T) {
 		require.Equal(t, answers[0], answers[i+1], "source %d answers as --state", i+1)
 	}
 }
+
+// A wrong point is a wrong command line: said at once, before a source is read (reading the streams
+// or an archive of a large mesh takes minutes), with exit 2, alike for state and diff. The source here
+// is a NATS server that is not there: reaching it would fail with exit 1.
+func TestReplayCommand_PointsAreCheckedBeforeTheSourceIsRead(t *testing.T) {
+	gone := []string{"--nats", "nats://127.0.0.1:1"}
+	for _, tc := range []struct {
+		args []string
+		says string
+	}{
+		{[]string{"replay", "state", "needs", "--at", "seq:"}, "--at"},
+		{[]string{"replay", "state", "needs", "--at", "yesterday"}, "--at"},
+		{[]string{"replay", "state", "needs", "--at", "seq:-1"}, "--at"},
+		{[]string{"replay", "state", "plans", "--at", "seq:5"}, "RFC 3339 time"},
+		{[]string{"replay", "diff", "needs", "--from", "seq:x", "--to", "seq:5"}, "--from"},
+		{[]string{"replay", "diff", "needs", "--from", "seq:1", "--to", "2026-13-01T00:00:00Z"}, "--to"},
+		{[]string{"replay", "diff", "needs", "--from", "seq:9", "--to", "seq:5"}, "--from seq:9 is after --to seq:5"},
+		{[]string{"replay", "diff", "needs", "--from", "2026-11-02T10:00:00Z", "--to", "2026-11-02T09:00:00Z"}, "is after --to"},
+	} {
+		t.Run(strings.Join(tc.args[1:], " "), func(t *testing.T) {
+			_, errOut, code := runCmd(t, append(tc.args, gone...)...)
+			require.Equal(t, exitUsage, code, errOut)
+			require.Contains(t, errOut, tc.says)
+		})
+	}
+}
+
+// diff with --from after --to would list every row added since as removed: refused, also when the two
+// points are of different kinds and only the log can order them.
+func TestReplayCommand_DiffFromAfterToIsRefused(t *testing.T) {
+	url, last := smallMesh(t)
+	dir := filepath.Join(t.TempDir(), "state")
+	_, errOut, code := runCmd(t, "rebuild", "--nats", url, "--state", dir)
+	require.Zero(t, code, errOut)
+	later := time.Now().UTC().Format(time.RFC3339Nano)
+	out, errOut, code := runCmd(t, "replay", "diff", "needs", "--from", later, "--to", "seq:1", "--state", dir)
+	require.Equal(t, exitUsage, code, out)
+	require.Contains(t, errOut, fmt.Sprintf("as of sequence %d", last[provisioner.BucketNeeds]))
+	require.Contains(t, errOut, "is after --to seq:1")
+	// The same points the right way round, and a point with itself, are answered.
+	out, errOut, code = runCmd(t, "replay", "diff", "needs", "--from", "seq:1", "--to", later, "--state", dir)
+	require.Zero(t, code, errOut)
+	require.NotContains(t, out, " removed\t")
+	out, errOut, code = runCmd(t, "replay", "diff", "needs", "--from", later, "--to", later, "--state", dir)
+	require.Zero(t, code, errOut)
+	require.Contains(t, out, "no changes")
+}
+
+// One source at a time: a --nats given on the command line beside --state or --archive is not
+// dropped without a word (NATS_URL in the environment, as the runbook sets it, is no choice).
+func TestReplayCommand_OneSource(t *testing.T) {
+	dir := t.TempDir()
+	for _, args := range [][]string{
+		{"replay", "state", "needs", "--at", "seq:1", "--state", dir, "--nats", "nats://127.0.0.1:1"},
+		{"replay", "history", "needs", "n1.m.config.a", "--archive", "x.mph", "--nats", "nats://127.0.0.1:1"},
+		{"export", "--state", dir, "--nats", "nats://127.0.0.1:1", "--out", filepath.Join(dir, "x.mph")},
+	} {
+		_, errOut, code := runCmd(t, args...)
+		require.Equal(t, exitUsage, code, "%v: %s", args, errOut)
+		require.Contains(t, errOut, "one source", args)
+	}
+	t.Setenv("NATS_URL", "nats://127.0.0.1:1")
+	_, errOut, code := runCmd(t, "replay", "state", "needs", "--at", "seq:1", "--state", filepath.Join(dir, "none"))
+	require.Equal(t, exitFailure, code)
+	require.Contains(t, errOut, "no projection yet", "--state is read, NATS_URL is not a second source")
+}
