@@ -335,3 +335,40 @@ func TestReplayCommand_OneSource(t *testing.T) {
 	require.Equal(t, exitFailure, code)
 	require.Contains(t, errOut, "no projection yet", "--state is read, NATS_URL is not a second source")
 }
+
+// export --out is checked before anything is read: an archive already there is evidence and is not
+// replaced without --force, and a directory or a missing parent is said at once rather than after
+// the whole export (a directory failed at the final rename, naming a temporary file in its parent).
+func TestExport_OutIsCheckedFirstAndNeverReplacedUnasked(t *testing.T) {
+	dir := t.TempDir()
+	kept := filepath.Join(dir, "incident.mph")
+	require.NoError(t, os.WriteFile(kept, []byte("evidence"), 0o600))
+	gone := []string{"--nats", "nats://127.0.0.1:1"}
+	for _, tc := range []struct {
+		out, says string
+	}{
+		{kept, "exists"},
+		{dir, "is a directory"},
+		{filepath.Join(dir, "no", "such", "x.mph"), "does not exist"},
+	} {
+		_, errOut, code := runCmd(t, append([]string{"export", "--out", tc.out}, gone...)...)
+		require.Equal(t, exitUsage, code, "%s: %s", tc.out, errOut)
+		require.Contains(t, errOut, tc.says)
+	}
+	b, err := os.ReadFile(kept)
+	require.NoError(t, err)
+	require.Equal(t, "evidence", string(b))
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	require.Len(t, entries, 1, "nothing left beside the archive")
+
+	url, _ := smallMesh(t)
+	_, errOut, code := runCmd(t, "export", "--nats", url, "--out", kept)
+	require.Equal(t, exitUsage, code, errOut)
+	out, errOut, code := runCmd(t, "export", "--nats", url, "--out", kept, "--force")
+	require.Zero(t, code, errOut)
+	require.Contains(t, out, "wrote "+kept)
+	h, err := replay.ReadArchiveHeader(kept)
+	require.NoError(t, err)
+	require.Equal(t, replay.ArchiveFormat, h.Format)
+}
