@@ -331,6 +331,11 @@ func ExportNATS(ctx context.Context, js jetstream.JetStream, buckets []string, o
 func exportStream(ctx context.Context, w *archiveWriter, s jetstream.Stream, info *jetstream.StreamInfo, index int, tick func()) error {
 	name := w.header.Buckets[index].Name
 	if info.State.Msgs == 0 {
+		// Emptied, by a purge or an age limit: the messages it held are gone, not absent.
+		if info.State.LastSeq > 0 {
+			w.header.Buckets[index].Gaps = gapsOut([]store.Gap{{From: 1, OpenedAt: info.State.LastSeq + 1}})
+			w.header.Buckets[index].LastSeq = info.State.LastSeq
+		}
 		return nil
 	}
 	cons, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverAllPolicy})
@@ -397,6 +402,25 @@ func exportStream(ctx context.Context, w *archiveWriter, s jetstream.Stream, inf
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
+	}
+	if prev < info.State.LastSeq {
+		// The read stopped before the stream's end when the export began. When the messages after
+		// the last one read are gone (a purge while exporting), the archive says so with a gap open
+		// from there, as the projector would, so that replay refuses the points among them rather
+		// than answer them as of the last message read. Otherwise the read stopped short.
+		now, err := s.Info(ctx)
+		if err != nil {
+			return fmt.Errorf("read %s: %w", name, err)
+		}
+		if now.State.FirstSeq <= prev+1 && now.State.Msgs > 0 {
+			return fmt.Errorf("read %s: stopped at sequence %d of %d; run export again", name, prev, info.State.LastSeq)
+		}
+		if open == nil {
+			gaps = append(gaps, store.Gap{From: prev + 1})
+			open = &gaps[len(gaps)-1]
+		}
+		open.OpenedAt = max(open.OpenedAt, info.State.LastSeq+1)
+		w.header.Buckets[index].LastSeq = max(w.header.Buckets[index].LastSeq, info.State.LastSeq)
 	}
 	w.header.Buckets[index].Gaps = gapsOut(gaps)
 	return nil
@@ -495,6 +519,12 @@ func FromArchive(ctx context.Context, path string, progress Progress) (*Log, err
 		return fail(err)
 	}
 	for _, b := range h.Buckets {
+		if b.Messages == 0 && !b.StreamCreated.IsZero() {
+			// No record brought the stream's creation time: a time before it still answers empty.
+			if err := l.DB.Apply(b.Name, nil, b.StreamCreated.UnixNano(), false); err != nil {
+				return fail(err)
+			}
+		}
 		m := store.HistoryMarks{Floor: b.Floor, FloorTime: b.FloorTime, Trimmed: b.Floor}
 		for _, g := range b.Gaps {
 			m.Gaps = append(m.Gaps, store.Gap{From: g.From, To: g.To, OpenedAt: g.OpenedAt})

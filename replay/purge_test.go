@@ -1,0 +1,115 @@
+package replay_test
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/require"
+
+	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/fixtures"
+	"github.com/novox/mesh-provisioner/internal/natstest"
+	"github.com/novox/mesh-provisioner/query"
+	"github.com/novox/mesh-provisioner/replay"
+	"github.com/novox/mesh-provisioner/store"
+)
+
+// needsPuts loads n needs, one key each, and returns the needs' stream and the time between the
+// first and the last put.
+func needsPuts(t *testing.T, js jetstream.JetStream, n int) (jetstream.Stream, time.Time) {
+	t.Helper()
+	ctx := context.Background()
+	var ops []fixtures.Op
+	for i := 0; i < n; i++ {
+		ops = append(ops, fixtures.Op{Bucket: provisioner.BucketNeeds, Key: fmt.Sprintf("n%d.m.config.a", i), Op: provisioner.OpPut, Value: mp(i)})
+	}
+	require.NoError(t, fixtures.Load(ctx, js, ops[:n/2], 0, nil))
+	mid := time.Now()
+	require.NoError(t, fixtures.Load(ctx, js, ops[n/2:], 0, nil))
+	s, err := js.Stream(ctx, provisioner.StreamName(provisioner.BucketNeeds))
+	require.NoError(t, err)
+	return s, mid
+}
+
+// requireGone asserts that a point is refused as one the log cannot rebuild.
+func requireGone(t *testing.T, l *replay.Log, p replay.Point) {
+	t.Helper()
+	st, err := l.State(needsReq(""), p)
+	require.Error(t, err, "%s: %s answered %d rows as of %d", l.Source, p, len(st.Rows), st.AsOf)
+	require.Equal(t, 410, query.Code(err), "%s: %s: %v", l.Source, p, err)
+	require.ErrorIs(t, err, store.ErrGap)
+}
+
+// A stream purged before it was read holds nothing, but it did hold messages: a point in its history
+// is one the log cannot rebuild (410), not the empty state. Before the stream was created, and at
+// seq:0, the state is empty as ever.
+func TestReplay_APurgedStreamIsNotAnEmptyOne(t *testing.T) {
+	ns := natstest.RunServer(t)
+	_, js := natstest.Connect(t, ns.ClientURL())
+	ctx := context.Background()
+	before := time.Now()
+	s, mid := needsPuts(t, js, 100)
+	require.NoError(t, s.Purge(ctx))
+
+	fromNATS, err := replay.FromNATS(ctx, js, []string{provisioner.BucketNeeds}, "nats", nil)
+	require.NoError(t, err)
+	defer fromNATS.Close()
+	out := filepath.Join(t.TempDir(), "purged.mph")
+	_, err = replay.ExportNATS(ctx, js, []string{provisioner.BucketNeeds}, out, "test", nil)
+	require.NoError(t, err)
+	fromArchive, err := replay.FromArchive(ctx, out, nil)
+	require.NoError(t, err)
+	defer fromArchive.Close()
+
+	for _, l := range []*replay.Log{fromNATS, fromArchive} {
+		requireGone(t, l, replay.Point{Time: mid})
+		requireGone(t, l, replay.Point{Time: time.Now()})
+		requireGone(t, l, replay.Point{Seq: 50})
+		requireGone(t, l, replay.Point{Seq: 100})
+		for _, p := range []replay.Point{{Seq: 0}, {Time: before.Add(-time.Hour)}} {
+			st, err := l.State(needsReq(""), p)
+			require.NoError(t, err, "%s: %s", l.Source, p)
+			require.Empty(t, st.Rows)
+		}
+	}
+}
+
+// An export during which the stream is purged stops where the purge cut it: the archive must not
+// read as a whole one whose stream ended there. Points up to what was read are exact; past it, 410.
+func TestExport_StreamPurgedWhileExportingIsNoWholeArchive(t *testing.T) {
+	ns := natstest.RunServer(t)
+	_, js := natstest.Connect(t, ns.ClientURL())
+	ctx := context.Background()
+	const n = 10000
+	s, mid := needsPuts(t, js, n)
+	out := filepath.Join(t.TempDir(), "cut.mph")
+	var purgedAt int64
+	h, err := replay.ExportNATS(ctx, js, []string{provisioner.BucketNeeds}, out, "test", func(done, total int64) {
+		if purgedAt == 0 && done > 0 && done < total {
+			purgedAt = done
+			require.NoError(t, s.Purge(ctx))
+		}
+	})
+	require.NoError(t, err)
+	require.NotZero(t, purgedAt, "the export was purged midway")
+	require.Less(t, h.Buckets[0].Messages, uint64(n))
+	require.Equal(t, uint64(n), h.Buckets[0].LastSeq, "the header says where the stream ended")
+
+	l, err := replay.FromArchive(ctx, out, nil)
+	require.NoError(t, err)
+	defer l.Close()
+	read := h.Buckets[0].Messages
+	st, err := l.State(needsReq(""), replay.Point{Seq: read})
+	require.NoError(t, err)
+	require.Len(t, st.Rows, int(read), "every point up to what was read is exact")
+	requireGone(t, l, replay.Point{Seq: read + 1})
+	requireGone(t, l, replay.Point{Seq: n})
+	requireGone(t, l, replay.Point{Time: time.Now()})
+	if read < n/2 {
+		requireGone(t, l, replay.Point{Time: mid})
+	}
+}
