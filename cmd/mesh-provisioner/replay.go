@@ -53,7 +53,8 @@ it. WHAT is registry, needs, applied or collect (state also takes plans, at a ti
 those too, or a bucket's full name.
 
   state    the table as of a point, narrowed like query (--node, --module, --collection, --kind)
-  history  every revision of one key: time, sequence, operation, value
+  history  every revision of one key: time, sequence, operation, value. The key is raw, as stored:
+           a collection in =XX escapes (n17.shell=3Azsh=3Anormal.mod-web), no wildcards
   diff     rows added, changed and removed between two points, and anomalies that appeared or cleared
 
 Sources (one of):
@@ -184,6 +185,9 @@ func (c *ReplayCommand) Run(ctx context.Context, args []string) error {
 	} else {
 		b, err := bucketName(pos[0])
 		if err != nil {
+			return err
+		}
+		if err := checkHistoryKey(pos[0], pos[1]); err != nil {
 			return err
 		}
 		pos[0] = b
@@ -536,7 +540,42 @@ func (c *ReplayCommand) runHistory(l *replay.Log, bucketArg, key string) error {
 		fmt.Fprintf(w, "messages from sequence %d to %d were removed from the stream before the seat read them: a revision may be missing there\n", g.From, g.OpenedAt-1)
 	}
 	if len(h.Revisions) == 0 {
-		return &verbError{code: 404, msg: fmt.Sprintf("the log holds no revision of %s in %s", key, bucket)}
+		msg := fmt.Sprintf("the log holds no revision of %s in %s", key, bucket)
+		if raw := rawCollectKey(key); bucket == provisioner.BucketCollect && raw != key {
+			if rh, err := l.History(bucket, raw); err == nil && len(rh.Revisions) > 0 {
+				msg += fmt.Sprintf("; keys are raw, with the collection written in =XX escapes: did you mean %s?", raw)
+			}
+		}
+		return &verbError{code: 404, msg: msg}
 	}
 	return nil
+}
+
+// checkHistoryKey refuses what cannot be one key: nothing, or a NATS wildcard token (no message is
+// ever published on a subject with one, so the log holds no revision of it).
+func checkHistoryKey(bucketArg, key string) error {
+	if key == "" {
+		return &usageError{msg: "replay history takes BUCKET KEY, and the key is empty"}
+	}
+	for _, tok := range strings.Split(key, ".") {
+		if tok == "*" || tok == ">" {
+			return &usageError{msg: fmt.Sprintf("replay history reads one key, and %q is a wildcard: for a node's keys as of a point, use replay state %s --node NODE --at POINT", key, bucketArg)}
+		}
+	}
+	return nil
+}
+
+// rawCollectKey is a collect key as an operator may write it (the collection by its decoded name,
+// shell:zsh:normal, or with lower-case escapes) as it is stored: <node>.<escaped collection>.<contributor>,
+// the collection being every token between the first and the last.
+func rawCollectKey(key string) string {
+	toks := strings.Split(key, ".")
+	if len(toks) < 3 {
+		return key
+	}
+	coll := strings.Join(toks[1:len(toks)-1], ".")
+	if name, err := provisioner.DecodeCollection(coll); err == nil {
+		coll = name
+	}
+	return toks[0] + "." + provisioner.EncodeCollection(coll) + "." + toks[len(toks)-1]
 }

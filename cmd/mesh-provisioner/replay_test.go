@@ -372,3 +372,48 @@ func TestExport_OutIsCheckedFirstAndNeverReplacedUnasked(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, replay.ArchiveFormat, h.Format)
 }
+
+// replay history reads one raw key. A wildcard is not one (said at once); a collect key written with
+// its decoded collection name, or with lower-case escapes, is not the raw key either: the answer is
+// still that the log holds no revision of it, but it names the raw key that has them.
+func TestReplayCommand_HistoryOfAKeyAsAnOperatorWritesIt(t *testing.T) {
+	ns := natstest.RunServer(t)
+	url := ns.ClientURL()
+	_, js := natstest.Connect(t, url)
+	ctx := context.Background()
+	raw := "n1.shell=3Azsh=3Anormal.mod-a"
+	require.NoError(t, fixtures.Load(ctx, js, []fixtures.Op{
+		{Bucket: provisioner.BucketCollect, Key: raw, Op: provisioner.OpPut, Value: []byte{1}},
+		{Bucket: provisioner.BucketCollect, Key: "n1.a=2Eb.mod-a", Op: provisioner.OpPut, Value: []byte{2}},
+		{Bucket: provisioner.BucketNeeds, Key: "n1.m.config.a", Op: provisioner.OpPut, Value: []byte{3}},
+	}, 0, nil))
+	dir := filepath.Join(t.TempDir(), "state")
+	_, errOut, code := runCmd(t, "rebuild", "--nats", url, "--state", dir)
+	require.Zero(t, code, errOut)
+
+	out, errOut, code := runCmd(t, "replay", "history", "collect", raw, "--state", dir)
+	require.Zero(t, code, errOut)
+	require.Contains(t, out, "1 revisions of "+raw)
+
+	for key, want := range map[string]string{
+		"n1.shell:zsh:normal.mod-a":     raw,
+		"n1.shell=3azsh=3anormal.mod-a": raw,
+		"n1.a.b.mod-a":                  "n1.a=2Eb.mod-a", // a collection with a dot
+	} {
+		out, errOut, code := runCmd(t, "replay", "history", "collect", key, "--state", dir)
+		require.Equal(t, exitAnswer, code, "%s answered:\n%s", key, out)
+		require.Contains(t, errOut, "404")
+		require.Contains(t, errOut, "did you mean "+want, key)
+	}
+	// A key that is not there at all says so, with no suggestion.
+	_, errOut, code = runCmd(t, "replay", "history", "collect", "n1.nothing.mod-a", "--state", dir)
+	require.Equal(t, exitAnswer, code)
+	require.NotContains(t, errOut, "did you mean")
+
+	for _, key := range []string{"n1.>", "n1.*.config.a", "*", ""} {
+		_, errOut, code := runCmd(t, "replay", "history", "needs", key, "--state", dir)
+		require.Equal(t, exitUsage, code, "%q: %s", key, errOut)
+	}
+	_, errOut, _ = runCmd(t, "replay", "history", "needs", "n1.>", "--state", dir)
+	require.Contains(t, errOut, "replay state needs --node")
+}
