@@ -34,7 +34,7 @@ func CopyCurrent(stateDir string) (string, error) {
 			return "", err
 		}
 		if gen == "" {
-			return "", fmt.Errorf("store: %s holds no projection yet (no %s)", stateDir, currentName)
+			return "", fmt.Errorf("store: %s holds no projection yet (no %s)%s", stateDir, currentName, StateDirHint(stateDir))
 		}
 		dir, err := copyGeneration(stateDir, gen)
 		if err == nil {

@@ -58,7 +58,7 @@ interrupted export leaves no FILE. A FILE that exists already is kept unless --f
 
 Examples:
   mesh-provisioner export --nats nats://nats.mesh:4222 --out incident.mph
-  mesh-provisioner export --state /var/lib/mesh-provisioner --out incident.mph
+  mesh-provisioner export --state /var/lib/mesh-provisioner/state --out incident.mph
 
 Flags:
 `)

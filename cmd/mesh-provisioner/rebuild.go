@@ -55,7 +55,7 @@ The local event log of the replaced generation is not carried over: what the str
 is gone with it. Keep it first with: mesh-provisioner export --state DIR --out FILE
 
 Example:
-  mesh-provisioner rebuild --nats nats://nats.mesh:4222 --state /var/lib/mesh-provisioner
+  mesh-provisioner rebuild --nats nats://nats.mesh:4222 --state /var/lib/mesh-provisioner/state
 
 Flags:
 `)
@@ -73,6 +73,9 @@ func (c *RebuildCommand) Run(ctx context.Context, args []string) error {
 	log, err := c.logs.logger(c.Stderr)
 	if err != nil {
 		return err
+	}
+	if err := store.CheckStateDir(c.state); err != nil {
+		return &usageError{msg: err.Error()}
 	}
 	sd, err := store.LockState(c.state)
 	if errors.Is(err, store.ErrLocked) {

@@ -180,3 +180,39 @@ func TestRebuild_BrokenCurrentIsRebuilt(t *testing.T) {
 		})
 	}
 }
+
+// The seat's state dir is /var/lib/mesh-provisioner/state (the systemd unit, the Kubernetes
+// manifest); an operator who gives its parent, as the commands' own examples did, is told which
+// one was meant. rebuild writes nothing there (it filled a second state dir beside the seat's and
+// said "rebuilt"), and replay does not answer "no projection yet" alone.
+func TestRebuild_TheParentOfAStateDirIsNotOne(t *testing.T) {
+	url, last := smallMesh(t)
+	parent := t.TempDir()
+	dir := filepath.Join(parent, "state")
+	_, errOut, code := runCmd(t, "rebuild", "--nats", url, "--state", dir)
+	require.Zero(t, code, errOut)
+	require.NoError(t, os.Mkdir(filepath.Join(parent, "lost+found"), 0o700))
+
+	_, errOut, code = runCmd(t, "rebuild", "--nats", url, "--state", parent)
+	require.Equal(t, exitUsage, code, errOut)
+	require.Contains(t, errOut, "did you mean --state "+dir)
+	entries, err := os.ReadDir(parent)
+	require.NoError(t, err)
+	require.Len(t, entries, 2, "nothing written beside the state dir")
+
+	for _, args := range [][]string{
+		{"replay", "state", "needs", "--at", "seq:1", "--state", parent},
+		{"export", "--state", parent, "--out", filepath.Join(t.TempDir(), "x.mph")},
+	} {
+		_, errOut, code = runCmd(t, args...)
+		require.Equal(t, exitFailure, code, errOut)
+		require.Contains(t, errOut, "did you mean --state "+dir, args)
+	}
+
+	// A state dir on a volume of its own has lost+found beside its files: still a state dir.
+	vol := t.TempDir()
+	require.NoError(t, os.Mkdir(filepath.Join(vol, "lost+found"), 0o700))
+	_, errOut, code = runCmd(t, "rebuild", "--nats", url, "--state", vol)
+	require.Zero(t, code, errOut)
+	checkState(t, vol, last)
+}

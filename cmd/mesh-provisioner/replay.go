@@ -67,9 +67,9 @@ A point the log cannot rebuild exactly (trimmed by retention, or messages the st
 seat read them) is refused with the nearest points that can be answered, never guessed.
 
 Examples:
-  mesh-provisioner replay state needs --node n17 --at 2026-11-02T03:12:00Z --state /var/lib/mesh-provisioner
+  mesh-provisioner replay state needs --node n17 --at 2026-11-02T03:12:00Z --state /var/lib/mesh-provisioner/state
   mesh-provisioner replay diff applied --node n17 --from 2026-11-02T03:12:00Z --to 2026-11-02T09:00:00Z --archive incident.mph
-  mesh-provisioner replay history needs n17.mod-web.config.port --state /var/lib/mesh-provisioner
+  mesh-provisioner replay history needs n17.mod-web.config.port --state /var/lib/mesh-provisioner/state
 
 Flags:
 `
