@@ -433,6 +433,9 @@ func FromArchive(ctx context.Context, path string, progress Progress) (*Log, err
 		return nil, err
 	}
 	defer f.Close()
+	if fi, err := f.Stat(); err == nil && fi.Mode().IsRegular() && fi.Size() == 0 {
+		return nil, fmt.Errorf("archive %s is empty", path)
+	}
 	zr, err := zstd.NewReader(bufio.NewReaderSize(f, 1<<16))
 	if err != nil {
 		return nil, fmt.Errorf("archive %s: %w", path, err)
@@ -447,7 +450,7 @@ func FromArchive(ctx context.Context, path string, progress Progress) (*Log, err
 		return nil, fmt.Errorf("archive %s: format %q, want %q", path, h.Format, ArchiveFormat)
 	}
 	if h.Version > ArchiveVersion {
-		return nil, fmt.Errorf("archive %s: version %d is newer than this tool reads (%d)", path, h.Version, ArchiveVersion)
+		return nil, fmt.Errorf("archive %s: version %d is newer than this tool reads (%d): read it with the mesh-provisioner that wrote it (%s) or a newer one", path, h.Version, ArchiveVersion, h.Tool)
 	}
 	l, err := newTemp("archive " + path)
 	if err != nil {
@@ -491,6 +494,12 @@ func FromArchive(ctx context.Context, path string, progress Progress) (*Log, err
 		if rec.Bucket == -1 {
 			if rec.Seq != n {
 				return fail(fmt.Errorf("archive %s: the end says %d records, read %d", path, rec.Seq, n))
+			}
+			// Nothing may follow the end: two archives in one file, or bytes appended, are not
+			// this archive, and reading the first alone would hide the rest.
+			var b [1]byte
+			if k, err := io.ReadAtLeast(io.MultiReader(dec.Buffered(), zr), b[:], 1); k > 0 || !errors.Is(err, io.EOF) {
+				return fail(fmt.Errorf("archive %s has data after its end: it is not one archive as export writes it", path))
 			}
 			break
 		}

@@ -1,14 +1,18 @@
 package replay_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
+	"github.com/klauspost/compress/zstd"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
+	"github.com/vmihailenco/msgpack/v5"
 
 	provisioner "github.com/novox/mesh-provisioner"
 	"github.com/novox/mesh-provisioner/fixtures"
@@ -112,4 +116,73 @@ func TestExport_StreamPurgedWhileExportingIsNoWholeArchive(t *testing.T) {
 	if read < n/2 {
 		requireGone(t, l, replay.Point{Time: mid})
 	}
+}
+
+// An archive that is not whole, not one, or not for this tool is refused with what it is, never read
+// as a shorter history; and the temporary store a refused archive was being read into is removed.
+func TestFromArchive_DamagedArchivesAreRefused(t *testing.T) {
+	ns := natstest.RunServer(t)
+	_, js := natstest.Connect(t, ns.ClientURL())
+	ctx := context.Background()
+	needsPuts(t, js, 3000)
+	dir := t.TempDir()
+	good := filepath.Join(dir, "good.mph")
+	_, err := replay.ExportNATS(ctx, js, []string{provisioner.BucketNeeds}, good, "test", nil)
+	require.NoError(t, err)
+	whole, err := os.ReadFile(good)
+	require.NoError(t, err)
+	tmp := t.TempDir()
+	t.Setenv("TMPDIR", tmp)
+
+	write := func(name string, b []byte) string {
+		p := filepath.Join(dir, name)
+		require.NoError(t, os.WriteFile(p, b, 0o600))
+		return p
+	}
+	newer := func() []byte {
+		var buf bytes.Buffer
+		zw, err := zstd.NewWriter(&buf)
+		require.NoError(t, err)
+		require.NoError(t, msgpack.NewEncoder(zw).Encode(replay.ArchiveHeader{Format: replay.ArchiveFormat, Version: replay.ArchiveVersion + 1}))
+		require.NoError(t, zw.Close())
+		return buf.Bytes()
+	}
+	cases := map[string]struct {
+		path string
+		says string
+	}{
+		"empty":            {write("empty.mph", nil), "is empty"},
+		"not zstd":         {write("text.mph", []byte("hello, this is not an archive\n")), "not a mesh-provisioner history archive"},
+		"a directory":      {dir, "is a directory"},
+		"a newer version":  {write("newer.mph", newer()), "newer than this tool reads"},
+		"data after end":   {write("junk.mph", append(append([]byte(nil), whole...), "junk"...)), "after its end"},
+		"two archives":     {write("two.mph", append(append([]byte(nil), whole...), whole...)), "after its end"},
+		"header only":      {write("head.mph", whole[:40]), ""},
+		"cut in the end":   {write("end.mph", whole[:len(whole)-3]), ""},
+		"cut before end":   {write("mid.mph", whole[:len(whole)/2]), ""},
+		"cut at one third": {write("third.mph", whole[:len(whole)/3]), ""},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			l, err := replay.FromArchive(ctx, tc.path, nil)
+			if err == nil {
+				l.Close()
+				t.Fatalf("%s was read as an archive", tc.path)
+			}
+			require.Contains(t, err.Error(), tc.says)
+			left, _ := filepath.Glob(filepath.Join(tmp, "mesh-provisioner-replay-*"))
+			require.Empty(t, left, "the temporary store is removed")
+		})
+	}
+	// Every cut of the archive is refused.
+	for n := 0; n < len(whole); n += max(1, len(whole)/50) {
+		l, err := replay.FromArchive(ctx, write("cut.mph", whole[:n]), nil)
+		if err == nil {
+			l.Close()
+			t.Fatalf("the archive cut at %d of %d bytes was read as whole", n, len(whole))
+		}
+	}
+	l, err := replay.FromArchive(ctx, good, nil)
+	require.NoError(t, err)
+	l.Close()
 }
