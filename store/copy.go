@@ -34,7 +34,11 @@ func CopyCurrent(stateDir string) (string, error) {
 			return "", err
 		}
 		if gen == "" {
-			return "", fmt.Errorf("store: %s holds no projection yet (no %s)%s", stateDir, currentName, StateDirHint(stateDir))
+			hint := StateDirHint(stateDir)
+			if gens, err := (&StateDir{path: stateDir}).generations(); err == nil && len(gens) > 0 {
+				hint = ": a rebuild that did not finish left a generation; run mesh-provisioner rebuild again to finish it"
+			}
+			return "", fmt.Errorf("store: %s holds no projection yet (no %s)%s", stateDir, currentName, hint)
 		}
 		dir, err := copyGeneration(stateDir, gen)
 		if err == nil {

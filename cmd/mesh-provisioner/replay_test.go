@@ -142,6 +142,13 @@ func TestReplayCommand_Errors(t *testing.T) {
 	_, errOut, code := runCmd(t, "replay", "state", "needs", "--at", "seq:1", "--state", dir)
 	require.Equal(t, exitFailure, code, errOut)
 	require.Contains(t, errOut, "no projection yet")
+
+	// A first rebuild that was killed left a generation and no CURRENT: said, with what to do.
+	require.NoError(t, os.MkdirAll(filepath.Join(dir, "gen-000001"), 0o755))
+	_, errOut, code = runCmd(t, "replay", "state", "needs", "--at", "seq:1", "--state", dir)
+	require.Equal(t, exitFailure, code, errOut)
+	require.Contains(t, errOut, "a rebuild that did not finish")
+	require.Contains(t, errOut, "run mesh-provisioner rebuild again")
 }
 
 func TestReplayCommand_PointTheStreamsNoLongerHoldIs410(t *testing.T) {
