@@ -186,3 +186,24 @@ func TestFromArchive_DamagedArchivesAreRefused(t *testing.T) {
 	require.NoError(t, err)
 	l.Close()
 }
+
+// An export interrupted midway (the first SIGINT cancels the command's context) leaves nothing: no
+// file of the archive's name for a later replay to read as whole, and no spool or temporary file.
+func TestExport_InterruptedLeavesNothing(t *testing.T) {
+	ns := natstest.RunServer(t)
+	_, js := natstest.Connect(t, ns.ClientURL())
+	needsPuts(t, js, 10000)
+	dir := t.TempDir()
+	out := filepath.Join(dir, "incident.mph")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	_, err := replay.ExportNATS(ctx, js, []string{provisioner.BucketNeeds}, out, "test", func(done, total int64) {
+		if done > 0 && done < total {
+			cancel()
+		}
+	})
+	require.ErrorIs(t, err, context.Canceled)
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	require.Empty(t, entries, "nothing left where the archive would be")
+}
