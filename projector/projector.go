@@ -254,6 +254,13 @@ func (p *Projector) tail(ctx context.Context, bucket string, log *slog.Logger, o
 
 	start := time.Now()
 	startSeq := cp.Applied
+	if info.State.Msgs == 0 && info.State.LastSeq > cp.Applied {
+		// Emptied before it was read (check refuses this past a checkpoint; here the store is new):
+		// the messages it held are gone, which the log must know to refuse points among them.
+		if err := p.db.TailRemoved(bucket, info.State.LastSeq, created); err != nil {
+			return err
+		}
+	}
 	if info.State.Msgs == 0 || info.State.LastSeq <= cp.Applied {
 		p.markSynced(bucket, log, startSeq, start)
 	}

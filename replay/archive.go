@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/klauspost/compress/zstd"
@@ -186,7 +187,8 @@ func gapsOut(gs []store.Gap) []ArchiveGap {
 	return out
 }
 
-// ExportLog writes the provisioner buckets' history from an event log to an archive: every event it
+// ExportLog writes the history of every bucket a seat reads from an event log to an archive: the
+// provisioner's four, then the plans' inputs the log holds (in ExportNATS's order): every event it
 // keeps, with the subject and the headers of its operation written out again (the log keeps the
 // operation, not the headers), and the log's marks, so the archive answers the points the log answers.
 func ExportLog(ctx context.Context, db *store.DB, out, tool string, progress Progress) (ArchiveHeader, error) {
@@ -200,25 +202,49 @@ func ExportLog(ctx context.Context, db *store.DB, out, tool string, progress Pro
 		return ArchiveHeader{}, err
 	}
 	defer v.Close()
+	buckets := provisionerBuckets()
+	var inputs []string
+	for _, b := range v.Buckets() {
+		// The store names every bucket it was asked about; a plans' input is in the log once applied.
+		if !provisioner.IsPlanInput(b) {
+			continue
+		}
+		cp, err := v.Checkpoint(b)
+		if err != nil {
+			w.abort()
+			return ArchiveHeader{}, err
+		}
+		if cp.Applied > 0 || cp.StreamCreated != 0 {
+			inputs = append(inputs, b)
+		}
+	}
+	for _, b := range []string{provisioner.BucketHostModules, provisioner.BucketIndexerBuilds} {
+		if i := slices.Index(inputs, b); i >= 0 {
+			buckets = append(buckets, b)
+			inputs = slices.Delete(inputs, i, i+1)
+		}
+	}
+	slices.Sort(inputs)
+	buckets = append(buckets, inputs...)
 	var done int64
-	for _, s := range provisioner.ProvisionerShapes {
-		cp, err := v.Checkpoint(s.Bucket)
+	for _, bucket := range buckets {
+		cp, err := v.Checkpoint(bucket)
 		if err != nil {
 			w.abort()
 			return ArchiveHeader{}, err
 		}
-		marks, err := v.HistoryMarks(s.Bucket)
+		marks, err := v.HistoryMarks(bucket)
 		if err != nil {
 			w.abort()
 			return ArchiveHeader{}, err
 		}
-		i := w.bucket(ArchiveBucket{Name: s.Bucket, Floor: marks.Floor, FloorTime: marks.FloorTime, Gaps: gapsOut(marks.Gaps)})
+		i := w.bucket(ArchiveBucket{Name: bucket, Floor: marks.Floor, FloorTime: marks.FloorTime, Gaps: gapsOut(marks.Gaps)})
 		if cp.StreamCreated != 0 {
 			w.header.Buckets[i].StreamCreated = time.Unix(0, cp.StreamCreated).UTC()
 		}
-		prefix := provisioner.SubjectPrefix(s.Bucket)
+		prefix := provisioner.SubjectPrefix(bucket)
 		var rerr error
-		err = v.Events(s.Bucket, 0, func(key []byte, ev *store.Event) bool {
+		err = v.Events(bucket, 0, func(key []byte, ev *store.Event) bool {
 			rec := archiveRecord{Bucket: i, Seq: ev.Seq, Time: ev.Time, Subject: prefix + string(key), Headers: projector.HeadersOf(ev.Op)}
 			if ev.Op == provisioner.OpPut {
 				rec.Data = ev.Value
@@ -305,6 +331,11 @@ func ExportNATS(ctx context.Context, js jetstream.JetStream, buckets []string, o
 func exportStream(ctx context.Context, w *archiveWriter, s jetstream.Stream, info *jetstream.StreamInfo, index int, tick func()) error {
 	name := w.header.Buckets[index].Name
 	if info.State.Msgs == 0 {
+		// Emptied, by a purge or an age limit: the messages it held are gone, not absent.
+		if info.State.LastSeq > 0 {
+			w.header.Buckets[index].Gaps = gapsOut([]store.Gap{{From: 1, OpenedAt: info.State.LastSeq + 1}})
+			w.header.Buckets[index].LastSeq = info.State.LastSeq
+		}
 		return nil
 	}
 	cons, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverAllPolicy})
@@ -372,6 +403,25 @@ func exportStream(ctx context.Context, w *archiveWriter, s jetstream.Stream, inf
 			return ctx.Err()
 		}
 	}
+	if prev < info.State.LastSeq {
+		// The read stopped before the stream's end when the export began. When the messages after
+		// the last one read are gone (a purge while exporting), the archive says so with a gap open
+		// from there, as the projector would, so that replay refuses the points among them rather
+		// than answer them as of the last message read. Otherwise the read stopped short.
+		now, err := s.Info(ctx)
+		if err != nil {
+			return fmt.Errorf("read %s: %w", name, err)
+		}
+		if now.State.FirstSeq <= prev+1 && now.State.Msgs > 0 {
+			return fmt.Errorf("read %s: stopped at sequence %d of %d; run export again", name, prev, info.State.LastSeq)
+		}
+		if open == nil {
+			gaps = append(gaps, store.Gap{From: prev + 1})
+			open = &gaps[len(gaps)-1]
+		}
+		open.OpenedAt = max(open.OpenedAt, info.State.LastSeq+1)
+		w.header.Buckets[index].LastSeq = max(w.header.Buckets[index].LastSeq, info.State.LastSeq)
+	}
 	w.header.Buckets[index].Gaps = gapsOut(gaps)
 	return nil
 }
@@ -383,6 +433,9 @@ func FromArchive(ctx context.Context, path string, progress Progress) (*Log, err
 		return nil, err
 	}
 	defer f.Close()
+	if fi, err := f.Stat(); err == nil && fi.Mode().IsRegular() && fi.Size() == 0 {
+		return nil, fmt.Errorf("archive %s is empty", path)
+	}
 	zr, err := zstd.NewReader(bufio.NewReaderSize(f, 1<<16))
 	if err != nil {
 		return nil, fmt.Errorf("archive %s: %w", path, err)
@@ -397,7 +450,7 @@ func FromArchive(ctx context.Context, path string, progress Progress) (*Log, err
 		return nil, fmt.Errorf("archive %s: format %q, want %q", path, h.Format, ArchiveFormat)
 	}
 	if h.Version > ArchiveVersion {
-		return nil, fmt.Errorf("archive %s: version %d is newer than this tool reads (%d)", path, h.Version, ArchiveVersion)
+		return nil, fmt.Errorf("archive %s: version %d is newer than this tool reads (%d): read it with the mesh-provisioner that wrote it (%s) or a newer one", path, h.Version, ArchiveVersion, h.Tool)
 	}
 	l, err := newTemp("archive " + path)
 	if err != nil {
@@ -442,6 +495,12 @@ func FromArchive(ctx context.Context, path string, progress Progress) (*Log, err
 			if rec.Seq != n {
 				return fail(fmt.Errorf("archive %s: the end says %d records, read %d", path, rec.Seq, n))
 			}
+			// Nothing may follow the end: two archives in one file, or bytes appended, are not
+			// this archive, and reading the first alone would hide the rest.
+			var b [1]byte
+			if k, err := io.ReadAtLeast(io.MultiReader(dec.Buffered(), zr), b[:], 1); k > 0 || !errors.Is(err, io.EOF) {
+				return fail(fmt.Errorf("archive %s has data after its end: it is not one archive as export writes it", path))
+			}
 			break
 		}
 		if rec.Bucket < 0 || rec.Bucket >= len(h.Buckets) {
@@ -469,6 +528,12 @@ func FromArchive(ctx context.Context, path string, progress Progress) (*Log, err
 		return fail(err)
 	}
 	for _, b := range h.Buckets {
+		if b.Messages == 0 && !b.StreamCreated.IsZero() {
+			// No record brought the stream's creation time: a time before it still answers empty.
+			if err := l.DB.Apply(b.Name, nil, b.StreamCreated.UnixNano(), false); err != nil {
+				return fail(err)
+			}
+		}
 		m := store.HistoryMarks{Floor: b.Floor, FloorTime: b.FloorTime, Trimmed: b.Floor}
 		for _, g := range b.Gaps {
 			m.Gaps = append(m.Gaps, store.Gap{From: g.From, To: g.To, OpenedAt: g.OpenedAt})

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -56,10 +57,14 @@ func OpenState(stateDir string) (*Log, error) {
 	return &Log{DB: db, Source: "state " + stateDir, dir: dir}, nil
 }
 
-// markSynced says every provisioner bucket of an offline log holds all it will ever hold.
+// markSynced says every bucket of an offline log holds all it will ever hold: the provisioner's, the
+// plans' inputs (a plans answer is synced as mesh-host_modules is), and any other the log holds.
 func markSynced(db *store.DB) {
-	for _, s := range provisioner.ProvisionerShapes {
-		db.SetSynced(s.Bucket, true)
+	for _, b := range append(provisionerBuckets(), provisioner.BucketHostModules, provisioner.BucketIndexerBuilds) {
+		db.SetSynced(b, true)
+	}
+	for _, b := range db.Buckets() {
+		db.SetSynced(b, true)
 	}
 }
 
@@ -183,7 +188,8 @@ func DefaultBuckets(ctx context.Context, js jetstream.JetStream) ([]string, erro
 	out := append(provisionerBuckets(), provisioner.BucketHostModules, provisioner.BucketIndexerBuilds)
 	names := js.StreamNames(ctx)
 	for name := range names.Name() {
-		if b, ok := strings.CutPrefix(name, "KV_"); ok && provisioner.IsPlanInput(b) {
+		// mesh-host_modules and mesh-indexer_builds are plans' inputs too, and already listed.
+		if b, ok := strings.CutPrefix(name, "KV_"); ok && provisioner.IsPlanInput(b) && !slices.Contains(out, b) {
 			out = append(out, b)
 		}
 	}

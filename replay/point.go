@@ -91,17 +91,24 @@ func Resolve(v *store.View, bucket string, p Point) (Resolved, error) {
 		if err := marks.Check(r.Seq); err != nil {
 			return r, err
 		}
-		// Messages the log never saw right after the point may be stamped before the time.
-		if r.Seq < applied.Applied {
-			if err := marks.Check(r.Seq + 1); errors.Is(err, store.ErrGap) {
-				return r, fmt.Errorf("%w: the messages right after sequence %d were removed before they were read, so which of them came before %s is not known", store.ErrGap, r.Seq, p)
-			}
+		// Messages the log never saw right after the point may be stamped before the time: also
+		// past the applied sequence, when the stream's end was removed before it was read
+		// (store.DB.TailRemoved).
+		if err := marks.Check(r.Seq + 1); errors.Is(err, store.ErrGap) {
+			return r, fmt.Errorf("%w: the messages right after sequence %d were removed before they were read, so which of them came before %s is not known", store.ErrGap, r.Seq, p)
 		}
 		return r, nil
 	}
 	r.Seq = min(p.Seq, applied.Applied)
 	if err := marks.Check(r.Seq); err != nil {
 		return r, err
+	}
+	if p.Seq > applied.Applied {
+		// Past what was applied: as of the applied sequence, unless the messages after it were
+		// removed before they were read, and the point is among them.
+		if err := marks.Check(applied.Applied + 1); err != nil {
+			return r, err
+		}
 	}
 	// The registry is read as of the last moment the bucket was in this state.
 	r.RegistryAt = math.MaxInt64

@@ -35,9 +35,14 @@ func (l *Log) Ask(body []byte) ([]byte, error) {
 	return append([]byte(nil), e.Bytes()...), nil
 }
 
+// bucketOfWhat is the bucket whose synced an answer carries; for plans mesh-host_modules', as Handler
+// reads it.
 func bucketOfWhat(what string) string {
 	if s, ok := provisioner.ShapeOfWhat(provisioner.What(what)); ok {
 		return s.Bucket
+	}
+	if what == string(provisioner.WhatPlans) {
+		return provisioner.BucketHostModules
 	}
 	return ""
 }

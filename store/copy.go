@@ -27,17 +27,33 @@ func CopyCurrent(stateDir string) (string, error) {
 	var lastErr error
 	for attempt := 0; attempt < 20; attempt++ {
 		gen, err := readCurrent(stateDir)
+		if errors.Is(err, ErrCorrupt) {
+			return "", fmt.Errorf("%w (run `mesh-provisioner rebuild`)", err)
+		}
 		if err != nil {
 			return "", err
 		}
 		if gen == "" {
-			return "", fmt.Errorf("store: %s holds no projection yet (no %s)", stateDir, currentName)
+			hint := StateDirHint(stateDir)
+			if gens, err := (&StateDir{path: stateDir}).generations(); err == nil && len(gens) > 0 {
+				hint = ": a rebuild that did not finish left a generation; run mesh-provisioner rebuild again to finish it"
+			}
+			return "", fmt.Errorf("store: %s holds no projection yet (no %s)%s", stateDir, currentName, hint)
 		}
 		dir, err := copyGeneration(stateDir, gen)
 		if err == nil {
 			return dir, nil
 		}
 		lastErr = err
+		if errors.Is(err, os.ErrNotExist) {
+			// A swap removes the generation CURRENT named a moment ago; one that CURRENT still names
+			// and that does not exist is a broken state dir.
+			if now, cerr := readCurrent(stateDir); cerr == nil && now == gen {
+				if _, serr := os.Stat(gen); errors.Is(serr, os.ErrNotExist) {
+					return "", fmt.Errorf("%w: %s names %s, which does not exist (run `mesh-provisioner rebuild`)", ErrCorrupt, currentName, gen)
+				}
+			}
+		}
 		if !errors.Is(err, errCopyMoved) && !errors.Is(err, os.ErrNotExist) {
 			return "", err
 		}
@@ -123,6 +139,11 @@ func copyGeneration(stateDir, gen string) (string, error) {
 	}
 	if !slices.Equal(before, after) {
 		return fail(errCopyMoved)
+	}
+	// Open makes a fresh store in a directory without one: a generation without a manifest would be
+	// read as a projection of empty buckets. CURRENT never names one before Open has made it.
+	if !slices.ContainsFunc(before, func(f string) bool { return strings.HasPrefix(f, "MANIFEST-") }) {
+		return fail(fmt.Errorf("%w: the current generation %s holds no store (run `mesh-provisioner rebuild`)", ErrCorrupt, gen))
 	}
 	return tmp, nil
 }

@@ -90,7 +90,10 @@
 //     sequence is past 1). Such a message was superseded by a later one of the same key that was in the
 //     stream when the jump was read, so the gap closes at the first message read afterwards whose
 //     NumPending was 0 (CaughtUp): from there on every point is exact again. Points before the gap
-//     stay exact.
+//     stay exact. A stream emptied before it was read (a purge, an age limit without markers) has no
+//     next message to jump to: TailRemoved opens the gap from applied + 1 all the same, and replay
+//     refuses the points past the applied sequence while it is open, rather than answer them as of
+//     the last message read.
 //
 // # Plans
 //

@@ -234,6 +234,54 @@ func (db *DB) CaughtUp(bucket string, seq uint64) error {
 	return nil
 }
 
+// TailRemoved tells the store that its bucket's stream ends at lastSeq and that every message past the
+// one applied was removed before it was read: a stream emptied by a purge, or by an age limit without
+// markers. No message will say so (Apply records a gap at the jump to the next message read), so the
+// log cannot rebuild a point past the applied sequence: it holds an open gap from there, as a jump
+// does, which the next message read past lastSeq extends and the stream's end closes. streamCreated
+// (Unix ns, 0 when not known) is kept with the checkpoint when it has none, so that a time before
+// the stream was created still answers empty.
+func (db *DB) TailRemoved(bucket string, lastSeq uint64, streamCreated int64) error {
+	if db.closed.Load() {
+		return ErrClosed
+	}
+	db.applyMu.Lock()
+	defer db.applyMu.Unlock()
+	if db.closed.Load() {
+		return ErrClosed
+	}
+	b := db.bucket(bucket)
+	cp := b.cp
+	if lastSeq <= cp.Applied {
+		return nil
+	}
+	if err := db.checkRoom(); err != nil {
+		return err
+	}
+	g, ok := db.openGaps[bucket]
+	if !ok {
+		g = Gap{From: cp.Applied + 1}
+	}
+	g.OpenedAt = max(g.OpenedAt, lastSeq+1)
+	batch := db.pdb.NewBatch()
+	defer batch.Close()
+	if err := batch.Set(gapKey(nil, bucket, g.From), encodeGap(g), nil); err != nil {
+		return err
+	}
+	if cp.StreamCreated == 0 && streamCreated != 0 {
+		cp.StreamCreated = streamCreated
+		if err := batch.Set(checkpointKey(bucket), cp.encode(nil), nil); err != nil {
+			return err
+		}
+	}
+	if err := batch.Commit(pebble.NoSync); err != nil {
+		return fmt.Errorf("record the removed end of %s: %w", bucket, err)
+	}
+	db.openGaps[bucket] = g
+	b.cp = cp
+	return nil
+}
+
 // SetHistoryMarks replaces a bucket's marks: an archive loaded into a temporary store carries the marks
 // of the log it was written from.
 func (db *DB) SetHistoryMarks(bucket string, m HistoryMarks) error {

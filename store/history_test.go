@@ -312,3 +312,42 @@ func TestDB_InterruptedTrimIsExactAndResumes(t *testing.T) {
 		require.Equal(t, rec.states[n], stateAt(t, db, provisioner.BucketNeeds, "", n))
 	}
 }
+
+// A stream whose end was removed before it was read leaves the log an open gap from the applied
+// sequence on, which survives a reopen, merges with the jump to the next message read, and closes
+// at the stream's end as any gap does.
+func TestDB_TailRemoved(t *testing.T) {
+	dir := t.TempDir()
+	db, err := store.OpenState(dir, store.Options{})
+	require.NoError(t, err)
+	b := provisioner.BucketNeeds
+	require.NoError(t, db.Apply(b, []provisioner.Message{put(1, "n1.m.config.a", []byte{1}), put(2, "n1.m.config.b", []byte{2})}, 7, false))
+	require.NoError(t, db.TailRemoved(b, 2, 7), "nothing removed past the applied sequence")
+	require.Empty(t, marks(t, db, b).Gaps)
+
+	require.NoError(t, db.TailRemoved(b, 10, 7))
+	require.Equal(t, []store.Gap{{From: 3, OpenedAt: 11}}, marks(t, db, b).Gaps)
+	require.NoError(t, marks(t, db, b).Check(2))
+	require.ErrorIs(t, marks(t, db, b).Check(3), store.ErrGap)
+	require.Equal(t, int64(7), db.Checkpoint(b).StreamCreated)
+	require.NoError(t, db.Close())
+
+	db, err = store.OpenState(dir, store.Options{})
+	require.NoError(t, err)
+	defer db.Close()
+	require.NoError(t, db.Apply(b, []provisioner.Message{put(12, "n1.m.config.c", []byte{3})}, 7, false))
+	require.Equal(t, []store.Gap{{From: 3, OpenedAt: 12}}, marks(t, db, b).Gaps, "the jump extends the open gap")
+	require.NoError(t, db.CaughtUp(b, 12))
+	m := marks(t, db, b)
+	require.Equal(t, []store.Gap{{From: 3, To: 12, OpenedAt: 12}}, m.Gaps)
+	require.ErrorIs(t, m.Check(11), store.ErrGap)
+	require.NoError(t, m.Check(12))
+
+	// A new store learns the stream's creation time from it.
+	fresh, err := store.Open(t.TempDir(), store.Options{})
+	require.NoError(t, err)
+	defer fresh.Close()
+	require.NoError(t, fresh.TailRemoved(b, 100, 42))
+	require.Equal(t, int64(42), fresh.Checkpoint(b).StreamCreated)
+	require.Equal(t, []store.Gap{{From: 1, OpenedAt: 101}}, marks(t, fresh, b).Gaps)
+}

@@ -53,6 +53,50 @@ func LockState(path string) (*StateDir, error) {
 	return &StateDir{path: path, lock: f}, nil
 }
 
+// ErrNotStateDir marks a --state that holds files of its own and no state dir: most likely the parent
+// of the one meant.
+var ErrNotStateDir = errors.New("store: not a state dir")
+
+// CheckStateDir refuses a directory that holds other files and no state dir (no CURRENT, LOCK or
+// generation), before anything is written in it: a rebuild there fills a second state dir beside the
+// seat's. A state dir that does not exist yet, an empty one, and one holding only lost+found (the root
+// of a volume of its own) are fine. When a subdirectory is a state dir, the error names it.
+func CheckStateDir(path string) error {
+	entries, err := os.ReadDir(path)
+	if err != nil {
+		return nil // missing: created; unreadable: LockState says why
+	}
+	var other []string
+	for _, e := range entries {
+		switch name := e.Name(); {
+		case name == lockName || name == currentName || strings.HasPrefix(name, genPrefix):
+			return nil
+		case name != "lost+found":
+			other = append(other, name)
+		}
+	}
+	if len(other) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: %s holds %s and no %s%s", ErrNotStateDir, path, strings.Join(other[:min(3, len(other))], ", "), currentName, StateDirHint(path))
+}
+
+// StateDirHint names a subdirectory of path that is a state dir (it holds CURRENT), as
+// ": did you mean --state <it>?", or is "".
+func StateDirHint(path string) string {
+	entries, err := os.ReadDir(path)
+	if err != nil {
+		return ""
+	}
+	for _, e := range entries {
+		sub := filepath.Join(path, e.Name())
+		if _, err := os.Stat(filepath.Join(sub, currentName)); err == nil && e.IsDir() {
+			return fmt.Sprintf(": did you mean --state %s?", sub)
+		}
+	}
+	return ""
+}
+
 // Path is the state dir.
 func (s *StateDir) Path() string { return s.path }
 

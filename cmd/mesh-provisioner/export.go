@@ -2,9 +2,12 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -26,6 +29,7 @@ type ExportCommand struct {
 	nats  natsFlags
 	state string
 	out   string
+	force bool
 }
 
 func (c *ExportCommand) flags() *flag.FlagSet {
@@ -34,11 +38,13 @@ func (c *ExportCommand) flags() *flag.FlagSet {
 	c.nats.register(fs, nats.DefaultURL)
 	fs.StringVar(&c.state, "state", "", "export the seat's local event log in this state dir, instead of the streams")
 	fs.StringVar(&c.out, "out", "", "the archive file to write (required)")
+	fs.BoolVar(&c.force, "force", false, "replace --out when it exists (it is replaced only once the new archive is complete)")
 	fs.Usage = func() {
 		fmt.Fprint(c.Stderr, `Usage: mesh-provisioner export --out FILE [--nats URL | --state DIR]
 
-Writes the four buckets' history (sequence, time, subject, headers, data of every message) to an
-archive: zstd-compressed MessagePack records after a header that says what it holds (format version,
+Writes the history of every bucket a seat reads (the provisioner's four and the plans' inputs:
+mesh-host_modules, mesh-indexer_builds, composed-<node>), sequence, time, subject, headers and data of
+every message, to an archive: zstd-compressed MessagePack records after a header that says what it holds (format version,
 tool, buckets, first and last sequence of each, created time, and which points it rebuilds exactly).
 Read it anywhere with: mesh-provisioner replay ... --archive FILE
 
@@ -47,11 +53,12 @@ buckets' history limits already dropped is missing. From --state, the records ar
 log, which outlives the buckets' history; its headers are written again from each message's operation
 (KV-Operation, Nats-Rollup, Nats-Marker-Reason). It works beside a running serve.
 
-The file is written beside FILE under a temporary name and renamed into place once complete.
+The file is written beside FILE under a temporary name and renamed into place once complete, so an
+interrupted export leaves no FILE. A FILE that exists already is kept unless --force is given.
 
 Examples:
   mesh-provisioner export --nats nats://nats.mesh:4222 --out incident.mph
-  mesh-provisioner export --state /var/lib/mesh-provisioner --out incident.mph
+  mesh-provisioner export --state /var/lib/mesh-provisioner/state --out incident.mph
 
 Flags:
 `)
@@ -68,6 +75,12 @@ func (c *ExportCommand) Run(ctx context.Context, args []string) error {
 	}
 	if c.out == "" {
 		return &usageError{msg: "export needs --out FILE"}
+	}
+	if countSources(fs, c.state, "") > 1 {
+		return &usageError{msg: "give one source: --state or --nats"}
+	}
+	if err := checkOut(c.out, c.force); err != nil {
+		return err
 	}
 	var bar *progress.Bar
 	tick := func(done, total int64) {
@@ -109,5 +122,29 @@ func (c *ExportCommand) Run(ctx context.Context, args []string) error {
 		fmt.Fprintf(c.Stdout, "%-28s %8d messages  sequences %d..%d\n", b.Name, b.Messages, b.FirstSeq, b.LastSeq)
 	}
 	fmt.Fprintf(c.Stdout, "wrote %s: %d messages from %s\n", c.out, n, h.Source)
+	return nil
+}
+
+// checkOut checks --out before anything is read: an export of a large mesh takes minutes, and its
+// rename into place was where a directory or a missing parent showed. An archive already there is
+// evidence someone kept, and is replaced only with --force.
+func checkOut(out string, force bool) error {
+	fi, err := os.Stat(out)
+	switch {
+	case err == nil && fi.IsDir():
+		return &usageError{msg: fmt.Sprintf("--out %s is a directory: give the archive's file name", out)}
+	case err == nil && !force:
+		return &usageError{msg: fmt.Sprintf("--out %s exists: give another file, or --force to replace it", out)}
+	case err == nil:
+		return nil
+	case !errors.Is(err, os.ErrNotExist):
+		return fmt.Errorf("--out: %w", err)
+	}
+	dir := filepath.Dir(out)
+	if fi, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
+		return &usageError{msg: fmt.Sprintf("--out %s: the directory %s does not exist", out, dir)}
+	} else if err == nil && !fi.IsDir() {
+		return &usageError{msg: fmt.Sprintf("--out %s: %s is not a directory", out, dir)}
+	}
 	return nil
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -101,6 +102,12 @@ func (c *QueryCommand) Run(ctx context.Context, args []string) error {
 	if what == "" {
 		what = "registry"
 	}
+	if c.timeout <= 0 {
+		return &usageError{msg: fmt.Sprintf("--timeout %s: want how long to wait for each answer, above 0", c.timeout)}
+	}
+	if c.wait != 0 && c.minSeq == 0 {
+		return &usageError{msg: "--wait is how long the seat may wait for --min-seq: give --min-seq too"}
+	}
 	nc, err := c.nats.connect(c.nats.url, "mesh-provisioner query", nil)
 	if err != nil {
 		return err
@@ -130,7 +137,12 @@ func (c *QueryCommand) Run(ctx context.Context, args []string) error {
 		rctx, cancel := context.WithTimeout(ctx, c.timeout)
 		msg, err := nc.RequestWithContext(rctx, query.Subject, body)
 		cancel()
-		if err != nil {
+		switch {
+		case errors.Is(err, nats.ErrNoResponders):
+			return fmt.Errorf("no seat answers %s on %s: is a mesh-provisioner serve running, and connected there? (nats micro ls lists the seats): %w", query.Subject, redact(nc.ConnectedUrl()), err)
+		case errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil:
+			return fmt.Errorf("ask %s: no answer within %s (--timeout): the seat may be overloaded, or stopping", query.Subject, c.timeout)
+		case err != nil:
 			return fmt.Errorf("ask %s: %w", query.Subject, err)
 		}
 		if code := msg.Header.Get(micro.ErrorCodeHeader); code != "" {

@@ -13,6 +13,7 @@ import (
 
 	provisioner "github.com/novox/mesh-provisioner"
 	"github.com/novox/mesh-provisioner/internal/natstest"
+	"github.com/novox/mesh-provisioner/query"
 	"github.com/novox/mesh-provisioner/seat"
 	"github.com/novox/mesh-provisioner/store"
 )
@@ -99,5 +100,35 @@ func TestQueryCommand_InboxPrefix(t *testing.T) {
 			}
 			return nil
 		})
+	}
+}
+
+// query against a NATS where no seat answers says that and what to check, not NATS' "no responders";
+// a seat that does not answer in time says how long it waited and the flag for it; flags that cannot
+// work are a wrong command line.
+func TestQuery_NoSeatOrNoAnswerSaysWhatToCheck(t *testing.T) {
+	ns := natstest.RunServer(t)
+	url := ns.ClientURL()
+	code, _, stderr := run(t, "query", "needs", "--nats", url)
+	require.Equal(t, exitFailure, code, stderr)
+	require.Contains(t, stderr, "no seat answers mesh-provisioner.provisioning")
+	require.Contains(t, stderr, "mesh-provisioner serve")
+
+	nc, _ := natstest.Connect(t, url)
+	sub, err := nc.SubscribeSync(query.Subject) // takes requests, never answers
+	require.NoError(t, err)
+	defer sub.Unsubscribe()
+	code, _, stderr = run(t, "query", "needs", "--nats", url, "--timeout", "200ms")
+	require.Equal(t, exitFailure, code, stderr)
+	require.Contains(t, stderr, "no answer within 200ms")
+	require.Contains(t, stderr, "--timeout")
+
+	for _, args := range [][]string{
+		{"query", "--timeout", "0s"},
+		{"query", "--timeout", "-1s"},
+		{"query", "needs", "--wait", "5s"},
+	} {
+		code, _, stderr := run(t, append(args, "--nats", "nats://127.0.0.1:1")...)
+		require.Equal(t, exitUsage, code, "%v: %s", args, stderr)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"time"
 
@@ -54,7 +55,7 @@ The local event log of the replaced generation is not carried over: what the str
 is gone with it. Keep it first with: mesh-provisioner export --state DIR --out FILE
 
 Example:
-  mesh-provisioner rebuild --nats nats://nats.mesh:4222 --state /var/lib/mesh-provisioner
+  mesh-provisioner rebuild --nats nats://nats.mesh:4222 --state /var/lib/mesh-provisioner/state
 
 Flags:
 `)
@@ -72,6 +73,9 @@ func (c *RebuildCommand) Run(ctx context.Context, args []string) error {
 	log, err := c.logs.logger(c.Stderr)
 	if err != nil {
 		return err
+	}
+	if err := store.CheckStateDir(c.state); err != nil {
+		return &usageError{msg: err.Error()}
 	}
 	sd, err := store.LockState(c.state)
 	if errors.Is(err, store.ErrLocked) {
@@ -94,7 +98,7 @@ func (c *RebuildCommand) Run(ctx context.Context, args []string) error {
 
 	start := time.Now()
 	for attempt := 0; ; attempt++ {
-		gen, resumed, err := rebuildGeneration(sd)
+		gen, resumed, err := rebuildGeneration(sd, log)
 		if err != nil {
 			return err
 		}
@@ -160,9 +164,16 @@ func (c *RebuildCommand) Run(ctx context.Context, args []string) error {
 	}
 }
 
-// rebuildGeneration is the generation to rebuild into: one a killed rebuild left, or a new one.
-func rebuildGeneration(sd *store.StateDir) (string, bool, error) {
+// rebuildGeneration is the generation to rebuild into: one a killed rebuild left, or a new one. A
+// CURRENT that cannot be read is a broken state dir, which is what rebuild is for: no generation is
+// known to be newer than the current one, so none is resumed, and the swap writes CURRENT anew.
+func rebuildGeneration(sd *store.StateDir, log *slog.Logger) (string, bool, error) {
 	pending, err := sd.Pending()
+	if errors.Is(err, store.ErrCorrupt) {
+		log.Warn("the state dir is broken; rebuilding it from scratch", "err", err)
+		gen, err := sd.NewGeneration()
+		return gen, false, err
+	}
 	if err != nil {
 		return "", false, err
 	}

@@ -136,3 +136,83 @@ func checkState(t *testing.T, dir string, last map[string]uint64) {
 		require.Equal(t, seq, db.Checkpoint(b).Applied, fmt.Sprintf("%s applied", b))
 	}
 }
+
+// smallMesh loads a small mesh into a fresh server and returns its URL and each provisioner bucket's
+// last sequence.
+func smallMesh(t *testing.T) (string, map[string]uint64) {
+	t.Helper()
+	ns := natstest.RunServer(t)
+	_, js := natstest.Connect(t, ns.ClientURL())
+	ctx := context.Background()
+	mesh := fixtures.Mesh{Seed: 3, Nodes: 10, Modules: 2, NeedsPerModule: 2, Collections: 2, BadKeys: 1, BadValues: 1}
+	require.NoError(t, fixtures.Load(ctx, js, mesh.Ops(), 0, nil))
+	last := map[string]uint64{}
+	for _, s := range provisioner.ProvisionerShapes[1:] { // the registry is serve's to write
+		st, err := js.Stream(ctx, provisioner.StreamName(s.Bucket))
+		require.NoError(t, err)
+		last[s.Bucket] = st.CachedInfo().State.LastSeq
+	}
+	return ns.ClientURL(), last
+}
+
+// A state dir whose CURRENT cannot be read is what rebuild is for: serve and replay say "run
+// mesh-provisioner rebuild", so rebuild must not refuse it too.
+func TestRebuild_BrokenCurrentIsRebuilt(t *testing.T) {
+	url, last := smallMesh(t)
+	for name, current := range map[string]string{
+		"garbage":        "garbage\n",
+		"path traversal": "../../etc\n",
+		"empty":          "",
+	} {
+		t.Run(name, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "state")
+			out, errOut, code := runCmd(t, "rebuild", "--nats", url, "--state", dir)
+			require.Zero(t, code, errOut)
+			require.NoError(t, os.WriteFile(filepath.Join(dir, "CURRENT"), []byte(current), 0o644))
+			_, err := store.OpenState(dir, store.Options{})
+			require.True(t, store.NeedsRebuild(err), "the damage is one serve says to rebuild: %v", err)
+
+			out, errOut, code = runCmd(t, "rebuild", "--nats", url, "--state", dir)
+			require.Zero(t, code, "rebuild refused the state dir it is the answer to: %s", errOut)
+			require.Contains(t, out, "rebuilt")
+			checkState(t, dir, last)
+			require.Len(t, globGens(t, dir), 1, "the generations CURRENT no longer named are gone")
+		})
+	}
+}
+
+// The seat's state dir is /var/lib/mesh-provisioner/state (the systemd unit, the Kubernetes
+// manifest); an operator who gives its parent, as the commands' own examples did, is told which
+// one was meant. rebuild writes nothing there (it filled a second state dir beside the seat's and
+// said "rebuilt"), and replay does not answer "no projection yet" alone.
+func TestRebuild_TheParentOfAStateDirIsNotOne(t *testing.T) {
+	url, last := smallMesh(t)
+	parent := t.TempDir()
+	dir := filepath.Join(parent, "state")
+	_, errOut, code := runCmd(t, "rebuild", "--nats", url, "--state", dir)
+	require.Zero(t, code, errOut)
+	require.NoError(t, os.Mkdir(filepath.Join(parent, "lost+found"), 0o700))
+
+	_, errOut, code = runCmd(t, "rebuild", "--nats", url, "--state", parent)
+	require.Equal(t, exitUsage, code, errOut)
+	require.Contains(t, errOut, "did you mean --state "+dir)
+	entries, err := os.ReadDir(parent)
+	require.NoError(t, err)
+	require.Len(t, entries, 2, "nothing written beside the state dir")
+
+	for _, args := range [][]string{
+		{"replay", "state", "needs", "--at", "seq:1", "--state", parent},
+		{"export", "--state", parent, "--out", filepath.Join(t.TempDir(), "x.mph")},
+	} {
+		_, errOut, code = runCmd(t, args...)
+		require.Equal(t, exitFailure, code, errOut)
+		require.Contains(t, errOut, "did you mean --state "+dir, args)
+	}
+
+	// A state dir on a volume of its own has lost+found beside its files: still a state dir.
+	vol := t.TempDir()
+	require.NoError(t, os.Mkdir(filepath.Join(vol, "lost+found"), 0o700))
+	_, errOut, code = runCmd(t, "rebuild", "--nats", url, "--state", vol)
+	require.Zero(t, code, errOut)
+	checkState(t, vol, last)
+}

@@ -53,7 +53,8 @@ it. WHAT is registry, needs, applied or collect (state also takes plans, at a ti
 those too, or a bucket's full name.
 
   state    the table as of a point, narrowed like query (--node, --module, --collection, --kind)
-  history  every revision of one key: time, sequence, operation, value
+  history  every revision of one key: time, sequence, operation, value. The key is raw, as stored:
+           a collection in =XX escapes (n17.shell=3Azsh=3Anormal.mod-web), no wildcards
   diff     rows added, changed and removed between two points, and anomalies that appeared or cleared
 
 Sources (one of):
@@ -66,9 +67,9 @@ A point the log cannot rebuild exactly (trimmed by retention, or messages the st
 seat read them) is refused with the nearest points that can be answered, never guessed.
 
 Examples:
-  mesh-provisioner replay state needs --node n17 --at 2026-11-02T03:12:00Z --state /var/lib/mesh-provisioner
+  mesh-provisioner replay state needs --node n17 --at 2026-11-02T03:12:00Z --state /var/lib/mesh-provisioner/state
   mesh-provisioner replay diff applied --node n17 --from 2026-11-02T03:12:00Z --to 2026-11-02T09:00:00Z --archive incident.mph
-  mesh-provisioner replay history needs n17.mod-web.config.port --state /var/lib/mesh-provisioner
+  mesh-provisioner replay history needs n17.mod-web.config.port --state /var/lib/mesh-provisioner/state
 
 Flags:
 `
@@ -140,8 +141,8 @@ func (c *ReplayCommand) Run(ctx context.Context, args []string) error {
 		fs.Usage()
 		return &usageError{msg: fmt.Sprintf("unknown question %q: want state, history or diff", question)}
 	}
-	if c.state != "" && c.archive != "" {
-		return &usageError{msg: "give one source: --state or --archive (or --nats)"}
+	if err := c.oneSource(fs); err != nil {
+		return err
 	}
 	what := "registry"
 	if len(pos) > 0 && question != "history" {
@@ -149,6 +150,30 @@ func (c *ReplayCommand) Run(ctx context.Context, args []string) error {
 	}
 	if what == string(provisioner.WhatPlans) && question != "state" {
 		return &usageError{msg: "plans are replayed with state, at an RFC 3339 time"}
+	}
+	// The points are checked before a source is read: reading the streams or an archive of a large
+	// mesh takes minutes, and a typo should not cost them.
+	var from, to replay.Point
+	switch question {
+	case "state":
+		p, err := replay.ParsePoint(c.at)
+		if err != nil {
+			return &usageError{msg: "--at: " + err.Error()}
+		}
+		if what == string(provisioner.WhatPlans) && !p.IsTime() {
+			return &usageError{msg: fmt.Sprintf("--at %s: plans are read from several buckets, so they are replayed at an RFC 3339 time, not a sequence of one", c.at)}
+		}
+	case "diff":
+		var err error
+		if from, err = replay.ParsePoint(c.from); err != nil {
+			return &usageError{msg: "--from: " + err.Error()}
+		}
+		if to, err = replay.ParsePoint(c.to); err != nil {
+			return &usageError{msg: "--to: " + err.Error()}
+		}
+		if from.IsTime() == to.IsTime() && (from.Time.After(to.Time) || from.Seq > to.Seq) {
+			return &usageError{msg: fmt.Sprintf("--from %s is after --to %s: give the earlier point as --from", c.from, c.to)}
+		}
 	}
 	var req query.Request
 	if question != "history" {
@@ -160,6 +185,9 @@ func (c *ReplayCommand) Run(ctx context.Context, args []string) error {
 	} else {
 		b, err := bucketName(pos[0])
 		if err != nil {
+			return err
+		}
+		if err := checkHistoryKey(pos[0], pos[1]); err != nil {
 			return err
 		}
 		pos[0] = b
@@ -174,10 +202,35 @@ func (c *ReplayCommand) Run(ctx context.Context, args []string) error {
 	case "state":
 		return c.runState(l, req)
 	case "diff":
-		return c.runDiff(l, req)
+		return c.runDiff(l, req, from, to)
 	default:
 		return c.runHistory(l, pos[0], pos[1])
 	}
+}
+
+// oneSource refuses two sources: --state with --archive, or either with a --nats given on the command
+// line (NATS_URL in the environment is the default of --nats, not a choice of source).
+func (c *ReplayCommand) oneSource(fs *flag.FlagSet) error {
+	if n := countSources(fs, c.state, c.archive); n > 1 {
+		return &usageError{msg: "give one source: --state, --archive or --nats"}
+	}
+	return nil
+}
+
+// countSources counts the sources a command line gives: --state, --archive and an explicit --nats.
+func countSources(fs *flag.FlagSet, state, archive string) int {
+	n := 0
+	for _, s := range []string{state, archive} {
+		if s != "" {
+			n++
+		}
+	}
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name == "nats" {
+			n++
+		}
+	})
+	return n
 }
 
 // request builds and checks the verb request the narrowing flags make, as the verb would.
@@ -317,15 +370,7 @@ func anomaliesJSON(as []provisioner.Anomaly) []jsonAnomaly {
 	return out
 }
 
-func (c *ReplayCommand) runDiff(l *replay.Log, req query.Request) error {
-	pf, err := replay.ParsePoint(c.from)
-	if err != nil {
-		return &usageError{msg: "--from: " + err.Error()}
-	}
-	pt, err := replay.ParsePoint(c.to)
-	if err != nil {
-		return &usageError{msg: "--to: " + err.Error()}
-	}
+func (c *ReplayCommand) runDiff(l *replay.Log, req query.Request, pf, pt replay.Point) error {
 	a, err := l.State(req, pf)
 	if err != nil {
 		return answerError(err)
@@ -333,6 +378,11 @@ func (c *ReplayCommand) runDiff(l *replay.Log, req query.Request) error {
 	b, err := l.State(req, pt)
 	if err != nil {
 		return answerError(err)
+	}
+	if a.AsOf > b.AsOf {
+		// A time and a sequence are ordered by the log only: the diff would list every row added in
+		// between as removed.
+		return &usageError{msg: fmt.Sprintf("--from %s (as of sequence %d) is after --to %s (as of sequence %d): give the earlier point as --from", c.from, a.AsOf, c.to, b.AsOf)}
 	}
 	d := replay.DiffStates(a, b)
 	if c.jsonOut {
@@ -494,7 +544,42 @@ func (c *ReplayCommand) runHistory(l *replay.Log, bucketArg, key string) error {
 		fmt.Fprintf(w, "messages from sequence %d to %d were removed from the stream before the seat read them: a revision may be missing there\n", g.From, g.OpenedAt-1)
 	}
 	if len(h.Revisions) == 0 {
-		return &verbError{code: 404, msg: fmt.Sprintf("the log holds no revision of %s in %s", key, bucket)}
+		msg := fmt.Sprintf("the log holds no revision of %s in %s", key, bucket)
+		if raw := rawCollectKey(key); bucket == provisioner.BucketCollect && raw != key {
+			if rh, err := l.History(bucket, raw); err == nil && len(rh.Revisions) > 0 {
+				msg += fmt.Sprintf("; keys are raw, with the collection written in =XX escapes: did you mean %s?", raw)
+			}
+		}
+		return &verbError{code: 404, msg: msg}
 	}
 	return nil
+}
+
+// checkHistoryKey refuses what cannot be one key: nothing, or a NATS wildcard token (no message is
+// ever published on a subject with one, so the log holds no revision of it).
+func checkHistoryKey(bucketArg, key string) error {
+	if key == "" {
+		return &usageError{msg: "replay history takes BUCKET KEY, and the key is empty"}
+	}
+	for _, tok := range strings.Split(key, ".") {
+		if tok == "*" || tok == ">" {
+			return &usageError{msg: fmt.Sprintf("replay history reads one key, and %q is a wildcard: for a node's keys as of a point, use replay state %s --node NODE --at POINT", key, bucketArg)}
+		}
+	}
+	return nil
+}
+
+// rawCollectKey is a collect key as an operator may write it (the collection by its decoded name,
+// shell:zsh:normal, or with lower-case escapes) as it is stored: <node>.<escaped collection>.<contributor>,
+// the collection being every token between the first and the last.
+func rawCollectKey(key string) string {
+	toks := strings.Split(key, ".")
+	if len(toks) < 3 {
+		return key
+	}
+	coll := strings.Join(toks[1:len(toks)-1], ".")
+	if name, err := provisioner.DecodeCollection(coll); err == nil {
+		coll = name
+	}
+	return toks[0] + "." + provisioner.EncodeCollection(coll) + "." + toks[len(toks)-1]
 }

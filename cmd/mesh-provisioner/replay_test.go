@@ -5,9 +5,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
@@ -15,6 +18,7 @@ import (
 	provisioner "github.com/novox/mesh-provisioner"
 	"github.com/novox/mesh-provisioner/fixtures"
 	"github.com/novox/mesh-provisioner/internal/natstest"
+	"github.com/novox/mesh-provisioner/replay"
 )
 
 // runCmd runs a command in-process and returns its output and exit code.
@@ -138,6 +142,13 @@ func TestReplayCommand_Errors(t *testing.T) {
 	_, errOut, code := runCmd(t, "replay", "state", "needs", "--at", "seq:1", "--state", dir)
 	require.Equal(t, exitFailure, code, errOut)
 	require.Contains(t, errOut, "no projection yet")
+
+	// A first rebuild that was killed left a generation and no CURRENT: said, with what to do.
+	require.NoError(t, os.MkdirAll(filepath.Join(dir, "gen-000001"), 0o755))
+	_, errOut, code = runCmd(t, "replay", "state", "needs", "--at", "seq:1", "--state", dir)
+	require.Equal(t, exitFailure, code, errOut)
+	require.Contains(t, errOut, "a rebuild that did not finish")
+	require.Contains(t, errOut, "run mesh-provisioner rebuild again")
 }
 
 func TestReplayCommand_PointTheStreamsNoLongerHoldIs410(t *testing.T) {
@@ -162,4 +173,254 @@ func TestReplayCommand_PointTheStreamsNoLongerHoldIs410(t *testing.T) {
 	out, errOut, code = runCmd(t, "replay", "state", "needs", "--at", "seq:3", "--nats", ns.ClientURL())
 	require.Zero(t, code, errOut)
 	require.Contains(t, out, "2 rows, as of sequence 3")
+}
+
+// replay and export --state on a broken state dir say so and what to do, and answer nothing: an empty
+// answer from a generation that holds nothing would read as "the bucket was empty then".
+func TestReplayCommand_BrokenStateSaysRebuild(t *testing.T) {
+	url, _ := smallMesh(t)
+	for name, damage := range map[string]func(t *testing.T, dir string){
+		"CURRENT names a generation that does not exist": func(t *testing.T, dir string) {
+			require.NoError(t, os.WriteFile(filepath.Join(dir, "CURRENT"), []byte("gen-000042\n"), 0o644))
+		},
+		"CURRENT names an empty generation": func(t *testing.T, dir string) {
+			require.NoError(t, os.Mkdir(filepath.Join(dir, "gen-000042"), 0o755))
+			require.NoError(t, os.WriteFile(filepath.Join(dir, "CURRENT"), []byte("gen-000042\n"), 0o644))
+		},
+		"CURRENT is garbage": func(t *testing.T, dir string) {
+			require.NoError(t, os.WriteFile(filepath.Join(dir, "CURRENT"), []byte("garbage\n"), 0o644))
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "state")
+			_, errOut, code := runCmd(t, "rebuild", "--nats", url, "--state", dir)
+			require.Zero(t, code, errOut)
+			damage(t, dir)
+
+			out, errOut, code := runCmd(t, "replay", "state", "needs", "--at", "seq:5", "--state", dir)
+			require.Equal(t, exitFailure, code, "answered from a broken state dir:\n%s", out)
+			require.Contains(t, errOut, "broken")
+			require.Contains(t, errOut, "mesh-provisioner rebuild")
+
+			archive := filepath.Join(t.TempDir(), "x.mph")
+			_, errOut, code = runCmd(t, "export", "--state", dir, "--out", archive)
+			require.Equal(t, exitFailure, code)
+			require.Contains(t, errOut, "mesh-provisioner rebuild")
+			require.NoFileExists(t, archive)
+
+			left, err := filepath.Glob(filepath.Join(dir, ".replay-*"))
+			require.NoError(t, err)
+			require.Empty(t, left, "the private copies are removed")
+		})
+	}
+}
+
+// An archive holds every bucket a seat reads, each once, from either source: an archive of the seat's
+// log (export --state, the one the docs say to keep before a schema change) answers plans as the log
+// does, and an offline log holds all it ever will, so its plans answers are synced.
+func TestExport_EveryBucketOnceFromEitherSource(t *testing.T) {
+	ns := natstest.RunServer(t)
+	url := ns.ClientURL()
+	_, js := natstest.Connect(t, url)
+	ctx := context.Background()
+	sc := fixtures.Plans()
+	mesh := fixtures.Mesh{Seed: 9, Nodes: 6, Modules: 2, NeedsPerModule: 2, Collections: 1}
+	ops := append(append(mesh.Ops(), sc.Before...), sc.After...)
+	require.NoError(t, fixtures.Load(ctx, js, ops, 0, nil))
+	_, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: provisioner.BucketRegistry}) // as serve would
+	require.NoError(t, err)
+	var streams []string
+	for name := range js.StreamNames(ctx).Name() {
+		streams = append(streams, strings.TrimPrefix(name, "KV_"))
+	}
+	sort.Strings(streams)
+
+	dir := filepath.Join(t.TempDir(), "state")
+	_, errOut, code := runCmd(t, "rebuild", "--nats", url, "--state", dir)
+	require.Zero(t, code, errOut)
+	fromState := filepath.Join(t.TempDir(), "state.mph")
+	fromNATS := filepath.Join(t.TempDir(), "nats.mph")
+	_, errOut, code = runCmd(t, "export", "--state", dir, "--out", fromState)
+	require.Zero(t, code, errOut)
+	out, errOut, code := runCmd(t, "export", "--nats", url, "--out", fromNATS)
+	require.Zero(t, code, errOut)
+	for _, b := range streams {
+		require.Equal(t, 1, strings.Count(out, b+" "), "export lists %s once:\n%s", b, out)
+	}
+	for _, archive := range []string{fromState, fromNATS} {
+		h, err := replay.ReadArchiveHeader(archive)
+		require.NoError(t, err)
+		var names []string
+		for _, b := range h.Buckets {
+			names = append(names, b.Name)
+		}
+		sort.Strings(names)
+		require.Equal(t, streams, names, "%s holds every bucket once", archive)
+	}
+
+	at := time.Now().UTC().Format(time.RFC3339Nano)
+	var answers []string
+	for _, src := range [][]string{{"--state", dir}, {"--nats", url}, {"--archive", fromState}, {"--archive", fromNATS}} {
+		out, errOut, code := runCmd(t, append([]string{"replay", "state", "plans", "--at", at, "--json"}, src...)...)
+		require.Zero(t, code, "%v: %s", src, errOut)
+		var a struct {
+			Rows   []json.RawMessage `json:"rows"`
+			Synced bool              `json:"synced"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(out), &a))
+		require.NotEmpty(t, a.Rows, "%v answers the plans", src)
+		require.True(t, a.Synced, "%v: an offline log is not catching up", src)
+		answers = append(answers, out)
+	}
+	for i := range answers[1:] {
+		require.Equal(t, answers[0], answers[i+1], "source %d answers as --state", i+1)
+	}
+}
+
+// A wrong point is a wrong command line: said at once, before a source is read (reading the streams
+// or an archive of a large mesh takes minutes), with exit 2, alike for state and diff. The source here
+// is a NATS server that is not there: reaching it would fail with exit 1.
+func TestReplayCommand_PointsAreCheckedBeforeTheSourceIsRead(t *testing.T) {
+	gone := []string{"--nats", "nats://127.0.0.1:1"}
+	for _, tc := range []struct {
+		args []string
+		says string
+	}{
+		{[]string{"replay", "state", "needs", "--at", "seq:"}, "--at"},
+		{[]string{"replay", "state", "needs", "--at", "yesterday"}, "--at"},
+		{[]string{"replay", "state", "needs", "--at", "seq:-1"}, "--at"},
+		{[]string{"replay", "state", "plans", "--at", "seq:5"}, "RFC 3339 time"},
+		{[]string{"replay", "diff", "needs", "--from", "seq:x", "--to", "seq:5"}, "--from"},
+		{[]string{"replay", "diff", "needs", "--from", "seq:1", "--to", "2026-13-01T00:00:00Z"}, "--to"},
+		{[]string{"replay", "diff", "needs", "--from", "seq:9", "--to", "seq:5"}, "--from seq:9 is after --to seq:5"},
+		{[]string{"replay", "diff", "needs", "--from", "2026-11-02T10:00:00Z", "--to", "2026-11-02T09:00:00Z"}, "is after --to"},
+	} {
+		t.Run(strings.Join(tc.args[1:], " "), func(t *testing.T) {
+			_, errOut, code := runCmd(t, append(tc.args, gone...)...)
+			require.Equal(t, exitUsage, code, errOut)
+			require.Contains(t, errOut, tc.says)
+		})
+	}
+}
+
+// diff with --from after --to would list every row added since as removed: refused, also when the two
+// points are of different kinds and only the log can order them.
+func TestReplayCommand_DiffFromAfterToIsRefused(t *testing.T) {
+	url, last := smallMesh(t)
+	dir := filepath.Join(t.TempDir(), "state")
+	_, errOut, code := runCmd(t, "rebuild", "--nats", url, "--state", dir)
+	require.Zero(t, code, errOut)
+	later := time.Now().UTC().Format(time.RFC3339Nano)
+	out, errOut, code := runCmd(t, "replay", "diff", "needs", "--from", later, "--to", "seq:1", "--state", dir)
+	require.Equal(t, exitUsage, code, out)
+	require.Contains(t, errOut, fmt.Sprintf("as of sequence %d", last[provisioner.BucketNeeds]))
+	require.Contains(t, errOut, "is after --to seq:1")
+	// The same points the right way round, and a point with itself, are answered.
+	out, errOut, code = runCmd(t, "replay", "diff", "needs", "--from", "seq:1", "--to", later, "--state", dir)
+	require.Zero(t, code, errOut)
+	require.NotContains(t, out, " removed\t")
+	out, errOut, code = runCmd(t, "replay", "diff", "needs", "--from", later, "--to", later, "--state", dir)
+	require.Zero(t, code, errOut)
+	require.Contains(t, out, "no changes")
+}
+
+// One source at a time: a --nats given on the command line beside --state or --archive is not
+// dropped without a word (NATS_URL in the environment, as the runbook sets it, is no choice).
+func TestReplayCommand_OneSource(t *testing.T) {
+	dir := t.TempDir()
+	for _, args := range [][]string{
+		{"replay", "state", "needs", "--at", "seq:1", "--state", dir, "--nats", "nats://127.0.0.1:1"},
+		{"replay", "history", "needs", "n1.m.config.a", "--archive", "x.mph", "--nats", "nats://127.0.0.1:1"},
+		{"export", "--state", dir, "--nats", "nats://127.0.0.1:1", "--out", filepath.Join(dir, "x.mph")},
+	} {
+		_, errOut, code := runCmd(t, args...)
+		require.Equal(t, exitUsage, code, "%v: %s", args, errOut)
+		require.Contains(t, errOut, "one source", args)
+	}
+	t.Setenv("NATS_URL", "nats://127.0.0.1:1")
+	_, errOut, code := runCmd(t, "replay", "state", "needs", "--at", "seq:1", "--state", filepath.Join(dir, "none"))
+	require.Equal(t, exitFailure, code)
+	require.Contains(t, errOut, "no projection yet", "--state is read, NATS_URL is not a second source")
+}
+
+// export --out is checked before anything is read: an archive already there is evidence and is not
+// replaced without --force, and a directory or a missing parent is said at once rather than after
+// the whole export (a directory failed at the final rename, naming a temporary file in its parent).
+func TestExport_OutIsCheckedFirstAndNeverReplacedUnasked(t *testing.T) {
+	dir := t.TempDir()
+	kept := filepath.Join(dir, "incident.mph")
+	require.NoError(t, os.WriteFile(kept, []byte("evidence"), 0o600))
+	gone := []string{"--nats", "nats://127.0.0.1:1"}
+	for _, tc := range []struct {
+		out, says string
+	}{
+		{kept, "exists"},
+		{dir, "is a directory"},
+		{filepath.Join(dir, "no", "such", "x.mph"), "does not exist"},
+	} {
+		_, errOut, code := runCmd(t, append([]string{"export", "--out", tc.out}, gone...)...)
+		require.Equal(t, exitUsage, code, "%s: %s", tc.out, errOut)
+		require.Contains(t, errOut, tc.says)
+	}
+	b, err := os.ReadFile(kept)
+	require.NoError(t, err)
+	require.Equal(t, "evidence", string(b))
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	require.Len(t, entries, 1, "nothing left beside the archive")
+
+	url, _ := smallMesh(t)
+	_, errOut, code := runCmd(t, "export", "--nats", url, "--out", kept)
+	require.Equal(t, exitUsage, code, errOut)
+	out, errOut, code := runCmd(t, "export", "--nats", url, "--out", kept, "--force")
+	require.Zero(t, code, errOut)
+	require.Contains(t, out, "wrote "+kept)
+	h, err := replay.ReadArchiveHeader(kept)
+	require.NoError(t, err)
+	require.Equal(t, replay.ArchiveFormat, h.Format)
+}
+
+// replay history reads one raw key. A wildcard is not one (said at once); a collect key written with
+// its decoded collection name, or with lower-case escapes, is not the raw key either: the answer is
+// still that the log holds no revision of it, but it names the raw key that has them.
+func TestReplayCommand_HistoryOfAKeyAsAnOperatorWritesIt(t *testing.T) {
+	ns := natstest.RunServer(t)
+	url := ns.ClientURL()
+	_, js := natstest.Connect(t, url)
+	ctx := context.Background()
+	raw := "n1.shell=3Azsh=3Anormal.mod-a"
+	require.NoError(t, fixtures.Load(ctx, js, []fixtures.Op{
+		{Bucket: provisioner.BucketCollect, Key: raw, Op: provisioner.OpPut, Value: []byte{1}},
+		{Bucket: provisioner.BucketCollect, Key: "n1.a=2Eb.mod-a", Op: provisioner.OpPut, Value: []byte{2}},
+		{Bucket: provisioner.BucketNeeds, Key: "n1.m.config.a", Op: provisioner.OpPut, Value: []byte{3}},
+	}, 0, nil))
+	dir := filepath.Join(t.TempDir(), "state")
+	_, errOut, code := runCmd(t, "rebuild", "--nats", url, "--state", dir)
+	require.Zero(t, code, errOut)
+
+	out, errOut, code := runCmd(t, "replay", "history", "collect", raw, "--state", dir)
+	require.Zero(t, code, errOut)
+	require.Contains(t, out, "1 revisions of "+raw)
+
+	for key, want := range map[string]string{
+		"n1.shell:zsh:normal.mod-a":     raw,
+		"n1.shell=3azsh=3anormal.mod-a": raw,
+		"n1.a.b.mod-a":                  "n1.a=2Eb.mod-a", // a collection with a dot
+	} {
+		out, errOut, code := runCmd(t, "replay", "history", "collect", key, "--state", dir)
+		require.Equal(t, exitAnswer, code, "%s answered:\n%s", key, out)
+		require.Contains(t, errOut, "404")
+		require.Contains(t, errOut, "did you mean "+want, key)
+	}
+	// A key that is not there at all says so, with no suggestion.
+	_, errOut, code = runCmd(t, "replay", "history", "collect", "n1.nothing.mod-a", "--state", dir)
+	require.Equal(t, exitAnswer, code)
+	require.NotContains(t, errOut, "did you mean")
+
+	for _, key := range []string{"n1.>", "n1.*.config.a", "*", ""} {
+		_, errOut, code := runCmd(t, "replay", "history", "needs", key, "--state", dir)
+		require.Equal(t, exitUsage, code, "%q: %s", key, errOut)
+	}
+	_, errOut, _ = runCmd(t, "replay", "history", "needs", "n1.>", "--state", dir)
+	require.Contains(t, errOut, "replay state needs --node")
 }
