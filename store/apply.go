@@ -265,9 +265,7 @@ func (db *DB) Apply(bucket string, msgs []provisioner.Message, streamCreated int
 	if moved {
 		b := db.bucket(bucket)
 		b.seq.Store(cp.Applied)
-		ch := make(chan struct{})
-		old := b.notify.Swap(&ch)
-		close(*old)
+		b.wake()
 	}
 	return nil
 }

@@ -110,7 +110,7 @@ type bucketState struct {
 	anom   map[string]byte // raw key -> anomaly classes present; under DB.applyMu
 	seq    atomic.Uint64   // cp.Applied, readable without the lock
 	synced atomic.Bool
-	notify atomic.Pointer[chan struct{}] // closed and replaced after each commit that moves seq
+	notify atomic.Pointer[chan struct{}] // closed and replaced after each commit that moves seq (wake)
 }
 
 // OpenState takes the state dir's lock and opens its current generation, creating the first one in an
@@ -378,12 +378,30 @@ func (db *DB) Applied(bucket string) (seq uint64, synced bool) {
 	return b.seq.Load(), b.synced.Load()
 }
 
-// SetSynced records that a bucket's projection has caught up with its stream since start.
+// SetSynced records that a bucket's projection has caught up with its stream since start, and wakes
+// whoever waits on Changed when that changes: a bucket whose stream does not exist yet becomes synced
+// without a commit, and what waits for it (the needs wait for the registry) must not wait for a poll.
 func (db *DB) SetSynced(bucket string, synced bool) {
-	db.bucket(bucket).synced.Store(synced)
+	b := db.bucket(bucket)
+	if b.synced.Swap(synced) == synced {
+		return
+	}
+	db.mu.Lock()
+	defer db.mu.Unlock()
+	if !db.closed.Load() { // else Close has closed the channel for good, under mu
+		b.wake()
+	}
 }
 
-// Changed returns a channel closed at the next commit that moves a bucket's applied sequence.
+// wake closes the bucket's Changed channel and gives it a new one. Each channel is swapped out, and
+// so closed, exactly once, whoever wakes at the same moment; not after Close, which closes the last.
+func (b *bucketState) wake() {
+	ch := make(chan struct{})
+	close(*b.notify.Swap(&ch))
+}
+
+// Changed returns a channel closed at the next commit that moves a bucket's applied sequence, or when
+// its synced flag changes.
 func (db *DB) Changed(bucket string) <-chan struct{} {
 	return *db.bucket(bucket).notify.Load()
 }

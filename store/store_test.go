@@ -235,3 +235,27 @@ func TestRowsView_OnePointInTime(t *testing.T) {
 	}
 	require.Equal(t, []string{"n1.m.config.a", "n1.m.config.b"}, rows(t, db, provisioner.Range{Bucket: b, Index: provisioner.IndexPrimary}))
 }
+
+// Changed wakes when a bucket becomes synced without a commit (a stream not created yet), and marking
+// buckets synced after Close does not close a channel twice.
+func TestDB_SetSyncedWakesChanged(t *testing.T) {
+	db, err := store.Open(t.TempDir(), store.Options{})
+	require.NoError(t, err)
+	ch := db.Changed("b")
+	db.SetSynced("b", true)
+	select {
+	case <-ch:
+	default:
+		t.Fatal("Changed did not wake when the bucket became synced")
+	}
+	ch = db.Changed("b")
+	db.SetSynced("b", true) // no change: no wake
+	select {
+	case <-ch:
+		t.Fatal("Changed woke though nothing changed")
+	default:
+	}
+	require.NoError(t, db.Close())
+	db.SetSynced("b", false)
+	db.SetSynced("b", true)
+}

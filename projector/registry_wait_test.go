@@ -1,0 +1,47 @@
+package projector_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/fixtures"
+	"github.com/novox/mesh-provisioner/internal/natstest"
+	"github.com/novox/mesh-provisioner/projector"
+	"github.com/novox/mesh-provisioner/store"
+)
+
+// The needs wait for the registry; a registry whose bucket does not exist yet is synced at once, and
+// the needs must follow at once rather than at the next poll. Before, a seat started ahead of its own
+// registry answered needs as empty and unsynced for a whole poll.
+func TestProjector_NeedsDoNotWaitAPollForAMissingRegistry(t *testing.T) {
+	ns := natstest.RunServer(t)
+	_, js := natstest.Connect(t, ns.ClientURL())
+	ctx := context.Background()
+	var needs []fixtures.Op
+	for _, op := range (fixtures.Mesh{Seed: 1, Nodes: 2, Modules: 3, NeedsPerModule: 2}).Ops() {
+		if op.Bucket == provisioner.BucketNeeds {
+			needs = append(needs, op)
+		}
+	}
+	if err := fixtures.Load(ctx, js, needs, 0, nil); err != nil {
+		t.Fatal(err)
+	}
+	db, err := store.Open(t.TempDir(), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	const poll = time.Minute
+	p := projector.New(js, db, projector.Options{Buckets: []string{provisioner.BucketRegistry, provisioner.BucketNeeds}, Poll: poll})
+	p.Start(ctx)
+	defer p.Stop()
+	natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		if seq, synced := db.Applied(provisioner.BucketNeeds); seq < uint64(len(needs)) || !synced {
+			return fmt.Errorf("needs applied %d of %d, synced %v", seq, len(needs), synced)
+		}
+		return nil
+	})
+}
