@@ -265,6 +265,21 @@ func waitAnswering(tb testing.TB, nc *nats.Conn, timeout time.Duration, p *proc)
 	}
 }
 
+// waitSynced waits until a seat has logged that it caught up with each bucket's stream, one that
+// existed when the seat started (a bucket not created yet is logged synced too, without applied_seq
+// first): in a queue group the verb does not say which seat answers.
+func waitSynced(tb testing.TB, p *proc, timeout time.Duration, buckets ...string) {
+	tb.Helper()
+	natstest.CheckFor(tb, timeout, 20*time.Millisecond, func() error {
+		for _, b := range buckets {
+			if !strings.Contains(p.logs(), `msg="bucket synced" bucket=`+b+" applied_seq=") {
+				return fmt.Errorf("the seat has not caught up with %s\n%s", b, p.tail())
+			}
+		}
+		return nil
+	})
+}
+
 // waitRegistry waits until the registry bucket holds exactly the compiled table: the seat's registry
 // writer is done, so the truth does not move under a comparison.
 func waitRegistry(tb testing.TB, js jetstream.JetStream, timeout time.Duration) {
