@@ -68,6 +68,9 @@ func (p *Projector) verify(ctx context.Context, bucket string, v *verifier) erro
 	if err != nil {
 		return nil // a failed check proves nothing; the next one asks again
 	}
+	// The Poller keeps this info as read when the request started, after v.last: the next check must
+	// not take it for one newer than this check.
+	v.last = time.Now()
 	return p.check(info, bucket, v)
 }
 
