@@ -45,9 +45,14 @@ type Options struct {
 	// Logger receives the projector's log lines; nil discards them.
 	Logger *slog.Logger
 	// Verify is how often each bucket's stream is checked against the projection while it runs (it
-	// was recreated, or purged; see verify.go), and how often the streams' infos are listed for it; 0
-	// means ten seconds.
+	// was recreated, or purged; see verify.go), and how often the streams' infos are listed for it
+	// when the Projector lists them itself; 0 means DefaultVerify.
 	Verify time.Duration
+	// Streams, when set, is a listing of every stream's info that the owner runs and shares with the
+	// Projector (a seat's, shared with its other projector during a rebuild and with its lag metric),
+	// listing at least every Verify; the Projector then lists nothing itself. Nil: the Projector lists
+	// the streams every Verify on a goroutine of its own.
+	Streams *streaminfo.Poller
 	// OnReset is called when a bucket's stream can no longer be resumed from the checkpoint (it was
 	// recreated, or messages past the checkpoint were removed before they were read). The consumer of
 	// that bucket stops; the owner rebuilds. Nil logs and keeps waiting.
@@ -59,6 +64,9 @@ type Options struct {
 	// seconds. Stream-created advisories pick a new bucket up at once in between.
 	DiscoverEvery time.Duration
 }
+
+// DefaultVerify is how often each bucket's stream is checked when Options.Verify is 0.
+const DefaultVerify = 10 * time.Second
 
 // ErrCannotResume says a bucket's stream no longer holds what the checkpoint follows on from.
 var ErrCannotResume = errors.New("projector: cannot resume from checkpoint")
@@ -80,7 +88,8 @@ type Projector struct {
 	discovered atomic.Bool     // the streams were listed once (always true without Composed)
 	setup      chan struct{}   // bounds consumers being set up at once: a mesh starts thousands
 
-	streams *streaminfo.Poller // every stream's info, listed every Verify, for verify
+	streams    *streaminfo.Poller // every stream's info, listed every Verify or shared, for verify
+	ownStreams bool               // streams is the Projector's own: Start runs it
 }
 
 // New returns a Projector; Start runs it.
@@ -100,7 +109,7 @@ func New(js jetstream.JetStream, db *store.DB, opts Options) *Projector {
 		opts.Poll = time.Second
 	}
 	if opts.Verify <= 0 {
-		opts.Verify = 10 * time.Second
+		opts.Verify = DefaultVerify
 	}
 	log := opts.Logger
 	if log == nil {
@@ -110,7 +119,10 @@ func New(js jetstream.JetStream, db *store.DB, opts Options) *Projector {
 		opts.DiscoverEvery = 30 * time.Second
 	}
 	p := &Projector{js: js, db: db, opts: opts, log: log, tailed: map[string]bool{}, setup: make(chan struct{}, maxSettingUp),
-		streams: streaminfo.New(js)}
+		streams: opts.Streams}
+	if p.streams == nil {
+		p.streams, p.ownStreams = streaminfo.New(js), true
+	}
 	p.discovered.Store(!opts.Composed)
 	return p
 }
@@ -121,11 +133,13 @@ func (p *Projector) Applied() int64 { return p.applied.Load() }
 // Start runs one consumer per bucket until Stop or ctx ends.
 func (p *Projector) Start(ctx context.Context) {
 	ctx, p.cancel = context.WithCancel(ctx)
-	p.wg.Add(1)
-	go func() {
-		defer p.wg.Done()
-		p.streams.Run(ctx, p.opts.Verify, p.log.With("component", "verify"))
-	}()
+	if p.ownStreams {
+		p.wg.Add(1)
+		go func() {
+			defer p.wg.Done()
+			p.streams.Run(ctx, p.opts.Verify, p.log.With("component", "verify"))
+		}()
+	}
 	for _, b := range p.opts.Buckets {
 		p.Add(ctx, b)
 	}
@@ -235,7 +249,7 @@ func (p *Projector) tail(ctx context.Context, bucket string, log *slog.Logger, o
 	if err := p.check(info, bucket, ver); err != nil {
 		return err
 	}
-	verify := func() error { return p.verify(ctx, stream, bucket, ver) }
+	verify := func() error { return p.verify(ctx, bucket, ver) }
 	cfg := jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverAllPolicy}
 	if cp.Applied > 0 {
 		cfg.DeliverPolicy = jetstream.DeliverByStartSequencePolicy

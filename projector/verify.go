@@ -24,12 +24,15 @@ import (
 //     projection does. Checked only when the projection has applied the stream's last sequence: a key
 //     rewritten since, whose older revision the bucket's history limit removed, is not a purge.
 
-// The streams' infos come from one listing of every stream every Options.Verify (streaminfo.Poller,
-// about 256 infos a request), not from one STREAM.INFO request per bucket: a seat with plans tails
-// thousands of composed-<node> buckets. A bucket uses the listed info when the listing started after
-// its last check, so the info is newer than anything that check saw. It asks its own stream instead
-// when there is no such info (the listing fails, or has not returned the stream yet), and also when the listed info ends before the checkpoint: messages written after the listing
-// and applied since are no sign of a truncated stream, but check cannot tell them from one.
+// The streams' infos come from one listing of every stream every Options.Verify or sooner
+// (streaminfo.Poller, about 256 infos a request), not from one STREAM.INFO request per bucket: a seat
+// with plans tails thousands of composed-<node> buckets. The listing is the Projector's own, or one its
+// owner shares (Options.Streams: a seat lists once for its projectors and its lag metric). A bucket
+// uses the kept info when it was read after its last check, so the info is newer than anything that
+// check saw. It asks its own stream instead (through the Poller, so the other readers see the answer
+// too) when there is no such info (the listing fails, or has not returned the stream yet), and also
+// when the kept info ends before the checkpoint: messages written after the listing and applied since
+// are no sign of a truncated stream, but check cannot tell them from one.
 //
 // A bucket checks with the listing as soon as one newer than its last check is in and at least half of
 // Options.Verify has passed, so its checks follow the listings rather than race them; without one, it
@@ -44,7 +47,7 @@ type verifier struct {
 }
 
 // verify checks a bucket's stream against the projection when a check is due; see above.
-func (p *Projector) verify(ctx context.Context, stream jetstream.Stream, bucket string, v *verifier) error {
+func (p *Projector) verify(ctx context.Context, bucket string, v *verifier) error {
 	now := time.Now()
 	since := now.Sub(v.last)
 	if since < p.opts.Verify/2 {
@@ -61,10 +64,13 @@ func (p *Projector) verify(ctx context.Context, stream jetstream.Stream, bucket 
 	v.last = now
 	ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	info, err := stream.Info(ictx)
+	info, err := p.streams.Read(ictx, provisioner.StreamName(bucket))
 	if err != nil {
 		return nil // a failed check proves nothing; the next one asks again
 	}
+	// The Poller keeps this info as read when the request started, after v.last: the next check must
+	// not take it for one newer than this check.
+	v.last = time.Now()
 	return p.check(info, bucket, v)
 }
 

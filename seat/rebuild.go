@@ -32,6 +32,7 @@ func (s *Seat) projectorOptions(db *store.DB, onReset func(string, error)) proje
 	if po.Logger == nil {
 		po.Logger = s.log
 	}
+	po.Streams = s.streams // one listing for the seat, however many projectors it runs
 	if s.cfg.Plans {
 		var buckets []string
 		if po.Buckets == nil {

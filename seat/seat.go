@@ -20,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/internal/streaminfo"
 	"github.com/novox/mesh-provisioner/projector"
 	"github.com/novox/mesh-provisioner/query"
 	"github.com/novox/mesh-provisioner/registry"
@@ -46,6 +47,14 @@ type Config struct {
 	Retention *store.RetentionOptions
 	// Store tunes a store the seat opens itself: the new generation of a rebuild.
 	Store store.Options
+	// Streams, when set, is the listing of every stream's info that the seat runs for its projectors'
+	// stream checks and shares with another reader, the lag metric (metrics.Options.Streams); nil: the
+	// seat makes its own. Either way the seat runs exactly one listing, whatever the number of its
+	// projectors (two during a rebuild), and stops it at Stop.
+	Streams *streaminfo.Poller
+	// ListEvery, when shorter than the projector's Verify (projector.DefaultVerify when 0), is how often
+	// the seat lists the streams: the poll interval of the metrics that share the listing.
+	ListEvery time.Duration
 }
 
 // Seat is a running seat.
@@ -61,12 +70,13 @@ type Seat struct {
 	nc      *nats.Conn // the verb's connection: Stop drains it
 	stopped bool
 
-	cfg    Config
-	js     jetstream.JetStream
-	reader *swapReader
-	ctx    context.Context // the seat's own, for what outlives a rebuild round
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
+	cfg     Config
+	js      jetstream.JetStream
+	streams *streaminfo.Poller // the seat's one listing of every stream's info, run on wg
+	reader  *swapReader
+	ctx     context.Context // the seat's own, for what outlives a rebuild round
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
 
 	mu        sync.Mutex
 	cur       *store.DB
@@ -89,6 +99,15 @@ func Start(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, db *store
 	}
 	s := &Seat{DB: db, log: log, nc: nc, cfg: cfg, js: js, cur: db, reader: newSwapReader(db), rebuildCh: make(chan struct{}, 1)}
 	s.ctx, s.cancel = context.WithCancel(ctx)
+	s.streams = cfg.Streams
+	if s.streams == nil {
+		s.streams = streaminfo.New(js)
+	}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		s.streams.Run(s.ctx, s.listEvery(), log.With("component", "stream-infos"))
+	}()
 	if cfg.WriteRegistry {
 		s.Registry = registry.New(js, provisioner.Registry, cfg.RegistryInterval, log)
 		s.Registry.Start(ctx)
@@ -124,6 +143,19 @@ func Start(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, db *store
 		return nil, err
 	}
 	return s, nil
+}
+
+// listEvery is how often the seat lists every stream's info: every Verify of its projectors, or
+// sooner when the metrics that share the listing poll more often.
+func (s *Seat) listEvery() time.Duration {
+	every := s.cfg.Projector.Verify
+	if every <= 0 {
+		every = projector.DefaultVerify
+	}
+	if s.cfg.ListEvery > 0 && s.cfg.ListEvery < every {
+		every = s.cfg.ListEvery
+	}
+	return every
 }
 
 // compactAfterCatchUp compacts the store once a burst of CompactAfter messages or more has been applied

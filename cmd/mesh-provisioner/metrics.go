@@ -5,9 +5,8 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/novox/mesh-provisioner/internal/metrics"
+	"github.com/novox/mesh-provisioner/internal/streaminfo"
 	"github.com/novox/mesh-provisioner/seat"
 )
 
@@ -19,7 +18,7 @@ type opsFlags struct {
 
 func (f *opsFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "serve /metrics (Prometheus), /healthz and /readyz on this host:port, e.g. 127.0.0.1:9464 (empty: off)")
-	fs.DurationVar(&f.metricsPoll, "metrics-poll", 5*time.Second, "how often the streams' last sequences are read for the lag metric")
+	fs.DurationVar(&f.metricsPoll, "metrics-poll", 5*time.Second, "how often the streams' last sequences are read for the lag metric (the seat lists every stream's info this often, or every 10s if sooner)")
 }
 
 // opsServer serves the metrics, /healthz and /readyz of serve. A nil *opsServer (no --metrics-addr)
@@ -29,13 +28,15 @@ type opsServer struct {
 	http    *metrics.Server
 }
 
-// startOps binds the listener at once (a taken port fails serve at start) and starts the stream
-// poller; stop undoes both. /readyz answers 503 until setSeat names a seat whose buckets are synced.
-func startOps(f opsFlags, js jetstream.JetStream, log *slog.Logger) (*opsServer, error) {
+// startOps binds the listener at once (a taken port fails serve at start) and starts the metrics'
+// stream poller, which reads the seat's listing of every stream's info (streams, run by the seat every
+// poll()) and asks streams themselves while that fails; stop undoes both. /readyz answers 503 until
+// setSeat names a seat whose buckets are synced.
+func startOps(f opsFlags, streams *streaminfo.Poller, log *slog.Logger) (*opsServer, error) {
 	if f.metricsAddr == "" {
 		return nil, nil
 	}
-	m := metrics.New(metrics.Options{Version: Version, JetStream: js, Poll: f.metricsPoll, Logger: log})
+	m := metrics.New(metrics.Options{Version: Version, Streams: streams, Poll: f.metricsPoll, Logger: log})
 	srv, err := metrics.Listen(f.metricsAddr, m.Handler(), log)
 	if err != nil {
 		return nil, err
@@ -43,6 +44,15 @@ func startOps(f opsFlags, js jetstream.JetStream, log *slog.Logger) (*opsServer,
 	m.Start()
 	log.Info("metrics listening", "addr", srv.Addr(), "paths", "/metrics /healthz /readyz")
 	return &opsServer{metrics: m, http: srv}, nil
+}
+
+// poll is how often the metrics read the streams' last sequences, so the seat lists them at least as
+// often; 0 without metrics.
+func (o *opsServer) poll() time.Duration {
+	if o == nil {
+		return 0
+	}
+	return o.metrics.Poll()
 }
 
 // addr is where the listener is bound, or "".

@@ -19,6 +19,7 @@ import (
 	"github.com/novox/mesh-provisioner/fixtures"
 	"github.com/novox/mesh-provisioner/internal/embedded"
 	"github.com/novox/mesh-provisioner/internal/progress"
+	"github.com/novox/mesh-provisioner/internal/streaminfo"
 	"github.com/novox/mesh-provisioner/query"
 	"github.com/novox/mesh-provisioner/seat"
 	"github.com/novox/mesh-provisioner/store"
@@ -144,9 +145,12 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 		"write_registry", !c.noRegistry, "registry_interval", c.registryInterval, "demo", c.demo,
 		"metrics_addr", c.ops.metricsAddr, "log_format", c.logs.format, "log_level", c.logs.level)
 
+	// One listing of every stream's info for the whole seat: its projectors' stream checks and the lag
+	// metric read it. The seat runs it, as often as the shorter of their intervals.
+	streams := streaminfo.New(js)
 	// The listener comes up before the demo load and the seat, so /healthz answers at once and
 	// /readyz says 503 until every bucket is synced.
-	ops, err := startOps(c.ops, js, log)
+	ops, err := startOps(c.ops, streams, log)
 	if err != nil {
 		return err
 	}
@@ -159,7 +163,7 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 	}
 	retention := &store.RetentionOptions{MaxAge: c.historyRetention, MaxBytes: int64(c.historyMaxBytes)}
 	return runSeat(ctx, nc, js, db, seatConfig{log: log, registryInterval: c.registryInterval, writeRegistry: !c.noRegistry, stdout: c.Stdout, demo: c.demo, plans: c.plans,
-		retention: retention, ops: ops, started: func() {
+		retention: retention, ops: ops, streams: streams, started: func() {
 			if c.started != nil {
 				c.started(nc.ConnectedUrl(), ops.addr())
 			}
@@ -170,7 +174,8 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 func runSeat(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, db *store.DB, cfg seatConfig) error {
 	log := cfg.log
 	st, err := seat.Start(ctx, nc, js, db, seat.Config{Version: Version, Logger: log, WriteRegistry: cfg.writeRegistry, RegistryInterval: cfg.registryInterval,
-		Plans: cfg.plans, Observe: cfg.ops.observe(), Retention: cfg.retention, Store: store.Options{Logger: log}})
+		Plans: cfg.plans, Observe: cfg.ops.observe(), Retention: cfg.retention, Store: store.Options{Logger: log},
+		Streams: cfg.streams, ListEvery: cfg.ops.poll()})
 	if err != nil {
 		return err
 	}
@@ -220,6 +225,7 @@ type seatConfig struct {
 	ops              *opsServer // nil without --metrics-addr
 	started          func()     // called once the seat answers
 	retention        *store.RetentionOptions
+	streams          *streaminfo.Poller // the stream info listing the seat runs and the metrics read
 }
 
 // loadDemo loads the demo mesh when the provisioner's buckets are empty or missing, with a progress

@@ -5,10 +5,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 
 	provisioner "github.com/novox/mesh-provisioner"
@@ -156,4 +159,65 @@ func TestServe_MetricsAndLogs(t *testing.T) {
 			}
 		}
 	}
+}
+
+// serve on a NATS user that may not list the streams' infos ($JS.API.STREAM.LIST denied, as for a user
+// set up before the listing existed): the lag metric asks the streams themselves, and follows new
+// messages instead of showing nothing, or the last value listed.
+func TestServe_LagWithoutStreamListPermission(t *testing.T) {
+	conf := filepath.Join(t.TempDir(), "nats.conf")
+	require.NoError(t, os.WriteFile(conf, []byte(`
+accounts {
+  MESH {
+    jetstream: enabled
+    users: [
+      {user: admin, password: admin}
+      {user: seat, password: seat, permissions: {
+        publish: {allow: [">"], deny: ["$JS.API.STREAM.LIST"]}
+        subscribe: {allow: [">"]}
+      }}
+    ]
+  }
+}
+`), 0o644))
+	ns := natstest.RunServerAt(t, "127.0.0.1:-1", t.TempDir(), conf)
+	ctx := context.Background()
+	_, js := natstest.Connect(t, ns.ClientURL(), nats.UserInfo("admin", "admin"))
+	require.NoError(t, fixtures.Load(ctx, js, serveMesh.Ops(), 256, nil))
+
+	s, err := startServe(t.TempDir(), "--nats", ns.ClientURL(), "--user", "seat", "--password", "seat",
+		"--metrics-addr", "127.0.0.1:0", "--metrics-poll", "100ms", "--log-format", "json")
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, s.stop()) })
+	s.waitReady(t)
+
+	// follows waits until the metrics say the needs stream ends at its last sequence, and that the
+	// seat applied it.
+	follows := func() {
+		t.Helper()
+		stream, err := js.Stream(ctx, provisioner.StreamName(provisioner.BucketNeeds))
+		require.NoError(t, err)
+		want := float64(stream.CachedInfo().State.LastSeq)
+		natstest.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error {
+			fams, err := metricstest.Scrape(s.metricsAddr)
+			if err != nil {
+				return err
+			}
+			last, _ := fams.Value("mesh_provisioner_bucket_stream_last_sequence", "bucket", provisioner.BucketNeeds)
+			applied, _ := fams.Value("mesh_provisioner_bucket_applied_sequence", "bucket", provisioner.BucketNeeds)
+			age, ok := fams.Value("mesh_provisioner_bucket_stream_info_age_seconds", "bucket", provisioner.BucketNeeds)
+			if last != want || applied != want || !ok || age > 5 {
+				return fmt.Errorf("needs: stream last %v (the stream's is %v), applied %v, read %vs ago (%v)", last, want, applied, age, ok)
+			}
+			return nil
+		})
+	}
+	follows()
+	kv, err := js.KeyValue(ctx, provisioner.BucketNeeds)
+	require.NoError(t, err)
+	for i := range 5 {
+		_, err := kv.Put(ctx, fmt.Sprintf("%s.mod-late.config.k%d", fixtures.NodeName(1), i), []byte{0x80})
+		require.NoError(t, err)
+	}
+	follows()
 }

@@ -4,10 +4,14 @@
 // What is read when:
 //   - per-bucket positions (applied sequence, synced), anomaly rows by reason and Pebble's figures are
 //     read from the seat at scrape time, so nothing is counted twice and nothing drifts;
-//   - each bucket's stream last sequence comes from a poller that lists every stream's info every
-//     Options.Poll, about 256 streams a request rather than one request per bucket (a seat with plans
-//     tails thousands of composed-<node> buckets); the lag is their difference, so a stuck projector
+//   - each bucket's stream last sequence comes from a listing of every stream's info, about 256
+//     streams a request rather than one request per bucket (a seat with plans tails thousands of
+//     composed-<node> buckets): the seat's own listing, shared (Options.Streams), or one the metrics
+//     run every Options.Poll (Options.JetStream). The lag is their difference, so a stuck projector
 //     shows as a growing lag even when no message reaches it;
+//   - while the listing fails or is late, each poll asks streams for their info itself, a bounded
+//     number of them (poll.go), and every bucket's stream_info_age_seconds says how old its stream
+//     last sequence and lag are;
 //   - verb requests and rebuilds are counted as they happen (ObserveRequest, StartRebuild).
 //
 // The seat may change under the metrics (a rebuild swaps the store): SetSource says which one is
@@ -50,10 +54,19 @@ type Source interface {
 // Options configure Metrics. The zero value is usable (no stream polling).
 type Options struct {
 	Version string
-	// JetStream, when set, is asked for every stream's info every Poll (one listing).
+	// JetStream, when set and Streams is not, is asked for every stream's info every Poll: a listing
+	// of the metrics' own, which each poll waits for (one that gets no answer, as for a user denied
+	// $JS.API.STREAM.LIST, holds the poll up to its 30 s timeout before the streams are asked).
 	JetStream jetstream.JetStream
+	// Streams, when set, is a listing of every stream's info that another owner runs and shares (a
+	// seat's: seat.Config.Streams, listing at least every Poll); the metrics read it and list nothing
+	// themselves. JetStream is then not needed.
+	Streams *streaminfo.Poller
 	// Poll is how often the streams' last sequences are read; 0 means five seconds.
 	Poll time.Duration
+	// ReadsPerPoll bounds the streams a poll asks for their info, beyond the seat's fixed buckets,
+	// while the listing fails or is late (poll.go); 0 means DefaultReadsPerPoll.
+	ReadsPerPoll int
 	// AnomalyScanLimit bounds the anomaly rows read per bucket and scrape to count them by reason; rows
 	// past it are counted under reason "uncounted". 0 means 100000.
 	AnomalyScanLimit int
@@ -71,11 +84,12 @@ type Metrics struct {
 	rebuilds       *prometheus.CounterVec
 	rebuildTook    prometheus.Histogram
 	rebuildRunning prometheus.Gauge
-	pollErrors     prometheus.Counter
 
-	infos     *streaminfo.Poller // nil without Options.JetStream
-	streamsMu sync.Mutex
-	streams   map[string]uint64 // bucket -> stream last sequence, as last polled
+	infos      *streaminfo.Poller // nil without Options.JetStream or Options.Streams
+	ownList    bool               // infos is the metrics' own: each poll lists
+	readErrors atomic.Int64       // STREAM.INFO requests of the polls that failed
+	streamsMu  sync.Mutex
+	streams    map[string]streamRead // bucket -> its stream's last sequence, as last read
 
 	anomMu    sync.Mutex
 	anomKey   string                      // the applied sequences the counts were made at
@@ -103,9 +117,15 @@ func New(opts Options) *Metrics {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	m := &Metrics{opts: opts, log: log, reg: prometheus.NewRegistry(), streams: map[string]uint64{}}
-	if opts.JetStream != nil {
-		m.infos = streaminfo.New(opts.JetStream)
+	if opts.ReadsPerPoll <= 0 {
+		opts.ReadsPerPoll = DefaultReadsPerPoll
+	}
+	m := &Metrics{opts: opts, log: log, reg: prometheus.NewRegistry(), streams: map[string]streamRead{}}
+	switch {
+	case opts.Streams != nil:
+		m.infos = opts.Streams
+	case opts.JetStream != nil:
+		m.infos, m.ownList = streaminfo.New(opts.JetStream), true
 	}
 	m.requests = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "mesh_provisioner_request_duration_seconds",
@@ -125,11 +145,17 @@ func New(opts Options) *Metrics {
 		Name: "mesh_provisioner_rebuild_running",
 		Help: "1 while a rebuild of the state dir runs.",
 	})
-	m.pollErrors = prometheus.NewCounter(prometheus.CounterOpts{
+	infoErrors := prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "mesh_provisioner_stream_info_errors_total",
-		Help: "Stream info listings that failed (the streams' last sequences, and so the lags, are then stale).",
+		Help: "Stream info reads that failed: listings of every stream, and the STREAM.INFO requests the lag falls back to meanwhile (see mesh_provisioner_bucket_stream_info_age_seconds for how old each lag is).",
+	}, func() float64 {
+		n := m.readErrors.Load()
+		if m.infos != nil {
+			n += m.infos.Failures()
+		}
+		return float64(n)
 	})
-	m.reg.MustRegister(m.requests, m.rebuilds, m.rebuildTook, m.rebuildRunning, m.pollErrors,
+	m.reg.MustRegister(m.requests, m.rebuilds, m.rebuildTook, m.rebuildRunning, infoErrors,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		seatCollector{m})
 	for _, r := range []string{"ok", "error"} {
@@ -137,6 +163,10 @@ func New(opts Options) *Metrics {
 	}
 	return m
 }
+
+// Poll is how often the streams' last sequences are read (Options.Poll, or its default): a listing
+// shared through Options.Streams should list at least this often.
+func (m *Metrics) Poll() time.Duration { return m.opts.Poll }
 
 // Registry is the registry /metrics serves.
 func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
@@ -196,9 +226,9 @@ func (m *Metrics) StartRebuild() (done func(err error)) {
 	}
 }
 
-// Start runs the stream poller until Stop, when Options.JetStream is set.
+// Start runs the stream poller until Stop, when Options.JetStream or Options.Streams is set.
 func (m *Metrics) Start() {
-	if m.opts.JetStream == nil || m.cancel != nil {
+	if m.infos == nil || m.cancel != nil {
 		return
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -216,74 +246,6 @@ func (m *Metrics) Stop() {
 		m.cancel()
 	}
 	m.wg.Wait()
-}
-
-// pollLoop reads every bucket's stream last sequence now and every Poll. The first failure is logged,
-// and "recovered" once a poll works again; failures in between are only counted.
-func (m *Metrics) pollLoop(ctx context.Context) {
-	t := time.NewTicker(m.opts.Poll)
-	defer t.Stop()
-	failing := false
-	for {
-		err := m.pollOnce(ctx)
-		if ctx.Err() != nil {
-			return
-		}
-		switch {
-		case err != nil && !failing:
-			m.log.Warn("reading stream info for the lag failed; retrying", "err", err)
-			failing = true
-		case err == nil && failing:
-			m.log.Info("reading stream info recovered")
-			failing = false
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
-}
-
-// pollOnce lists every stream's info once and keeps the last sequence of each bucket's stream; a bucket
-// whose stream the listing did not return has none yet (0). A failed listing is one error: the buckets
-// it returned before failing are updated, the others keep their last value.
-func (m *Metrics) pollOnce(ctx context.Context) error {
-	src := m.source()
-	if src == nil {
-		return nil
-	}
-	read, err := m.infos.List(ctx)
-	if err != nil {
-		if ctx.Err() != nil {
-			return nil
-		}
-		m.pollErrors.Inc()
-		err = fmt.Errorf("listing stream infos: %w", err)
-	}
-	for _, b := range src.Store().Buckets() {
-		var last uint64
-		info, at, ok := m.infos.Info(provisioner.StreamName(b))
-		switch {
-		case ok && !at.Before(read):
-			last = info.State.LastSeq
-		case err != nil:
-			continue // not read this time: keep what the last poll read
-		default:
-			// No stream yet: nothing to be behind of.
-		}
-		m.streamsMu.Lock()
-		m.streams[b] = last
-		m.streamsMu.Unlock()
-	}
-	return err
-}
-
-func (m *Metrics) streamLast(bucket string) (uint64, bool) {
-	m.streamsMu.Lock()
-	defer m.streamsMu.Unlock()
-	v, ok := m.streams[bucket]
-	return v, ok
 }
 
 // Ready says whether the seat answers from projections that have caught up: nil when every bucket is
@@ -386,9 +348,11 @@ var (
 	descApplied = prometheus.NewDesc("mesh_provisioner_bucket_applied_sequence",
 		"The last stream sequence the bucket's projection applied: the as_of of its answers.", []string{"bucket"}, nil)
 	descStreamLast = prometheus.NewDesc("mesh_provisioner_bucket_stream_last_sequence",
-		"The bucket's stream last sequence, as last polled (0 when the stream does not exist).", []string{"bucket"}, nil)
+		"The bucket's stream last sequence, as last read (0 when the stream does not exist); mesh_provisioner_bucket_stream_info_age_seconds says how long ago.", []string{"bucket"}, nil)
+	descStreamAge = prometheus.NewDesc("mesh_provisioner_bucket_stream_info_age_seconds",
+		"Seconds since the bucket's stream last sequence was read: how old its stream_last_sequence and lag are.", []string{"bucket"}, nil)
 	descLag = prometheus.NewDesc("mesh_provisioner_bucket_lag",
-		"Stream sequences the bucket's projection is behind its stream: stream last sequence minus applied sequence, at least 0.", []string{"bucket"}, nil)
+		"Stream sequences the bucket's projection is behind its stream: stream last sequence (as last read) minus applied sequence, at least 0.", []string{"bucket"}, nil)
 	descAnomalies = prometheus.NewDesc("mesh_provisioner_anomaly_rows",
 		"Anomaly rows the projection holds (keys out of shape, values not MessagePack, ...), by bucket and reason code.", []string{"bucket", "reason"}, nil)
 	descApplyCount = prometheus.NewDesc("mesh_provisioner_messages_applied_total",
@@ -421,7 +385,7 @@ var (
 )
 
 func (c seatCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descBuildInfo, descReady, descSynced, descApplied, descStreamLast, descLag,
+	for _, d := range []*prometheus.Desc{descBuildInfo, descReady, descSynced, descApplied, descStreamLast, descStreamAge, descLag,
 		descAnomalies, descApplyCount, descPebbleDisk, descPebbleCompactions, descPebbleCompactDebt, descPebbleCompacting,
 		descPebbleHeld, descPebbleFlushes, descPebbleCacheHits, descPebbleCacheMisses, descPebbleCacheSize, descPebbleReadAmp,
 		descPebbleL0Files, descPebbleMemtable} {
@@ -450,13 +414,15 @@ func (c seatCollector) Collect(ch chan<- prometheus.Metric) {
 	db := src.Store()
 	buckets := db.Buckets()
 	sort.Strings(buckets)
+	now := time.Now()
 	for _, b := range buckets {
 		seq, synced := db.Applied(b)
 		gauge(descApplied, float64(seq), b)
 		gauge(descSynced, b2f(synced), b)
-		if last, ok := m.streamLast(b); ok {
-			gauge(descStreamLast, float64(last), b)
-			gauge(descLag, float64(last-min(last, seq)), b)
+		if r, ok := m.lastRead(b); ok {
+			gauge(descStreamLast, float64(r.last), b)
+			gauge(descStreamAge, max(0, now.Sub(r.at).Seconds()), b)
+			gauge(descLag, float64(r.last-min(r.last, seq)), b)
 		}
 	}
 	for b, by := range m.anomalyCounts(db, buckets) {

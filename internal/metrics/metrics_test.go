@@ -35,6 +35,8 @@ type gate struct {
 	mu     sync.Mutex
 	open   bool
 	queued []*nats.Msg
+	hold   func(subject string) bool // once open, requests it holds wait for Release
+	held   []*nats.Msg
 }
 
 const gatePrefix = "$GATE.API"
@@ -47,6 +49,10 @@ func newGate(t *testing.T, url string) *gate {
 		defer g.mu.Unlock()
 		if !g.open {
 			g.queued = append(g.queued, m)
+			return
+		}
+		if g.hold != nil && g.hold(m.Subject) {
+			g.held = append(g.held, m)
 			return
 		}
 		g.forward(m)
@@ -71,6 +77,35 @@ func (g *gate) Open() {
 		g.forward(m)
 	}
 	g.queued = nil
+}
+
+// Hold keeps the requests whose subject (under gatePrefix) hold accepts until Release.
+func (g *gate) Hold(hold func(subject string) bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.hold = hold
+}
+
+// Held lists the subjects of the requests held now.
+func (g *gate) Held() []string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	var out []string
+	for _, m := range g.held {
+		out = append(out, m.Subject)
+	}
+	return out
+}
+
+// Release forwards the held requests and holds no more.
+func (g *gate) Release() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.hold = nil
+	for _, m := range g.held {
+		g.forward(m)
+	}
+	g.held = nil
 }
 
 func TestMetrics_ReadyzAndLagAfterIngest(t *testing.T) {

@@ -4,15 +4,20 @@
 // each for its info every few seconds is hundreds of requests a second on the JetStream meta leader,
 // where a listing is a handful.
 //
-// A Poller keeps the newest info of each stream with the time its listing started (the info is at
-// least that new). It has no goroutine of its own: the owner calls List when it wants a listing, or
-// runs Run on a goroutine it owns and stops through Run's context.
+// A Poller keeps the newest info of each stream with the time it was read (the time its listing, or
+// its own STREAM.INFO request, started: the info is at least that new). It has no goroutine of its
+// own: the owner calls List when it wants a listing, or runs Run on a goroutine it owns and stops
+// through Run's context. One Poller is meant to be shared by every reader of a process's stream infos
+// (a seat's projectors and its lag metric), so that the account's streams are listed once per interval
+// and not once per reader.
 package streaminfo
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -25,13 +30,17 @@ const listTimeout = 30 * time.Second
 type Poller struct {
 	js jetstream.JetStream
 
-	mu    sync.Mutex
-	infos map[string]entry // stream name -> newest info
+	failures atomic.Int64 // listings that failed (not counting those stopped by their context)
+	every    atomic.Int64 // Run's interval, as a time.Duration; 0 when Run is not running
+
+	mu     sync.Mutex
+	infos  map[string]entry // stream name -> newest info
+	listed time.Time        // when the newest listing that returned every stream started
 }
 
 type entry struct {
 	info *jetstream.StreamInfo
-	read time.Time // when the listing that returned it started
+	read time.Time // when the listing or request that returned it started
 }
 
 // New returns a Poller that lists the streams of js's account.
@@ -54,13 +63,12 @@ func (p *Poller) List(ctx context.Context) (time.Time, error) {
 		}
 		name := info.Config.Name
 		seen[name] = true
-		p.mu.Lock()
-		if e, ok := p.infos[name]; !ok || !e.read.After(start) {
-			p.infos[name] = entry{info: info, read: start}
-		}
-		p.mu.Unlock()
+		p.keep(name, info, start)
 	}
 	if err := l.Err(); err != nil {
+		if ctx.Err() == nil {
+			p.failures.Add(1)
+		}
 		return start, err
 	}
 	p.mu.Lock()
@@ -69,12 +77,46 @@ func (p *Poller) List(ctx context.Context) (time.Time, error) {
 			delete(p.infos, name) // deleted since (or listed by a listing running beside this one)
 		}
 	}
+	if start.After(p.listed) {
+		p.listed = start
+	}
 	p.mu.Unlock()
 	return start, nil
 }
 
-// Info returns the newest info of a stream and when the listing that read it started; ok is false when
-// no listing has returned the stream (yet, or since it was deleted).
+// Read asks one stream for its info (one STREAM.INFO request) and keeps it like a listed one, so every
+// reader of the Poller sees it: the way to a stream's info when the listing fails or is late. A
+// stream that does not exist is forgotten, and Read returns jetstream.ErrStreamNotFound.
+func (p *Poller) Read(ctx context.Context, stream string) (*jetstream.StreamInfo, error) {
+	start := time.Now()
+	s, err := p.js.Stream(ctx, stream)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		p.mu.Lock()
+		if e, ok := p.infos[stream]; ok && e.read.Before(start) {
+			delete(p.infos, stream)
+		}
+		p.mu.Unlock()
+		return nil, err
+	}
+	if err != nil {
+		return nil, err
+	}
+	info := s.CachedInfo()
+	p.keep(stream, info, start)
+	return info, nil
+}
+
+// keep stores an info read at a time unless a newer one is kept already.
+func (p *Poller) keep(name string, info *jetstream.StreamInfo, read time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if e, ok := p.infos[name]; !ok || !e.read.After(read) {
+		p.infos[name] = entry{info: info, read: read}
+	}
+}
+
+// Info returns the newest info of a stream and when the listing or request that read it started; ok
+// is false when nothing has returned the stream (yet, or since it was deleted).
 func (p *Poller) Info(stream string) (info *jetstream.StreamInfo, read time.Time, ok bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -82,13 +124,30 @@ func (p *Poller) Info(stream string) (info *jetstream.StreamInfo, read time.Time
 	return e.info, e.read, ok
 }
 
+// Listed is when the newest listing that completed started: a stream it did not return did not exist
+// then. Zero before the first one completes.
+func (p *Poller) Listed() time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.listed
+}
+
+// Failures is how many listings failed since New (a listing stopped by its context is not counted).
+func (p *Poller) Failures() int64 { return p.failures.Load() }
+
+// Every is the interval Run lists at while it runs, and 0 when it does not: a reader that only reads
+// the Poller can tell a late listing from one that is not due yet.
+func (p *Poller) Every() time.Duration { return time.Duration(p.every.Load()) }
+
 // Run lists the streams now and every `every` until ctx ends. The first failure is logged, and
 // "recovered" once a listing works again; in between the infos get older, and their readers ask each
-// stream themselves.
+// stream themselves (Read).
 func (p *Poller) Run(ctx context.Context, every time.Duration, log *slog.Logger) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	p.every.Store(int64(every))
+	defer p.every.Store(0)
 	t := time.NewTicker(every)
 	defer t.Stop()
 	failing := false

@@ -1,0 +1,107 @@
+package streaminfo_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/require"
+
+	"github.com/novox/mesh-provisioner/internal/natstest"
+	"github.com/novox/mesh-provisioner/internal/streaminfo"
+)
+
+// TestPoller_ListAndRead: a listing keeps every stream's info and says when it started; a stream read
+// on its own is kept beside the listed ones, newest first; a stream deleted since is forgotten by the
+// next listing, or by a read that finds it gone.
+func TestPoller_ListAndRead(t *testing.T) {
+	ns := natstest.RunServer(t)
+	_, js := natstest.Connect(t, ns.ClientURL())
+	ctx := context.Background()
+	for _, b := range []string{"a", "b"} {
+		_, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: b, Storage: jetstream.MemoryStorage})
+		require.NoError(t, err)
+	}
+	p := streaminfo.New(js)
+	require.True(t, p.Listed().IsZero(), "nothing listed yet")
+
+	listed, err := p.List(ctx)
+	require.NoError(t, err)
+	require.Equal(t, listed, p.Listed())
+	info, read, ok := p.Info("KV_a")
+	require.True(t, ok)
+	require.Equal(t, listed, read)
+	require.Zero(t, info.State.LastSeq)
+
+	// A read after the listing is newer: every reader sees it.
+	kv, err := js.KeyValue(ctx, "a")
+	require.NoError(t, err)
+	_, err = kv.Put(ctx, "k", []byte("v"))
+	require.NoError(t, err)
+	got, err := p.Read(ctx, "KV_a")
+	require.NoError(t, err)
+	require.EqualValues(t, 1, got.State.LastSeq)
+	info, read, ok = p.Info("KV_a")
+	require.True(t, ok)
+	require.True(t, read.After(listed))
+	require.EqualValues(t, 1, info.State.LastSeq)
+	require.Equal(t, listed, p.Listed(), "a read is not a listing")
+
+	// Deleted streams are forgotten: by a read that finds it gone, and by the next listing.
+	require.NoError(t, js.DeleteKeyValue(ctx, "a"))
+	require.NoError(t, js.DeleteKeyValue(ctx, "b"))
+	_, err = p.Read(ctx, "KV_a")
+	require.True(t, errors.Is(err, jetstream.ErrStreamNotFound), err)
+	_, _, ok = p.Info("KV_a")
+	require.False(t, ok)
+	_, _, ok = p.Info("KV_b")
+	require.True(t, ok, "not listed again yet")
+	_, err = p.List(ctx)
+	require.NoError(t, err)
+	_, _, ok = p.Info("KV_b")
+	require.False(t, ok)
+	require.Zero(t, p.Failures())
+}
+
+// TestPoller_Run: Run lists at once and every interval, says its interval while it runs, and returns
+// when its context ends; a listing that fails is counted.
+func TestPoller_Run(t *testing.T) {
+	ns := natstest.RunServer(t)
+	nc, js := natstest.Connect(t, ns.ClientURL())
+	p := streaminfo.New(js)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		p.Run(ctx, 20*time.Millisecond, nil)
+	}()
+	var first time.Time
+	natstest.CheckFor(t, 5*time.Second, 5*time.Millisecond, func() error {
+		if first = p.Listed(); first.IsZero() {
+			return errors.New("not listed yet")
+		}
+		return nil
+	})
+	require.Equal(t, 20*time.Millisecond, p.Every())
+	natstest.CheckFor(t, 5*time.Second, 5*time.Millisecond, func() error {
+		if !p.Listed().After(first) {
+			return errors.New("not listed again yet")
+		}
+		return nil
+	})
+	// A closed connection: every listing fails.
+	nc.Close()
+	natstest.CheckFor(t, 5*time.Second, 5*time.Millisecond, func() error {
+		if p.Failures() == 0 {
+			return errors.New("no failure counted")
+		}
+		return nil
+	})
+	cancel()
+	wg.Wait()
+	require.Zero(t, p.Every(), "Run has returned")
+}
