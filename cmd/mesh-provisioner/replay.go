@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -97,6 +98,42 @@ func (c *ReplayCommand) flags() *flag.FlagSet {
 }
 
 // Run answers the question.
+// questionFlags are the flags each question reads besides its source and --json: any other given is
+// refused rather than ignored, since an operator who gives `history --at` or `state --from` expects it
+// to narrow the answer.
+var questionFlags = map[string][]string{
+	"state":   {"at", "node", "module", "contributor", "collection", "kind"},
+	"diff":    {"from", "to", "node", "module", "contributor", "collection", "kind"},
+	"history": {},
+}
+
+// notFor refuses the flags given on the command line that the question does not read.
+func notFor(fs *flag.FlagSet, question string, reads []string) error {
+	var wrong []string
+	fs.Visit(func(f *flag.Flag) {
+		switch f.Name {
+		case "state", "archive", "nats", "creds", "user", "password", "json", "inbox-prefix":
+			return // the source, and how to print
+		}
+		if !slices.Contains(reads, f.Name) {
+			wrong = append(wrong, "--"+f.Name)
+		}
+	})
+	if len(wrong) == 0 {
+		return nil
+	}
+	hint := ""
+	switch question {
+	case "history":
+		hint = ": it lists every revision of the key the source holds (state --at answers as of a point, diff --from --to between two)"
+	case "state":
+		hint = ": it answers as of --at (diff --from --to answers what changed between two points)"
+	case "diff":
+		hint = ": it answers what changed between --from and --to (state --at answers as of one point)"
+	}
+	return &usageError{msg: fmt.Sprintf("replay %s does not read %s%s", question, strings.Join(wrong, ", "), hint)}
+}
+
 func (c *ReplayCommand) Run(ctx context.Context, args []string) error {
 	fs := c.flags()
 	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
@@ -140,6 +177,9 @@ func (c *ReplayCommand) Run(ctx context.Context, args []string) error {
 	default:
 		fs.Usage()
 		return &usageError{msg: fmt.Sprintf("unknown question %q: want state, history or diff", question)}
+	}
+	if err := notFor(fs, question, questionFlags[question]); err != nil {
+		return err
 	}
 	if err := c.oneSource(fs); err != nil {
 		return err

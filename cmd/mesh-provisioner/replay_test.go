@@ -324,6 +324,36 @@ func TestReplayCommand_DiffFromAfterToIsRefused(t *testing.T) {
 	require.Contains(t, out, "no changes")
 }
 
+// A flag the question does not read is refused, not ignored: `history --at` would otherwise list every
+// revision, past the point asked.
+func TestReplayCommand_FlagsTheQuestionDoesNotRead(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "none")
+	for _, tc := range []struct {
+		args []string
+		flag string
+	}{
+		{[]string{"replay", "history", "needs", "n1.m.config.a", "--at", "seq:3"}, "--at"},
+		{[]string{"replay", "history", "needs", "n1.m.config.a", "--from", "seq:1", "--to", "seq:3"}, "--from, --to"},
+		{[]string{"replay", "history", "needs", "n1.m.config.a", "--node", "n1"}, "--node"},
+		{[]string{"replay", "state", "needs", "--at", "seq:1", "--to", "seq:3"}, "--to"},
+		{[]string{"replay", "diff", "needs", "--from", "seq:1", "--to", "seq:3", "--at", "seq:2"}, "--at"},
+	} {
+		_, errOut, code := runCmd(t, append(tc.args, "--state", dir)...)
+		require.Equal(t, exitUsage, code, "%v: %s", tc.args, errOut)
+		require.Contains(t, errOut, "does not read "+tc.flag, tc.args)
+	}
+	// What each question reads is still taken: these reach the source (none here) and fail there.
+	for _, args := range [][]string{
+		{"replay", "history", "needs", "n1.m.config.a", "--json"},
+		{"replay", "state", "needs", "--at", "seq:1", "--node", "n1", "--module", "m", "--kind", "config"},
+		{"replay", "diff", "collect", "--from", "seq:1", "--to", "seq:3", "--collection", "c", "--contributor", "m"},
+	} {
+		_, errOut, code := runCmd(t, append(args, "--state", dir)...)
+		require.Equal(t, exitFailure, code, "%v: %s", args, errOut)
+		require.Contains(t, errOut, "no projection yet", args)
+	}
+}
+
 // One source at a time: a --nats given on the command line beside --state or --archive is not
 // dropped without a word (NATS_URL in the environment, as the runbook sets it, is no choice).
 func TestReplayCommand_OneSource(t *testing.T) {
