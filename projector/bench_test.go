@@ -108,16 +108,11 @@ func BenchmarkStreamLimit(b *testing.B) {
 func loadNeeds(b *testing.B) (jetstream.JetStream, []fixtures.Op) {
 	ns := natstest.RunServer(b)
 	_, js := natstest.Connect(b, ns.ClientURL())
-	var needs []fixtures.Op
 	nodes := 400
 	if n, err := strconv.Atoi(os.Getenv("BENCH_NODES")); err == nil && n > 0 {
 		nodes = n
 	}
-	for _, op := range (fixtures.Mesh{Seed: 1, Nodes: nodes, Modules: 25, NeedsPerModule: 10}).Ops() {
-		if op.Bucket == provisioner.BucketNeeds {
-			needs = append(needs, op)
-		}
-	}
+	needs := (fixtures.Mesh{Seed: 1, Nodes: nodes, Modules: 25, NeedsPerModule: 10}).OpsOf(provisioner.BucketNeeds)
 	if err := fixtures.Load(context.Background(), js, needs, 16384, nil); err != nil {
 		b.Fatal(err)
 	}

@@ -23,12 +23,7 @@ func TestProjector_CatchUpHoldsCompactionsUntilItEnds(t *testing.T) {
 	ns := natstest.RunServer(t)
 	_, js := natstest.Connect(t, ns.ClientURL())
 	ctx := context.Background()
-	var needs []fixtures.Op
-	for _, op := range (fixtures.Mesh{Seed: 1, Nodes: 20, Modules: 5, NeedsPerModule: 20}).Ops() {
-		if op.Bucket == provisioner.BucketNeeds {
-			needs = append(needs, op)
-		}
-	}
+	needs := (fixtures.Mesh{Seed: 1, Nodes: 20, Modules: 5, NeedsPerModule: 20}).OpsOf(provisioner.BucketNeeds)
 	require.NoError(t, fixtures.Load(ctx, js, needs, 1024, nil))
 
 	for run := 0; run < 3; run++ {

@@ -20,12 +20,7 @@ func TestProjector_NeedsDoNotWaitAPollForAMissingRegistry(t *testing.T) {
 	ns := natstest.RunServer(t)
 	_, js := natstest.Connect(t, ns.ClientURL())
 	ctx := context.Background()
-	var needs []fixtures.Op
-	for _, op := range (fixtures.Mesh{Seed: 1, Nodes: 2, Modules: 3, NeedsPerModule: 2}).Ops() {
-		if op.Bucket == provisioner.BucketNeeds {
-			needs = append(needs, op)
-		}
-	}
+	needs := (fixtures.Mesh{Seed: 1, Nodes: 2, Modules: 3, NeedsPerModule: 2}).OpsOf(provisioner.BucketNeeds)
 	if err := fixtures.Load(ctx, js, needs, 0, nil); err != nil {
 		t.Fatal(err)
 	}

@@ -84,11 +84,9 @@ func benchServer(b *testing.B) *Server {
 			ms := byBucket[provisioner.BucketRegistry]
 			byBucket[provisioner.BucketRegistry] = append(ms, provisioner.Message{Seq: uint64(len(ms) + 1), Key: e.Kind, Op: provisioner.OpPut, Value: e.Value(), Time: 1.7e18})
 		}
-		for _, op := range (fixtures.Mesh{Seed: 1, Nodes: 400, Modules: 25, NeedsPerModule: 10}).Ops() {
-			if op.Bucket == provisioner.BucketNeeds {
-				ms := byBucket[op.Bucket]
-				byBucket[op.Bucket] = append(ms, provisioner.Message{Seq: uint64(len(ms) + 1), Key: op.Key, Op: op.Op, Value: op.Value, Time: 1.7e18 + int64(len(ms))*1237})
-			}
+		for _, op := range (fixtures.Mesh{Seed: 1, Nodes: 400, Modules: 25, NeedsPerModule: 10}).OpsOf(provisioner.BucketNeeds) {
+			ms := byBucket[op.Bucket]
+			byBucket[op.Bucket] = append(ms, provisioner.Message{Seq: uint64(len(ms) + 1), Key: op.Key, Op: op.Op, Value: op.Value, Time: 1.7e18 + int64(len(ms))*1237})
 		}
 		for _, bucket := range []string{provisioner.BucketRegistry, provisioner.BucketNeeds} {
 			ms := byBucket[bucket]

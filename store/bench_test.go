@@ -22,10 +22,8 @@ func BenchmarkView_NodeRows(b *testing.B) {
 	}
 	defer db.Close()
 	var msgs []provisioner.Message
-	for _, op := range (fixtures.Mesh{Seed: 1, Nodes: 400, Modules: 25, NeedsPerModule: 10}).Ops() {
-		if op.Bucket == provisioner.BucketNeeds {
-			msgs = append(msgs, provisioner.Message{Seq: uint64(len(msgs) + 1), Key: op.Key, Op: provisioner.OpPut, Value: op.Value})
-		}
+	for _, op := range (fixtures.Mesh{Seed: 1, Nodes: 400, Modules: 25, NeedsPerModule: 10}).OpsOf(provisioner.BucketNeeds) {
+		msgs = append(msgs, provisioner.Message{Seq: uint64(len(msgs) + 1), Key: op.Key, Op: provisioner.OpPut, Value: op.Value})
 	}
 	for i := 0; i < len(msgs); i += 4096 {
 		if err := db.Apply(provisioner.BucketNeeds, msgs[i:min(i+4096, len(msgs))], 0, false); err != nil {

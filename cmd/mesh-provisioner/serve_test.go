@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -165,22 +163,7 @@ func TestServe_MetricsAndLogs(t *testing.T) {
 // set up before the listing existed): the lag metric asks the streams themselves, and follows new
 // messages instead of showing nothing, or the last value listed.
 func TestServe_LagWithoutStreamListPermission(t *testing.T) {
-	conf := filepath.Join(t.TempDir(), "nats.conf")
-	require.NoError(t, os.WriteFile(conf, []byte(`
-accounts {
-  MESH {
-    jetstream: enabled
-    users: [
-      {user: admin, password: admin}
-      {user: seat, password: seat, permissions: {
-        publish: {allow: [">"], deny: ["$JS.API.STREAM.LIST"]}
-        subscribe: {allow: [">"]}
-      }}
-    ]
-  }
-}
-`), 0o644))
-	ns := natstest.RunServerAt(t, "127.0.0.1:-1", t.TempDir(), conf)
+	ns := natstest.RunServerDeniedStreamList(t)
 	ctx := context.Background()
 	_, js := natstest.Connect(t, ns.ClientURL(), nats.UserInfo("admin", "admin"))
 	require.NoError(t, fixtures.Load(ctx, js, serveMesh.Ops(), 256, nil))

@@ -3,8 +3,6 @@ package metrics_test
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
@@ -175,24 +173,6 @@ func TestMetrics_SeatListsStreamsOncePerInterval(t *testing.T) {
 	listings("after the rebuild")
 }
 
-// deniedListConf is a nats-server configuration with an account whose seat user may do everything but
-// list the streams' infos ($JS.API.STREAM.LIST), as a seat whose NATS user was set up before the
-// listing existed.
-const deniedListConf = `
-accounts {
-  MESH {
-    jetstream: enabled
-    users: [
-      {user: admin, password: admin}
-      {user: seat, password: seat, permissions: {
-        publish: {allow: [">"], deny: ["$JS.API.STREAM.LIST"]}
-        subscribe: {allow: [">"]}
-      }}
-    ]
-  }
-}
-`
-
 // TestMetrics_LagFollowsStreamsWithoutListPermission: a seat user denied $JS.API.STREAM.LIST gets no
 // listing, so the lag metric asks the streams themselves: the fixed buckets every poll, the others a
 // bounded share per poll, those read longest ago first. The gauges follow new messages instead of
@@ -201,9 +181,7 @@ func TestMetrics_LagFollowsStreamsWithoutListPermission(t *testing.T) {
 	const poll = 100 * time.Millisecond
 	const composed = 12
 	const perPoll = 3
-	conf := filepath.Join(t.TempDir(), "nats.conf")
-	require.NoError(t, os.WriteFile(conf, []byte(deniedListConf), 0o644))
-	ns := natstest.RunServerAt(t, "127.0.0.1:-1", t.TempDir(), conf)
+	ns := natstest.RunServerDeniedStreamList(t)
 	url := ns.ClientURL()
 	ctx := context.Background()
 	anc, ajs := natstest.Connect(t, url, nats.UserInfo("admin", "admin"))

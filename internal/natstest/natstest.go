@@ -6,6 +6,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strconv"
 	"testing"
 	"time"
@@ -27,6 +29,33 @@ func RunServer(tb testing.TB) *server.Server {
 }
 
 // RunServerAt starts a nats-server on listen with a given store dir and optional config file.
+// RunServerDeniedStreamList runs a server with JetStream whose account has two users: admin (password
+// admin) may do everything, seat (password seat) everything but list the streams' infos
+// ($JS.API.STREAM.LIST), as a seat whose NATS user was set up before the seat listed them.
+func RunServerDeniedStreamList(tb testing.TB) *server.Server {
+	tb.Helper()
+	conf := filepath.Join(tb.TempDir(), "nats.conf")
+	if err := os.WriteFile(conf, []byte(deniedStreamListConf), 0o644); err != nil {
+		tb.Fatal(err)
+	}
+	return RunServerAt(tb, "127.0.0.1:-1", tb.TempDir(), conf)
+}
+
+const deniedStreamListConf = `
+accounts {
+  MESH {
+    jetstream: enabled
+    users: [
+      {user: admin, password: admin}
+      {user: seat, password: seat, permissions: {
+        publish: {allow: [">"], deny: ["$JS.API.STREAM.LIST"]}
+        subscribe: {allow: [">"]}
+      }}
+    ]
+  }
+}
+`
+
 func RunServerAt(tb testing.TB, listen, storeDir, configFile string) *server.Server {
 	tb.Helper()
 	ns, err := embedded.Start(embedded.Config{Listen: listen, StoreDir: storeDir, ConfigFile: configFile})
