@@ -175,14 +175,22 @@ func (s *Server) Stop() {
 func (s *Server) handle(req micro.Request) {
 	start := time.Now()
 	r, format, err := DecodeRequest(req.Data())
-	if err == nil && r.MinSeq > 0 && r.At == "" && s.ctx.Err() == nil {
+	if err != nil {
+		// A bad request is answered here, on the subscription's goroutine: its answer costs nothing to
+		// write, and micro counts an error in its stats (num_errors, last_error) only when the handler
+		// reports it before returning. Errors found while answering, by the workers, are not counted
+		// there (the Prometheus metrics count every answer by code).
+		s.answerError(req, &r, format, err, start, true)
+		return
+	}
+	if r.MinSeq > 0 && r.At == "" && s.ctx.Err() == nil {
 		// A wait must not hold up the requests behind it: answer from a goroutine of its own (once
 		// stopping, it ends at once, and is answered here).
 		if b := bucketOf(&r); b == "" || appliedSeq(s.r, b) < uint64(r.MinSeq) {
 			s.wg.Add(1)
 			go func() {
 				defer s.wg.Done()
-				s.respond(req, &r, format, nil, start)
+				s.respond(req, &r, format, start)
 			}()
 			return
 		}
@@ -193,10 +201,10 @@ func (s *Server) handle(req micro.Request) {
 	defer s.jobsMu.RUnlock()
 	if s.jobs == nil || s.jobsClosed {
 		// micro drains its subscription after Stop: a late request is answered here.
-		s.respond(req, &r, format, err, start)
+		s.respond(req, &r, format, start)
 		return
 	}
-	s.jobs <- job{req: req, r: r, format: format, err: err, start: start}
+	s.jobs <- job{req: req, r: r, format: format, start: start}
 }
 
 // job is a decoded request waiting for a worker.
@@ -204,7 +212,6 @@ type job struct {
 	req    micro.Request
 	r      Request
 	format Format
-	err    error
 	start  time.Time
 }
 
@@ -221,7 +228,7 @@ func (s *Server) startWorkers() {
 		go func() {
 			defer s.workers.Done()
 			for j := range s.jobs {
-				s.respond(j.req, &j.r, j.format, j.err, j.start)
+				s.respond(j.req, &j.r, j.format, j.start)
 			}
 		}()
 	}
@@ -232,42 +239,58 @@ func appliedSeq(r applied, bucket string) uint64 {
 	return seq
 }
 
-func (s *Server) respond(req micro.Request, r *Request, format Format, err error, start time.Time) {
+// respond answers a decoded request.
+func (s *Server) respond(req micro.Request, r *Request, format Format, start time.Time) {
 	e := s.pool.Get().(*Encoder)
 	defer func() { s.pool.Put(e) }()
 	max := maxAnswer(s.nc)
 	e.SetMaxBytes(max)
-	if err == nil {
-		if page := s.takeAhead(r, format); page != nil {
-			s.pool.Put(e)
-			e = page
-		} else {
-			err = s.Answer(s.ctx, r, format, e)
-			if err == nil && max > 0 && len(e.Bytes()) > max {
-				err = tooLarge(len(e.Bytes()), max) // an answer not bounded by limits.go: say so, not time out
-			}
-		}
-		if err == nil {
-			s.readNextAhead(r, format, e) // the next page is written while this one travels
+	var err error
+	if page := s.takeAhead(r, format); page != nil {
+		s.pool.Put(e)
+		e = page
+	} else {
+		err = s.Answer(s.ctx, r, format, e)
+		if err == nil && max > 0 && len(e.Bytes()) > max {
+			err = tooLarge(len(e.Bytes()), max) // an answer not bounded by limits.go: say so, not time out
 		}
 	}
-	code := 200
 	if err != nil {
-		code = Code(err)
-		msg := clipText(err.Error())
-		if code == 500 {
-			s.log.Error("answer failed", "what", r.What, "err", err)
-		}
-		body := ErrorBody(format, msg)
-		// The micro convention's headers, sent with Respond: req.Error records the error on the request,
-		// which micro reads when the handler returns, and answers are written by workers after that.
-		hdr := micro.Headers{micro.ErrorCodeHeader: []string{strconv.Itoa(code)}, micro.ErrorHeader: []string{msg}}
-		if rerr := req.Respond(body, micro.WithHeaders(hdr)); rerr != nil {
-			s.log.Debug("respond", "err", rerr)
-		}
-	} else if rerr := req.Respond(e.Bytes()); rerr != nil {
+		s.answerError(req, r, format, err, start, false)
+		return
+	}
+	s.readNextAhead(r, format, e) // the next page is written while this one travels
+	if rerr := req.Respond(e.Bytes()); rerr != nil {
 		s.log.Debug("respond", "err", rerr)
 	}
+	s.observe(r, 200, start)
+}
+
+// answerError answers err with the micro convention's headers and an {"error": ...} body. In the
+// handler (inline) it goes through req.Error, which micro counts in its stats; a worker answers after
+// the handler has returned, when micro no longer reads what req.Error records, so it sends the same
+// headers with Respond.
+func (s *Server) answerError(req micro.Request, r *Request, format Format, err error, start time.Time, inline bool) {
+	code := Code(err)
+	msg := clipText(err.Error())
+	if code == 500 {
+		s.log.Error("answer failed", "what", r.What, "err", err)
+	}
+	body := ErrorBody(format, msg)
+	var rerr error
+	if inline && msg != "" { // micro refuses an empty description
+		rerr = req.Error(strconv.Itoa(code), msg, body)
+	} else {
+		hdr := micro.Headers{micro.ErrorCodeHeader: []string{strconv.Itoa(code)}, micro.ErrorHeader: []string{msg}}
+		rerr = req.Respond(body, micro.WithHeaders(hdr))
+	}
+	if rerr != nil {
+		s.log.Debug("respond", "err", rerr)
+	}
+	s.observe(r, code, start)
+}
+
+func (s *Server) observe(r *Request, code int, start time.Time) {
 	if s.opts.Observe != nil {
 		s.opts.Observe(r.What, code, time.Since(start))
 	}

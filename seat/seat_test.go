@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/nats-io/nats.go/micro"
 	"sort"
 	"strings"
 	"testing"
@@ -508,6 +509,22 @@ func TestSeat_BadRequests(t *testing.T) {
 			require.Equal(t, "registry", a.What)
 		})
 	}
+	// The requests that cannot be decoded are answered in micro's handler, so micro counts them as the
+	// endpoint's errors (nats micro stats); the others are found by the workers, after it returned.
+	decodeErrors := 0
+	for _, tc := range cases {
+		if _, _, err := query.DecodeRequest(tc.body); err != nil {
+			decodeErrors++
+		}
+	}
+	require.Greater(t, decodeErrors, 20)
+	msg, err := h.nc.Request("$SRV.STATS."+query.ServiceName, nil, 5*time.Second)
+	require.NoError(t, err)
+	var stats micro.Stats
+	require.NoError(t, json.Unmarshal(msg.Data, &stats))
+	require.Len(t, stats.Endpoints, 1)
+	require.Equal(t, decodeErrors, stats.Endpoints[0].NumErrors, "errors micro counted")
+	require.NotEmpty(t, stats.Endpoints[0].LastError)
 }
 
 // startBenchSeat starts a seat for a benchmark on its own connection and state dir.
