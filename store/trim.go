@@ -196,6 +196,8 @@ func (t *trimmer) event(key string, seq uint64) (int, error) {
 		_, perr := provisioner.ParseKey(*t.composed, key)
 		plans = perr == nil
 	}
+	// Read from the value now: it lives in the iterator's memory, which keptBefore moves.
+	published := plans && provisioner.PublishesPlan(&m)
 	deleted := 0
 	k, met := t.kept[key]
 	if !met {
@@ -207,7 +209,7 @@ func (t *trimmer) event(key string, seq uint64) (int, error) {
 	switch {
 	case m.Op == provisioner.OpPut:
 		next = keptEvents{newest: seq, published: k.published}
-		if plans && provisioner.PublishesPlan(&m) {
+		if published {
 			next.published = seq
 		}
 	case m.Op == provisioner.OpDelete && k.published != 0:
