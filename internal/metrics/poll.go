@@ -25,9 +25,9 @@ import (
 //     mesh-host_modules and mesh-indexer_builds), plus at most Options.ReadsPerPoll others
 //     (composed-<node> buckets), those read longest ago first, so they take turns. A poll therefore
 //     never sends more than 6 + ReadsPerPoll requests (70 by default, 14 a second at the default 5 s
-//     poll), however many buckets the seat tails, and stops starting new ones after a poll interval; a
-//     seat with N composed-<node> buckets reads each at least every ceil(N / ReadsPerPoll) polls (4,000
-//     buckets: every 63 polls, about 5 minutes).
+//     poll), however many buckets the seat tails, and stops after a poll interval (what is left is read
+//     at the next poll, not counted as failed); a seat with N composed-<node> buckets reads each at
+//     least every ceil(N / ReadsPerPoll) polls (4,000 buckets: every 63 polls, about 5 minutes).
 //
 // The reads go through the Poller, so the seat's projectors can check their streams from them too, and
 // the metrics take whatever the Poller read last, by whichever reader.
@@ -156,6 +156,7 @@ func (m *Metrics) readStale(ctx context.Context, buckets []string) error {
 	defer cancel()
 	var first error
 	failed := 0
+reads:
 	for _, b := range todo {
 		if pctx.Err() != nil {
 			break
@@ -171,6 +172,10 @@ func (m *Metrics) readStale(ctx context.Context, buckets []string) error {
 			m.set(b, streamRead{last: 0, at: at})
 		case ctx.Err() != nil:
 			return nil
+		case pctx.Err() != nil:
+			// The poll's time is up, not the server's answer: the buckets left are read at the next
+			// poll, and their age gauges say how old their readings are meanwhile.
+			break reads
 		default:
 			m.readErrors.Add(1)
 			failed++
