@@ -44,8 +44,9 @@ func (c *ExportCommand) flags() *flag.FlagSet {
 
 Writes the history of every bucket a seat reads (the provisioner's four and the plans' inputs:
 mesh-host_modules, mesh-indexer_builds, composed-<node>), sequence, time, subject, headers and data of
-every message, to an archive: zstd-compressed MessagePack records after a header that says what it holds (format version,
-tool, buckets, first and last sequence of each, created time, and which points it rebuilds exactly).
+every message, to an archive: zstd-compressed MessagePack records after a header that says what it
+holds (format version, tool, buckets, first and last sequence of each, created time, and which points
+it rebuilds exactly).
 Read it anywhere with: mesh-provisioner replay ... --archive FILE
 
 From the streams (the default) the records are the messages as stored, headers and all, and what the
