@@ -63,7 +63,16 @@ type Options struct {
 	// DiscoverEvery is how often the streams are listed for new composed-<node> buckets; 0 means 30
 	// seconds. Stream-created advisories pick a new bucket up at once in between.
 	DiscoverEvery time.Duration
+	// AskPerSecond bounds the STREAM.INFO requests the stream checks of composed-<node> buckets send
+	// when the listing has nothing new for them (it fails, say for a user without
+	// $JS.API.STREAM.LIST): at most this many a second, so that thousands of buckets do not mean
+	// hundreds of requests a second; 0 means DefaultAskPerSecond. The other buckets always ask.
+	AskPerSecond int
 }
+
+// DefaultAskPerSecond is Options.AskPerSecond when it is 0: with 4,000 composed-<node> buckets and no
+// listing, each is checked about every 200 s.
+const DefaultAskPerSecond = 20
 
 // DefaultVerify is how often each bucket's stream is checked when Options.Verify is 0.
 const DefaultVerify = 10 * time.Second
@@ -90,6 +99,9 @@ type Projector struct {
 
 	streams    *streaminfo.Poller // every stream's info, listed every Verify or shared, for verify
 	ownStreams bool               // streams is the Projector's own: Start runs it
+
+	askMu   sync.Mutex
+	nextAsk time.Time // when a composed-<node> bucket's check may next ask its stream (mayAsk)
 }
 
 // New returns a Projector; Start runs it.
@@ -114,6 +126,9 @@ func New(js jetstream.JetStream, db *store.DB, opts Options) *Projector {
 	log := opts.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
+	}
+	if opts.AskPerSecond <= 0 {
+		opts.AskPerSecond = DefaultAskPerSecond
 	}
 	if opts.DiscoverEvery <= 0 {
 		opts.DiscoverEvery = 30 * time.Second

@@ -37,7 +37,9 @@ import (
 // A bucket checks with the listing as soon as one newer than its last check is in and at least half of
 // Options.Verify has passed, so its checks follow the listings rather than race them; without one, it
 // checks once one and a half Options.Verify have passed, late enough that a listing merely slower than
-// the last one does not send each bucket to ask its own.
+// the last one does not send each bucket to ask its own. Composed-<node> buckets ask their streams
+// at most Options.AskPerSecond times a second in all (mayAsk): without a listing, thousands of them
+// would otherwise send hundreds of requests a second, so each is then checked less often.
 
 // verifier remembers when the bucket was last checked, and how far the live-message check has looked,
 // so each check reads only the events the stream's head moved past since the last one.
@@ -61,6 +63,9 @@ func (p *Projector) verify(ctx context.Context, bucket string, v *verifier) erro
 	if since < p.opts.Verify+p.opts.Verify/2 {
 		return nil
 	}
+	if !p.mayAsk(bucket, now) {
+		return nil // asked again at the bucket's next tick
+	}
 	v.last = now
 	ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
@@ -72,6 +77,21 @@ func (p *Projector) verify(ctx context.Context, bucket string, v *verifier) erro
 	// not take it for one newer than this check.
 	v.last = time.Now()
 	return p.check(info, bucket, v)
+}
+
+// mayAsk reports whether a check may ask its bucket's stream now: always for the seat's fixed buckets,
+// and for composed-<node> buckets at most Options.AskPerSecond times a second, whichever asks first.
+func (p *Projector) mayAsk(bucket string, now time.Time) bool {
+	if _, composed := provisioner.ComposedNode(bucket); !composed {
+		return true
+	}
+	p.askMu.Lock()
+	defer p.askMu.Unlock()
+	if now.Before(p.nextAsk) {
+		return false
+	}
+	p.nextAsk = now.Add(time.Second / time.Duration(p.opts.AskPerSecond))
+	return true
 }
 
 func (p *Projector) check(info *jetstream.StreamInfo, bucket string, v *verifier) error {

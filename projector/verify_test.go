@@ -97,3 +97,69 @@ func TestProjector_VerifyListsStreamsNotEachBucket(t *testing.T) {
 	}
 	t.Logf("STREAM.INFO requests until the purge was found: %d", infos.Load())
 }
+
+// TestProjector_AskingStreamsIsBoundedWithoutListing: a user denied $JS.API.STREAM.LIST gets no
+// listing, so the checks ask the streams themselves; composed-<node> buckets ask at most
+// Options.AskPerSecond times a second in all, not once per bucket per interval, and a purge is still
+// found.
+func TestProjector_AskingStreamsIsBoundedWithoutListing(t *testing.T) {
+	const buckets = 60
+	const verify = 200 * time.Millisecond
+	const perSecond = 10
+	ns := natstest.RunServerDeniedStreamList(t)
+	nc, js := natstest.Connect(t, ns.ClientURL(), nats.UserInfo("admin", "admin"))
+	ctx := context.Background()
+	for i := range buckets {
+		kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: fmt.Sprintf("composed-n%04d", i), History: 1, Storage: jetstream.MemoryStorage})
+		require.NoError(t, err)
+		_, err = kv.Put(ctx, "web.1", []byte{0x80})
+		require.NoError(t, err)
+	}
+	var infos atomic.Int64
+	sub, err := nc.Subscribe("$JS.API.STREAM.INFO.>", func(*nats.Msg) { infos.Add(1) })
+	require.NoError(t, err)
+	defer sub.Unsubscribe()
+	require.NoError(t, nc.Flush())
+
+	db, err := store.Open(t.TempDir(), store.Options{})
+	require.NoError(t, err)
+	defer db.Close()
+	reset := make(chan error, 1)
+	_, pjs := natstest.Connect(t, ns.ClientURL(), nats.UserInfo("seat", "seat"))
+	p := projector.New(pjs, db, projector.Options{Buckets: []string{}, Composed: true, Poll: 20 * time.Millisecond, Verify: verify,
+		AskPerSecond: perSecond, OnReset: func(_ string, reason error) {
+			select {
+			case reset <- reason:
+			default:
+			}
+		}})
+	p.Start(ctx)
+	defer p.Stop()
+	natstest.CheckFor(t, 20*time.Second, 50*time.Millisecond, func() error {
+		for i := range buckets {
+			if seq, synced := db.Applied(fmt.Sprintf("composed-n%04d", i)); seq == 0 || !synced {
+				return fmt.Errorf("composed-n%04d: applied %d, synced %v", i, seq, synced)
+			}
+		}
+		return nil
+	})
+
+	// One ask per bucket every 1.5 intervals would be 60 / 0.3 s = 200 a second.
+	const window = 2 * time.Second
+	infos.Store(0)
+	time.Sleep(window)
+	got := infos.Load()
+	t.Logf("STREAM.INFO over %v with %d buckets and no listing: %d", window, buckets, got)
+	require.LessOrEqual(t, got, int64(perSecond*window/time.Second)+2, "the asks are bounded")
+	require.Positive(t, got, "the checks still ask")
+
+	stream, err := js.Stream(ctx, "KV_composed-n0007")
+	require.NoError(t, err)
+	require.NoError(t, stream.Purge(ctx))
+	select {
+	case reason := <-reset:
+		require.True(t, errors.Is(reason, projector.ErrCannotResume), reason)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the purge was not found")
+	}
+}
