@@ -101,7 +101,7 @@ type Projector struct {
 	ownStreams bool               // streams is the Projector's own: Start runs it
 
 	askMu   sync.Mutex
-	nextAsk time.Time // when a composed-<node> bucket's check may next ask its stream (mayAsk)
+	lastAsk time.Time // the last slot a composed-<node> bucket's check reserved to ask its stream (mayAsk)
 }
 
 // New returns a Projector; Start runs it.

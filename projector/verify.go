@@ -39,13 +39,14 @@ import (
 // checks once one and a half Options.Verify have passed, late enough that a listing merely slower than
 // the last one does not send each bucket to ask its own. Composed-<node> buckets ask their streams
 // at most Options.AskPerSecond times a second in all (mayAsk): without a listing, thousands of them
-// would otherwise send hundreds of requests a second, so each is then checked less often.
+// would otherwise send hundreds of requests a second, so each is then checked less often, in turn.
 
 // verifier remembers when the bucket was last checked, and how far the live-message check has looked,
 // so each check reads only the events the stream's head moved past since the last one.
 type verifier struct {
 	checkedBelow uint64 // no live message below this
 	last         time.Time
+	askAt        time.Time // the slot reserved to ask the stream (mayAsk); zero when none is
 }
 
 // verify checks a bucket's stream against the projection when a check is due; see above.
@@ -57,13 +58,13 @@ func (p *Projector) verify(ctx context.Context, bucket string, v *verifier) erro
 	}
 	info, read, ok := p.streams.Info(provisioner.StreamName(bucket))
 	if ok && read.After(v.last) && info.State.LastSeq >= p.db.Checkpoint(bucket).Applied {
-		v.last = now
+		v.last, v.askAt = now, time.Time{}
 		return p.check(info, bucket, v)
 	}
 	if since < p.opts.Verify+p.opts.Verify/2 {
 		return nil
 	}
-	if !p.mayAsk(bucket, now) {
+	if !p.mayAsk(bucket, v, now) {
 		return nil // asked again at the bucket's next tick
 	}
 	v.last = now
@@ -79,18 +80,27 @@ func (p *Projector) verify(ctx context.Context, bucket string, v *verifier) erro
 	return p.check(info, bucket, v)
 }
 
-// mayAsk reports whether a check may ask its bucket's stream now: always for the seat's fixed buckets,
-// and for composed-<node> buckets at most Options.AskPerSecond times a second, whichever asks first.
-func (p *Projector) mayAsk(bucket string, now time.Time) bool {
+// mayAsk reports whether a check may ask its bucket's stream now: always for the seat's fixed buckets;
+// a composed-<node> bucket first reserves a slot, 1/Options.AskPerSecond after the last one reserved
+// (or now), and asks once it has come. Slots go in the order buckets come due, so none waits for
+// luck, and a bucket gone never holds the others up.
+func (p *Projector) mayAsk(bucket string, v *verifier, now time.Time) bool {
 	if _, composed := provisioner.ComposedNode(bucket); !composed {
 		return true
 	}
-	p.askMu.Lock()
-	defer p.askMu.Unlock()
-	if now.Before(p.nextAsk) {
+	if v.askAt.IsZero() {
+		p.askMu.Lock()
+		v.askAt = p.lastAsk.Add(time.Second / time.Duration(p.opts.AskPerSecond))
+		if v.askAt.Before(now) {
+			v.askAt = now
+		}
+		p.lastAsk = v.askAt
+		p.askMu.Unlock()
+	}
+	if now.Before(v.askAt) {
 		return false
 	}
-	p.nextAsk = now.Add(time.Second / time.Duration(p.opts.AskPerSecond))
+	v.askAt = time.Time{}
 	return true
 }
 

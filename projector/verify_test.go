@@ -28,44 +28,10 @@ func TestProjector_VerifyListsStreamsNotEachBucket(t *testing.T) {
 	ns := natstest.RunServer(t)
 	nc, js := natstest.Connect(t, ns.ClientURL())
 	ctx := context.Background()
-
-	for i := range buckets {
-		kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: fmt.Sprintf("composed-n%04d", i), History: 1, Storage: jetstream.MemoryStorage})
-		require.NoError(t, err)
-		_, err = kv.Put(ctx, "web.1", []byte{0x80})
-		require.NoError(t, err)
-	}
-
-	var infos, lists atomic.Int64
-	for subj, n := range map[string]*atomic.Int64{"$JS.API.STREAM.INFO.>": &infos, "$JS.API.STREAM.LIST": &lists} {
-		sub, err := nc.Subscribe(subj, func(*nats.Msg) { n.Add(1) })
-		require.NoError(t, err)
-		defer sub.Unsubscribe()
-	}
-	require.NoError(t, nc.Flush())
-
-	db, err := store.Open(t.TempDir(), store.Options{})
-	require.NoError(t, err)
-	defer db.Close()
-	reset := make(chan error, 1)
+	composedBuckets(t, js, buckets)
+	infos, lists := countRequests(t, nc, "$JS.API.STREAM.INFO.>"), countRequests(t, nc, "$JS.API.STREAM.LIST")
 	_, pjs := natstest.Connect(t, ns.ClientURL())
-	p := projector.New(pjs, db, projector.Options{Buckets: []string{}, Composed: true, Poll: 50 * time.Millisecond, Verify: verify,
-		OnReset: func(_ string, reason error) {
-			select {
-			case reset <- reason:
-			default:
-			}
-		}})
-	p.Start(ctx)
-	defer p.Stop()
-	natstest.CheckFor(t, 20*time.Second, 50*time.Millisecond, func() error {
-		for i := range buckets {
-			if seq, synced := db.Applied(fmt.Sprintf("composed-n%04d", i)); seq == 0 || !synced {
-				return fmt.Errorf("composed-n%04d: applied %d, synced %v", i, seq, synced)
-			}
-		}
-		return nil
-	})
+	reset := tailComposed(t, pjs, buckets, projector.Options{Poll: 50 * time.Millisecond, Verify: verify})
 	require.Positive(t, infos.Load(), "the subscriber sees the API requests: each bucket's setup asks its stream's info once")
 
 	// Steady state: count the requests over a few verify intervals.
@@ -105,44 +71,14 @@ func TestProjector_VerifyListsStreamsNotEachBucket(t *testing.T) {
 func TestProjector_AskingStreamsIsBoundedWithoutListing(t *testing.T) {
 	const buckets = 60
 	const verify = 200 * time.Millisecond
-	const perSecond = 10
+	const perSecond = 20
 	ns := natstest.RunServerDeniedStreamList(t)
 	nc, js := natstest.Connect(t, ns.ClientURL(), nats.UserInfo("admin", "admin"))
 	ctx := context.Background()
-	for i := range buckets {
-		kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: fmt.Sprintf("composed-n%04d", i), History: 1, Storage: jetstream.MemoryStorage})
-		require.NoError(t, err)
-		_, err = kv.Put(ctx, "web.1", []byte{0x80})
-		require.NoError(t, err)
-	}
-	var infos atomic.Int64
-	sub, err := nc.Subscribe("$JS.API.STREAM.INFO.>", func(*nats.Msg) { infos.Add(1) })
-	require.NoError(t, err)
-	defer sub.Unsubscribe()
-	require.NoError(t, nc.Flush())
-
-	db, err := store.Open(t.TempDir(), store.Options{})
-	require.NoError(t, err)
-	defer db.Close()
-	reset := make(chan error, 1)
+	composedBuckets(t, js, buckets)
+	infos := countRequests(t, nc, "$JS.API.STREAM.INFO.>")
 	_, pjs := natstest.Connect(t, ns.ClientURL(), nats.UserInfo("seat", "seat"))
-	p := projector.New(pjs, db, projector.Options{Buckets: []string{}, Composed: true, Poll: 20 * time.Millisecond, Verify: verify,
-		AskPerSecond: perSecond, OnReset: func(_ string, reason error) {
-			select {
-			case reset <- reason:
-			default:
-			}
-		}})
-	p.Start(ctx)
-	defer p.Stop()
-	natstest.CheckFor(t, 20*time.Second, 50*time.Millisecond, func() error {
-		for i := range buckets {
-			if seq, synced := db.Applied(fmt.Sprintf("composed-n%04d", i)); seq == 0 || !synced {
-				return fmt.Errorf("composed-n%04d: applied %d, synced %v", i, seq, synced)
-			}
-		}
-		return nil
-	})
+	reset := tailComposed(t, pjs, buckets, projector.Options{Poll: 20 * time.Millisecond, Verify: verify, AskPerSecond: perSecond})
 
 	// One ask per bucket every 1.5 intervals would be 60 / 0.3 s = 200 a second.
 	const window = 2 * time.Second
@@ -162,4 +98,59 @@ func TestProjector_AskingStreamsIsBoundedWithoutListing(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("the purge was not found")
 	}
+}
+
+// composedBuckets creates n composed-<node> buckets (composed-n0000, ...) of one composition each.
+func composedBuckets(t *testing.T, js jetstream.JetStream, n int) {
+	t.Helper()
+	ctx := context.Background()
+	for i := range n {
+		kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: fmt.Sprintf("composed-n%04d", i), History: 1, Storage: jetstream.MemoryStorage})
+		require.NoError(t, err)
+		_, err = kv.Put(ctx, "web.1", []byte{0x80})
+		require.NoError(t, err)
+	}
+}
+
+// countRequests counts the messages on subject that nc's account sees: the JetStream API requests
+// every connection of the account sends.
+func countRequests(t *testing.T, nc *nats.Conn, subject string) *atomic.Int64 {
+	t.Helper()
+	var n atomic.Int64
+	sub, err := nc.Subscribe(subject, func(*nats.Msg) { n.Add(1) })
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	require.NoError(t, nc.Flush())
+	return &n
+}
+
+// tailComposed runs a projector of the composed-<node> buckets only, into a store of its own, until
+// it has applied each of the n; the returned channel receives the first reset's reason.
+func tailComposed(t *testing.T, js jetstream.JetStream, n int, opts projector.Options) <-chan error {
+	t.Helper()
+	db, err := store.Open(t.TempDir(), store.Options{})
+	require.NoError(t, err)
+	reset := make(chan error, 1)
+	opts.Buckets, opts.Composed = []string{}, true
+	opts.OnReset = func(_ string, reason error) {
+		select {
+		case reset <- reason:
+		default:
+		}
+	}
+	p := projector.New(js, db, opts)
+	p.Start(context.Background())
+	t.Cleanup(func() {
+		p.Stop()
+		db.Close()
+	})
+	natstest.CheckFor(t, 20*time.Second, 50*time.Millisecond, func() error {
+		for i := range n {
+			if seq, synced := db.Applied(fmt.Sprintf("composed-n%04d", i)); seq == 0 || !synced {
+				return fmt.Errorf("composed-n%04d: applied %d, synced %v", i, seq, synced)
+			}
+		}
+		return nil
+	})
+	return reset
 }
