@@ -44,6 +44,9 @@ type Writer struct {
 	table    provisioner.RegistryTable
 	interval time.Duration
 	log      *slog.Logger
+	// Replicas is the registry bucket's replicas when the Writer creates it (0 means 1); set it
+	// before Start. A bucket that exists is used as it is.
+	Replicas int
 
 	// retryMin and retryMax bound the backoff after a failed pass.
 	retryMin, retryMax time.Duration
@@ -195,13 +198,13 @@ func (w *Writer) Pass(ctx context.Context) (int, error) {
 func (w *Writer) bucket(ctx context.Context) (jetstream.KeyValue, error) {
 	kv, err := w.js.KeyValue(ctx, provisioner.BucketRegistry)
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
-		kv, err = w.js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: provisioner.BucketRegistry, History: 8,
+		kv, err = w.js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: provisioner.BucketRegistry, History: 8, Replicas: w.Replicas,
 			Description: "mesh-provisioner: which domain answers which kind of placeholder"})
 		if errors.Is(err, jetstream.ErrBucketExists) {
 			kv, err = w.js.KeyValue(ctx, provisioner.BucketRegistry)
 		}
 		if err == nil {
-			w.log.Info("registry bucket created", "bucket", provisioner.BucketRegistry)
+			w.log.Info("registry bucket created", "bucket", provisioner.BucketRegistry, "replicas", max(w.Replicas, 1))
 		}
 	}
 	if err != nil {

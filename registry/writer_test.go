@@ -151,6 +151,34 @@ func TestWriter_FreshBucket(t *testing.T) {
 	}
 }
 
+// In a cluster the writer creates the bucket with the replicas it is given (serve's
+// --registry-replicas), so the registry outlives the loss of one server; a bucket that exists is
+// used as it is.
+func TestWriter_CreatesWithReplicas(t *testing.T) {
+	c := natstest.RunCluster(t, 3)
+	ctx := context.Background()
+	_, js := natstest.Connect(t, c.URLs())
+	w := registry.New(js, provisioner.Registry, time.Hour, nil)
+	w.Replicas = 3
+	natstest.CheckFor(t, 30*time.Second, 100*time.Millisecond, func() error {
+		_, err := w.Pass(ctx) // the cluster's meta leader may still be elected
+		return err
+	})
+	s, err := js.Stream(ctx, provisioner.StreamName(provisioner.BucketRegistry))
+	require.NoError(t, err)
+	require.Equal(t, 3, s.CachedInfo().Config.Replicas)
+	require.NoError(t, equalsContract(t, js))
+
+	// Another writer, given other replicas, keeps the bucket as it is.
+	w2 := registry.New(js, provisioner.Registry, time.Hour, nil)
+	w2.Replicas = 1
+	_, err = w2.Pass(ctx)
+	require.NoError(t, err)
+	info, err := s.Info(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 3, info.Config.Replicas)
+}
+
 func TestWriter_RestartUnchanged(t *testing.T) {
 	ns := natstest.RunServer(t)
 	_, js := natstest.Connect(t, ns.ClientURL())

@@ -35,6 +35,8 @@ type Config struct {
 	// WriteRegistry runs the registry writer every RegistryInterval (0 means one hour).
 	WriteRegistry    bool
 	RegistryInterval time.Duration
+	// RegistryReplicas is the registry bucket's replicas when the writer creates it (0 means 1).
+	RegistryReplicas int
 	// Projector tunes the consumers; its Logger defaults to the seat's. With OnReset unset, a bucket
 	// that cannot be resumed makes the seat rebuild the projection (rebuild.go).
 	Projector projector.Options
@@ -110,6 +112,7 @@ func Start(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, db *store
 	}()
 	if cfg.WriteRegistry {
 		s.Registry = registry.New(js, provisioner.Registry, cfg.RegistryInterval, log)
+		s.Registry.Replicas = cfg.RegistryReplicas
 		s.Registry.Start(ctx)
 	}
 	s.Projector = projector.New(js, db, s.projectorOptions(db, nil))

@@ -32,6 +32,7 @@ func TestServe_FlagDefaults(t *testing.T) {
 		"nats":              "", // no --nats: the embedded server
 		"demo":              "false",
 		"registry-interval": "1h0m0s",
+		"registry-replicas": "1",
 	} {
 		f := fs.Lookup(name)
 		require.NotNil(t, f, "--%s", name)

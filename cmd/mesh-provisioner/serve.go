@@ -38,6 +38,7 @@ type ServeCommand struct {
 	embeddedConfig   string
 	demo             bool
 	registryInterval time.Duration
+	registryReplicas int
 	noRegistry       bool
 	plans            bool
 
@@ -60,6 +61,7 @@ func (c *ServeCommand) flags() *flag.FlagSet {
 	fs.StringVar(&c.embeddedConfig, "embedded-config", "", "with no --nats: a nats-server config file for the embedded server (accounts)")
 	fs.BoolVar(&c.demo, "demo", false, "load a synthetic mesh into an empty embedded server")
 	fs.DurationVar(&c.registryInterval, "registry-interval", time.Hour, "how often the registry is compared with the table and written where it differs")
+	fs.IntVar(&c.registryReplicas, "registry-replicas", 1, "replicas of the registry bucket when the seat creates it (3 in a cluster; a bucket that exists is used as it is)")
 	fs.BoolVar(&c.noRegistry, "no-registry", false, "do not write the registry (another seat writes it)")
 	fs.BoolVar(&c.plans, "plans", true, "tail mesh-host_modules, mesh-indexer_builds and every composed-<node> bucket, and answer what: plans (--plans=false: do not)")
 	fs.DurationVar(&c.historyRetention, "history-retention", 30*24*time.Hour, "keep the event log's history this long, by the messages' time (0 keeps it all)")
@@ -142,7 +144,7 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 	}()
 	log.Info("mesh-provisioner starting", "version", Version, "nats", redact(url), "embedded", c.nats.url == "",
 		"creds", c.nats.creds, "user", c.nats.user, "state", c.state, "schema", store.SchemaVersion,
-		"write_registry", !c.noRegistry, "registry_interval", c.registryInterval, "demo", c.demo,
+		"write_registry", !c.noRegistry, "registry_interval", c.registryInterval, "registry_replicas", c.registryReplicas, "demo", c.demo,
 		"metrics_addr", c.ops.metricsAddr, "log_format", c.logs.format, "log_level", c.logs.level)
 
 	// One listing of every stream's info for the whole seat: its projectors' stream checks and the lag
@@ -162,7 +164,7 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 		}
 	}
 	retention := &store.RetentionOptions{MaxAge: c.historyRetention, MaxBytes: int64(c.historyMaxBytes)}
-	return runSeat(ctx, nc, js, db, seatConfig{log: log, registryInterval: c.registryInterval, writeRegistry: !c.noRegistry, stdout: c.Stdout, demo: c.demo, plans: c.plans,
+	return runSeat(ctx, nc, js, db, seatConfig{log: log, registryInterval: c.registryInterval, registryReplicas: c.registryReplicas, writeRegistry: !c.noRegistry, stdout: c.Stdout, demo: c.demo, plans: c.plans,
 		retention: retention, ops: ops, streams: streams, started: func() {
 			if c.started != nil {
 				c.started(nc.ConnectedUrl(), ops.addr())
@@ -173,7 +175,7 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 // runSeat runs the seat until ctx ends, then stops it in the order that loses nothing.
 func runSeat(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, db *store.DB, cfg seatConfig) error {
 	log := cfg.log
-	st, err := seat.Start(ctx, nc, js, db, seat.Config{Version: Version, Logger: log, WriteRegistry: cfg.writeRegistry, RegistryInterval: cfg.registryInterval,
+	st, err := seat.Start(ctx, nc, js, db, seat.Config{Version: Version, Logger: log, WriteRegistry: cfg.writeRegistry, RegistryInterval: cfg.registryInterval, RegistryReplicas: cfg.registryReplicas,
 		Plans: cfg.plans, Observe: cfg.ops.observe(), Retention: cfg.retention, Store: store.Options{Logger: log},
 		Streams: cfg.streams, ListEvery: cfg.ops.poll()})
 	if err != nil {
@@ -218,6 +220,7 @@ func runSeat(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, db *sto
 type seatConfig struct {
 	log              *slog.Logger
 	registryInterval time.Duration
+	registryReplicas int
 	writeRegistry    bool
 	stdout           io.Writer
 	demo             bool
