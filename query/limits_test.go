@@ -21,9 +21,7 @@ import (
 // for any answer comes without its value, and the anomalies are cut while anomalies_total counts them
 // all.
 func TestAnswer_BoundedBySize(t *testing.T) {
-	db, err := store.Open(t.TempDir(), store.Options{CacheSize: 1 << 20, MemTableSize: 4 << 20})
-	require.NoError(t, err)
-	defer db.Close()
+	db := smallStore(t)
 	const max = 64 << 10
 	var msgs []provisioner.Message
 	seq := uint64(0)
@@ -111,4 +109,14 @@ func toUint(v any) uint64 {
 		panic(err)
 	}
 	return n
+}
+
+// smallStore opens a store with a small cache and memtables in a temporary directory, closed when the
+// test ends: what the tests of answers need.
+func smallStore(t *testing.T) *store.DB {
+	t.Helper()
+	db, err := store.Open(t.TempDir(), store.Options{CacheSize: 1 << 20, MemTableSize: 4 << 20})
+	require.NoError(t, err)
+	t.Cleanup(func() { db.Close() })
+	return db
 }

@@ -10,7 +10,6 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	provisioner "github.com/novox/mesh-provisioner"
-	"github.com/novox/mesh-provisioner/store"
 )
 
 // TestAnswerPlans_BoundedBySize: plans answers keep within one NATS message as the other answers do
@@ -18,9 +17,7 @@ import (
 // of nodes, a page ends early with next, as_of's member per node of the page still fits, the walk
 // sees every row once and in order, and the anomalies are cut while anomalies_total counts them all.
 func TestAnswerPlans_BoundedBySize(t *testing.T) {
-	db, err := store.Open(t.TempDir(), store.Options{CacheSize: 1 << 20, MemTableSize: 4 << 20})
-	require.NoError(t, err)
-	defer db.Close()
+	db := smallStore(t)
 	const max = 64 << 10
 	mp := func(v any) []byte {
 		b, err := msgpack.Marshal(v)

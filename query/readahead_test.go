@@ -9,16 +9,13 @@ import (
 	"github.com/stretchr/testify/require"
 
 	provisioner "github.com/novox/mesh-provisioner"
-	"github.com/novox/mesh-provisioner/store"
 )
 
 // TestReadAhead_SameBytesOrNone walks a module page by page with pages written ahead: each page taken
 // is byte for byte the answer written at the time it is asked for, and a page written before a commit
 // that changes the answer (a row of the bucket, or for needs a registry entry) is not taken.
 func TestReadAhead_SameBytesOrNone(t *testing.T) {
-	db, err := store.Open(t.TempDir(), store.Options{CacheSize: 1 << 20, MemTableSize: 4 << 20})
-	require.NoError(t, err)
-	defer db.Close()
+	db := smallStore(t)
 	kind := provisioner.Registry.Entries[0]
 	var msgs []provisioner.Message
 	for i := 0; i < 50; i++ {
