@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 	"github.com/vmihailenco/msgpack/v5"
@@ -250,4 +251,57 @@ func (h *harness) lastMsg(bucket string) *jetstream.RawStreamMsg {
 	m, err := stream.GetMsg(ctx, info.State.LastSeq)
 	require.NoError(h.t, err)
 	return m
+}
+
+// TestSeat_MarkerOfAnyValueRemovesTheKey: CONTRACT section 1, "A TTL marker (Nats-Marker-Reason set,
+// any value) removes it as well", and section 2, a delete clears the key's anomaly. Markers written on
+// the raw subject with reasons the server never writes, the empty one included, on a key that fits,
+// one whose value is not MessagePack and one out of shape.
+func TestSeat_MarkerOfAnyValueRemovesTheKey(t *testing.T) {
+	h := newHarness(t)
+	n := provisioner.BucketNeeds
+	require.NoError(t, fixtures.CreateBuckets(context.Background(), h.js, n, provisioner.BucketApplied, provisioner.BucketCollect))
+	st, _ := h.startSeat(t.TempDir())
+	keys := []string{"n1.m.config.fits", "n1.m.config.raw", "n1.m:bad.config.x", "n1.out-of-shape"}
+	values := [][]byte{mp(t, "fits"), {0xc1}, mp(t, "x"), mp(t, "x")}
+	for i, k := range keys {
+		h.rawMsg(n, k, nil, values[i])
+	}
+	h.waitCaughtUp(st)
+	a, _, err := natstest.Ask(h.nc, query.Subject, []byte(`{"what":"needs"}`), false)
+	require.NoError(t, err)
+	require.Len(t, a.Rows, 2)
+	require.EqualValues(t, 3, a.AnomaliesTotal)
+
+	for _, reason := range []string{"", "Whatever", "MaxAge"} {
+		for i, k := range keys {
+			h.rawMsg(n, k, nil, values[i])
+			h.rawMsg(n, k, nats.Header{jetstream.MarkerReasonHeader: {reason}}, nil)
+		}
+		h.waitCaughtUp(st)
+		for _, asMsgpack := range []bool{false, true} {
+			body := []byte(`{"what":"needs"}`)
+			if asMsgpack {
+				body = mp(t, map[string]any{"what": "needs"})
+			}
+			a, _, err := natstest.Ask(h.nc, query.Subject, body, asMsgpack)
+			require.NoError(t, err)
+			require.Empty(t, a.Rows, "Nats-Marker-Reason %q removes every key", reason)
+			require.Empty(t, a.Anomalies, "Nats-Marker-Reason %q clears every anomaly", reason)
+			require.Zero(t, a.AnomaliesTotal)
+		}
+	}
+}
+
+// rawMsg publishes a message on a bucket's raw subject, as a client that does not use the KV API would.
+func (h *harness) rawMsg(bucket, key string, hdr nats.Header, data []byte) uint64 {
+	h.t.Helper()
+	m := nats.NewMsg(provisioner.SubjectPrefix(bucket) + key)
+	for k, v := range hdr {
+		m.Header[k] = v
+	}
+	m.Data = data
+	ack, err := h.js.PublishMsg(context.Background(), m)
+	require.NoError(h.t, err)
+	return ack.Sequence
 }
