@@ -246,7 +246,11 @@ func (r *Request) validate() error {
 	if r.Kind != "" && w != provisioner.WhatRegistry && w != provisioner.WhatNeeds {
 		return badf("kind narrows registry and needs only")
 	}
-	for _, f := range []struct{ name, v string }{{"node", r.Node}, {"module", r.Module}, {"kind", r.Kind}} {
+	module := r.Module
+	if w == provisioner.WhatRegistry {
+		module = "" // the entry's module, read from the value, not a key's token: <provider-module> is one
+	}
+	for _, f := range []struct{ name, v string }{{"node", r.Node}, {"module", module}, {"kind", r.Kind}} {
 		if f.v != "" && !provisioner.ValidToken(f.v) {
 			return badf("%s %q is not a key token (A-Z a-z 0-9 - _ / =)", f.name, f.v)
 		}

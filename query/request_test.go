@@ -34,6 +34,8 @@ func TestDecodeRequest_SameInBothFormats(t *testing.T) {
 		{"unknown name", []member{{"what", "needs"}, {"nodes", "n1"}}, false, `unknown field "nodes"`},
 		{"deep value of a known field", []member{{"what", deep}}, false, ""},
 		{"deep value then a repeat", []member{{"limit", deep}, {"limit", 1}}, false, ""},
+		{"registry module from the value", []member{{"what", "registry"}, {"module", "<provider-module>"}}, true, ""},
+		{"needs module not a token", []member{{"what", "needs"}, {"module", "<provider-module>"}}, false, `module "<provider-module>" is not a key token`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
