@@ -24,6 +24,33 @@ func (o Op) String() string {
 	return "UNKNOWN"
 }
 
+// The headers that make a KV message other than a put (CONTRACT section 1).
+const (
+	// HeaderKVOperation is KV-Operation: DEL or PURGE (a purge also carries Nats-Rollup: sub).
+	HeaderKVOperation = "KV-Operation"
+	// HeaderMarkerReason is set on a TTL marker, whatever its value.
+	HeaderMarkerReason = "Nats-Marker-Reason"
+)
+
+// OpOfHeaders reads what a KV message does to its key from its headers (a nats.Header): KV-Operation
+// DEL or PURGE, a TTL marker when Nats-Marker-Reason is set with any value (the empty one too), a put
+// otherwise. The projector and the registry writer both read messages by it, so what one takes for a
+// removed key the other does too.
+func OpOfHeaders(h map[string][]string) Op {
+	if v := h[HeaderKVOperation]; len(v) > 0 {
+		switch v[0] {
+		case "DEL":
+			return OpDelete
+		case "PURGE":
+			return OpPurge
+		}
+	}
+	if _, marker := h[HeaderMarkerReason]; marker {
+		return OpExpire
+	}
+	return OpPut
+}
+
 // ParseOp reads an operation back from its String form.
 func ParseOp(s string) (Op, bool) {
 	for _, o := range []Op{OpPut, OpDelete, OpPurge, OpExpire} {

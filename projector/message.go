@@ -20,7 +20,7 @@ func MessageOf(bucket, subject string, h nats.Header, data []byte, seq uint64, t
 	}
 	m := provisioner.Message{Seq: seq, Time: t.UnixNano(), Key: subject[len(prefix):], Op: provisioner.OpPut}
 	if len(h) > 0 {
-		m.Op = opOf(h)
+		m.Op = provisioner.OpOfHeaders(h)
 	}
 	if m.Op == provisioner.OpPut {
 		m.Value = data
@@ -33,9 +33,9 @@ func MessageOf(bucket, subject string, h nats.Header, data []byte, seq uint64, t
 func HeadersOf(op provisioner.Op) nats.Header {
 	switch op {
 	case provisioner.OpDelete:
-		return nats.Header{kvOperationHeader: {"DEL"}}
+		return nats.Header{provisioner.HeaderKVOperation: {"DEL"}}
 	case provisioner.OpPurge:
-		return nats.Header{kvOperationHeader: {"PURGE"}, "Nats-Rollup": {"sub"}}
+		return nats.Header{provisioner.HeaderKVOperation: {"PURGE"}, "Nats-Rollup": {"sub"}}
 	case provisioner.OpExpire:
 		return nats.Header{"Nats-Marker-Reason": {"MaxAge"}}
 	}

@@ -23,7 +23,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	provisioner "github.com/novox/mesh-provisioner"
@@ -376,26 +375,12 @@ func convert(msg jetstream.Msg, prefix string) (provisioner.Message, uint64, err
 	}
 	m := provisioner.Message{Seq: md.Sequence.Stream, Time: md.Timestamp.UnixNano(), Key: subj[len(prefix):], Op: provisioner.OpPut}
 	if h := msg.Headers(); len(h) > 0 {
-		m.Op = opOf(h)
+		m.Op = provisioner.OpOfHeaders(h)
 	}
 	if m.Op == provisioner.OpPut {
 		m.Value = msg.Data()
 	}
 	return m, md.NumPending, nil
-}
-
-// opOf reads a message's operation from its headers: KV-Operation DEL or PURGE, or a TTL marker.
-func opOf(h nats.Header) provisioner.Op {
-	switch h.Get(kvOperationHeader) {
-	case "DEL":
-		return provisioner.OpDelete
-	case "PURGE":
-		return provisioner.OpPurge
-	}
-	if h.Get(jetstream.MarkerReasonHeader) != "" {
-		return provisioner.OpExpire
-	}
-	return provisioner.OpPut
 }
 
 // applyLoop takes what the reader has produced, as much as is there up to BatchSize, and commits it as
@@ -552,9 +537,6 @@ func sleep(ctx context.Context, d time.Duration) bool {
 // expiry, which left the seat reading nothing for up to 30 s after a failover (10 s in the cluster test
 // before). One small message a second per bucket while idle is the price.
 const pullHeartbeat = jetstream.PullHeartbeat(time.Second)
-
-// kvOperationHeader is the header a KV delete or purge carries (nats.go keeps its name unexported).
-const kvOperationHeader = "KV-Operation"
 
 // Buckets lists the buckets the Projector tails: those it was started with and those added since, in
 // byte order.

@@ -162,6 +162,11 @@ func msgpackFields(b []byte) error {
 			// The decoder would wrap it to a negative int64 and the error would name that number.
 			return badf("%s %d is out of range", name, v)
 		}
+		if off < len(b) {
+			if err := msgpackType(name, b[off]); err != nil {
+				return err
+			}
+		}
 		m, err := mpk.Skip(b[off:])
 		if err != nil {
 			return nil
@@ -171,6 +176,48 @@ func msgpackFields(b []byte) error {
 		}
 	}
 	return nil
+}
+
+// msgpackType checks the type of a field's value by its first byte, as encoding/json does for a JSON
+// request, so that the error names the field and what it wants ("field "limit" wants int64, not
+// float"), not the decoder's byte code. nil is the field left out; a string field also takes bin,
+// which the decoder reads as a string.
+func msgpackType(name string, c byte) error {
+	want := "string"
+	ok := c == 0xc0 || c&0xe0 == 0xa0 || (c >= 0xd9 && c <= 0xdb) || (c >= 0xc4 && c <= 0xc6)
+	if intFields[name] {
+		want = "int64"
+		ok = c == 0xc0 || c <= 0x7f || c >= 0xe0 || (c >= 0xcc && c <= 0xcf) || (c >= 0xd0 && c <= 0xd3)
+	}
+	if ok {
+		return nil
+	}
+	return badf("request MessagePack: field %q wants %s, not %s", name, want, msgpackTypeName(c))
+}
+
+// msgpackTypeName names the type of a MessagePack value by its first byte.
+func msgpackTypeName(c byte) string {
+	switch {
+	case c == 0xc0:
+		return "nil"
+	case c == 0xc2 || c == 0xc3:
+		return "bool"
+	case c == 0xca || c == 0xcb:
+		return "float"
+	case c <= 0x7f || c >= 0xe0 || (c >= 0xcc && c <= 0xcf) || (c >= 0xd0 && c <= 0xd3):
+		return "integer"
+	case c&0xe0 == 0xa0 || (c >= 0xd9 && c <= 0xdb):
+		return "string"
+	case c >= 0xc4 && c <= 0xc6:
+		return "bin"
+	case c&0xf0 == 0x90 || c == 0xdc || c == 0xdd:
+		return "array"
+	case c&0xf0 == 0x80 || c == 0xde || c == 0xdf:
+		return "map"
+	case c == 0xc7 || c == 0xc8 || c == 0xc9 || (c >= 0xd4 && c <= 0xd8):
+		return "extension"
+	}
+	return fmt.Sprintf("byte 0x%02x", c)
 }
 
 // intFields are the request's integer fields.
@@ -246,7 +293,11 @@ func (r *Request) validate() error {
 	if r.Kind != "" && w != provisioner.WhatRegistry && w != provisioner.WhatNeeds {
 		return badf("kind narrows registry and needs only")
 	}
-	for _, f := range []struct{ name, v string }{{"node", r.Node}, {"module", r.Module}, {"kind", r.Kind}} {
+	module := r.Module
+	if w == provisioner.WhatRegistry {
+		module = "" // the entry's module, read from the value, not a key's token: <provider-module> is one
+	}
+	for _, f := range []struct{ name, v string }{{"node", r.Node}, {"module", module}, {"kind", r.Kind}} {
 		if f.v != "" && !provisioner.ValidToken(f.v) {
 			return badf("%s %q is not a key token (A-Z a-z 0-9 - _ / =)", f.name, f.v)
 		}

@@ -34,6 +34,8 @@ func TestDecodeRequest_SameInBothFormats(t *testing.T) {
 		{"unknown name", []member{{"what", "needs"}, {"nodes", "n1"}}, false, `unknown field "nodes"`},
 		{"deep value of a known field", []member{{"what", deep}}, false, ""},
 		{"deep value then a repeat", []member{{"limit", deep}, {"limit", 1}}, false, ""},
+		{"registry module from the value", []member{{"what", "registry"}, {"module", "<provider-module>"}}, true, ""},
+		{"needs module not a token", []member{{"what", "needs"}, {"module", "<provider-module>"}}, false, `module "<provider-module>" is not a key token`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -162,5 +164,46 @@ func TestDecodeRequest_NullAndEmptyAreAbsent(t *testing.T) {
 				require.Equal(t, "registry", r.What, "the default")
 			}
 		}
+	}
+}
+
+// TestDecodeRequest_WrongTypeNamesTheField: a field of the wrong type is a bad request that names the
+// field and the type it wants, in MessagePack as in JSON, so a client sees which member to fix.
+func TestDecodeRequest_WrongTypeNamesTheField(t *testing.T) {
+	for _, tc := range []struct {
+		field string
+		v     any
+		want  string
+	}{
+		{"limit", 1.5, "int64"}, {"min_seq", "5", "int64"}, {"wait_ms", true, "int64"},
+		{"limit", []any{1}, "int64"}, {"node", 12, "string"}, {"what", false, "string"}, {"after", 1.0, "string"},
+		{"collection", map[string]any{"a": 1}, "string"},
+	} {
+		req := map[string]any{tc.field: tc.v}
+		if tc.field != "what" {
+			req["what"] = "needs"
+		}
+		js, err := json.Marshal(req)
+		require.NoError(t, err)
+		mp, err := msgpack.Marshal(req)
+		require.NoError(t, err)
+		for _, body := range [][]byte{js, mp} {
+			_, _, err := DecodeRequest(body)
+			require.Error(t, err, "%q", body)
+			require.Equal(t, 400, Code(err))
+			require.Contains(t, err.Error(), `field "`+tc.field+`" wants `+tc.want, "%q", body)
+		}
+	}
+	// Integers of every MessagePack width, and nil, are read.
+	for _, v := range []any{int8(5), uint8(200), int16(-1), uint16(60000), int32(7), uint32(9), int64(3), uint64(4), nil} {
+		mp, err := msgpack.Marshal(map[string]any{"what": "needs", "min_seq": v})
+		require.NoError(t, err)
+		_, _, err = DecodeRequest(mp)
+		if v == int16(-1) {
+			require.Error(t, err)
+			require.Contains(t, err.Error(), "negative")
+			continue
+		}
+		require.NoError(t, err, "%T", v)
 	}
 }

@@ -285,7 +285,7 @@ func (w *Writer) deleteStray(ctx context.Context, stream jetstream.Stream, subj 
 		return 0, nil
 	}
 	marker := nats.NewMsg(subj)
-	marker.Header.Set(kvOperationHeader, "DEL")
+	marker.Header.Set(provisioner.HeaderKVOperation, "DEL")
 	if _, err := w.js.PublishMsg(ctx, marker, jetstream.WithExpectLastSequencePerSubject(last.Sequence)); err != nil {
 		if lostRace(err) {
 			return 0, nil // changed since it was read; the next pass looks again
@@ -296,12 +296,11 @@ func (w *Writer) deleteStray(ctx context.Context, stream jetstream.Stream, subj 
 	return 1, nil
 }
 
-// kvOperationHeader is the header of a KV delete or purge (nats.go keeps its name unexported).
-const kvOperationHeader = "KV-Operation"
-
-// deleted reports whether a key's last message removes it: a delete, a purge, or a TTL marker.
+// deleted reports whether a key's last message removes it: a delete, a purge, or a TTL marker, read
+// as the projection reads them (provisioner.OpOfHeaders), so a key the seat answers is never taken for
+// deleted.
 func deleted(h nats.Header) bool {
-	return h.Get(kvOperationHeader) != "" || h.Get(jetstream.MarkerReasonHeader) != ""
+	return provisioner.OpOfHeaders(h) != provisioner.OpPut
 }
 
 // lostRace reports whether a write was refused because the key's revision is no longer the one read:

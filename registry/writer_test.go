@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 	"github.com/vmihailenco/msgpack/v5"
@@ -57,8 +58,8 @@ func live(t *testing.T, js jetstream.JetStream) map[string]stored {
 	for k := range messages(t, js) {
 		m, err := stream.GetLastMsgForSubject(ctx, prefix+k)
 		require.NoError(t, err)
-		if m.Header.Get("KV-Operation") != "" || m.Header.Get(jetstream.MarkerReasonHeader) != "" {
-			continue
+		if provisioner.OpOfHeaders(m.Header) != provisioner.OpPut {
+			continue // removed, as the projection reads it
 		}
 		out[k] = stored{value: m.Data, rev: m.Sequence}
 	}
@@ -438,4 +439,39 @@ func TestWriter_StopsDuringAPass(t *testing.T) {
 			return fmt.Errorf("Stop has not returned")
 		}
 	})
+}
+
+// TestWriter_StrayIsWhatTheProjectionReads: CONTRACT section 4, "a key of the bucket that is not in the
+// table is deleted". A key is deleted when its last message is a delete, a purge or a TTL marker of any
+// value (section 1), exactly as the projection reads it: a message with another KV-Operation is a put,
+// which the seat answers as a registry entry, so the writer deletes it; one with an empty
+// Nats-Marker-Reason is a marker, which removed the key already, so the writer leaves it.
+func TestWriter_StrayIsWhatTheProjectionReads(t *testing.T) {
+	ns := natstest.RunServer(t)
+	_, js := natstest.Connect(t, ns.ClientURL())
+	ctx := context.Background()
+	w := start(t, js, nil)
+	waitPasses(t, w, 1)
+	prefix := provisioner.SubjectPrefix(provisioner.BucketRegistry)
+	publish := func(key, header, value string) {
+		m := nats.NewMsg(prefix + key)
+		m.Header.Set(header, value)
+		m.Data = provisioner.Registry.Entries[0].Value()
+		_, err := js.PublishMsg(ctx, m)
+		require.NoError(t, err)
+	}
+	publish("odd-op", "KV-Operation", "del") // not DEL: a put
+	publish("empty-marker", jetstream.MarkerReasonHeader, "")
+
+	p := passes(w)
+	waitPasses(t, w, p+3)
+	require.NoError(t, equalsContract(t, js))
+	stream, err := js.Stream(ctx, provisioner.StreamName(provisioner.BucketRegistry))
+	require.NoError(t, err)
+	last, err := stream.GetLastMsgForSubject(ctx, prefix+"odd-op")
+	require.NoError(t, err)
+	require.Equal(t, "DEL", last.Header.Get("KV-Operation"), "a stray put with another KV-Operation is deleted")
+	after := messages(t, js)
+	require.EqualValues(t, 2, after["odd-op"], "the put and one delete marker")
+	require.EqualValues(t, 1, after["empty-marker"], "a marker removed the key already: nothing is written")
 }

@@ -73,7 +73,7 @@ func Resolve(v *store.View, bucket string, p Point) (Resolved, error) {
 	}
 	r := Resolved{Bucket: bucket}
 	if p.IsTime() {
-		t := p.Time.UnixNano()
+		t := unixNano(p.Time)
 		if r.Seq, err = v.SeqAtTime(bucket, t); err != nil {
 			return r, err
 		}
@@ -121,6 +121,24 @@ func Resolve(v *store.View, bucket string, p Point) (Resolved, error) {
 	}
 	return r, nil
 }
+
+// unixNano is a time in Unix nanoseconds, clamped to the int64 range: time.Time.UnixNano wraps
+// around outside the years 1678-2262, so the year 1000 would read as 2169 and the year 9999 as 1816.
+// Every message's time is inside the range, so a clamped time is before, or after, all of them.
+func unixNano(t time.Time) int64 {
+	switch {
+	case t.Before(minUnixNano):
+		return math.MinInt64
+	case t.After(maxUnixNano):
+		return math.MaxInt64
+	}
+	return t.UnixNano()
+}
+
+var (
+	minUnixNano = time.Unix(0, math.MinInt64)
+	maxUnixNano = time.Unix(0, math.MaxInt64)
+)
 
 // firstEventAfter is the time of the first message the log keeps after seq, or 0.
 func firstEventAfter(v *store.View, bucket string, seq uint64) (int64, error) {

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 	"github.com/vmihailenco/msgpack/v5"
@@ -180,4 +181,127 @@ func TestSeat_AnomaliesCappedAndNarrowedByNodeAlone(t *testing.T) {
 		}
 		require.NotContains(t, rows[1], "value_raw")
 	}
+}
+
+// TestSeat_AtFarFromNow: CONTRACT section 3, `at` is an RFC 3339 time. One far in the past (the year
+// 1000) is before the bucket's first message: empty while nothing is trimmed, 410 once the log is
+// trimmed; one far in the future (the year 9999) is after every message: the current state. Times
+// outside the years 1678-2262 have no Unix nanosecond count and must not wrap around to another time.
+func TestSeat_AtFarFromNow(t *testing.T) {
+	h := newHarness(t)
+	n := provisioner.BucketNeeds
+	h.load([]fixtures.Op{
+		{Bucket: n, Key: "n1.m.config.a", Op: provisioner.OpPut, Value: mp(t, "a")},
+		{Bucket: n, Key: "n1.m.config.b", Op: provisioner.OpPut, Value: mp(t, "b")},
+		{Bucket: n, Key: "n1.bad", Op: provisioner.OpPut, Value: mp(t, "out of shape")},
+	})
+	require.NoError(t, fixtures.CreateBuckets(context.Background(), h.js, provisioner.BucketApplied, provisioner.BucketCollect))
+	st, _ := h.startSeat(t.TempDir())
+	h.waitCaughtUp(st)
+	applied, _ := st.Store().Applied(n)
+	live, _, err := natstest.Ask(h.nc, query.Subject, []byte(`{"what":"needs"}`), false)
+	require.NoError(t, err)
+	require.Len(t, live.Rows, 2)
+
+	past := []string{"1000-01-01T00:00:00Z", "0001-01-01T00:00:00.000000001Z", "1677-12-31T23:59:59Z"}
+	future := []string{"9999-12-31T23:59:59Z", "2262-05-01T00:00:00Z", "3000-01-01T00:00:00+02:00"}
+	for _, asMsgpack := range []bool{false, true} {
+		for _, at := range past {
+			a, err := h.askAt("needs", at, asMsgpack)
+			require.NoError(t, err, at)
+			require.Empty(t, a.Rows, "%s is before the first message", at)
+			require.Empty(t, a.Anomalies, at)
+			require.Zero(t, a.AsOf, at)
+		}
+		for _, at := range future {
+			a, err := h.askAt("needs", at, asMsgpack)
+			require.NoError(t, err, at)
+			require.Len(t, a.Rows, len(live.Rows), "%s is after every message", at)
+			require.Equal(t, applied, a.AsOf, at)
+			require.EqualValues(t, 1, a.AnomaliesTotal, at)
+		}
+	}
+
+	// Trimmed: the past is no longer known to be empty; the future still answers.
+	last := h.lastMsg(n)
+	_, err = st.Store().TrimHistory(context.Background(), n, applied, last.Time.UnixNano())
+	require.NoError(t, err)
+	for _, at := range past {
+		_, err := h.askAt("needs", at, false)
+		var ve *natstest.VerbError
+		require.ErrorAs(t, err, &ve, at)
+		require.Equal(t, 410, ve.Code, at)
+	}
+	for _, at := range future {
+		a, err := h.askAt("needs", at, false)
+		require.NoError(t, err, at)
+		require.Len(t, a.Rows, len(live.Rows), at)
+		require.Equal(t, applied, a.AsOf, at)
+	}
+}
+
+// lastMsg is the last message of a bucket's stream.
+func (h *harness) lastMsg(bucket string) *jetstream.RawStreamMsg {
+	h.t.Helper()
+	ctx := context.Background()
+	stream, err := h.js.Stream(ctx, provisioner.StreamName(bucket))
+	require.NoError(h.t, err)
+	info, err := stream.Info(ctx)
+	require.NoError(h.t, err)
+	m, err := stream.GetMsg(ctx, info.State.LastSeq)
+	require.NoError(h.t, err)
+	return m
+}
+
+// TestSeat_MarkerOfAnyValueRemovesTheKey: CONTRACT section 1, "A TTL marker (Nats-Marker-Reason set,
+// any value) removes it as well", and section 2, a delete clears the key's anomaly. Markers written on
+// the raw subject with reasons the server never writes, the empty one included, on a key that fits,
+// one whose value is not MessagePack and one out of shape.
+func TestSeat_MarkerOfAnyValueRemovesTheKey(t *testing.T) {
+	h := newHarness(t)
+	n := provisioner.BucketNeeds
+	require.NoError(t, fixtures.CreateBuckets(context.Background(), h.js, n, provisioner.BucketApplied, provisioner.BucketCollect))
+	st, _ := h.startSeat(t.TempDir())
+	keys := []string{"n1.m.config.fits", "n1.m.config.raw", "n1.m:bad.config.x", "n1.out-of-shape"}
+	values := [][]byte{mp(t, "fits"), {0xc1}, mp(t, "x"), mp(t, "x")}
+	for i, k := range keys {
+		h.rawMsg(n, k, nil, values[i])
+	}
+	h.waitCaughtUp(st)
+	a, _, err := natstest.Ask(h.nc, query.Subject, []byte(`{"what":"needs"}`), false)
+	require.NoError(t, err)
+	require.Len(t, a.Rows, 2)
+	require.EqualValues(t, 3, a.AnomaliesTotal)
+
+	for _, reason := range []string{"", "Whatever", "MaxAge"} {
+		for i, k := range keys {
+			h.rawMsg(n, k, nil, values[i])
+			h.rawMsg(n, k, nats.Header{jetstream.MarkerReasonHeader: {reason}}, nil)
+		}
+		h.waitCaughtUp(st)
+		for _, asMsgpack := range []bool{false, true} {
+			body := []byte(`{"what":"needs"}`)
+			if asMsgpack {
+				body = mp(t, map[string]any{"what": "needs"})
+			}
+			a, _, err := natstest.Ask(h.nc, query.Subject, body, asMsgpack)
+			require.NoError(t, err)
+			require.Empty(t, a.Rows, "Nats-Marker-Reason %q removes every key", reason)
+			require.Empty(t, a.Anomalies, "Nats-Marker-Reason %q clears every anomaly", reason)
+			require.Zero(t, a.AnomaliesTotal)
+		}
+	}
+}
+
+// rawMsg publishes a message on a bucket's raw subject, as a client that does not use the KV API would.
+func (h *harness) rawMsg(bucket, key string, hdr nats.Header, data []byte) uint64 {
+	h.t.Helper()
+	m := nats.NewMsg(provisioner.SubjectPrefix(bucket) + key)
+	for k, v := range hdr {
+		m.Header[k] = v
+	}
+	m.Data = data
+	ack, err := h.js.PublishMsg(context.Background(), m)
+	require.NoError(h.t, err)
+	return ack.Sequence
 }

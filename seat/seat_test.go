@@ -284,6 +284,7 @@ func requests() []map[string]any {
 	m1 := fixtures.ModuleName(2)
 	return []map[string]any{
 		{}, {"what": "registry", "kind": "config"}, {"what": "registry", "module": "mesh-vault"},
+		{"what": "registry", "module": "<provider-module>"}, // the value's module, which no key token holds
 		{"what": "needs"}, {"what": "needs", "node": n1}, {"what": "needs", "node": n1, "module": m1},
 		{"what": "needs", "module": m1}, {"what": "needs", "kind": "secret"}, {"what": "needs", "node": n2, "kind": "dir"},
 		{"what": "needs", "module": m1, "kind": "port"}, {"what": "needs", "node": "no-such-node"},
