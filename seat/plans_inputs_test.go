@@ -129,7 +129,6 @@ func (h *harness) crossCheck(st *seat.Seat) map[string]any {
 	h.waitPlansCaughtUp(fresh)
 	rebuilt, err := h.askPlans(map[string]any{"what": "plans"}, false)
 	require.NoError(h.t, err)
-	_ = fresh
 	require.Equal(h.t, jsonOf(h.t, live["rows"]), jsonOf(h.t, rebuilt["rows"]), "a rebuild from the streams answers the live rows")
 	require.Equal(h.t, anomalyCodes(live), anomalyCodes(rebuilt), "a rebuild from the streams answers the live anomalies")
 	return live
