@@ -2,6 +2,7 @@ package provisioner
 
 import (
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"unicode/utf8"
@@ -72,7 +73,7 @@ func partsOf(s Shape, toks [4]string) (Parts, error) {
 		default: // composed-<node>
 			b, ok := ParseBuild(toks[1])
 			if !ok {
-				return Parts{}, &KeyError{Reason: ReasonBadBuild, Detail: fmt.Sprintf("build %q is not a decimal number", toks[1])}
+				return Parts{}, &KeyError{Reason: ReasonBadBuild, Detail: "build " + notABuild(toks[1])}
 			}
 			p.Node, _ = ComposedNode(s.Bucket)
 			p.Module, p.Build, p.BuildToken = toks[0], b, toks[1]
@@ -81,7 +82,7 @@ func partsOf(s Shape, toks [4]string) (Parts, error) {
 	return p, nil
 }
 
-// ParseBuild reads a build: a decimal number written as a token (1042).
+// ParseBuild reads a build: a decimal number written as a token (1042), at most MaxBuild.
 func ParseBuild(s string) (uint64, bool) {
 	if s == "" {
 		return 0, false
@@ -96,6 +97,18 @@ func ParseBuild(s string) (uint64, bool) {
 		return 0, false
 	}
 	return b, true
+}
+
+// MaxBuild is the largest build the seat reads: answers carry builds as integers, and MessagePack has
+// none larger. A longer decimal number is out of shape, and said so.
+const MaxBuild = math.MaxUint64
+
+// notABuild says why ParseBuild refused s.
+func notABuild(s string) string {
+	if s != "" && strings.Trim(s, "0123456789") == "" {
+		return fmt.Sprintf("%q is a decimal number beyond %d, the largest build an answer can carry", s, uint64(MaxBuild))
+	}
+	return fmt.Sprintf("%q is not a decimal number", s)
 }
 
 // FirstToken is a raw key's first token (all of it when it has no '.'): the node an anomaly row is

@@ -158,7 +158,8 @@ func TestParseKey_OutOfShape(t *testing.T) {
 		{name: "composed negative build", shape: composed, key: "mod.-1", reason: ReasonBadBuild, inText: `"-1"`},
 		{name: "composed hex build", shape: composed, key: "mod.0x1F", reason: ReasonBadBuild},
 		{name: "composed escaped build", shape: composed, key: "mod.=31", reason: ReasonBadBuild},
-		{name: "composed build overflow", shape: composed, key: "mod.18446744073709551616", reason: ReasonBadBuild},
+		{name: "composed build overflow", shape: composed, key: "mod.18446744073709551616", reason: ReasonBadBuild,
+			inText: `"18446744073709551616" is a decimal number beyond 18446744073709551615`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

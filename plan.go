@@ -116,7 +116,7 @@ func decodeBuild(field string, dec *msgpack.Decoder) (OptBuild, error) {
 		if b, ok := ParseBuild(x); ok {
 			return Some(b), nil
 		}
-		return OptBuild{}, badValue("%s %q is not a decimal number", field, x)
+		return OptBuild{}, badValue("%s %s", field, notABuild(x))
 	}
 	return OptBuild{}, badValue("%s %v is not a decimal number", field, v)
 }

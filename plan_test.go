@@ -292,5 +292,10 @@ func TestDecodePlanValues(t *testing.T) {
 		require.False(t, n.Set)
 		_, err = DecodeIndexerBuild(mp(t, map[string]any{"newest": "seven"}))
 		badValue(t, err)
+		require.Contains(t, err.Error(), `newest "seven" is not a decimal number`)
+		_, err = DecodeIndexerBuild(mp(t, map[string]any{"newest": "18446744073709551616"}))
+		badValue(t, err)
+		require.Contains(t, err.Error(), `newest "18446744073709551616" is a decimal number beyond 18446744073709551615`,
+			"a number too large is said so, not called no number")
 	})
 }

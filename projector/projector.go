@@ -53,11 +53,11 @@ type Options struct {
 	// the streams every Verify on a goroutine of its own.
 	Streams *streaminfo.Poller
 	// OnReset is called when a bucket's stream can no longer be resumed from the checkpoint (it was
-	// recreated, or messages past the checkpoint were removed before they were read). The consumer of
-	// that bucket stops; the owner rebuilds. Nil logs and keeps waiting.
+	// deleted or recreated, or messages past the checkpoint were removed before they were read). The
+	// consumer of that bucket stops; the owner rebuilds. Nil logs and keeps waiting.
 	OnReset func(bucket string, reason error)
-	// Composed tails every composed-<node> bucket too: those found at start, and those created later
-	// (discover.go).
+	// Composed tails every composed-<node> bucket too: those found at start, those created later
+	// (discover.go), and those the projection holds, so that one deleted meanwhile is found so.
 	Composed bool
 	// DiscoverEvery is how often the streams are listed for new composed-<node> buckets; 0 means 30
 	// seconds. Stream-created advisories pick a new bucket up at once in between.
@@ -158,6 +158,13 @@ func (p *Projector) Start(ctx context.Context) {
 		p.Add(ctx, b)
 	}
 	if p.opts.Composed {
+		// The composed-<node> buckets the projection holds, whether or not their streams still exist:
+		// one deleted meanwhile is found missing, and its projection given up (runBucket).
+		for _, b := range p.db.Buckets() {
+			if _, ok := provisioner.ComposedNode(b); ok && provisioner.IsPlanInput(b) && p.db.Checkpoint(b).Applied > 0 {
+				p.Add(ctx, b)
+			}
+		}
 		p.wg.Add(1)
 		go func() {
 			defer p.wg.Done()
@@ -207,6 +214,9 @@ func (p *Projector) runBucket(ctx context.Context, bucket string) {
 		})
 		if ctx.Err() != nil {
 			return
+		}
+		if errors.Is(err, jetstream.ErrStreamNotFound) && p.db.Checkpoint(bucket).Applied > 0 {
+			err = deleted(bucket)
 		}
 		if errors.Is(err, ErrCannotResume) {
 			if p.opts.OnReset != nil {

@@ -2,6 +2,7 @@ package projector
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 // projector therefore checks each bucket's stream against what the projection rests on when it starts
 // tailing and every Options.Verify while it runs (verify), and stops with ErrCannotResume when:
 //
+//   - the stream was deleted (the JetStream API says it is not found) after the projection read it;
 //   - the stream was created at another time than the one the checkpoint was read from;
 //   - it ends before the checkpoint;
 //   - it starts past the checkpoint + 1 (messages were removed before they were read);
@@ -71,6 +73,9 @@ func (p *Projector) verify(ctx context.Context, bucket string, v *verifier) erro
 	ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	info, err := p.streams.Read(ictx, provisioner.StreamName(bucket))
+	if errors.Is(err, jetstream.ErrStreamNotFound) && p.db.Checkpoint(bucket).Applied > 0 {
+		return deleted(bucket)
+	}
 	if err != nil {
 		return nil // a failed check proves nothing; the next one asks again
 	}
@@ -102,6 +107,13 @@ func (p *Projector) mayAsk(bucket string, v *verifier, now time.Time) bool {
 	}
 	v.askAt = time.Time{}
 	return true
+}
+
+// deleted is the error of a bucket whose stream was deleted after the projection read it: the
+// projection rests on messages no stream holds any more, which a rebuild would not find. Kept, its
+// rows would answer what no bucket holds, and differ from those of a seat started since.
+func deleted(bucket string) error {
+	return fmt.Errorf("%w: stream %s was deleted", ErrCannotResume, provisioner.StreamName(bucket))
 }
 
 func (p *Projector) check(info *jetstream.StreamInfo, bucket string, v *verifier) error {

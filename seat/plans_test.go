@@ -44,11 +44,16 @@ var update = flag.Bool("update", false, "rewrite the golden files under testdata
 // advisory, which is what the tests prove.
 func (h *harness) startPlansSeat(dir string) (*seat.Seat, func()) {
 	h.t.Helper()
+	return h.startPlansSeatWith(dir, projector.Options{Poll: 50 * time.Millisecond, DiscoverEvery: time.Hour})
+}
+
+// startPlansSeatWith is startPlansSeat with the projector's options.
+func (h *harness) startPlansSeatWith(dir string, po projector.Options) (*seat.Seat, func()) {
+	h.t.Helper()
 	nc, js := natstest.Connect(h.t, h.url)
 	db, err := store.OpenState(dir, store.Options{})
 	require.NoError(h.t, err)
-	st, err := seat.Start(context.Background(), nc, js, db, seat.Config{Plans: true,
-		Projector: projector.Options{Poll: 50 * time.Millisecond, DiscoverEvery: time.Hour}})
+	st, err := seat.Start(context.Background(), nc, js, db, seat.Config{Plans: true, Projector: po})
 	require.NoError(h.t, err)
 	done := false
 	stop := func() {
@@ -75,7 +80,7 @@ func (h *harness) waitPlansCaughtUp(st *seat.Seat) {
 			return err
 		}
 		for bucket, l := range last {
-			if seq, _ := st.DB.Applied(bucket); seq < l {
+			if seq, _ := st.Store().Applied(bucket); seq < l { // the store of the last rebuild
 				return fmt.Errorf("%s: applied %d of %d", bucket, seq, l)
 			}
 		}
