@@ -5,8 +5,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go"
-
 	provisioner "github.com/novox/mesh-provisioner"
 )
 
@@ -40,24 +38,11 @@ func (p *Projector) sizes(bucket string) (batch, pull int) {
 func (p *Projector) Discovered() bool { return p.discovered.Load() }
 
 // discover finds composed-<node> buckets and tails each: it lists the streams at start and every
-// DiscoverEvery, and between listings takes stream-created advisories for a quick pick-up. An account
-// that may not subscribe to the advisories still finds new buckets at the next listing.
+// DiscoverEvery, and between listings takes stream-created advisories (watchCreated) for a quick
+// pick-up. An account that may not subscribe to the advisories still finds new buckets at the next
+// listing.
 func (p *Projector) discover(ctx context.Context) {
 	log := p.log.With("component", "discover")
-	found := make(chan string, 256)
-	if nc := p.js.Conn(); nc != nil {
-		sub, err := nc.Subscribe(advisoryStreamCreated+"*", func(m *nats.Msg) {
-			select {
-			case found <- strings.TrimPrefix(m.Subject, advisoryStreamCreated):
-			default: // full: the next listing finds it
-			}
-		})
-		if err != nil {
-			log.Warn("cannot subscribe to stream-created advisories; new composed buckets are found by listing", "err", err, "every", p.opts.DiscoverEvery)
-		} else {
-			defer sub.Unsubscribe()
-		}
-	}
 	bo := backoff{min: 500 * time.Millisecond, max: p.opts.DiscoverEvery}
 	failing := false
 	timer := time.NewTimer(0)
@@ -66,7 +51,7 @@ func (p *Projector) discover(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case name := <-found:
+		case name := <-p.found: // stream-created advisories (watchCreated)
 			p.addStream(ctx, name)
 		case <-timer.C:
 			n, err := p.listStreams(ctx)

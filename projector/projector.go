@@ -39,8 +39,8 @@ type Options struct {
 	BatchSize int
 	// PullMessages is how many messages the consumer asks the server for at once; 0 means 8192.
 	PullMessages int
-	// Poll is how often a missing bucket is looked for again, and how often an unsynced bucket asks its
-	// consumer whether anything is pending; 0 means one second.
+	// Poll is how often an unsynced bucket asks its consumer whether anything is pending, and how soon
+	// a missing bucket first asks for its stream again (missing.go); 0 means one second.
 	Poll time.Duration
 	// Logger receives the projector's log lines; nil discards them.
 	Logger *slog.Logger
@@ -93,9 +93,11 @@ type Projector struct {
 	applied atomic.Int64 // messages applied since New, over all buckets
 
 	mu         sync.Mutex
-	tailed     map[string]bool // buckets with a consumer, so Add starts each once
-	discovered atomic.Bool     // the streams were listed once (always true without Composed)
-	setup      chan struct{}   // bounds consumers being set up at once: a mesh starts thousands
+	tailed     map[string]bool          // buckets with a consumer, so Add starts each once
+	waiting    map[string]chan struct{} // missing buckets, woken by a stream-created advisory (missing.go)
+	found      chan string              // streams created, from the advisories, for discover
+	discovered atomic.Bool              // the streams were listed once (always true without Composed)
+	setup      chan struct{}            // bounds consumers being set up at once: a mesh starts thousands
 
 	streams    *streaminfo.Poller // every stream's info, listed every Verify or shared, for verify
 	ownStreams bool               // streams is the Projector's own: Start runs it
@@ -134,7 +136,7 @@ func New(js jetstream.JetStream, db *store.DB, opts Options) *Projector {
 		opts.DiscoverEvery = 30 * time.Second
 	}
 	p := &Projector{js: js, db: db, opts: opts, log: log, tailed: map[string]bool{}, setup: make(chan struct{}, maxSettingUp),
-		streams: opts.Streams}
+		streams: opts.Streams, waiting: map[string]chan struct{}{}, found: make(chan string, 256)}
 	if p.streams == nil {
 		p.streams, p.ownStreams = streaminfo.New(js), true
 	}
@@ -155,6 +157,7 @@ func (p *Projector) Start(ctx context.Context) {
 			p.streams.Run(ctx, p.opts.Verify, p.log.With("component", "verify"))
 		}()
 	}
+	p.watchCreated(ctx)
 	for _, b := range p.opts.Buckets {
 		p.Add(ctx, b)
 	}
@@ -197,6 +200,7 @@ func (p *Projector) Stop() {
 func (p *Projector) runBucket(ctx context.Context, bucket string) {
 	log := p.log.With("bucket", bucket)
 	bo := backoff{min: 100 * time.Millisecond, max: 5 * time.Second}
+	missing := p.missingBackoff()
 	failing := false
 	for ctx.Err() == nil {
 		err := p.tail(ctx, bucket, log, func() {
@@ -205,6 +209,7 @@ func (p *Projector) runBucket(ctx context.Context, bucket string) {
 				failing = false
 			}
 			bo.reset()
+			missing.reset()
 		})
 		if ctx.Err() != nil {
 			return
@@ -219,7 +224,7 @@ func (p *Projector) runBucket(ctx context.Context, bucket string) {
 			// Not created yet: nothing to catch up with until it is (said once, like any bucket synced).
 			seq, _ := p.db.Applied(bucket)
 			p.markSynced(bucket, log.With("stream", "not created yet"), seq, time.Now())
-			if !sleep(ctx, p.opts.Poll) {
+			if !p.awaitStream(ctx, bucket, &missing) {
 				return
 			}
 			continue
