@@ -53,9 +53,10 @@ var ErrUnanswered = errors.New("streaminfo: the listing got no answer")
 type Poller struct {
 	js jetstream.JetStream
 
-	failures   atomic.Int64 // listings that failed (not counting those stopped by their context)
-	unanswered atomic.Bool  // the last listing got no answer (ErrUnanswered)
-	every      atomic.Int64 // Run's interval, as a time.Duration; 0 when Run is not running
+	failures   atomic.Int64  // listings that failed (not counting those stopped by their context)
+	unanswered atomic.Bool   // the last listing got no answer (ErrUnanswered)
+	every      atomic.Int64  // Run's interval, as a time.Duration; 0 when Run is not running
+	kick       chan struct{} // Refresh: list now
 
 	mu     sync.Mutex
 	infos  map[string]entry // stream name -> newest info
@@ -69,7 +70,7 @@ type entry struct {
 
 // New returns a Poller that lists the streams of js's account.
 func New(js jetstream.JetStream) *Poller {
-	return &Poller{js: js, infos: map[string]entry{}}
+	return &Poller{js: js, infos: map[string]entry{}, kick: make(chan struct{}, 1)}
 }
 
 // List lists every stream once and keeps each info; it returns when the listing started: every info
@@ -205,6 +206,29 @@ func (p *Poller) Info(stream string) (info *jetstream.StreamInfo, read time.Time
 	return e.info, e.read, ok
 }
 
+// Names returns the name of every stream the Poller holds an info of: those the newest complete
+// listing returned, and those listed or read since. A reader of every stream's name (discovery of new
+// buckets) takes them here rather than listing them again.
+func (p *Poller) Names() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	names := make([]string, 0, len(p.infos))
+	for name := range p.infos {
+		names = append(names, name)
+	}
+	return names
+}
+
+// Refresh asks Run, while it runs, for a listing now rather than at its next interval: for a reader
+// that needs a listing newer than a moment (a projector's discovery as it starts). Requests made
+// before the listing starts are one.
+func (p *Poller) Refresh() {
+	select {
+	case p.kick <- struct{}{}:
+	default:
+	}
+}
+
 // Listed is when the newest listing that completed started: a stream it did not return did not exist
 // then. Zero before the first one completes.
 func (p *Poller) Listed() time.Time {
@@ -265,6 +289,7 @@ func (p *Poller) Run(ctx context.Context, every time.Duration, log *slog.Logger)
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-p.kick:
 		}
 	}
 }
