@@ -5,8 +5,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go"
-
 	provisioner "github.com/novox/mesh-provisioner"
 )
 
@@ -40,36 +38,31 @@ func (p *Projector) sizes(bucket string) (batch, pull int) {
 func (p *Projector) Discovered() bool { return p.discovered.Load() }
 
 // discover finds composed-<node> buckets and tails each: it lists the streams at start and every
-// DiscoverEvery, and between listings takes stream-created advisories for a quick pick-up. An account
-// that may not subscribe to the advisories still finds new buckets at the next listing.
+// DiscoverEvery, and between listings takes stream-created advisories (watchCreated) for a quick
+// pick-up. An account that may not subscribe to the advisories still finds new buckets at the next
+// listing.
+//
+// The names come from the listing of every stream's info the Projector reads for its stream checks
+// (Options.Streams, the seat's, or its own), when it has one that started after the previous pass
+// (after discover started, for the first: it asks the listing to run now, and waits for it), rather
+// than from a STREAM.NAMES listing beside it. Only while that listing fails, gets no answer (a user
+// denied $JS.API.STREAM.LIST) or is two intervals late does discover list the names itself.
 func (p *Projector) discover(ctx context.Context) {
 	log := p.log.With("component", "discover")
-	found := make(chan string, 256)
-	if nc := p.js.Conn(); nc != nil {
-		sub, err := nc.Subscribe(advisoryStreamCreated+"*", func(m *nats.Msg) {
-			select {
-			case found <- strings.TrimPrefix(m.Subject, advisoryStreamCreated):
-			default: // full: the next listing finds it
-			}
-		})
-		if err != nil {
-			log.Warn("cannot subscribe to stream-created advisories; new composed buckets are found by listing", "err", err, "every", p.opts.DiscoverEvery)
-		} else {
-			defer sub.Unsubscribe()
-		}
-	}
 	bo := backoff{min: 500 * time.Millisecond, max: p.opts.DiscoverEvery}
 	failing := false
 	timer := time.NewTimer(0)
 	defer timer.Stop()
+	since := time.Now() // the advisories are watched already: a stream created after this is announced
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case name := <-found:
+		case name := <-p.found: // stream-created advisories (watchCreated)
 			p.addStream(ctx, name)
 		case <-timer.C:
-			n, err := p.listStreams(ctx)
+			start := time.Now()
+			n, err := p.listStreams(ctx, since)
 			if ctx.Err() != nil {
 				return
 			}
@@ -86,6 +79,7 @@ func (p *Projector) discover(ctx context.Context) {
 					failing = false
 				}
 				bo.reset()
+				since = start
 				if !p.discovered.Swap(true) {
 					log.Info("composed buckets found", "buckets", n)
 				}
@@ -96,8 +90,17 @@ func (p *Projector) discover(ctx context.Context) {
 }
 
 // listStreams lists every stream and tails the composed-<node> buckets among them; it returns how many
-// there are.
-func (p *Projector) listStreams(ctx context.Context) (int, error) {
+// there are. The names come from the stream listing when it has one that started at or after since.
+func (p *Projector) listStreams(ctx context.Context, since time.Time) (int, error) {
+	if names, ok := p.listedNames(ctx, since); ok {
+		n := 0
+		for _, name := range names {
+			if p.addStream(ctx, name) {
+				n++
+			}
+		}
+		return n, nil
+	}
 	lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	names := p.js.StreamNames(lctx)
@@ -108,6 +111,39 @@ func (p *Projector) listStreams(ctx context.Context) (int, error) {
 		}
 	}
 	return n, names.Err()
+}
+
+// listedNames returns the name of every stream from the stream listing, once it has a listing that
+// started at or after since: it asks the listing to run now and waits for it while it runs, taking
+// the advisories meanwhile. ok is false when there is none: nothing runs the listing, or it fails,
+// gets no answer, or has not come within two of its intervals.
+func (p *Projector) listedNames(ctx context.Context, since time.Time) ([]string, bool) {
+	if !p.ownStreams && p.streams.Every() == 0 {
+		return nil, false
+	}
+	failures := p.streams.Failures()
+	deadline := time.Now().Add(2 * p.listEvery())
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	for asked := false; ; {
+		if !p.streams.Listed().Before(since) {
+			return p.streams.Names(), true
+		}
+		if p.streams.Unanswered() || p.streams.Failures() > failures || !time.Now().Before(deadline) {
+			return nil, false
+		}
+		if !asked {
+			p.streams.Refresh()
+			asked = true
+		}
+		select {
+		case <-ctx.Done():
+			return nil, false
+		case name := <-p.found:
+			p.addStream(ctx, name)
+		case <-t.C:
+		}
+	}
 }
 
 // addStream tails the bucket behind a stream when it is a composed-<node> bucket, and reports whether

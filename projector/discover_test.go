@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
@@ -15,6 +17,7 @@ import (
 
 	provisioner "github.com/novox/mesh-provisioner"
 	"github.com/novox/mesh-provisioner/internal/natstest"
+	"github.com/novox/mesh-provisioner/internal/streaminfo"
 	"github.com/novox/mesh-provisioner/projector"
 	"github.com/novox/mesh-provisioner/store"
 )
@@ -85,4 +88,100 @@ accounts {
 	var n int
 	require.NoError(t, v.Checkpoints(provisioner.ComposedPrefix, func(string, store.Checkpoint) { n++ }))
 	require.Equal(t, 2, n)
+}
+
+// TestProjector_DiscoveryReadsTheSharedListing: with the stream listing shared (a seat's), discovery
+// takes the composed-<node> names from it and sends no STREAM.NAMES of its own; it still finds a bucket
+// created later (here the account may not subscribe to advisories, so only a listing can). Where the
+// listing is denied, discovery lists the names itself. The requests are counted on $JS.API.> by a
+// subscriber of the account.
+func TestProjector_DiscoveryReadsTheSharedListing(t *testing.T) {
+	const every = 100 * time.Millisecond
+	const intervals = 10
+	run := func(t *testing.T, ns *server.Server, admin, seat []nats.Option) (names, lists int64) {
+		nc, js := natstest.Connect(t, ns.ClientURL(), admin...)
+		_, pjs := natstest.Connect(t, ns.ClientURL(), seat...)
+		ctx, cancel := context.WithCancel(context.Background())
+		put := func(bucket string) uint64 {
+			t.Helper()
+			kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucket, Storage: jetstream.MemoryStorage})
+			require.NoError(t, err)
+			v, err := msgpack.Marshal(map[string]any{"status": "published", "plan": bucket})
+			require.NoError(t, err)
+			seq, err := kv.Put(ctx, "web.1", v)
+			require.NoError(t, err)
+			return seq
+		}
+		put("composed-a")
+		namesReq := countRequests(t, nc, "$JS.API.STREAM.NAMES")
+		listReq := countRequests(t, nc, "$JS.API.STREAM.LIST")
+
+		streams := streaminfo.New(pjs)
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			streams.Run(ctx, every, nil)
+		}()
+		db, err := store.Open(t.TempDir(), store.Options{})
+		require.NoError(t, err)
+		// Discovery every three listings, as serve's 30 s to its 5 s or 10 s.
+		p := projector.New(pjs, db, projector.Options{Buckets: []string{}, Composed: true, Streams: streams,
+			DiscoverEvery: 3 * every, Verify: every, Poll: 20 * time.Millisecond})
+		p.Start(ctx)
+		t.Cleanup(func() {
+			p.Stop()
+			cancel()
+			wg.Wait()
+			require.NoError(t, db.Close())
+		})
+		applied := func(bucket string, seq uint64) func() error {
+			return func() error {
+				if have, _ := db.Applied(bucket); have < seq {
+					return fmt.Errorf("%s: applied %d of %d", bucket, have, seq)
+				}
+				return nil
+			}
+		}
+		natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, applied("composed-a", 1))
+		require.True(t, p.Discovered())
+
+		namesReq.Store(0)
+		listReq.Store(0)
+		time.Sleep(intervals * every) // a window to count in, not a wait for a condition
+		names, lists = namesReq.Load(), listReq.Load()
+		t.Logf("over %d listing intervals of %v, discovery every %v: %d STREAM.NAMES, %d STREAM.LIST", intervals, every, 3*every, names, lists)
+
+		seq := put("composed-b")
+		natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, applied("composed-b", seq))
+		require.Equal(t, []string{"composed-a", "composed-b"}, p.Buckets())
+		return names, lists
+	}
+
+	t.Run("listed", func(t *testing.T) {
+		conf := filepath.Join(t.TempDir(), "nats.conf")
+		require.NoError(t, os.WriteFile(conf, []byte(`
+accounts {
+  MESH {
+    jetstream: enabled
+    users = [
+      {user: seat, password: seat, permissions: {subscribe: {deny: ["$JS.EVENT.>"]}}}
+      {user: admin, password: admin}
+    ]
+  }
+}
+`), 0o644))
+		ns := natstest.RunServerAt(t, "127.0.0.1:-1", t.TempDir(), conf)
+		quiet := nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {})
+		names, lists := run(t, ns, []nats.Option{nats.UserInfo("admin", "admin")}, []nats.Option{nats.UserInfo("seat", "seat"), quiet})
+		require.Zero(t, names, "discovery reads the shared listing")
+		require.LessOrEqual(t, lists, int64(intervals+2), "one listing per interval, discovery's included")
+		require.Positive(t, lists)
+	})
+	t.Run("listing denied", func(t *testing.T) {
+		ns := natstest.RunServerDeniedStreamList(t)
+		quiet := nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {})
+		names, _ := run(t, ns, []nats.Option{nats.UserInfo("admin", "admin")}, []nats.Option{nats.UserInfo("seat", "seat"), quiet})
+		require.Positive(t, names, "without a listing discovery lists the names itself")
+	})
 }

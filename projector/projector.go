@@ -38,8 +38,8 @@ type Options struct {
 	BatchSize int
 	// PullMessages is how many messages the consumer asks the server for at once; 0 means 8192.
 	PullMessages int
-	// Poll is how often a missing bucket is looked for again, and how often an unsynced bucket asks its
-	// consumer whether anything is pending; 0 means one second.
+	// Poll is how often an unsynced bucket asks its consumer whether anything is pending, and how soon
+	// a missing bucket first asks for its stream again (missing.go); 0 means one second.
 	Poll time.Duration
 	// Logger receives the projector's log lines; nil discards them.
 	Logger *slog.Logger
@@ -92,9 +92,11 @@ type Projector struct {
 	applied atomic.Int64 // messages applied since New, over all buckets
 
 	mu         sync.Mutex
-	tailed     map[string]bool // buckets with a consumer, so Add starts each once
-	discovered atomic.Bool     // the streams were listed once (always true without Composed)
-	setup      chan struct{}   // bounds consumers being set up at once: a mesh starts thousands
+	tailed     map[string]bool          // buckets with a consumer, so Add starts each once
+	waiting    map[string]chan struct{} // missing buckets, woken by a stream-created advisory (missing.go)
+	found      chan string              // streams created, from the advisories, for discover
+	discovered atomic.Bool              // the streams were listed once (always true without Composed)
+	setup      chan struct{}            // bounds consumers being set up at once: a mesh starts thousands
 
 	streams    *streaminfo.Poller // every stream's info, listed every Verify or shared, for verify
 	ownStreams bool               // streams is the Projector's own: Start runs it
@@ -133,7 +135,7 @@ func New(js jetstream.JetStream, db *store.DB, opts Options) *Projector {
 		opts.DiscoverEvery = 30 * time.Second
 	}
 	p := &Projector{js: js, db: db, opts: opts, log: log, tailed: map[string]bool{}, setup: make(chan struct{}, maxSettingUp),
-		streams: opts.Streams}
+		streams: opts.Streams, waiting: map[string]chan struct{}{}, found: make(chan string, 256)}
 	if p.streams == nil {
 		p.streams, p.ownStreams = streaminfo.New(js), true
 	}
@@ -154,6 +156,7 @@ func (p *Projector) Start(ctx context.Context) {
 			p.streams.Run(ctx, p.opts.Verify, p.log.With("component", "verify"))
 		}()
 	}
+	p.watchCreated(ctx)
 	for _, b := range p.opts.Buckets {
 		p.Add(ctx, b)
 	}
@@ -203,6 +206,7 @@ func (p *Projector) Stop() {
 func (p *Projector) runBucket(ctx context.Context, bucket string) {
 	log := p.log.With("bucket", bucket)
 	bo := backoff{min: 100 * time.Millisecond, max: 5 * time.Second}
+	missing := p.missingBackoff()
 	failing := false
 	for ctx.Err() == nil {
 		err := p.tail(ctx, bucket, log, func() {
@@ -211,6 +215,7 @@ func (p *Projector) runBucket(ctx context.Context, bucket string) {
 				failing = false
 			}
 			bo.reset()
+			missing.reset()
 		})
 		if ctx.Err() != nil {
 			return
@@ -228,7 +233,7 @@ func (p *Projector) runBucket(ctx context.Context, bucket string) {
 			// Not created yet: nothing to catch up with until it is (said once, like any bucket synced).
 			seq, _ := p.db.Applied(bucket)
 			p.markSynced(bucket, log.With("stream", "not created yet"), seq, time.Now())
-			if !sleep(ctx, p.opts.Poll) {
+			if !p.awaitStream(ctx, bucket, &missing) {
 				return
 			}
 			continue
@@ -274,17 +279,15 @@ func (p *Projector) tail(ctx context.Context, bucket string, log *slog.Logger, o
 		return err
 	}
 	verify := func() error { return p.verify(ctx, bucket, ver) }
-	cfg := jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverAllPolicy}
-	if cp.Applied > 0 {
-		cfg.DeliverPolicy = jetstream.DeliverByStartSequencePolicy
-		cfg.OptStartSeq = cp.Applied + 1
-	}
-	cons, err := stream.OrderedConsumer(ctx, cfg)
+	// The consumer is created here, under ctx, and created again by runBucket when it is lost: see
+	// consumerConfig for why this is not nats.go's ordered consumer.
+	cons, err := stream.CreateConsumer(ctx, consumerConfig(cp.Applied))
 	if err != nil {
 		return fmt.Errorf("create consumer: %w", err)
 	}
 	it, err := cons.Messages(jetstream.PullMaxMessages(pull), jetstream.PullHeartbeat(pullHeartbeat))
 	if err != nil {
+		p.dropConsumer(ctx, stream, cons)
 		return fmt.Errorf("consume: %w", err)
 	}
 	release()
@@ -316,13 +319,17 @@ func (p *Projector) tail(ctx context.Context, bucket string, log *slog.Logger, o
 	go func() {
 		defer rwg.Done()
 		defer close(in)
+		defer it.Stop() // lock-free in nats.go: ends its pulls at once
 		readErr <- p.read(rctx, it, bucket, in, pending, &atEnd)
 	}()
-	go func() { <-rctx.Done(); it.Stop() }()
 
 	applyErr := p.applyLoop(ctx, bucket, batchSize, created, in, pending, &atEnd, verify, cons, log, startSeq, start)
 	rcancel()
 	rwg.Wait()
+	if ctx.Err() == nil {
+		// Given up on, not stopped (a stop leaves it to its inactive threshold): the next is made afresh.
+		p.dropConsumer(ctx, stream, cons)
+	}
 	if applyErr != nil {
 		return applyErr
 	}
@@ -331,6 +338,48 @@ func (p *Projector) tail(ctx context.Context, bucket string, log *slog.Logger, o
 	}
 	return nil
 }
+
+// consumerConfig is the consumer a bucket reads its stream with: from the start, or from the message
+// after the checkpoint. It is what nats.go's ordered consumer creates (no acks, one replica in memory,
+// removed by the server after five minutes without a pull), but the projector creates it itself and
+// checks the order itself (read): nats.go's ordered consumer recreates a lost consumer inside
+// MessagesContext.Next, with a request of 10 s that no context reaches and under the lock its Stop
+// takes, so a consumer create that went unanswered (a cluster without quorum, a JetStream API denied
+// or slow) held a stop for up to 11 s. Here every request is made under the bucket's context, and a
+// consumer that is lost, or delivers out of order, ends the tail: runBucket starts it again from the
+// checkpoint, every message read before committed.
+func consumerConfig(applied uint64) jetstream.ConsumerConfig {
+	cfg := jetstream.ConsumerConfig{
+		DeliverPolicy:     jetstream.DeliverAllPolicy,
+		AckPolicy:         jetstream.AckNonePolicy,
+		InactiveThreshold: 5 * time.Minute,
+		Replicas:          1,
+		MemoryStorage:     true,
+	}
+	if applied > 0 {
+		cfg.DeliverPolicy = jetstream.DeliverByStartSequencePolicy
+		cfg.OptStartSeq = applied + 1
+	}
+	return cfg
+}
+
+// dropConsumer deletes a consumer the bucket no longer reads, in the background (its server may be
+// the one that is gone) and owned by the Projector, so a stop does not wait for it; one it could not
+// delete goes after its inactive threshold.
+func (p *Projector) dropConsumer(ctx context.Context, stream jetstream.Stream, cons jetstream.Consumer) {
+	name := cons.CachedInfo().Name
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		_ = stream.DeleteConsumer(dctx, name)
+	}()
+}
+
+// errOutOfOrder says the consumer delivered a message other than the next one: one was lost on the
+// way (the client dropped it as a slow consumer). The tail starts again from the checkpoint.
+var errOutOfOrder = errors.New("projector: consumer delivered out of order")
 
 func (p *Projector) markSynced(bucket string, log *slog.Logger, from uint64, start time.Time) {
 	if _, synced := p.db.Applied(bucket); synced {
@@ -344,18 +393,23 @@ func (p *Projector) markSynced(bucket string, log *slog.Logger, from uint64, sta
 // read moves messages from the consumer into in until the consumer stops.
 func (p *Projector) read(ctx context.Context, it jetstream.MessagesContext, bucket string, in chan<- provisioner.Message, pending chan uint64, atEnd *atomic.Uint64) error {
 	prefix := provisioner.SubjectPrefix(bucket)
+	var delivered uint64 // the consumer's sequence of the last message read
 	for {
-		msg, err := it.Next()
+		msg, err := it.Next(jetstream.NextContext(ctx))
 		if err != nil {
-			if errors.Is(err, jetstream.ErrMsgIteratorClosed) || ctx.Err() != nil {
+			if ctx.Err() != nil {
 				return nil
 			}
-			return err
+			return fmt.Errorf("read: %w", err) // the consumer was lost (no heartbeat, deleted)
 		}
-		m, np, err := convert(msg, prefix)
+		m, dseq, np, err := convert(msg, prefix)
 		if err != nil {
 			return err
 		}
+		if dseq != delivered+1 {
+			return fmt.Errorf("%w: message %d of the consumer after %d (stream sequence %d)", errOutOfOrder, dseq, delivered, m.Seq)
+		}
+		delivered = dseq
 		select {
 		case in <- m:
 		case <-ctx.Done():
@@ -373,15 +427,16 @@ func (p *Projector) read(ctx context.Context, it jetstream.MessagesContext, buck
 	}
 }
 
-// convert reads a stream message as the store applies it.
-func convert(msg jetstream.Msg, prefix string) (provisioner.Message, uint64, error) {
+// convert reads a stream message as the store applies it; it also returns the consumer's sequence of
+// the message and how many messages were pending after it.
+func convert(msg jetstream.Msg, prefix string) (provisioner.Message, uint64, uint64, error) {
 	md, err := msg.Metadata()
 	if err != nil {
-		return provisioner.Message{}, 0, fmt.Errorf("message metadata: %w", err)
+		return provisioner.Message{}, 0, 0, fmt.Errorf("message metadata: %w", err)
 	}
 	subj := msg.Subject()
 	if !strings.HasPrefix(subj, prefix) {
-		return provisioner.Message{}, 0, fmt.Errorf("message subject %q is not of %s>", subj, prefix)
+		return provisioner.Message{}, 0, 0, fmt.Errorf("message subject %q is not of %s>", subj, prefix)
 	}
 	m := provisioner.Message{Seq: md.Sequence.Stream, Time: md.Timestamp.UnixNano(), Key: subj[len(prefix):], Op: provisioner.OpPut}
 	if h := msg.Headers(); len(h) > 0 {
@@ -390,7 +445,7 @@ func convert(msg jetstream.Msg, prefix string) (provisioner.Message, uint64, err
 	if m.Op == provisioner.OpPut {
 		m.Value = msg.Data()
 	}
-	return m, md.NumPending, nil
+	return m, md.Sequence.Consumer, md.NumPending, nil
 }
 
 // applyLoop takes what the reader has produced, as much as is there up to BatchSize, and commits it as

@@ -11,10 +11,9 @@ import (
 	provisioner "github.com/novox/mesh-provisioner"
 )
 
-// The ordered consumer recreates itself after the server lost it, at the sequence after the last one
-// it delivered, on whatever stream has the name by then: a stream deleted and created again goes
-// unnoticed, and so does a purge of messages the projection already applied (no message says so). The
-// projector therefore checks each bucket's stream against what the projection rests on when it starts
+// A purge of messages the projection already applied sends no message, and a consumer recreated on a
+// stream deleted and created again in between would read on at its old sequence. The projector
+// therefore checks each bucket's stream against what the projection rests on when it starts
 // tailing and every Options.Verify while it runs (verify), and stops with ErrCannotResume when:
 //
 //   - the stream was deleted (the JetStream API says it is not found) after the projection read it;

@@ -55,8 +55,9 @@ type Source interface {
 type Options struct {
 	Version string
 	// JetStream, when set and Streams is not, is asked for every stream's info every Poll: a listing
-	// of the metrics' own, which each poll waits for (one that gets no answer, as for a user denied
-	// $JS.API.STREAM.LIST, holds the poll up to its 30 s timeout before the streams are asked).
+	// of the metrics' own, which each poll waits for (one that gets no answer fails at once when the
+	// server reports the user denied $JS.API.STREAM.LIST, and else once its first page is 5 s late,
+	// before the streams are asked).
 	JetStream jetstream.JetStream
 	// Streams, when set, is a listing of every stream's info that another owner runs and shares (a
 	// seat's: seat.Config.Streams, listing at least every Poll); the metrics read it and list nothing

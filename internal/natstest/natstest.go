@@ -6,9 +6,12 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -28,34 +31,82 @@ func RunServer(tb testing.TB) *server.Server {
 	return RunServerAt(tb, "127.0.0.1:-1", tb.TempDir(), "")
 }
 
-// RunServerAt starts a nats-server on listen with a given store dir and optional config file.
 // RunServerDeniedStreamList runs a server with JetStream whose account has two users: admin (password
 // admin) may do everything, seat (password seat) everything but list the streams' infos
 // ($JS.API.STREAM.LIST), as a seat whose NATS user was set up before the seat listed them.
 func RunServerDeniedStreamList(tb testing.TB) *server.Server {
 	tb.Helper()
-	conf := filepath.Join(tb.TempDir(), "nats.conf")
-	if err := os.WriteFile(conf, []byte(deniedStreamListConf), 0o644); err != nil {
-		tb.Fatal(err)
-	}
-	return RunServerAt(tb, "127.0.0.1:-1", tb.TempDir(), conf)
+	return RunServerSeatDenied(tb, "$JS.API.STREAM.LIST")
 }
 
-const deniedStreamListConf = `
+// RunServerSeatDenied runs a server with JetStream whose account has two users: admin (password admin)
+// may do everything, seat (password seat) everything but publish to the subjects deny lists. A request
+// to a denied subject is dropped by the server (the client's error callback hears of it): it gets no
+// answer. DenySeat changes the list on the running server.
+func RunServerSeatDenied(tb testing.TB, deny ...string) *server.Server {
+	tb.Helper()
+	conf := filepath.Join(tb.TempDir(), "nats.conf")
+	if err := os.WriteFile(conf, []byte(seatDeniedConf(deny)), 0o644); err != nil {
+		tb.Fatal(err)
+	}
+	dir := tb.TempDir()
+	ns := RunServerAt(tb, "127.0.0.1:-1", dir, conf)
+	seatDeniedConfs.Store(ns, [2]string{conf, dir})
+	tb.Cleanup(func() { seatDeniedConfs.Delete(ns) })
+	return ns
+}
+
+// seatDeniedConfs holds the config file and store dir of each RunServerSeatDenied server: a reload
+// must name those the server started with.
+var seatDeniedConfs sync.Map
+
+// DenySeat reloads the permissions of a RunServerSeatDenied server: from now on seat may publish to
+// everything but deny, on the connections it has already as well as on new ones.
+func DenySeat(tb testing.TB, ns *server.Server, deny ...string) {
+	tb.Helper()
+	started, ok := seatDeniedConfs.Load(ns)
+	if !ok {
+		tb.Fatal("DenySeat: not a RunServerSeatDenied server")
+	}
+	conf, storeDir := started.([2]string)[0], started.([2]string)[1]
+	if err := os.WriteFile(conf, []byte(seatDeniedConf(deny)), 0o644); err != nil {
+		tb.Fatal(err)
+	}
+	opts, err := server.ProcessConfigFile(conf)
+	if err != nil {
+		tb.Fatalf("nats-server config: %v", err)
+	}
+	// As embedded.Start sets them: the reload changes the permissions and nothing else.
+	addr := ns.Addr().(*net.TCPAddr)
+	opts.Host, opts.Port = addr.IP.String(), addr.Port
+	opts.JetStream, opts.StoreDir, opts.NoSigs, opts.ServerName = true, storeDir, true, ns.Name()
+	if err := ns.ReloadOptions(opts); err != nil {
+		tb.Fatalf("reload nats-server permissions: %v", err)
+	}
+}
+
+func seatDeniedConf(deny []string) string {
+	quoted := make([]string, len(deny))
+	for i, d := range deny {
+		quoted[i] = strconv.Quote(d)
+	}
+	return fmt.Sprintf(`
 accounts {
   MESH {
     jetstream: enabled
     users: [
       {user: admin, password: admin}
       {user: seat, password: seat, permissions: {
-        publish: {allow: [">"], deny: ["$JS.API.STREAM.LIST"]}
+        publish: {allow: [">"], deny: [%s]}
         subscribe: {allow: [">"]}
       }}
     ]
   }
 }
-`
+`, strings.Join(quoted, ", "))
+}
 
+// RunServerAt starts a nats-server on listen with a given store dir and optional config file.
 func RunServerAt(tb testing.TB, listen, storeDir, configFile string) *server.Server {
 	tb.Helper()
 	ns, err := embedded.Start(embedded.Config{Listen: listen, StoreDir: storeDir, ConfigFile: configFile})

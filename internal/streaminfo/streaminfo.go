@@ -15,23 +15,48 @@ package streaminfo
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"reflect"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
 // listTimeout bounds one listing, every page of it.
 const listTimeout = 30 * time.Second
 
+// firstPageTimeout bounds the wait for a listing's first page: nats.go's default for a JetStream API
+// request. A listing whose first page has not come by then got no answer (the JetStream API is down or
+// the request was dropped); the pages after it share listTimeout.
+const firstPageTimeout = 5 * time.Second
+
+// violationPoll is how often a listing waiting for its first page looks at the connection's last
+// error for a permissions violation of its own request.
+const violationPoll = 10 * time.Millisecond
+
+// unansweredRetries is how many of Run's intervals the retries of a listing that got no answer grow
+// to: asked again after one interval, then after twice as long, up to this many (a minute at a seat's
+// default 5 s).
+const unansweredRetries = 12
+
+// ErrUnanswered says a listing got no answer: the user may not list ($JS.API.STREAM.LIST denied: the
+// server drops the request and tells the connection, whose permissions violation the error wraps),
+// or the JetStream API did not answer its first page within 5 s.
+var ErrUnanswered = errors.New("streaminfo: the listing got no answer")
+
 // Poller lists the account's streams and keeps the newest info of each.
 type Poller struct {
 	js jetstream.JetStream
 
-	failures atomic.Int64 // listings that failed (not counting those stopped by their context)
-	every    atomic.Int64 // Run's interval, as a time.Duration; 0 when Run is not running
+	failures   atomic.Int64  // listings that failed (not counting those stopped by their context)
+	unanswered atomic.Bool   // the last listing got no answer (ErrUnanswered)
+	every      atomic.Int64  // Run's interval, as a time.Duration; 0 when Run is not running
+	kick       chan struct{} // Refresh: list now
 
 	mu     sync.Mutex
 	infos  map[string]entry // stream name -> newest info
@@ -45,32 +70,70 @@ type entry struct {
 
 // New returns a Poller that lists the streams of js's account.
 func New(js jetstream.JetStream) *Poller {
-	return &Poller{js: js, infos: map[string]entry{}}
+	return &Poller{js: js, infos: map[string]entry{}, kick: make(chan struct{}, 1)}
 }
 
 // List lists every stream once and keeps each info; it returns when the listing started: every info
 // it returned was read after that. A stream the listing did not return is forgotten when the listing
 // completes; after an error, what the listing returned before it is kept along with older infos.
+//
+// A listing that gets no answer fails with ErrUnanswered as soon as the connection reports a
+// permissions violation of it, or once its first page is 5 s late, rather than at the 30 s the
+// whole listing may take: a user denied $JS.API.STREAM.LIST never gets one.
 func (p *Poller) List(ctx context.Context) (time.Time, error) {
 	start := time.Now()
 	lctx, cancel := context.WithTimeout(ctx, listTimeout)
 	defer cancel()
+	nc := p.js.Conn()
+	var before error // the connection's last error before this listing: not about it
+	if nc != nil {
+		before = nc.LastError()
+	}
 	l := p.js.ListStreams(lctx)
+	first := time.NewTimer(firstPageTimeout)
+	defer first.Stop()
+	watch := time.NewTicker(violationPoll)
+	defer watch.Stop()
+	firstC, watchC := first.C, watch.C // nil once the first page came
+	var unanswered error
 	seen := map[string]bool{}
-	for info := range l.Info() {
-		if info == nil {
-			continue
+	for infos := l.Info(); infos != nil; {
+		select {
+		case info, ok := <-infos:
+			firstC, watchC = nil, nil
+			if !ok {
+				infos = nil
+				continue
+			}
+			if info == nil {
+				continue
+			}
+			name := info.Config.Name
+			seen[name] = true
+			p.keep(name, info, start)
+		case <-firstC:
+			unanswered = fmt.Errorf("%w within %v", ErrUnanswered, firstPageTimeout)
+			firstC, watchC = nil, nil
+			cancel() // the lister closes its channel
+		case <-watchC:
+			if v := listingViolation(nc, before); v != nil {
+				unanswered = fmt.Errorf("%w: %w", ErrUnanswered, v)
+				firstC, watchC = nil, nil
+				cancel()
+			}
 		}
-		name := info.Config.Name
-		seen[name] = true
-		p.keep(name, info, start)
 	}
 	if err := l.Err(); err != nil {
+		if unanswered != nil && ctx.Err() == nil {
+			err = unanswered
+		}
+		p.unanswered.Store(unanswered != nil)
 		if ctx.Err() == nil {
 			p.failures.Add(1)
 		}
 		return start, err
 	}
+	p.unanswered.Store(false)
 	p.mu.Lock()
 	for name, e := range p.infos {
 		if !seen[name] && e.read.Before(start) {
@@ -82,6 +145,25 @@ func (p *Poller) List(ctx context.Context) (time.Time, error) {
 	}
 	p.mu.Unlock()
 	return start, nil
+}
+
+// listingViolation returns the connection's last error when it is a permissions violation of a
+// listing ($JS.API.STREAM.LIST, under any API prefix) that came after before. nats.go keeps only the
+// last error, and hands a violation to nothing but the connection's error callback, which is the
+// connection owner's.
+func listingViolation(nc *nats.Conn, before error) error {
+	if nc == nil {
+		return nil
+	}
+	err := nc.LastError()
+	if err == nil || !errors.Is(err, nats.ErrPermissionViolation) || !strings.Contains(err.Error(), `STREAM.LIST"`) {
+		return nil
+	}
+	// Each violation is a new error value: the same one as before is an older listing's.
+	if before != nil && reflect.TypeOf(err) == reflect.TypeOf(before) && reflect.TypeOf(err).Comparable() && err == before {
+		return nil
+	}
+	return err
 }
 
 // Read asks one stream for its info (one STREAM.INFO request) and keeps it like a listed one, so every
@@ -124,6 +206,29 @@ func (p *Poller) Info(stream string) (info *jetstream.StreamInfo, read time.Time
 	return e.info, e.read, ok
 }
 
+// Names returns the name of every stream the Poller holds an info of: those the newest complete
+// listing returned, and those listed or read since. A reader of every stream's name (discovery of new
+// buckets) takes them here rather than listing them again.
+func (p *Poller) Names() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	names := make([]string, 0, len(p.infos))
+	for name := range p.infos {
+		names = append(names, name)
+	}
+	return names
+}
+
+// Refresh asks Run, while it runs, for a listing now rather than at its next interval: for a reader
+// that needs a listing newer than a moment (a projector's discovery as it starts). Requests made
+// before the listing starts are one.
+func (p *Poller) Refresh() {
+	select {
+	case p.kick <- struct{}{}:
+	default:
+	}
+}
+
 // Listed is when the newest listing that completed started: a stream it did not return did not exist
 // then. Zero before the first one completes.
 func (p *Poller) Listed() time.Time {
@@ -139,19 +244,28 @@ func (p *Poller) Failures() int64 { return p.failures.Load() }
 // the Poller can tell a late listing from one that is not due yet.
 func (p *Poller) Every() time.Duration { return time.Duration(p.every.Load()) }
 
+// Unanswered reports whether the last listing got no answer (ErrUnanswered): the user may not list,
+// or the JetStream API does not answer.
+func (p *Poller) Unanswered() bool { return p.unanswered.Load() }
+
 // Run lists the streams now and every `every` until ctx ends. The first failure is logged, and
 // "recovered" once a listing works again; in between the infos get older, and their readers ask each
-// stream themselves (Read).
+// stream themselves (Read). A listing that got no answer (ErrUnanswered: denied, most likely) is
+// asked again after one interval, then after twice as long each time up to 12 intervals, in case the
+// permission is granted: a denied request costs nothing on the JetStream API, but the server logs each
+// one.
 func (p *Poller) Run(ctx context.Context, every time.Duration, log *slog.Logger) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	p.every.Store(int64(every))
 	defer p.every.Store(0)
-	t := time.NewTicker(every)
+	t := time.NewTimer(every)
 	defer t.Stop()
 	failing := false
+	retry := every // the wait after a listing that got no answer
 	for {
+		start := time.Now()
 		_, err := p.List(ctx)
 		if ctx.Err() != nil {
 			return
@@ -164,10 +278,18 @@ func (p *Poller) Run(ctx context.Context, every time.Duration, log *slog.Logger)
 			log.Info("listing stream infos recovered")
 			failing = false
 		}
+		wait := every
+		if errors.Is(err, ErrUnanswered) {
+			wait, retry = retry, min(2*retry, unansweredRetries*every)
+		} else {
+			retry = every
+		}
+		t.Reset(time.Until(start.Add(wait)))
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-p.kick:
 		}
 	}
 }

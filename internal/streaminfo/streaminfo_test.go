@@ -3,10 +3,12 @@ package streaminfo_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
@@ -104,4 +106,68 @@ func TestPoller_Run(t *testing.T) {
 	cancel()
 	wg.Wait()
 	require.Zero(t, p.Every(), "Run has returned")
+}
+
+// TestPoller_DeniedListingFailsAtOnce: a user denied $JS.API.STREAM.LIST gets no answer to a listing
+// (the server drops the request and tells the connection). The listing fails at once with
+// ErrUnanswered, naming the permissions violation, instead of waiting out its 30 s timeout; Run asks
+// again now and then, not every interval, and lists again once the permission is granted.
+func TestPoller_DeniedListingFailsAtOnce(t *testing.T) {
+	const every = 50 * time.Millisecond
+	ns := natstest.RunServerDeniedStreamList(t)
+	ctx := context.Background()
+	_, ajs := natstest.Connect(t, ns.ClientURL(), nats.UserInfo("admin", "admin"))
+	_, err := ajs.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "a", Storage: jetstream.MemoryStorage})
+	require.NoError(t, err)
+	_, sjs := natstest.Connect(t, ns.ClientURL(), nats.UserInfo("seat", "seat"))
+	p := streaminfo.New(sjs)
+
+	start := time.Now()
+	_, err = p.List(ctx)
+	t.Logf("a denied listing failed after %v: %v", time.Since(start).Round(time.Millisecond), err)
+	require.ErrorIs(t, err, streaminfo.ErrUnanswered)
+	require.ErrorIs(t, err, nats.ErrPermissionViolation, "told by the server, not by a timeout")
+	require.True(t, p.Unanswered())
+	require.EqualValues(t, 1, p.Failures())
+
+	lctx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		p.Run(lctx, every, nil)
+	}()
+	t.Cleanup(func() {
+		stop()
+		wg.Wait()
+	})
+	// Each listing fails at once: three of them take three retries, not three 30 s timeouts.
+	natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		if n := p.Failures(); n < 4 {
+			return fmt.Errorf("%d listings failed", n)
+		}
+		return nil
+	})
+	// And they are retried now and then: one every interval would be 40 over 40 intervals.
+	from := p.Failures()
+	natstest.CheckFor(t, 10*time.Second, every, func() error {
+		if time.Since(start) < 40*every {
+			return errors.New("still counting")
+		}
+		return nil
+	})
+	retries := p.Failures() - from
+	t.Logf("denied: %d listings tried over %v at an interval of %v", p.Failures(), time.Since(start).Round(time.Millisecond), every)
+	require.Less(t, retries, int64(20), "retried with backoff, not every interval")
+	require.True(t, p.Listed().IsZero())
+
+	// The permission is granted: the next retry lists.
+	natstest.DenySeat(t, ns)
+	natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		if _, _, ok := p.Info("KV_a"); !ok {
+			return errors.New("not listed yet")
+		}
+		return nil
+	})
+	require.False(t, p.Unanswered())
 }
