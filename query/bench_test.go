@@ -6,6 +6,8 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"math/rand/v2"
+	"os"
+	"strconv"
 	"sync"
 	"syscall"
 	"testing"
@@ -17,16 +19,18 @@ import (
 	"github.com/novox/mesh-provisioner/store"
 )
 
-// BenchmarkAnswer writes answers from a compacted store of 100,000 needs (400 nodes × 25 modules × 10)
-// without NATS: the seat's own share of a lookup, per row, steadier than the end-to-end benches.
+// BenchmarkAnswer writes answers from a compacted store of 100,000 needs (400 nodes × 25 modules × 10;
+// BENCH_NODES=4000: 1,000,000, as make bench) without NATS: the seat's own share of a lookup, per row,
+// steadier than the end-to-end benches.
 // Run using: go test ./query -run x -bench Answer -cpuprofile cpu.prof
 func BenchmarkAnswer(b *testing.B) {
 	s := benchServer(b)
+	nodes := benchNodes()
 	for _, tc := range []struct {
 		name string
 		req  func(r *rand.Rand) Request
 	}{
-		{"node", func(r *rand.Rand) Request { return Request{What: "needs", Node: fixtures.NodeName(r.IntN(400))} }},
+		{"node", func(r *rand.Rand) Request { return Request{What: "needs", Node: fixtures.NodeName(r.IntN(nodes))} }},
 		{"module", func(r *rand.Rand) Request { return Request{What: "needs", Module: fixtures.ModuleName(r.IntN(50))} }},
 	} {
 		for _, f := range []Format{FormatMsgpack, FormatJSON} {
@@ -67,6 +71,14 @@ func BenchmarkAnswer(b *testing.B) {
 	}
 }
 
+// benchNodes is the nodes of the benchmarks' mesh: 400, or BENCH_NODES.
+func benchNodes() int {
+	if n, err := strconv.Atoi(os.Getenv("BENCH_NODES")); err == nil && n > 0 {
+		return n
+	}
+	return 400
+}
+
 var (
 	benchOnce sync.Once
 	benchDB   *store.DB
@@ -84,7 +96,7 @@ func benchServer(b *testing.B) *Server {
 			ms := byBucket[provisioner.BucketRegistry]
 			byBucket[provisioner.BucketRegistry] = append(ms, provisioner.Message{Seq: uint64(len(ms) + 1), Key: e.Kind, Op: provisioner.OpPut, Value: e.Value(), Time: 1.7e18})
 		}
-		for _, op := range (fixtures.Mesh{Seed: 1, Nodes: 400, Modules: 25, NeedsPerModule: 10}).OpsOf(provisioner.BucketNeeds) {
+		for _, op := range (fixtures.Mesh{Seed: 1, Nodes: benchNodes(), Modules: 25, NeedsPerModule: 10}).OpsOf(provisioner.BucketNeeds) {
 			ms := byBucket[op.Bucket]
 			byBucket[op.Bucket] = append(ms, provisioner.Message{Seq: uint64(len(ms) + 1), Key: op.Key, Op: op.Op, Value: op.Value, Time: 1.7e18 + int64(len(ms))*1237})
 		}
