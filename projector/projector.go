@@ -53,8 +53,9 @@ type Options struct {
 	// the streams every Verify on a goroutine of its own.
 	Streams *streaminfo.Poller
 	// OnReset is called when a bucket's stream can no longer be resumed from the checkpoint (it was
-	// deleted or recreated, or messages past the checkpoint were removed before they were read). The
-	// consumer of that bucket stops; the owner rebuilds. Nil logs and keeps waiting.
+	// recreated, or deleted when it is not a composed-<node> bucket, which is forgotten instead:
+	// forget.go; or messages past the checkpoint were removed before they were read). The consumer of
+	// that bucket stops; the owner rebuilds. Nil logs and keeps waiting.
 	OnReset func(bucket string, reason error)
 	// Composed tails every composed-<node> bucket too: those found at start, those created later
 	// (discover.go), and those the projection holds, so that one deleted meanwhile is found so.
@@ -103,6 +104,8 @@ type Projector struct {
 
 	askMu   sync.Mutex
 	lastAsk time.Time // the last slot a composed-<node> bucket's check reserved to ask its stream (mayAsk)
+
+	missing sync.Map // bucket -> when its stream was first found missing, not found since (forget.go)
 }
 
 // New returns a Projector; Start runs it.
@@ -221,7 +224,14 @@ func (p *Projector) runBucket(ctx context.Context, bucket string) {
 			return
 		}
 		if errors.Is(err, jetstream.ErrStreamNotFound) && p.db.Checkpoint(bucket).Applied > 0 {
-			err = deleted(bucket)
+			if cerr := p.streamMissing(bucket); cerr != nil { // else not yet confirmed (forget.go)
+				err = cerr
+			}
+		}
+		if errors.Is(err, errForget) {
+			if err = p.forget(bucket, err, log); err == nil {
+				return
+			}
 		}
 		if errors.Is(err, ErrCannotResume) {
 			if p.opts.OnReset != nil {
@@ -271,6 +281,7 @@ func (p *Projector) tail(ctx context.Context, bucket string, log *slog.Logger, o
 	if err != nil {
 		return err
 	}
+	p.streamFound(bucket)
 	info := stream.CachedInfo()
 	cp := p.db.Checkpoint(bucket)
 	created := info.Created.UnixNano()

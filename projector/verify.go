@@ -16,7 +16,8 @@ import (
 // therefore checks each bucket's stream against what the projection rests on when it starts
 // tailing and every Options.Verify while it runs (verify), and stops with ErrCannotResume when:
 //
-//   - the stream was deleted (the JetStream API says it is not found) after the projection read it;
+//   - the stream was deleted (the JetStream API says it is not found, on checks at least Verify
+//     apart: forget.go) after the projection read it; a composed-<node> bucket is forgotten instead;
 //   - the stream was created at another time than the one the checkpoint was read from;
 //   - it ends before the checkpoint;
 //   - it starts past the checkpoint + 1 (messages were removed before they were read);
@@ -60,6 +61,7 @@ func (p *Projector) verify(ctx context.Context, bucket string, v *verifier) erro
 	info, read, ok := p.streams.Info(provisioner.StreamName(bucket))
 	if ok && read.After(v.last) && info.State.LastSeq >= p.db.Checkpoint(bucket).Applied {
 		v.last, v.askAt = now, time.Time{}
+		p.streamFound(bucket)
 		return p.check(info, bucket, v)
 	}
 	if since < p.opts.Verify+p.opts.Verify/2 {
@@ -73,11 +75,12 @@ func (p *Projector) verify(ctx context.Context, bucket string, v *verifier) erro
 	defer cancel()
 	info, err := p.streams.Read(ictx, provisioner.StreamName(bucket))
 	if errors.Is(err, jetstream.ErrStreamNotFound) && p.db.Checkpoint(bucket).Applied > 0 {
-		return deleted(bucket)
+		return p.streamMissing(bucket) // nil until confirmed (forget.go)
 	}
 	if err != nil {
 		return nil // a failed check proves nothing; the next one asks again
 	}
+	p.streamFound(bucket)
 	// The Poller keeps this info as read when the request started, after v.last: the next check must
 	// not take it for one newer than this check.
 	v.last = time.Now()

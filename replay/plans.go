@@ -26,6 +26,9 @@ func answerPlans(v *store.View, r *query.Request, e *query.Encoder, synced bool)
 	if !p.IsTime() {
 		return query.BadRequest("plans are read from several buckets: ask them at an RFC 3339 time, not %s", p)
 	}
+	if err := forgottenBefore(v, r.Node, unixNano(p.Time)); err != nil {
+		return err
+	}
 	dir, err := os.MkdirTemp("", "mesh-provisioner-plans-at-")
 	if err != nil {
 		return fmt.Errorf("plans at: %w", err)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -262,14 +263,20 @@ func TestPlans_InputsEndToEnd(t *testing.T) {
 }
 
 // TestPlans_DeletedComposedBucketIsForgotten: a composed-<node> bucket deleted after the seat read it
-// no longer holds the node's history, so a seat answers what a rebuild from the streams answers (the
+// no longer holds the node's history, so a seat answers what one that never read it answers (the
 // node's rows held missing with no plan, none of the bucket's anomalies), not the plans it read
-// before: seats sharing the verb, one started before the delete and one after, answer alike. The
-// bucket created again is read from its start.
+// before; seats sharing the verb, one started before the delete and one after, answer alike. The
+// seat forgets the bucket in place: no rebuild, the same store, every other bucket's event log kept.
+// Plans asked at a time before the forgetting are refused (410) for that node and for every node,
+// and answered for another node; a seat restarted on a state dir that holds the deleted bucket
+// forgets it too. The bucket created again is read from its start, live and at a time.
 func TestPlans_DeletedComposedBucketIsForgotten(t *testing.T) {
 	h := newHarness(t)
 	in := h.planInputs()
-	st, _ := h.startPlansSeatWith(t.TempDir(), projector.Options{Poll: 50 * time.Millisecond, DiscoverEvery: time.Hour, Verify: 200 * time.Millisecond})
+	po := projector.Options{Poll: 50 * time.Millisecond, DiscoverEvery: time.Hour, Verify: 200 * time.Millisecond}
+	st, _ := h.startPlansSeatWith(t.TempDir(), po)
+	c3 := provisioner.ComposedPrefix + "n3"
+	in.put(provisioner.BucketNeeds, "n3.m.pkg.x", map[string]any{"v": 1})
 	in.comp("n3", "m.1", "published", "m1")
 	in.comp("n3", "bad", "published", "m1")
 	in.host("n3.m", map[string]any{"want": 1})
@@ -278,40 +285,97 @@ func TestPlans_DeletedComposedBucketIsForgotten(t *testing.T) {
 	h.expectPlans(st, map[string]string{"n3.m": "published@1:m1 | -", "n4.m": "published@1:n4m1 | -"})
 	// A second seat, down while the bucket is deleted.
 	downDir := t.TempDir()
-	down, stopDown := h.startPlansSeat(downDir)
+	down, stopDown := h.startPlansSeatWith(downDir, po)
 	h.expectPlans(down, map[string]string{"n3.m": "published@1:m1 | -"})
 	stopDown()
 
-	ctx := context.Background()
-	require.NoError(t, h.js.DeleteKeyValue(ctx, provisioner.ComposedPrefix+"n3"))
-	delete(in.kvs, provisioner.ComposedPrefix+"n3")
-	natstest.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error {
-		a, err := h.askPlans(map[string]any{"what": "plans"}, false)
-		if err != nil {
-			return err
-		}
-		if got := entry(planRow(t, a, "n3.m"), "current"); got != "held/missing" {
-			return fmt.Errorf("n3.m current %s after its bucket was deleted", got)
-		}
-		if an := anomalyCodes(a); len(an) != 0 {
-			return fmt.Errorf("anomalies of a deleted bucket: %v", an)
-		}
-		return nil
-	})
-	h.expectPlans(st, map[string]string{"n3.m": "held/missing | -", "n4.m": "published@1:n4m1 | -"})
-	h.crossCheck(st)
-	st.Stop()
-	down, _ = h.startPlansSeat(downDir)
-	natstest.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error {
-		if down.Rebuilds() == 0 {
-			return fmt.Errorf("a seat restarted on a projection of a deleted bucket has not rebuilt")
-		}
-		return nil
-	})
-	h.expectPlans(down, map[string]string{"n3.m": "held/missing | -", "n4.m": "published@1:n4m1 | -"})
+	// A time after every message so far, before the delete.
+	before := time.Now().UTC().Format(time.RFC3339Nano)
+	n4Before, err := h.askPlans(map[string]any{"what": "plans", "node": "n4", "at": before}, false)
+	require.NoError(t, err)
+	require.Equal(t, "published@1:n4m1", entry(planRow(t, n4Before, "n4.m"), "current"))
+	db := st.Store()
 
-	// Created again: read from its first message.
+	ctx := context.Background()
+	require.NoError(t, h.js.DeleteKeyValue(ctx, c3))
+	delete(in.kvs, c3)
+	forgotten := func(st *seat.Seat) func() error {
+		return func() error {
+			if st.Current().Tails(c3) || slices.Contains(st.Store().Buckets(), c3) {
+				return fmt.Errorf("%s not forgotten yet", c3)
+			}
+			return nil
+		}
+	}
+	natstest.CheckFor(t, 20*time.Second, 20*time.Millisecond, forgotten(st))
+	require.Zero(t, st.Rebuilds(), "forgotten in place, not rebuilt")
+	require.Same(t, db, st.Store(), "the same store")
+	h.expectPlans(st, map[string]string{"n3.m": "held/missing | -", "n4.m": "published@1:n4m1 | -"})
+	live, err := h.askPlans(map[string]any{"what": "plans"}, false)
+	require.NoError(t, err)
+	require.Empty(t, anomalyCodes(live), "no anomalies of a deleted bucket")
+	require.Equal(t, "0", fmt.Sprint(live["as_of"].(map[string]any)[c3]), "as a seat that never read it: nothing applied")
+
+	// The other buckets' event logs still answer from before.
+	needs, err := h.askAt("needs", before, false)
+	require.NoError(t, err)
+	require.Len(t, needs.Rows, 1)
+	require.Equal(t, "n3.m.pkg.x", needs.Rows[0]["key"])
+	// Plans before the forgetting: refused for the node and for every node, exact for another node.
+	h.goneAt(before, "n3")
+	h.goneAt(before, "")
+	h.goneAt(before, "", "module", "m")
+	n4Again, err := h.askPlans(map[string]any{"what": "plans", "node": "n4", "at": before}, false)
+	require.NoError(t, err)
+	require.Equal(t, jsonOf(t, n4Before["rows"]), jsonOf(t, n4Again["rows"]))
+	require.Equal(t, anomalyCodes(n4Before), anomalyCodes(n4Again))
+	// After it: the live answer.
+	then, err := h.askPlans(map[string]any{"what": "plans", "at": time.Now().UTC().Format(time.RFC3339Nano)}, false)
+	require.NoError(t, err)
+	require.Equal(t, jsonOf(t, live["rows"]), jsonOf(t, then["rows"]))
+	require.NoError(t, st.Stop())
+
+	// Restarted on a state dir that holds the deleted bucket: forgotten too, without a rebuild.
+	down, _ = h.startPlansSeatWith(downDir, po)
+	natstest.CheckFor(t, 20*time.Second, 20*time.Millisecond, forgotten(down))
+	require.Zero(t, down.Rebuilds())
+	h.expectPlans(down, map[string]string{"n3.m": "held/missing | -", "n4.m": "published@1:n4m1 | -"})
+	h.goneAt(before, "n3")
+	afterForgot := time.Now().UTC().Format(time.RFC3339Nano)
+	a, err := h.askPlans(map[string]any{"what": "plans", "node": "n3", "at": afterForgot}, false)
+	require.NoError(t, err)
+	require.Equal(t, "held/missing", entry(planRow(t, a, "n3.m"), "current"))
+	restarted, err := h.askPlans(map[string]any{"what": "plans"}, false)
+	require.NoError(t, err)
+	require.Equal(t, jsonOf(t, live["rows"]), jsonOf(t, restarted["rows"]), "the seat that forgot live and the restarted one answer alike")
+	// And alike a seat started fresh on the same streams (crossCheck leaves it answering too).
+	h.crossCheck(down)
+
+	// Created again: read from its first message, live and at a time.
 	in.comp("n3", "m.1", "published", "again")
 	h.expectPlans(down, map[string]string{"n3.m": "published@1:again | -", "n4.m": "published@1:n4m1 | -"})
+	require.True(t, down.Current().Tails(c3))
+	seq, _ := down.Store().Applied(c3)
+	require.Equal(t, uint64(1), seq)
+	a, err = h.askPlans(map[string]any{"what": "plans", "node": "n3", "at": afterForgot}, false)
+	require.NoError(t, err)
+	require.Equal(t, "held/missing", entry(planRow(t, a, "n3.m"), "current"), "before it was created again")
 	h.crossCheck(down)
+	require.Zero(t, down.Rebuilds())
+}
+
+// goneAt asks plans at a time, for a node (every node when empty) and more fields, and expects 410.
+func (h *harness) goneAt(at, node string, more ...string) {
+	h.t.Helper()
+	req := map[string]any{"what": "plans", "at": at}
+	if node != "" {
+		req["node"] = node
+	}
+	for i := 0; i+1 < len(more); i += 2 {
+		req[more[i]] = more[i+1]
+	}
+	_, err := h.askPlans(req, false)
+	var ve *natstest.VerbError
+	require.ErrorAs(h.t, err, &ve, "plans %v", req)
+	require.Equal(h.t, 410, ve.Code, "plans %v: %s", req, ve.Description)
 }

@@ -37,6 +37,9 @@
 //	                                                           time of the floor's message, uvarint trimmed
 //	0x09 <bucket> 00 01 'g' <from: 8 bytes BE>              -> history gap: uvarint to (0: open),
 //	                                                           uvarint opened-at
+//	0x09 <bucket> 00 01 'd'                                 -> forgotten: varint Unix ns when the
+//	                                                           bucket's history was last forgotten
+//	                                                           (forget.go)
 //
 // A row (and each covering index entry) is: a flags byte (bit 0: the value is one complete MessagePack
 // object), uvarint revision (the stream sequence of the put), varint created (Unix ns), then the value
@@ -109,6 +112,14 @@
 // being kept. The plans as of a point do: replay folds them again from the log, which is why trimming
 // a composed-<node> bucket keeps each key's newest published composition (above). The 'm' index does not cover the rows (a plan can be large); a module's rows are read
 // by key.
+//
+// # Forgetting a bucket
+//
+// A composed-<node> bucket whose stream was deleted is forgotten (Forget): everything above of it and
+// the node's build records are deleted, and the node's plan rows recomputed with none, in one batch,
+// so the store equals one that never read the bucket but for the forgotten mark, which the plans as
+// of a time before it consult to refuse what the log can no longer rebuild. Forget and TrimHistory of
+// one bucket exclude each other (historyLock).
 //
 // # Writing a catch-up
 //

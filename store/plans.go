@@ -490,9 +490,14 @@ type planComps struct {
 	a            *applier
 	node, module string
 	overlay      map[uint64]*provisioner.BuildRecord // this batch's records; nil: gone
+	// none says the node's build records are all gone in this batch (Forget): there are none.
+	none bool
 }
 
 func (c *planComps) Status(build uint64) (provisioner.CompStatus, error) {
+	if c.none {
+		return provisioner.CompMissing, nil
+	}
 	if rec, ok := c.overlay[build]; ok {
 		if rec == nil {
 			return provisioner.CompMissing, nil
@@ -514,6 +519,9 @@ func (c *planComps) Status(build uint64) (provisioner.CompStatus, error) {
 }
 
 func (c *planComps) LastPublished(lo, hi uint64) (provisioner.PlanRevision, bool, error) {
+	if c.none {
+		return provisioner.PlanRevision{}, false, nil
+	}
 	best, found, err := lastPublished(c.a.db.pdb.NewIter, c.node, c.module, lo, hi, c.overlay)
 	if err != nil {
 		return best, found, err

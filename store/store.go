@@ -100,6 +100,8 @@ type DB struct {
 	openGaps map[string]Gap // each bucket's open history gap (history.go); under applyMu
 	minFree  int64          // room Apply keeps free (space.go); negative: no check
 	broken   *brokenState   // the first corruption Pebble found (broken.go)
+	// histLocks holds a mutex per bucket for trims and Forget (forget.go).
+	histLocks sync.Map
 
 	closed atomic.Bool
 }

@@ -1,0 +1,63 @@
+package projector
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	provisioner "github.com/novox/mesh-provisioner"
+)
+
+// A bucket's stream that the JetStream API says is not found, after the projection read it, was
+// deleted, or the server answering has not recovered it yet (a server restarting, a cluster whose
+// meta leader is still catching up): one answer cannot tell them apart. So a "not found" is only
+// believed once the stream has been found missing on checks at least Options.Verify apart (10 s by
+// default) with no successful read of it in between (streamMissing, streamFound). Then:
+//
+//   - a composed-<node> bucket is forgotten in place (store.DB.Forget): its rows, anomalies, event log
+//     and the node's build records go, and the node's plan rows become what a seat that never read
+//     the bucket computes. Its consumer ends and it is no longer tailed; a stream of that name
+//     created later is found by discovery and read from its first message. A mesh decommissions
+//     nodes all the time, and a rebuild would re-read every bucket and start every bucket's event
+//     log afresh for each of them;
+//   - any other bucket is ErrCannotResume, and its owner rebuilds, as for a recreated stream: those
+//     are deleted by an operator, rarely, and every answer rests on them.
+
+// errForget says a composed-<node> bucket's stream was found deleted and stayed so: forget it.
+var errForget = errors.New("projector: stream deleted")
+
+// streamFound records a successful read of a bucket's stream: an earlier "not found" was transient.
+func (p *Projector) streamFound(bucket string) { p.missing.Delete(bucket) }
+
+// streamMissing records that the JetStream API said a bucket's stream, which the projection has read,
+// is not found. It returns nil until that is confirmed: the stream was first found missing at least
+// Options.Verify ago, and not found since. Confirmed, it is errForget for a composed-<node> bucket
+// and ErrCannotResume for any other.
+func (p *Projector) streamMissing(bucket string) error {
+	now := time.Now()
+	v, seen := p.missing.LoadOrStore(bucket, now)
+	first := v.(time.Time)
+	if !seen || now.Sub(first) < p.opts.Verify {
+		return nil
+	}
+	if _, composed := provisioner.ComposedNode(bucket); composed && provisioner.IsPlanInput(bucket) {
+		return fmt.Errorf("%w: stream %s not found since %s", errForget, provisioner.StreamName(bucket), first.UTC().Format(time.RFC3339))
+	}
+	return deleted(bucket)
+}
+
+// forget gives up a composed-<node> bucket whose stream was deleted: the store forgets it, and the
+// bucket is no longer tailed, so that discovery starts it afresh when it is created again. The
+// bucket's consumer has stopped: nothing else applies to it.
+func (p *Projector) forget(bucket string, reason error, log *slog.Logger) error {
+	if err := p.db.Forget(bucket, time.Now().UnixNano()); err != nil {
+		return fmt.Errorf("forget the deleted bucket: %w", err)
+	}
+	p.missing.Delete(bucket)
+	p.mu.Lock()
+	delete(p.tailed, bucket)
+	p.mu.Unlock()
+	log.Info("bucket deleted: its projection and event log are forgotten", "reason", reason)
+	return nil
+}

@@ -1,0 +1,183 @@
+package store
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+
+	"github.com/cockroachdb/pebble/v2"
+
+	provisioner "github.com/novox/mesh-provisioner"
+)
+
+// Forgetting a composed-<node> bucket whose stream was deleted (doc.go, "Forgetting a bucket").
+//
+// A deleted composed-<node> bucket no longer holds the node's history, so a seat started after the
+// delete has nothing of it: no rows, no anomalies, no build records, and the node's plan rows computed
+// from no compositions. Forget brings a seat that did read the bucket to that same state, in place and
+// in one Pebble batch, without touching any other bucket's rows or event log. The event log of the
+// bucket goes with it, so plans as of a time before the forgetting can no longer be folded again; the
+// forgotten mark (0x09 <bucket> 00 01 'd' -> varint Unix ns) says from when they can, and the plans'
+// at path refuses earlier times with a 410 (ForgottenAt, Forgotten).
+
+// forgottenTag is the history mark of a forgotten bucket: when its history was forgotten.
+const forgottenTag = 'd'
+
+func forgottenKey(dst []byte, bucket string) []byte {
+	return append(bucketPrefix(dst, prefixMarks, bucket), forgottenTag)
+}
+
+// historyLock serialises the whole-bucket changes of one bucket's event log: a trim walking it
+// (TrimHistory) and Forget deleting it. Without it a trim that began before the forgetting could
+// write its floor back after it.
+func (db *DB) historyLock(bucket string) *sync.Mutex {
+	l, _ := db.histLocks.LoadOrStore(bucket, &sync.Mutex{})
+	return l.(*sync.Mutex)
+}
+
+// Forget removes everything the store holds of a composed-<node> bucket, in one synced Pebble batch:
+// its rows, index entries, anomaly rows, event log (by key and by sequence), checkpoint and history
+// marks, and the node's build records; it recomputes the node's plan rows as they are with no build
+// records, which is what a store that never read the bucket holds, and records at (Unix ns) as the
+// time the bucket's history was forgotten (the later one, when it was forgotten before). A crash
+// before the commit leaves the bucket as it was; after it, nothing of it. Other buckets are not
+// touched. The bucket is then unknown to the store (Buckets does not list it): a stream of the same
+// name created later is read from its first message.
+//
+// Nothing may be applying to the bucket meanwhile: its projector stops first.
+func (db *DB) Forget(bucket string, at int64) error {
+	if db.closed.Load() {
+		return ErrClosed
+	}
+	node, ok := provisioner.ComposedNode(bucket)
+	if !ok || !provisioner.IsPlanInput(bucket) {
+		return fmt.Errorf("store: forget %s: only a composed-<node> bucket is forgotten", bucket)
+	}
+	hl := db.historyLock(bucket)
+	hl.Lock()
+	defer hl.Unlock()
+	db.applyMu.Lock()
+	defer db.applyMu.Unlock()
+	if db.closed.Load() {
+		return ErrClosed
+	}
+	a := &applier{db: db, batch: db.pdb.NewBatch(), w: db.writes.take(), anom: map[string]map[string]byte{},
+		cps: map[string]*Checkpoint{}, states: map[string]*bucketState{}}
+	defer a.batch.Close()
+	defer db.writes.give(a.w)
+
+	// The ranges first: the point writes below (the forgotten mark, inside the marks' range, and the
+	// plan rows) come later in the batch, so they win over them.
+	var ranges [][2][]byte
+	for _, p := range []byte{prefixRow, prefixIndex, prefixAnomaly, prefixHistory, prefixEvent, prefixMarks} {
+		lo := bucketPrefix(nil, p, bucket)
+		ranges = append(ranges, [2][]byte{lo, prefixEnd(lo)})
+	}
+	builds := appendComp([]byte{prefixPlan, planBuildTag}, node)
+	ranges = append(ranges, [2][]byte{builds, prefixEnd(builds)})
+	for _, r := range ranges {
+		if err := a.batch.DeleteRange(r[0], r[1], nil); err != nil {
+			return fmt.Errorf("forget %s: %w", bucket, err)
+		}
+	}
+	// The checkpoint key is the bucket's name unterminated, a prefix of longer names' keys: only it.
+	if err := a.batch.Delete(checkpointKey(bucket), nil); err != nil {
+		return fmt.Errorf("forget %s: %w", bucket, err)
+	}
+	if prev, found, err := forgottenAt(db.pdb, bucket); err != nil {
+		return fmt.Errorf("forget %s: %w", bucket, err)
+	} else if found && prev > at {
+		at = prev
+	}
+	a.set(forgottenKey(nil, bucket), binary.AppendVarint(nil, at))
+
+	// The node's plan rows, whole, with no build records: the host rows and newest builds are as
+	// committed, so each row is what a store that never read the bucket computed.
+	a.plans = &planBatch{rows: map[[2]string]bool{}, modules: map[string]struct{}{}, hosts: map[string]hostState{},
+		newest: map[string]provisioner.OptBuild{}, builds: map[[2]string]map[uint64]*provisioner.BuildRecord{}}
+	a.plans.comps.a = a
+	a.plans.comps.none = true
+	lo := planRowKey(nil, node+".")
+	it, err := db.pdb.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: prefixEnd(lo)})
+	if err != nil {
+		return fmt.Errorf("forget %s: %w", bucket, err)
+	}
+	base := len(planRowPrefix(nil))
+	for it.First(); it.Valid(); it.Next() {
+		key := string(unesc(nil, it.Key()[base:]))
+		_, module, _ := strings.Cut(key, ".")
+		a.plans.rows[[2]string{node, module}] = true
+	}
+	if err := it.Close(); err != nil {
+		return fmt.Errorf("forget %s: %w", bucket, err)
+	}
+	for nm := range a.plans.rows {
+		if err := a.recomputePlan(nm[0], nm[1], true); err != nil {
+			return fmt.Errorf("forget %s: plan %s.%s: %w", bucket, nm[0], nm[1], err)
+		}
+	}
+	if err := a.w.writeTo(a.batch); err != nil {
+		return err
+	}
+	if err := a.batch.Commit(pebble.Sync); err != nil {
+		return fmt.Errorf("forget %s: commit: %w", bucket, err)
+	}
+
+	// Committed: memory follows. Whoever waits on the bucket wakes and finds it unknown.
+	delete(db.openGaps, bucket)
+	db.mu.Lock()
+	if b, ok := db.buckets[bucket]; ok {
+		delete(db.buckets, bucket)
+		if !db.closed.Load() {
+			b.wake()
+		}
+	}
+	db.mu.Unlock()
+	return nil
+}
+
+// forgottenAt reads when a bucket's history was forgotten, from any Pebble reader.
+func forgottenAt(r pebble.Reader, bucket string) (int64, bool, error) {
+	v, closer, err := r.Get(forgottenKey(nil, bucket))
+	if errors.Is(err, pebble.ErrNotFound) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, err
+	}
+	defer closer.Close()
+	at, n := binary.Varint(v)
+	if n <= 0 {
+		return 0, false, fmt.Errorf("%w: forgotten mark of %s", ErrCorrupt, bucket)
+	}
+	return at, true, nil
+}
+
+// ForgottenAt returns when a bucket's history was last forgotten (Unix ns), as this view sees it, and
+// whether it ever was.
+func (v *View) ForgottenAt(bucket string) (int64, bool, error) { return forgottenAt(v.snap, bucket) }
+
+// Forgotten calls fn for every bucket whose history was forgotten, with when (the latest time), in
+// byte order of their names.
+func (v *View) Forgotten(fn func(bucket string, at int64)) error {
+	it, err := v.snap.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixMarks}, UpperBound: []byte{prefixMarks + 1}})
+	if err != nil {
+		return err
+	}
+	for it.First(); it.Valid(); it.Next() {
+		rest := it.Key()[1:]
+		i := termIndex(rest)
+		if i < 0 || len(rest) != i+3 || rest[i+2] != forgottenTag {
+			continue
+		}
+		at, n := binary.Varint(it.Value())
+		if n <= 0 {
+			it.Close()
+			return fmt.Errorf("%w: forgotten mark %q", ErrCorrupt, it.Key())
+		}
+		fn(string(unesc(nil, rest[:i])), at)
+	}
+	return it.Close()
+}
