@@ -239,6 +239,13 @@ func (p *Projector) runBucket(ctx context.Context, bucket string) {
 				return
 			}
 			log.Error("bucket cannot be resumed; run `mesh-provisioner rebuild`", "err", err)
+		} else if errors.Is(err, jetstream.ErrStreamNotFound) && p.db.Checkpoint(bucket).Applied > 0 {
+			// Read before, missing now, not yet confirmed (forget.go): ask again once the confirmation
+			// window has passed. Waiting on the listing instead (awaitStream) would never look again.
+			if !sleep(ctx, p.opts.Verify) {
+				return
+			}
+			continue
 		} else if errors.Is(err, jetstream.ErrStreamNotFound) {
 			// Not created yet: nothing to catch up with until it is (said once, like any bucket synced).
 			seq, _ := p.db.Applied(bucket)
