@@ -417,11 +417,12 @@ func (r *BuildRecord) Fold(m *Message, build uint64) (keep bool) {
 // PublishesPlan reports whether a message of a composed-<node> key is a published composition: one
 // that BuildRecord.Fold keeps as the build's most recently published revision.
 //
-// Of a key's history up to a point, the fold needs two messages only: the newest, which sets the
-// status (or forgets the build, for a purge or a TTL marker), and the newest that publishes a plan
-// after the last purge or TTL marker, which a later refusal, pending composition, value out of shape
-// or delete does not replace. Trimming the event log keeps those two (store/trim.go), so that a fold
-// of the trimmed log finds the same record as the fold of the whole history.
+// Of a build's history up to a point (every spelling of it: m.0042 and m.42 are one build), the fold
+// needs three messages only: the newest, which sets the status (or forgets the build, for a purge or
+// a TTL marker), the last purge or TTL marker, which forgets what came before it, and the newest that
+// publishes a plan after that marker, which a later refusal, pending composition, value out of shape
+// or delete does not replace. Trimming the event log keeps those (store/trim.go), so that a fold of
+// the trimmed log finds the same record as the fold of the whole history.
 func PublishesPlan(m *Message) bool {
 	if m.Op != OpPut {
 		return false

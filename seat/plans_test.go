@@ -786,3 +786,47 @@ func rowsByKey(rows []any) map[string]string {
 	}
 	return out
 }
+
+// TestPlans_AtAfterRetentionBuildsWrittenDifferently: a build written two ways (m5.0042 and m5.42)
+// is one build, and the newest message of either is the composition at it. A delete or a purge of
+// one spelling after the other published holds the module live (held missing, at the plan the delete
+// left, or with none after the purge); once retention has trimmed the log, plans asked at a time at
+// or above the floor answer the same, not the publication of the other spelling.
+func TestPlans_AtAfterRetentionBuildsWrittenDifferently(t *testing.T) {
+	h := newHarness(t)
+	c := provisioner.ComposedPrefix + "n1"
+	comp := func(plan string) []byte { return mp(t, map[string]any{"status": "published", "plan": plan}) }
+	h.load([]fixtures.Op{
+		{Bucket: c, Key: "m5.0042", Value: comp("m5 42"), Op: provisioner.OpPut},
+		{Bucket: c, Key: "m5.42", Op: provisioner.OpDelete},
+		{Bucket: c, Key: "m6.07", Value: comp("m6 7"), Op: provisioner.OpPut},
+		{Bucket: c, Key: "m6.7", Op: provisioner.OpPurge},
+		{Bucket: provisioner.BucketHostModules, Key: "n1.m5", Value: mp(t, map[string]any{"want": 42}), Op: provisioner.OpPut},
+		{Bucket: provisioner.BucketHostModules, Key: "n1.m6", Value: mp(t, map[string]any{"want": 7}), Op: provisioner.OpPut},
+	})
+	st, _ := h.startPlansSeat(t.TempDir())
+	h.waitPlansCaughtUp(st)
+	live, _ := h.askAllPlans(map[string]any{"what": "plans"}, false)
+	a := map[string]any{"rows": live}
+	for key, plan := range map[string]any{"n1.m5": "m5 42", "n1.m6": nil} {
+		cur := planRow(t, a, key)["current"].(map[string]any)
+		require.Equal(t, "held", cur["status"], "%s live", key)
+		require.Equal(t, "missing", cur["held_because"], "%s live", key)
+		require.Equal(t, plan, cur["plan"], "%s live", key)
+	}
+	at := time.Now().UTC()
+
+	// The retention's clock an hour ahead: every bucket's log is trimmed to its newest message.
+	r := store.NewRetention(st.DB, store.RetentionOptions{MaxAge: time.Minute, Now: func() time.Time { return at.Add(time.Hour) }})
+	_, err := r.Apply(context.Background())
+	require.NoError(t, err)
+	v, err := st.DB.View()
+	require.NoError(t, err)
+	m, err := v.HistoryMarks(c)
+	v.Close()
+	require.NoError(t, err)
+	require.EqualValues(t, 4, m.Floor, "%s is trimmed to its newest message", c)
+
+	rows, _ := h.askAllPlans(map[string]any{"what": "plans", "at": at.Format(time.RFC3339Nano)}, false)
+	require.Equal(t, rowsByKey(live), rowsByKey(rows), "plans at %s, after the trim, answer what the live seat does", at)
+}

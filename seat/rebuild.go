@@ -20,7 +20,8 @@ import (
 // A bucket whose stream can no longer be resumed from the checkpoint (it was deleted and created again,
 // or purged past the checkpoint) makes the seat rebuild the whole projection: a new generation beside
 // the current one is filled from the streams by a second projector while the verb keeps answering from
-// the current one; once every bucket of the new one has caught up, the old projector stops, the verb
+// the current one; once its projector has listed the streams for composed-<node> buckets and every
+// bucket of the new one has caught up, the old projector stops, the verb
 // switches to the new store (waiting for the answers in flight on the old one), CURRENT is renamed to
 // the new generation and the old one is removed. The new projector keeps running: nothing is read
 // twice. A crash at any point leaves CURRENT naming a generation that opens (store/rebuild.go).
@@ -175,13 +176,7 @@ func (s *Seat) rebuild(ctx context.Context) error {
 		case <-tick.C:
 		}
 		bar.Set(p.Applied())
-		caughtUp = true
-		for _, b := range p.Buckets() {
-			if _, synced := ndb.Applied(b); !synced {
-				caughtUp = false
-				break
-			}
-		}
+		caughtUp = rebuiltCaughtUp(ndb, p)
 	}
 	bar.Done()
 
@@ -214,6 +209,23 @@ func (s *Seat) rebuild(ctx context.Context) error {
 	}
 	s.log.Info("rebuild swapped in", "generation", gen, "messages", p.Applied(), "took", time.Since(start).Round(time.Millisecond))
 	return nil
+}
+
+// rebuiltCaughtUp reports whether a rebuild's projection can be swapped in, as Synced says of a first
+// start: the streams were listed for composed-<node> buckets, and every bucket found has caught up.
+// The new store holds no composed-<node> bucket to start from, so until that listing Buckets lists only
+// the fixed ones: swapped in then, plans answered unsynced, without the nodes' compositions.
+// Discovered is read first, since a listing tails the buckets it finds before it says so.
+func rebuiltCaughtUp(db *store.DB, p *projector.Projector) bool {
+	if !p.Discovered() {
+		return false
+	}
+	for _, b := range p.Buckets() {
+		if _, synced := db.Applied(b); !synced {
+			return false
+		}
+	}
+	return true
 }
 
 // messages is how many messages the buckets' streams hold, for the progress line.

@@ -17,6 +17,7 @@ import (
 	provisioner "github.com/novox/mesh-provisioner"
 	"github.com/novox/mesh-provisioner/fixtures"
 	"github.com/novox/mesh-provisioner/internal/natstest"
+	"github.com/novox/mesh-provisioner/internal/streaminfo"
 	"github.com/novox/mesh-provisioner/projector"
 	"github.com/novox/mesh-provisioner/query"
 	"github.com/novox/mesh-provisioner/seat"
@@ -238,4 +239,83 @@ func (h *harness) waitRebuilt(st *seat.Seat, ask *asker) {
 	h.waitCaughtUp(st)
 	ask.finish(h.t)
 	h.checkAll()
+}
+
+// slowListing is a JetStream whose stream listings wait while held: a mesh whose listing of every
+// stream takes longer than the fixed buckets' catch-up.
+type slowListing struct {
+	jetstream.JetStream
+	held atomic.Pointer[chan struct{}] // set: listings wait until it is closed
+}
+
+func (j *slowListing) ListStreams(ctx context.Context, opts ...jetstream.StreamListOpt) jetstream.StreamInfoLister {
+	if held := j.held.Load(); held != nil {
+		select {
+		case <-*held:
+		case <-ctx.Done():
+		}
+	}
+	return j.JetStream.ListStreams(ctx, opts...)
+}
+
+// TestPlans_RebuildSwapsInOnceTheComposedBucketsCaughtUp: a rebuild is swapped in only once its
+// projector has listed the streams for composed-<node> buckets and caught up with every one that
+// existed, as a first start is synced only then: right after the swap, plans answers are synced and
+// hold every node's compositions, as before the reset. The stream listing is held back during the
+// rebuild, so discovery finds the buckets only once it lists their names itself (two listing
+// intervals later), long after the fixed buckets caught up.
+func TestPlans_RebuildSwapsInOnceTheComposedBucketsCaughtUp(t *testing.T) {
+	h := newHarness(t)
+	sc := fixtures.Plans()
+	h.load(sc.Before)
+	h.load(sc.After)
+	// More nodes, each with its own bucket and a published composition its host module wants.
+	var more []fixtures.Op
+	for i := range 20 {
+		node := fmt.Sprintf("more-%02d", i)
+		more = append(more,
+			fixtures.Op{Bucket: provisioner.ComposedPrefix + node, Key: "web.3", Op: provisioner.OpPut, Value: mp(t, map[string]any{"status": "published", "plan": node})},
+			fixtures.Op{Bucket: provisioner.BucketHostModules, Key: node + ".web", Op: provisioner.OpPut, Value: mp(t, map[string]any{"want": 3})})
+	}
+	h.load(more)
+	h.load([]fixtures.Op{{Bucket: provisioner.BucketApplied, Key: "edge-1.web", Op: provisioner.OpPut, Value: []byte{0x01}}})
+
+	nc, js := natstest.Connect(t, h.url)
+	slow := &slowListing{JetStream: js}
+	db, err := store.OpenState(t.TempDir(), store.Options{})
+	require.NoError(t, err)
+	st, err := seat.Start(context.Background(), nc, js, db, seat.Config{Plans: true, Streams: streaminfo.New(slow),
+		Projector: projector.Options{Poll: 50 * time.Millisecond, DiscoverEvery: time.Hour, Verify: 500 * time.Millisecond}})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		require.NoError(t, st.Stop())
+		require.NoError(t, db.Close())
+	})
+	h.waitPlansCaughtUp(st)
+	before := h.planAnswers()
+	require.Equal(t, true, before["all"].(map[string]any)["synced"])
+	require.Contains(t, rowsByKey(before["all"].(map[string]any)["rows"].([]any))["more-19.web"], "plan:more-19")
+
+	// The listing is held, and the applied bucket deleted and created again with the same key: the
+	// seat rebuilds, and the plans' inputs are as they were.
+	held := make(chan struct{})
+	slow.held.Store(&held)
+	defer close(held)
+	ctx := context.Background()
+	require.NoError(t, h.js.DeleteKeyValue(ctx, provisioner.BucketApplied))
+	_, err = h.js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: provisioner.BucketApplied, History: 8})
+	require.NoError(t, err)
+	h.load([]fixtures.Op{{Bucket: provisioner.BucketApplied, Key: "edge-1.web", Op: provisioner.OpPut, Value: []byte{0x01}}})
+	natstest.CheckFor(t, 20*time.Second, time.Millisecond, func() error {
+		if st.Rebuilds() == 0 {
+			return errors.New("not rebuilt yet")
+		}
+		return nil
+	})
+	for _, pr := range planRequests {
+		a, err := h.askPlans(pr.req, false)
+		require.NoError(t, err, pr.name)
+		require.Equal(t, true, a["synced"], "%s, right after the swap", pr.name)
+		require.Equal(t, before[pr.name], a, "%s, right after the swap", pr.name)
+	}
 }

@@ -84,9 +84,16 @@
 //     the log (replay), and a refusal, a pending composition, a value out of shape or a delete after a
 //     published composition holds the module at that plan: so the build records as of every n >= h
 //     are unchanged too, and plans as of n answer what the live projection answered at n. A purge or a
-//     TTL marker makes the fold forget the build, and the trim then drops all of the key. What earlier
-//     batches or trims kept of a key is read back from the log, so a resumed trim keeps the same. The
-//     other buckets, the plans' other inputs among them, keep the rule above.
+//     TTL marker makes the fold forget the build, and the trim then drops all of the key, as it drops a
+//     key whose newest event is a delete with nothing published: both fold to no record, as nothing
+//     does. Except when the build is written differently: m.0042 and m.42 fold into one record, so a
+//     delete of one spelling sets the status whatever the other published, and a marker forgets what
+//     the other kept. Such a delete or marker is kept (and a key's last marker beside its newer
+//     events) when another spelling of the build keeps an event below it; the trim seeks the few
+//     spellings that can exist (leading zeros) only for a delete or marker it would otherwise drop. So
+//     a key keeps at most three events. What earlier batches or trims kept of a key is read back from
+//     the log, so a resumed trim keeps the same. The other buckets, the plans' other inputs among them,
+//     keep the rule above.
 //   - A gap is a range of messages the stream removed before the projector read them: Apply sees the
 //     next sequence jump past applied + 1 (a KV bucket's history limit or a purge removed superseded
 //     revisions while the projector was behind, or a fresh projection starts on a stream whose first

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"slices"
 	"sync"
 	"time"
 
@@ -25,7 +26,9 @@ var trimBatch = 4096
 // composed-<node> bucket also keeps its newest published composition at or below horizon since its
 // last purge or TTL marker, and beside it its newest event even when that is a delete: the plans as
 // of a point fold the last plan kept from the log (replay), and a refusal, a pending composition or a
-// delete after a published composition still holds the module at that plan. The state, and the
+// delete after a published composition still holds the module at that plan. A build written
+// differently (m.0042, m.42) is one build record, so a delete or a marker of one spelling is kept too
+// while another spelling keeps an event below it (trimmer.event). The state, and the
 // plans' build records, as of every point at or after horizon are unchanged, and the floor moves to
 // horizon, so as-of questions below it are refused (ErrTrimmed) rather than answered wrong.
 // horizonTime is the time of the message at horizon.
@@ -130,10 +133,9 @@ type trimmer struct {
 }
 
 // keptEvents is what a trim keeps of one key at or below the horizon: its newest event, and, of a
-// composed-<node> key, its newest published composition since its last purge or TTL marker (the two
-// messages a build record is a fold of: provisioner.PublishesPlan). Each is a sequence, 0 for none;
-// they may be one event.
-type keptEvents struct{ newest, published uint64 }
+// composed-<node> key, its newest published composition since its last purge or TTL marker and that
+// marker (provisioner.PublishesPlan says why). Each is a sequence, 0 for none; they may be one event.
+type keptEvents struct{ newest, published, purge uint64 }
 
 func newTrimmer(db *DB, bucket string) *trimmer {
 	t := &trimmer{db: db, bucket: bucket}
@@ -178,12 +180,19 @@ func (t *trimmer) commit(m HistoryMarks) error {
 }
 
 // event handles the event at seq of key, walked in sequence order below the horizon. It becomes the
-// key's newest event, kept when it is a put, and supersedes what the walk kept of the key before it,
-// except, of a composed-<node> key, the newest published composition: a refusal, a pending
-// composition, a value out of shape or a delete leaves the fold's published revision as it was, so it
-// stays, and a delete after it stays too (it makes the build missing). A purge or a TTL marker makes
-// the fold forget the build, so nothing of the key is kept. A key absent from the log is absent from
-// the state, and a build absent from it has no record.
+// key's newest event and supersedes what the walk kept of the key before it, except, of a
+// composed-<node> key, the newest published composition (a refusal, a pending composition, a value
+// out of shape or a delete leaves the fold's published revision as it was) and the last purge or TTL
+// marker. Of any other key a delete or a purge drops everything: a key absent from the log is absent
+// from the state.
+//
+// A build written differently (m.0042, m.42) is one build record, folded from the messages of every
+// spelling, so a composed-<node> key's delete or purge can decide the record whatever the other
+// spellings kept below it: the newest message of the build sets its status, and its last purge or
+// TTL marker forgets what came before. Such an event is kept when another spelling of the build keeps
+// an event below it (othersBelow), and otherwise dropped with the rest of the key as before: with
+// nothing of the build below it, a delete that publishes nothing and a marker fold to no record, as
+// an empty log does.
 func (t *trimmer) event(key string, seq uint64) (int, error) {
 	start := historyKeyStart(nil, t.bucket, key)
 	cur := binary.BigEndian.AppendUint64(append([]byte(nil), start...), seq)
@@ -194,9 +203,11 @@ func (t *trimmer) event(key string, seq uint64) (int, error) {
 	if err != nil {
 		return 0, err
 	}
+	var parts provisioner.Parts
 	plans := false
 	if t.composed != nil {
-		_, perr := provisioner.ParseKey(*t.composed, key)
+		var perr error
+		parts, perr = provisioner.ParseKey(*t.composed, key)
 		plans = perr == nil
 	}
 	// Read from the value now: it lives in the iterator's memory, which keptBefore moves.
@@ -211,24 +222,81 @@ func (t *trimmer) event(key string, seq uint64) (int, error) {
 	var next keptEvents
 	switch {
 	case m.Op == provisioner.OpPut:
-		next = keptEvents{newest: seq, published: k.published}
+		next = keptEvents{newest: seq, published: k.published, purge: k.purge}
 		if published {
 			next.published = seq
 		}
-	case m.Op == provisioner.OpDelete && k.published != 0:
-		next = keptEvents{newest: seq, published: k.published}
+	case !plans:
+	case m.Op == provisioner.OpDelete:
+		next = keptEvents{newest: seq, published: k.published, purge: k.purge}
+		if k.published == 0 {
+			others, err := t.othersBelow(&parts, key, seq)
+			if err != nil {
+				return 0, err
+			}
+			if !others {
+				next = keptEvents{}
+			}
+		}
+	default: // a purge or a TTL marker
+		others, err := t.othersBelow(&parts, key, seq)
+		if err != nil {
+			return 0, err
+		}
+		if others {
+			next = keptEvents{newest: seq, purge: seq}
+		}
 	}
 	t.kept[key] = next
-	for i, s := range [...]uint64{k.newest, k.published, seq} {
-		if s == 0 || s == next.newest || s == next.published || (i == 1 && s == k.newest) {
-			continue // nothing, kept, or dropped already as the newest
+	var dropped [4]uint64
+	for i, s := range [...]uint64{k.newest, k.published, k.purge, seq} {
+		if s == 0 || s == next.newest || s == next.published || s == next.purge || slices.Contains(dropped[:i], s) {
+			continue // nothing, kept, or dropped already
 		}
+		dropped[i] = s
 		if err := t.drop(start, s); err != nil {
 			return 0, err
 		}
 		deleted++
 	}
 	return deleted, nil
+}
+
+// othersBelow reports whether another spelling of the build of a composed-<node> key (the module's
+// key with its build written with more or fewer leading zeros) keeps an event below seq: what this
+// batch kept of it when the batch met it, else its committed events, which below seq are all what
+// earlier batches and trims kept. It seeks each spelling that can exist, stopping at the first number
+// of leading zeros no key of the bucket starts with, so a build written one way costs a seek or two.
+func (t *trimmer) othersBelow(p *provisioner.Parts, key string, seq uint64) (bool, error) {
+	digits := provisioner.FormatBuild(p.Build)
+	zeros := p.Module + "."
+	for z := 0; ; z++ {
+		if z > 0 {
+			zeros += "0"
+			t.buf = appendEsc(bucketPrefix(t.buf[:0], prefixHistory, t.bucket), zeros)
+			if !t.hist.SeekGE(t.buf) || !bytes.HasPrefix(t.hist.Key(), t.buf) {
+				return false, t.hist.Error()
+			}
+		}
+		other := zeros + digits
+		if other == key {
+			continue
+		}
+		if k, met := t.kept[other]; met {
+			if k != (keptEvents{}) {
+				return true, nil
+			}
+			continue
+		}
+		t.buf = historyKeyStart(t.buf[:0], t.bucket, other)
+		if t.hist.SeekGE(t.buf) && bytes.HasPrefix(t.hist.Key(), t.buf) && len(t.hist.Key()) == len(t.buf)+8 &&
+			binary.BigEndian.Uint64(t.hist.Key()[len(t.buf):]) < seq {
+			return true, nil
+		}
+		if err := t.hist.Error(); err != nil {
+			return false, err
+		}
+	}
 }
 
 // message decodes the history entry under the iterator, an event of key.
@@ -241,8 +309,8 @@ func (t *trimmer) message(key string) (provisioner.Message, error) {
 
 // keptBefore reads what earlier batches and trims kept of a key that this batch has not met yet: its
 // committed events before the iterator's position, which are all at or below what was trimmed
-// before. There are at most two, the newest and a published composition older than it; any other is
-// dropped, as the rule says.
+// before. There are at most three, the newest, a published composition and a purge or TTL marker
+// older than it; any other is dropped, as the rule says.
 func (t *trimmer) keptBefore(key string, start []byte, plans bool) (keptEvents, int, error) {
 	var k keptEvents
 	deleted := 0
@@ -251,14 +319,20 @@ func (t *trimmer) keptBefore(key string, start []byte, plans bool) (keptEvents, 
 		if err != nil {
 			return k, deleted, err
 		}
+		marker := plans && m.Op != provisioner.OpPut && m.Op != provisioner.OpDelete
 		switch published := plans && provisioner.PublishesPlan(&m); {
 		case k.newest == 0:
 			k.newest = m.Seq
 			if published {
 				k.published = m.Seq
 			}
-		case k.published == 0 && published:
+			if marker {
+				k.purge = m.Seq
+			}
+		case k.purge == 0 && k.published == 0 && published:
 			k.published = m.Seq
+		case k.purge == 0 && marker:
+			k.purge = m.Seq
 		default:
 			if err := t.drop(start, m.Seq); err != nil {
 				return k, deleted, err
@@ -446,8 +520,8 @@ func (r *Retention) trimBucket(ctx context.Context, bucket string, horizon int64
 
 // sizeHorizon finds, when the log is bigger than MaxBytes, the time before which enough events go to
 // bring it down to 80% of MaxBytes. Events are counted by sequence above each bucket's compacted floor,
-// so the estimate is proportional: compaction keeps one event per live key (two for a composition
-// held at an older published one), which is why the next round may trim further.
+// so the estimate is proportional: compaction keeps one event per live key (up to three of a
+// composition: see TrimHistory), which is why the next round may trim further.
 func (r *Retention) sizeHorizon(now int64) (int64, bool, error) {
 	used, err := r.db.HistoryBytes()
 	if err != nil {

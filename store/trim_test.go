@@ -11,9 +11,10 @@ import (
 	"github.com/novox/mesh-provisioner/store"
 )
 
-// foldBuilds folds a composed-<node> bucket's messages into a build record per key, as Apply does
-// (provisioner.BuildRecord.Fold), and returns the records as of every point from..to: the plans as of
-// a point read the bucket through these.
+// foldBuilds folds a composed-<node> bucket's messages into a build record per module and build, as
+// Apply does (provisioner.BuildRecord.Fold), and returns the records as of every point from..to: the
+// plans as of a point read the bucket through these. A build written differently (m.0042, m.42) is one
+// build, so the messages of every spelling fold into one record.
 func foldBuilds(tb testing.TB, bucket string, msgs []provisioner.Message, from, to uint64) []map[string]provisioner.BuildRecord {
 	tb.Helper()
 	shape, ok := provisioner.ShapeOf(bucket)
@@ -28,11 +29,12 @@ func foldBuilds(tb testing.TB, bucket string, msgs []provisioner.Message, from, 
 			if err != nil {
 				continue
 			}
-			r := recs[m.Key]
+			b := p.Module + "." + provisioner.FormatBuild(p.Build)
+			r := recs[b]
 			if r.Fold(m, p.Build) {
-				recs[m.Key] = r
+				recs[b] = r
 			} else {
-				delete(recs, m.Key)
+				delete(recs, b)
 			}
 		}
 		at := make(map[string]provisioner.BuildRecord, len(recs))
@@ -76,11 +78,22 @@ func statesOf(msgs []provisioner.Message) []map[string]string {
 	return states
 }
 
+// trimCounts says what a trimmed composed-<node> log keeps below its floor beyond each key's newest
+// put: keys that keep a published composition below a newer event, deletes after a published one,
+// and deletes or markers kept because another spelling of the build keeps an event below them.
+type trimCounts struct{ pairs, deletes, forSpellings int }
+
+func (c *trimCounts) add(o trimCounts) {
+	c.pairs, c.deletes, c.forSpellings = c.pairs+o.pairs, c.deletes+o.deletes, c.forSpellings+o.forSpellings
+}
+
 // checkTrimmedComposed checks a composed-<node> bucket's log after a trim to its floor: as of every
-// point from the floor on, the state is unchanged, and the build records folded from the log are those
-// folded from the whole history; below the floor, each key keeps at most two events. It returns how
-// many keys keep two, and how many keep a delete.
-func checkTrimmedComposed(t *testing.T, db *store.DB, bucket string, msgs []provisioner.Message, what string) (pairs, deletes int) {
+// point from the floor on, the state is unchanged, and the build records folded from the log (every
+// spelling of a build into one) are those folded from the whole history; below the floor, each key
+// keeps at most three events, and a delete that follows no published composition of its key, or a
+// purge or TTL marker, only when another spelling of its build had an event below it (a build written
+// one way drops them as an empty log folds them: to no record).
+func checkTrimmedComposed(t *testing.T, db *store.DB, bucket string, msgs []provisioner.Message, what string) trimCounts {
 	t.Helper()
 	m := marks(t, db, bucket)
 	states := statesOf(msgs)
@@ -93,24 +106,60 @@ func checkTrimmedComposed(t *testing.T, db *store.DB, bucket string, msgs []prov
 			require.Equal(t, states[n], stateAt(t, db, bucket, "", n), "%s: %s: state as of %d, floor %d", what, bucket, n, m.Floor)
 		}
 	}
+	var c trimCounts
 	if m.Trimmed < m.Floor {
-		return 0, 0 // the walk has not got there yet
+		return c // the walk has not got there yet
 	}
-	below := map[string]int{}
-	for _, ev := range log {
-		if ev.Seq <= m.Floor {
-			below[ev.Key]++
-			require.LessOrEqual(t, below[ev.Key], 2, "%s: %s: at most the newest event and a published one of %s below the floor", what, bucket, ev.Key)
-			require.Contains(t, []provisioner.Op{provisioner.OpPut, provisioner.OpDelete}, ev.Op, "%s: %s", what, bucket)
-			if below[ev.Key] == 2 {
-				pairs++
+	shape, _ := provisioner.ShapeOf(bucket)
+	buildOf := func(p provisioner.Parts) string { return p.Module + "." + provisioner.FormatBuild(p.Build) }
+	// spelt: module.build -> spelling -> its first sequence in the whole history.
+	spelt := map[string]map[string]uint64{}
+	for _, ev := range msgs {
+		if p, err := provisioner.ParseKey(shape, ev.Key); err == nil {
+			if spelt[buildOf(p)] == nil {
+				spelt[buildOf(p)] = map[string]uint64{}
 			}
-			if ev.Op == provisioner.OpDelete {
-				deletes++
+			if _, ok := spelt[buildOf(p)][ev.Key]; !ok {
+				spelt[buildOf(p)][ev.Key] = ev.Seq
 			}
 		}
 	}
-	return pairs, deletes
+	below := map[string]int{}
+	published := map[string]bool{}
+	for _, ev := range log {
+		if ev.Seq > m.Floor {
+			continue
+		}
+		below[ev.Key]++
+		require.LessOrEqual(t, below[ev.Key], 3, "%s: %s: at most the newest event, a published one and a marker of %s below the floor", what, bucket, ev.Key)
+		if below[ev.Key] > 1 {
+			c.pairs++
+		}
+		p, err := provisioner.ParseKey(shape, ev.Key)
+		if err != nil {
+			require.Equal(t, provisioner.OpPut, ev.Op, "%s: %s: a key out of shape keeps its newest put only", what, bucket)
+			continue
+		}
+		others := 0
+		for k, first := range spelt[buildOf(p)] {
+			if k != ev.Key && first < ev.Seq {
+				others++
+			}
+		}
+		switch {
+		case ev.Op == provisioner.OpPut:
+			published[ev.Key] = published[ev.Key] || provisioner.PublishesPlan(&ev)
+		case ev.Op == provisioner.OpDelete && published[ev.Key]:
+			c.deletes++
+		default:
+			require.Positive(t, others, "%s: %s: %s keeps a delete or marker at %d, its build never written otherwise below it", what, bucket, ev.Key, ev.Seq)
+			c.forSpellings++
+			if ev.Op != provisioner.OpDelete {
+				published[ev.Key] = false
+			}
+		}
+	}
+	return c
 }
 
 // TestDB_TrimHistoryKeepsTheLastPlanKept: trimming a composed-<node> bucket keeps, of every key, the
@@ -129,7 +178,7 @@ func TestDB_TrimHistoryKeepsTheLastPlanKept(t *testing.T) {
 				for b, msgs := range hist {
 					require.NoError(t, db.Apply(b, msgs, 1, false))
 				}
-				pairs, deletes := 0, 0
+				var c trimCounts
 				for b, msgs := range hist {
 					if _, ok := provisioner.ComposedNode(b); !ok {
 						continue
@@ -138,12 +187,12 @@ func TestDB_TrimHistoryKeepsTheLastPlanKept(t *testing.T) {
 					for _, h := range []uint64{last / 4, last/4 + 1, last / 2, last - 1, last} {
 						_, err := db.TrimHistory(context.Background(), b, h, int64(h)*1e9)
 						require.NoError(t, err)
-						p, d := checkTrimmedComposed(t, db, b, msgs, fmt.Sprintf("trimmed to %d", h))
-						pairs, deletes = pairs+p, deletes+d
+						c.add(checkTrimmedComposed(t, db, b, msgs, fmt.Sprintf("trimmed to %d", h)))
 					}
 				}
-				require.Positive(t, pairs, "some key keeps a published composition below a newer event")
-				require.Positive(t, deletes, "some key keeps a delete after its published composition")
+				require.Positive(t, c.pairs, "some key keeps a published composition below a newer event")
+				require.Positive(t, c.deletes, "some key keeps a delete after its published composition")
+				require.Positive(t, c.forSpellings, "some key keeps a delete or marker for another spelling of its build")
 			})
 		}
 	}
@@ -179,8 +228,9 @@ func TestDB_InterruptedTrimKeepsTheLastPlanKept(t *testing.T) {
 	require.NoError(t, err)
 	m = marks(t, db, b)
 	require.Equal(t, last-2, m.Trimmed)
-	pairs, _ := checkTrimmedComposed(t, db, b, msgs, "resumed")
-	require.Positive(t, pairs, "some key keeps a published composition below a newer event")
+	c := checkTrimmedComposed(t, db, b, msgs, "resumed")
+	require.Positive(t, c.pairs, "some key keeps a published composition below a newer event")
+	require.Positive(t, c.forSpellings, "some key keeps a delete or marker for another spelling of its build")
 }
 
 // TestDB_TrimHistoryOfOtherBucketsKeepsOnlyTheNewestPut: the plans' other inputs, and the
