@@ -12,6 +12,7 @@ import (
 	"runtime"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -102,7 +103,12 @@ type Server struct {
 	jobsClosed bool
 	workers    sync.WaitGroup
 	ahead      readAhead
+
+	answered [len(answerCodes)]atomic.Int64 // answers by code (Answered)
 }
+
+// answerCodes are the codes a verb answer can carry (Code), in the order Server.answered counts them.
+var answerCodes = [...]int{200, 400, 404, 410, 500, 501, 504}
 
 // NewServer returns a Server reading from r.
 func NewServer(r Reader, opts Options) *Server {
@@ -291,9 +297,30 @@ func (s *Server) answerError(req micro.Request, r *Request, format Format, err e
 }
 
 func (s *Server) observe(r *Request, code int, start time.Time) {
+	for i, c := range answerCodes {
+		if c == code {
+			s.answered[i].Add(1)
+			break
+		}
+	}
 	if s.opts.Observe != nil {
 		s.opts.Observe(r.What, code, time.Since(start))
 	}
+}
+
+// Answered returns how many answers the Server has given since it started, by code ("200" for rows,
+// then the error codes of Code), each code once answered. micro's own stats count as errors only those
+// answered in its handler (requests that cannot be decoded): these count every one, the 404, 410, 504
+// and 500 that workers answer after the handler returned too, for `nats micro stats` (the seat's
+// stats data) as well as Prometheus.
+func (s *Server) Answered() map[string]int64 {
+	m := map[string]int64{}
+	for i, c := range answerCodes {
+		if n := s.answered[i].Load(); n > 0 {
+			m[strconv.Itoa(c)] = n
+		}
+	}
+	return m
 }
 
 // ErrorBody is the body of an error answer: {"error": "..."} in the request's format.

@@ -47,6 +47,10 @@ type Stats struct {
 	Buckets map[string]BucketStats `json:"buckets"`
 	// BucketsTotal is how many buckets the projection holds, listed in Buckets or not.
 	BucketsTotal int `json:"buckets_total"`
+	// AnswersByCode counts the verb's answers since start by code: "200" for rows, and every error
+	// code. micro's num_errors counts only the requests that could not be decoded (answered in its
+	// handler); the 404, 410, 504 and 500 found while answering are counted here.
+	AnswersByCode map[string]int64 `json:"answers_by_code"`
 }
 
 // BucketStats is one bucket's position.
@@ -59,7 +63,8 @@ type BucketStats struct {
 // Stats reads where every bucket's projection stands.
 func (s *Seat) Stats() Stats {
 	db := s.Store()
-	st := Stats{Schema: store.SchemaVersion, MessagesApplied: s.Current().Applied(), Buckets: map[string]BucketStats{}}
+	st := Stats{Schema: store.SchemaVersion, MessagesApplied: s.Current().Applied(), Buckets: map[string]BucketStats{},
+		AnswersByCode: s.Server.Answered()}
 	st.Synced = len(s.Unsynced()) == 0
 	buckets := db.Buckets()
 	own := map[string]bool{}

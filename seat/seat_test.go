@@ -526,6 +526,18 @@ func TestSeat_BadRequests(t *testing.T) {
 	require.Len(t, stats.Endpoints, 1)
 	require.Equal(t, decodeErrors, stats.Endpoints[0].NumErrors, "errors micro counted")
 	require.NotEmpty(t, stats.Endpoints[0].LastError)
+	// The seat's stats data counts every answer by code, the errors found while answering too.
+	want := map[string]int64{}
+	for _, tc := range cases {
+		want[fmt.Sprint(tc.code)]++
+	}
+	require.Greater(t, want["404"]+want["504"], int64(1))
+	var data seat.Stats
+	require.NoError(t, json.Unmarshal(stats.Endpoints[0].Data, &data))
+	for code, n := range want {
+		require.Equal(t, n, data.AnswersByCode[code], "answers of code %s", code)
+	}
+	require.GreaterOrEqual(t, data.AnswersByCode["200"], int64(len(cases)), "the registry asked after each case")
 }
 
 // startBenchSeat starts a seat for a benchmark on its own connection and state dir.
