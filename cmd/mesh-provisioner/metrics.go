@@ -3,6 +3,8 @@ package main
 import (
 	"flag"
 	"log/slog"
+	"net/http"
+	"net/http/pprof"
 	"time"
 
 	"github.com/novox/mesh-provisioner/internal/metrics"
@@ -14,10 +16,12 @@ import (
 type opsFlags struct {
 	metricsAddr string
 	metricsPoll time.Duration
+	pprof       bool
 }
 
 func (f *opsFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "serve /metrics (Prometheus), /healthz and /readyz on this host:port, e.g. 127.0.0.1:9464 (empty: off)")
+	fs.BoolVar(&f.pprof, "pprof", false, "also serve Go's profiles under /debug/pprof/ on --metrics-addr (keep that address private)")
 	fs.DurationVar(&f.metricsPoll, "metrics-poll", 5*time.Second, "how often the streams' last sequences are read for the lag metric (the seat lists every stream's info this often, or every 10s if sooner)")
 }
 
@@ -37,13 +41,30 @@ func startOps(f opsFlags, streams *streaminfo.Poller, log *slog.Logger) (*opsSer
 		return nil, nil
 	}
 	m := metrics.New(metrics.Options{Version: Version, Streams: streams, Poll: f.metricsPoll, Logger: log})
-	srv, err := metrics.Listen(f.metricsAddr, m.Handler(), log)
+	h, paths := m.Handler(), "/metrics /healthz /readyz"
+	if f.pprof {
+		h, paths = withPprof(h), paths+" /debug/pprof/"
+	}
+	srv, err := metrics.Listen(f.metricsAddr, h, log)
 	if err != nil {
 		return nil, err
 	}
 	m.Start()
-	log.Info("metrics listening", "addr", srv.Addr(), "paths", "/metrics /healthz /readyz")
+	log.Info("metrics listening", "addr", srv.Addr(), "paths", paths)
 	return &opsServer{metrics: m, http: srv}, nil
+}
+
+// withPprof serves Go's profiles (CPU, heap, goroutines, traces) under /debug/pprof/ beside h: how an
+// operator, or a benchmark, finds where a running seat spends its time without restarting it.
+func withPprof(h http.Handler) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/", h)
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	return mux
 }
 
 // poll is how often the metrics read the streams' last sequences, so the seat lists them at least as

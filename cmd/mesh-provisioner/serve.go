@@ -99,6 +99,9 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 	if c.demo && c.nats.url != "" {
 		return &usageError{msg: "--demo loads the embedded server: leave out --nats, and unset NATS_URL"}
 	}
+	if c.ops.pprof && c.ops.metricsAddr == "" {
+		return &usageError{msg: "--pprof serves the profiles on --metrics-addr: give it too"}
+	}
 
 	url := c.nats.url
 	if url == "" {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -203,4 +204,35 @@ func TestServe_LagWithoutStreamListPermission(t *testing.T) {
 		require.NoError(t, err)
 	}
 	follows()
+}
+
+// --pprof serves Go's profiles beside the metrics, and only there: without --metrics-addr it is a usage
+// error, and without --pprof the path is not served.
+func TestServe_Pprof(t *testing.T) {
+	ns := natstest.RunServer(t)
+	s, err := startServe(t.TempDir(), "--nats", ns.ClientURL(), "--metrics-addr", "127.0.0.1:0", "--pprof")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.stop() })
+	code, body, err := metricstest.Get("http://" + s.metricsAddr + "/debug/pprof/")
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, body, "Types of profiles available")
+	code, body, err = metricstest.Get("http://" + s.metricsAddr + "/debug/pprof/goroutine?debug=1")
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, body, "goroutine profile")
+	code, _, err = metricstest.Get("http://" + s.metricsAddr + "/healthz")
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, code, "the ops paths are still served")
+
+	plain, err := startServe(t.TempDir(), "--nats", ns.ClientURL(), "--metrics-addr", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = plain.stop() })
+	code, _, err = metricstest.Get("http://" + plain.metricsAddr + "/debug/pprof/")
+	require.NoError(t, err)
+	require.Equal(t, http.StatusNotFound, code)
+
+	rc, _, stderr := run(t, "serve", "--nats", ns.ClientURL(), "--pprof", "--state", filepath.Join(t.TempDir(), "state"))
+	require.Equal(t, 2, rc, stderr)
+	require.Contains(t, stderr, "--pprof serves the profiles on --metrics-addr")
 }
