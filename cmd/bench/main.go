@@ -247,7 +247,11 @@ func (b *bench) load(ctx context.Context, ops []fixtures.Op) error {
 }
 
 func (b *bench) startSeat(state string) error {
-	cmd := exec.Command(b.bin, "serve", "--nats", b.url, "--state", state, "--log-format", "json")
+	args := []string{"serve", "--nats", b.url, "--state", state, "--log-format", "json"}
+	// BENCH_SEAT_ARGS adds flags to the seat's, e.g. "--metrics-addr 127.0.0.1:9465 --pprof" to profile
+	// it while the bench runs (go tool pprof http://127.0.0.1:9465/debug/pprof/profile?seconds=10).
+	args = append(args, strings.Fields(os.Getenv("BENCH_SEAT_ARGS"))...)
+	cmd := exec.Command(b.bin, args...)
 	cmd.Stdout = io.Discard
 	cmd.Stderr = &b.seatErr
 	if err := cmd.Start(); err != nil {
