@@ -1,6 +1,7 @@
 package store
 
 import (
+	"bytes"
 	"encoding/binary"
 	"strings"
 
@@ -54,14 +55,7 @@ func unesc(dst, b []byte) []byte {
 }
 
 // hasZero reports whether b holds a 0x00 byte, i.e. whether unesc has anything to undo.
-func hasZero(b []byte) bool {
-	for _, c := range b {
-		if c == 0 {
-			return true
-		}
-	}
-	return false
-}
+func hasZero(b []byte) bool { return bytes.IndexByte(b, 0) >= 0 }
 
 func metaKey(name string) []byte { return append([]byte{prefixMeta}, name...) }
 
