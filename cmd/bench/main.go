@@ -484,7 +484,7 @@ func (b *bench) moduleLookups(ctx context.Context) error {
 		cases = append(cases, lookupCase{req: map[string]any{"what": "needs", "module": mod}, filter: "*." + mod + ".>"})
 	}
 	return b.wideLookups(ctx, "module lookup", provisioner.BucketNeeds, cases,
-		"one module across all nodes, about %d rows, every page at limit 10000, from the first request to the last page read (rows and next) by the client; median of 5 modules × 3 rounds; direct: KV watch of *.<module>.> until its initial values are done")
+		"one module across all nodes, about %d rows, every page at limit 10000, from the first request to the last page read (rows and next) by the client; median of 5 modules × %d rounds; direct: KV watch of *.<module>.> until its initial values are done")
 }
 
 func (b *bench) collectionLookups(ctx context.Context) error {
@@ -493,7 +493,7 @@ func (b *bench) collectionLookups(ctx context.Context) error {
 		cases = append(cases, lookupCase{req: map[string]any{"what": "collect", "collection": c}, filter: "*." + provisioner.EncodeCollection(c) + ".*"})
 	}
 	return b.wideLookups(ctx, "collection lookup", provisioner.BucketCollect, cases,
-		"one collection across all nodes, about %d rows, timed as the module lookup; median of 3 collections × 3 rounds; direct: KV watch of *.<escaped>.*")
+		"one collection across all nodes, about %d rows, timed as the module lookup; median of 3 collections × %d rounds; direct: KV watch of *.<escaped>.*")
 }
 
 // lookupCase is one wide lookup: the verb's request, and the KV watch filter that reads the same keys.
@@ -513,7 +513,11 @@ func (b *bench) wideLookups(ctx context.Context, figure, bucket string, cases []
 	rows := 0
 	// Each case is measured wideRounds times, verb and direct in turn: on a shared machine one sample
 	// of each moved the ratio by a third from run to run.
-	for r := 0; r < wideRounds; r++ {
+	rounds := wideRounds
+	if n, err := strconv.Atoi(os.Getenv("BENCH_WIDE_ROUNDS")); err == nil && n > 0 {
+		rounds = n // more samples, or a longer window to profile the seat in (BENCH_SEAT_ARGS)
+	}
+	for r := 0; r < rounds; r++ {
 		for _, c := range cases {
 			n, err := b.wideCase(kv, c, &vm, &vj, &dw)
 			if err != nil {
@@ -524,7 +528,7 @@ func (b *bench) wideLookups(ctx context.Context, figure, bucket string, cases []
 	}
 	m, j, d := percentile(vm, 0.5), percentile(vj, 0.5), percentile(dw, 0.5)
 	b.add(figure, fmt.Sprintf("verb %s MessagePack, %s JSON; direct watch %s; %.1f× (MessagePack), %.1f× (JSON) faster",
-		ms(m), ms(j), ms(d), float64(d)/float64(m), float64(d)/float64(j)), fmt.Sprintf(how, rows/len(cases)/wideRounds))
+		ms(m), ms(j), ms(d), float64(d)/float64(m), float64(d)/float64(j)), fmt.Sprintf(how, rows/len(cases)/rounds, rounds))
 	return nil
 }
 
