@@ -47,7 +47,21 @@ func (db *DB) historyLock(bucket string) *sync.Mutex {
 // name created later is read from its first message.
 //
 // Nothing may be applying to the bucket meanwhile: its projector stops first.
-func (db *DB) Forget(bucket string, at int64) error {
+func (db *DB) Forget(bucket string, at int64) error { return db.forget(bucket, at, nil) }
+
+// ForgetFrom forgets a composed-<node> bucket as Forget does, and in the same batch sets its checkpoint
+// to resume: the bucket is then known again, at resume.Applied of a stream created at
+// resume.StreamCreated, and its projector reads that stream on from resume.Applied + 1 with nothing
+// before it in the log. It is for a bucket whose stream cannot be resumed (recreated, or purged
+// before it was read) but still exists: resume.Applied is the stream's first sequence - 1, so the
+// messages the stream removed before at are not a gap of the new log but part of what was
+// forgotten, and plans as of at or later are folded from the log alone.
+func (db *DB) ForgetFrom(bucket string, at int64, resume Checkpoint) error {
+	resume.AnomalyRows = 0
+	return db.forget(bucket, at, &resume)
+}
+
+func (db *DB) forget(bucket string, at int64, resume *Checkpoint) error {
 	if db.closed.Load() {
 		return ErrClosed
 	}
@@ -85,6 +99,11 @@ func (db *DB) Forget(bucket string, at int64) error {
 	// The checkpoint key is the bucket's name unterminated, a prefix of longer names' keys: only it.
 	if err := a.batch.Delete(checkpointKey(bucket), nil); err != nil {
 		return fmt.Errorf("forget %s: %w", bucket, err)
+	}
+	if resume != nil {
+		if err := a.batch.Set(checkpointKey(bucket), resume.encode(nil), nil); err != nil {
+			return fmt.Errorf("forget %s: %w", bucket, err)
+		}
 	}
 	if prev, found, err := forgottenAt(db.pdb, bucket); err != nil {
 		return fmt.Errorf("forget %s: %w", bucket, err)
@@ -135,6 +154,11 @@ func (db *DB) Forget(bucket string, at int64) error {
 		}
 	}
 	db.mu.Unlock()
+	if resume != nil {
+		b := db.bucket(bucket) // a new state: not synced until its projector catches up again
+		b.cp = *resume
+		b.seq.Store(resume.Applied)
+	}
 	return nil
 }
 
