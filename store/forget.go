@@ -162,6 +162,29 @@ func (db *DB) forget(bucket string, at int64, resume *Checkpoint) error {
 	return nil
 }
 
+// SetForgottenAt records that a composed-<node> bucket's history was forgotten at (Unix ns), as Forget
+// does, without touching anything else: a store loaded from an archive carries the marks of the log
+// it was written from.
+func (db *DB) SetForgottenAt(bucket string, at int64) error {
+	if db.closed.Load() {
+		return ErrClosed
+	}
+	if _, ok := provisioner.ComposedNode(bucket); !ok || !provisioner.IsPlanInput(bucket) {
+		return fmt.Errorf("store: forgotten mark of %s: only a composed-<node> bucket is forgotten", bucket)
+	}
+	db.applyMu.Lock()
+	defer db.applyMu.Unlock()
+	if prev, found, err := forgottenAt(db.pdb, bucket); err != nil {
+		return err
+	} else if found && prev > at {
+		return nil
+	}
+	if err := db.pdb.Set(forgottenKey(nil, bucket), binary.AppendVarint(nil, at), pebble.NoSync); err != nil {
+		return fmt.Errorf("forgotten mark of %s: %w", bucket, err)
+	}
+	return nil
+}
+
 // forgottenAt reads when a bucket's history was forgotten, from any Pebble reader.
 func forgottenAt(r pebble.Reader, bucket string) (int64, bool, error) {
 	v, closer, err := r.Get(forgottenKey(nil, bucket))
