@@ -12,7 +12,6 @@ import (
 	provisioner "github.com/novox/mesh-provisioner"
 	"github.com/novox/mesh-provisioner/internal/natstest"
 	"github.com/novox/mesh-provisioner/projector"
-	"github.com/novox/mesh-provisioner/seat"
 )
 
 // TestPlans_ComposedBucketThatCannotBeResumedIsReadAgain: a composed-<node> bucket whose stream can no
@@ -153,8 +152,6 @@ func TestPlans_ComposedBucketThatCannotBeResumedIsReadAgain(t *testing.T) {
 		})
 	}
 }
-
-var _ = seat.Start
 
 // TestPlans_AtOfOneNodeReadsOnlyItsComposedBucket: plans at a time, asked for one node, read that
 // node's composed-<node> bucket alone of the compositions, since no other node's rows or anomalies
