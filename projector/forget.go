@@ -1,12 +1,14 @@
 package projector
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"time"
 
 	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/store"
 )
 
 // A bucket's stream that the JetStream API says is not found, after the projection read it, was
@@ -23,6 +25,17 @@ import (
 //     log afresh for each of them;
 //   - any other bucket is ErrCannotResume, and its owner rebuilds, as for a recreated stream: those
 //     are deleted by an operator, rarely, and every answer rests on them.
+//
+// Every other reason a composed-<node> bucket's stream cannot be resumed (ErrCannotResume, verify.go:
+// recreated, ending before the checkpoint, starting past it, a live key's message removed) is handled
+// the same way, but the stream is there: the bucket is forgotten and read again at once, by the same
+// goroutine (reread). In a large mesh these are routine (a node reinstalled deletes its bucket and
+// creates it again within seconds; a node engine purges its own compositions), and each made the
+// whole seat rebuild. The store's checkpoint is set, in Forget's batch, to the stream's first
+// sequence - 1 as the stream was read just before (store.DB.ForgetFrom): the messages it removed
+// before are part of what was forgotten, not a gap of the new log, so plans as of the forgotten mark
+// or later are folded from the new log exactly; before the mark they are 410 for that node, as after
+// a deletion. Messages removed after that read are found by the next check, as any purge.
 
 // errForget says a composed-<node> bucket's stream was found deleted and stayed so: forget it.
 var errForget = errors.New("projector: stream deleted")
@@ -41,7 +54,7 @@ func (p *Projector) streamMissing(bucket string) error {
 	if !seen || now.Sub(first) < p.opts.Verify {
 		return nil
 	}
-	if _, composed := provisioner.ComposedNode(bucket); composed && provisioner.IsPlanInput(bucket) {
+	if isComposed(bucket) {
 		return fmt.Errorf("%w: stream %s not found since %s", errForget, provisioner.StreamName(bucket), first.UTC().Format(time.RFC3339))
 	}
 	return deleted(bucket)
@@ -59,5 +72,33 @@ func (p *Projector) forget(bucket string, reason error, log *slog.Logger) error 
 	delete(p.tailed, bucket)
 	p.mu.Unlock()
 	log.Info("bucket deleted: its projection and event log are forgotten", "reason", reason)
+	return nil
+}
+
+// isComposed reports whether a bucket is a composed-<node> plans input, forgotten rather than rebuilt.
+func isComposed(bucket string) bool {
+	_, composed := provisioner.ComposedNode(bucket)
+	return composed && provisioner.IsPlanInput(bucket)
+}
+
+// reread forgets a composed-<node> bucket whose stream cannot be resumed (reason, ErrCannotResume) and
+// sets it to be read again from that stream's first message; the bucket's consumer has stopped. A
+// stream that cannot be read now (deleted meanwhile, say) is an error: the caller retries, and a
+// deletion is then confirmed and forgotten as such.
+func (p *Projector) reread(ctx context.Context, bucket string, reason error, log *slog.Logger) error {
+	ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	info, err := p.streams.Read(ictx, provisioner.StreamName(bucket))
+	if err != nil {
+		return fmt.Errorf("read the stream again: %w", err)
+	}
+	// Read before the mark is taken: every message below its first sequence was removed before it.
+	resume := store.Checkpoint{Applied: max(info.State.FirstSeq, 1) - 1, StreamCreated: info.Created.UnixNano()}
+	if err := p.db.ForgetFrom(bucket, time.Now().UnixNano(), resume); err != nil {
+		return fmt.Errorf("forget the bucket to read it again: %w", err)
+	}
+	p.missing.Delete(bucket)
+	log.Warn("bucket cannot be resumed: its projection and event log are forgotten, and its stream read again",
+		"reason", reason, "from_seq", resume.Applied+1)
 	return nil
 }

@@ -53,9 +53,10 @@ type Options struct {
 	// the streams every Verify on a goroutine of its own.
 	Streams *streaminfo.Poller
 	// OnReset is called when a bucket's stream can no longer be resumed from the checkpoint (it was
-	// recreated, or deleted when it is not a composed-<node> bucket, which is forgotten instead:
-	// forget.go; or messages past the checkpoint were removed before they were read). The consumer of
-	// that bucket stops; the owner rebuilds. Nil logs and keeps waiting.
+	// recreated or deleted, or messages past the checkpoint were removed before they were read). The
+	// consumer of that bucket stops; the owner rebuilds. Nil logs and keeps waiting. A composed-<node>
+	// bucket never calls it: it is forgotten in place, and read again from its stream's first message
+	// when the stream still exists (forget.go).
 	OnReset func(bucket string, reason error)
 	// Composed tails every composed-<node> bucket too: those found at start, those created later
 	// (discover.go), and those the projection holds, so that one deleted meanwhile is found so.
@@ -231,6 +232,17 @@ func (p *Projector) runBucket(ctx context.Context, bucket string) {
 		if errors.Is(err, errForget) {
 			if err = p.forget(bucket, err, log); err == nil {
 				return
+			}
+		}
+		if errors.Is(err, ErrCannotResume) && isComposed(bucket) {
+			// Forgotten in place and read again from its stream's first message, by this goroutine: the
+			// bucket stays tailed (forget.go). Backed off, so a stream that keeps changing under each
+			// new read is not forgotten in a tight loop.
+			if err = p.reread(ctx, bucket, err, log); err == nil {
+				if !sleep(ctx, bo.next()) {
+					return
+				}
+				continue
 			}
 		}
 		if errors.Is(err, ErrCannotResume) {

@@ -2,7 +2,6 @@ package projector_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync/atomic"
 	"testing"
@@ -31,7 +30,7 @@ func TestProjector_VerifyListsStreamsNotEachBucket(t *testing.T) {
 	composedBuckets(t, js, buckets)
 	infos, lists := countRequests(t, nc, "$JS.API.STREAM.INFO.>"), countRequests(t, nc, "$JS.API.STREAM.LIST")
 	_, pjs := natstest.Connect(t, ns.ClientURL())
-	reset := tailComposed(t, pjs, buckets, projector.Options{Poll: 50 * time.Millisecond, Verify: verify})
+	reset, db := tailComposed(t, pjs, buckets, projector.Options{Poll: 50 * time.Millisecond, Verify: verify})
 	require.Positive(t, infos.Load(), "the subscriber sees the API requests: each bucket's setup asks its stream's info once")
 
 	// Steady state: count the requests over a few verify intervals.
@@ -54,13 +53,7 @@ func TestProjector_VerifyListsStreamsNotEachBucket(t *testing.T) {
 	require.NoError(t, err)
 	infos.Store(0)
 	require.NoError(t, stream.Purge(ctx))
-	select {
-	case reason := <-reset:
-		require.True(t, errors.Is(reason, projector.ErrCannotResume), reason)
-		require.Contains(t, reason.Error(), "purged")
-	case <-time.After(10 * time.Second):
-		t.Fatal("the purge was not found")
-	}
+	awaitReread(t, db, reset, "composed-n0007", 10*time.Second)
 	t.Logf("STREAM.INFO requests until the purge was found: %d", infos.Load())
 }
 
@@ -78,7 +71,7 @@ func TestProjector_AskingStreamsIsBoundedWithoutListing(t *testing.T) {
 	composedBuckets(t, js, buckets)
 	infos := countRequests(t, nc, "$JS.API.STREAM.INFO.>")
 	_, pjs := natstest.Connect(t, ns.ClientURL(), nats.UserInfo("seat", "seat"))
-	reset := tailComposed(t, pjs, buckets, projector.Options{Poll: 20 * time.Millisecond, Verify: verify, AskPerSecond: perSecond})
+	reset, db := tailComposed(t, pjs, buckets, projector.Options{Poll: 20 * time.Millisecond, Verify: verify, AskPerSecond: perSecond})
 
 	// One ask per bucket every 1.5 intervals would be 60 / 0.3 s = 200 a second.
 	const window = 2 * time.Second
@@ -92,12 +85,7 @@ func TestProjector_AskingStreamsIsBoundedWithoutListing(t *testing.T) {
 	stream, err := js.Stream(ctx, "KV_composed-n0007")
 	require.NoError(t, err)
 	require.NoError(t, stream.Purge(ctx))
-	select {
-	case reason := <-reset:
-		require.True(t, errors.Is(reason, projector.ErrCannotResume), reason)
-	case <-time.After(30 * time.Second):
-		t.Fatal("the purge was not found")
-	}
+	awaitReread(t, db, reset, "composed-n0007", 30*time.Second)
 }
 
 // composedBuckets creates n composed-<node> buckets (composed-n0000, ...) of one composition each.
@@ -124,9 +112,38 @@ func countRequests(t *testing.T, nc *nats.Conn, subject string) *atomic.Int64 {
 	return &n
 }
 
+// awaitReread waits until a composed-<node> bucket whose stream was purged is found so: forgotten in
+// place (store.DB.ForgetFrom leaves the forgotten mark) and read again, with no reset asked for.
+func awaitReread(t *testing.T, db *store.DB, reset <-chan error, bucket string, within time.Duration) {
+	t.Helper()
+	natstest.CheckFor(t, within, 20*time.Millisecond, func() error {
+		v, err := db.View()
+		if err != nil {
+			return err
+		}
+		defer v.Close()
+		if _, found, err := v.ForgottenAt(bucket); err != nil || !found {
+			return fmt.Errorf("the purge of %s was not found (%v)", bucket, err)
+		}
+		return nil
+	})
+	select {
+	case reason := <-reset:
+		t.Fatalf("a purged composed bucket asked for a rebuild: %v", reason)
+	default:
+	}
+	// Read again from the stream, which now holds nothing: its checkpoint is the stream's last sequence.
+	natstest.CheckFor(t, within, 20*time.Millisecond, func() error {
+		if seq, synced := db.Applied(bucket); seq != 1 || !synced {
+			return fmt.Errorf("%s read again: applied %d, synced %v", bucket, seq, synced)
+		}
+		return nil
+	})
+}
+
 // tailComposed runs a projector of the composed-<node> buckets only, into a store of its own, until
 // it has applied each of the n; the returned channel receives the first reset's reason.
-func tailComposed(t *testing.T, js jetstream.JetStream, n int, opts projector.Options) <-chan error {
+func tailComposed(t *testing.T, js jetstream.JetStream, n int, opts projector.Options) (<-chan error, *store.DB) {
 	t.Helper()
 	db, err := store.Open(t.TempDir(), store.Options{})
 	require.NoError(t, err)
@@ -152,5 +169,5 @@ func tailComposed(t *testing.T, js jetstream.JetStream, n int, opts projector.Op
 		}
 		return nil
 	})
-	return reset
+	return reset, db
 }

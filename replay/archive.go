@@ -31,9 +31,15 @@ import (
 //     sequence order one bucket after another;
 //  3. the end, a record with bucket index -1 whose sequence is the number of records: an archive
 //     without it was cut short and is refused.
+//
+// An archive of a log that forgot composed-<node> buckets (store.DB.Forget) carries when each was
+// forgotten (the header's forgotten), so that plans as of a time before it are refused as the log
+// refuses them. Such an archive is version 2: a reader of version 1 would drop the field and answer
+// those times without the bucket, where a version it does not read is refused, naming the tool that
+// wrote it. An archive without any is still written as version 1, which every reader reads.
 const (
 	ArchiveFormat  = "mesh-provisioner-history"
-	ArchiveVersion = 1
+	ArchiveVersion = 2
 )
 
 // ArchiveHeader says what an archive holds.
@@ -44,6 +50,16 @@ type ArchiveHeader struct {
 	Created time.Time       `msgpack:"created"`
 	Source  string          `msgpack:"source"` // "state": the seat's event log; "nats": the streams
 	Buckets []ArchiveBucket `msgpack:"buckets"`
+	// Forgotten lists the composed-<node> buckets the log forgot, with when (version 2; absent
+	// before), in byte order of their names.
+	Forgotten []ArchiveForgotten `msgpack:"forgotten,omitempty"`
+}
+
+// ArchiveForgotten is a forgotten mark as written: [bucket, when (Unix ns)].
+type ArchiveForgotten struct {
+	_msgpack struct{} `msgpack:",as_array"`
+	Bucket   string
+	At       int64
 }
 
 // ArchiveBucket is one bucket of an archive.
@@ -101,7 +117,7 @@ func newArchiveWriter(out, tool, source string) (*archiveWriter, error) {
 		return nil, err
 	}
 	w := &archiveWriter{out: out, spool: spool, zw: zw, bw: bufio.NewWriterSize(zw, 1<<16),
-		header: ArchiveHeader{Format: ArchiveFormat, Version: ArchiveVersion, Tool: tool, Source: source, Created: time.Now().UTC()}}
+		header: ArchiveHeader{Format: ArchiveFormat, Version: 1, Tool: tool, Source: source, Created: time.Now().UTC()}}
 	w.enc = msgpack.NewEncoder(w.bw)
 	return w, nil
 }
@@ -226,6 +242,15 @@ func ExportLog(ctx context.Context, db *store.DB, out, tool string, progress Pro
 	}
 	slices.Sort(inputs)
 	buckets = append(buckets, inputs...)
+	if err := v.Forgotten(func(bucket string, at int64) {
+		w.header.Forgotten = append(w.header.Forgotten, ArchiveForgotten{Bucket: bucket, At: at})
+	}); err != nil {
+		w.abort()
+		return ArchiveHeader{}, err
+	}
+	if len(w.header.Forgotten) > 0 {
+		w.header.Version = 2
+	}
 	var done int64
 	for _, bucket := range buckets {
 		cp, err := v.Checkpoint(bucket)
@@ -467,6 +492,11 @@ func FromArchive(ctx context.Context, path string, progress Progress) (*Log, err
 			return fail(fmt.Errorf("archive %s: bucket %q is not one the seat tails", path, b.Name))
 		}
 	}
+	for _, f := range h.Forgotten {
+		if _, ok := provisioner.ComposedNode(f.Bucket); !ok || !provisioner.IsPlanInput(f.Bucket) {
+			return fail(fmt.Errorf("archive %s: forgotten bucket %q is not a composed-<node> bucket", path, f.Bucket))
+		}
+	}
 	batch := make([]provisioner.Message, 0, 4096)
 	cur := -1
 	flush := func() error {
@@ -539,6 +569,11 @@ func FromArchive(ctx context.Context, path string, progress Progress) (*Log, err
 			m.Gaps = append(m.Gaps, store.Gap{From: g.From, To: g.To, OpenedAt: g.OpenedAt})
 		}
 		if err := l.DB.SetHistoryMarks(b.Name, m); err != nil {
+			return fail(err)
+		}
+	}
+	for _, f := range h.Forgotten {
+		if err := l.DB.SetForgottenAt(f.Bucket, f.At); err != nil {
 			return fail(err)
 		}
 	}

@@ -18,7 +18,8 @@ import (
 )
 
 // A bucket whose stream can no longer be resumed from the checkpoint (it was deleted and created again,
-// or purged past the checkpoint) makes the seat rebuild the whole projection: a new generation beside
+// or purged past the checkpoint) makes the seat rebuild the whole projection (a composed-<node> bucket
+// never does: the projector forgets it in place and reads it again, projector/forget.go): a new generation beside
 // the current one is filled from the streams by a second projector while the verb keeps answering from
 // the current one; once its projector has listed the streams for composed-<node> buckets and every
 // bucket of the new one has caught up, the old projector stops, the verb

@@ -239,11 +239,11 @@ func (db *DB) Apply(bucket string, msgs []provisioner.Message, streamCreated int
 
 	// The batch is durable in Pebble: now memory follows.
 	for name, c := range a.cps {
-		b := db.bucket(name)
+		b := db.known(name)
 		b.cp = *c
 	}
 	for name, m := range a.anom {
-		b := db.bucket(name)
+		b := db.known(name)
 		for k, c := range m {
 			if c == 0 {
 				delete(b.anom, k)

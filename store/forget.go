@@ -47,7 +47,21 @@ func (db *DB) historyLock(bucket string) *sync.Mutex {
 // name created later is read from its first message.
 //
 // Nothing may be applying to the bucket meanwhile: its projector stops first.
-func (db *DB) Forget(bucket string, at int64) error {
+func (db *DB) Forget(bucket string, at int64) error { return db.forget(bucket, at, nil) }
+
+// ForgetFrom forgets a composed-<node> bucket as Forget does, and in the same batch sets its checkpoint
+// to resume: the bucket is then known again, at resume.Applied of a stream created at
+// resume.StreamCreated, and its projector reads that stream on from resume.Applied + 1 with nothing
+// before it in the log. It is for a bucket whose stream cannot be resumed (recreated, or purged
+// before it was read) but still exists: resume.Applied is the stream's first sequence - 1, so the
+// messages the stream removed before at are not a gap of the new log but part of what was
+// forgotten, and plans as of at or later are folded from the log alone.
+func (db *DB) ForgetFrom(bucket string, at int64, resume Checkpoint) error {
+	resume.AnomalyRows = 0
+	return db.forget(bucket, at, &resume)
+}
+
+func (db *DB) forget(bucket string, at int64, resume *Checkpoint) error {
 	if db.closed.Load() {
 		return ErrClosed
 	}
@@ -85,6 +99,11 @@ func (db *DB) Forget(bucket string, at int64) error {
 	// The checkpoint key is the bucket's name unterminated, a prefix of longer names' keys: only it.
 	if err := a.batch.Delete(checkpointKey(bucket), nil); err != nil {
 		return fmt.Errorf("forget %s: %w", bucket, err)
+	}
+	if resume != nil {
+		if err := a.batch.Set(checkpointKey(bucket), resume.encode(nil), nil); err != nil {
+			return fmt.Errorf("forget %s: %w", bucket, err)
+		}
 	}
 	if prev, found, err := forgottenAt(db.pdb, bucket); err != nil {
 		return fmt.Errorf("forget %s: %w", bucket, err)
@@ -135,6 +154,34 @@ func (db *DB) Forget(bucket string, at int64) error {
 		}
 	}
 	db.mu.Unlock()
+	if resume != nil {
+		b := db.known(bucket) // a new state: not synced until its projector catches up again
+		b.cp = *resume
+		b.seq.Store(resume.Applied)
+	}
+	return nil
+}
+
+// SetForgottenAt records that a composed-<node> bucket's history was forgotten at (Unix ns), as Forget
+// does, without touching anything else: a store loaded from an archive carries the marks of the log
+// it was written from.
+func (db *DB) SetForgottenAt(bucket string, at int64) error {
+	if db.closed.Load() {
+		return ErrClosed
+	}
+	if _, ok := provisioner.ComposedNode(bucket); !ok || !provisioner.IsPlanInput(bucket) {
+		return fmt.Errorf("store: forgotten mark of %s: only a composed-<node> bucket is forgotten", bucket)
+	}
+	db.applyMu.Lock()
+	defer db.applyMu.Unlock()
+	if prev, found, err := forgottenAt(db.pdb, bucket); err != nil {
+		return err
+	} else if found && prev > at {
+		return nil
+	}
+	if err := db.pdb.Set(forgottenKey(nil, bucket), binary.AppendVarint(nil, at), pebble.NoSync); err != nil {
+		return fmt.Errorf("forgotten mark of %s: %w", bucket, err)
+	}
 	return nil
 }
 

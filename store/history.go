@@ -250,7 +250,7 @@ func (db *DB) TailRemoved(bucket string, lastSeq uint64, streamCreated int64) er
 	if db.closed.Load() {
 		return ErrClosed
 	}
-	b := db.bucket(bucket)
+	b := db.known(bucket)
 	cp := b.cp
 	if lastSeq <= cp.Applied {
 		return nil

@@ -113,6 +113,11 @@ type bucketState struct {
 	seq    atomic.Uint64   // cp.Applied, readable without the lock
 	synced atomic.Bool
 	notify atomic.Pointer[chan struct{}] // closed and replaced after each commit that moves seq (wake)
+	// known: the store holds something of the bucket (a checkpoint, anomalies) or its projector said
+	// where it stands (SetSynced); under DB.mu. A state made only to read or wait on a bucket (Applied,
+	// Changed, Checkpoint: a min_seq wait on composed-<node> of any node, or of one just forgotten) is
+	// not, so Buckets, and the metrics and stats that list it, do not list a bucket nobody has.
+	known bool
 }
 
 // OpenState takes the state dir's lock and opens its current generation, creating the first one in an
@@ -269,7 +274,7 @@ func (db *DB) load(fresh bool) error {
 			it.Close()
 			return err
 		}
-		b := db.bucket(name)
+		b := db.known(name)
 		b.cp = cp
 		b.seq.Store(cp.Applied)
 	}
@@ -287,7 +292,7 @@ func (db *DB) load(fresh bool) error {
 			it.Close()
 			return fmt.Errorf("%w: anomaly key %q", ErrCorrupt, it.Key())
 		}
-		b := db.bucket(bucket)
+		b := db.known(bucket)
 		b.anom[key] |= class
 	}
 	if err := it.Close(); err != nil {
@@ -355,13 +360,26 @@ func (db *DB) bucket(name string) *bucketState {
 	return b
 }
 
-// Buckets lists the buckets the store holds a checkpoint or anomalies for.
+// known returns the state of a bucket, as bucket does, and records that the store now holds
+// something of it, so that Buckets lists it.
+func (db *DB) known(name string) *bucketState {
+	b := db.bucket(name)
+	db.mu.Lock()
+	b.known = true
+	db.mu.Unlock()
+	return b
+}
+
+// Buckets lists the buckets the store holds a checkpoint or anomalies for, or whose projector has
+// said whether they are synced; not those only read or waited on.
 func (db *DB) Buckets() []string {
 	db.mu.Lock()
 	defer db.mu.Unlock()
 	out := make([]string, 0, len(db.buckets))
-	for name := range db.buckets {
-		out = append(out, name)
+	for name, b := range db.buckets {
+		if b.known {
+			out = append(out, name)
+		}
 	}
 	return out
 }
@@ -384,7 +402,7 @@ func (db *DB) Applied(bucket string) (seq uint64, synced bool) {
 // whoever waits on Changed when that changes: a bucket whose stream does not exist yet becomes synced
 // without a commit, and what waits for it (the needs wait for the registry) must not wait for a poll.
 func (db *DB) SetSynced(bucket string, synced bool) {
-	b := db.bucket(bucket)
+	b := db.known(bucket)
 	if b.synced.Swap(synced) == synced {
 		return
 	}

@@ -108,6 +108,7 @@ func (m *Metrics) pollOnce(ctx context.Context) error {
 	listed := m.infos.Listed()
 	listedFresh := !listed.IsZero() && !listed.Before(fresh)
 	buckets := src.Store().Buckets()
+	m.forgetGone(buckets)
 	for _, b := range buckets {
 		if !m.update(b) && listedFresh {
 			m.set(b, streamRead{last: 0, at: listed}) // no stream
@@ -219,4 +220,21 @@ func (m *Metrics) lastRead(bucket string) (streamRead, bool) {
 	defer m.streamsMu.Unlock()
 	r, ok := m.streams[bucket]
 	return r, ok
+}
+
+// forgetGone drops the stream reads of buckets the store no longer holds (a composed-<node> bucket
+// forgotten when its node was decommissioned): the gauges are made from the store's buckets at each
+// scrape and list them no more, and the reads would otherwise pile up, one per node ever seen.
+func (m *Metrics) forgetGone(buckets []string) {
+	held := make(map[string]struct{}, len(buckets))
+	for _, b := range buckets {
+		held[b] = struct{}{}
+	}
+	m.streamsMu.Lock()
+	defer m.streamsMu.Unlock()
+	for b := range m.streams {
+		if _, ok := held[b]; !ok {
+			delete(m.streams, b)
+		}
+	}
 }
