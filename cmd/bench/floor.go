@@ -2,35 +2,48 @@ package main
 
 import (
 	"bufio"
+	"encoding/binary"
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
+
+	"github.com/novox/mesh-provisioner/query"
 )
 
 // floorSubject is the bare endpoint's subject.
 const floorSubject = "bench.floor"
 
 // serveFloor is the bench run as the bare replier (-floor-reply): a micro endpoint in a process of its
-// own that answers every request with the same body of n bytes, until its stdin closes.
-func serveFloor(url string, n int) error {
+// own that answers every request with the same body of n bytes or, given a pages file (writePages),
+// with those pages in turn, one a request, until its stdin closes.
+func serveFloor(url string, n int, pagesFile string) error {
+	pages := [][]byte{make([]byte, n)}
+	if pagesFile != "" {
+		var err error
+		if pages, err = readPages(pagesFile); err != nil {
+			return err
+		}
+	}
 	nc, err := nats.Connect(url)
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	body := make([]byte, n)
 	svc, err := micro.AddService(nc, micro.Config{Name: "bench-floor", Version: "0.0.1"})
 	if err != nil {
 		return err
 	}
 	defer func() { _ = svc.Stop() }()
-	if err := svc.AddEndpoint("floor", micro.HandlerFunc(func(r micro.Request) { _ = r.Respond(body) }),
-		micro.WithEndpointSubject(floorSubject)); err != nil {
+	var asked atomic.Int64
+	respond := func(r micro.Request) { _ = r.Respond(pages[int(asked.Add(1)-1)%len(pages)]) }
+	if err := svc.AddEndpoint("floor", micro.HandlerFunc(respond), micro.WithEndpointSubject(floorSubject)); err != nil {
 		return err
 	}
 	if err := nc.Flush(); err != nil {
@@ -41,34 +54,46 @@ func serveFloor(url string, n int) error {
 	return nil
 }
 
+// startFloor starts the bench's own binary as the bare replier, with args after the server's URL,
+// and returns the func that stops it.
+func (b *bench) startFloor(args ...string) (func(), error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(self, append([]string{"-floor-reply", b.url}, args...)...)
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	stop := func() {
+		_ = stdin.Close()
+		_ = cmd.Wait()
+	}
+	if line, err := bufio.NewReader(stdout).ReadString('\n'); err != nil || line != "ready\n" {
+		stop()
+		return nil, fmt.Errorf("floor replier did not start: %q %v", line, err)
+	}
+	return stop, nil
+}
+
 // replyFloor measures what NATS and two processes alone cost a node lookup: a bare endpoint in another
 // process answering a fixed body of the node answer's size, asked as the node lookups are. It returns
 // the median and p99.
 func (b *bench) replyFloor(size int) (time.Duration, time.Duration, error) {
-	self, err := os.Executable()
+	stop, err := b.startFloor("-floor-bytes", strconv.Itoa(size))
 	if err != nil {
 		return 0, 0, err
 	}
-	cmd := exec.Command(self, "-floor-reply", b.url, "-floor-bytes", strconv.Itoa(size))
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		return 0, 0, err
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		return 0, 0, err
-	}
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		return 0, 0, err
-	}
-	defer func() {
-		_ = stdin.Close()
-		_ = cmd.Wait()
-	}()
-	if line, err := bufio.NewReader(stdout).ReadString('\n'); err != nil || line != "ready\n" {
-		return 0, 0, fmt.Errorf("floor replier did not start: %q %v", line, err)
-	}
+	defer stop()
 	body := []byte{0x81, 0xa4, 'w', 'h', 'a', 't', 0xa5, 'n', 'e', 'e', 'd', 's'} // {"what":"needs"}
 	times := make([]time.Duration, 0, b.lookups)
 	for i := 0; i < b.lookups; i++ {
@@ -83,4 +108,78 @@ func (b *bench) replyFloor(size int) (time.Duration, time.Duration, error) {
 		}
 	}
 	return percentile(times, 0.5), percentile(times, 0.99), nil
+}
+
+// wideFloor measures what NATS, two processes and the client's reading alone cost a module lookup: the
+// seat's own MessagePack pages of one module, answered in turn by a bare endpoint in another process
+// and walked as the module lookups are (each page read for its rows and next before the next
+// request). Dividing the direct watch's median by it gives the largest module-lookup ratio the machine
+// allows.
+func (b *bench) wideFloor(req map[string]any, direct time.Duration) error {
+	var pages [][]byte
+	rows, _, err := b.walk(query.Subject, req, false, func(p []byte) { pages = append(pages, append([]byte(nil), p...)) })
+	if err != nil {
+		return err
+	}
+	size := 0
+	for _, p := range pages {
+		size += len(p)
+	}
+	file := filepath.Join(b.dir, "floor-pages")
+	if err := writePages(file, pages); err != nil {
+		return err
+	}
+	stop, err := b.startFloor("-floor-pages", file)
+	if err != nil {
+		return err
+	}
+	defer stop()
+	walks := 5 * wideRoundsNow()
+	times := make([]time.Duration, 0, walks)
+	for i := 0; i < walks; i++ {
+		n, t, err := b.walk(floorSubject, req, false, nil)
+		if err != nil {
+			return err
+		}
+		if n != rows {
+			return fmt.Errorf("wide floor walked %d rows, the seat's pages hold %d", n, rows)
+		}
+		times = append(times, t)
+	}
+	m := percentile(times, 0.5)
+	b.add("wide reply floor", fmt.Sprintf("%s median; so a module lookup can be at most %.1f× faster than the direct watch here",
+		ms(m), float64(direct)/float64(m)),
+		fmt.Sprintf("a bare micro endpoint in another process answering the seat's own %d MessagePack pages (%d rows, %.1f MB) of one module, walked as the module lookups are, %d times: what NATS, two processes and the client's reading alone cost",
+			len(pages), rows, float64(size)/1e6, walks))
+	return nil
+}
+
+// writePages writes pages to file, each after its length (4 bytes, big-endian).
+func writePages(file string, pages [][]byte) error {
+	var buf []byte
+	for _, p := range pages {
+		buf = binary.BigEndian.AppendUint32(buf, uint32(len(p)))
+		buf = append(buf, p...)
+	}
+	return os.WriteFile(file, buf, 0o600)
+}
+
+// readPages reads what writePages wrote.
+func readPages(file string) ([][]byte, error) {
+	buf, err := os.ReadFile(file)
+	if err != nil {
+		return nil, err
+	}
+	var pages [][]byte
+	for len(buf) > 0 {
+		if len(buf) < 4 || int(binary.BigEndian.Uint32(buf)) > len(buf)-4 {
+			return nil, fmt.Errorf("%s: a page is cut short", file)
+		}
+		n := int(binary.BigEndian.Uint32(buf))
+		pages, buf = append(pages, buf[4:4+n]), buf[4+n:]
+	}
+	if len(pages) == 0 {
+		return nil, fmt.Errorf("%s: no pages", file)
+	}
+	return pages, nil
 }

@@ -105,9 +105,10 @@ func main() {
 	out := flag.String("out", "", "write the table as Markdown to this file")
 	floorURL := flag.String("floor-reply", "", "(internal) run as the bare replier of the reply floor, on this NATS URL")
 	floorBytes := flag.Int("floor-bytes", 0, "(internal) the reply floor's body size")
+	floorPages := flag.String("floor-pages", "", "(internal) answer these pages in turn instead (written by writePages)")
 	flag.Parse()
 	if *floorURL != "" {
-		if err := serveFloor(*floorURL, *floorBytes); err != nil {
+		if err := serveFloor(*floorURL, *floorBytes, *floorPages); err != nil {
 			fmt.Fprintln(os.Stderr, "bench floor:", err)
 			os.Exit(1)
 		}
@@ -439,6 +440,13 @@ func watchCount(kv jetstream.KeyValue, filter string) (int, error) {
 // and returns the rows and the time from the first request to the last page read: the client's reading
 // counts, as the direct watch's does.
 func (b *bench) allPages(req map[string]any, asJSON bool) (int, time.Duration, error) {
+	return b.walk(query.Subject, req, asJSON, nil)
+}
+
+// walk asks subject for every page of req, reading each page (rows and next) before asking the next,
+// and returns the rows and the time from the first request to the last page read; keep, when set, is
+// handed each page's bytes.
+func (b *bench) walk(subject string, req map[string]any, asJSON bool, keep func([]byte)) (int, time.Duration, error) {
 	r := map[string]any{}
 	for k, v := range req {
 		r[k] = v
@@ -457,7 +465,7 @@ func (b *bench) allPages(req map[string]any, asJSON bool) (int, time.Duration, e
 		if err != nil {
 			return 0, 0, err
 		}
-		msg, err := b.nc.Request(query.Subject, body, 30*time.Second)
+		msg, err := b.nc.Request(subject, body, 30*time.Second)
 		if err != nil {
 			return 0, 0, err
 		}
@@ -467,6 +475,9 @@ func (b *bench) allPages(req map[string]any, asJSON bool) (int, time.Duration, e
 		n, next, err := countRows(msg.Data, asJSON)
 		if err != nil {
 			return 0, 0, err
+		}
+		if keep != nil {
+			keep(msg.Data)
 		}
 		rows += n
 		if next == "" {
@@ -483,8 +494,12 @@ func (b *bench) moduleLookups(ctx context.Context) error {
 		mod := fixtures.ModuleName(j)
 		cases = append(cases, lookupCase{req: map[string]any{"what": "needs", "module": mod}, filter: "*." + mod + ".>"})
 	}
-	return b.wideLookups(ctx, "module lookup", provisioner.BucketNeeds, cases,
+	direct, err := b.wideLookups(ctx, "module lookup", provisioner.BucketNeeds, cases,
 		"one module across all nodes, about %d rows, every page at limit 10000, from the first request to the last page read (rows and next) by the client; median of 5 modules × %d rounds; direct: KV watch of *.<module>.> until its initial values are done")
+	if err != nil {
+		return err
+	}
+	return b.wideFloor(cases[0].req, direct)
 }
 
 func (b *bench) collectionLookups(ctx context.Context) error {
@@ -492,8 +507,9 @@ func (b *bench) collectionLookups(ctx context.Context) error {
 	for _, c := range []string{"shell:zsh:normal", "environment", "path with space"} {
 		cases = append(cases, lookupCase{req: map[string]any{"what": "collect", "collection": c}, filter: "*." + provisioner.EncodeCollection(c) + ".*"})
 	}
-	return b.wideLookups(ctx, "collection lookup", provisioner.BucketCollect, cases,
+	_, err := b.wideLookups(ctx, "collection lookup", provisioner.BucketCollect, cases,
 		"one collection across all nodes, about %d rows, timed as the module lookup; median of 3 collections × %d rounds; direct: KV watch of *.<escaped>.*")
+	return err
 }
 
 // lookupCase is one wide lookup: the verb's request, and the KV watch filter that reads the same keys.
@@ -503,25 +519,22 @@ type lookupCase struct {
 }
 
 // wideLookups asks each case through every page, in MessagePack and in JSON, and reads the same keys
-// with a direct KV watch; it reports the medians and the ratios.
-func (b *bench) wideLookups(ctx context.Context, figure, bucket string, cases []lookupCase, how string) error {
+// with a direct KV watch; it reports the medians and the ratios, and returns the direct watch's median.
+func (b *bench) wideLookups(ctx context.Context, figure, bucket string, cases []lookupCase, how string) (time.Duration, error) {
 	kv, err := b.js.KeyValue(ctx, bucket)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	var vm, vj, dw []time.Duration
 	rows := 0
 	// Each case is measured wideRounds times, verb and direct in turn: on a shared machine one sample
 	// of each moved the ratio by a third from run to run.
-	rounds := wideRounds
-	if n, err := strconv.Atoi(os.Getenv("BENCH_WIDE_ROUNDS")); err == nil && n > 0 {
-		rounds = n // more samples, or a longer window to profile the seat in (BENCH_SEAT_ARGS)
-	}
+	rounds := wideRoundsNow()
 	for r := 0; r < rounds; r++ {
 		for _, c := range cases {
 			n, err := b.wideCase(kv, c, &vm, &vj, &dw)
 			if err != nil {
-				return err
+				return 0, err
 			}
 			rows += n
 		}
@@ -529,11 +542,20 @@ func (b *bench) wideLookups(ctx context.Context, figure, bucket string, cases []
 	m, j, d := percentile(vm, 0.5), percentile(vj, 0.5), percentile(dw, 0.5)
 	b.add(figure, fmt.Sprintf("verb %s MessagePack, %s JSON; direct watch %s; %.1f× (MessagePack), %.1f× (JSON) faster",
 		ms(m), ms(j), ms(d), float64(d)/float64(m), float64(d)/float64(j)), fmt.Sprintf(how, rows/len(cases)/rounds, rounds))
-	return nil
+	return d, nil
 }
 
 // wideRounds is how many times each wide lookup is measured.
 const wideRounds = 3
+
+// wideRoundsNow is wideRounds, or BENCH_WIDE_ROUNDS: more samples, or a longer window to profile the
+// seat in (BENCH_SEAT_ARGS).
+func wideRoundsNow() int {
+	if n, err := strconv.Atoi(os.Getenv("BENCH_WIDE_ROUNDS")); err == nil && n > 0 {
+		return n
+	}
+	return wideRounds
+}
 
 // wideCase measures one wide lookup once: the verb in MessagePack and in JSON, and the direct watch.
 func (b *bench) wideCase(kv jetstream.KeyValue, c lookupCase, vm, vj, dw *[]time.Duration) (int, error) {
