@@ -3,8 +3,6 @@ package projector_test
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -26,20 +24,8 @@ import (
 // advisories still tails every composed-<node> bucket, those there at start and those created later,
 // found by listing the streams.
 func TestProjector_DiscoversComposedByListing(t *testing.T) {
-	conf := filepath.Join(t.TempDir(), "nats.conf")
-	require.NoError(t, os.WriteFile(conf, []byte(`
-accounts {
-  MESH {
-    jetstream: enabled
-    users = [
-      {user: seat, password: seat, permissions: {subscribe: {deny: ["$JS.EVENT.>"]}}}
-      {user: node, password: node}
-    ]
-  }
-}
-`), 0o644))
-	ns := natstest.RunServerAt(t, "127.0.0.1:-1", t.TempDir(), conf)
-	_, nodeJS := natstest.Connect(t, ns.ClientURL(), nats.UserInfo("node", "node"))
+	ns := natstest.RunServerSeatNoAdvisories(t)
+	_, nodeJS := natstest.Connect(t, ns.ClientURL(), nats.UserInfo("admin", "admin"))
 	_, seatJS := natstest.Connect(t, ns.ClientURL(), nats.UserInfo("seat", "seat"))
 	ctx := context.Background()
 
@@ -159,19 +145,7 @@ func TestProjector_DiscoveryReadsTheSharedListing(t *testing.T) {
 	}
 
 	t.Run("listed", func(t *testing.T) {
-		conf := filepath.Join(t.TempDir(), "nats.conf")
-		require.NoError(t, os.WriteFile(conf, []byte(`
-accounts {
-  MESH {
-    jetstream: enabled
-    users = [
-      {user: seat, password: seat, permissions: {subscribe: {deny: ["$JS.EVENT.>"]}}}
-      {user: admin, password: admin}
-    ]
-  }
-}
-`), 0o644))
-		ns := natstest.RunServerAt(t, "127.0.0.1:-1", t.TempDir(), conf)
+		ns := natstest.RunServerSeatNoAdvisories(t)
 		quiet := nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {})
 		names, lists := run(t, ns, []nats.Option{nats.UserInfo("admin", "admin")}, []nats.Option{nats.UserInfo("seat", "seat"), quiet})
 		require.Zero(t, names, "discovery reads the shared listing")

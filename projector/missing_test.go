@@ -3,8 +3,6 @@ package projector_test
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -88,19 +86,7 @@ func TestProjector_MissingBucketsWaitOnTheListing(t *testing.T) {
 	})
 	t.Run("listed, no advisories", func(t *testing.T) {
 		// The bucket created is found by the listing alone.
-		conf := filepath.Join(t.TempDir(), "nats.conf")
-		require.NoError(t, os.WriteFile(conf, []byte(`
-accounts {
-  MESH {
-    jetstream: enabled
-    users = [
-      {user: seat, password: seat, permissions: {subscribe: {deny: ["$JS.EVENT.>"]}}}
-      {user: admin, password: admin}
-    ]
-  }
-}
-`), 0o644))
-		ns := natstest.RunServerAt(t, "127.0.0.1:-1", t.TempDir(), conf)
+		ns := natstest.RunServerSeatNoAdvisories(t)
 		admin := []nats.Option{nats.UserInfo("admin", "admin")}
 		seat := []nats.Option{nats.UserInfo("seat", "seat"), nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {})}
 		asked := run(t, ns, admin, seat)

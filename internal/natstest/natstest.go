@@ -45,8 +45,21 @@ func RunServerDeniedStreamList(tb testing.TB) *server.Server {
 // answer. DenySeat changes the list on the running server.
 func RunServerSeatDenied(tb testing.TB, deny ...string) *server.Server {
 	tb.Helper()
+	return runServerSeat(tb, seatDeniedConf(deny, nil))
+}
+
+// RunServerSeatNoAdvisories runs a server with JetStream whose account has two users: admin (password
+// admin) may do everything, seat (password seat) everything but subscribe to JetStream's advisories
+// ($JS.EVENT.>), as a seat whose account does not export them: it finds new streams by listing alone.
+func RunServerSeatNoAdvisories(tb testing.TB) *server.Server {
+	tb.Helper()
+	return runServerSeat(tb, seatDeniedConf(nil, []string{"$JS.EVENT.>"}))
+}
+
+func runServerSeat(tb testing.TB, config string) *server.Server {
+	tb.Helper()
 	conf := filepath.Join(tb.TempDir(), "nats.conf")
-	if err := os.WriteFile(conf, []byte(seatDeniedConf(deny)), 0o644); err != nil {
+	if err := os.WriteFile(conf, []byte(config), 0o644); err != nil {
 		tb.Fatal(err)
 	}
 	dir := tb.TempDir()
@@ -69,7 +82,7 @@ func DenySeat(tb testing.TB, ns *server.Server, deny ...string) {
 		tb.Fatal("DenySeat: not a RunServerSeatDenied server")
 	}
 	conf, storeDir := started.([2]string)[0], started.([2]string)[1]
-	if err := os.WriteFile(conf, []byte(seatDeniedConf(deny)), 0o644); err != nil {
+	if err := os.WriteFile(conf, []byte(seatDeniedConf(deny, nil)), 0o644); err != nil {
 		tb.Fatal(err)
 	}
 	opts, err := server.ProcessConfigFile(conf)
@@ -85,10 +98,13 @@ func DenySeat(tb testing.TB, ns *server.Server, deny ...string) {
 	}
 }
 
-func seatDeniedConf(deny []string) string {
-	quoted := make([]string, len(deny))
-	for i, d := range deny {
-		quoted[i] = strconv.Quote(d)
+func seatDeniedConf(publish, subscribe []string) string {
+	quote := func(subjects []string) string {
+		quoted := make([]string, len(subjects))
+		for i, d := range subjects {
+			quoted[i] = strconv.Quote(d)
+		}
+		return strings.Join(quoted, ", ")
 	}
 	return fmt.Sprintf(`
 accounts {
@@ -98,12 +114,12 @@ accounts {
       {user: admin, password: admin}
       {user: seat, password: seat, permissions: {
         publish: {allow: [">"], deny: [%s]}
-        subscribe: {allow: [">"]}
+        subscribe: {allow: [">"], deny: [%s]}
       }}
     ]
   }
 }
-`, strings.Join(quoted, ", "))
+`, quote(publish), quote(subscribe))
 }
 
 // RunServerAt starts a nats-server on listen with a given store dir and optional config file.
