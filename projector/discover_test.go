@@ -52,19 +52,11 @@ func TestProjector_DiscoversComposedByListing(t *testing.T) {
 	p.Start(ctx)
 	defer p.Stop()
 
-	applied := func(bucket string, seq uint64) func() error {
-		return func() error {
-			if have, _ := db.Applied(bucket); have < seq {
-				return fmt.Errorf("%s: applied %d of %d", bucket, have, seq)
-			}
-			return nil
-		}
-	}
-	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, applied("composed-a", 1))
+	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, applied(db, "composed-a", 1))
 	require.True(t, p.Discovered())
 
 	seq := put("composed-b", "web.2")
-	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, applied("composed-b", seq))
+	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, applied(db, "composed-b", seq))
 	require.Equal(t, []string{"composed-a", "composed-b"}, p.Buckets(), "each bucket tailed once, and nothing else")
 
 	p.Stop() // returns once every consumer and the discovery loop have stopped
@@ -121,15 +113,7 @@ func TestProjector_DiscoveryReadsTheSharedListing(t *testing.T) {
 			wg.Wait()
 			require.NoError(t, db.Close())
 		})
-		applied := func(bucket string, seq uint64) func() error {
-			return func() error {
-				if have, _ := db.Applied(bucket); have < seq {
-					return fmt.Errorf("%s: applied %d of %d", bucket, have, seq)
-				}
-				return nil
-			}
-		}
-		natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, applied("composed-a", 1))
+		natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, applied(db, "composed-a", 1))
 		require.True(t, p.Discovered())
 
 		namesReq.Store(0)
@@ -139,7 +123,7 @@ func TestProjector_DiscoveryReadsTheSharedListing(t *testing.T) {
 		t.Logf("over %d listing intervals of %v, discovery every %v: %d STREAM.NAMES, %d STREAM.LIST", intervals, every, 3*every, names, lists)
 
 		seq := put("composed-b")
-		natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, applied("composed-b", seq))
+		natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, applied(db, "composed-b", seq))
 		require.Equal(t, []string{"composed-a", "composed-b"}, p.Buckets())
 		return names, lists
 	}
@@ -158,4 +142,14 @@ func TestProjector_DiscoveryReadsTheSharedListing(t *testing.T) {
 		names, _ := run(t, ns, []nats.Option{nats.UserInfo("admin", "admin")}, []nats.Option{nats.UserInfo("seat", "seat"), quiet})
 		require.Positive(t, names, "without a listing discovery lists the names itself")
 	})
+}
+
+// applied is a natstest.CheckFor condition: the store has applied a bucket up to seq.
+func applied(db *store.DB, bucket string, seq uint64) func() error {
+	return func() error {
+		if have, _ := db.Applied(bucket); have < seq {
+			return fmt.Errorf("%s: applied %d of %d", bucket, have, seq)
+		}
+		return nil
+	}
 }
