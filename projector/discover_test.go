@@ -94,25 +94,9 @@ func TestProjector_DiscoveryReadsTheSharedListing(t *testing.T) {
 		namesReq := countRequests(t, nc, "$JS.API.STREAM.NAMES")
 		listReq := countRequests(t, nc, "$JS.API.STREAM.LIST")
 
-		streams := streaminfo.New(pjs)
-		var wg sync.WaitGroup
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			streams.Run(ctx, every, nil)
-		}()
-		db, err := store.Open(t.TempDir(), store.Options{})
-		require.NoError(t, err)
 		// Discovery every three listings, as serve's 30 s to its 5 s or 10 s.
-		p := projector.New(pjs, db, projector.Options{Buckets: []string{}, Composed: true, Streams: streams,
+		p, db := startWithListing(t, ctx, cancel, pjs, every, projector.Options{Buckets: []string{}, Composed: true,
 			DiscoverEvery: 3 * every, Verify: every, Poll: 20 * time.Millisecond})
-		p.Start(ctx)
-		t.Cleanup(func() {
-			p.Stop()
-			cancel()
-			wg.Wait()
-			require.NoError(t, db.Close())
-		})
 		natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, applied(db, "composed-a", 1))
 		require.True(t, p.Discovered())
 
@@ -152,4 +136,30 @@ func applied(db *store.DB, bucket string, seq uint64) func() error {
 		}
 		return nil
 	}
+}
+
+// startWithListing starts a Projector with opts beside a stream listing of its own every `every`, as
+// the seat runs them, on a fresh store; cleanup stops both, then cancel, and closes the store.
+func startWithListing(t *testing.T, ctx context.Context, cancel context.CancelFunc, js jetstream.JetStream, every time.Duration,
+	opts projector.Options) (*projector.Projector, *store.DB) {
+	t.Helper()
+	streams := streaminfo.New(js)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		streams.Run(ctx, every, nil)
+	}()
+	db, err := store.Open(t.TempDir(), store.Options{})
+	require.NoError(t, err)
+	opts.Streams = streams
+	p := projector.New(js, db, opts)
+	p.Start(ctx)
+	t.Cleanup(func() {
+		p.Stop()
+		cancel()
+		wg.Wait()
+		require.NoError(t, db.Close())
+	})
+	return p, db
 }

@@ -3,7 +3,6 @@ package projector_test
 import (
 	"context"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
@@ -14,9 +13,7 @@ import (
 
 	provisioner "github.com/novox/mesh-provisioner"
 	"github.com/novox/mesh-provisioner/internal/natstest"
-	"github.com/novox/mesh-provisioner/internal/streaminfo"
 	"github.com/novox/mesh-provisioner/projector"
-	"github.com/novox/mesh-provisioner/store"
 )
 
 // TestProjector_MissingBucketsWaitOnTheListing: buckets whose streams do not exist do not ask for them
@@ -33,23 +30,7 @@ func TestProjector_MissingBucketsWaitOnTheListing(t *testing.T) {
 		nc, js := natstest.Connect(t, ns.ClientURL(), admin...)
 		_, pjs := natstest.Connect(t, ns.ClientURL(), seat...)
 		ctx, cancel := context.WithCancel(context.Background())
-		streams := streaminfo.New(pjs)
-		var wg sync.WaitGroup
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			streams.Run(ctx, every, nil)
-		}()
-		db, err := store.Open(t.TempDir(), store.Options{})
-		require.NoError(t, err)
-		p := projector.New(pjs, db, projector.Options{Buckets: missing, Poll: poll, Verify: every, Streams: streams})
-		p.Start(ctx)
-		t.Cleanup(func() {
-			p.Stop()
-			cancel()
-			wg.Wait()
-			require.NoError(t, db.Close())
-		})
+		_, db := startWithListing(t, ctx, cancel, pjs, every, projector.Options{Buckets: missing, Poll: poll, Verify: every})
 		natstest.CheckFor(t, 10*time.Second, poll, func() error {
 			for _, b := range missing {
 				if _, synced := db.Applied(b); !synced {
@@ -68,12 +49,7 @@ func TestProjector_MissingBucketsWaitOnTheListing(t *testing.T) {
 		require.NoError(t, err)
 		seq, err := kv.Put(context.Background(), "n1.web", []byte{0x80})
 		require.NoError(t, err)
-		natstest.CheckFor(t, 10*time.Second, poll, func() error {
-			if have, _ := db.Applied(provisioner.BucketApplied); have < seq {
-				return fmt.Errorf("applied: %d of %d", have, seq)
-			}
-			return nil
-		})
+		natstest.CheckFor(t, 10*time.Second, poll, applied(db, provisioner.BucketApplied, seq))
 		return asked
 	}
 
