@@ -149,7 +149,7 @@ func (b *bench) wideFloor(req map[string]any, direct time.Duration) error {
 	m := percentile(times, 0.5)
 	b.add("wide reply floor", fmt.Sprintf("%s median; so a module lookup can be at most %.1f× faster than the direct watch here",
 		ms(m), float64(direct)/float64(m)),
-		fmt.Sprintf("a bare micro endpoint in another process answering the seat's own %d MessagePack pages (%d rows, %.1f MB) of one module, walked as the module lookups are, %d times: what NATS, two processes and the client's reading alone cost",
+		fmt.Sprintf("a bare micro endpoint in another process answering the seat's own MessagePack pages of one module (pages: %d, rows: %d, %.1f MB), walked as the module lookups are, %d times: what NATS, two processes and the client's reading alone cost",
 			len(pages), rows, float64(size)/1e6, walks))
 	return nil
 }
