@@ -140,6 +140,15 @@ func (db *DB) forget(bucket string, at int64, resume *Checkpoint) error {
 	if err := a.w.writeTo(a.batch); err != nil {
 		return err
 	}
+	// A reader reads Applied, then opens its view: the position it reads must never be the old one,
+	// synced, once the view can hold the forgotten state (an answer synced at the old as_of with the
+	// bucket's plans gone). Positions otherwise only move forward, after their commit; this one goes
+	// back, so the bucket is unsynced before the commit, until its projector catches up again.
+	db.mu.Lock()
+	if b, ok := db.buckets[bucket]; ok {
+		b.synced.Store(false)
+	}
+	db.mu.Unlock()
 	if err := a.batch.Commit(pebble.Sync); err != nil {
 		return fmt.Errorf("forget %s: commit: %w", bucket, err)
 	}
