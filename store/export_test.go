@@ -6,3 +6,10 @@ func SetTrimBatch(n int) (restore func()) {
 	trimBatch = n
 	return func() { trimBatch = old }
 }
+
+// States is how many bucket states the store keeps in memory.
+func (db *DB) States() int {
+	db.mu.Lock()
+	defer db.mu.Unlock()
+	return len(db.buckets)
+}

@@ -91,8 +91,9 @@ type DB struct {
 	writes  writesCache // the sorted writes of Apply, reused under applyMu
 	catchUp *catchUp    // holds compactions back while a bucket catches up (catchup.go)
 
-	mu      sync.Mutex // guards buckets
+	mu      sync.Mutex // guards buckets and created
 	buckets map[string]*bucketState
+	created chan struct{} // closed when a bucket state is created: Changed of a bucket the store has none of
 
 	kinds map[string]struct{} // registry kinds present; under applyMu
 
@@ -356,8 +357,21 @@ func (db *DB) bucket(name string) *bucketState {
 		ch := make(chan struct{})
 		b.notify.Store(&ch)
 		db.buckets[name] = b
+		if db.created != nil && !db.closed.Load() {
+			close(db.created)
+			db.created = nil
+		}
 	}
 	return b
+}
+
+// lookup returns a bucket's state, or nil when the store holds none: reads never create one, so the
+// names a client makes up (a plans min_seq for any node) cost the seat no memory. Open loads every
+// bucket the store holds something of.
+func (db *DB) lookup(name string) *bucketState {
+	db.mu.Lock()
+	defer db.mu.Unlock()
+	return db.buckets[name]
 }
 
 // known returns the state of a bucket, as bucket does, and records that the store now holds
@@ -388,13 +402,19 @@ func (db *DB) Buckets() []string {
 func (db *DB) Checkpoint(bucket string) Checkpoint {
 	db.applyMu.Lock()
 	defer db.applyMu.Unlock()
-	return db.bucket(bucket).cp
+	if b := db.lookup(bucket); b != nil {
+		return b.cp
+	}
+	return Checkpoint{}
 }
 
 // Applied returns the last stream sequence applied for a bucket, and whether it has caught up with the
 // stream since start.
 func (db *DB) Applied(bucket string) (seq uint64, synced bool) {
-	b := db.bucket(bucket)
+	b := db.lookup(bucket)
+	if b == nil {
+		return 0, false
+	}
 	return b.seq.Load(), b.synced.Load()
 }
 
@@ -421,9 +441,21 @@ func (b *bucketState) wake() {
 }
 
 // Changed returns a channel closed at the next commit that moves a bucket's applied sequence, or when
-// its synced flag changes.
+// its synced flag changes; for a bucket the store holds nothing of, one closed when any bucket's state
+// is created (the waiter looks again, without a state of its own).
 func (db *DB) Changed(bucket string) <-chan struct{} {
-	return *db.bucket(bucket).notify.Load()
+	db.mu.Lock()
+	defer db.mu.Unlock()
+	if b, ok := db.buckets[bucket]; ok {
+		return *b.notify.Load()
+	}
+	if db.created == nil {
+		db.created = make(chan struct{})
+		if db.closed.Load() {
+			close(db.created) // Close has run: wake at once, to find the store closed
+		}
+	}
+	return db.created
 }
 
 // Flush syncs everything committed so far to disk.
@@ -455,6 +487,9 @@ func (db *DB) Close() error {
 	db.mu.Lock()
 	for _, b := range db.buckets {
 		close(*b.notify.Load())
+	}
+	if db.created != nil {
+		close(db.created)
 	}
 	db.mu.Unlock()
 	return err

@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -258,4 +259,50 @@ func TestDB_SetSyncedWakesChanged(t *testing.T) {
 	require.NoError(t, db.Close())
 	db.SetSynced("b", false)
 	db.SetSynced("b", true)
+}
+
+// Reading a bucket the store holds nothing of keeps no state for it: a client may name any node in a
+// plans min_seq, and each name used to cost the seat a bucket state for good. A waiter on such a
+// bucket still wakes when it comes to exist, and at Close.
+func TestDB_ReadsOfUnknownBucketsKeepNoState(t *testing.T) {
+	db, err := store.Open(t.TempDir(), store.Options{})
+	require.NoError(t, err)
+	before := db.States()
+	for i := 0; i < 1000; i++ {
+		b := fmt.Sprintf("composed-made-up-%d", i)
+		seq, synced := db.Applied(b)
+		require.Zero(t, seq)
+		require.False(t, synced)
+		require.Zero(t, db.Checkpoint(b))
+		_ = db.Changed(b)
+	}
+	require.Equal(t, before, db.States(), "no state for a name only read")
+
+	ch := db.Changed("composed-n1")
+	select {
+	case <-ch:
+		t.Fatal("woke before anything happened")
+	default:
+	}
+	require.NoError(t, db.Apply("composed-n1", []provisioner.Message{{Seq: 1, Key: "m.1", Op: provisioner.OpPut, Value: []byte{0x80}}}, 1, false))
+	select {
+	case <-ch:
+	default:
+		t.Fatal("a waiter on a bucket the store held nothing of did not wake when it came to exist")
+	}
+	seq, _ := db.Applied("composed-n1")
+	require.Equal(t, uint64(1), seq)
+
+	ch = db.Changed("composed-n2")
+	require.NoError(t, db.Close())
+	select {
+	case <-ch:
+	default:
+		t.Fatal("a waiter on an unknown bucket did not wake at Close")
+	}
+	select {
+	case <-db.Changed("composed-n3"):
+	default:
+		t.Fatal("Changed after Close of an unknown bucket must not block")
+	}
 }
