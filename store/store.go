@@ -115,9 +115,9 @@ type bucketState struct {
 	synced atomic.Bool
 	notify atomic.Pointer[chan struct{}] // closed and replaced after each commit that moves seq (wake)
 	// known: the store holds something of the bucket (a checkpoint, anomalies) or its projector said
-	// where it stands (SetSynced); under DB.mu. A state made only to read or wait on a bucket (Applied,
-	// Changed, Checkpoint: a min_seq wait on composed-<node> of any node, or of one just forgotten) is
-	// not, so Buckets, and the metrics and stats that list it, do not list a bucket nobody has.
+	// where it stands (SetSynced); under DB.mu. Reads make no state (lookup); a state an Apply made
+	// before its commit failed is not known, so Buckets, and the metrics and stats that list it, do not
+	// list a bucket nobody has.
 	known bool
 }
 
