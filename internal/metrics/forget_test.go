@@ -50,15 +50,7 @@ func TestMetrics_ForgottenBucketLeavesNoGauges(t *testing.T) {
 	st, err := seat.Start(ctx, snc, sjs, db, seat.Config{Streams: streams, ListEvery: m.Poll(), Plans: true,
 		Projector: projector.Options{Poll: 50 * time.Millisecond, Verify: 200 * time.Millisecond, DiscoverEvery: time.Hour}})
 	require.NoError(t, err)
-	m.SetSource(st)
-	t.Cleanup(func() {
-		m.SetSource(nil)
-		require.NoError(t, st.Stop())
-		require.NoError(t, db.Close())
-	})
-	srv, err := metrics.Listen("127.0.0.1:0", m.Handler(), nil)
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, srv.Close()) })
+	srv := serveSeat(t, m, st, db)
 
 	perBucket := []string{"mesh_provisioner_bucket_applied_sequence", "mesh_provisioner_bucket_synced",
 		"mesh_provisioner_bucket_stream_last_sequence", "mesh_provisioner_bucket_stream_info_age_seconds", "mesh_provisioner_bucket_lag"}

@@ -277,15 +277,7 @@ func TestMetrics_RequestsByWhatAndCode(t *testing.T) {
 	st, err := seat.Start(context.Background(), snc, sjs, db, seat.Config{Observe: m.ObserveRequest})
 	require.NoError(t, err)
 	require.NoError(t, snc.Flush()) // the verb's subscription is at the server
-	m.SetSource(st)
-	t.Cleanup(func() {
-		m.SetSource(nil)
-		require.NoError(t, st.Stop())
-		require.NoError(t, db.Close())
-	})
-	srv, err := metrics.Listen("127.0.0.1:0", m.Handler(), nil)
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, srv.Close()) })
+	srv := serveSeat(t, m, st, db)
 
 	asks := []struct {
 		body string
@@ -355,4 +347,23 @@ func TestMetrics_StartRebuild(t *testing.T) {
 	var none *metrics.Metrics // rebuild code may run without metrics
 	none.StartRebuild()(nil)
 	none.ObserveRequest("needs", 200, time.Millisecond)
+}
+
+// serveSeat makes st the metrics' source and serves the metrics on a free port until the test ends;
+// then the source is cleared (before the store closes), before runs, st stops and db closes.
+func serveSeat(t *testing.T, m *metrics.Metrics, st *seat.Seat, db *store.DB, before ...func()) *metrics.Server {
+	t.Helper()
+	m.SetSource(st)
+	t.Cleanup(func() {
+		m.SetSource(nil)
+		for _, f := range before {
+			f()
+		}
+		require.NoError(t, st.Stop())
+		require.NoError(t, db.Close())
+	})
+	srv, err := metrics.Listen("127.0.0.1:0", m.Handler(), nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, srv.Close()) })
+	return srv
 }

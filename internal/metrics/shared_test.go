@@ -104,16 +104,7 @@ func TestMetrics_SeatListsStreamsOncePerInterval(t *testing.T) {
 	st, err := seat.Start(ctx, snc, gated, db, seat.Config{Streams: streams, ListEvery: m.Poll(),
 		Projector: projector.Options{Poll: 50 * time.Millisecond, Verify: poll}})
 	require.NoError(t, err)
-	m.SetSource(st)
-	t.Cleanup(func() {
-		m.SetSource(nil)
-		g.Release() // a consumer create held unanswered would hold the stop up
-		require.NoError(t, st.Stop())
-		require.NoError(t, db.Close())
-	})
-	srv, err := metrics.Listen("127.0.0.1:0", m.Handler(), nil)
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, srv.Close()) })
+	srv := serveSeat(t, m, st, db, g.Release) // a consumer create held unanswered would hold the stop up
 
 	caughtUp := func() error {
 		fams, err := metricstest.Scrape(srv.Addr())
