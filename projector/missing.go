@@ -55,13 +55,16 @@ func (p *Projector) listEvery() time.Duration {
 // and then when no listing has completed within two of its intervals (one merely late is not
 // second-guessed) and the bucket's backoff has passed since anything looked for it. It reports false
 // when ctx ends.
-func (p *Projector) awaitStream(ctx context.Context, bucket string, missing *backoff) bool {
+//
+// created is the bucket's channel from waitCreated, which runBucket holds for as long as it runs: an
+// advisory that comes between the request that found the stream missing and this wait is kept in it,
+// not dropped (it was, when each wait registered its own, and the bucket then waited for the next
+// listing: 10 s for the registry bucket a seat creates as its projector starts).
+func (p *Projector) awaitStream(ctx context.Context, bucket string, missing *backoff, created <-chan struct{}) bool {
 	name := provisioner.StreamName(bucket)
 	looked := time.Now() // the stream was missing then (the request that found it started before)
 	first := missing.cur == 0
 	wait := missing.next()
-	created, stop := p.waitCreated(bucket)
-	defer stop()
 	v := &verifier{} // its turn to ask, for a composed-<node> bucket (mayAsk)
 	t := time.NewTicker(p.opts.Poll)
 	defer t.Stop()
@@ -91,7 +94,8 @@ func (p *Projector) awaitStream(ctx context.Context, bucket string, missing *bac
 }
 
 // waitCreated returns a channel that a stream-created advisory of the bucket's stream wakes, and the
-// func that stops waiting.
+// func that stops waiting. A bucket forgotten and tailed again has a new runBucket, whose channel the
+// old one's stop leaves alone.
 func (p *Projector) waitCreated(bucket string) (<-chan struct{}, func()) {
 	ch := make(chan struct{}, 1)
 	p.mu.Lock()
@@ -99,7 +103,9 @@ func (p *Projector) waitCreated(bucket string) (<-chan struct{}, func()) {
 	p.mu.Unlock()
 	return ch, func() {
 		p.mu.Lock()
-		delete(p.waiting, bucket)
+		if p.waiting[bucket] == ch {
+			delete(p.waiting, bucket)
+		}
 		p.mu.Unlock()
 	}
 }

@@ -211,6 +211,8 @@ func (p *Projector) runBucket(ctx context.Context, bucket string) {
 	log := p.log.With("bucket", bucket)
 	bo := backoff{min: 100 * time.Millisecond, max: 5 * time.Second}
 	missing := p.missingBackoff()
+	created, stopWaiting := p.waitCreated(bucket) // stream-created advisories of its stream (awaitStream)
+	defer stopWaiting()
 	failing := false
 	for ctx.Err() == nil {
 		err := p.tail(ctx, bucket, log, func() {
@@ -262,7 +264,7 @@ func (p *Projector) runBucket(ctx context.Context, bucket string) {
 			// Not created yet: nothing to catch up with until it is (said once, like any bucket synced).
 			seq, _ := p.db.Applied(bucket)
 			p.markSynced(bucket, log.With("stream", "not created yet"), seq, time.Now())
-			if !p.awaitStream(ctx, bucket, &missing) {
+			if !p.awaitStream(ctx, bucket, &missing, created) {
 				return
 			}
 			continue
