@@ -3,7 +3,6 @@ package projector_test
 import (
 	"context"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
@@ -139,17 +138,13 @@ func applied(db *store.DB, bucket string, seq uint64) func() error {
 }
 
 // startWithListing starts a Projector with opts beside a stream listing of its own every `every`, as
-// the seat runs them, on a fresh store; cleanup stops both, then cancel, and closes the store.
+// the seat runs them, on a fresh store; cleanup stops the projector, cancels ctx, closes the store, and
+// then stops the listing.
 func startWithListing(t *testing.T, ctx context.Context, cancel context.CancelFunc, js jetstream.JetStream, every time.Duration,
 	opts projector.Options) (*projector.Projector, *store.DB) {
 	t.Helper()
 	streams := streaminfo.New(js)
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		streams.Run(ctx, every, nil)
-	}()
+	natstest.RunPoller(t, streams, every) // stopped after the projector, whose cleanup comes later
 	db, err := store.Open(t.TempDir(), store.Options{})
 	require.NoError(t, err)
 	opts.Streams = streams
@@ -158,7 +153,6 @@ func startWithListing(t *testing.T, ctx context.Context, cancel context.CancelFu
 	t.Cleanup(func() {
 		p.Stop()
 		cancel()
-		wg.Wait()
 		require.NoError(t, db.Close())
 	})
 	return p, db

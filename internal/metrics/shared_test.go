@@ -202,17 +202,7 @@ func TestMetrics_LagFollowsStreamsWithoutListPermission(t *testing.T) {
 	// The seat's listing, run by its owner (here the test), fails: the user may not list.
 	_, sjs := natstest.Connect(t, url, nats.UserInfo("seat", "seat"))
 	streams := streaminfo.New(sjs)
-	lctx, stopListing := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		streams.Run(lctx, poll, nil)
-	}()
-	t.Cleanup(func() {
-		stopListing()
-		wg.Wait()
-	})
+	natstest.RunPoller(t, streams, poll)
 	m := metrics.New(metrics.Options{Streams: streams, Poll: poll, ReadsPerPoll: perPoll})
 	m.SetSource(storeSource{db})
 	m.Start()

@@ -4,6 +4,7 @@ package natstest
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -22,6 +23,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/novox/mesh-provisioner/internal/embedded"
+	"github.com/novox/mesh-provisioner/internal/streaminfo"
 )
 
 // RunServer starts a nats-server with JetStream on a free loopback port, storing under a temporary
@@ -254,4 +256,20 @@ func AskAll(nc *nats.Conn, subject string, req map[string]any, asMsgpack bool) (
 		}
 		r["after"] = a.Next
 	}
+}
+
+// RunPoller runs p's listing every `every`, as a seat does, until the test ends.
+func RunPoller(tb testing.TB, p *streaminfo.Poller, every time.Duration) {
+	tb.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		p.Run(ctx, every, nil)
+	}()
+	tb.Cleanup(func() {
+		cancel()
+		wg.Wait()
+	})
 }

@@ -130,17 +130,7 @@ func TestPoller_DeniedListingFailsAtOnce(t *testing.T) {
 	require.True(t, p.Unanswered())
 	require.EqualValues(t, 1, p.Failures())
 
-	lctx, stop := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		p.Run(lctx, every, nil)
-	}()
-	t.Cleanup(func() {
-		stop()
-		wg.Wait()
-	})
+	natstest.RunPoller(t, p, every)
 	// Each listing fails at once: three of them take three retries, not three 30 s timeouts.
 	natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
 		if n := p.Failures(); n < 4 {
