@@ -101,6 +101,13 @@ func ComposedNode(bucket string) (string, bool) {
 	return bucket[len(ComposedPrefix):], true
 }
 
+// IsComposedBucket reports whether a bucket is a composed-<node> bucket the seat reads: its node is a
+// key token (IsPlanInput). Such a bucket is forgotten on its own when its stream is deleted or reset.
+func IsComposedBucket(bucket string) bool {
+	node, ok := ComposedNode(bucket)
+	return ok && ValidToken(node)
+}
+
 // ShapeOfWhat returns the shape of the bucket a question reads; plans has none of its own.
 func ShapeOfWhat(w What) (Shape, bool) {
 	switch w {

@@ -11,8 +11,7 @@ func IsPlanInput(bucket string) bool {
 	if bucket == BucketHostModules || bucket == BucketIndexerBuilds {
 		return true
 	}
-	node, ok := ComposedNode(bucket)
-	return ok && ValidToken(node)
+	return IsComposedBucket(bucket)
 }
 
 // BuildLog is one module's compositions on one node in memory: a BuildRecord per build.

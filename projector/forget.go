@@ -54,7 +54,7 @@ func (p *Projector) streamMissing(bucket string) error {
 	if !seen || now.Sub(first) < p.opts.Verify {
 		return nil
 	}
-	if isComposed(bucket) {
+	if provisioner.IsComposedBucket(bucket) {
 		return fmt.Errorf("%w: stream %s not found since %s", errForget, provisioner.StreamName(bucket), first.UTC().Format(time.RFC3339))
 	}
 	return deleted(bucket)
@@ -73,12 +73,6 @@ func (p *Projector) forget(bucket string, reason error, log *slog.Logger) error 
 	p.mu.Unlock()
 	log.Info("bucket deleted: its projection and event log are forgotten", "reason", reason)
 	return nil
-}
-
-// isComposed reports whether a bucket is a composed-<node> plans input, forgotten rather than rebuilt.
-func isComposed(bucket string) bool {
-	_, composed := provisioner.ComposedNode(bucket)
-	return composed && provisioner.IsPlanInput(bucket)
 }
 
 // reread forgets a composed-<node> bucket whose stream cannot be resumed (reason, ErrCannotResume) and

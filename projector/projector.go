@@ -168,7 +168,7 @@ func (p *Projector) Start(ctx context.Context) {
 		// The composed-<node> buckets the projection holds, whether or not their streams still exist:
 		// one deleted meanwhile is found missing, and its projection given up (runBucket).
 		for _, b := range p.db.Buckets() {
-			if _, ok := provisioner.ComposedNode(b); ok && provisioner.IsPlanInput(b) && p.db.Checkpoint(b).Applied > 0 {
+			if provisioner.IsComposedBucket(b) && p.db.Checkpoint(b).Applied > 0 {
 				p.Add(ctx, b)
 			}
 		}
@@ -236,7 +236,7 @@ func (p *Projector) runBucket(ctx context.Context, bucket string) {
 				return
 			}
 		}
-		if errors.Is(err, ErrCannotResume) && isComposed(bucket) {
+		if errors.Is(err, ErrCannotResume) && provisioner.IsComposedBucket(bucket) {
 			// Forgotten in place and read again from its stream's first message, by this goroutine: the
 			// bucket stays tailed (forget.go). Backed off, so a stream that keeps changing under each
 			// new read is not forgotten in a tight loop.

@@ -493,7 +493,7 @@ func FromArchive(ctx context.Context, path string, progress Progress) (*Log, err
 		}
 	}
 	for _, f := range h.Forgotten {
-		if _, ok := provisioner.ComposedNode(f.Bucket); !ok || !provisioner.IsPlanInput(f.Bucket) {
+		if !provisioner.IsComposedBucket(f.Bucket) {
 			return fail(fmt.Errorf("archive %s: forgotten bucket %q is not a composed-<node> bucket", path, f.Bucket))
 		}
 	}

@@ -65,10 +65,10 @@ func (db *DB) forget(bucket string, at int64, resume *Checkpoint) error {
 	if db.closed.Load() {
 		return ErrClosed
 	}
-	node, ok := provisioner.ComposedNode(bucket)
-	if !ok || !provisioner.IsPlanInput(bucket) {
+	if !provisioner.IsComposedBucket(bucket) {
 		return fmt.Errorf("store: forget %s: only a composed-<node> bucket is forgotten", bucket)
 	}
+	node, _ := provisioner.ComposedNode(bucket)
 	hl := db.historyLock(bucket)
 	hl.Lock()
 	defer hl.Unlock()
@@ -178,7 +178,7 @@ func (db *DB) SetForgottenAt(bucket string, at int64) error {
 	if db.closed.Load() {
 		return ErrClosed
 	}
-	if _, ok := provisioner.ComposedNode(bucket); !ok || !provisioner.IsPlanInput(bucket) {
+	if !provisioner.IsComposedBucket(bucket) {
 		return fmt.Errorf("store: forgotten mark of %s: only a composed-<node> bucket is forgotten", bucket)
 	}
 	db.applyMu.Lock()
