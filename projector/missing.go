@@ -73,6 +73,12 @@ func (p *Projector) awaitStream(ctx context.Context, bucket string, missing *bac
 		case <-ctx.Done():
 			return false
 		case <-created:
+			// nats-server sends the advisory before it registers the stream with the account, so a
+			// STREAM.INFO right after it can still find nothing. Should the bucket find it missing
+			// again, its next wait is a first one: it asks once more after Options.Poll, not at the
+			// next listing (up to two of its intervals, 20 s, for the registry bucket a seat creates
+			// as its projector starts).
+			missing.reset()
 			return true
 		case <-t.C:
 		}
