@@ -266,6 +266,7 @@ func (s *Server) respond(req micro.Request, r *Request, format Format, start tim
 		return
 	}
 	s.readNextAhead(r, format, e) // the next page is written while this one travels
+	s.count(200)
 	if rerr := req.Respond(e.Bytes()); rerr != nil {
 		s.log.Debug("respond", "err", rerr)
 	}
@@ -283,6 +284,7 @@ func (s *Server) answerError(req micro.Request, r *Request, format Format, err e
 		s.log.Error("answer failed", "what", r.What, "err", err)
 	}
 	body := ErrorBody(format, msg)
+	s.count(code)
 	var rerr error
 	if inline && msg != "" { // micro refuses an empty description
 		rerr = req.Error(strconv.Itoa(code), msg, body)
@@ -296,13 +298,19 @@ func (s *Server) answerError(req micro.Request, r *Request, format Format, err e
 	s.observe(r, code, start)
 }
 
-func (s *Server) observe(r *Request, code int, start time.Time) {
+// count counts an answer by its code before it is sent, so that a client that has its answer finds it
+// counted in the stats it asks for next.
+func (s *Server) count(code int) {
 	for i, c := range answerCodes {
 		if c == code {
 			s.answered[i].Add(1)
-			break
+			return
 		}
 	}
+}
+
+// observe tells Options.Observe of an answer sent, with the time it took.
+func (s *Server) observe(r *Request, code int, start time.Time) {
 	if s.opts.Observe != nil {
 		s.opts.Observe(r.What, code, time.Since(start))
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -102,4 +103,20 @@ func TestSeat_DiscoveryInfoAndStats(t *testing.T) {
 		sum += bs.AsOf
 	}
 	require.EqualValues(t, sum, data.MessagesApplied, "a fresh seat applied every message of every stream")
+}
+
+// An answer is counted before it is sent: a client that has its answer finds it in the stats it asks
+// for next. It was counted after, and TestSeat_BadRequests failed 1 run in 8 beside other tests, one
+// answer short.
+func TestSeat_AnswerCountedBeforeItIsSent(t *testing.T) {
+	// More Ps than cores, so that the client may run between the seat's send and its count.
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(8))
+	h := newHarness(t)
+	st, _ := h.startSeat(t.TempDir())
+	base := st.Server.Answered()["200"]
+	for i := int64(1); i <= 300; i++ {
+		_, _, err := natstest.Ask(h.nc, query.Subject, nil, false)
+		require.NoError(t, err)
+		require.Equal(t, base+i, st.Server.Answered()["200"], "answers counted after the %dth", i)
+	}
 }
