@@ -69,7 +69,14 @@ type Options struct {
 	// $JS.API.STREAM.LIST): at most this many a second, so that thousands of buckets do not mean
 	// hundreds of requests a second; 0 means DefaultAskPerSecond. The other buckets always ask.
 	AskPerSecond int
+	// ParkAfter is how long a composed-<node> bucket stays idle (synced, nothing new read) before it
+	// gives its consumer up and waits on the stream listing for its stream to change (park.go); 0
+	// means DefaultParkAfter, negative never.
+	ParkAfter time.Duration
 }
+
+// DefaultParkAfter is Options.ParkAfter when it is 0.
+const DefaultParkAfter = 30 * time.Second
 
 // DefaultAskPerSecond is Options.AskPerSecond when it is 0: with 4,000 composed-<node> buckets and no
 // listing, each is checked about every 200 s.
@@ -107,6 +114,9 @@ type Projector struct {
 	lastAsk time.Time // the last slot a composed-<node> bucket's check reserved to ask its stream (mayAsk)
 
 	missing sync.Map // bucket -> when its stream was first found missing, not found since (forget.go)
+
+	parkMu sync.Mutex
+	parked map[string]*parkedBucket // idle composed-<node> buckets without a consumer (park.go)
 }
 
 // New returns a Projector; Start runs it.
@@ -138,8 +148,11 @@ func New(js jetstream.JetStream, db *store.DB, opts Options) *Projector {
 	if opts.DiscoverEvery <= 0 {
 		opts.DiscoverEvery = 30 * time.Second
 	}
+	if opts.ParkAfter == 0 {
+		opts.ParkAfter = DefaultParkAfter
+	}
 	p := &Projector{js: js, db: db, opts: opts, log: log, tailed: map[string]bool{}, setup: make(chan struct{}, maxSettingUp),
-		streams: opts.Streams, waiting: map[string]chan struct{}{}, found: make(chan string, 256)}
+		streams: opts.Streams, waiting: map[string]chan struct{}{}, found: make(chan string, 256), parked: map[string]*parkedBucket{}}
 	if p.streams == nil {
 		p.streams, p.ownStreams = streaminfo.New(js), true
 	}
@@ -177,6 +190,13 @@ func (p *Projector) Start(ctx context.Context) {
 			defer p.wg.Done()
 			p.discover(ctx)
 		}()
+		if p.opts.ParkAfter > 0 {
+			p.wg.Add(1)
+			go func() {
+				defer p.wg.Done()
+				p.watchParked(ctx)
+			}()
+		}
 	}
 }
 
@@ -225,6 +245,12 @@ func (p *Projector) runBucket(ctx context.Context, bucket string) {
 		})
 		if ctx.Err() != nil {
 			return
+		}
+		if errors.Is(err, errParked) {
+			if !p.park(ctx, bucket, log) {
+				return
+			}
+			continue
 		}
 		if errors.Is(err, jetstream.ErrStreamNotFound) && p.db.Checkpoint(bucket).Applied > 0 {
 			if cerr := p.streamMissing(bucket); cerr != nil { // else not yet confirmed (forget.go)
@@ -492,6 +518,7 @@ func (p *Projector) applyLoop(ctx context.Context, bucket string, batchSize int,
 	poll := time.NewTicker(p.opts.Poll)
 	defer poll.Stop()
 	bo := backoff{min: 50 * time.Millisecond, max: 5 * time.Second}
+	lastRead := time.Now() // when a message last came, for parking an idle composed-<node> bucket
 	for {
 		batch = batch[:0]
 		select {
@@ -508,11 +535,16 @@ func (p *Projector) applyLoop(ctx context.Context, bucket string, batchSize int,
 			default:
 			}
 			p.db.CatchingUp(bucket, lastPending+uint64(len(in)))
-			if _, synced := p.db.Applied(bucket); !synced {
+			_, synced := p.db.Applied(bucket)
+			if !synced {
 				p.checkSynced(ctx, bucket, cons, log, startSeq, start)
 			}
 			if err := verify(); err != nil {
 				return err
+			}
+			// Idle: park.go asks the stream whether anything is left to read before it parks.
+			if synced && len(in) == 0 && time.Since(lastRead) >= p.opts.ParkAfter && p.mayPark(bucket) {
+				return errParked
 			}
 			continue
 		case <-ctx.Done():
@@ -533,6 +565,7 @@ func (p *Projector) applyLoop(ctx context.Context, bucket string, batchSize int,
 		if len(batch) == 0 {
 			return nil
 		}
+		lastRead = time.Now()
 		select {
 		case lastPending = <-pending:
 		default:

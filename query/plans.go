@@ -51,14 +51,20 @@ func (s storePlans) PlansView() (PlansView, error) {
 }
 
 // Plans answers what: plans from the projection, for Options.Plans. synced says whether the inputs of
-// an answer narrowed by node ("" for every node) have caught up with their streams since start.
-func Plans(src PlansReader, synced func(node string) bool) AtFunc {
+// an answer narrowed by node ("" for every node) have caught up with their streams since start. wake,
+// when set, is told of a composed-<node> bucket that a request waits on (min_seq) before it is reached:
+// an idle bucket without a consumer tails again at once (projector.Projector.Wake).
+func Plans(src PlansReader, synced func(node string) bool, wake func(bucket string)) AtFunc {
 	return func(ctx context.Context, r *Request, e *Encoder) error {
 		if r.MinSeq > 0 {
 			if r.Node == "" {
 				return BadRequest("min_seq of plans is a sequence of the node's composed-<node> bucket: name the node")
 			}
-			if err := waitApplied(ctx, src, provisioner.ComposedPrefix+r.Node, uint64(r.MinSeq), r.WaitMS); err != nil {
+			bucket := provisioner.ComposedPrefix + r.Node
+			if have, _ := src.Applied(bucket); have < uint64(r.MinSeq) && wake != nil {
+				wake(bucket)
+			}
+			if err := waitApplied(ctx, src, bucket, uint64(r.MinSeq), r.WaitMS); err != nil {
 				return err
 			}
 		}

@@ -830,3 +830,33 @@ func TestPlans_AtAfterRetentionBuildsWrittenDifferently(t *testing.T) {
 	rows, _ := h.askAllPlans(map[string]any{"what": "plans", "at": at.Format(time.RFC3339Nano)}, false)
 	require.Equal(t, rowsByKey(live), rowsByKey(rows), "plans at %s, after the trim, answer what the live seat does", at)
 }
+
+// TestPlans_MinSeqWakesAParkedBucket: a node engine that publishes a composition to its idle, parked
+// composed-<node> bucket (no consumer: projector/park.go) and asks with min_seq sees it at once, not at
+// the next listing (an hour away here).
+func TestPlans_MinSeqWakesAParkedBucket(t *testing.T) {
+	h := newHarness(t)
+	sc := fixtures.Plans()
+	h.load(sc.Before)
+	st, _ := h.startPlansSeatWith(t.TempDir(), projector.Options{Poll: 20 * time.Millisecond, DiscoverEvery: time.Hour,
+		Verify: time.Hour, ParkAfter: 100 * time.Millisecond})
+	h.waitPlansCaughtUp(st)
+	const bucket = provisioner.ComposedPrefix + "edge-1"
+	natstest.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error {
+		if !st.Current().Parked(bucket) {
+			return fmt.Errorf("%s not parked", bucket)
+		}
+		return nil
+	})
+
+	kv, err := h.js.KeyValue(context.Background(), bucket)
+	require.NoError(t, err)
+	val, err := msgpack.Marshal(map[string]any{"status": "published", "plan": "db 3005"})
+	require.NoError(t, err)
+	seq, err := kv.Put(context.Background(), "db.3005", val)
+	require.NoError(t, err)
+	a, err := h.askPlans(map[string]any{"what": "plans", "node": "edge-1", "module": "db", "min_seq": seq, "wait_ms": 5000}, true)
+	require.NoError(t, err)
+	require.Equal(t, json.Number(fmt.Sprint(seq)), a["as_of"].(map[string]any)[bucket])
+	require.Equal(t, json.Number("3005"), planRow(t, a, "edge-1.db")["current"].(map[string]any)["build"])
+}

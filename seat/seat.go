@@ -137,7 +137,7 @@ func Start(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, db *store
 			return synced
 		})}
 	if cfg.Plans {
-		qo.Plans = query.Plans(s.reader, s.PlansSynced)
+		qo.Plans = query.Plans(s.reader, s.PlansSynced, func(bucket string) { s.Current().Wake(bucket) })
 	}
 	s.Server = query.NewServer(s.reader, qo)
 	// $SRV.STATS carries where each bucket stands (see ops.go).

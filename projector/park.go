@@ -1,0 +1,153 @@
+package projector
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+
+	provisioner "github.com/novox/mesh-provisioner"
+)
+
+// Parking. A seat with plans tails one composed-<node> bucket per node, and a node's compositions
+// change a few times a day. A consumer each, kept open, cost the seat per bucket about 7 goroutines,
+// 70 KiB of memory and a heartbeat message a second; at 4,000 nodes: 28,000 goroutines, 4,000 idle
+// messages a second, and a third of a core with nothing to read (measured with an in-process server,
+// session 5). So a composed-<node> bucket that has read nothing new for Options.ParkAfter, is synced,
+// and whose stream the listing reports on, gives its consumer up (deleted at once) and waits, on its
+// goroutine alone, until:
+//
+//   - a listing newer than the parking reports its stream changed: another last or first sequence,
+//     another creation time, or the stream gone (watchParked, at every listing: Options.Verify or the
+//     seat's metrics poll, 10 or 5 s). The bucket then tails again from its checkpoint, and the usual
+//     checks (verify.go, forget.go) see what changed: a purge, a recreation, a deletion;
+//   - a plans request waits for the bucket's min_seq (Wake): the client that just published a
+//     composition sees it at once, not at the next listing;
+//   - the listing stops working (no listing completed within two of its intervals): every parked bucket
+//     tails again, and none parks until a listing completes, so a parked bucket never waits on a
+//     listing that does not come.
+//
+// A parked bucket's answers are as fresh as the listing: a composition written to a parked bucket is
+// applied within one listing interval plus Options.Poll. Its synced flag stays true: the projection
+// caught up with the stream since start, as the contract's synced says.
+
+// errParked ends an idle composed-<node> bucket's tail: runBucket parks it.
+var errParked = errors.New("projector: idle, parked")
+
+// parkedBucket is what a parked bucket's stream looked like when it parked.
+type parkedBucket struct {
+	wake        chan struct{} // capacity 1
+	at          time.Time     // when the info below was asked for: a listing after it is newer
+	created     int64
+	first, last uint64
+}
+
+// mayPark reports whether an idle bucket may give its consumer up now: a composed-<node> bucket of a
+// Projector with Options.Composed (which runs watchParked), with parking on and a listing that runs.
+func (p *Projector) mayPark(bucket string) bool {
+	return p.opts.Composed && p.opts.ParkAfter > 0 && provisioner.IsComposedBucket(bucket) && p.listingRuns()
+}
+
+// listingRuns reports whether a listing completed within two of its intervals.
+func (p *Projector) listingRuns() bool {
+	listed := p.streams.Listed()
+	return !listed.IsZero() && time.Since(listed) < 2*p.listEvery()
+}
+
+// park waits until the parked bucket's stream changes, a request wakes it, or the listing stops
+// working; it reports false when ctx ends. The stream is asked for its info once first: what the
+// bucket waits to change, and the bucket tails again at once if it changed already.
+func (p *Projector) park(ctx context.Context, bucket string, log *slog.Logger) bool {
+	at := time.Now()
+	ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	info, err := p.streams.Read(ictx, provisioner.StreamName(bucket))
+	cancel()
+	if err != nil || (info.State.Msgs > 0 && info.State.LastSeq > p.db.Checkpoint(bucket).Applied) {
+		// Tail again: it finds out what failed, or reads what came since its consumer had nothing
+		// pending. (A stream emptied by a purge has nothing to read past a checkpoint behind it.)
+		return ctx.Err() == nil
+	}
+	pk := &parkedBucket{wake: make(chan struct{}, 1), at: at, created: info.Created.UnixNano(),
+		first: info.State.FirstSeq, last: info.State.LastSeq}
+	p.parkMu.Lock()
+	p.parked[bucket] = pk
+	p.parkMu.Unlock()
+	defer func() {
+		p.parkMu.Lock()
+		delete(p.parked, bucket)
+		p.parkMu.Unlock()
+	}()
+	log.Debug("idle: consumer given up until the stream changes", "applied_seq", pk.last)
+	select {
+	case <-ctx.Done():
+		return false
+	case <-pk.wake:
+		log.Debug("tailing again")
+		return true
+	}
+}
+
+// Wake makes a parked bucket tail again now (a request waits for its min_seq). A bucket not parked is
+// left alone.
+func (p *Projector) Wake(bucket string) {
+	p.parkMu.Lock()
+	defer p.parkMu.Unlock()
+	if pk := p.parked[bucket]; pk != nil {
+		wake(pk)
+	}
+}
+
+func wake(pk *parkedBucket) {
+	select {
+	case pk.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Parked reports whether a bucket is parked: tailed, without a consumer.
+func (p *Projector) Parked(bucket string) bool {
+	p.parkMu.Lock()
+	defer p.parkMu.Unlock()
+	return p.parked[bucket] != nil
+}
+
+// watchParked wakes parked buckets whose streams a new listing reports changed, and every parked bucket
+// once the listing stops working, until ctx ends.
+func (p *Projector) watchParked(ctx context.Context) {
+	t := time.NewTicker(p.opts.Poll)
+	defer t.Stop()
+	var seen time.Time // the newest listing looked at
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		listed := p.streams.Listed()
+		runs := p.listingRuns()
+		if runs && !listed.After(seen) {
+			continue
+		}
+		seen = listed
+		p.parkMu.Lock()
+		for bucket, pk := range p.parked {
+			if !runs || p.streamChanged(bucket, pk, listed) {
+				wake(pk)
+			}
+		}
+		p.parkMu.Unlock()
+	}
+}
+
+// streamChanged reports whether the newest info of a parked bucket's stream, read after it parked,
+// differs from what the bucket parked on, or a listing after it no longer returned the stream.
+func (p *Projector) streamChanged(bucket string, pk *parkedBucket, listed time.Time) bool {
+	info, read, ok := p.streams.Info(provisioner.StreamName(bucket))
+	if !ok {
+		return listed.After(pk.at)
+	}
+	if !read.After(pk.at) {
+		return false
+	}
+	return info.Created.UnixNano() != pk.created || info.State.FirstSeq != pk.first || info.State.LastSeq != pk.last
+}

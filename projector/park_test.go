@@ -1,0 +1,166 @@
+package projector_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/require"
+
+	"github.com/novox/mesh-provisioner/internal/natstest"
+	"github.com/novox/mesh-provisioner/internal/streaminfo"
+	"github.com/novox/mesh-provisioner/projector"
+	"github.com/novox/mesh-provisioner/store"
+)
+
+// consumers is how many consumers a bucket's stream has.
+func consumers(t *testing.T, js jetstream.JetStream, bucket string) int {
+	t.Helper()
+	s, err := js.Stream(context.Background(), "KV_"+bucket)
+	require.NoError(t, err)
+	return s.CachedInfo().State.Consumers
+}
+
+// waitParked waits until a bucket is parked and its stream has no consumer left.
+func waitParked(t *testing.T, p *projector.Projector, js jetstream.JetStream, bucket string) {
+	t.Helper()
+	natstest.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error {
+		if !p.Parked(bucket) {
+			return fmt.Errorf("%s not parked", bucket)
+		}
+		if n := consumers(t, js, bucket); n != 0 {
+			return fmt.Errorf("%s parked with %d consumers", bucket, n)
+		}
+		return nil
+	})
+}
+
+func waitApplied(t *testing.T, db *store.DB, bucket string, seq uint64) {
+	t.Helper()
+	natstest.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error {
+		if have, synced := db.Applied(bucket); have != seq || !synced {
+			return fmt.Errorf("%s: applied %d, synced %v; want %d", bucket, have, synced, seq)
+		}
+		return nil
+	})
+}
+
+// TestProjector_IdleComposedBucketParks: an idle composed-<node> bucket gives its consumer up, and a
+// listing that reports its stream changed makes it tail again, whatever changed: a new message, a
+// purge, a deletion. The fixed buckets keep their consumers.
+func TestProjector_IdleComposedBucketParks(t *testing.T) {
+	ns := natstest.RunServer(t)
+	_, js := natstest.Connect(t, ns.ClientURL())
+	ctx := context.Background()
+	composedBuckets(t, js, 1)
+	const b = "composed-n0000"
+	fixed, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "mesh-host_modules", Storage: jetstream.MemoryStorage})
+	require.NoError(t, err)
+	_, err = fixed.Put(ctx, "n0000.web", []byte{0x80})
+	require.NoError(t, err)
+	db, err := store.Open(t.TempDir(), store.Options{})
+	require.NoError(t, err)
+	_, pjs := natstest.Connect(t, ns.ClientURL())
+	p := projector.New(pjs, db, projector.Options{Buckets: []string{"mesh-host_modules"}, Composed: true, Poll: 20 * time.Millisecond,
+		Verify: 200 * time.Millisecond, DiscoverEvery: time.Hour, ParkAfter: 200 * time.Millisecond})
+	p.Start(ctx)
+	t.Cleanup(func() {
+		p.Stop()
+		db.Close()
+	})
+	waitApplied(t, db, b, 1)
+	waitParked(t, p, js, b)
+	require.False(t, p.Parked("mesh-host_modules"), "only composed-<node> buckets park")
+	require.Equal(t, 1, consumers(t, js, "mesh-host_modules"))
+
+	// A new message: read at the next listing, then parked again.
+	kv, err := js.KeyValue(ctx, b)
+	require.NoError(t, err)
+	_, err = kv.Put(ctx, "web.2", []byte{0x81, 0xa1, 'x', 0x01})
+	require.NoError(t, err)
+	waitApplied(t, db, b, 2)
+	waitParked(t, p, js, b)
+
+	// A purge of the whole stream sends no message: the listing's first sequence says it, and the
+	// bucket is forgotten and read again from its (empty) stream.
+	s, err := js.Stream(ctx, "KV_"+b)
+	require.NoError(t, err)
+	require.NoError(t, s.Purge(ctx))
+	natstest.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error {
+		v, err := db.View()
+		if err != nil {
+			return err
+		}
+		defer v.Close()
+		if _, found, err := v.ForgottenAt(b); err != nil || !found {
+			return fmt.Errorf("%s not forgotten after its purge (%v)", b, err)
+		}
+		return nil
+	})
+	waitParked(t, p, js, b)
+
+	// Deleted: forgotten, no longer tailed.
+	require.NoError(t, js.DeleteKeyValue(ctx, b))
+	natstest.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error {
+		if p.Tails(b) || slices.Contains(db.Buckets(), b) {
+			return fmt.Errorf("%s not forgotten yet", b)
+		}
+		return nil
+	})
+}
+
+// TestProjector_ParkedBucketWokenOrListingStopped: Wake (a request waiting for the bucket's min_seq)
+// makes a parked bucket read at once, long before the next listing; and once the listing stops, every
+// parked bucket tails again and none parks, since nothing would tell it its stream changed.
+func TestProjector_ParkedBucketWokenOrListingStopped(t *testing.T) {
+	ns := natstest.RunServer(t)
+	_, js := natstest.Connect(t, ns.ClientURL())
+	ctx := context.Background()
+	composedBuckets(t, js, 2)
+	b0, b1 := "composed-n0000", "composed-n0001"
+	db, err := store.Open(t.TempDir(), store.Options{})
+	require.NoError(t, err)
+	_, pjs := natstest.Connect(t, ns.ClientURL())
+	// The listing runs on a connection of its own, closed to make every listing fail, as a listing
+	// denied or unanswered does: Run goes on, trying.
+	lnc, ljs := natstest.Connect(t, ns.ClientURL())
+	poller := streaminfo.New(ljs)
+	natstest.RunPoller(t, poller, 150*time.Millisecond)
+	p := projector.New(pjs, db, projector.Options{Buckets: []string{}, Composed: true, Poll: 20 * time.Millisecond,
+		Verify: time.Hour, DiscoverEvery: time.Hour, ParkAfter: 200 * time.Millisecond, Streams: poller})
+	p.Start(ctx)
+	t.Cleanup(func() {
+		p.Stop()
+		db.Close()
+	})
+	waitApplied(t, db, b0, 1)
+	waitParked(t, p, js, b0)
+
+	// Woken: read without a listing that reports the change (the listing stops first, and a stopped
+	// listing wakes parked buckets only after two of its intervals).
+	kv, err := js.KeyValue(ctx, b0)
+	require.NoError(t, err)
+	lnc.Close()
+	_, err = kv.Put(ctx, "web.2", []byte{0x80})
+	require.NoError(t, err)
+	p.Wake(b0)
+	waitApplied(t, db, b0, 2)
+
+	// The listing stopped: every bucket tails again, with a consumer, and stays so.
+	natstest.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error {
+		for _, b := range []string{b0, b1} {
+			if p.Parked(b) || consumers(t, js, b) != 1 {
+				return fmt.Errorf("%s: parked %v, %d consumers", b, p.Parked(b), consumers(t, js, b))
+			}
+		}
+		return nil
+	})
+	time.Sleep(400 * time.Millisecond) // two ParkAfter: an idle bucket would have parked by now
+	require.False(t, p.Parked(b1), "no bucket parks while the listing is stopped")
+	_, err = kv.Put(ctx, "web.3", []byte{0x80})
+	require.NoError(t, err)
+	waitApplied(t, db, b0, 3)
+}
