@@ -107,6 +107,8 @@ type Projector struct {
 	lastAsk time.Time // the last slot a composed-<node> bucket's check reserved to ask its stream (mayAsk)
 
 	missing sync.Map // bucket -> when its stream was first found missing, not found since (forget.go)
+
+	afterForget func(bucket string) // tests: called as a forgotten bucket's forgetting has committed
 }
 
 // New returns a Projector; Start runs it.
@@ -232,7 +234,7 @@ func (p *Projector) runBucket(ctx context.Context, bucket string) {
 			}
 		}
 		if errors.Is(err, errForget) {
-			if err = p.forget(bucket, err, log); err == nil {
+			if err = p.forget(ctx, bucket, err, created, log); err == nil {
 				return
 			}
 		}
