@@ -54,20 +54,25 @@ func (e *badRequest) Error() string { return e.msg }
 
 func badf(format string, args ...any) error { return &badRequest{msg: fmt.Sprintf(format, args...)} }
 
-// DecodeRequest reads a request body: empty is {}, a body starting with '{' (after white space) is JSON,
-// one starting with a MessagePack map header is MessagePack. It returns the format the answer is to be
-// written in, also when the request is bad.
+// DecodeRequest reads a request body: empty is {}, a body starting with '{' (after a UTF-8 byte order
+// mark and white space, either optional) is JSON, one starting with a MessagePack map header is
+// MessagePack. It returns the format the answer is to be written in (formatOf), also when the request
+// is bad.
 func DecodeRequest(body []byte) (Request, Format, error) {
 	var req Request
-	trimmed := bytes.TrimLeft(body, " \t\r\n")
+	format := formatOf(body)
+	trimmed := bytes.TrimLeft(bytes.TrimPrefix(body, utf8BOM), " \t\r\n")
 	if len(trimmed) == 0 {
 		return req, FormatJSON, req.validate()
 	}
 	if len(body) > maxRequestBytes {
-		return req, formatOf(trimmed), badf("request is %d bytes, at most %d", len(body), maxRequestBytes)
+		return req, format, badf("request is %d bytes, at most %d", len(body), maxRequestBytes)
 	}
-	switch formatOf(trimmed) {
+	switch format {
 	case FormatJSON:
+		if bytes.HasPrefix(body, utf16LE) || bytes.HasPrefix(body, utf16BE) {
+			return req, FormatJSON, badf("request JSON is UTF-16 (it starts with a UTF-16 byte order mark): send it as UTF-8")
+		}
 		if trimmed[0] != '{' {
 			return req, FormatJSON, badf("request is neither a JSON object nor a MessagePack map")
 		}
@@ -243,10 +248,24 @@ func checkField(name string, seen map[string]bool) error {
 	return nil
 }
 
-// formatOf is the format of a body, so of its answer and its error: MessagePack when its first byte
-// is one no JSON text starts with (0x80-0xff: maps, arrays, strings, nil, ... of MessagePack), JSON
-// otherwise. A MessagePack request that is not a map is bad, and told so in MessagePack.
-func formatOf(b []byte) Format {
+// Byte order marks a text editor or a Windows tool may write before a JSON text (RFC 8259 section 8.1
+// lets a parser ignore one). None starts a MessagePack map (0xef, 0xfe and 0xff are negative fixints).
+var (
+	utf8BOM = []byte{0xef, 0xbb, 0xbf}
+	utf16LE = []byte{0xff, 0xfe}
+	utf16BE = []byte{0xfe, 0xff}
+)
+
+// formatOf is the format of a body, so of its answer and its error. A body that starts with a byte
+// order mark is a text, JSON: a UTF-8 one is skipped, a UTF-16 one is a bad request told in JSON.
+// Otherwise, after white space, MessagePack when the first byte is one no JSON text starts with
+// (0x80-0xff: maps, arrays, strings, nil, ... of MessagePack), JSON otherwise. A MessagePack request
+// that is not a map is bad, and told so in MessagePack.
+func formatOf(body []byte) Format {
+	if bytes.HasPrefix(body, utf8BOM) || bytes.HasPrefix(body, utf16LE) || bytes.HasPrefix(body, utf16BE) {
+		return FormatJSON
+	}
+	b := bytes.TrimLeft(body, " \t\r\n")
 	if len(b) > 0 && b[0] >= 0x80 {
 		return FormatMsgpack
 	}

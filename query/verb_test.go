@@ -1,0 +1,123 @@
+package query
+
+import (
+	"encoding/json"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+	"github.com/stretchr/testify/require"
+	"github.com/vmihailenco/msgpack/v5"
+
+	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/internal/natstest"
+)
+
+// serveVerb serves the verb from a small store of needs on a real NATS server, and returns a client
+// connection to ask it with.
+func serveVerb(t *testing.T) *nats.Conn {
+	t.Helper()
+	db := smallStore(t)
+	var msgs []provisioner.Message
+	for i, key := range []string{"n1.m1.config.a", "n1.m2.config.b", "n2.m1.config.c"} {
+		msgs = append(msgs, provisioner.Message{Seq: uint64(i + 1), Time: int64(i + 1), Key: key, Op: provisioner.OpPut, Value: []byte{0x80}})
+	}
+	require.NoError(t, db.Apply(provisioner.BucketNeeds, msgs, 1, true))
+	db.SetSynced(provisioner.BucketNeeds, true)
+	ns := natstest.RunServer(t)
+	snc, _ := natstest.Connect(t, ns.ClientURL())
+	s := NewServer(StoreReader(db), Options{})
+	require.NoError(t, s.Start(snc, nil))
+	t.Cleanup(s.Stop)
+	nc, _ := natstest.Connect(t, ns.ClientURL())
+	return nc
+}
+
+// verbAnswer is an answer of the verb as a client reads it: the error code (200 when none) and
+// description from the micro headers, and the body decoded in the format asked for.
+type verbAnswer struct {
+	code int
+	desc string
+	body map[string]any
+}
+
+// askRaw sends a raw body to the verb and decodes the answer as format: it fails the test when the
+// answer is not in that format, or when an error's body does not say what its header says.
+func askRaw(t *testing.T, nc *nats.Conn, body []byte, format Format) verbAnswer {
+	t.Helper()
+	msg, err := nc.Request(Subject, body, 10*time.Second)
+	require.NoError(t, err, "the verb answers %q", body)
+	a := verbAnswer{code: 200}
+	if c := msg.Header.Get(micro.ErrorCodeHeader); c != "" {
+		a.code, err = strconv.Atoi(c)
+		require.NoError(t, err)
+		a.desc = msg.Header.Get(micro.ErrorHeader)
+	}
+	if format == FormatMsgpack {
+		require.NoError(t, msgpack.Unmarshal(msg.Data, &a.body), "a MessagePack answer to %q: %q", body, msg.Data)
+	} else {
+		require.NoError(t, json.Unmarshal(msg.Data, &a.body), "a JSON answer to %q: %q", body, msg.Data)
+	}
+	if a.code != 200 {
+		require.Equal(t, a.desc, a.body["error"], "the error body says what the header says")
+	}
+	return a
+}
+
+// TestVerb_ByteOrderMark: a JSON request that starts with a byte order mark, as some Windows tools
+// write, is JSON, and its answer and its errors are JSON. A UTF-8 mark is skipped; a UTF-16 one is a
+// bad request that says to send UTF-8. Either used to be read as MessagePack, and the client got a
+// MessagePack 400 it could not read.
+func TestVerb_ByteOrderMark(t *testing.T) {
+	nc := serveVerb(t)
+	bom := "\xef\xbb\xbf"
+	utf16 := func(s string, bigEndian bool) []byte {
+		b := []byte{0xff, 0xfe}
+		if bigEndian {
+			b = []byte{0xfe, 0xff}
+		}
+		for _, c := range []byte(s) {
+			if bigEndian {
+				b = append(b, 0, c)
+			} else {
+				b = append(b, c, 0)
+			}
+		}
+		return b
+	}
+	for _, tc := range []struct {
+		name string
+		body []byte
+		code int
+		want string // the what answered, or a part of the error
+	}{
+		{"UTF-8 mark", []byte(bom + `{"what":"needs","node":"n1"}`), 200, "needs"},
+		{"UTF-8 mark and white space", []byte(bom + " \r\n\t" + `{"what":"needs"}`), 200, "needs"},
+		{"UTF-8 mark alone is empty", []byte(bom), 200, "registry"},
+		{"UTF-8 mark and white space alone is empty", []byte(bom + "\r\n"), 200, "registry"},
+		{"UTF-8 mark, bad what", []byte(bom + `{"what":"wants"}`), 400, `what "wants" is not one of`},
+		{"UTF-8 mark, unknown field", []byte(bom + `{"what":"needs","nodes":"n1"}`), 400, `unknown field "nodes"`},
+		{"UTF-8 mark, not an object", []byte(bom + `["needs"]`), 400, "neither a JSON object"},
+		{"UTF-8 mark twice", []byte(bom + bom + `{}`), 400, "neither a JSON object"},
+		{"UTF-16 little-endian", utf16(`{"what":"needs"}`, false), 400, "UTF-16"},
+		{"UTF-16 big-endian", utf16(`{"what":"needs"}`, true), 400, "UTF-16"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := askRaw(t, nc, tc.body, FormatJSON)
+			require.Equal(t, tc.code, a.code, "%s", a.desc)
+			if tc.code == 200 {
+				require.Equal(t, tc.want, a.body["what"])
+				if tc.want == "needs" {
+					require.NotEmpty(t, a.body["rows"])
+				}
+			} else {
+				require.True(t, strings.Contains(a.desc, tc.want), "%q says %q", a.desc, tc.want)
+			}
+			// And the verb goes on serving.
+			require.Equal(t, "registry", askRaw(t, nc, nil, FormatJSON).body["what"])
+		})
+	}
+}
