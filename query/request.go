@@ -70,7 +70,7 @@ func DecodeRequest(body []byte) (Request, Format, error) {
 	}
 	switch format {
 	case FormatJSON:
-		if bytes.HasPrefix(body, utf16LE) || bytes.HasPrefix(body, utf16BE) {
+		if bytes.HasPrefix(trimmed, utf16LE) || bytes.HasPrefix(trimmed, utf16BE) {
 			return req, FormatJSON, badf("request JSON is UTF-16 (it starts with a UTF-16 byte order mark): send it as UTF-8")
 		}
 		if trimmed[0] != '{' {
@@ -256,20 +256,22 @@ var (
 	utf16BE = []byte{0xfe, 0xff}
 )
 
-// formatOf is the format of a body, so of its answer and its error. A body that starts with a byte
-// order mark is a text, JSON: a UTF-8 one is skipped, a UTF-16 one is a bad request told in JSON.
-// Otherwise, after white space, MessagePack when the first byte is one no JSON text starts with
-// (0x80-0xff: maps, arrays, strings, nil, ... of MessagePack), JSON otherwise. A MessagePack request
-// that is not a map is bad, and told so in MessagePack.
+// formatOf is the format of a body, so of its answer and its error: after white space, MessagePack
+// when the first byte is one no JSON text starts with (0x80-0xff: maps, arrays, strings, nil, ... of
+// MessagePack) and no byte order mark starts there, JSON otherwise. A body with a byte order mark is a
+// text, JSON: a UTF-8 one first in the body is skipped (DecodeRequest), any other is a bad request
+// told in JSON. A MessagePack request that is not a map is bad, and told so in MessagePack.
 func formatOf(body []byte) Format {
-	if bytes.HasPrefix(body, utf8BOM) || bytes.HasPrefix(body, utf16LE) || bytes.HasPrefix(body, utf16BE) {
-		return FormatJSON
-	}
 	b := bytes.TrimLeft(body, " \t\r\n")
-	if len(b) > 0 && b[0] >= 0x80 {
+	if len(b) > 0 && b[0] >= 0x80 && !byteOrderMark(b) {
 		return FormatMsgpack
 	}
 	return FormatJSON
+}
+
+// byteOrderMark reports whether b starts with a UTF-8 or UTF-16 byte order mark.
+func byteOrderMark(b []byte) bool {
+	return bytes.HasPrefix(b, utf8BOM) || bytes.HasPrefix(b, utf16LE) || bytes.HasPrefix(b, utf16BE)
 }
 
 // msgpackMap reports whether c starts a MessagePack map: fixmap, map 16 or map 32.

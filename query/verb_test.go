@@ -102,6 +102,7 @@ func TestVerb_ByteOrderMark(t *testing.T) {
 		{"UTF-8 mark, unknown field", []byte(bom + `{"what":"needs","nodes":"n1"}`), 400, `unknown field "nodes"`},
 		{"UTF-8 mark, not an object", []byte(bom + `["needs"]`), 400, "neither a JSON object"},
 		{"UTF-8 mark twice", []byte(bom + bom + `{}`), 400, "neither a JSON object"},
+		{"UTF-8 mark after white space", []byte(" " + bom + `{}`), 400, "neither a JSON object"},
 		{"UTF-16 little-endian", utf16(`{"what":"needs"}`, false), 400, "UTF-16"},
 		{"UTF-16 big-endian", utf16(`{"what":"needs"}`, true), 400, "UTF-16"},
 	} {
