@@ -61,12 +61,12 @@ func badf(format string, args ...any) error { return &badRequest{msg: fmt.Sprint
 func DecodeRequest(body []byte) (Request, Format, error) {
 	var req Request
 	format := formatOf(body)
+	if len(body) > maxRequestBytes {
+		return req, format, badf("request is %d bytes, at most %d", len(body), maxRequestBytes)
+	}
 	trimmed := bytes.TrimLeft(bytes.TrimPrefix(body, utf8BOM), " \t\r\n")
 	if len(trimmed) == 0 {
 		return req, FormatJSON, req.validate()
-	}
-	if len(body) > maxRequestBytes {
-		return req, format, badf("request is %d bytes, at most %d", len(body), maxRequestBytes)
 	}
 	switch format {
 	case FormatJSON:
