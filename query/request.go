@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"strconv"
+	"strings"
 
 	"github.com/vmihailenco/msgpack/v5"
 
@@ -135,12 +137,47 @@ func jsonFields(b []byte) error {
 		if err := checkField(name, seen); err != nil {
 			return err
 		}
-		var skip json.RawMessage
-		if err := dec.Decode(&skip); err != nil {
+		var raw json.RawMessage
+		if err := dec.Decode(&raw); err != nil {
 			return nil
+		}
+		if intFields[name] && jsonInteger(raw) {
+			if _, err := strconv.ParseInt(string(raw), 10, 64); err != nil {
+				return outOfRange(name, string(raw))
+			}
 		}
 	}
 	return nil
+}
+
+// outOfRange is the error of an integer field whose value no int64 holds, written as validate writes
+// one it does hold, so that the number sent is quoted (not the one it would wrap to, or a type) and
+// the error is the same in both formats.
+func outOfRange(name, n string) error {
+	switch {
+	case name == "min_seq" && strings.HasPrefix(n, "-"):
+		return badf("min_seq %s is negative", n)
+	case name == "limit":
+		return badf("limit %s is out of range 1..%d", n, MaxLimit)
+	case name == "wait_ms":
+		return badf("wait_ms %s is out of range 0..%d", n, MaxWaitMS)
+	}
+	return badf("%s %s is out of range", name, n)
+}
+
+// jsonInteger reports whether a JSON value is an integer literal: a number without fraction or
+// exponent.
+func jsonInteger(raw []byte) bool {
+	b := bytes.TrimPrefix(raw, []byte("-"))
+	if len(b) == 0 {
+		return false
+	}
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return true
 }
 
 // msgpackFields does for a MessagePack map what jsonFields does for JSON: every key a known field
@@ -165,7 +202,7 @@ func msgpackFields(b []byte) error {
 		off := len(b) - rd.Len()
 		if v, ok := bigUint(b[off:]); ok && intFields[name] {
 			// The decoder would wrap it to a negative int64 and the error would name that number.
-			return badf("%s %d is out of range", name, v)
+			return outOfRange(name, strconv.FormatUint(v, 10))
 		}
 		if off < len(b) {
 			if err := msgpackType(name, b[off]); err != nil {

@@ -122,3 +122,63 @@ func TestVerb_ByteOrderMark(t *testing.T) {
 		})
 	}
 }
+
+// TestVerb_SameInBothFormats asks the same request as JSON and as MessagePack through the verb: both
+// are answered alike (the same code, and the same rows or the same error), each in its own format, and
+// the verb goes on serving. Where exact is set the error is word for word the same.
+func TestVerb_SameInBothFormats(t *testing.T) {
+	nc := serveVerb(t)
+	mp := func(kv ...any) []byte { // a MessagePack map of the members in order, not a Go map's
+		b := []byte{0x80 | byte(len(kv)/2)}
+		for _, x := range kv {
+			v, err := msgpack.Marshal(x)
+			require.NoError(t, err)
+			b = append(b, v...)
+		}
+		return b
+	}
+	const bigU = uint64(1) << 63
+	for _, tc := range []struct {
+		name     string
+		json     string
+		msgpack  []byte
+		code     int
+		rows     int    // for a 200
+		msg      string // a part of the error of a 400
+		verbatim bool   // the two errors are the same
+	}{
+		{"plain", `{"what":"needs","node":"n1"}`, mp("what", "needs", "node", "n1"), 200, 2, "", false},
+		{"null is left out", `{"what":"needs","node":null,"limit":null}`, mp("what", "needs", "node", nil, "limit", nil), 200, 3, "", false},
+		{"integer as float", `{"what":"needs","limit":1.0}`, mp("what", "needs", "limit", 1.0), 400, 0, `field "limit" wants int64`, false},
+		{"fraction", `{"what":"needs","limit":1.5}`, mp("what", "needs", "limit", 1.5), 400, 0, `field "limit" wants int64`, false},
+		{"negative", `{"what":"needs","limit":-1}`, mp("what", "needs", "limit", -1), 400, 0, "limit -1 is out of range 1..10000", true},
+		{"string for an integer", `{"what":"needs","min_seq":"5"}`, mp("what", "needs", "min_seq", "5"), 400, 0, `field "min_seq" wants int64, not string`, false},
+		{"integer for a string", `{"what":"needs","node":1}`, mp("what", "needs", "node", 1), 400, 0, `field "node" wants string`, false},
+		{"repeated", `{"what":"needs","what":"applied"}`, mp("what", "needs", "what", "applied"), 400, 0, `field "what" is given twice`, true},
+		{"unknown", `{"what":"needs","Node":"n1"}`, mp("what", "needs", "Node", "n1"), 400, 0, `unknown field "Node"`, true},
+		{"limit past int64", `{"what":"needs","limit":9223372036854775808}`, mp("what", "needs", "limit", bigU), 400, 0,
+			"limit 9223372036854775808 is out of range 1..10000", true},
+		{"wait_ms past int64", `{"what":"needs","wait_ms":9223372036854775808}`, mp("what", "needs", "wait_ms", bigU), 400, 0,
+			"wait_ms 9223372036854775808 is out of range 0..10000", true},
+		{"min_seq past int64", `{"what":"needs","min_seq":9223372036854775808}`, mp("what", "needs", "min_seq", bigU), 400, 0,
+			"min_seq 9223372036854775808 is out of range", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			j := askRaw(t, nc, []byte(tc.json), FormatJSON)
+			m := askRaw(t, nc, tc.msgpack, FormatMsgpack)
+			require.Equal(t, tc.code, j.code, "JSON: %s", j.desc)
+			require.Equal(t, tc.code, m.code, "MessagePack: %s", m.desc)
+			if tc.code == 200 {
+				require.Len(t, j.body["rows"], tc.rows)
+				require.Len(t, m.body["rows"], tc.rows)
+			} else {
+				require.Contains(t, j.desc, tc.msg)
+				require.Contains(t, m.desc, tc.msg)
+				if tc.verbatim {
+					require.Equal(t, j.desc, m.desc)
+				}
+			}
+			require.Equal(t, "registry", askRaw(t, nc, nil, FormatJSON).body["what"], "the verb goes on serving")
+		})
+	}
+}
