@@ -118,6 +118,11 @@ func checkRequest(t *testing.T, body []byte) (Request, Format, error) {
 	if l := req.limit(); l < 1 || l > MaxLimit {
 		t.Fatalf("limit() %d", l)
 	}
+	for _, v := range []string{req.What, req.Node, req.Module, req.Contributor, req.Collection, req.Kind, req.After, req.At} {
+		if !utf8.ValidString(v) {
+			t.Fatalf("accepted a string field that is not UTF-8: %q", v)
+		}
+	}
 	if req.MinSeq < 0 || req.WaitMS < 0 || req.WaitMS > MaxWaitMS {
 		t.Fatalf("accepted min_seq %d, wait_ms %d", req.MinSeq, req.WaitMS)
 	}

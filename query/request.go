@@ -10,6 +10,7 @@ import (
 	"math"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/vmihailenco/msgpack/v5"
 
@@ -141,6 +142,10 @@ func jsonFields(b []byte) error {
 		if err := dec.Decode(&raw); err != nil {
 			return nil
 		}
+		if len(raw) > 0 && raw[0] == '"' && (!utf8.Valid(raw) || loneSurrogate(raw)) {
+			// encoding/json would read each such byte, or escape, as U+FFFD: another string.
+			return notUTF8(name)
+		}
 		if intFields[name] && jsonInteger(raw) {
 			if _, err := strconv.ParseInt(string(raw), 10, 64); err != nil {
 				return outOfRange(name, string(raw))
@@ -149,6 +154,11 @@ func jsonFields(b []byte) error {
 	}
 	return nil
 }
+
+// notUTF8 is the error of a string field whose value is not UTF-8, alike in both formats: such a
+// value cannot match anything (keys are tokens, a collection's name is UTF-8), and encoding/json would
+// read it as another string than the one sent.
+func notUTF8(name string) error { return badf("field %q is not valid UTF-8", name) }
 
 // outOfRange is the error of an integer field whose value no int64 holds, written as validate writes
 // one it does hold, so that the number sent is quoted (not the one it would wrap to, or a type) and
@@ -178,6 +188,41 @@ func jsonInteger(raw []byte) bool {
 		}
 	}
 	return true
+}
+
+// loneSurrogate reports whether a JSON string holds a \u escape of a UTF-16 surrogate that is not
+// half of a pair: no Unicode character, and encoding/json reads it as U+FFFD.
+func loneSurrogate(raw []byte) bool {
+	hex4 := func(i int) (rune, bool) {
+		if i+6 > len(raw) || raw[i] != '\\' || raw[i+1] != 'u' {
+			return 0, false
+		}
+		n, err := strconv.ParseUint(string(raw[i+2:i+6]), 16, 32)
+		return rune(n), err == nil
+	}
+	for i := 1; i < len(raw); {
+		if raw[i] != '\\' {
+			i++
+			continue
+		}
+		r, ok := hex4(i)
+		if !ok {
+			i += 2 // another escape: \" \\ \/ \b \f \n \r \t
+			continue
+		}
+		switch {
+		case r >= 0xdc00 && r <= 0xdfff:
+			return true
+		case r >= 0xd800 && r <= 0xdbff:
+			if lo, ok := hex4(i + 6); !ok || lo < 0xdc00 || lo > 0xdfff {
+				return true
+			}
+			i += 12
+		default:
+			i += 6
+		}
+	}
+	return false
 }
 
 // msgpackFields does for a MessagePack map what jsonFields does for JSON: every key a known field
@@ -213,6 +258,9 @@ func msgpackFields(b []byte) error {
 		if err != nil {
 			return nil
 		}
+		if s, ok := msgpackText(b[off : off+m]); ok && !utf8.Valid(s) {
+			return notUTF8(name)
+		}
 		if _, err := rd.Seek(int64(off+m), io.SeekStart); err != nil {
 			return nil
 		}
@@ -235,6 +283,25 @@ func msgpackType(name string, c byte) error {
 		return nil
 	}
 	return badf("request MessagePack: field %q wants %s, not %s", name, want, msgpackTypeName(c))
+}
+
+// msgpackText returns the bytes of a MessagePack str or bin value (v is the whole value), which the
+// decoder reads into a string field.
+func msgpackText(v []byte) ([]byte, bool) {
+	if len(v) == 0 {
+		return nil, false
+	}
+	switch c := v[0]; {
+	case c&0xe0 == 0xa0:
+		return v[1:], true
+	case c == 0xd9 || c == 0xc4:
+		return v[min(2, len(v)):], true
+	case c == 0xda || c == 0xc5:
+		return v[min(3, len(v)):], true
+	case c == 0xdb || c == 0xc6:
+		return v[min(5, len(v)):], true
+	}
+	return nil, false
 }
 
 // msgpackTypeName names the type of a MessagePack value by its first byte.

@@ -162,6 +162,15 @@ func TestVerb_SameInBothFormats(t *testing.T) {
 			"wait_ms 9223372036854775808 is out of range 0..10000", true},
 		{"min_seq past int64", `{"what":"needs","min_seq":9223372036854775808}`, mp("what", "needs", "min_seq", bigU), 400, 0,
 			"min_seq 9223372036854775808 is out of range", true},
+		{"collection not UTF-8", "{\"what\":\"collect\",\"collection\":\"caf\xe9\"}", mp("what", "collect", "collection", "caf\xe9"), 400, 0,
+			`field "collection" is not valid UTF-8`, true},
+		{"collection a lone surrogate", `{"what":"collect","collection":"a\ud800b"}`, mp("what", "collect", "collection", "a\xed\xa0\x80b"), 400, 0,
+			`field "collection" is not valid UTF-8`, true},
+		{"collection a lone low surrogate", `{"what":"collect","collection":"\udc00"}`, mp("what", "collect", "collection", "\xed\xb0\x80"), 400, 0,
+			`field "collection" is not valid UTF-8`, true},
+		{"collection a surrogate pair", `{"what":"collect","collection":"\ud83d\ude00 \\ud800"}`, mp("what", "collect", "collection", "\U0001F600 \\ud800"), 200, 0, "", false},
+		{"after not UTF-8", "{\"what\":\"needs\",\"after\":\"n1\xff\"}", mp("what", "needs", "after", "n1\xff"), 400, 0,
+			`field "after" is not valid UTF-8`, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			j := askRaw(t, nc, []byte(tc.json), FormatJSON)
