@@ -97,6 +97,11 @@ func DecodeRequest(body []byte) (Request, Format, error) {
 			// decoder would read an array into the fields by position; it is refused, in MessagePack.
 			return req, FormatMsgpack, badf("request is neither a JSON object nor a MessagePack map")
 		}
+		if len(trimmed) < len(body) {
+			// White space is JSON's: in MessagePack each of those bytes is an integer, an object
+			// before the map.
+			return req, FormatMsgpack, badf("request MessagePack: data before the map")
+		}
 		if err := msgpackFields(trimmed); err != nil {
 			return req, FormatMsgpack, err
 		}

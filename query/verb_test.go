@@ -190,4 +190,10 @@ func TestVerb_SameInBothFormats(t *testing.T) {
 			require.Equal(t, "registry", askRaw(t, nc, nil, FormatJSON).body["what"], "the verb goes on serving")
 		})
 	}
+	// White space is JSON's: before a MessagePack map it is data, each byte an integer.
+	a := askRaw(t, nc, append([]byte(" \n"), mp("what", "needs")...), FormatMsgpack)
+	require.Equal(t, 400, a.code)
+	require.Contains(t, a.desc, "data before the map")
+	a = askRaw(t, nc, []byte(" \n"+`{"what":"needs"}`), FormatJSON)
+	require.Equal(t, 200, a.code, a.desc)
 }
