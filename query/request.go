@@ -147,7 +147,7 @@ func jsonFields(b []byte) error {
 		if err := dec.Decode(&raw); err != nil {
 			return nil
 		}
-		if len(raw) > 0 && raw[0] == '"' && (!utf8.Valid(raw) || loneSurrogate(raw)) {
+		if !intFields[name] && len(raw) > 0 && raw[0] == '"' && (!utf8.Valid(raw) || loneSurrogate(raw)) {
 			// encoding/json would read each such byte, or escape, as U+FFFD: another string.
 			return notUTF8(name)
 		}

@@ -153,6 +153,7 @@ func TestVerb_SameInBothFormats(t *testing.T) {
 		{"fraction", `{"what":"needs","limit":1.5}`, mp("what", "needs", "limit", 1.5), 400, 0, `field "limit" wants int64`, false},
 		{"negative", `{"what":"needs","limit":-1}`, mp("what", "needs", "limit", -1), 400, 0, "limit -1 is out of range 1..10000", true},
 		{"string for an integer", `{"what":"needs","min_seq":"5"}`, mp("what", "needs", "min_seq", "5"), 400, 0, `field "min_seq" wants int64, not string`, false},
+		{"string not UTF-8 for an integer", `{"what":"needs","limit":"\ud800"}`, mp("what", "needs", "limit", "\xed\xa0\x80"), 400, 0, `field "limit" wants int64, not string`, false},
 		{"integer for a string", `{"what":"needs","node":1}`, mp("what", "needs", "node", 1), 400, 0, `field "node" wants string`, false},
 		{"repeated", `{"what":"needs","what":"applied"}`, mp("what", "needs", "what", "applied"), 400, 0, `field "what" is given twice`, true},
 		{"unknown", `{"what":"needs","Node":"n1"}`, mp("what", "needs", "Node", "n1"), 400, 0, `unknown field "Node"`, true},
