@@ -147,6 +147,9 @@ func jsonFields(b []byte) error {
 		if err := dec.Decode(&raw); err != nil {
 			return nil
 		}
+		if err := jsonType(name, raw); err != nil {
+			return err
+		}
 		if !intFields[name] && len(raw) > 0 && raw[0] == '"' && (!utf8.Valid(raw) || loneSurrogate(raw)) {
 			// encoding/json would read each such byte, or escape, as U+FFFD: another string.
 			return notUTF8(name)
@@ -156,6 +159,40 @@ func jsonFields(b []byte) error {
 				return outOfRange(name, string(raw))
 			}
 		}
+	}
+	return nil
+}
+
+// jsonType checks the type of a member's value by its first byte, member by member as msgpackFields
+// does, so that a request with several faults is told the same first one in both formats (decoding
+// whole, encoding/json names a wrong type only after this pass has looked at every name). The words
+// are encoding/json's. null is the field left out.
+func jsonType(name string, raw []byte) error {
+	if len(raw) == 0 {
+		return nil
+	}
+	got := "number"
+	switch raw[0] {
+	case 'n':
+		return nil
+	case '"':
+		got = "string"
+	case 't', 'f':
+		got = "bool"
+	case '{':
+		got = "object"
+	case '[':
+		got = "array"
+	}
+	switch {
+	case intFields[name] && got == "number" && jsonInteger(raw):
+		return nil
+	case intFields[name] && got == "number":
+		return badf("request JSON: field %q wants int64, not number %s", name, raw)
+	case intFields[name]:
+		return badf("request JSON: field %q wants int64, not %s", name, got)
+	case got != "string":
+		return badf("request JSON: field %q wants string, not %s", name, got)
 	}
 	return nil
 }

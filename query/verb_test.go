@@ -155,6 +155,8 @@ func TestVerb_SameInBothFormats(t *testing.T) {
 		{"string for an integer", `{"what":"needs","min_seq":"5"}`, mp("what", "needs", "min_seq", "5"), 400, 0, `field "min_seq" wants int64, not string`, false},
 		{"string not UTF-8 for an integer", `{"what":"needs","limit":"\ud800"}`, mp("what", "needs", "limit", "\xed\xa0\x80"), 400, 0, `field "limit" wants int64, not string`, false},
 		{"integer for a string", `{"what":"needs","node":1}`, mp("what", "needs", "node", 1), 400, 0, `field "node" wants string`, false},
+		{"wrong type before an unknown name", `{"limit":"5","nodes":1}`, mp("limit", "5", "nodes", 1), 400, 0, `field "limit" wants int64, not string`, false},
+		{"wrong type before a repeat", `{"what":1,"what":"needs"}`, mp("what", 1, "what", "needs"), 400, 0, `field "what" wants string`, false},
 		{"repeated", `{"what":"needs","what":"applied"}`, mp("what", "needs", "what", "applied"), 400, 0, `field "what" is given twice`, true},
 		{"unknown", `{"what":"needs","Node":"n1"}`, mp("what", "needs", "Node", "n1"), 400, 0, `unknown field "Node"`, true},
 		{"limit past int64", `{"what":"needs","limit":9223372036854775808}`, mp("what", "needs", "limit", bigU), 400, 0,
