@@ -124,10 +124,13 @@ var requestFields = map[string]bool{
 	"limit": true, "after": true, "min_seq": true, "wait_ms": true, "at": true,
 }
 
-// jsonFields checks the names of a JSON request's members before it is decoded: encoding/json matches
+// jsonFields checks a JSON request's members before it is decoded, one after the other as
+// msgpackFields does, so both formats tell the same first fault: the name (encoding/json matches
 // names regardless of case and lets a repeated name win over the first, so {"WHAT":"needs"} or
-// {"what":"needs","what":"applied"} would be read, where a MessagePack reader (or a proxy) reads them
-// otherwise. Each is a bad request. Malformed JSON is left for the decoder to describe.
+// {"what":"needs","what":"applied"} would be read, where a MessagePack reader, or a proxy, reads them
+// otherwise), then the value's type, its range (an integer no int64 holds) and its encoding (a
+// string that is not UTF-8, which encoding/json would read as another). Each is a bad request.
+// Malformed JSON is left for the decoder to describe.
 func jsonFields(b []byte) error {
 	dec := json.NewDecoder(bytes.NewReader(b))
 	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
