@@ -93,7 +93,9 @@ func (p *Projector) forget(ctx context.Context, bucket string, reason error, cre
 //   - one handled before is in its channel, looked at under that same hold: the bucket is tailed
 //     again without asking (nats-server sends the advisory before the stream can be found, so a
 //     STREAM.INFO now could still miss it; the new runBucket waits for it as for any bucket not
-//     created yet);
+//     created yet). runBucket empties the channel each time it has set its consumer up on the
+//     stream, so an advisory there came after the stream it read was last found: not the one of a
+//     creation it was read again after, which would keep a deleted bucket tailed for good;
 //   - with none, it asks for its stream once: found, it is tailed again. A creation after this ask
 //     comes after the leaving, so its advisory or discover's next listing tails it as any new bucket.
 //     An ask that fails otherwise (not "not found") leaves it to discover, within DiscoverEvery.

@@ -115,6 +115,16 @@ func TestProjector_DeletedStreamIsConfirmedThenForgotten(t *testing.T) {
 		}
 		return nil
 	})
+
+	// Deleted for good now: forgotten, and no longer tailed. The advisory of the creation it was read
+	// again after is no sign of a creation after this deletion.
+	require.NoError(t, js.DeleteKeyValue(ctx, b0))
+	natstest.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error {
+		if p.Tails(b0) || slices.Contains(db.Buckets(), b0) {
+			return fmt.Errorf("%s not forgotten yet (tailed %v)", b0, p.Tails(b0))
+		}
+		return nil
+	})
 }
 
 // TestProjector_CreatedAgainAsItIsForgotten: a composed-<node> bucket whose stream is created again in

@@ -224,6 +224,12 @@ func (p *Projector) runBucket(ctx context.Context, bucket string) {
 			}
 			bo.reset()
 			missing.reset()
+			// An advisory that came before its stream was read is of this stream: once it is
+			// forgotten, leave must not take it for a creation after the deletion (forget.go).
+			select {
+			case <-created:
+			default:
+			}
 		})
 		if ctx.Err() != nil {
 			return
