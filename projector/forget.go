@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	provisioner "github.com/novox/mesh-provisioner"
 	"github.com/novox/mesh-provisioner/store"
 )
@@ -20,7 +22,8 @@ import (
 //   - a composed-<node> bucket is forgotten in place (store.DB.Forget): its rows, anomalies, event log
 //     and the node's build records go, and the node's plan rows become what a seat that never read
 //     the bucket computes. Its consumer ends and it is no longer tailed; a stream of that name
-//     created later is found by discovery and read from its first message. A mesh decommissions
+//     created later is found by discovery and read from its first message, and one created again
+//     while it was being forgotten is read so at once (leave). A mesh decommissions
 //     nodes all the time, and a rebuild would re-read every bucket and start every bucket's event
 //     log afresh for each of them;
 //   - any other bucket is ErrCannotResume, and its owner rebuilds, as for a recreated stream: those
@@ -61,18 +64,70 @@ func (p *Projector) streamMissing(bucket string) error {
 }
 
 // forget gives up a composed-<node> bucket whose stream was deleted: the store forgets it, and the
-// bucket is no longer tailed, so that discovery starts it afresh when it is created again. The
-// bucket's consumer has stopped: nothing else applies to it.
-func (p *Projector) forget(bucket string, reason error, log *slog.Logger) error {
+// bucket is no longer tailed, so that discovery starts it afresh when it is created again; unless it
+// was created again already (leave). The bucket's consumer has stopped: nothing else applies to it.
+// created is the bucket's channel from waitCreated.
+func (p *Projector) forget(ctx context.Context, bucket string, reason error, created <-chan struct{}, log *slog.Logger) error {
 	if err := p.db.Forget(bucket, time.Now().UnixNano()); err != nil {
 		return fmt.Errorf("forget the deleted bucket: %w", err)
 	}
 	p.missing.Delete(bucket)
+	log.Info("bucket deleted: its projection and event log are forgotten", "reason", reason)
+	if p.afterForget != nil {
+		p.afterForget(bucket)
+	}
+	p.leave(ctx, bucket, created, log)
+	return nil
+}
+
+// leave takes a forgotten bucket out of the tailed ones, and tails it again at once, by a new
+// runBucket from its stream's first message (the store no longer knows it), when its stream was
+// created again meanwhile. The stream can come back in the instant between the check that confirmed
+// it deleted and the forgetting's commit: its stream-created advisory then found the bucket still
+// tailed (discover's Add did nothing), and nothing tailed it until discover's next listing
+// (Options.DiscoverEvery, 30 s). So the bucket leaves first, then looks:
+//
+//   - it leaves p.tailed and p.waiting in one hold of p.mu, where an advisory's handler reads
+//     p.waiting and discover's Add reads p.tailed. An advisory handled after that finds it gone, and
+//     discover's Add tails it;
+//   - one handled before is in its channel, looked at under that same hold: the bucket is tailed
+//     again without asking (nats-server sends the advisory before the stream can be found, so a
+//     STREAM.INFO now could still miss it; the new runBucket waits for it as for any bucket not
+//     created yet). runBucket empties the channel each time it has set its consumer up on the
+//     stream, so an advisory there came after the stream it read was last found: not the one of a
+//     creation it was read again after, which would keep a deleted bucket tailed for good;
+//   - with none, it asks for its stream once: found, it is tailed again. A creation after this ask
+//     comes after the leaving, so its advisory or discover's next listing tails it as any new bucket.
+//     An ask that fails otherwise (not "not found") leaves it to discover, within DiscoverEvery.
+//
+// Add does nothing when discover tailed the bucket first.
+func (p *Projector) leave(ctx context.Context, bucket string, created <-chan struct{}, log *slog.Logger) {
+	announced := false
 	p.mu.Lock()
 	delete(p.tailed, bucket)
+	if p.waiting[bucket] == created {
+		delete(p.waiting, bucket)
+	}
+	select {
+	case <-created:
+		announced = true
+	default:
+	}
 	p.mu.Unlock()
-	log.Info("bucket deleted: its projection and event log are forgotten", "reason", reason)
-	return nil
+	if !announced {
+		ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err := p.streams.Read(ictx, provisioner.StreamName(bucket))
+		cancel()
+		switch {
+		case errors.Is(err, jetstream.ErrStreamNotFound) || ctx.Err() != nil:
+			return
+		case err != nil:
+			log.Warn("cannot ask whether the deleted bucket's stream was created again; discovery will find it if it was", "err", err)
+			return
+		}
+	}
+	log.Info("bucket created again as it was forgotten: read again from its first message")
+	p.Add(ctx, bucket)
 }
 
 // reread forgets a composed-<node> bucket whose stream cannot be resumed (reason, ErrCannotResume) and

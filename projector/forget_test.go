@@ -4,11 +4,15 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
+	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/novox/mesh-provisioner/internal/natstest"
 	"github.com/novox/mesh-provisioner/projector"
@@ -111,4 +115,103 @@ func TestProjector_DeletedStreamIsConfirmedThenForgotten(t *testing.T) {
 		}
 		return nil
 	})
+
+	// Deleted for good now: forgotten, and no longer tailed. The advisory of the creation it was read
+	// again after is no sign of a creation after this deletion.
+	require.NoError(t, js.DeleteKeyValue(ctx, b0))
+	natstest.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error {
+		if p.Tails(b0) || slices.Contains(db.Buckets(), b0) {
+			return fmt.Errorf("%s not forgotten yet (tailed %v)", b0, p.Tails(b0))
+		}
+		return nil
+	})
+}
+
+// TestProjector_CreatedAgainAsItIsForgotten: a composed-<node> bucket whose stream is created again in
+// the instant its forgetting commits (after the check that confirmed the deletion) is read again at
+// once, from the new stream's first message, not left untailed until discover's next listing (an hour
+// here). Its stream-created advisory came while the bucket was still tailed, so discover's Add did
+// nothing with it; without advisories (an account that may not subscribe to them) there is none at
+// all. The test hook recreates the stream at that very point.
+func TestProjector_CreatedAgainAsItIsForgotten(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		run  func(testing.TB) *server.Server
+	}{
+		{"advisories", natstest.RunServer},
+		{"no advisories", natstest.RunServerSeatNoAdvisories},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ns := tc.run(t)
+			admin := []nats.Option{nats.UserInfo("admin", "admin")}
+			seat := []nats.Option{nats.UserInfo("seat", "seat"), nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {})}
+			if tc.name == "advisories" {
+				admin, seat = nil, nil
+			}
+			_, js := natstest.Connect(t, ns.ClientURL(), admin...)
+			_, pjs := natstest.Connect(t, ns.ClientURL(), seat...)
+			ctx := context.Background()
+			const bucket = "composed-n0000"
+			composedBuckets(t, js, 1)
+			db, err := store.Open(t.TempDir(), store.Options{})
+			require.NoError(t, err)
+			p := projector.New(pjs, db, projector.Options{Buckets: []string{}, Composed: true, Poll: 50 * time.Millisecond,
+				Verify: 500 * time.Millisecond, DiscoverEvery: time.Hour,
+				OnReset: func(b string, reason error) { t.Errorf("%s asked for a rebuild: %v", b, reason) }})
+			recreated := make(chan uint64, 1) // the sequence of the new stream's message
+			var once sync.Once
+			projector.SetAfterForget(p, func(b string) {
+				once.Do(func() {
+					kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: b, History: 1, Storage: jetstream.MemoryStorage})
+					if err != nil {
+						t.Errorf("create %s again: %v", b, err)
+						close(recreated)
+						return
+					}
+					var seq uint64
+					for _, key := range []string{"web.1", "web.2"} {
+						v, _ := msgpack.Marshal(map[string]any{"status": "published", "plan": key})
+						if seq, err = kv.Put(ctx, key, v); err != nil {
+							t.Errorf("put to %s again: %v", b, err)
+						}
+					}
+					recreated <- seq
+				})
+			})
+			p.Start(ctx)
+			t.Cleanup(func() {
+				p.Stop()
+				require.NoError(t, db.Close())
+			})
+			natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, applied(db, bucket, 1))
+
+			require.NoError(t, js.DeleteKeyValue(ctx, bucket))
+			var seq uint64
+			select {
+			case seq = <-recreated:
+			case <-time.After(20 * time.Second):
+				t.Fatal("not forgotten within 20 s")
+			}
+			require.Equal(t, uint64(2), seq, "a new stream")
+			info, err := js.Stream(ctx, "KV_"+bucket)
+			require.NoError(t, err)
+			natstest.CheckFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+				cp := db.Checkpoint(bucket)
+				if cp.Applied != seq || cp.StreamCreated != info.CachedInfo().Created.UnixNano() {
+					return fmt.Errorf("%s not read from the stream created again: checkpoint %+v, want %d of the new stream", bucket, cp, seq)
+				}
+				if _, synced := db.Applied(bucket); !synced {
+					return fmt.Errorf("%s not synced", bucket)
+				}
+				return nil
+			})
+			require.Equal(t, []string{bucket}, p.Buckets(), "tailed, once")
+			v, err := db.View()
+			require.NoError(t, err)
+			defer v.Close()
+			_, found, err := v.ForgottenAt(bucket)
+			require.NoError(t, err)
+			require.True(t, found, "the old stream's history was forgotten")
+		})
+	}
 }

@@ -117,6 +117,8 @@ type Projector struct {
 
 	parkMu sync.Mutex
 	parked map[string]*parkedBucket // idle composed-<node> buckets without a consumer (park.go)
+
+	afterForget func(bucket string) // tests: called as a forgotten bucket's forgetting has committed
 }
 
 // New returns a Projector; Start runs it.
@@ -242,6 +244,12 @@ func (p *Projector) runBucket(ctx context.Context, bucket string) {
 			}
 			bo.reset()
 			missing.reset()
+			// An advisory that came before its stream was read is of this stream: once it is
+			// forgotten, leave must not take it for a creation after the deletion (forget.go).
+			select {
+			case <-created:
+			default:
+			}
 		})
 		if ctx.Err() != nil {
 			return
@@ -258,7 +266,7 @@ func (p *Projector) runBucket(ctx context.Context, bucket string) {
 			}
 		}
 		if errors.Is(err, errForget) {
-			if err = p.forget(bucket, err, log); err == nil {
+			if err = p.forget(ctx, bucket, err, created, log); err == nil {
 				return
 			}
 		}

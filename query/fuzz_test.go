@@ -30,6 +30,7 @@ func requestSeeds(f *testing.F) {
 		`["needs"]`, `"needs"`, `null`, `{"what":"wants"}`, `{"node":"n 1","what":"needs"}`, `{"node":"","what":"needs"}`,
 		`{"what":"needs","WHAT":"applied"}`, `{"What":"needs"}`, `{"what":"needs","what":"applied"}`, `{"what":"\u0000"}`,
 		`{"collection":"\ud800","what":"collect"}`, strings.Repeat(`[`, 20000), `{"what":` + strings.Repeat(`[`, 20000),
+		"\xef\xbb\xbf", "\xef\xbb\xbf{\"what\":\"needs\"}", "\xef\xbb\xbf \xef\xbb\xbf{}", "\xff\xfe{\x00}\x00", "\xfe\xff\x00{\x00}",
 	} {
 		f.Add([]byte(s))
 	}
@@ -65,9 +66,12 @@ func nested(header byte, depth int) []byte {
 // accepted request satisfies every validation rule and survives a MessagePack round trip unchanged.
 func checkRequest(t *testing.T, body []byte) (Request, Format, error) {
 	req, format, err := DecodeRequest(body)
-	trimmed := bytes.TrimLeft(body, " \t\r\n")
-	if len(trimmed) > 0 && formatOf(trimmed) != format {
+	trimmed := bytes.TrimLeft(bytes.TrimPrefix(body, utf8BOM), " \t\r\n")
+	if len(trimmed) > 0 && formatOf(body) != format {
 		t.Fatalf("format %v for a body starting %#x", format, trimmed[0])
+	}
+	if format == FormatMsgpack && byteOrderMark(bytes.TrimLeft(body, " \t\r\n")) {
+		t.Fatal("a body starting with a byte order mark is answered in MessagePack")
 	}
 	if err != nil {
 		var br *badRequest
@@ -82,7 +86,7 @@ func checkRequest(t *testing.T, body []byte) (Request, Format, error) {
 	if len(trimmed) == 0 && format != FormatJSON {
 		t.Fatal("an empty body answers JSON")
 	}
-	if len(body) > maxRequestBytes && len(trimmed) > 0 {
+	if len(body) > maxRequestBytes {
 		t.Fatalf("a body of %d bytes was accepted", len(body))
 	}
 	w := provisioner.What(req.What)
@@ -113,6 +117,11 @@ func checkRequest(t *testing.T, body []byte) (Request, Format, error) {
 	}
 	if l := req.limit(); l < 1 || l > MaxLimit {
 		t.Fatalf("limit() %d", l)
+	}
+	for _, v := range []string{req.What, req.Node, req.Module, req.Contributor, req.Collection, req.Kind, req.After, req.At} {
+		if !utf8.ValidString(v) {
+			t.Fatalf("accepted a string field that is not UTF-8: %q", v)
+		}
 	}
 	if req.MinSeq < 0 || req.WaitMS < 0 || req.WaitMS > MaxWaitMS {
 		t.Fatalf("accepted min_seq %d, wait_ms %d", req.MinSeq, req.WaitMS)

@@ -8,6 +8,9 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"strconv"
+	"strings"
+	"unicode/utf8"
 
 	"github.com/vmihailenco/msgpack/v5"
 
@@ -54,20 +57,25 @@ func (e *badRequest) Error() string { return e.msg }
 
 func badf(format string, args ...any) error { return &badRequest{msg: fmt.Sprintf(format, args...)} }
 
-// DecodeRequest reads a request body: empty is {}, a body starting with '{' (after white space) is JSON,
-// one starting with a MessagePack map header is MessagePack. It returns the format the answer is to be
-// written in, also when the request is bad.
+// DecodeRequest reads a request body: empty is {}, a body starting with '{' (after a UTF-8 byte order
+// mark and white space, either optional) is JSON, one starting with a MessagePack map header is
+// MessagePack. It returns the format the answer is to be written in (formatOf), also when the request
+// is bad.
 func DecodeRequest(body []byte) (Request, Format, error) {
 	var req Request
-	trimmed := bytes.TrimLeft(body, " \t\r\n")
+	format := formatOf(body)
+	if len(body) > maxRequestBytes {
+		return req, format, badf("request is %d bytes, at most %d", len(body), maxRequestBytes)
+	}
+	trimmed := bytes.TrimLeft(bytes.TrimPrefix(body, utf8BOM), " \t\r\n")
 	if len(trimmed) == 0 {
 		return req, FormatJSON, req.validate()
 	}
-	if len(body) > maxRequestBytes {
-		return req, formatOf(trimmed), badf("request is %d bytes, at most %d", len(body), maxRequestBytes)
-	}
-	switch formatOf(trimmed) {
+	switch format {
 	case FormatJSON:
+		if bytes.HasPrefix(trimmed, utf16LE) || bytes.HasPrefix(trimmed, utf16BE) {
+			return req, FormatJSON, badf("request JSON is UTF-16 (it starts with a UTF-16 byte order mark): send it as UTF-8")
+		}
 		if trimmed[0] != '{' {
 			return req, FormatJSON, badf("request is neither a JSON object nor a MessagePack map")
 		}
@@ -88,6 +96,11 @@ func DecodeRequest(body []byte) (Request, Format, error) {
 			// Not JSON (no JSON text starts with this byte): a MessagePack object other than a map. The
 			// decoder would read an array into the fields by position; it is refused, in MessagePack.
 			return req, FormatMsgpack, badf("request is neither a JSON object nor a MessagePack map")
+		}
+		if len(trimmed) < len(body) {
+			// White space is JSON's: in MessagePack each of those bytes is an integer, an object
+			// before the map.
+			return req, FormatMsgpack, badf("request MessagePack: data before the map")
 		}
 		if err := msgpackFields(trimmed); err != nil {
 			return req, FormatMsgpack, err
@@ -111,10 +124,13 @@ var requestFields = map[string]bool{
 	"limit": true, "after": true, "min_seq": true, "wait_ms": true, "at": true,
 }
 
-// jsonFields checks the names of a JSON request's members before it is decoded: encoding/json matches
+// jsonFields checks a JSON request's members before it is decoded, one after the other as
+// msgpackFields does, so both formats tell the same first fault: the name (encoding/json matches
 // names regardless of case and lets a repeated name win over the first, so {"WHAT":"needs"} or
-// {"what":"needs","what":"applied"} would be read, where a MessagePack reader (or a proxy) reads them
-// otherwise. Each is a bad request. Malformed JSON is left for the decoder to describe.
+// {"what":"needs","what":"applied"} would be read, where a MessagePack reader, or a proxy, reads them
+// otherwise), then the value's type, its range (an integer no int64 holds) and its encoding (a
+// string that is not UTF-8, which encoding/json would read as another). Each is a bad request.
+// Malformed JSON is left for the decoder to describe.
 func jsonFields(b []byte) error {
 	dec := json.NewDecoder(bytes.NewReader(b))
 	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
@@ -130,12 +146,128 @@ func jsonFields(b []byte) error {
 		if err := checkField(name, seen); err != nil {
 			return err
 		}
-		var skip json.RawMessage
-		if err := dec.Decode(&skip); err != nil {
+		var raw json.RawMessage
+		if err := dec.Decode(&raw); err != nil {
 			return nil
+		}
+		if err := jsonType(name, raw); err != nil {
+			return err
+		}
+		if !intFields[name] && len(raw) > 0 && raw[0] == '"' && (!utf8.Valid(raw) || loneSurrogate(raw)) {
+			// encoding/json would read each such byte, or escape, as U+FFFD: another string.
+			return notUTF8(name)
+		}
+		if intFields[name] && jsonInteger(raw) {
+			if _, err := strconv.ParseInt(string(raw), 10, 64); err != nil {
+				return outOfRange(name, string(raw))
+			}
 		}
 	}
 	return nil
+}
+
+// jsonType checks the type of a member's value by its first byte, member by member as msgpackFields
+// does, so that a request with several faults is told the same first one in both formats (decoding
+// whole, encoding/json names a wrong type only after this pass has looked at every name). The words
+// are encoding/json's. null is the field left out.
+func jsonType(name string, raw []byte) error {
+	if len(raw) == 0 {
+		return nil
+	}
+	got := "number"
+	switch raw[0] {
+	case 'n':
+		return nil
+	case '"':
+		got = "string"
+	case 't', 'f':
+		got = "bool"
+	case '{':
+		got = "object"
+	case '[':
+		got = "array"
+	}
+	switch {
+	case intFields[name] && got == "number" && jsonInteger(raw):
+		return nil
+	case intFields[name] && got == "number":
+		return badf("request JSON: field %q wants int64, not number %s", name, raw)
+	case intFields[name]:
+		return badf("request JSON: field %q wants int64, not %s", name, got)
+	case got != "string":
+		return badf("request JSON: field %q wants string, not %s", name, got)
+	}
+	return nil
+}
+
+// notUTF8 is the error of a string field whose value is not UTF-8, alike in both formats: such a
+// value cannot match anything (keys are tokens, a collection's name is UTF-8), and encoding/json would
+// read it as another string than the one sent.
+func notUTF8(name string) error { return badf("field %q is not valid UTF-8", name) }
+
+// outOfRange is the error of an integer field whose value no int64 holds, written as validate writes
+// one it does hold, so that the number sent is quoted (not the one it would wrap to, or a type) and
+// the error is the same in both formats.
+func outOfRange(name, n string) error {
+	switch {
+	case name == "min_seq" && strings.HasPrefix(n, "-"):
+		return badf("min_seq %s is negative", n)
+	case name == "limit":
+		return badf("limit %s is out of range 1..%d", n, MaxLimit)
+	case name == "wait_ms":
+		return badf("wait_ms %s is out of range 0..%d", n, MaxWaitMS)
+	}
+	return badf("%s %s is out of range", name, n)
+}
+
+// jsonInteger reports whether a JSON value is an integer literal: a number without fraction or
+// exponent.
+func jsonInteger(raw []byte) bool {
+	b := bytes.TrimPrefix(raw, []byte("-"))
+	if len(b) == 0 {
+		return false
+	}
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+// loneSurrogate reports whether a JSON string holds a \u escape of a UTF-16 surrogate that is not
+// half of a pair: no Unicode character, and encoding/json reads it as U+FFFD.
+func loneSurrogate(raw []byte) bool {
+	hex4 := func(i int) (rune, bool) {
+		if i+6 > len(raw) || raw[i] != '\\' || raw[i+1] != 'u' {
+			return 0, false
+		}
+		n, err := strconv.ParseUint(string(raw[i+2:i+6]), 16, 32)
+		return rune(n), err == nil
+	}
+	for i := 1; i < len(raw); {
+		if raw[i] != '\\' {
+			i++
+			continue
+		}
+		r, ok := hex4(i)
+		if !ok {
+			i += 2 // another escape: \" \\ \/ \b \f \n \r \t
+			continue
+		}
+		switch {
+		case r >= 0xdc00 && r <= 0xdfff:
+			return true
+		case r >= 0xd800 && r <= 0xdbff:
+			if lo, ok := hex4(i + 6); !ok || lo < 0xdc00 || lo > 0xdfff {
+				return true
+			}
+			i += 12
+		default:
+			i += 6
+		}
+	}
+	return false
 }
 
 // msgpackFields does for a MessagePack map what jsonFields does for JSON: every key a known field
@@ -160,7 +292,7 @@ func msgpackFields(b []byte) error {
 		off := len(b) - rd.Len()
 		if v, ok := bigUint(b[off:]); ok && intFields[name] {
 			// The decoder would wrap it to a negative int64 and the error would name that number.
-			return badf("%s %d is out of range", name, v)
+			return outOfRange(name, strconv.FormatUint(v, 10))
 		}
 		if off < len(b) {
 			if err := msgpackType(name, b[off]); err != nil {
@@ -170,6 +302,9 @@ func msgpackFields(b []byte) error {
 		m, err := mpk.Skip(b[off:])
 		if err != nil {
 			return nil
+		}
+		if s, ok := msgpackText(b[off : off+m]); ok && !utf8.Valid(s) {
+			return notUTF8(name)
 		}
 		if _, err := rd.Seek(int64(off+m), io.SeekStart); err != nil {
 			return nil
@@ -193,6 +328,25 @@ func msgpackType(name string, c byte) error {
 		return nil
 	}
 	return badf("request MessagePack: field %q wants %s, not %s", name, want, msgpackTypeName(c))
+}
+
+// msgpackText returns the bytes of a MessagePack str or bin value (v is the whole value), which the
+// decoder reads into a string field.
+func msgpackText(v []byte) ([]byte, bool) {
+	if len(v) == 0 {
+		return nil, false
+	}
+	switch c := v[0]; {
+	case c&0xe0 == 0xa0:
+		return v[1:], true
+	case c == 0xd9 || c == 0xc4:
+		return v[min(2, len(v)):], true
+	case c == 0xda || c == 0xc5:
+		return v[min(3, len(v)):], true
+	case c == 0xdb || c == 0xc6:
+		return v[min(5, len(v)):], true
+	}
+	return nil, false
 }
 
 // msgpackTypeName names the type of a MessagePack value by its first byte.
@@ -243,14 +397,30 @@ func checkField(name string, seen map[string]bool) error {
 	return nil
 }
 
-// formatOf is the format of a body, so of its answer and its error: MessagePack when its first byte
-// is one no JSON text starts with (0x80-0xff: maps, arrays, strings, nil, ... of MessagePack), JSON
-// otherwise. A MessagePack request that is not a map is bad, and told so in MessagePack.
-func formatOf(b []byte) Format {
-	if len(b) > 0 && b[0] >= 0x80 {
+// Byte order marks a text editor or a Windows tool may write before a JSON text (RFC 8259 section 8.1
+// lets a parser ignore one). None starts a MessagePack map (0xef, 0xfe and 0xff are negative fixints).
+var (
+	utf8BOM = []byte{0xef, 0xbb, 0xbf}
+	utf16LE = []byte{0xff, 0xfe}
+	utf16BE = []byte{0xfe, 0xff}
+)
+
+// formatOf is the format of a body, so of its answer and its error: after white space, MessagePack
+// when the first byte is one no JSON text starts with (0x80-0xff: maps, arrays, strings, nil, ... of
+// MessagePack) and no byte order mark starts there, JSON otherwise. A body with a byte order mark is a
+// text, JSON: a UTF-8 one first in the body is skipped (DecodeRequest), any other is a bad request
+// told in JSON. A MessagePack request that is not a map is bad, and told so in MessagePack.
+func formatOf(body []byte) Format {
+	b := bytes.TrimLeft(body, " \t\r\n")
+	if len(b) > 0 && b[0] >= 0x80 && !byteOrderMark(b) {
 		return FormatMsgpack
 	}
 	return FormatJSON
+}
+
+// byteOrderMark reports whether b starts with a UTF-8 or UTF-16 byte order mark.
+func byteOrderMark(b []byte) bool {
+	return bytes.HasPrefix(b, utf8BOM) || bytes.HasPrefix(b, utf16LE) || bytes.HasPrefix(b, utf16BE)
 }
 
 // msgpackMap reports whether c starts a MessagePack map: fixmap, map 16 or map 32.

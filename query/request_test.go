@@ -97,6 +97,16 @@ func TestDecodeRequest_Size(t *testing.T) {
 	require.Error(t, err)
 	require.Equal(t, 400, Code(err))
 	require.Contains(t, err.Error(), "at most 1048576")
+	// White space alone is the empty body, {}, but its size is bounded all the same.
+	blank := bytes.Repeat([]byte{' '}, maxRequestBytes)
+	r, _, err := DecodeRequest(blank)
+	require.NoError(t, err)
+	require.Equal(t, "registry", r.What)
+	_, format, err := DecodeRequest(append(blank, '\n'))
+	require.Error(t, err)
+	require.Equal(t, 400, Code(err))
+	require.Equal(t, FormatJSON, format)
+	require.Contains(t, err.Error(), "at most 1048576")
 }
 
 // TestDecodeRequest_MessagePackNotAMap: a body no JSON text starts with is MessagePack, so its error is

@@ -138,7 +138,7 @@ func TestHostile_Requests(t *testing.T) {
 		{"node not a token", []byte(`{"what":"needs","node":"n1.m"}`), 400, "not a key token"},
 		{"node of 900 KB", []byte(`{"what":"needs","node":"` + strings.Repeat("n", 900_000) + `"}`), 200, ""},
 		{"after of 900 KB", []byte(`{"what":"needs","after":"` + strings.Repeat("n", 900_000) + `"}`), 404, "start again"},
-		{"collection not UTF-8", mp(map[string]any{"what": "collect", "collection": "\xff\xfe\x00"}), 200, ""},
+		{"collection not UTF-8", mp(map[string]any{"what": "collect", "collection": "\xff\xfe\x00"}), 400, "not valid UTF-8"},
 		{"min_seq far ahead, no wait", []byte(`{"what":"needs","min_seq":9223372036854775807}`), 504, "min_seq"},
 	}
 	for _, tc := range cases {

@@ -105,10 +105,9 @@ func (db *DB) forget(bucket string, at int64, resume *Checkpoint) error {
 			return fmt.Errorf("forget %s: %w", bucket, err)
 		}
 	}
-	if prev, found, err := forgottenAt(db.pdb, bucket); err != nil {
+	at, err := laterForgotten(db.pdb, bucket, at)
+	if err != nil {
 		return fmt.Errorf("forget %s: %w", bucket, err)
-	} else if found && prev > at {
-		at = prev
 	}
 	a.set(forgottenKey(nil, bucket), binary.AppendVarint(nil, at))
 
@@ -183,10 +182,9 @@ func (db *DB) SetForgottenAt(bucket string, at int64) error {
 	}
 	db.applyMu.Lock()
 	defer db.applyMu.Unlock()
-	if prev, found, err := forgottenAt(db.pdb, bucket); err != nil {
-		return err
-	} else if found && prev > at {
-		return nil
+	at, err := laterForgotten(db.pdb, bucket, at)
+	if err != nil {
+		return fmt.Errorf("forgotten mark of %s: %w", bucket, err)
 	}
 	if err := db.pdb.Set(forgottenKey(nil, bucket), binary.AppendVarint(nil, at), pebble.NoSync); err != nil {
 		return fmt.Errorf("forgotten mark of %s: %w", bucket, err)
@@ -209,6 +207,19 @@ func forgottenAt(r pebble.Reader, bucket string) (int64, bool, error) {
 		return 0, false, fmt.Errorf("%w: forgotten mark of %s", ErrCorrupt, bucket)
 	}
 	return at, true, nil
+}
+
+// laterForgotten returns the later of at and the forgotten mark r holds for bucket, if any: the mark
+// only moves forward, so a time before it would let plans at be folded where they cannot be.
+func laterForgotten(r pebble.Reader, bucket string, at int64) (int64, error) {
+	prev, found, err := forgottenAt(r, bucket)
+	if err != nil {
+		return 0, err
+	}
+	if found && prev > at {
+		return prev, nil
+	}
+	return at, nil
 }
 
 // ForgottenAt returns when a bucket's history was last forgotten (Unix ns), as this view sees it, and

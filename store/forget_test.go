@@ -146,6 +146,21 @@ func TestForget_EqualsNeverRead(t *testing.T) {
 			v.Close()
 			require.NoError(t, err)
 			require.Equal(t, int64(1234), at)
+			// So does a mark set from an archive (SetForgottenAt), earlier or later.
+			markAt := func() int64 {
+				v, err := db.View()
+				require.NoError(t, err)
+				defer v.Close()
+				at, _, err := v.ForgottenAt(bucket)
+				require.NoError(t, err)
+				return at
+			}
+			require.NoError(t, db.SetForgottenAt(bucket, 1000))
+			require.Equal(t, int64(1234), markAt())
+			require.NoError(t, db.SetForgottenAt(bucket, 1300))
+			require.Equal(t, int64(1300), markAt())
+			require.NoError(t, db.Forget(bucket, 1234))
+			require.Equal(t, int64(1300), markAt())
 
 			// Created again: its stream is read from sequence 1.
 			for i := 0; i < len(msgs); i += 50 {
