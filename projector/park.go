@@ -111,6 +111,13 @@ func (p *Projector) Parked(bucket string) bool {
 	return p.parked[bucket] != nil
 }
 
+// ParkedCount is how many buckets are parked.
+func (p *Projector) ParkedCount() int {
+	p.parkMu.Lock()
+	defer p.parkMu.Unlock()
+	return len(p.parked)
+}
+
 // watchParked wakes parked buckets whose streams a new listing reports changed, and every parked bucket
 // once the listing stops working, until ctx ends.
 func (p *Projector) watchParked(ctx context.Context) {

@@ -47,6 +47,9 @@ type Stats struct {
 	Buckets map[string]BucketStats `json:"buckets"`
 	// BucketsTotal is how many buckets the projection holds, listed in Buckets or not.
 	BucketsTotal int `json:"buckets_total"`
+	// BucketsParked is how many composed-<node> buckets are idle without a consumer, waiting for the
+	// stream listing to report their stream changed (docs/decisions.md, plans).
+	BucketsParked int `json:"buckets_parked"`
 	// AnswersByCode counts the verb's answers since start by code: "200" for rows, and every error
 	// code. micro's num_errors counts only the requests that could not be decoded (answered in its
 	// handler); the 404, 410, 504 and 500 found while answering are counted here.
@@ -64,7 +67,7 @@ type BucketStats struct {
 func (s *Seat) Stats() Stats {
 	db := s.Store()
 	st := Stats{Schema: store.SchemaVersion, MessagesApplied: s.Current().Applied(), Buckets: map[string]BucketStats{},
-		AnswersByCode: s.Server.Answered()}
+		AnswersByCode: s.Server.Answered(), BucketsParked: s.Current().ParkedCount()}
 	st.Synced = len(s.Unsynced()) == 0
 	buckets := db.Buckets()
 	own := map[string]bool{}

@@ -848,6 +848,7 @@ func TestPlans_MinSeqWakesAParkedBucket(t *testing.T) {
 		}
 		return nil
 	})
+	require.GreaterOrEqual(t, st.Stats().BucketsParked, 1, "$SRV.STATS counts it")
 
 	kv, err := h.js.KeyValue(context.Background(), bucket)
 	require.NoError(t, err)
