@@ -153,6 +153,15 @@ func (s *Server) Start(nc *nats.Conn, stats func() any) error {
 	}
 	s.svc = svc
 	s.nc = nc
+	// Once Start returns, the server has the subscription, so a client's next request finds the verb
+	// rather than "no responders". A connection that is down re-sends it when it reconnects, and is
+	// not waited for.
+	if !nc.IsConnected() {
+		return nil
+	}
+	if err := nc.FlushTimeout(5 * time.Second); err != nil {
+		s.log.Debug("verb subscribed, not yet confirmed by the server", "err", err)
+	}
 	return nil
 }
 

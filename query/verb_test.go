@@ -200,3 +200,20 @@ func TestVerb_SameInBothFormats(t *testing.T) {
 	a = askRaw(t, nc, []byte(" \n"+`{"what":"needs"}`), FormatJSON)
 	require.Equal(t, 200, a.code, a.desc)
 }
+
+// TestServer_StartReturnsOnceTheVerbIsServed: a request sent right after Start, on another connection,
+// is answered. Start returned before the subscription had reached the server, and a test asking at
+// once got "no responders" (TestVerb_SameInBothFormats, 1 full run in 6).
+func TestServer_StartReturnsOnceTheVerbIsServed(t *testing.T) {
+	db := smallStore(t)
+	ns := natstest.RunServer(t)
+	snc, _ := natstest.Connect(t, ns.ClientURL())
+	nc, _ := natstest.Connect(t, ns.ClientURL())
+	for i := range 50 {
+		s := NewServer(StoreReader(db), Options{})
+		require.NoError(t, s.Start(snc, nil))
+		_, err := nc.Request(Subject, nil, 5*time.Second)
+		s.Stop()
+		require.NoError(t, err, "request %d, sent right after Start", i)
+	}
+}
