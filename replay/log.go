@@ -44,6 +44,9 @@ var offlineOptions = store.Options{CacheSize: 32 << 20, MemTableSize: 64 << 20}
 // OpenState opens a private copy of a state dir's current generation (store.CopyCurrent): it never
 // takes the state dir's lock, so it reads a running seat's log as well as a stopped one's.
 func OpenState(stateDir string) (*Log, error) {
+	if err := store.CheckStateDir(stateDir); err != nil {
+		return nil, err
+	}
 	dir, err := store.CopyCurrent(stateDir)
 	if err != nil {
 		return nil, err

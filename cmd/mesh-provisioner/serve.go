@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -105,10 +106,47 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 
 	url := c.nats.url
 	if url == "" {
+		// The two are separate directories: deleting the state dir must never take the streams with
+		// it, nor a reset of the embedded server the state dir.
 		if inside(c.embeddedStore, c.state) {
 			return &usageError{msg: fmt.Sprintf("--embedded-store %s is inside --state %s: the state dir is the projection's alone", c.embeddedStore, c.state)}
 		}
+		if inside(c.state, c.embeddedStore) {
+			return &usageError{msg: fmt.Sprintf("--state %s is inside --embedded-store %s: the embedded server's store is the server's alone (its streams would be deleted with the state dir); give them separate directories, as the defaults ./data/state and ./data/nats are", c.state, c.embeddedStore)}
+		}
+	}
+	if err := store.CheckStateDir(c.state); err != nil {
+		return &usageError{msg: err.Error()}
+	}
+
+	// The state dir is taken before anything else starts: a second serve on it stops here, before it
+	// starts an embedded server on the first one's store.
+	db, err := store.OpenState(c.state, store.Options{Logger: log})
+	if store.NeedsRebuild(err) {
+		// Nothing this binary can answer from: start over, and answer (synced false) while the
+		// projection refills from the streams, as on a first start.
+		log.Warn("the state dir cannot be used; rebuilding it from the streams", "state", c.state, "reason", err)
+		db, err = store.ResetState(c.state, store.Options{Logger: log})
+	}
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err := db.Close(); err != nil {
+			log.Error("close state", "err", err)
+		}
+	}()
+
+	if url == "" {
+		unlock, err := lockEmbeddedStore(c.embeddedStore)
+		if err != nil {
+			return err
+		}
+		defer unlock()
 		ns, err := embedded.Start(embedded.Config{Listen: c.embeddedListen, StoreDir: c.embeddedStore, ConfigFile: c.embeddedConfig, Logger: log})
+		if errors.Is(err, embedded.ErrListen) {
+			return fmt.Errorf("%w: another process listens there; if it is a NATS server, use it with --nats nats://%s, else give --embedded-listen another address", err, c.embeddedListen)
+		}
 		if err != nil {
 			return err
 		}
@@ -129,22 +167,6 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 	if err != nil {
 		return fmt.Errorf("jetstream: %w", err)
 	}
-
-	db, err := store.OpenState(c.state, store.Options{Logger: log})
-	if store.NeedsRebuild(err) {
-		// Nothing this binary can answer from: start over, and answer (synced false) while the
-		// projection refills from the streams, as on a first start.
-		log.Warn("the state dir cannot be used; rebuilding it from the streams", "state", c.state, "reason", err)
-		db, err = store.ResetState(c.state, store.Options{Logger: log})
-	}
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if err := db.Close(); err != nil {
-			log.Error("close state", "err", err)
-		}
-	}()
 	log.Info("mesh-provisioner starting", "version", Version, "nats", redact(url), "embedded", c.nats.url == "",
 		"creds", c.nats.creds, "user", c.nats.user, "state", c.state, "schema", store.SchemaVersion,
 		"write_registry", !c.noRegistry, "registry_interval", c.registryInterval, "registry_replicas", c.registryReplicas, "demo", c.demo,
@@ -264,6 +286,27 @@ func loadDemo(ctx context.Context, js jetstream.JetStream, log *slog.Logger, std
 	bar.Done()
 	log.Info("demo mesh loaded", "ops", len(ops), "took", time.Since(start).Round(time.Millisecond))
 	return nil
+}
+
+// lockEmbeddedStore takes the embedded server's store dir for this process until unlock, without
+// waiting: nats-server locks nothing there, and a second serve given the same --embedded-store (with
+// another --state) would run a second server on the first one's streams.
+func lockEmbeddedStore(dir string) (unlock func(), err error) {
+	if err := os.MkdirAll(dir, 0o750); err != nil { // as nats-server makes it
+		return nil, fmt.Errorf("create --embedded-store: %w", err)
+	}
+	f, err := os.Open(dir)
+	if err != nil {
+		return nil, fmt.Errorf("open --embedded-store: %w", err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return nil, fmt.Errorf("--embedded-store %s is in use by another embedded server (another mesh-provisioner serve): stop it, or give this one another --embedded-store", dir)
+		}
+		return nil, fmt.Errorf("lock --embedded-store: %w", err)
+	}
+	return func() { f.Close() }, nil // closing the descriptor releases the flock
 }
 
 // inside reports whether path is dir or below it, as written or once symbolic links are followed (a
