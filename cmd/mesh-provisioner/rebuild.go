@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -96,6 +97,10 @@ func (c *RebuildCommand) Run(ctx context.Context, args []string) error {
 		return fmt.Errorf("jetstream: %w", err)
 	}
 
+	if err := checkRebuildSource(ctx, js, sd, c.nats.url); err != nil {
+		return err
+	}
+
 	start := time.Now()
 	for attempt := 0; ; attempt++ {
 		gen, resumed, err := rebuildGeneration(sd, log)
@@ -182,4 +187,28 @@ func rebuildGeneration(sd *store.StateDir, log *slog.Logger) (string, bool, erro
 	}
 	gen, err := sd.NewGeneration()
 	return gen, false, err
+}
+
+// checkRebuildSource refuses to replace a state dir's projection from a NATS that holds none of the
+// provisioner's buckets: a --nats left out (nats://127.0.0.1:4222, a node's local server there) or a
+// user in another account finds no stream, and the rebuild swapped in an empty projection, the local
+// event log with it. A mesh with a seat has at least the registry bucket.
+func checkRebuildSource(ctx context.Context, js jetstream.JetStream, sd *store.StateDir, url string) error {
+	if cur, err := sd.Current(); err != nil || cur == "" {
+		return nil // nothing to lose: a first rebuild, or a broken CURRENT (what rebuild is for)
+	}
+	var streams []string
+	for _, sh := range provisioner.ProvisionerShapes {
+		name := provisioner.StreamName(sh.Bucket)
+		_, err := js.Stream(ctx, name)
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, jetstream.ErrStreamNotFound) {
+			return fmt.Errorf("stream of %s: %w", sh.Bucket, err)
+		}
+		streams = append(streams, name)
+	}
+	return fmt.Errorf("%s has none of the provisioner's streams (%s): is --nats the mesh's NATS, and the user one of the seat's account? "+
+		"The state dir was not changed (to start it empty, remove it: serve fills it from the streams)", redact(url), strings.Join(streams, ", "))
 }
