@@ -190,13 +190,23 @@ func rebuildGeneration(sd *store.StateDir, log *slog.Logger) (string, bool, erro
 }
 
 // checkRebuildSource refuses to replace a state dir's projection from a NATS that holds none of the
-// provisioner's buckets: a --nats left out (nats://127.0.0.1:4222, a node's local server there) or a
-// user in another account finds no stream, and the rebuild swapped in an empty projection, the local
-// event log with it. A mesh with a seat has at least the registry bucket.
+// provisioner's buckets (hasProvisionerStreams): the rebuild swapped in an empty projection, the local
+// event log with it.
 func checkRebuildSource(ctx context.Context, js jetstream.JetStream, sd *store.StateDir, url string) error {
 	if cur, err := sd.Current(); err != nil || cur == "" {
 		return nil // nothing to lose: a first rebuild, or a broken CURRENT (what rebuild is for)
 	}
+	if err := hasProvisionerStreams(ctx, js, url); err != nil {
+		return fmt.Errorf("%w; the state dir was not changed (to start it empty, remove it: serve fills it from the streams)", err)
+	}
+	return nil
+}
+
+// hasProvisionerStreams refuses a NATS that holds none of the provisioner's four streams: a --nats
+// left out reaches nats://127.0.0.1:4222, often a node's own server, and a user of another account
+// sees no stream either. A mesh with a seat always has the registry bucket, so none of the four means
+// the wrong server or account, and an answer read from it would say the mesh is empty.
+func hasProvisionerStreams(ctx context.Context, js jetstream.JetStream, url string) error {
 	var streams []string
 	for _, sh := range provisioner.ProvisionerShapes {
 		name := provisioner.StreamName(sh.Bucket)
@@ -209,6 +219,5 @@ func checkRebuildSource(ctx context.Context, js jetstream.JetStream, sd *store.S
 		}
 		streams = append(streams, name)
 	}
-	return fmt.Errorf("%s has none of the provisioner's streams (%s): is --nats the mesh's NATS, and the user one of the seat's account? "+
-		"The state dir was not changed (to start it empty, remove it: serve fills it from the streams)", redact(url), strings.Join(streams, ", "))
+	return fmt.Errorf("%s has none of the provisioner's streams (%s): is --nats the mesh's NATS, and the user one of the seat's account?", redact(url), strings.Join(streams, ", "))
 }

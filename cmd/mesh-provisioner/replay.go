@@ -318,6 +318,9 @@ func (c *ReplayCommand) open(ctx context.Context) (*replay.Log, error) {
 	if err != nil {
 		return nil, fmt.Errorf("jetstream: %w", err)
 	}
+	if err := hasProvisionerStreams(ctx, js, c.nats.url); err != nil {
+		return nil, err
+	}
 	var bar *progress.Bar
 	l, err := replay.FromNATS(ctx, js, nil, "nats "+redact(c.nats.url), func(done, total int64) {
 		if bar == nil {
