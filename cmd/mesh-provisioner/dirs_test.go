@@ -145,3 +145,20 @@ func TestServe_EmbeddedListenTaken(t *testing.T) {
 	require.Contains(t, errb.String(), "address already in use")
 	require.Contains(t, errb.String(), "--nats nats://"+l.Addr().String())
 }
+
+// TestServe_BrokenStateDirWaitsForNATS: the state dir is opened before the embedded server starts
+// (above), but one this binary cannot read is started over only once NATS is reached: a serve that
+// cannot reach it leaves the state dir as it was, for replay, export or another try.
+func TestServe_BrokenStateDirWaitsForNATS(t *testing.T) {
+	state := filepath.Join(t.TempDir(), "state")
+	code, stderr := serveOnce(t, "--state", state, "--embedded-store", filepath.Join(t.TempDir(), "nats"))
+	require.Equal(t, exitOK, code, stderr)
+	current := filepath.Join(state, "CURRENT")
+	require.NoError(t, os.WriteFile(current, []byte("garbage\n"), 0o644))
+	code, stderr = serveOnce(t, "--state", state, "--nats", "nats://127.0.0.1:1")
+	require.Equal(t, exitFailure, code, stderr)
+	require.Contains(t, stderr, "connect to NATS")
+	b, err := os.ReadFile(current)
+	require.NoError(t, err)
+	require.Equal(t, "garbage\n", string(b), "the state dir is as it was")
+}

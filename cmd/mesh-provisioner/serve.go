@@ -119,23 +119,22 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 		return &usageError{msg: err.Error()}
 	}
 
-	// The state dir is taken before anything else starts: a second serve on it stops here, before it
-	// starts an embedded server on the first one's store.
-	db, err := store.OpenState(c.state, store.Options{Logger: log})
-	if store.NeedsRebuild(err) {
-		// Nothing this binary can answer from: start over, and answer (synced false) while the
-		// projection refills from the streams, as on a first start.
-		log.Warn("the state dir cannot be used; rebuilding it from the streams", "state", c.state, "reason", err)
-		db, err = store.ResetState(c.state, store.Options{Logger: log})
-	}
-	if err != nil {
-		return err
-	}
+	// The state dir is opened before anything else starts: a second serve on it stops here, before it
+	// starts an embedded server on the first one's store. One this binary cannot read is started over
+	// only once NATS is reached (below): a serve that cannot reach it leaves it as it was.
+	var db *store.DB
 	defer func() {
-		if err := db.Close(); err != nil {
-			log.Error("close state", "err", err)
+		if db != nil {
+			if err := db.Close(); err != nil {
+				log.Error("close state", "err", err)
+			}
 		}
 	}()
+	db, err = store.OpenState(c.state, store.Options{Logger: log})
+	broken := err
+	if err != nil && !store.NeedsRebuild(err) {
+		return err
+	}
 
 	if url == "" {
 		unlock, err := lockEmbeddedStore(c.embeddedStore)
@@ -166,6 +165,14 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return fmt.Errorf("jetstream: %w", err)
+	}
+	if broken != nil {
+		// Nothing this binary can answer from: start over, and answer (synced false) while the
+		// projection refills from the streams, as on a first start.
+		log.Warn("the state dir cannot be used; rebuilding it from the streams", "state", c.state, "reason", broken)
+		if db, err = store.ResetState(c.state, store.Options{Logger: log}); err != nil {
+			return err
+		}
 	}
 	log.Info("mesh-provisioner starting", "version", Version, "nats", redact(url), "embedded", c.nats.url == "",
 		"creds", c.nats.creds, "user", c.nats.user, "state", c.state, "schema", store.SchemaVersion,
