@@ -10,9 +10,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
 	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/internal/natstest"
 )
 
 // serveOnce runs serve with args until it returns, with a context already ended: a serve that wrongly
@@ -161,4 +163,32 @@ func TestServe_BrokenStateDirWaitsForNATS(t *testing.T) {
 	b, err := os.ReadFile(current)
 	require.NoError(t, err)
 	require.Equal(t, "garbage\n", string(b), "the state dir is as it was")
+}
+
+// TestServe_DemoOnlyIntoAnEmptyEmbeddedServer: --demo loads the synthetic mesh into an empty embedded
+// server only. A store holding data of its own (here a node's composition, and nothing in the
+// provisioner's buckets, which was all the demo looked at) is served as it is, with no synthetic key
+// mixed into it, as a store holding the demo from an earlier start is.
+func TestServe_DemoOnlyIntoAnEmptyEmbeddedServer(t *testing.T) {
+	t.Setenv("NATS_URL", "")
+	dir := t.TempDir()
+	ns := natstest.RunServerAt(t, "127.0.0.1:-1", filepath.Join(dir, "nats"), "")
+	_, js := natstest.Connect(t, ns.ClientURL())
+	ctx := context.Background()
+	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: provisioner.ComposedPrefix + "real-1"})
+	require.NoError(t, err)
+	_, err = kv.Put(ctx, "mod-a.7", []byte{0x80})
+	require.NoError(t, err)
+	ns.Shutdown()
+	ns.WaitForShutdown()
+
+	s, err := startServe(dir, "--demo")
+	require.NoError(t, err)
+	defer func() { require.NoError(t, s.stop()) }()
+	require.Contains(t, s.stderr.String(), "already holds data")
+	_, js = natstest.Connect(t, s.natsURL)
+	for _, b := range []string{provisioner.BucketNeeds, provisioner.BucketApplied, provisioner.BucketCollect, provisioner.BucketHostModules} {
+		_, err := js.Stream(ctx, provisioner.StreamName(b))
+		require.ErrorIs(t, err, jetstream.ErrStreamNotFound, "%s: no demo data in a server of its own", b)
+	}
 }

@@ -267,22 +267,21 @@ type seatConfig struct {
 	streams          *streaminfo.Poller // the stream info listing the seat runs and the metrics read
 }
 
-// loadDemo loads the demo mesh when the provisioner's buckets are empty or missing, with a progress
-// bar when stderr is a terminal; with plans, the plans' scenario of the golden tests too
-// (fixtures.Plans).
+// loadDemo loads the demo mesh into an empty embedded server, with a progress bar when stderr is a
+// terminal; with plans, the plans' scenario of the golden tests too (fixtures.Plans). A server whose
+// streams hold messages (the registry's aside, which the seat writes) is served as it is: the demo
+// loaded by an earlier start, or data of its own, which synthetic keys must not be mixed into.
 func loadDemo(ctx context.Context, js jetstream.JetStream, log *slog.Logger, stderr io.Writer, plans bool) error {
-	for _, b := range []string{provisioner.BucketNeeds, provisioner.BucketApplied, provisioner.BucketCollect} {
-		s, err := js.Stream(ctx, provisioner.StreamName(b))
-		if errors.Is(err, jetstream.ErrStreamNotFound) {
-			continue
-		}
-		if err != nil {
-			return fmt.Errorf("demo: %w", err)
-		}
-		if s.CachedInfo().State.Msgs > 0 {
-			log.Info("demo: buckets already hold data; not loading again")
+	streams := js.ListStreams(ctx)
+	for info := range streams.Info() {
+		if info.Config.Name != provisioner.StreamName(provisioner.BucketRegistry) && info.State.Msgs > 0 {
+			log.Info("demo: the embedded server already holds data; serving it as it is, not loading the demo mesh",
+				"stream", info.Config.Name, "messages", info.State.Msgs)
 			return nil
 		}
+	}
+	if err := streams.Err(); err != nil {
+		return fmt.Errorf("demo: %w", err)
 	}
 	start := time.Now()
 	ops := fixtures.Demo().Ops()
