@@ -192,3 +192,13 @@ func TestServe_DemoOnlyIntoAnEmptyEmbeddedServer(t *testing.T) {
 		require.ErrorIs(t, err, jetstream.ErrStreamNotFound, "%s: no demo data in a server of its own", b)
 	}
 }
+
+// TestServe_EmbeddedFlagsWithNATSAreSaidIgnored: with --nats, or NATS_URL from an env file, the
+// embedded server's flags do nothing; serve says so rather than serve the mesh's NATS silently to an
+// operator who asked for an embedded server.
+func TestServe_EmbeddedFlagsWithNATSAreSaidIgnored(t *testing.T) {
+	t.Setenv("NATS_URL", "nats://127.0.0.1:1")
+	_, stderr := serveOnce(t, "--state", filepath.Join(t.TempDir(), "state"), "--embedded-store", filepath.Join(t.TempDir(), "nats"))
+	require.Contains(t, stderr, "its flags are ignored")
+	require.Contains(t, stderr, "--embedded-listen --embedded-store")
+}

@@ -105,6 +105,18 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 	}
 
 	url := c.nats.url
+	if url != "" {
+		var ignored []string
+		fs.Visit(func(f *flag.Flag) {
+			if strings.HasPrefix(f.Name, "embedded-") {
+				ignored = append(ignored, "--"+f.Name)
+			}
+		})
+		if len(ignored) > 0 {
+			// NATS_URL in the environment (a runbook's env file) makes the flags moot without a word.
+			log.Warn("no embedded server with --nats or NATS_URL: its flags are ignored", "flags", strings.Join(ignored, " "), "nats", redact(url))
+		}
+	}
 	if url == "" {
 		// The two are separate directories: deleting the state dir must never take the streams with
 		// it, nor a reset of the embedded server the state dir.
