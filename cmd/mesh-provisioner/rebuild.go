@@ -54,6 +54,8 @@ itself when a stream can no longer be resumed, so stop it first to rebuild by ha
 
 The local event log of the replaced generation is not carried over: what the streams no longer hold
 is gone with it. Keep it first with: mesh-provisioner export --state DIR --out FILE
+A NATS holding none of the provisioner's buckets (the wrong server, or a user of another account)
+leaves a state dir that has a projection as it was.
 
 Example:
   mesh-provisioner rebuild --nats nats://nats.mesh:4222 --state /var/lib/mesh-provisioner/state
