@@ -59,6 +59,10 @@ type Options struct {
 	// bucket never calls it: it is forgotten in place, and read again from its stream's first message
 	// when the stream still exists (forget.go).
 	OnReset func(bucket string, reason error)
+	// OnTailError, when set, is told each failure of a bucket's tail that is retried with backoff (a
+	// consumer that cannot be created or read: permissions, NATS unreachable), so an owner that must
+	// end (a command) can give up and say why. A stream not created yet is not one.
+	OnTailError func(bucket string, err error)
 	// Composed tails every composed-<node> bucket too: those found at start, those created later
 	// (discover.go), and those the projection holds, so that one deleted meanwhile is found so.
 	Composed bool
@@ -269,9 +273,14 @@ func (p *Projector) runBucket(ctx context.Context, bucket string) {
 				return
 			}
 			continue
-		} else if !failing {
-			log.Warn("tailing failed; retrying with backoff", "err", err)
-			failing = true
+		} else {
+			if p.opts.OnTailError != nil {
+				p.opts.OnTailError(bucket, err)
+			}
+			if !failing {
+				log.Warn("tailing failed; retrying with backoff", "err", err)
+				failing = true
+			}
 		}
 		if !sleep(ctx, bo.next()) {
 			return

@@ -290,3 +290,42 @@ func TestFromNATS_CancelWhileConsumerCreatesGoUnanswered(t *testing.T) {
 	})
 	require.ErrorIs(t, err, context.Canceled)
 }
+
+// replay --nats (and rebuild) read until every stream is caught up; a stream that cannot be read (here
+// its consumers are capped at one, which another holds: every create is refused, as for a user
+// denied consumers) is given up on with the failure, once nothing was read for a while, rather than
+// retried for ever without a word.
+func TestFromNATS_AStreamThatCannotBeReadIsSaid(t *testing.T) {
+	defer replay.SetFillGiveUp(300 * time.Millisecond)()
+	ns := natstest.RunServer(t)
+	_, js := natstest.Connect(t, ns.ClientURL())
+	ctx := context.Background()
+	s, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: provisioner.StreamName(provisioner.BucketNeeds),
+		Subjects: []string{provisioner.SubjectPrefix(provisioner.BucketNeeds) + ">"}, MaxConsumers: 1, AllowDirect: true})
+	require.NoError(t, err)
+	_, err = js.Publish(ctx, provisioner.SubjectPrefix(provisioner.BucketNeeds)+"n1.m.config.a", []byte{0x80})
+	require.NoError(t, err)
+	_, err = s.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: "other", AckPolicy: jetstream.AckNonePolicy})
+	require.NoError(t, err)
+
+	done := make(chan error, 1)
+	go func() {
+		l, err := replay.FromNATS(ctx, js, []string{provisioner.BucketNeeds}, "nats", nil)
+		if err == nil {
+			l.Close()
+		}
+		done <- err
+	}()
+	var ferr error
+	natstest.CheckFor(t, 20*time.Second, 10*time.Millisecond, func() error {
+		select {
+		case ferr = <-done:
+			return nil
+		default:
+			return errors.New("replay still waits on a stream it cannot read")
+		}
+	})
+	require.Error(t, ferr)
+	require.Contains(t, ferr.Error(), "maximum consumers limit reached")
+	require.Contains(t, ferr.Error(), provisioner.BucketNeeds)
+}
