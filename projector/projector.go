@@ -27,6 +27,7 @@ import (
 
 	provisioner "github.com/novox/mesh-provisioner"
 	"github.com/novox/mesh-provisioner/internal/streaminfo"
+	"github.com/novox/mesh-provisioner/internal/streamread"
 	"github.com/novox/mesh-provisioner/store"
 )
 
@@ -58,6 +59,10 @@ type Options struct {
 	// bucket never calls it: it is forgotten in place, and read again from its stream's first message
 	// when the stream still exists (forget.go).
 	OnReset func(bucket string, reason error)
+	// OnTailError, when set, is told each failure of a bucket's tail that is retried with backoff (a
+	// consumer that cannot be created or read: permissions, NATS unreachable), so an owner that must
+	// end (a command) can give up and say why. A stream not created yet is not one.
+	OnTailError func(bucket string, err error)
 	// Composed tails every composed-<node> bucket too: those found at start, those created later
 	// (discover.go), and those the projection holds, so that one deleted meanwhile is found so.
 	Composed bool
@@ -302,9 +307,14 @@ func (p *Projector) runBucket(ctx context.Context, bucket string) {
 				return
 			}
 			continue
-		} else if !failing {
-			log.Warn("tailing failed; retrying with backoff", "err", err)
-			failing = true
+		} else {
+			if p.opts.OnTailError != nil {
+				p.opts.OnTailError(bucket, err)
+			}
+			if !failing {
+				log.Warn("tailing failed; retrying with backoff", "err", err)
+				failing = true
+			}
 		}
 		if !sleep(ctx, bo.next()) {
 			return
@@ -345,16 +355,17 @@ func (p *Projector) tail(ctx context.Context, bucket string, log *slog.Logger, o
 		return err
 	}
 	verify := func() error { return p.verify(ctx, bucket, ver) }
-	// The consumer is created here, under ctx, and created again by runBucket when it is lost: see
-	// consumerConfig for why this is not nats.go's ordered consumer.
-	cons, err := stream.CreateConsumer(ctx, consumerConfig(cp.Applied))
+	// The consumer is created here, under ctx, and created again by runBucket from the checkpoint when
+	// it is lost or delivers out of order: internal/streamread says why this is not nats.go's ordered
+	// consumer.
+	cons, err := streamread.Create(ctx, stream, cp.Applied)
 	if err != nil {
-		return fmt.Errorf("create consumer: %w", err)
+		return err
 	}
-	it, err := cons.Messages(jetstream.PullMaxMessages(pull), jetstream.PullHeartbeat(pullHeartbeat))
+	it, err := streamread.Read(cons, pull)
 	if err != nil {
 		p.dropConsumer(ctx, stream, cons)
-		return fmt.Errorf("consume: %w", err)
+		return err
 	}
 	release()
 	ok()
@@ -405,30 +416,6 @@ func (p *Projector) tail(ctx context.Context, bucket string, log *slog.Logger, o
 	return nil
 }
 
-// consumerConfig is the consumer a bucket reads its stream with: from the start, or from the message
-// after the checkpoint. It is what nats.go's ordered consumer creates (no acks, one replica in memory,
-// removed by the server after five minutes without a pull), but the projector creates it itself and
-// checks the order itself (read): nats.go's ordered consumer recreates a lost consumer inside
-// MessagesContext.Next, with a request of 10 s that no context reaches and under the lock its Stop
-// takes, so a consumer create that went unanswered (a cluster without quorum, a JetStream API denied
-// or slow) held a stop for up to 11 s. Here every request is made under the bucket's context, and a
-// consumer that is lost, or delivers out of order, ends the tail: runBucket starts it again from the
-// checkpoint, every message read before committed.
-func consumerConfig(applied uint64) jetstream.ConsumerConfig {
-	cfg := jetstream.ConsumerConfig{
-		DeliverPolicy:     jetstream.DeliverAllPolicy,
-		AckPolicy:         jetstream.AckNonePolicy,
-		InactiveThreshold: 5 * time.Minute,
-		Replicas:          1,
-		MemoryStorage:     true,
-	}
-	if applied > 0 {
-		cfg.DeliverPolicy = jetstream.DeliverByStartSequencePolicy
-		cfg.OptStartSeq = applied + 1
-	}
-	return cfg
-}
-
 // dropConsumer deletes a consumer the bucket no longer reads, in the background (its server may be
 // the one that is gone) and owned by the Projector, so a stop does not wait for it; one it could not
 // delete goes after its inactive threshold.
@@ -443,10 +430,6 @@ func (p *Projector) dropConsumer(ctx context.Context, stream jetstream.Stream, c
 	}()
 }
 
-// errOutOfOrder says the consumer delivered a message other than the next one: one was lost on the
-// way (the client dropped it as a slow consumer). The tail starts again from the checkpoint.
-var errOutOfOrder = errors.New("projector: consumer delivered out of order")
-
 func (p *Projector) markSynced(bucket string, log *slog.Logger, from uint64, start time.Time) {
 	if _, synced := p.db.Applied(bucket); synced {
 		return
@@ -456,26 +439,22 @@ func (p *Projector) markSynced(bucket string, log *slog.Logger, from uint64, sta
 	log.Info("bucket synced", "applied_seq", seq, "messages", seq-min(seq, from), "took", time.Since(start).Round(time.Millisecond))
 }
 
-// read moves messages from the consumer into in until the consumer stops.
-func (p *Projector) read(ctx context.Context, it jetstream.MessagesContext, bucket string, in chan<- provisioner.Message, pending chan uint64, atEnd *atomic.Uint64) error {
+// read moves messages from the consumer into in until the consumer stops; a consumer lost (no
+// heartbeat, deleted) or out of order ends it with an error.
+func (p *Projector) read(ctx context.Context, it *streamread.Reader, bucket string, in chan<- provisioner.Message, pending chan uint64, atEnd *atomic.Uint64) error {
 	prefix := provisioner.SubjectPrefix(bucket)
-	var delivered uint64 // the consumer's sequence of the last message read
 	for {
-		msg, err := it.Next(jetstream.NextContext(ctx))
+		msg, md, err := it.Next(ctx)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
-			return fmt.Errorf("read: %w", err) // the consumer was lost (no heartbeat, deleted)
+			return err
 		}
-		m, dseq, np, err := convert(msg, prefix)
+		m, np, err := convert(msg, md, prefix)
 		if err != nil {
 			return err
 		}
-		if dseq != delivered+1 {
-			return fmt.Errorf("%w: message %d of the consumer after %d (stream sequence %d)", errOutOfOrder, dseq, delivered, m.Seq)
-		}
-		delivered = dseq
 		select {
 		case in <- m:
 		case <-ctx.Done():
@@ -493,16 +472,12 @@ func (p *Projector) read(ctx context.Context, it jetstream.MessagesContext, buck
 	}
 }
 
-// convert reads a stream message as the store applies it; it also returns the consumer's sequence of
-// the message and how many messages were pending after it.
-func convert(msg jetstream.Msg, prefix string) (provisioner.Message, uint64, uint64, error) {
-	md, err := msg.Metadata()
-	if err != nil {
-		return provisioner.Message{}, 0, 0, fmt.Errorf("message metadata: %w", err)
-	}
+// convert reads a stream message as the store applies it; it also returns how many messages were
+// pending after it.
+func convert(msg jetstream.Msg, md *jetstream.MsgMetadata, prefix string) (provisioner.Message, uint64, error) {
 	subj := msg.Subject()
 	if !strings.HasPrefix(subj, prefix) {
-		return provisioner.Message{}, 0, 0, fmt.Errorf("message subject %q is not of %s>", subj, prefix)
+		return provisioner.Message{}, 0, fmt.Errorf("message subject %q is not of %s>", subj, prefix)
 	}
 	m := provisioner.Message{Seq: md.Sequence.Stream, Time: md.Timestamp.UnixNano(), Key: subj[len(prefix):], Op: provisioner.OpPut}
 	if h := msg.Headers(); len(h) > 0 {
@@ -511,7 +486,7 @@ func convert(msg jetstream.Msg, prefix string) (provisioner.Message, uint64, uin
 	if m.Op == provisioner.OpPut {
 		m.Value = msg.Data()
 	}
-	return m, md.Sequence.Consumer, md.NumPending, nil
+	return m, md.NumPending, nil
 }
 
 // applyLoop takes what the reader has produced, as much as is there up to BatchSize, and commits it as
@@ -668,13 +643,6 @@ func sleep(ctx context.Context, d time.Duration) bool {
 		return false
 	}
 }
-
-// pullHeartbeat is how often the server says a pull is still alive when no message flows. A consumer
-// whose server died (a cluster node lost, the seat's connection moved) is found out after two missed
-// heartbeats and recreated from the last sequence read; nats.go's default is half the pull's 30 s
-// expiry, which left the seat reading nothing for up to 30 s after a failover (10 s in the cluster test
-// before). One small message a second per bucket while idle is the price.
-const pullHeartbeat = jetstream.PullHeartbeat(time.Second)
 
 // Buckets lists the buckets the Projector tails: those it was started with and those added since, in
 // byte order.

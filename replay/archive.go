@@ -9,6 +9,8 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/klauspost/compress/zstd"
@@ -17,6 +19,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/internal/streamread"
 	"github.com/novox/mesh-provisioner/projector"
 	"github.com/novox/mesh-provisioner/store"
 )
@@ -351,8 +354,15 @@ func ExportNATS(ctx context.Context, js jetstream.JetStream, buckets []string, o
 	return w.header, w.finish()
 }
 
-// exportStream reads one stream from its first message until a message read with nothing pending at
-// or past the stream's last sequence when the export began (or until a read finds nothing more).
+// exportStream reads one stream from its first message until a message read with nothing pending, or
+// at or past the stream's last sequence when the export began, or until its consumer has nothing more
+// to deliver (the messages after the last one read were removed meanwhile).
+//
+// The consumer is created and read under ctx (internal/streamread), so a cancelled export ends at
+// once whatever the server does. One lost midway (its server restarted, deleted) is created again from
+// the message after the last one read: nothing is read twice, and what the stream removed in between
+// is a gap, as the projector records it. A stream whose consumer cannot be read again within
+// exportRetryFor is an error.
 func exportStream(ctx context.Context, w *archiveWriter, s jetstream.Stream, info *jetstream.StreamInfo, index int, tick func()) error {
 	name := w.header.Buckets[index].Name
 	if info.State.Msgs == 0 {
@@ -363,71 +373,36 @@ func exportStream(ctx context.Context, w *archiveWriter, s jetstream.Stream, inf
 		}
 		return nil
 	}
-	cons, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverAllPolicy})
-	if err != nil {
-		return fmt.Errorf("consume %s: %w", name, err)
-	}
-	var prev uint64
-	var open *store.Gap
-	var gaps []store.Gap
-	read := uint64(0)
+	e := &streamExport{w: w, index: index, last: info.State.LastSeq, tick: tick}
+	wait := exportRetryMin
+	var failing time.Time // when the consumer was lost with nothing read since
 	for {
-		// Ask for no more than the stream held when the export began: a fetch for messages that do
-		// not exist waits out its whole expiry.
-		want := min(4096, info.State.Msgs-min(read, info.State.Msgs))
-		if want == 0 {
-			break
-		}
-		batch, err := cons.Fetch(int(want), jetstream.FetchMaxWait(time.Second))
-		if err != nil {
-			return fmt.Errorf("read %s: %w", name, err)
-		}
-		n := 0
-		end := false
-		for msg := range batch.Messages() {
-			n++
-			read++
-			md, err := msg.Metadata()
-			if err != nil {
-				return fmt.Errorf("read %s: %w", name, err)
-			}
-			seq := md.Sequence.Stream
-			if seq > prev+1 {
-				if open == nil {
-					gaps = append(gaps, store.Gap{From: prev + 1})
-					open = &gaps[len(gaps)-1]
-				}
-				open.OpenedAt = seq
-			}
-			prev = seq
-			rec := archiveRecord{Bucket: index, Seq: seq, Time: md.Timestamp.UnixNano(), Subject: msg.Subject(), Data: msg.Data()}
-			if h := msg.Headers(); len(h) > 0 {
-				rec.Headers = map[string][]string(h)
-			}
-			if err := w.record(&rec); err != nil {
-				return err
-			}
-			tick()
-			if md.NumPending == 0 {
-				if open != nil && seq >= open.OpenedAt {
-					open.To = seq
-					open = nil
-				}
-				// Nothing after this one in the stream: its last sequence when the export began was
-				// removed, or is this one.
-				end = true
-			}
-		}
-		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, jetstream.ErrNoMessages) {
-			return fmt.Errorf("read %s: %w", name, err)
-		}
-		if end || n == 0 {
+		from := e.prev
+		err := e.read(ctx, s)
+		if err == nil {
 			break
 		}
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			return fmt.Errorf("read %s: the stream was deleted while exporting: %w", name, err)
+		}
+		if e.prev > from || failing.IsZero() {
+			failing, wait = time.Now(), exportRetryMin
+		} else if time.Since(failing) > exportRetryFor {
+			return fmt.Errorf("read %s: stopped at sequence %d of %d, no consumer read for %s; run export again: %w", name, e.prev, e.last, exportRetryFor, err)
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+		wait = min(2*wait, exportRetryMax)
 	}
+	prev := e.prev
 	if prev < info.State.LastSeq {
 		// The read stopped before the stream's end when the export began. When the messages after
 		// the last one read are gone (a purge while exporting), the archive says so with a gap open
@@ -440,15 +415,157 @@ func exportStream(ctx context.Context, w *archiveWriter, s jetstream.Stream, inf
 		if now.State.FirstSeq <= prev+1 && now.State.Msgs > 0 {
 			return fmt.Errorf("read %s: stopped at sequence %d of %d; run export again", name, prev, info.State.LastSeq)
 		}
-		if open == nil {
-			gaps = append(gaps, store.Gap{From: prev + 1})
-			open = &gaps[len(gaps)-1]
+		if e.open == nil {
+			e.gaps = append(e.gaps, store.Gap{From: prev + 1})
+			e.open = &e.gaps[len(e.gaps)-1]
 		}
-		open.OpenedAt = max(open.OpenedAt, info.State.LastSeq+1)
+		e.open.OpenedAt = max(e.open.OpenedAt, info.State.LastSeq+1)
 		w.header.Buckets[index].LastSeq = max(w.header.Buckets[index].LastSeq, info.State.LastSeq)
 	}
-	w.header.Buckets[index].Gaps = gapsOut(gaps)
+	w.header.Buckets[index].Gaps = gapsOut(e.gaps)
 	return nil
+}
+
+// How export retries a stream whose consumer was lost: after 100 ms, doubling up to 5 s, for at most a
+// minute without a message read (a server restart, a leader moving), then it fails rather than wait
+// for ever in a script.
+const (
+	exportRetryMin = 100 * time.Millisecond
+	exportRetryMax = 5 * time.Second
+	exportRetryFor = time.Minute
+)
+
+// exportIdle is how long a read waits without a message before it asks the consumer whether anything
+// is left for it.
+const exportIdle = 500 * time.Millisecond
+
+// streamExport is one stream's read into an archive, over the consumers it takes.
+type streamExport struct {
+	w     *archiveWriter
+	index int
+	last  uint64 // the stream's last sequence when the export began
+	tick  func()
+
+	prev uint64 // the last sequence read
+	gaps []store.Gap
+	open *store.Gap // the gap not closed yet, in gaps
+}
+
+// read reads the stream through one consumer, from the message after the last one read, until the
+// end (nil) or until the consumer is lost or ctx ends (an error).
+func (e *streamExport) read(ctx context.Context, s jetstream.Stream) (err error) {
+	cons, err := streamread.Create(ctx, s, e.prev)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if ctx.Err() != nil {
+			return // left to its inactive threshold: a cancelled export does not wait for the server
+		}
+		dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		_ = s.DeleteConsumer(dctx, cons.CachedInfo().Name)
+	}()
+	rd, err := streamread.Read(cons, 4096)
+	if err != nil {
+		return err
+	}
+	defer rd.Stop()
+
+	// A watcher asks the consumer, when no message came for exportIdle, whether it has delivered
+	// everything there is: then the messages after the last one read were removed, and no message
+	// with nothing pending will ever come. A consumer it finds gone is lost.
+	rctx, rcancel := context.WithCancel(ctx)
+	var read atomic.Uint64
+	var drained, gone atomic.Bool
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(exportIdle)
+		defer t.Stop()
+		seen := uint64(0)
+		for {
+			select {
+			case <-rctx.Done():
+				return
+			case <-t.C:
+			}
+			if n := read.Load(); n != seen {
+				seen = n
+				continue
+			}
+			ci, err := cons.Info(rctx)
+			if errors.Is(err, jetstream.ErrConsumerNotFound) {
+				// Lost (deleted, or its server restarted): said before two heartbeats are missed.
+				gone.Store(true)
+				rcancel()
+				return
+			}
+			if err == nil && ci.NumPending == 0 && ci.Delivered.Consumer == read.Load() {
+				drained.Store(true)
+				rcancel()
+				return
+			}
+		}
+	}()
+	defer func() {
+		rcancel()
+		wg.Wait()
+	}()
+
+	for {
+		msg, md, err := rd.Next(rctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if drained.Load() {
+				return nil
+			}
+			if gone.Load() {
+				return fmt.Errorf("read: %w", jetstream.ErrConsumerNotFound)
+			}
+			return err
+		}
+		read.Store(rd.Delivered())
+		end, err := e.add(msg, md)
+		if err != nil || end {
+			return err
+		}
+	}
+}
+
+// add writes one message to the archive, and says whether it is the last to read: nothing pending
+// after it, or at or past the stream's last sequence when the export began.
+func (e *streamExport) add(msg jetstream.Msg, md *jetstream.MsgMetadata) (bool, error) {
+	seq := md.Sequence.Stream
+	if seq > e.prev+1 {
+		if e.open == nil {
+			e.gaps = append(e.gaps, store.Gap{From: e.prev + 1})
+			e.open = &e.gaps[len(e.gaps)-1]
+		}
+		e.open.OpenedAt = seq
+	}
+	e.prev = seq
+	rec := archiveRecord{Bucket: e.index, Seq: seq, Time: md.Timestamp.UnixNano(), Subject: msg.Subject(), Data: msg.Data()}
+	if h := msg.Headers(); len(h) > 0 {
+		rec.Headers = map[string][]string(h)
+	}
+	if err := e.w.record(&rec); err != nil {
+		return false, err
+	}
+	e.tick()
+	if md.NumPending == 0 {
+		if e.open != nil && seq >= e.open.OpenedAt {
+			e.open.To = seq
+			e.open = nil
+		}
+		// Nothing after this one in the stream: its last sequence when the export began was
+		// removed, or is this one.
+		return true, nil
+	}
+	return seq >= e.last, nil
 }
 
 // FromArchive reads an archive into a temporary store, with the marks it carries.

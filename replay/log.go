@@ -44,6 +44,9 @@ var offlineOptions = store.Options{CacheSize: 32 << 20, MemTableSize: 64 << 20}
 // OpenState opens a private copy of a state dir's current generation (store.CopyCurrent): it never
 // takes the state dir's lock, so it reads a running seat's log as well as a stopped one's.
 func OpenState(stateDir string) (*Log, error) {
+	if err := store.CheckStateDir(stateDir); err != nil {
+		return nil, err
+	}
 	dir, err := store.CopyCurrent(stateDir)
 	if err != nil {
 		return nil, err
@@ -110,9 +113,14 @@ func FromNATS(ctx context.Context, js jetstream.JetStream, buckets []string, sou
 	return l, nil
 }
 
+// fillGiveUp is how long Fill waits while reading a stream keeps failing (a consumer that cannot be
+// created or read) and no message is applied, before it gives up with the failure.
+var fillGiveUp = time.Minute
+
 // Fill runs a projector over db until every bucket has caught up with its stream, then stops it. A
 // bucket that cannot be resumed (its stream was recreated meanwhile) is an error wrapping
-// projector.ErrCannotResume.
+// projector.ErrCannotResume; a stream whose reading keeps failing for fillGiveUp with no message
+// applied meanwhile is an error with the failure (a user denied consumers, NATS unreachable).
 func Fill(ctx context.Context, js jetstream.JetStream, db *store.DB, opts projector.Options, progress Progress) error {
 	if opts.Buckets == nil {
 		for _, s := range provisioner.ProvisionerShapes {
@@ -131,7 +139,8 @@ func Fill(ctx context.Context, js jetstream.JetStream, db *store.DB, opts projec
 		total += int64(s.CachedInfo().State.Msgs)
 	}
 	var mu sync.Mutex
-	var resetErr error
+	var resetErr, tailErr error
+	var failingSince time.Time // the first tail failure since a message was last applied
 	if opts.Poll == 0 {
 		opts.Poll = 100 * time.Millisecond
 	}
@@ -140,17 +149,37 @@ func Fill(ctx context.Context, js jetstream.JetStream, db *store.DB, opts projec
 		defer mu.Unlock()
 		resetErr = errors.Join(resetErr, fmt.Errorf("%s: %w", bucket, err))
 	}
+	opts.OnTailError = func(bucket string, err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		tailErr = fmt.Errorf("%s: %w", bucket, err)
+		if failingSince.IsZero() {
+			failingSince = time.Now()
+		}
+	}
 	p := projector.New(js, db, opts)
 	p.Start(ctx)
 	defer p.Stop()
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
+	applied := int64(-1)
 	for {
+		if n := p.Applied(); n != applied {
+			applied = n
+			mu.Lock()
+			failingSince = time.Time{} // reading moves: a failure since is counted afresh
+			mu.Unlock()
+		}
 		if progress != nil {
-			progress(p.Applied(), total)
+			progress(applied, total)
 		}
 		mu.Lock()
 		err := resetErr
+		if err == nil && !failingSince.IsZero() && time.Since(failingSince) > fillGiveUp {
+			// A command is not left waiting for ever on a stream it cannot read: the projector retries
+			// without end, as a seat must.
+			err = fmt.Errorf("no message read for %s while reading the streams kept failing: %w", fillGiveUp, tailErr)
+		}
 		mu.Unlock()
 		if err != nil {
 			return err

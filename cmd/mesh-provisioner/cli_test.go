@@ -132,6 +132,8 @@ func TestMain_ExitCodes(t *testing.T) {
 		{[]string{"query", "wants"}, 3},
 		{[]string{"query", "needs", "--node", "not a token"}, 3},
 		{[]string{"query", "needs", "--after", "n00000.nope.config.x"}, 3},
+		{[]string{"query", "needs", "--contributor", "mod-001"}, 3},                          // contributor narrows collect only
+		{[]string{"query", "collect", "--module", "mod-001", "--contributor", "mod-002"}, 3}, // the same field, two values
 		{[]string{"query", "registry", "--nats", "nats://127.0.0.1:1"}, 1},
 	}
 	for _, tc := range cases {

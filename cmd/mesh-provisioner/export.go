@@ -109,6 +109,9 @@ func (c *ExportCommand) Run(ctx context.Context, args []string) error {
 		if jerr != nil {
 			return fmt.Errorf("jetstream: %w", jerr)
 		}
+		if err := hasProvisionerStreams(ctx, js, c.nats.url); err != nil {
+			return err
+		}
 		h, err = replay.ExportNATS(ctx, js, nil, c.out, "mesh-provisioner "+Version, tick)
 	}
 	if bar != nil {

@@ -104,7 +104,7 @@ func TestQuery_FlagsAreTheRequestFields(t *testing.T) {
 		{[]string{"query", "needs", "--node", "n00007", "--module", "mod-003", "--kind", "secret", "--limit", "5"},
 			map[string]any{"what": "needs", "node": "n00007", "module": "mod-003", "kind": "secret", "limit": 5.0}},
 		{[]string{"query", "collect", "--collection", "shell:zsh:normal", "--contributor", "mod-001", "--node", "n00007"},
-			map[string]any{"what": "collect", "collection": "shell:zsh:normal", "module": "mod-001", "node": "n00007"}},
+			map[string]any{"what": "collect", "collection": "shell:zsh:normal", "contributor": "mod-001", "node": "n00007"}},
 		{[]string{"query", "applied", "--node", "n00007", "--at", at, "--json"}, map[string]any{"what": "applied", "node": "n00007", "at": at}},
 		{[]string{"query", "needs", "--node", "n00007", "--min-seq", "1", "--wait", "2s", "--one-page"},
 			map[string]any{"what": "needs", "node": "n00007", "min_seq": 1.0, "wait_ms": 2000.0}},

@@ -34,6 +34,7 @@ type QueryCommand struct {
 	nats       natsFlags
 	node       string
 	module     string
+	contrib    string
 	collection string
 	kind       string
 	at         string
@@ -52,7 +53,7 @@ func (c *QueryCommand) flags() *flag.FlagSet {
 	c.nats.register(fs, nats.DefaultURL)
 	fs.StringVar(&c.node, "node", "", "only this node")
 	fs.StringVar(&c.module, "module", "", "only this module (for collect: this contributor)")
-	fs.StringVar(&c.module, "contributor", "", "collect: only this contributor (same as --module)")
+	fs.StringVar(&c.contrib, "contributor", "", "collect: only this contributor (same as --module)")
 	fs.StringVar(&c.collection, "collection", "", "collect: only this collection, by its decoded name (shell:zsh:normal)")
 	fs.StringVar(&c.kind, "kind", "", "registry and needs: only this kind")
 	fs.StringVar(&c.at, "at", "", "forensics: as of an RFC 3339 time or seq:<n>")
@@ -115,7 +116,9 @@ func (c *QueryCommand) Run(ctx context.Context, args []string) error {
 	defer nc.Close()
 
 	req := map[string]any{"what": what}
-	for k, v := range map[string]string{"node": c.node, "module": c.module, "collection": c.collection, "kind": c.kind, "at": c.at} {
+	// --contributor is the request's contributor, so the seat judges it as it judges any client's
+	// (collect only, the same as module when both are given).
+	for k, v := range map[string]string{"node": c.node, "module": c.module, "contributor": c.contrib, "collection": c.collection, "kind": c.kind, "at": c.at} {
 		if v != "" {
 			req[k] = v
 		}

@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -53,6 +54,8 @@ itself when a stream can no longer be resumed, so stop it first to rebuild by ha
 
 The local event log of the replaced generation is not carried over: what the streams no longer hold
 is gone with it. Keep it first with: mesh-provisioner export --state DIR --out FILE
+A NATS holding none of the provisioner's buckets (the wrong server, or a user of another account)
+leaves a state dir that has a projection as it was.
 
 Example:
   mesh-provisioner rebuild --nats nats://nats.mesh:4222 --state /var/lib/mesh-provisioner/state
@@ -94,6 +97,10 @@ func (c *RebuildCommand) Run(ctx context.Context, args []string) error {
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return fmt.Errorf("jetstream: %w", err)
+	}
+
+	if err := checkRebuildSource(ctx, js, sd, c.nats.url); err != nil {
+		return err
 	}
 
 	start := time.Now()
@@ -182,4 +189,37 @@ func rebuildGeneration(sd *store.StateDir, log *slog.Logger) (string, bool, erro
 	}
 	gen, err := sd.NewGeneration()
 	return gen, false, err
+}
+
+// checkRebuildSource refuses to replace a state dir's projection from a NATS that holds none of the
+// provisioner's buckets (hasProvisionerStreams): the rebuild swapped in an empty projection, the local
+// event log with it.
+func checkRebuildSource(ctx context.Context, js jetstream.JetStream, sd *store.StateDir, url string) error {
+	if cur, err := sd.Current(); err != nil || cur == "" {
+		return nil // nothing to lose: a first rebuild, or a broken CURRENT (what rebuild is for)
+	}
+	if err := hasProvisionerStreams(ctx, js, url); err != nil {
+		return fmt.Errorf("%w; the state dir was not changed (to start it empty, remove it: serve fills it from the streams)", err)
+	}
+	return nil
+}
+
+// hasProvisionerStreams refuses a NATS that holds none of the provisioner's four streams: a --nats
+// left out reaches nats://127.0.0.1:4222, often a node's own server, and a user of another account
+// sees no stream either. A mesh with a seat always has the registry bucket, so none of the four means
+// the wrong server or account, and an answer read from it would say the mesh is empty.
+func hasProvisionerStreams(ctx context.Context, js jetstream.JetStream, url string) error {
+	var streams []string
+	for _, sh := range provisioner.ProvisionerShapes {
+		name := provisioner.StreamName(sh.Bucket)
+		_, err := js.Stream(ctx, name)
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, jetstream.ErrStreamNotFound) {
+			return fmt.Errorf("stream of %s: %w", sh.Bucket, err)
+		}
+		streams = append(streams, name)
+	}
+	return fmt.Errorf("%s has none of the provisioner's streams (%s): is --nats the mesh's NATS, and the user one of the seat's account?", redact(url), strings.Join(streams, ", "))
 }

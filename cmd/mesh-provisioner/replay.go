@@ -39,6 +39,7 @@ type ReplayCommand struct {
 	from, to   string
 	node       string
 	module     string
+	contrib    string
 	collection string
 	kind       string
 	jsonOut    bool
@@ -86,7 +87,7 @@ func (c *ReplayCommand) flags() *flag.FlagSet {
 	fs.StringVar(&c.to, "to", "", "diff: the later point")
 	fs.StringVar(&c.node, "node", "", "only this node")
 	fs.StringVar(&c.module, "module", "", "only this module (for collect: this contributor)")
-	fs.StringVar(&c.module, "contributor", "", "collect: only this contributor (same as --module)")
+	fs.StringVar(&c.contrib, "contributor", "", "collect: only this contributor (same as --module)")
 	fs.StringVar(&c.collection, "collection", "", "collect: only this collection, by its decoded name")
 	fs.StringVar(&c.kind, "kind", "", "registry and needs: only this kind")
 	fs.BoolVar(&c.jsonOut, "json", false, "print JSON for scripts")
@@ -276,7 +277,7 @@ func countSources(fs *flag.FlagSet, state, archive string) int {
 // request builds and checks the verb request the narrowing flags make, as the verb would.
 func (c *ReplayCommand) request(what string) (query.Request, error) {
 	m := map[string]any{"what": what, "at": "seq:0"}
-	for k, v := range map[string]string{"node": c.node, "module": c.module, "collection": c.collection, "kind": c.kind} {
+	for k, v := range map[string]string{"node": c.node, "module": c.module, "contributor": c.contrib, "collection": c.collection, "kind": c.kind} {
 		if v != "" {
 			m[k] = v
 		}
@@ -317,6 +318,9 @@ func (c *ReplayCommand) open(ctx context.Context) (*replay.Log, error) {
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, fmt.Errorf("jetstream: %w", err)
+	}
+	if err := hasProvisionerStreams(ctx, js, c.nats.url); err != nil {
+		return nil, err
 	}
 	var bar *progress.Bar
 	l, err := replay.FromNATS(ctx, js, nil, "nats "+redact(c.nats.url), func(done, total int64) {

@@ -130,6 +130,8 @@ func TestReplayCommand_Errors(t *testing.T) {
 		{[]string{"replay", "history", "needs"}, exitUsage},
 		{[]string{"replay", "history", "wants", "k", "--archive", "x"}, exitUsage},
 		{[]string{"replay", "state", "needs", "--at", "seq:1", "--collection", "x"}, exitUsage},
+		{[]string{"replay", "state", "needs", "--at", "seq:1", "--contributor", "x"}, exitUsage},
+		{[]string{"replay", "state", "collect", "--at", "seq:1", "--module", "a", "--contributor", "b"}, exitUsage},
 		{[]string{"replay", "state", "needs", "--at", "seq:1", "--state", "a", "--archive", "b"}, exitUsage},
 		{[]string{"replay", "what"}, exitUsage},
 		{[]string{"export"}, exitUsage},

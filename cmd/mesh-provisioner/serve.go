@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -57,7 +58,7 @@ func (c *ServeCommand) flags() *flag.FlagSet {
 	c.ops.register(fs)
 	fs.StringVar(&c.state, "state", "./data/state", "state dir: the projection, the program's alone")
 	fs.StringVar(&c.embeddedListen, "embedded-listen", "127.0.0.1:4222", "with no --nats: where the embedded NATS server listens")
-	fs.StringVar(&c.embeddedStore, "embedded-store", "./data/nats", "with no --nats: the embedded server's JetStream store (never inside --state)")
+	fs.StringVar(&c.embeddedStore, "embedded-store", "./data/nats", "with no --nats: the embedded server's JetStream store (apart from --state: neither inside the other)")
 	fs.StringVar(&c.embeddedConfig, "embedded-config", "", "with no --nats: a nats-server config file for the embedded server (accounts)")
 	fs.BoolVar(&c.demo, "demo", false, "load a synthetic mesh into an empty embedded server")
 	fs.DurationVar(&c.registryInterval, "registry-interval", time.Hour, "how often the registry is compared with the table and written where it differs")
@@ -104,11 +105,59 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 	}
 
 	url := c.nats.url
+	if url != "" {
+		var ignored []string
+		fs.Visit(func(f *flag.Flag) {
+			if strings.HasPrefix(f.Name, "embedded-") {
+				ignored = append(ignored, "--"+f.Name)
+			}
+		})
+		if len(ignored) > 0 {
+			// NATS_URL in the environment (a runbook's env file) makes the flags moot without a word.
+			log.Warn("no embedded server with --nats or NATS_URL: its flags are ignored", "flags", strings.Join(ignored, " "), "nats", redact(url))
+		}
+	}
 	if url == "" {
+		// The two are separate directories: deleting the state dir must never take the streams with
+		// it, nor a reset of the embedded server the state dir.
 		if inside(c.embeddedStore, c.state) {
 			return &usageError{msg: fmt.Sprintf("--embedded-store %s is inside --state %s: the state dir is the projection's alone", c.embeddedStore, c.state)}
 		}
+		if inside(c.state, c.embeddedStore) {
+			return &usageError{msg: fmt.Sprintf("--state %s is inside --embedded-store %s: the embedded server's store is the server's alone (its streams would be deleted with the state dir); give them separate directories, as the defaults ./data/state and ./data/nats are", c.state, c.embeddedStore)}
+		}
+	}
+	if err := store.CheckStateDir(c.state); err != nil {
+		return &usageError{msg: err.Error()}
+	}
+
+	// The state dir is opened before anything else starts: a second serve on it stops here, before it
+	// starts an embedded server on the first one's store. One this binary cannot read is started over
+	// only once NATS is reached (below): a serve that cannot reach it leaves it as it was.
+	var db *store.DB
+	defer func() {
+		if db != nil {
+			if err := db.Close(); err != nil {
+				log.Error("close state", "err", err)
+			}
+		}
+	}()
+	db, err = store.OpenState(c.state, store.Options{Logger: log})
+	broken := err
+	if err != nil && !store.NeedsRebuild(err) {
+		return err
+	}
+
+	if url == "" {
+		unlock, err := lockEmbeddedStore(c.embeddedStore)
+		if err != nil {
+			return err
+		}
+		defer unlock()
 		ns, err := embedded.Start(embedded.Config{Listen: c.embeddedListen, StoreDir: c.embeddedStore, ConfigFile: c.embeddedConfig, Logger: log})
+		if errors.Is(err, embedded.ErrListen) {
+			return fmt.Errorf("%w: another process listens there; if it is a NATS server, use it with --nats nats://%s, else give --embedded-listen another address", err, c.embeddedListen)
+		}
 		if err != nil {
 			return err
 		}
@@ -129,22 +178,14 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 	if err != nil {
 		return fmt.Errorf("jetstream: %w", err)
 	}
-
-	db, err := store.OpenState(c.state, store.Options{Logger: log})
-	if store.NeedsRebuild(err) {
+	if broken != nil {
 		// Nothing this binary can answer from: start over, and answer (synced false) while the
 		// projection refills from the streams, as on a first start.
-		log.Warn("the state dir cannot be used; rebuilding it from the streams", "state", c.state, "reason", err)
-		db, err = store.ResetState(c.state, store.Options{Logger: log})
-	}
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if err := db.Close(); err != nil {
-			log.Error("close state", "err", err)
+		log.Warn("the state dir cannot be used; rebuilding it from the streams", "state", c.state, "reason", broken)
+		if db, err = store.ResetState(c.state, store.Options{Logger: log}); err != nil {
+			return err
 		}
-	}()
+	}
 	log.Info("mesh-provisioner starting", "version", Version, "nats", redact(url), "embedded", c.nats.url == "",
 		"creds", c.nats.creds, "user", c.nats.user, "state", c.state, "schema", store.SchemaVersion,
 		"write_registry", !c.noRegistry, "registry_interval", c.registryInterval, "registry_replicas", c.registryReplicas, "demo", c.demo,
@@ -187,6 +228,10 @@ func runSeat(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, db *sto
 	defer st.Stop()
 	cfg.ops.setSeat(st)
 	defer cfg.ops.setSeat(nil)
+	// The verb's subscription is sent on the connection's buffer: once the server has it, a request
+	// sent on any connection reaches the seat ("answering" means so; a query sent at once found no
+	// responders now and then). A connection that is down sends it when it reconnects.
+	_ = nc.FlushTimeout(5 * time.Second)
 	log.Info("answering", "subject", query.Subject, "service", query.ServiceName)
 	if cfg.demo {
 		fmt.Fprintf(cfg.stdout, "\nmesh-provisioner is serving the demo mesh on %s. Try, in another terminal:\n"+
@@ -234,22 +279,21 @@ type seatConfig struct {
 	streams          *streaminfo.Poller // the stream info listing the seat runs and the metrics read
 }
 
-// loadDemo loads the demo mesh when the provisioner's buckets are empty or missing, with a progress
-// bar when stderr is a terminal; with plans, the plans' scenario of the golden tests too
-// (fixtures.Plans).
+// loadDemo loads the demo mesh into an empty embedded server, with a progress bar when stderr is a
+// terminal; with plans, the plans' scenario of the golden tests too (fixtures.Plans). A server whose
+// streams hold messages (the registry's aside, which the seat writes) is served as it is: the demo
+// loaded by an earlier start, or data of its own, which synthetic keys must not be mixed into.
 func loadDemo(ctx context.Context, js jetstream.JetStream, log *slog.Logger, stderr io.Writer, plans bool) error {
-	for _, b := range []string{provisioner.BucketNeeds, provisioner.BucketApplied, provisioner.BucketCollect} {
-		s, err := js.Stream(ctx, provisioner.StreamName(b))
-		if errors.Is(err, jetstream.ErrStreamNotFound) {
-			continue
-		}
-		if err != nil {
-			return fmt.Errorf("demo: %w", err)
-		}
-		if s.CachedInfo().State.Msgs > 0 {
-			log.Info("demo: buckets already hold data; not loading again")
+	streams := js.ListStreams(ctx)
+	for info := range streams.Info() {
+		if info.Config.Name != provisioner.StreamName(provisioner.BucketRegistry) && info.State.Msgs > 0 {
+			log.Info("demo: the embedded server already holds data; serving it as it is, not loading the demo mesh",
+				"stream", info.Config.Name, "messages", info.State.Msgs)
 			return nil
 		}
+	}
+	if err := streams.Err(); err != nil {
+		return fmt.Errorf("demo: %w", err)
 	}
 	start := time.Now()
 	ops := fixtures.Demo().Ops()
@@ -264,6 +308,27 @@ func loadDemo(ctx context.Context, js jetstream.JetStream, log *slog.Logger, std
 	bar.Done()
 	log.Info("demo mesh loaded", "ops", len(ops), "took", time.Since(start).Round(time.Millisecond))
 	return nil
+}
+
+// lockEmbeddedStore takes the embedded server's store dir for this process until unlock, without
+// waiting: nats-server locks nothing there, and a second serve given the same --embedded-store (with
+// another --state) would run a second server on the first one's streams.
+func lockEmbeddedStore(dir string) (unlock func(), err error) {
+	if err := os.MkdirAll(dir, 0o750); err != nil { // as nats-server makes it
+		return nil, fmt.Errorf("create --embedded-store: %w", err)
+	}
+	f, err := os.Open(dir)
+	if err != nil {
+		return nil, fmt.Errorf("open --embedded-store: %w", err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return nil, fmt.Errorf("--embedded-store %s is in use by another embedded server (another mesh-provisioner serve): stop it, or give this one another --embedded-store", dir)
+		}
+		return nil, fmt.Errorf("lock --embedded-store: %w", err)
+	}
+	return func() { f.Close() }, nil // closing the descriptor releases the flock
 }
 
 // inside reports whether path is dir or below it, as written or once symbolic links are followed (a

@@ -3,6 +3,7 @@
 package embedded
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -11,6 +12,9 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 )
+
+// ErrListen says the embedded server cannot listen where it was asked to (the port is taken).
+var ErrListen = errors.New("embedded nats-server cannot listen")
 
 // Config of an embedded server.
 type Config struct {
@@ -38,6 +42,15 @@ func Start(cfg Config) (*server.Server, error) {
 	host, port, err := splitListen(cfg.Listen)
 	if err != nil {
 		return nil, err
+	}
+	if port > 0 {
+		// nats-server logs a taken port and never becomes ready: said at once rather than after the
+		// 10 s wait below.
+		l, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(port)))
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrListen, err)
+		}
+		l.Close()
 	}
 	opts.Host, opts.Port = host, port
 	opts.JetStream = true

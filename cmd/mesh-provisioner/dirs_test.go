@@ -1,0 +1,204 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/require"
+
+	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/internal/natstest"
+)
+
+// serveOnce runs serve with args until it returns, with a context already ended: a serve that wrongly
+// starts stops at once, and the test fails on its exit code rather than waiting for it.
+func serveOnce(t *testing.T, args ...string) (int, string) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	var out, errb bytes.Buffer
+	err := NewMain(&out, &errb).Run(ctx, append([]string{"serve", "--embedded-listen", "127.0.0.1:-1"}, args...))
+	return exitCode(err, &errb), errb.String()
+}
+
+// TestServe_StateNeverInsideEmbeddedStore: --state inside --embedded-store is refused as the converse
+// is (exit 2), before anything starts. At <store>/jetstream the state dir was where the embedded server
+// keeps its streams: deleting the state dir, which loses nothing a rebuild cannot bring back, deleted
+// the streams a rebuild reads.
+func TestServe_StateNeverInsideEmbeddedStore(t *testing.T) {
+	t.Setenv("NATS_URL", "")
+	dir := t.TempDir()
+	nats := filepath.Join(dir, "nats")
+	for _, state := range []string{filepath.Join(nats, "jetstream"), filepath.Join(nats, "state"), nats + "/./state"} {
+		code, stderr := serveOnce(t, "--state", state, "--embedded-store", nats)
+		require.Equal(t, exitUsage, code, "--state %s: %s", state, stderr)
+		require.Contains(t, stderr, "is inside --embedded-store", state)
+		require.NoDirExists(t, nats, "--state %s: nothing started, nothing written", state)
+	}
+	// Side by side, as the defaults are: served.
+	code, stderr := serveOnce(t, "--state", filepath.Join(dir, "state"), "--embedded-store", nats)
+	require.Equal(t, exitOK, code, stderr)
+}
+
+// TestServe_StateThatIsNotAStateDir: serve refuses a --state that is a file, or a directory of other
+// files without a state dir (the parent of the seat's, most likely), as rebuild does: it wrote a new
+// state dir among them, rebuilt it from the streams, and answered from it, beside the real one. replay
+// and export say what a file given as --state is too.
+func TestServe_StateThatIsNotAStateDir(t *testing.T) {
+	t.Setenv("NATS_URL", "")
+	dir := t.TempDir()
+	parent := filepath.Join(dir, "lib")
+	state := filepath.Join(parent, "state")
+	code, stderr := serveOnce(t, "--state", state, "--embedded-store", filepath.Join(dir, "nats"))
+	require.Equal(t, exitOK, code, stderr)
+	require.NoError(t, os.WriteFile(filepath.Join(parent, "notes.txt"), []byte("mine\n"), 0o644))
+	file := filepath.Join(dir, "file")
+	require.NoError(t, os.WriteFile(file, []byte("x\n"), 0o644))
+
+	store := filepath.Join(dir, "nats2")
+	code, stderr = serveOnce(t, "--state", parent, "--embedded-store", store)
+	require.Equal(t, exitUsage, code, stderr)
+	require.Contains(t, stderr, "did you mean --state "+state)
+	entries, err := os.ReadDir(parent)
+	require.NoError(t, err)
+	require.Len(t, entries, 2, "nothing written beside the state dir")
+	require.NoDirExists(t, store, "no embedded server started")
+
+	code, stderr = serveOnce(t, "--state", file, "--embedded-store", store)
+	require.Equal(t, exitUsage, code, stderr)
+	require.Contains(t, stderr, file+" is a file, not a directory")
+	for _, args := range [][]string{
+		{"rebuild", "--nats", "nats://127.0.0.1:1", "--state", file},
+		{"replay", "state", "needs", "--at", "seq:1", "--state", file},
+		{"export", "--state", file, "--out", filepath.Join(dir, "x.mph")},
+	} {
+		code, _, stderr := run(t, args...)
+		require.NotEqual(t, exitOK, code, "%v", args)
+		require.Contains(t, stderr, file+" is a file, not a directory", "%v", args)
+	}
+}
+
+// TestServe_SecondServeNeverSharesTheEmbeddedStore: a second serve started by mistake beside a running
+// one (another --embedded-listen, the same dirs; or another --state and the same --embedded-store)
+// stops before it starts an embedded server: nats-server locks nothing in its store, and two servers
+// on one store write the same streams' files. The first one answers on.
+func TestServe_SecondServeNeverSharesTheEmbeddedStore(t *testing.T) {
+	t.Setenv("NATS_URL", "")
+	dir := t.TempDir()
+	first, err := startServe(dir)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, first.stop()) }()
+	nats := filepath.Join(dir, "nats")
+
+	for name, c := range map[string]struct{ state, says string }{
+		"same state dir":    {filepath.Join(dir, "state"), "in use by another process"},
+		"another state dir": {filepath.Join(t.TempDir(), "state"), "--embedded-store " + nats + " is in use by another embedded server"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			var errb syncBuffer
+			started := make(chan struct{})
+			cmd := &ServeCommand{Stdout: &syncBuffer{}, Stderr: &errb, started: func(string, string) { close(started) }}
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			done := make(chan error, 1)
+			go func() {
+				done <- cmd.Run(ctx, []string{"--state", c.state, "--embedded-store", nats, "--embedded-listen", "127.0.0.1:-1"})
+			}()
+			select {
+			case err := <-done:
+				require.Error(t, err)
+				require.Contains(t, err.Error(), c.says)
+			case <-started:
+				cancel()
+				<-done
+				t.Fatalf("a second serve ran on the first one's embedded store:\n%s", errb.String())
+			case <-time.After(30 * time.Second):
+				t.Fatal("the second serve neither stopped nor answered")
+			}
+			require.NotContains(t, errb.String(), "embedded NATS server started")
+		})
+	}
+
+	t.Setenv("NATS_URL", first.natsURL)
+	code, out, stderr := run(t, "query", "registry")
+	require.Equal(t, exitOK, code, stderr)
+	require.Contains(t, out, fmt.Sprintf("%d rows", len(provisioner.Registry.Entries)))
+}
+
+// TestServe_EmbeddedListenTaken: a taken --embedded-listen is said at once, with what to do; it was
+// found out after 10 s as "did not start within 10s (is the port taken?)".
+func TestServe_EmbeddedListenTaken(t *testing.T) {
+	t.Setenv("NATS_URL", "")
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer l.Close()
+	dir := t.TempDir()
+	var out, errb bytes.Buffer
+	err = NewMain(&out, &errb).Run(context.Background(), []string{"serve", "--state", filepath.Join(dir, "state"),
+		"--embedded-store", filepath.Join(dir, "nats"), "--embedded-listen", l.Addr().String()})
+	require.Equal(t, exitFailure, exitCode(err, &errb), errb.String())
+	require.Contains(t, errb.String(), "address already in use")
+	require.Contains(t, errb.String(), "--nats nats://"+l.Addr().String())
+}
+
+// TestServe_BrokenStateDirWaitsForNATS: the state dir is opened before the embedded server starts
+// (above), but one this binary cannot read is started over only once NATS is reached: a serve that
+// cannot reach it leaves the state dir as it was, for replay, export or another try.
+func TestServe_BrokenStateDirWaitsForNATS(t *testing.T) {
+	state := filepath.Join(t.TempDir(), "state")
+	code, stderr := serveOnce(t, "--state", state, "--embedded-store", filepath.Join(t.TempDir(), "nats"))
+	require.Equal(t, exitOK, code, stderr)
+	current := filepath.Join(state, "CURRENT")
+	require.NoError(t, os.WriteFile(current, []byte("garbage\n"), 0o644))
+	code, stderr = serveOnce(t, "--state", state, "--nats", "nats://127.0.0.1:1")
+	require.Equal(t, exitFailure, code, stderr)
+	require.Contains(t, stderr, "connect to NATS")
+	b, err := os.ReadFile(current)
+	require.NoError(t, err)
+	require.Equal(t, "garbage\n", string(b), "the state dir is as it was")
+}
+
+// TestServe_DemoOnlyIntoAnEmptyEmbeddedServer: --demo loads the synthetic mesh into an empty embedded
+// server only. A store holding data of its own (here a node's composition, and nothing in the
+// provisioner's buckets, which was all the demo looked at) is served as it is, with no synthetic key
+// mixed into it, as a store holding the demo from an earlier start is.
+func TestServe_DemoOnlyIntoAnEmptyEmbeddedServer(t *testing.T) {
+	t.Setenv("NATS_URL", "")
+	dir := t.TempDir()
+	ns := natstest.RunServerAt(t, "127.0.0.1:-1", filepath.Join(dir, "nats"), "")
+	_, js := natstest.Connect(t, ns.ClientURL())
+	ctx := context.Background()
+	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: provisioner.ComposedPrefix + "real-1"})
+	require.NoError(t, err)
+	_, err = kv.Put(ctx, "mod-a.7", []byte{0x80})
+	require.NoError(t, err)
+	ns.Shutdown()
+	ns.WaitForShutdown()
+
+	s, err := startServe(dir, "--demo")
+	require.NoError(t, err)
+	defer func() { require.NoError(t, s.stop()) }()
+	require.Contains(t, s.stderr.String(), "already holds data")
+	_, js = natstest.Connect(t, s.natsURL)
+	for _, b := range []string{provisioner.BucketNeeds, provisioner.BucketApplied, provisioner.BucketCollect, provisioner.BucketHostModules} {
+		_, err := js.Stream(ctx, provisioner.StreamName(b))
+		require.ErrorIs(t, err, jetstream.ErrStreamNotFound, "%s: no demo data in a server of its own", b)
+	}
+}
+
+// TestServe_EmbeddedFlagsWithNATSAreSaidIgnored: with --nats, or NATS_URL from an env file, the
+// embedded server's flags do nothing; serve says so rather than serve the mesh's NATS silently to an
+// operator who asked for an embedded server.
+func TestServe_EmbeddedFlagsWithNATSAreSaidIgnored(t *testing.T) {
+	t.Setenv("NATS_URL", "nats://127.0.0.1:1")
+	_, stderr := serveOnce(t, "--state", filepath.Join(t.TempDir(), "state"), "--embedded-store", filepath.Join(t.TempDir(), "nats"))
+	require.Contains(t, stderr, "its flags are ignored")
+	require.Contains(t, stderr, "--embedded-listen --embedded-store")
+}

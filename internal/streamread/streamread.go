@@ -1,0 +1,113 @@
+// Package streamread reads a JetStream stream in order through a consumer its caller creates, under
+// the caller's context: what nats.go's ordered consumer does, without the requests it makes where no
+// context reaches them.
+//
+// nats.go's ordered consumer recreates a lost consumer inside Next (and before every Fetch), with a
+// 10 s request on a context of its own, retried without end, under the lock its Stop takes: a create
+// that goes unanswered (a cluster without quorum, a JetStream API denied or slow) holds a Stop, or a
+// cancelled read, for 10 s and more. Here the caller creates the consumer (Create) under its context,
+// reads it with Reader.Next under its context, and when the consumer is lost (no heartbeat, deleted)
+// or delivers out of order, Next says so and the caller creates a new one from the last sequence it
+// read. Every request is the caller's, so a cancelled context ends the read at once.
+//
+// The projector tails the buckets this way; replay's export reads a stream once this way.
+package streamread
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Config is the consumer a stream is read with, from its first message when after is 0, else from
+// the message after sequence after. It is what nats.go's ordered consumer creates: no acks, one
+// replica in memory, removed by the server after five minutes without a pull (so one its reader left
+// behind, its server gone, goes by itself).
+func Config(after uint64) jetstream.ConsumerConfig {
+	cfg := jetstream.ConsumerConfig{
+		DeliverPolicy:     jetstream.DeliverAllPolicy,
+		AckPolicy:         jetstream.AckNonePolicy,
+		InactiveThreshold: 5 * time.Minute,
+		Replicas:          1,
+		MemoryStorage:     true,
+	}
+	if after > 0 {
+		cfg.DeliverPolicy = jetstream.DeliverByStartSequencePolicy
+		cfg.OptStartSeq = after + 1
+	}
+	return cfg
+}
+
+// Create creates the consumer (Config) on s under ctx.
+func Create(ctx context.Context, s jetstream.Stream, after uint64) (jetstream.Consumer, error) {
+	cons, err := s.CreateConsumer(ctx, Config(after))
+	if err != nil {
+		return nil, fmt.Errorf("create consumer: %w", err)
+	}
+	return cons, nil
+}
+
+// Heartbeat is how often the server says a pull is still alive when no message flows. A consumer
+// whose server died (a cluster node lost, the connection moved, a restart) is found out after two
+// missed heartbeats; nats.go's default is half the pull's 30 s expiry, which left a reader reading
+// nothing for up to 30 s after a failover. One small message a second per consumer while idle is the
+// price.
+const Heartbeat = time.Second
+
+// ErrOutOfOrder says the consumer delivered a message other than the next one: one was lost on the
+// way (the client dropped it as a slow consumer). The reader creates a new consumer from the last
+// message it read.
+var ErrOutOfOrder = errors.New("streamread: consumer delivered out of order")
+
+// Reader reads one consumer's messages in the order the consumer delivered them, and checks that
+// order: a message missed on the way is ErrOutOfOrder, never a silent hole.
+type Reader struct {
+	it        jetstream.MessagesContext
+	delivered uint64 // the consumer's sequence of the last message read
+}
+
+// Read starts pulling cons, at most pull messages at once (0: nats.go's default), with Heartbeat.
+func Read(cons jetstream.Consumer, pull int) (*Reader, error) {
+	opts := []jetstream.PullMessagesOpt{jetstream.PullHeartbeat(Heartbeat)}
+	if pull > 0 {
+		opts = append(opts, jetstream.PullMaxMessages(pull))
+	}
+	it, err := cons.Messages(opts...)
+	if err != nil {
+		return nil, fmt.Errorf("consume: %w", err)
+	}
+	return &Reader{it: it}, nil
+}
+
+// Next returns the next message and its metadata, waiting until one comes or ctx ends (ctx.Err()). A
+// consumer that was lost (two heartbeats missed, deleted) is an error, as is a message out of order
+// (ErrOutOfOrder); either way the Reader is done with, and a new consumer is read from the last
+// message read. After ctx ends the Reader still reads.
+func (r *Reader) Next(ctx context.Context) (jetstream.Msg, *jetstream.MsgMetadata, error) {
+	msg, err := r.it.Next(jetstream.NextContext(ctx))
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, nil, ctx.Err()
+		}
+		return nil, nil, fmt.Errorf("read: %w", err)
+	}
+	md, err := msg.Metadata()
+	if err != nil {
+		return nil, nil, fmt.Errorf("message metadata: %w", err)
+	}
+	if md.Sequence.Consumer != r.delivered+1 {
+		return nil, nil, fmt.Errorf("%w: message %d of the consumer after %d (stream sequence %d)", ErrOutOfOrder, md.Sequence.Consumer, r.delivered, md.Sequence.Stream)
+	}
+	r.delivered = md.Sequence.Consumer
+	return msg, md, nil
+}
+
+// Delivered is the consumer's sequence of the last message Next returned: how many it returned.
+func (r *Reader) Delivered() uint64 { return r.delivered }
+
+// Stop ends the pulls at once; it takes no lock, so a Next waiting on another goroutine does not hold
+// it up.
+func (r *Reader) Stop() { r.it.Stop() }
