@@ -228,10 +228,8 @@ func runSeat(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, db *sto
 	defer st.Stop()
 	cfg.ops.setSeat(st)
 	defer cfg.ops.setSeat(nil)
-	// The verb's subscription is sent on the connection's buffer: once the server has it, a request
-	// sent on any connection reaches the seat ("answering" means so; a query sent at once found no
-	// responders now and then). A connection that is down sends it when it reconnects.
-	_ = nc.FlushTimeout(5 * time.Second)
+	// seat.Start returned once the server has the verb's subscription (query.Server.Start flushes): a
+	// request sent on any connection now reaches the seat, as "answering" says.
 	log.Info("answering", "subject", query.Subject, "service", query.ServiceName)
 	if cfg.demo {
 		fmt.Fprintf(cfg.stdout, "\nmesh-provisioner is serving the demo mesh on %s. Try, in another terminal:\n"+
