@@ -225,18 +225,7 @@ func TestExport_CancelWhileAConsumerCreateGoesUnanswered(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("the export did not ask for a new consumer")
 	}
-	cancel()
-	// nats.go's create waits 10 s; half of that is a hang, not a slow stop.
-	var err error
-	natstest.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
-		select {
-		case err = <-done:
-			return nil
-		default:
-			return errors.New("the export still runs after its context was cancelled")
-		}
-	})
-	require.ErrorIs(t, err, context.Canceled)
+	require.ErrorIs(t, endsOnCancel(t, cancel, done, "the export"), context.Canceled)
 	_, serr := os.Stat(out)
 	require.ErrorIs(t, serr, os.ErrNotExist, "no archive of a cancelled export")
 	entries, rerr := os.ReadDir(filepath.Dir(out))
@@ -278,6 +267,13 @@ func TestFromNATS_CancelWhileConsumerCreatesGoUnanswered(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("replay did not ask for a consumer")
 	}
+	require.ErrorIs(t, endsOnCancel(t, cancel, done, "replay"), context.Canceled)
+}
+
+// endsOnCancel cancels a read and returns what it ended with, failing the test when it has not ended
+// within 5 s: nats.go's consumer create waits 10 s, and half of that is a hang, not a slow stop.
+func endsOnCancel(t *testing.T, cancel context.CancelFunc, done <-chan error, what string) error {
+	t.Helper()
 	cancel()
 	var err error
 	natstest.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
@@ -285,10 +281,10 @@ func TestFromNATS_CancelWhileConsumerCreatesGoUnanswered(t *testing.T) {
 		case err = <-done:
 			return nil
 		default:
-			return errors.New("replay still runs after its context was cancelled")
+			return fmt.Errorf("%s still runs after its context was cancelled", what)
 		}
 	})
-	require.ErrorIs(t, err, context.Canceled)
+	return err
 }
 
 // replay --nats (and rebuild) read until every stream is caught up; a stream that cannot be read (here
