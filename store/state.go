@@ -59,8 +59,9 @@ var ErrNotStateDir = errors.New("store: not a state dir")
 
 // CheckStateDir refuses a file, and a directory that holds other files and no state dir (no CURRENT,
 // LOCK or generation), before anything is written in it: a rebuild or a serve there fills a second
-// state dir beside the seat's. A state dir that does not exist yet, an empty one, and one holding only lost+found (the root
-// of a volume of its own) are fine. When a subdirectory is a state dir, the error names it.
+// state dir beside the seat's. A state dir that does not exist yet, an empty one, and one holding only
+// lost+found (the root of a volume of its own) are fine. When a subdirectory is a state dir, the error
+// names it.
 func CheckStateDir(path string) error {
 	if fi, err := os.Stat(path); err == nil && !fi.IsDir() {
 		return fmt.Errorf("%w: %s is a file, not a directory: give the state dir", ErrNotStateDir, path)
