@@ -56,15 +56,19 @@ func (p *Projector) listingRuns() bool {
 
 // park waits until the parked bucket's stream changes, a request wakes it, or the listing stops
 // working; it reports false when ctx ends. The stream is asked for its info once first: what the
-// bucket waits to change, and the bucket tails again at once if it changed already.
+// bucket waits to change. The bucket tails again at once when the info has something to read past
+// the checkpoint, or fails the checks a tail starts with (verify.go): a purge or a recreation after
+// the bucket's last check changes no listing once the bucket has parked on it.
 func (p *Projector) park(ctx context.Context, bucket string, log *slog.Logger) bool {
 	at := time.Now()
 	ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	info, err := p.streams.Read(ictx, provisioner.StreamName(bucket))
 	cancel()
-	if err != nil || (info.State.Msgs > 0 && info.State.LastSeq > p.db.Checkpoint(bucket).Applied) {
+	if err != nil || (info.State.Msgs > 0 && info.State.LastSeq > p.db.Checkpoint(bucket).Applied) ||
+		p.check(info, bucket, &verifier{}) != nil {
 		// Tail again: it finds out what failed, or reads what came since its consumer had nothing
-		// pending. (A stream emptied by a purge has nothing to read past a checkpoint behind it.)
+		// pending, or finds what check found (and forgets the bucket to read it again). A stream
+		// emptied by a purge has nothing to read past a checkpoint behind it: check finds the purge.
 		return ctx.Err() == nil
 	}
 	pk := &parkedBucket{wake: make(chan struct{}, 1), at: at, created: info.Created.UnixNano(),

@@ -164,3 +164,51 @@ func TestProjector_ParkedBucketWokenOrListingStopped(t *testing.T) {
 	require.NoError(t, err)
 	waitApplied(t, db, b0, 3)
 }
+
+// parking runs a projector of the composed-<node> buckets only, into a store of its own, with the
+// stream listing of a Poller it shares (every 100 ms, as a seat's) and parking after parkAfter.
+func parking(t *testing.T, url string, parkAfter, verify time.Duration) (*projector.Projector, *store.DB) {
+	t.Helper()
+	db, err := store.Open(t.TempDir(), store.Options{})
+	require.NoError(t, err)
+	_, pjs := natstest.Connect(t, url)
+	poller := streaminfo.New(pjs)
+	natstest.RunPoller(t, poller, 100*time.Millisecond)
+	p := projector.New(pjs, db, projector.Options{Buckets: []string{}, Composed: true, Poll: 20 * time.Millisecond,
+		Verify: verify, DiscoverEvery: time.Hour, ParkAfter: parkAfter, Streams: poller})
+	p.Start(context.Background())
+	t.Cleanup(func() {
+		p.Stop()
+		db.Close()
+	})
+	return p, db
+}
+
+// TestProjector_PurgedJustBeforeParking: a stream purged after the bucket's last check and before it
+// parks sends no message, and its listing changes no more once the bucket has parked on it: the
+// purge must be found as the bucket parks, not when the node next writes. The stream checks are an
+// hour apart here, so the purge always comes after the last one.
+func TestProjector_PurgedJustBeforeParking(t *testing.T) {
+	ns := natstest.RunServer(t)
+	_, js := natstest.Connect(t, ns.ClientURL())
+	ctx := context.Background()
+	composedBuckets(t, js, 1)
+	const b = "composed-n0000"
+	p, db := parking(t, ns.ClientURL(), time.Second, time.Hour)
+	waitApplied(t, db, b, 1)
+	s, err := js.Stream(ctx, "KV_"+b)
+	require.NoError(t, err)
+	require.NoError(t, s.Purge(ctx))
+	natstest.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error {
+		v, err := db.View()
+		if err != nil {
+			return err
+		}
+		defer v.Close()
+		if _, found, err := v.ForgottenAt(b); err != nil || !found {
+			return fmt.Errorf("the purge of %s was not found (parked %v, %v)", b, p.Parked(b), err)
+		}
+		return nil
+	})
+	waitParked(t, p, js, b)
+}
