@@ -36,8 +36,10 @@ var errParked = errors.New("projector: idle, parked")
 
 // parkedBucket is what a parked bucket's stream looked like when it parked.
 type parkedBucket struct {
-	wake        chan struct{} // capacity 1
-	at          time.Time     // when the info below was asked for: a listing after it is newer
+	wake chan struct{} // capacity 1
+	at   time.Time     // when the info below was asked for: a listing after it is newer
+	// The info, once read (read): until then only a Wake, or a listing that stops, wakes the bucket.
+	read        bool
 	created     int64
 	first, last uint64
 }
@@ -55,24 +57,14 @@ func (p *Projector) listingRuns() bool {
 }
 
 // park waits until the parked bucket's stream changes, a request wakes it, or the listing stops
-// working; it reports false when ctx ends. The stream is asked for its info once first: what the
-// bucket waits to change. The bucket tails again at once when the info has something to read past
-// the checkpoint, or fails the checks a tail starts with (verify.go): a purge or a recreation after
-// the bucket's last check changes no listing once the bucket has parked on it.
+// working; it reports false when ctx ends. The bucket is registered first, so that a Wake from then
+// on is kept: a request that waits for a message written after the info below was read still finds
+// the bucket reading. Then the stream is asked for its info once: what the bucket waits to change.
+// The bucket tails again at once when the info has something to read past the checkpoint, or fails
+// the checks a tail starts with (verify.go): a purge or a recreation after the bucket's last check
+// changes no listing once the bucket has parked on it.
 func (p *Projector) park(ctx context.Context, bucket string, log *slog.Logger) bool {
-	at := time.Now()
-	ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	info, err := p.streams.Read(ictx, provisioner.StreamName(bucket))
-	cancel()
-	if err != nil || (info.State.Msgs > 0 && info.State.LastSeq > p.db.Checkpoint(bucket).Applied) ||
-		p.check(info, bucket, &verifier{}) != nil {
-		// Tail again: it finds out what failed, or reads what came since its consumer had nothing
-		// pending, or finds what check found (and forgets the bucket to read it again). A stream
-		// emptied by a purge has nothing to read past a checkpoint behind it: check finds the purge.
-		return ctx.Err() == nil
-	}
-	pk := &parkedBucket{wake: make(chan struct{}, 1), at: at, created: info.Created.UnixNano(),
-		first: info.State.FirstSeq, last: info.State.LastSeq}
+	pk := &parkedBucket{wake: make(chan struct{}, 1), at: time.Now()}
 	p.parkMu.Lock()
 	p.parked[bucket] = pk
 	p.parkMu.Unlock()
@@ -81,6 +73,22 @@ func (p *Projector) park(ctx context.Context, bucket string, log *slog.Logger) b
 		delete(p.parked, bucket)
 		p.parkMu.Unlock()
 	}()
+	ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	info, err := p.streams.Read(ictx, provisioner.StreamName(bucket))
+	cancel()
+	if p.afterParkRead != nil {
+		p.afterParkRead(bucket)
+	}
+	if err != nil || (info.State.Msgs > 0 && info.State.LastSeq > p.db.Checkpoint(bucket).Applied) ||
+		p.check(info, bucket, &verifier{}) != nil {
+		// Tail again: it finds out what failed, or reads what came since its consumer had nothing
+		// pending, or finds what check found (and forgets the bucket to read it again). A stream
+		// emptied by a purge has nothing to read past a checkpoint behind it: check finds the purge.
+		return ctx.Err() == nil
+	}
+	p.parkMu.Lock()
+	pk.created, pk.first, pk.last, pk.read = info.Created.UnixNano(), info.State.FirstSeq, info.State.LastSeq, true
+	p.parkMu.Unlock()
 	log.Debug("idle: consumer given up until the stream changes", "applied_seq", pk.last)
 	select {
 	case <-ctx.Done():
@@ -142,7 +150,7 @@ func (p *Projector) watchParked(ctx context.Context) {
 		seen = listed
 		p.parkMu.Lock()
 		for bucket, pk := range p.parked {
-			if !runs || p.streamChanged(bucket, pk, listed) {
+			if !runs || (pk.read && p.streamChanged(bucket, pk, listed)) {
 				wake(pk)
 			}
 		}

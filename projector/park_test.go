@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -210,5 +211,47 @@ func TestProjector_PurgedJustBeforeParking(t *testing.T) {
 		}
 		return nil
 	})
+	waitParked(t, p, js, b)
+}
+
+// TestProjector_WakeWhileParking: a node engine publishes a composition and asks for it with min_seq
+// while its idle bucket is parking, after the park read its stream's info and before it waits: the
+// Wake must not be lost. The listing runs once an hour here, so only the Wake can make the bucket read.
+func TestProjector_WakeWhileParking(t *testing.T) {
+	ns := natstest.RunServer(t)
+	_, js := natstest.Connect(t, ns.ClientURL())
+	ctx := context.Background()
+	composedBuckets(t, js, 1)
+	const b = "composed-n0000"
+	kv, err := js.KeyValue(ctx, b)
+	require.NoError(t, err)
+	db, err := store.Open(t.TempDir(), store.Options{})
+	require.NoError(t, err)
+	_, pjs := natstest.Connect(t, ns.ClientURL())
+	poller := streaminfo.New(pjs)
+	natstest.RunPoller(t, poller, time.Hour)
+	p := projector.New(pjs, db, projector.Options{Buckets: []string{}, Composed: true, Poll: 20 * time.Millisecond,
+		Verify: time.Hour, DiscoverEvery: time.Hour, ParkAfter: 200 * time.Millisecond, Streams: poller})
+	var once sync.Once
+	published := make(chan error, 1)
+	projector.SetAfterParkRead(p, func(bucket string) {
+		once.Do(func() {
+			_, err := kv.Put(ctx, "web.2", []byte{0x80})
+			published <- err
+			p.Wake(bucket)
+		})
+	})
+	p.Start(ctx)
+	t.Cleanup(func() {
+		p.Stop()
+		db.Close()
+	})
+	select {
+	case err := <-published:
+		require.NoError(t, err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("the bucket never parked")
+	}
+	waitApplied(t, db, b, 2)
 	waitParked(t, p, js, b)
 }

@@ -118,7 +118,8 @@ type Projector struct {
 	parkMu sync.Mutex
 	parked map[string]*parkedBucket // idle composed-<node> buckets without a consumer (park.go)
 
-	afterForget func(bucket string) // tests: called as a forgotten bucket's forgetting has committed
+	afterForget   func(bucket string) // tests: called as a forgotten bucket's forgetting has committed
+	afterParkRead func(bucket string) // tests: called as a parking bucket has read its stream's info
 }
 
 // New returns a Projector; Start runs it.
