@@ -168,13 +168,20 @@ func TestProjector_ParkedBucketWokenOrListingStopped(t *testing.T) {
 
 // parking runs a projector of the composed-<node> buckets only, into a store of its own, with the
 // stream listing of a Poller it shares (every 100 ms, as a seat's) and parking after parkAfter.
+// The projector and the listing stop as the test ends.
 func parking(t *testing.T, url string, parkAfter, verify time.Duration) (*projector.Projector, *store.DB) {
+	t.Helper()
+	return parkingEvery(t, url, parkAfter, verify, 100*time.Millisecond)
+}
+
+// parkingEvery is parking with the listing every `every`.
+func parkingEvery(t *testing.T, url string, parkAfter, verify, every time.Duration) (*projector.Projector, *store.DB) {
 	t.Helper()
 	db, err := store.Open(t.TempDir(), store.Options{})
 	require.NoError(t, err)
 	_, pjs := natstest.Connect(t, url)
 	poller := streaminfo.New(pjs)
-	natstest.RunPoller(t, poller, 100*time.Millisecond)
+	natstest.RunPoller(t, poller, every)
 	p := projector.New(pjs, db, projector.Options{Buckets: []string{}, Composed: true, Poll: 20 * time.Millisecond,
 		Verify: verify, DiscoverEvery: time.Hour, ParkAfter: parkAfter, Streams: poller})
 	p.Start(context.Background())
