@@ -44,6 +44,12 @@ type parkedBucket struct {
 	first, last uint64
 }
 
+// streamEnd is a stream's last sequence, and which stream (its creation time) it is the last of.
+type streamEnd struct {
+	last    uint64
+	created int64
+}
+
 // mayPark reports whether an idle bucket may give its consumer up now: a composed-<node> bucket of a
 // Projector with Options.Composed (which runs watchParked), with parking on and a listing that runs.
 func (p *Projector) mayPark(bucket string) bool {
@@ -60,10 +66,14 @@ func (p *Projector) listingRuns() bool {
 // working; it reports false when ctx ends. The bucket is registered first, so that a Wake from then
 // on is kept: a request that waits for a message written after the info below was read still finds
 // the bucket reading. Then the stream is asked for its info once: what the bucket waits to change.
-// The bucket tails again at once when the info has something to read past the checkpoint, or fails
-// the checks a tail starts with (verify.go): a purge or a recreation after the bucket's last check
-// changes no listing once the bucket has parked on it.
-func (p *Projector) park(ctx context.Context, bucket string, log *slog.Logger) bool {
+// The bucket tails again at once when the info fails the checks a tail starts with (verify.go): a
+// purge or a recreation after the bucket's last check changes no listing once the bucket has parked
+// on it. It tails again too when the stream ends past the checkpoint, since a message may have come
+// after its consumer had nothing pending; but not twice for the same end (behind, runBucket's): the
+// tail in between, idle for ParkAfter on a consumer created after that end was read, found nothing up
+// to it, so what lies between was removed before it was read (a TTL, and the marker it left, expired
+// while the bucket was parked).
+func (p *Projector) park(ctx context.Context, bucket string, log *slog.Logger, behind *streamEnd) bool {
 	pk := &parkedBucket{wake: make(chan struct{}, 1), at: time.Now()}
 	p.parkMu.Lock()
 	p.parked[bucket] = pk
@@ -79,11 +89,15 @@ func (p *Projector) park(ctx context.Context, bucket string, log *slog.Logger) b
 	if p.afterParkRead != nil {
 		p.afterParkRead(bucket)
 	}
-	if err != nil || (info.State.Msgs > 0 && info.State.LastSeq > p.db.Checkpoint(bucket).Applied) ||
-		p.check(info, bucket, &verifier{}) != nil {
-		// Tail again: it finds out what failed, or reads what came since its consumer had nothing
-		// pending, or finds what check found (and forgets the bucket to read it again). A stream
-		// emptied by a purge has nothing to read past a checkpoint behind it: check finds the purge.
+	if err != nil || p.check(info, bucket, &verifier{}) != nil {
+		// Tail again: it finds out what failed, or finds what check found (and forgets the bucket to
+		// read it again; a stream emptied by a purge has nothing to read past the checkpoint, and
+		// check finds the purge).
+		return ctx.Err() == nil
+	}
+	end := streamEnd{last: info.State.LastSeq, created: info.Created.UnixNano()}
+	if info.State.Msgs > 0 && end.last > p.db.Checkpoint(bucket).Applied && end != *behind {
+		*behind = end
 		return ctx.Err() == nil
 	}
 	p.parkMu.Lock()
@@ -116,18 +130,26 @@ func wake(pk *parkedBucket) {
 	}
 }
 
-// Parked reports whether a bucket is parked: tailed, without a consumer.
+// Parked reports whether a bucket is parked: tailed, without a consumer, waiting for its stream to
+// change (not while it is still asking for its stream's info as it parks).
 func (p *Projector) Parked(bucket string) bool {
 	p.parkMu.Lock()
 	defer p.parkMu.Unlock()
-	return p.parked[bucket] != nil
+	pk := p.parked[bucket]
+	return pk != nil && pk.read
 }
 
 // ParkedCount is how many buckets are parked.
 func (p *Projector) ParkedCount() int {
 	p.parkMu.Lock()
 	defer p.parkMu.Unlock()
-	return len(p.parked)
+	n := 0
+	for _, pk := range p.parked {
+		if pk.read {
+			n++
+		}
+	}
+	return n
 }
 
 // watchParked wakes parked buckets whose streams a new listing reports changed, and every parked bucket

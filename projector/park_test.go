@@ -262,3 +262,63 @@ func TestProjector_WakeWhileParking(t *testing.T) {
 	waitApplied(t, db, b, 2)
 	waitParked(t, p, js, b)
 }
+
+// TestProjector_ParksPastMessagesRemovedUnread: a composition written with a TTL to a parked bucket
+// expires, and so does the marker its expiry left, before the listing wakes the bucket: the stream's
+// last sequence stays past anything the bucket can read. The bucket must park again, not tail and
+// give up in turn for good. The listing runs only when the test lists.
+func TestProjector_ParksPastMessagesRemovedUnread(t *testing.T) {
+	ns := natstest.RunServer(t)
+	nc, js := natstest.Connect(t, ns.ClientURL())
+	ctx := context.Background()
+	const b = "composed-n0000"
+	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: b, History: 1, Storage: jetstream.MemoryStorage,
+		LimitMarkerTTL: time.Second})
+	require.NoError(t, err)
+	_, err = kv.Put(ctx, "web.1", []byte{0x80})
+	require.NoError(t, err)
+	db, err := store.Open(t.TempDir(), store.Options{})
+	require.NoError(t, err)
+	_, pjs := natstest.Connect(t, ns.ClientURL())
+	poller := streaminfo.New(pjs)
+	_, err = poller.List(ctx)
+	require.NoError(t, err)
+	p := projector.New(pjs, db, projector.Options{Buckets: []string{}, Composed: true, Poll: 20 * time.Millisecond,
+		Verify: time.Hour, DiscoverEvery: time.Hour, ParkAfter: 200 * time.Millisecond, Streams: poller})
+	p.Start(ctx)
+	t.Cleanup(func() {
+		p.Stop()
+		db.Close()
+	})
+	waitApplied(t, db, b, 1)
+	waitParked(t, p, js, b)
+
+	_, err = kv.Create(ctx, "web.2", []byte{0x80}, jetstream.KeyTTL(time.Second))
+	require.NoError(t, err)
+	s, err := js.Stream(ctx, "KV_"+b)
+	require.NoError(t, err)
+	natstest.CheckFor(t, 20*time.Second, 50*time.Millisecond, func() error {
+		st := s.CachedInfo().State
+		if _, err := s.Info(ctx); err != nil {
+			return err
+		}
+		if st = s.CachedInfo().State; st.LastSeq != 3 || st.Msgs != 1 {
+			return fmt.Errorf("the composition and its marker not expired yet: last %d, %d messages", st.LastSeq, st.Msgs)
+		}
+		return nil
+	})
+	creates := countRequests(t, nc, "$JS.API.CONSUMER.CREATE.KV_"+b+".>")
+	_, err = poller.List(ctx)
+	require.NoError(t, err)
+	natstest.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error {
+		if creates.Load() == 0 {
+			return fmt.Errorf("not woken yet")
+		}
+		if !p.Parked(b) || consumers(t, js, b) != 0 {
+			return fmt.Errorf("woken (%d consumers created), not parked again", creates.Load())
+		}
+		return nil
+	})
+	seq, _ := db.Applied(b)
+	require.Equal(t, uint64(1), seq, "nothing was left to read")
+}

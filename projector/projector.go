@@ -237,6 +237,7 @@ func (p *Projector) runBucket(ctx context.Context, bucket string) {
 	created, stopWaiting := p.waitCreated(bucket) // stream-created advisories of its stream (awaitStream)
 	defer stopWaiting()
 	failing := false
+	var behind streamEnd // the stream's end past the checkpoint that park last tailed again for (park.go)
 	for ctx.Err() == nil {
 		err := p.tail(ctx, bucket, log, func() {
 			if failing {
@@ -256,7 +257,7 @@ func (p *Projector) runBucket(ctx context.Context, bucket string) {
 			return
 		}
 		if errors.Is(err, errParked) {
-			if !p.park(ctx, bucket, log) {
+			if !p.park(ctx, bucket, log, &behind) {
 				return
 			}
 			continue
