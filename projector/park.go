@@ -3,8 +3,11 @@ package projector
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	provisioner "github.com/novox/mesh-provisioner"
 )
@@ -96,9 +99,18 @@ func (p *Projector) park(ctx context.Context, bucket string, log *slog.Logger, b
 		return ctx.Err() == nil
 	}
 	end := streamEnd{last: info.State.LastSeq, created: info.Created.UnixNano()}
-	if info.State.Msgs > 0 && end.last > p.db.Checkpoint(bucket).Applied && end != *behind {
-		*behind = end
-		return ctx.Err() == nil
+	if applied := p.db.Checkpoint(bucket).Applied; info.State.Msgs > 0 && end.last > applied {
+		if end != *behind {
+			*behind = end
+			return ctx.Err() == nil
+		}
+		reread, err := p.removedUnread(ctx, bucket, info, applied, log)
+		if err != nil {
+			log.Warn("the stream ends past what is left to read, and the projection could not follow it", "err", err)
+		}
+		if err != nil || reread {
+			return ctx.Err() == nil // read again: from the stream's first message, or park again
+		}
 	}
 	p.parkMu.Lock()
 	pk.created, pk.first, pk.last, pk.read = info.Created.UnixNano(), info.State.FirstSeq, info.State.LastSeq, true
@@ -111,6 +123,30 @@ func (p *Projector) park(ctx context.Context, bucket string, log *slog.Logger, b
 		log.Debug("tailing again")
 		return true
 	}
+}
+
+// removedUnread is told that nothing is left to read past applied up to the stream's last sequence
+// (park: a tail since that end was read found nothing): those messages were removed before they were
+// read, a TTL'd composition and the marker it left both expired while the bucket was parked. The
+// store's log is told so (store.DB.TailRemoved: no point among them can be rebuilt), and the check a
+// tail makes once it has applied the stream's last sequence is made here, since it never will: when
+// the stream's first sequence is past a message the projection still rests on, the key went from
+// the bucket unseen, and the bucket is forgotten and read again (forget.go).
+// It reports whether the bucket was forgotten to be read again.
+func (p *Projector) removedUnread(ctx context.Context, bucket string, info *jetstream.StreamInfo, applied uint64, log *slog.Logger) (bool, error) {
+	if err := p.db.TailRemoved(bucket, info.State.LastSeq, info.Created.UnixNano()); err != nil {
+		return false, fmt.Errorf("record the removed end: %w", err)
+	}
+	seq, live, err := p.db.LiveBelow(bucket, 0, min(info.State.FirstSeq, applied+1))
+	if err != nil || !live {
+		return false, err
+	}
+	reason := fmt.Errorf("%w: stream %s starts at sequence %d and has nothing left to read up to its last %d, but the projection still rests on message %d: it was removed unread",
+		ErrCannotResume, info.Config.Name, info.State.FirstSeq, info.State.LastSeq, seq)
+	if err := p.reread(ctx, bucket, reason, log); err != nil {
+		return false, err
+	}
+	return true, nil
 }
 
 // Wake makes a parked bucket tail again now (a request waits for its min_seq). A bucket not parked is

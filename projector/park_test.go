@@ -3,6 +3,7 @@ package projector_test
 import (
 	"context"
 	"fmt"
+	"math"
 	"slices"
 	"sync"
 	"testing"
@@ -266,7 +267,8 @@ func TestProjector_WakeWhileParking(t *testing.T) {
 // TestProjector_ParksPastMessagesRemovedUnread: a composition written with a TTL to a parked bucket
 // expires, and so does the marker its expiry left, before the listing wakes the bucket: the stream's
 // last sequence stays past anything the bucket can read. The bucket must park again, not tail and
-// give up in turn for good. The listing runs only when the test lists.
+// give up in turn for good, and its log must know what it never read. The listing runs only when
+// the test lists.
 func TestProjector_ParksPastMessagesRemovedUnread(t *testing.T) {
 	ns := natstest.RunServer(t)
 	nc, js := natstest.Connect(t, ns.ClientURL())
@@ -321,4 +323,78 @@ func TestProjector_ParksPastMessagesRemovedUnread(t *testing.T) {
 	})
 	seq, _ := db.Applied(b)
 	require.Equal(t, uint64(1), seq, "nothing was left to read")
+	// The log knows the composition and its marker were removed unread: no point among them is
+	// rebuilt as if they had never been.
+	v, err := db.View()
+	require.NoError(t, err)
+	defer v.Close()
+	marks, err := v.HistoryMarks(b)
+	require.NoError(t, err)
+	require.True(t, slices.ContainsFunc(marks.Gaps, func(g store.Gap) bool { return g.Holds(2) && g.Holds(3) }), "gaps %+v", marks.Gaps)
+}
+
+// TestProjector_ParkedKeyExpiredUnread: a composition written with a TTL expires while its bucket is
+// parked, and the marker its expiry left expires too before the listing wakes the bucket, while
+// another key stays: no message the bucket can read says the key went. The stream's first sequence
+// is past the key's message, and nothing is left to read up to its last: the key must go from the
+// projection, as it went from the bucket.
+func TestProjector_ParkedKeyExpiredUnread(t *testing.T) {
+	ns := natstest.RunServer(t)
+	_, js := natstest.Connect(t, ns.ClientURL())
+	ctx := context.Background()
+	const b = "composed-n0000"
+	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: b, History: 1, Storage: jetstream.MemoryStorage,
+		LimitMarkerTTL: time.Second})
+	require.NoError(t, err)
+	db, err := store.Open(t.TempDir(), store.Options{})
+	require.NoError(t, err)
+	_, pjs := natstest.Connect(t, ns.ClientURL())
+	poller := streaminfo.New(pjs)
+	_, err = poller.List(ctx)
+	require.NoError(t, err)
+	p := projector.New(pjs, db, projector.Options{Buckets: []string{}, Composed: true, Poll: 20 * time.Millisecond,
+		Verify: time.Hour, DiscoverEvery: time.Hour, ParkAfter: 200 * time.Millisecond, Streams: poller})
+	p.Start(ctx)
+	t.Cleanup(func() {
+		p.Stop()
+		db.Close()
+	})
+	_, err = kv.Create(ctx, "web.1", []byte{0x80}, jetstream.KeyTTL(2*time.Second))
+	require.NoError(t, err)
+	_, err = kv.Put(ctx, "web.2", []byte{0x80})
+	require.NoError(t, err)
+	waitApplied(t, db, b, 2)
+	waitParked(t, p, js, b)
+	live := func(key string) bool {
+		v, err := db.View()
+		require.NoError(t, err)
+		defer v.Close()
+		_, live, err := v.KeyAt(b, key, math.MaxUint64)
+		require.NoError(t, err)
+		return live
+	}
+	require.True(t, live("web.1"), "read before it expired")
+
+	s, err := js.Stream(ctx, "KV_"+b)
+	require.NoError(t, err)
+	natstest.CheckFor(t, 20*time.Second, 50*time.Millisecond, func() error {
+		info, err := s.Info(ctx)
+		if err != nil {
+			return err
+		}
+		if st := info.State; st.FirstSeq != 2 || st.LastSeq != 3 || st.Msgs != 1 {
+			return fmt.Errorf("web.1 and its marker not expired yet: first %d, last %d, %d messages", st.FirstSeq, st.LastSeq, st.Msgs)
+		}
+		return nil
+	})
+	_, err = poller.List(ctx)
+	require.NoError(t, err)
+	natstest.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error {
+		if live("web.1") {
+			return fmt.Errorf("web.1 expired from the bucket, still held by the projection (parked %v)", p.Parked(b))
+		}
+		return nil
+	})
+	waitParked(t, p, js, b)
+	require.True(t, live("web.2"), "the key that stayed is read again")
 }
