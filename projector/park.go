@@ -59,10 +59,15 @@ func (p *Projector) mayPark(bucket string) bool {
 	return p.opts.Composed && p.opts.ParkAfter > 0 && provisioner.IsComposedBucket(bucket) && p.listingRuns()
 }
 
-// listingRuns reports whether a listing completed within two of its intervals.
+// listingRuns reports whether a listing started within two of its intervals and two of its durations
+// (the newest completed one's) before now, and completed. A listing of thousands of streams can take
+// longer than its interval; the next one then starts as it ends, and the newest completed one started
+// up to an interval and two durations ago. Taken for a listing that stopped, a slow listing woke every
+// parked bucket at each tick and let none park, whose thousands of new consumers slowed the
+// JetStream API, and the listing, further.
 func (p *Projector) listingRuns() bool {
 	listed := p.streams.Listed()
-	return !listed.IsZero() && time.Since(listed) < 2*p.listEvery()
+	return !listed.IsZero() && time.Since(listed) < 2*(p.listEvery()+p.streams.Took())
 }
 
 // park waits until the parked bucket's stream changes, a request wakes it, or the listing stops

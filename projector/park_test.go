@@ -398,3 +398,50 @@ func TestProjector_ParkedKeyExpiredUnread(t *testing.T) {
 	waitParked(t, p, js, b)
 	require.True(t, live("web.2"), "the key that stayed is read again")
 }
+
+// slowListing is a JetStream whose stream listings each start late, as the JetStream API of a large
+// cluster answers a listing of thousands of streams: a listing takes longer than its interval.
+type slowListing struct {
+	jetstream.JetStream
+	delay time.Duration
+}
+
+func (j slowListing) ListStreams(ctx context.Context, opts ...jetstream.StreamListOpt) jetstream.StreamInfoLister {
+	select {
+	case <-time.After(j.delay):
+	case <-ctx.Done():
+	}
+	return j.JetStream.ListStreams(ctx, opts...)
+}
+
+// TestProjector_ParksWithAListingSlowerThanItsInterval: a listing that takes longer than its
+// interval still runs: buckets park, and a write to one is read by the listing. Taken for a listing
+// that stopped, it woke every parked bucket at each tick and let none park.
+func TestProjector_ParksWithAListingSlowerThanItsInterval(t *testing.T) {
+	ns := natstest.RunServer(t)
+	_, js := natstest.Connect(t, ns.ClientURL())
+	ctx := context.Background()
+	composedBuckets(t, js, 2)
+	const b = "composed-n0000"
+	db, err := store.Open(t.TempDir(), store.Options{})
+	require.NoError(t, err)
+	_, pjs := natstest.Connect(t, ns.ClientURL())
+	poller := streaminfo.New(slowListing{JetStream: pjs, delay: 300 * time.Millisecond})
+	natstest.RunPoller(t, poller, 100*time.Millisecond)
+	p := projector.New(pjs, db, projector.Options{Buckets: []string{}, Composed: true, Poll: 20 * time.Millisecond,
+		Verify: time.Hour, DiscoverEvery: time.Hour, ParkAfter: 200 * time.Millisecond, Streams: poller})
+	p.Start(ctx)
+	t.Cleanup(func() {
+		p.Stop()
+		db.Close()
+	})
+	waitApplied(t, db, b, 1)
+	waitParked(t, p, js, b)
+	waitParked(t, p, js, "composed-n0001")
+	kv, err := js.KeyValue(ctx, b)
+	require.NoError(t, err)
+	_, err = kv.Put(ctx, "web.2", []byte{0x80})
+	require.NoError(t, err)
+	waitApplied(t, db, b, 2)
+	waitParked(t, p, js, b)
+}
