@@ -26,9 +26,9 @@ import (
 //     checks (verify.go, forget.go) see what changed: a purge, a recreation, a deletion;
 //   - a plans request waits for the bucket's min_seq (Wake): the client that just published a
 //     composition sees it at once, not at the next listing;
-//   - the listing stops working (no listing completed within two of its intervals): every parked bucket
-//     tails again, and none parks until a listing completes, so a parked bucket never waits on a
-//     listing that does not come.
+//   - the listing stops working (none completed that started within two of its intervals and two of
+//     its durations, listingRuns): every parked bucket tails again, and none parks until a listing
+//     completes, so a parked bucket never waits on a listing that does not come.
 //
 // A parked bucket's answers are as fresh as the listing: a composition written to a parked bucket is
 // applied within one listing interval plus Options.Poll. Its synced flag stays true: the projection
