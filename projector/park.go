@@ -26,8 +26,8 @@ import (
 //     checks (verify.go, forget.go) see what changed: a purge, a recreation, a deletion;
 //   - a plans request waits for the bucket's min_seq (Wake): the client that just published a
 //     composition sees it at once, not at the next listing;
-//   - the listing stops working (none completed that started within two of its intervals and two of
-//     its durations, listingRuns): every parked bucket tails again, and none parks until a listing
+//   - the listing stops working (none completed within two of its intervals and two of its
+//     durations, listingRuns): every parked bucket tails again, and none parks until a listing
 //     completes, so a parked bucket never waits on a listing that does not come.
 //
 // A parked bucket's answers are as fresh as the listing: a composition written to a parked bucket is
@@ -59,15 +59,15 @@ func (p *Projector) mayPark(bucket string) bool {
 	return p.opts.Composed && p.opts.ParkAfter > 0 && provisioner.IsComposedBucket(bucket) && p.listingRuns()
 }
 
-// listingRuns reports whether a listing started within two of its intervals and two of its durations
-// (the newest completed one's) before now, and completed. A listing of thousands of streams can take
-// longer than its interval; the next one then starts as it ends, and the newest completed one started
-// up to an interval and two durations ago. Taken for a listing that stopped, a slow listing woke every
-// parked bucket at each tick and let none park, whose thousands of new consumers slowed the
-// JetStream API, and the listing, further.
+// listingRuns reports whether a listing completed within two of its intervals and two of its
+// durations (the newest completed one's). A listing of thousands of streams can take longer than its
+// interval, and longer than the one before under load; the next one then starts as it ends, and
+// completes up to an interval and its own duration after it. Taken for a listing that stopped, a slow
+// listing woke every parked bucket at each tick and let none park, whose thousands of new consumers
+// slowed the JetStream API, and the listing, further.
 func (p *Projector) listingRuns() bool {
-	listed := p.streams.Listed()
-	return !listed.IsZero() && time.Since(listed) < 2*(p.listEvery()+p.streams.Took())
+	listed, took := p.streams.Listed(), p.streams.Took()
+	return !listed.IsZero() && time.Since(listed.Add(took)) < 2*(p.listEvery()+took)
 }
 
 // park waits until the parked bucket's stream changes, a request wakes it, or the listing stops
