@@ -12,6 +12,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/novox/mesh-provisioner/internal/natstest"
+	"github.com/novox/mesh-provisioner/internal/streaminfo"
+	"github.com/novox/mesh-provisioner/projector"
 	"github.com/novox/mesh-provisioner/store"
 )
 
@@ -161,5 +163,40 @@ func TestProjector_ParkedBucketsListedInPages(t *testing.T) {
 		_, err = kv.Put(ctx, "web.2", []byte{0x80})
 		require.NoError(t, err)
 		waitApplied(t, db, b, 2)
+	}
+}
+
+// TestProjector_NoParkingWithoutListing: a seat user denied $JS.API.STREAM.LIST never gets a listing,
+// so nothing would tell a parked bucket its stream changed: no bucket parks, whether the Projector
+// lists itself or shares a listing, and a write is read at once.
+func TestProjector_NoParkingWithoutListing(t *testing.T) {
+	ns := natstest.RunServerDeniedStreamList(t)
+	_, js := natstest.Connect(t, ns.ClientURL(), nats.UserInfo("admin", "admin"))
+	ctx := context.Background()
+	composedBuckets(t, js, 2)
+	const b = "composed-n0000"
+	kv, err := js.KeyValue(ctx, b)
+	require.NoError(t, err)
+	for i, shared := range []bool{false, true} {
+		_, pjs := natstest.Connect(t, ns.ClientURL(), nats.UserInfo("seat", "seat"))
+		o := projector.Options{Buckets: []string{}, Composed: true, Poll: 20 * time.Millisecond, Verify: 100 * time.Millisecond,
+			ParkAfter: 100 * time.Millisecond}
+		if shared {
+			poller := streaminfo.New(pjs)
+			natstest.RunPoller(t, poller, 100*time.Millisecond)
+			o.Streams = poller
+		}
+		db, err := store.Open(t.TempDir(), store.Options{})
+		require.NoError(t, err)
+		p := projector.New(pjs, db, o)
+		p.Start(ctx)
+		waitApplied(t, db, b, uint64(1+i))
+		time.Sleep(500 * time.Millisecond) // five ParkAfter: an idle bucket would have parked by now
+		require.Zero(t, p.ParkedCount(), "shared listing %v", shared)
+		_, err = kv.Put(ctx, "web.2", []byte{0x80})
+		require.NoError(t, err)
+		waitApplied(t, db, b, uint64(2+i))
+		p.Stop()
+		require.NoError(t, db.Close())
 	}
 }
