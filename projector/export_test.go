@@ -4,3 +4,8 @@ package projector
 // bucket leaves the tailed ones (forget.go): where a stream created again at that instant used to be
 // lost. Set it before Start.
 func SetAfterForget(p *Projector, fn func(bucket string)) { p.afterForget = fn }
+
+// SetAfterParkRead has fn called each time an idle bucket that parks has read its stream's info
+// (park.go): where a request's Wake, with a message written after that read, used to be lost. Set it
+// before Start.
+func SetAfterParkRead(p *Projector, fn func(bucket string)) { p.afterParkRead = fn }

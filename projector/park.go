@@ -3,8 +3,11 @@ package projector
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	provisioner "github.com/novox/mesh-provisioner"
 )
@@ -23,9 +26,9 @@ import (
 //     checks (verify.go, forget.go) see what changed: a purge, a recreation, a deletion;
 //   - a plans request waits for the bucket's min_seq (Wake): the client that just published a
 //     composition sees it at once, not at the next listing;
-//   - the listing stops working (no listing completed within two of its intervals): every parked bucket
-//     tails again, and none parks until a listing completes, so a parked bucket never waits on a
-//     listing that does not come.
+//   - the listing stops working (none completed within two of its intervals and two of its
+//     durations, listingRuns): every parked bucket tails again, and none parks until a listing
+//     completes, so a parked bucket never waits on a listing that does not come.
 //
 // A parked bucket's answers are as fresh as the listing: a composition written to a parked bucket is
 // applied within one listing interval plus Options.Poll. Its synced flag stays true: the projection
@@ -36,10 +39,18 @@ var errParked = errors.New("projector: idle, parked")
 
 // parkedBucket is what a parked bucket's stream looked like when it parked.
 type parkedBucket struct {
-	wake        chan struct{} // capacity 1
-	at          time.Time     // when the info below was asked for: a listing after it is newer
+	wake chan struct{} // capacity 1
+	at   time.Time     // when the info below was asked for: a listing after it is newer
+	// The info, once read (read): until then only a Wake, or a listing that stops, wakes the bucket.
+	read        bool
 	created     int64
 	first, last uint64
+}
+
+// streamEnd is a stream's last sequence, and which stream (its creation time) it is the last of.
+type streamEnd struct {
+	last    uint64
+	created int64
 }
 
 // mayPark reports whether an idle bucket may give its consumer up now: a composed-<node> bucket of a
@@ -48,27 +59,30 @@ func (p *Projector) mayPark(bucket string) bool {
 	return p.opts.Composed && p.opts.ParkAfter > 0 && provisioner.IsComposedBucket(bucket) && p.listingRuns()
 }
 
-// listingRuns reports whether a listing completed within two of its intervals.
+// listingRuns reports whether a listing completed within two of its intervals and two of its
+// durations (the newest completed one's). A listing of thousands of streams can take longer than its
+// interval, and longer than the one before under load; the next one then starts as it ends, and
+// completes up to an interval and its own duration after it. Taken for a listing that stopped, a slow
+// listing woke every parked bucket at each tick and let none park, whose thousands of new consumers
+// slowed the JetStream API, and the listing, further.
 func (p *Projector) listingRuns() bool {
-	listed := p.streams.Listed()
-	return !listed.IsZero() && time.Since(listed) < 2*p.listEvery()
+	listed, took := p.streams.Listed(), p.streams.Took()
+	return !listed.IsZero() && time.Since(listed.Add(took)) < 2*(p.listEvery()+took)
 }
 
 // park waits until the parked bucket's stream changes, a request wakes it, or the listing stops
-// working; it reports false when ctx ends. The stream is asked for its info once first: what the
-// bucket waits to change, and the bucket tails again at once if it changed already.
-func (p *Projector) park(ctx context.Context, bucket string, log *slog.Logger) bool {
-	at := time.Now()
-	ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	info, err := p.streams.Read(ictx, provisioner.StreamName(bucket))
-	cancel()
-	if err != nil || (info.State.Msgs > 0 && info.State.LastSeq > p.db.Checkpoint(bucket).Applied) {
-		// Tail again: it finds out what failed, or reads what came since its consumer had nothing
-		// pending. (A stream emptied by a purge has nothing to read past a checkpoint behind it.)
-		return ctx.Err() == nil
-	}
-	pk := &parkedBucket{wake: make(chan struct{}, 1), at: at, created: info.Created.UnixNano(),
-		first: info.State.FirstSeq, last: info.State.LastSeq}
+// working; it reports false when ctx ends. The bucket is registered first, so that a Wake from then
+// on is kept: a request that waits for a message written after the info below was read still finds
+// the bucket reading. Then the stream is asked for its info once: what the bucket waits to change.
+// The bucket tails again at once when the info fails the checks a tail starts with (verify.go): a
+// purge or a recreation after the bucket's last check changes no listing once the bucket has parked
+// on it. It tails again too when the stream ends past the checkpoint, since a message may have come
+// after its consumer had nothing pending; but not twice for the same end (behind, runBucket's): the
+// tail in between, idle for ParkAfter on a consumer created after that end was read, found nothing up
+// to it, so what lies between was removed before it was read (a TTL, and the marker it left, expired
+// while the bucket was parked).
+func (p *Projector) park(ctx context.Context, bucket string, log *slog.Logger, behind *streamEnd) bool {
+	pk := &parkedBucket{wake: make(chan struct{}, 1), at: time.Now()}
 	p.parkMu.Lock()
 	p.parked[bucket] = pk
 	p.parkMu.Unlock()
@@ -77,6 +91,35 @@ func (p *Projector) park(ctx context.Context, bucket string, log *slog.Logger) b
 		delete(p.parked, bucket)
 		p.parkMu.Unlock()
 	}()
+	ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	info, err := p.streams.Read(ictx, provisioner.StreamName(bucket))
+	cancel()
+	if p.afterParkRead != nil {
+		p.afterParkRead(bucket)
+	}
+	if err != nil || p.check(info, bucket, &verifier{}) != nil {
+		// Tail again: it finds out what failed, or finds what check found (and forgets the bucket to
+		// read it again; a stream emptied by a purge has nothing to read past the checkpoint, and
+		// check finds the purge).
+		return ctx.Err() == nil
+	}
+	end := streamEnd{last: info.State.LastSeq, created: info.Created.UnixNano()}
+	if applied := p.db.Checkpoint(bucket).Applied; info.State.Msgs > 0 && end.last > applied {
+		if end != *behind {
+			*behind = end
+			return ctx.Err() == nil
+		}
+		reread, err := p.removedUnread(ctx, bucket, info, applied, log)
+		if err != nil {
+			log.Warn("the stream ends past what is left to read, and the projection could not follow it", "err", err)
+		}
+		if err != nil || reread {
+			return ctx.Err() == nil // read again: from the stream's first message, or park again
+		}
+	}
+	p.parkMu.Lock()
+	pk.created, pk.first, pk.last, pk.read = info.Created.UnixNano(), info.State.FirstSeq, info.State.LastSeq, true
+	p.parkMu.Unlock()
 	log.Debug("idle: consumer given up until the stream changes", "applied_seq", pk.last)
 	select {
 	case <-ctx.Done():
@@ -85,6 +128,30 @@ func (p *Projector) park(ctx context.Context, bucket string, log *slog.Logger) b
 		log.Debug("tailing again")
 		return true
 	}
+}
+
+// removedUnread is told that nothing is left to read past applied up to the stream's last sequence
+// (park: a tail since that end was read found nothing): those messages were removed before they were
+// read, a TTL'd composition and the marker it left both expired while the bucket was parked. The
+// store's log is told so (store.DB.TailRemoved: no point among them can be rebuilt), and the check a
+// tail makes once it has applied the stream's last sequence is made here, since it never will: when
+// the stream's first sequence is past a message the projection still rests on, the key went from
+// the bucket unseen, and the bucket is forgotten and read again (forget.go).
+// It reports whether the bucket was forgotten to be read again.
+func (p *Projector) removedUnread(ctx context.Context, bucket string, info *jetstream.StreamInfo, applied uint64, log *slog.Logger) (bool, error) {
+	if err := p.db.TailRemoved(bucket, info.State.LastSeq, info.Created.UnixNano()); err != nil {
+		return false, fmt.Errorf("record the removed end: %w", err)
+	}
+	seq, live, err := p.db.LiveBelow(bucket, 0, min(info.State.FirstSeq, applied+1))
+	if err != nil || !live {
+		return false, err
+	}
+	reason := fmt.Errorf("%w: stream %s starts at sequence %d and has nothing left to read up to its last %d, but the projection still rests on message %d: it was removed unread",
+		ErrCannotResume, info.Config.Name, info.State.FirstSeq, info.State.LastSeq, seq)
+	if err := p.reread(ctx, bucket, reason, log); err != nil {
+		return false, err
+	}
+	return true, nil
 }
 
 // Wake makes a parked bucket tail again now (a request waits for its min_seq). A bucket not parked is
@@ -104,18 +171,26 @@ func wake(pk *parkedBucket) {
 	}
 }
 
-// Parked reports whether a bucket is parked: tailed, without a consumer.
+// Parked reports whether a bucket is parked: tailed, without a consumer, waiting for its stream to
+// change (not while it is still asking for its stream's info as it parks).
 func (p *Projector) Parked(bucket string) bool {
 	p.parkMu.Lock()
 	defer p.parkMu.Unlock()
-	return p.parked[bucket] != nil
+	pk := p.parked[bucket]
+	return pk != nil && pk.read
 }
 
 // ParkedCount is how many buckets are parked.
 func (p *Projector) ParkedCount() int {
 	p.parkMu.Lock()
 	defer p.parkMu.Unlock()
-	return len(p.parked)
+	n := 0
+	for _, pk := range p.parked {
+		if pk.read {
+			n++
+		}
+	}
+	return n
 }
 
 // watchParked wakes parked buckets whose streams a new listing reports changed, and every parked bucket
@@ -138,7 +213,7 @@ func (p *Projector) watchParked(ctx context.Context) {
 		seen = listed
 		p.parkMu.Lock()
 		for bucket, pk := range p.parked {
-			if !runs || p.streamChanged(bucket, pk, listed) {
+			if !runs || (pk.read && p.streamChanged(bucket, pk, listed)) {
 				wake(pk)
 			}
 		}

@@ -123,7 +123,8 @@ type Projector struct {
 	parkMu sync.Mutex
 	parked map[string]*parkedBucket // idle composed-<node> buckets without a consumer (park.go)
 
-	afterForget func(bucket string) // tests: called as a forgotten bucket's forgetting has committed
+	afterForget   func(bucket string) // tests: called as a forgotten bucket's forgetting has committed
+	afterParkRead func(bucket string) // tests: called as a parking bucket has read its stream's info
 }
 
 // New returns a Projector; Start runs it.
@@ -241,6 +242,7 @@ func (p *Projector) runBucket(ctx context.Context, bucket string) {
 	created, stopWaiting := p.waitCreated(bucket) // stream-created advisories of its stream (awaitStream)
 	defer stopWaiting()
 	failing := false
+	var behind streamEnd // the stream's end past the checkpoint that park last tailed again for (park.go)
 	for ctx.Err() == nil {
 		err := p.tail(ctx, bucket, log, func() {
 			if failing {
@@ -260,7 +262,7 @@ func (p *Projector) runBucket(ctx context.Context, bucket string) {
 			return
 		}
 		if errors.Is(err, errParked) {
-			if !p.park(ctx, bucket, log) {
+			if !p.park(ctx, bucket, log, &behind) {
 				return
 			}
 			continue

@@ -161,6 +161,14 @@ func (s *Seat) rebuild(ctx context.Context) error {
 	start := time.Now()
 	s.log.Info("rebuild started", "generation", gen, "messages", total)
 	p.Start(s.ctx)
+	s.mu.Lock()
+	s.next = p
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		s.next = nil
+		s.mu.Unlock()
+	}()
 	bar := progress.New(io.Discard, s.log, "rebuild", "messages", total)
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
@@ -183,11 +191,14 @@ func (s *Seat) rebuild(ctx context.Context) error {
 
 	// Swap: the old projector stops, the verb moves over, then CURRENT.
 	s.mu.Lock()
-	oldProj, oldRet := s.proj, s.retention
+	oldProj, oldRet, beforeSwap := s.proj, s.retention, s.beforeSwap
 	s.mu.Unlock()
 	oldProj.Stop()
 	if oldRet != nil {
 		oldRet.Stop()
+	}
+	if beforeSwap != nil {
+		beforeSwap(p)
 	}
 	s.reader.swap(ndb)
 	swapped.Store(true)

@@ -84,9 +84,12 @@ type Seat struct {
 	cur       *store.DB
 	proj      *projector.Projector
 	retention *store.Retention
-	owned     *store.DB // a store a rebuild swapped in: the seat closes it at Stop
+	next      *projector.Projector // a rebuild's, until it is swapped in or given up
+	owned     *store.DB            // a store a rebuild swapped in: the seat closes it at Stop
 	rebuildCh chan struct{}
 	rebuilds  int
+
+	beforeSwap func(next *projector.Projector) // tests: called as a rebuild has stopped the old projector
 }
 
 // CompactAfter is how many messages a catch-up must have applied for the seat to compact the store
@@ -137,7 +140,7 @@ func Start(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, db *store
 			return synced
 		})}
 	if cfg.Plans {
-		qo.Plans = query.Plans(s.reader, s.PlansSynced, func(bucket string) { s.Current().Wake(bucket) })
+		qo.Plans = query.Plans(s.reader, s.PlansSynced, s.wake)
 	}
 	s.Server = query.NewServer(s.reader, qo)
 	// $SRV.STATS carries where each bucket stands (see ops.go).
@@ -249,6 +252,19 @@ func (s *Seat) Current() *projector.Projector {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.proj
+}
+
+// wake makes a parked composed-<node> bucket that a request waits on read now (projector.Wake): in the
+// projector in use, and in a rebuild's, whose store the request may be answered from once it is
+// swapped in (the old projector stops before the verb moves over, and a wake it took is lost).
+func (s *Seat) wake(bucket string) {
+	s.mu.Lock()
+	cur, next := s.proj, s.next
+	s.mu.Unlock()
+	cur.Wake(bucket)
+	if next != nil {
+		next.Wake(bucket)
+	}
 }
 
 // Retention is the event log's retention in use, or nil.

@@ -61,6 +61,7 @@ type Poller struct {
 	mu     sync.Mutex
 	infos  map[string]entry // stream name -> newest info
 	listed time.Time        // when the newest listing that returned every stream started
+	took   time.Duration    // how long that listing took
 }
 
 type entry struct {
@@ -141,7 +142,7 @@ func (p *Poller) List(ctx context.Context) (time.Time, error) {
 		}
 	}
 	if start.After(p.listed) {
-		p.listed = start
+		p.listed, p.took = start, time.Since(start)
 	}
 	p.mu.Unlock()
 	return start, nil
@@ -235,6 +236,14 @@ func (p *Poller) Listed() time.Time {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.listed
+}
+
+// Took is how long the newest listing that completed took (Listed is when it started): a reader that
+// judges whether the listing still runs allows for listings slower than their interval.
+func (p *Poller) Took() time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.took
 }
 
 // Failures is how many listings failed since New (a listing stopped by its context is not counted).
