@@ -91,17 +91,7 @@ func TestProjector_IdleComposedBucketParks(t *testing.T) {
 	s, err := js.Stream(ctx, "KV_"+b)
 	require.NoError(t, err)
 	require.NoError(t, s.Purge(ctx))
-	natstest.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error {
-		v, err := db.View()
-		if err != nil {
-			return err
-		}
-		defer v.Close()
-		if _, found, err := v.ForgottenAt(b); err != nil || !found {
-			return fmt.Errorf("%s not forgotten after its purge (%v)", b, err)
-		}
-		return nil
-	})
+	forgotten(t, db, b)
 	waitParked(t, p, js, b)
 
 	// Deleted: forgotten, no longer tailed.
@@ -178,11 +168,17 @@ func parking(t *testing.T, url string, parkAfter, verify time.Duration) (*projec
 // parkingEvery is parking with the listing every `every`.
 func parkingEvery(t *testing.T, url string, parkAfter, verify, every time.Duration) (*projector.Projector, *store.DB) {
 	t.Helper()
-	db, err := store.Open(t.TempDir(), store.Options{})
-	require.NoError(t, err)
 	_, pjs := natstest.Connect(t, url)
 	poller := streaminfo.New(pjs)
 	natstest.RunPoller(t, poller, every)
+	return parkingOn(t, pjs, poller, parkAfter, verify)
+}
+
+// parkingOn is parking on a connection and a listing the test runs as it likes.
+func parkingOn(t *testing.T, pjs jetstream.JetStream, poller *streaminfo.Poller, parkAfter, verify time.Duration) (*projector.Projector, *store.DB) {
+	t.Helper()
+	db, err := store.Open(t.TempDir(), store.Options{})
+	require.NoError(t, err)
 	p := projector.New(pjs, db, projector.Options{Buckets: []string{}, Composed: true, Poll: 20 * time.Millisecond,
 		Verify: verify, DiscoverEvery: time.Hour, ParkAfter: parkAfter, Streams: poller})
 	p.Start(context.Background())
@@ -279,19 +275,11 @@ func TestProjector_ParksPastMessagesRemovedUnread(t *testing.T) {
 	require.NoError(t, err)
 	_, err = kv.Put(ctx, "web.1", []byte{0x80})
 	require.NoError(t, err)
-	db, err := store.Open(t.TempDir(), store.Options{})
-	require.NoError(t, err)
 	_, pjs := natstest.Connect(t, ns.ClientURL())
 	poller := streaminfo.New(pjs)
 	_, err = poller.List(ctx)
 	require.NoError(t, err)
-	p := projector.New(pjs, db, projector.Options{Buckets: []string{}, Composed: true, Poll: 20 * time.Millisecond,
-		Verify: time.Hour, DiscoverEvery: time.Hour, ParkAfter: 200 * time.Millisecond, Streams: poller})
-	p.Start(ctx)
-	t.Cleanup(func() {
-		p.Stop()
-		db.Close()
-	})
+	p, db := parkingOn(t, pjs, poller, 200*time.Millisecond, time.Hour)
 	waitApplied(t, db, b, 1)
 	waitParked(t, p, js, b)
 
@@ -346,19 +334,11 @@ func TestProjector_ParkedKeyExpiredUnread(t *testing.T) {
 	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: b, History: 1, Storage: jetstream.MemoryStorage,
 		LimitMarkerTTL: time.Second})
 	require.NoError(t, err)
-	db, err := store.Open(t.TempDir(), store.Options{})
-	require.NoError(t, err)
 	_, pjs := natstest.Connect(t, ns.ClientURL())
 	poller := streaminfo.New(pjs)
 	_, err = poller.List(ctx)
 	require.NoError(t, err)
-	p := projector.New(pjs, db, projector.Options{Buckets: []string{}, Composed: true, Poll: 20 * time.Millisecond,
-		Verify: time.Hour, DiscoverEvery: time.Hour, ParkAfter: 200 * time.Millisecond, Streams: poller})
-	p.Start(ctx)
-	t.Cleanup(func() {
-		p.Stop()
-		db.Close()
-	})
+	p, db := parkingOn(t, pjs, poller, 200*time.Millisecond, time.Hour)
 	_, err = kv.Create(ctx, "web.1", []byte{0x80}, jetstream.KeyTTL(2*time.Second))
 	require.NoError(t, err)
 	_, err = kv.Put(ctx, "web.2", []byte{0x80})
