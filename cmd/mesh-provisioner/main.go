@@ -11,6 +11,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"sync/atomic"
 	"syscall"
 )
 
@@ -21,9 +22,11 @@ func main() {
 	ctx, cancel := context.WithCancel(context.Background())
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	var first atomic.Value // the first signal
 	go func() {
 		// The first signal drains and closes cleanly; a second one stops hard.
-		<-sigs
+		sig := <-sigs
+		first.Store(sig)
 		cancel()
 		<-sigs
 		fmt.Fprintln(os.Stderr, "second signal: stopping now")
@@ -32,6 +35,13 @@ func main() {
 	m := NewMain(os.Stdout, os.Stderr)
 	err := m.Run(ctx, os.Args[1:])
 	cancel()
+	if sig, ok := first.Load().(syscall.Signal); ok && errors.Is(err, context.Canceled) {
+		// Stopped by the signal before it finished (serve, which drains, returns nil and exits 0): said
+		// as such, with the shell's code for it, not as a failure of "context canceled".
+		name := map[syscall.Signal]string{syscall.SIGINT: "SIGINT", syscall.SIGTERM: "SIGTERM"}[sig]
+		fmt.Fprintf(os.Stderr, "mesh-provisioner: stopped by %s before it finished\n", name)
+		os.Exit(128 + int(sig))
+	}
 	os.Exit(exitCode(err, os.Stderr))
 }
 
