@@ -16,6 +16,9 @@ import (
 // MessagesApplied is how many stream messages the seat's projector applied since it started.
 func (s *Seat) MessagesApplied() int64 { return s.Current().Applied() }
 
+// BucketsParked is how many composed-<node> buckets are idle without a consumer (projector/park.go).
+func (s *Seat) BucketsParked() int { return s.Current().ParkedCount() }
+
 // Unsynced lists, in order, the buckets the projector tails that have not caught up with their stream
 // since start; empty once the seat is ready.
 func (s *Seat) Unsynced() []string {
@@ -67,7 +70,7 @@ type BucketStats struct {
 func (s *Seat) Stats() Stats {
 	db := s.Store()
 	st := Stats{Schema: store.SchemaVersion, MessagesApplied: s.Current().Applied(), Buckets: map[string]BucketStats{},
-		AnswersByCode: s.Server.Answered(), BucketsParked: s.Current().ParkedCount()}
+		AnswersByCode: s.Server.Answered(), BucketsParked: s.BucketsParked()}
 	st.Synced = len(s.Unsynced()) == 0
 	buckets := db.Buckets()
 	own := map[string]bool{}

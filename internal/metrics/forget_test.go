@@ -115,3 +115,38 @@ func TestMetrics_ForgottenBucketLeavesNoGauges(t *testing.T) {
 	gauges(1, "composed-n4")
 	require.Zero(t, st.Rebuilds())
 }
+
+// TestMetrics_BucketsParked: the gauge counts the composed-<node> buckets idle without a consumer.
+func TestMetrics_BucketsParked(t *testing.T) {
+	ns := natstest.RunServer(t)
+	url := ns.ClientURL()
+	_, js := natstest.Connect(t, url)
+	ctx := context.Background()
+	for _, b := range []string{"composed-n1", "composed-n2"} {
+		kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: b, History: 2})
+		require.NoError(t, err)
+		_, err = kv.Put(ctx, "m.1", []byte{0x80})
+		require.NoError(t, err)
+	}
+	snc, sjs := natstest.Connect(t, url)
+	streams := streaminfo.New(sjs)
+	m := metrics.New(metrics.Options{Streams: streams, Poll: 100 * time.Millisecond})
+	m.Start()
+	t.Cleanup(m.Stop)
+	db, err := store.OpenState(t.TempDir(), store.Options{})
+	require.NoError(t, err)
+	st, err := seat.Start(ctx, snc, sjs, db, seat.Config{Streams: streams, ListEvery: m.Poll(), Plans: true,
+		Projector: projector.Options{Poll: 20 * time.Millisecond, DiscoverEvery: time.Hour, ParkAfter: 100 * time.Millisecond}})
+	require.NoError(t, err)
+	srv := serveSeat(t, m, st, db)
+	natstest.CheckFor(t, 20*time.Second, 50*time.Millisecond, func() error {
+		fams, err := metricstest.Scrape(srv.Addr())
+		if err != nil {
+			return err
+		}
+		if v, ok := fams.Value("mesh_provisioner_buckets_parked"); !ok || v != 2 {
+			return fmt.Errorf("buckets parked: %v (%v)", v, ok)
+		}
+		return nil
+	})
+}

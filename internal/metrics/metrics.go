@@ -51,6 +51,12 @@ type Source interface {
 	Unsynced() []string
 }
 
+// Parker is a Source that parks idle composed-<node> buckets (a seat with plans): the gauge
+// mesh_provisioner_buckets_parked counts them.
+type Parker interface {
+	BucketsParked() int
+}
+
 // Options configure Metrics. The zero value is usable (no stream polling).
 type Options struct {
 	Version string
@@ -358,6 +364,8 @@ var (
 		"Anomaly rows the projection holds (keys out of shape, values not MessagePack, ...), by bucket and reason code.", []string{"bucket", "reason"}, nil)
 	descApplyCount = prometheus.NewDesc("mesh_provisioner_messages_applied_total",
 		"Stream messages the projector applied since it started (repeats skipped).", nil, nil)
+	descParked = prometheus.NewDesc("mesh_provisioner_buckets_parked",
+		"composed-<node> buckets idle without a consumer, waiting for the stream listing to report a change.", nil, nil)
 
 	descPebbleDisk = prometheus.NewDesc("mesh_provisioner_pebble_disk_usage_bytes",
 		"Bytes the Pebble store uses on disk (tables, WAL, manifests).", nil, nil)
@@ -387,7 +395,7 @@ var (
 
 func (c seatCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descBuildInfo, descReady, descSynced, descApplied, descStreamLast, descStreamAge, descLag,
-		descAnomalies, descApplyCount, descPebbleDisk, descPebbleCompactions, descPebbleCompactDebt, descPebbleCompacting,
+		descAnomalies, descApplyCount, descParked, descPebbleDisk, descPebbleCompactions, descPebbleCompactDebt, descPebbleCompacting,
 		descPebbleHeld, descPebbleFlushes, descPebbleCacheHits, descPebbleCacheMisses, descPebbleCacheSize, descPebbleReadAmp,
 		descPebbleL0Files, descPebbleMemtable} {
 		ch <- d
@@ -432,6 +440,9 @@ func (c seatCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	counter(descApplyCount, float64(src.MessagesApplied()))
+	if p, ok := src.(Parker); ok {
+		gauge(descParked, float64(p.BucketsParked()))
+	}
 
 	pm, err := db.PebbleMetrics()
 	if err != nil {
