@@ -85,6 +85,29 @@ func CheckStateDir(path string) error {
 	return fmt.Errorf("%w: %s holds %s and no %s%s", ErrNotStateDir, path, strings.Join(other[:min(3, len(other))], ", "), currentName, StateDirHint(path))
 }
 
+// EnclosingStateDir returns the outermost directory above path (path's own directory included) that
+// holds a state dir's CURRENT or LOCK, and whether there is one: a file written there is inside the
+// program's state, which a rebuild replaces and an operator may delete whole.
+func EnclosingStateDir(path string) (string, bool) {
+	dir, err := filepath.Abs(filepath.Dir(path))
+	if err != nil {
+		return "", false
+	}
+	found := ""
+	for {
+		for _, name := range []string{currentName, lockName} {
+			if _, err := os.Stat(filepath.Join(dir, name)); err == nil {
+				found = dir
+			}
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return found, found != ""
+		}
+		dir = parent
+	}
+}
+
 // StateDirHint names a subdirectory of path that is a state dir (it holds CURRENT), as
 // ": did you mean --state <it>?", or is "".
 func StateDirHint(path string) string {

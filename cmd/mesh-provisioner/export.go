@@ -14,6 +14,7 @@ import (
 
 	"github.com/novox/mesh-provisioner/internal/progress"
 	"github.com/novox/mesh-provisioner/replay"
+	"github.com/novox/mesh-provisioner/store"
 )
 
 func init() {
@@ -131,8 +132,13 @@ func (c *ExportCommand) Run(ctx context.Context, args []string) error {
 
 // checkOut checks --out before anything is read: an export of a large mesh takes minutes, and its
 // rename into place was where a directory or a missing parent showed. An archive already there is
-// evidence someone kept, and is replaced only with --force.
+// evidence someone kept, and is replaced only with --force. An archive inside a state dir is refused:
+// everything in it is the program's (CONTRACT section 5), and a rebuild or an operator deleting it
+// would take the evidence along.
 func checkOut(out string, force bool) error {
+	if state, ok := store.EnclosingStateDir(out); ok {
+		return &usageError{msg: fmt.Sprintf("--out %s is inside the state dir %s, which is the program's alone (a rebuild replaces it, and deleting it must lose nothing): write the archive elsewhere", out, state)}
+	}
 	fi, err := os.Stat(out)
 	switch {
 	case err == nil && fi.IsDir():

@@ -19,6 +19,7 @@ import (
 	"github.com/novox/mesh-provisioner/fixtures"
 	"github.com/novox/mesh-provisioner/internal/natstest"
 	"github.com/novox/mesh-provisioner/replay"
+	"github.com/novox/mesh-provisioner/store"
 )
 
 // runCmd runs a command in-process and returns its output and exit code.
@@ -383,12 +384,23 @@ func TestExport_OutIsCheckedFirstAndNeverReplacedUnasked(t *testing.T) {
 	kept := filepath.Join(dir, "incident.mph")
 	require.NoError(t, os.WriteFile(kept, []byte("evidence"), 0o600))
 	gone := []string{"--nats", "nats://127.0.0.1:1"}
+	// A state dir: everything in it is the program's, and a rebuild or an operator deleting it would
+	// take the archive along.
+	state := filepath.Join(t.TempDir(), "state")
+	db, err := store.OpenState(state, store.Options{})
+	require.NoError(t, err)
+	require.NoError(t, db.Close())
+	gens, err := filepath.Glob(filepath.Join(state, "gen-*"))
+	require.NoError(t, err)
+	require.NotEmpty(t, gens)
 	for _, tc := range []struct {
 		out, says string
 	}{
 		{kept, "exists"},
 		{dir, "is a directory"},
 		{filepath.Join(dir, "no", "such", "x.mph"), "does not exist"},
+		{filepath.Join(state, "backup.mph"), "inside the state dir"},
+		{filepath.Join(gens[0], "backup.mph"), "inside the state dir " + state},
 	} {
 		_, errOut, code := runCmd(t, append([]string{"export", "--out", tc.out}, gone...)...)
 		require.Equal(t, exitUsage, code, "%s: %s", tc.out, errOut)
