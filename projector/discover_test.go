@@ -143,11 +143,12 @@ func applied(db *store.DB, bucket string, seq uint64) func() error {
 func startWithListing(t *testing.T, ctx context.Context, cancel context.CancelFunc, js jetstream.JetStream, every time.Duration,
 	opts projector.Options) (*projector.Projector, *store.DB) {
 	t.Helper()
-	streams := streaminfo.New(js)
-	natstest.RunPoller(t, streams, every) // stopped after the projector, whose cleanup comes later
+	if opts.Streams == nil {
+		opts.Streams = streaminfo.New(js)
+		natstest.RunPoller(t, opts.Streams, every) // stopped after the projector, whose cleanup comes later
+	}
 	db, err := store.Open(t.TempDir(), store.Options{})
 	require.NoError(t, err)
-	opts.Streams = streams
 	p := projector.New(js, db, opts)
 	p.Start(ctx)
 	t.Cleanup(func() {

@@ -23,8 +23,9 @@ import (
 //     listing runs, the bucket asks nothing itself but once, Options.Poll after it first found the
 //     stream missing (the stream may have been created just before it waited for the advisory: the
 //     seat creates the registry bucket as its projector starts);
-//   - or it asks its stream itself while no listing completes (a user denied $JS.API.STREAM.LIST, or a
-//     listing two intervals late): after Options.Poll, then twice as long each time up to the
+//   - or it asks its stream itself while no listing completes (a user denied $JS.API.STREAM.LIST, or
+//     none within two of its intervals and two of its durations: listingRuns, park.go; a listing
+//     merely slower than its interval still runs): after Options.Poll, then twice as long each time up to the
 //     listing's interval (10 s by default), a tenth of the requests of one a second. Composed-<node>
 //     buckets (a deleted one stays tailed) take their turns with the stream checks' asks (mayAsk), so
 //     thousands of them stay within Options.AskPerSecond in all.
@@ -52,7 +53,7 @@ func (p *Projector) listEvery() time.Duration {
 // listing or a read returned it since the bucket found it missing, or the bucket may ask itself (see
 // above): once Options.Poll after it first found the stream missing (the advisory may have come
 // before the bucket waited for it: the seat creates the registry bucket as its projector starts),
-// and then when no listing has completed within two of its intervals (one merely late is not
+// and then when the listing no longer runs (listingRuns: one merely late or slow is not
 // second-guessed) and the bucket's backoff has passed since anything looked for it. It reports false
 // when ctx ends.
 //
@@ -90,8 +91,8 @@ func (p *Projector) awaitStream(ctx context.Context, bucket string, missing *bac
 			looked = listed // listed without it
 		}
 		now := time.Now()
-		if !first && now.Sub(listed) < 2*p.listEvery() {
-			continue // the listing runs: it looks again at its next interval
+		if !first && p.listingRuns() {
+			continue // the listing runs, slow or not (park.go): it looks again at its next interval
 		}
 		if now.Sub(looked) >= wait && p.mayAsk(bucket, v, now) {
 			return true

@@ -13,6 +13,7 @@ import (
 
 	provisioner "github.com/novox/mesh-provisioner"
 	"github.com/novox/mesh-provisioner/internal/natstest"
+	"github.com/novox/mesh-provisioner/internal/streaminfo"
 	"github.com/novox/mesh-provisioner/projector"
 )
 
@@ -26,11 +27,25 @@ func TestProjector_MissingBucketsWaitOnTheListing(t *testing.T) {
 	const intervals = 6
 	missing := []string{provisioner.BucketNeeds, provisioner.BucketApplied, provisioner.BucketCollect}
 
-	run := func(t *testing.T, ns *server.Server, admin, seat []nats.Option) (asked int64) {
+	run := func(t *testing.T, ns *server.Server, admin, seat []nats.Option, listDelay ...time.Duration) (asked int64) {
 		nc, js := natstest.Connect(t, ns.ClientURL(), admin...)
 		_, pjs := natstest.Connect(t, ns.ClientURL(), seat...)
+		var streams *streaminfo.Poller
+		if len(listDelay) > 0 {
+			streams = streaminfo.New(slowListing{JetStream: pjs, delay: listDelay[0]})
+			natstest.RunPoller(t, streams, every)
+		}
 		ctx, cancel := context.WithCancel(context.Background())
-		_, db := startWithListing(t, ctx, cancel, pjs, every, projector.Options{Buckets: missing, Poll: poll, Verify: every})
+		_, db := startWithListing(t, ctx, cancel, pjs, every, projector.Options{Buckets: missing, Poll: poll, Verify: every, Streams: streams})
+		if streams != nil {
+			// Until a first listing completes the buckets ask for themselves, as they must.
+			natstest.CheckFor(t, 10*time.Second, poll, func() error {
+				if streams.Listed().IsZero() {
+					return fmt.Errorf("not listed yet")
+				}
+				return nil
+			})
+		}
 		natstest.CheckFor(t, 10*time.Second, poll, func() error {
 			for _, b := range missing {
 				if _, synced := db.Applied(b); !synced {
@@ -58,6 +73,12 @@ func TestProjector_MissingBucketsWaitOnTheListing(t *testing.T) {
 	// and once more if a listing came two intervals late on a loaded machine.
 	t.Run("listed", func(t *testing.T) {
 		asked := run(t, natstest.RunServer(t), nil, nil)
+		require.LessOrEqual(t, asked, int64(2*len(missing)), "the listing looks for the missing buckets")
+	})
+	t.Run("listed slower than its interval", func(t *testing.T) {
+		// A listing that takes longer than its interval (thousands of streams, a loaded cluster) still
+		// runs: the buckets wait on it rather than each asking for itself as if it had stopped.
+		asked := run(t, natstest.RunServer(t), nil, nil, 300*time.Millisecond)
 		require.LessOrEqual(t, asked, int64(2*len(missing)), "the listing looks for the missing buckets")
 	})
 	t.Run("listed, no advisories", func(t *testing.T) {
