@@ -115,9 +115,7 @@ func (p *Projector) leave(ctx context.Context, bucket string, created <-chan str
 	}
 	p.mu.Unlock()
 	if !announced {
-		ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		_, err := p.streams.Read(ictx, provisioner.StreamName(bucket))
-		cancel()
+		_, err := p.readStream(ctx, bucket)
 		switch {
 		case errors.Is(err, jetstream.ErrStreamNotFound) || ctx.Err() != nil:
 			return
@@ -135,9 +133,7 @@ func (p *Projector) leave(ctx context.Context, bucket string, created <-chan str
 // stream that cannot be read now (deleted meanwhile, say) is an error: the caller retries, and a
 // deletion is then confirmed and forgotten as such.
 func (p *Projector) reread(ctx context.Context, bucket string, reason error, log *slog.Logger) error {
-	ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	info, err := p.streams.Read(ictx, provisioner.StreamName(bucket))
+	info, err := p.readStream(ctx, bucket)
 	if err != nil {
 		return fmt.Errorf("read the stream again: %w", err)
 	}

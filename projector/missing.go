@@ -25,10 +25,10 @@ import (
 //     seat creates the registry bucket as its projector starts);
 //   - or it asks its stream itself while no listing completes (a user denied $JS.API.STREAM.LIST, or
 //     none within two of its intervals and two of its durations: listingRuns, park.go; a listing
-//     merely slower than its interval still runs): after Options.Poll, then twice as long each time up to the
-//     listing's interval (10 s by default), a tenth of the requests of one a second. Composed-<node>
-//     buckets (a deleted one stays tailed) take their turns with the stream checks' asks (mayAsk), so
-//     thousands of them stay within Options.AskPerSecond in all.
+//     merely slower than its interval still runs): after Options.Poll, then twice as long each time
+//     up to the listing's interval (10 s by default), a tenth of the requests of one a second.
+//     Composed-<node> buckets (a deleted one stays tailed) take their turns with the stream checks'
+//     asks (mayAsk), so thousands of them stay within Options.AskPerSecond in all.
 //
 // The bound without an advisory is the listing's interval because that is how fresh the seat keeps
 // every other stream fact already (the stream checks, the lag): a bucket created is noticed as soon as
@@ -133,10 +133,7 @@ func (p *Projector) watchCreated(ctx context.Context) {
 			ch := p.waiting[bucket]
 			p.mu.Unlock()
 			if ch != nil {
-				select {
-				case ch <- struct{}{}:
-				default:
-				}
+				notify(ch)
 			}
 		}
 		if p.opts.Composed {

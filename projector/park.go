@@ -91,9 +91,7 @@ func (p *Projector) park(ctx context.Context, bucket string, log *slog.Logger, b
 		delete(p.parked, bucket)
 		p.parkMu.Unlock()
 	}()
-	ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	info, err := p.streams.Read(ictx, provisioner.StreamName(bucket))
-	cancel()
+	info, err := p.readStream(ctx, bucket)
 	if p.afterParkRead != nil {
 		p.afterParkRead(bucket)
 	}
@@ -160,13 +158,14 @@ func (p *Projector) Wake(bucket string) {
 	p.parkMu.Lock()
 	defer p.parkMu.Unlock()
 	if pk := p.parked[bucket]; pk != nil {
-		wake(pk)
+		notify(pk.wake)
 	}
 }
 
-func wake(pk *parkedBucket) {
+// notify wakes the waiter on a channel of capacity 1, or leaves the wake-up already waiting there.
+func notify(ch chan<- struct{}) {
 	select {
-	case pk.wake <- struct{}{}:
+	case ch <- struct{}{}:
 	default:
 	}
 }
@@ -214,7 +213,7 @@ func (p *Projector) watchParked(ctx context.Context) {
 		p.parkMu.Lock()
 		for bucket, pk := range p.parked {
 			if !runs || (pk.read && p.streamChanged(bucket, pk, listed)) {
-				wake(pk)
+				notify(pk.wake)
 			}
 		}
 		p.parkMu.Unlock()

@@ -71,9 +71,7 @@ func (p *Projector) verify(ctx context.Context, bucket string, v *verifier) erro
 		return nil // asked again at the bucket's next tick
 	}
 	v.last = now
-	ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	info, err := p.streams.Read(ictx, provisioner.StreamName(bucket))
+	info, err := p.readStream(ctx, bucket)
 	if errors.Is(err, jetstream.ErrStreamNotFound) && p.db.Checkpoint(bucket).Applied > 0 {
 		return p.streamMissing(bucket) // nil until confirmed (forget.go)
 	}
@@ -85,6 +83,14 @@ func (p *Projector) verify(ctx context.Context, bucket string, v *verifier) erro
 	// not take it for one newer than this check.
 	v.last = time.Now()
 	return p.check(info, bucket, v)
+}
+
+// readStream asks a bucket's stream for its info (STREAM.INFO, through the Poller so that its other
+// readers see the answer), for at most 5 s.
+func (p *Projector) readStream(ctx context.Context, bucket string) (*jetstream.StreamInfo, error) {
+	ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	return p.streams.Read(ictx, provisioner.StreamName(bucket))
 }
 
 // mayAsk reports whether a check may ask its bucket's stream now: always for the seat's fixed buckets;
