@@ -185,7 +185,7 @@ func (s *Seat) rebuild(ctx context.Context) error {
 		case <-tick.C:
 		}
 		bar.Set(p.Applied())
-		caughtUp = rebuiltCaughtUp(ndb, p)
+		caughtUp = projectionCaughtUp(ndb, p)
 	}
 	bar.Done()
 
@@ -223,12 +223,13 @@ func (s *Seat) rebuild(ctx context.Context) error {
 	return nil
 }
 
-// rebuiltCaughtUp reports whether a rebuild's projection can be swapped in, as Synced says of a first
-// start: the streams were listed for composed-<node> buckets, and every bucket found has caught up.
-// The new store holds no composed-<node> bucket to start from, so until that listing Buckets lists only
-// the fixed ones: swapped in then, plans answered unsynced, without the nodes' compositions.
-// Discovered is read first, since a listing tails the buckets it finds before it says so.
-func rebuiltCaughtUp(db *store.DB, p *projector.Projector) bool {
+// projectionCaughtUp reports whether a projector's store has caught up with every stream: the streams
+// were listed for composed-<node> buckets, and every bucket found has caught up. It is Synced of the
+// seat, and whether a rebuild's projection can be swapped in: the new store holds no composed-<node>
+// bucket to start from, so until that listing Buckets lists only the fixed ones, and swapped in then,
+// plans answered unsynced, without the nodes' compositions. Discovered is read first, since a listing
+// tails the buckets it finds before it says so.
+func projectionCaughtUp(db *store.DB, p *projector.Projector) bool {
 	if !p.Discovered() {
 		return false
 	}

@@ -275,18 +275,7 @@ func (s *Seat) Retention() *store.Retention {
 }
 
 // Synced reports whether every bucket the projector tails has caught up with its stream since start.
-func (s *Seat) Synced() bool {
-	db, p := s.Store(), s.Current()
-	if !p.Discovered() {
-		return false
-	}
-	for _, b := range p.Buckets() {
-		if _, ok := db.Applied(b); !ok {
-			return false
-		}
-	}
-	return true
-}
+func (s *Seat) Synced() bool { return projectionCaughtUp(s.Store(), s.Current()) }
 
 // PlansSynced reports whether the inputs of a plans answer have caught up with their streams since
 // start: the streams were listed once for composed-<node> buckets, mesh-host_modules and
