@@ -415,11 +415,8 @@ func exportStream(ctx context.Context, w *archiveWriter, s jetstream.Stream, inf
 		if now.State.FirstSeq <= prev+1 && now.State.Msgs > 0 {
 			return fmt.Errorf("read %s: stopped at sequence %d of %d; run export again", name, prev, info.State.LastSeq)
 		}
-		if e.open == nil {
-			e.gaps = append(e.gaps, store.Gap{From: prev + 1})
-			e.open = &e.gaps[len(e.gaps)-1]
-		}
-		e.open.OpenedAt = max(e.open.OpenedAt, info.State.LastSeq+1)
+		g := e.openGap()
+		g.OpenedAt = max(g.OpenedAt, info.State.LastSeq+1)
 		w.header.Buckets[index].LastSeq = max(w.header.Buckets[index].LastSeq, info.State.LastSeq)
 	}
 	w.header.Buckets[index].Gaps = gapsOut(e.gaps)
@@ -536,16 +533,21 @@ func (e *streamExport) read(ctx context.Context, s jetstream.Stream) (err error)
 	}
 }
 
+// openGap returns the gap not closed yet, opened after the last sequence read when there is none.
+func (e *streamExport) openGap() *store.Gap {
+	if e.open == nil {
+		e.gaps = append(e.gaps, store.Gap{From: e.prev + 1})
+		e.open = &e.gaps[len(e.gaps)-1]
+	}
+	return e.open
+}
+
 // add writes one message to the archive, and says whether it is the last to read: nothing pending
 // after it, or at or past the stream's last sequence when the export began.
 func (e *streamExport) add(msg jetstream.Msg, md *jetstream.MsgMetadata) (bool, error) {
 	seq := md.Sequence.Stream
 	if seq > e.prev+1 {
-		if e.open == nil {
-			e.gaps = append(e.gaps, store.Gap{From: e.prev + 1})
-			e.open = &e.gaps[len(e.gaps)-1]
-		}
-		e.open.OpenedAt = seq
+		e.openGap().OpenedAt = seq
 	}
 	e.prev = seq
 	rec := archiveRecord{Bucket: e.index, Seq: seq, Time: md.Timestamp.UnixNano(), Subject: msg.Subject(), Data: msg.Data()}
