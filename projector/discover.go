@@ -46,7 +46,8 @@ func (p *Projector) Discovered() bool { return p.discovered.Load() }
 // (Options.Streams, the seat's, or its own), when it has one that started after the previous pass
 // (after discover started, for the first: it asks the listing to run now, and waits for it), rather
 // than from a STREAM.NAMES listing beside it. Only while that listing fails, gets no answer (a user
-// denied $JS.API.STREAM.LIST) or is two intervals late does discover list the names itself.
+// denied $JS.API.STREAM.LIST) or is late by two intervals and two of its durations does discover list
+// the names itself.
 func (p *Projector) discover(ctx context.Context) {
 	log := p.log.With("component", "discover")
 	bo := backoff{min: 500 * time.Millisecond, max: p.opts.DiscoverEvery}
@@ -116,20 +117,23 @@ func (p *Projector) listStreams(ctx context.Context, since time.Time) (int, erro
 // listedNames returns the name of every stream from the stream listing, once it has a listing that
 // started at or after since: it asks the listing to run now and waits for it while it runs, taking
 // the advisories meanwhile. ok is false when there is none: nothing runs the listing, or it fails,
-// gets no answer, or has not come within two of its intervals.
+// gets no answer, or has not come within two of its intervals and two of its durations.
 func (p *Projector) listedNames(ctx context.Context, since time.Time) ([]string, bool) {
 	if !p.ownStreams && p.streams.Every() == 0 {
 		return nil, false
 	}
 	failures := p.streams.Failures()
-	deadline := time.Now().Add(2 * p.listEvery())
+	start := time.Now()
 	t := time.NewTicker(10 * time.Millisecond)
 	defer t.Stop()
 	for asked := false; ; {
 		if !p.streams.Listed().Before(since) {
 			return p.streams.Names(), true
 		}
-		if p.streams.Unanswered() || p.streams.Failures() > failures || !time.Now().Before(deadline) {
+		// Two intervals and two of the newest listing's durations, as listingRuns allows: a listing of
+		// thousands of streams can take longer than its interval, and still runs.
+		late := time.Since(start) >= 2*(p.listEvery()+p.streams.Took())
+		if p.streams.Unanswered() || p.streams.Failures() > failures || late {
 			return nil, false
 		}
 		if !asked {

@@ -75,9 +75,14 @@ func TestProjector_DiscoversComposedByListing(t *testing.T) {
 func TestProjector_DiscoveryReadsTheSharedListing(t *testing.T) {
 	const every = 100 * time.Millisecond
 	const intervals = 10
-	run := func(t *testing.T, ns *server.Server, admin, seat []nats.Option) (names, lists int64) {
+	run := func(t *testing.T, ns *server.Server, admin, seat []nats.Option, listDelay ...time.Duration) (names, lists int64) {
 		nc, js := natstest.Connect(t, ns.ClientURL(), admin...)
 		_, pjs := natstest.Connect(t, ns.ClientURL(), seat...)
+		var streams *streaminfo.Poller
+		if len(listDelay) > 0 {
+			streams = streaminfo.New(slowListing{JetStream: pjs, delay: listDelay[0]})
+			natstest.RunPoller(t, streams, every)
+		}
 		ctx, cancel := context.WithCancel(context.Background())
 		put := func(bucket string) uint64 {
 			t.Helper()
@@ -95,7 +100,7 @@ func TestProjector_DiscoveryReadsTheSharedListing(t *testing.T) {
 
 		// Discovery every three listings, as serve's 30 s to its 5 s or 10 s.
 		p, db := startWithListing(t, ctx, cancel, pjs, every, projector.Options{Buckets: []string{}, Composed: true,
-			DiscoverEvery: 3 * every, Verify: every, Poll: 20 * time.Millisecond})
+			DiscoverEvery: 3 * every, Verify: every, Poll: 20 * time.Millisecond, Streams: streams})
 		natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, applied(db, "composed-a", 1))
 		require.True(t, p.Discovered())
 
@@ -118,6 +123,14 @@ func TestProjector_DiscoveryReadsTheSharedListing(t *testing.T) {
 		require.Zero(t, names, "discovery reads the shared listing")
 		require.LessOrEqual(t, lists, int64(intervals+2), "one listing per interval, discovery's included")
 		require.Positive(t, lists)
+	})
+	t.Run("listed slower than its interval", func(t *testing.T) {
+		// A listing of thousands of streams can take longer than its interval and still runs:
+		// discovery waits for it rather than listing the names itself at each pass.
+		ns := natstest.RunServerSeatNoAdvisories(t)
+		quiet := nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {})
+		names, _ := run(t, ns, []nats.Option{nats.UserInfo("admin", "admin")}, []nats.Option{nats.UserInfo("seat", "seat"), quiet}, 6*every)
+		require.Zero(t, names, "discovery reads the shared listing")
 	})
 	t.Run("listing denied", func(t *testing.T) {
 		ns := natstest.RunServerDeniedStreamList(t)
