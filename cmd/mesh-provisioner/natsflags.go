@@ -41,8 +41,20 @@ func (f *natsFlags) register(fs *flag.FlagSet, defaultURL string) {
 	fs.StringVar(&f.inbox, "inbox-prefix", inbox, "subject prefix of reply inboxes, which the NATS user must be allowed to subscribe to (env NATS_INBOX_PREFIX)")
 }
 
+// validate reports flags that cannot be used together.
+func (f *natsFlags) validate() error {
+	if f.password != "" && f.user == "" {
+		// Sent alone, the password was dropped and the server's refusal said nothing of why.
+		return &usageError{"--password (or NATS_PASSWORD) is set without --user (or NATS_USER): give both"}
+	}
+	return nil
+}
+
 // connect dials NATS with the flags, reconnecting forever with backoff once connected.
 func (f *natsFlags) connect(url, name string, log *slog.Logger) (*nats.Conn, error) {
+	if err := f.validate(); err != nil {
+		return nil, err
+	}
 	opts := []nats.Option{
 		nats.Name(name),
 		nats.MaxReconnects(-1),

@@ -39,9 +39,22 @@ func TestNATSFlags_EveryCommand(t *testing.T) {
 		code, _, stderr := run(t, append(args, "--nats", url)...)
 		require.Equal(t, exitFailure, code, "%v without a user", args)
 		require.Contains(t, stderr, "Authorization Violation", "%v", args)
+		code, _, stderr = run(t, append(args, "--nats", url, "--password", "seat")...)
+		require.Equal(t, exitUsage, code, "%v with a password and no user", args)
+		require.Contains(t, stderr, "without --user", "%v", args)
 		code, _, stderr = run(t, append(args, "--nats", url, "--user", "seat", "--password", "seat")...)
 		require.Equal(t, exitOK, code, "%v: %s", args, stderr)
 	}
+	// serve too, and before it starts an embedded server.
+	code, _, stderr := run(t, "serve", "--state", filepath.Join(dir, "serve"), "--nats", url, "--password", "seat")
+	require.Equal(t, exitUsage, code, "serve with a password and no user: %s", stderr)
+	require.Contains(t, stderr, "without --user")
+	t.Setenv("NATS_URL", "")
+	code, _, stderr = run(t, "serve", "--state", filepath.Join(dir, "serve"), "--embedded-store", filepath.Join(dir, "nats"),
+		"--embedded-listen", "127.0.0.1:-1", "--password", "seat")
+	require.Equal(t, exitUsage, code, "serve, embedded, with a password and no user: %s", stderr)
+	require.NoDirExists(t, filepath.Join(dir, "nats"), "no embedded server started")
+
 	t.Setenv("NATS_URL", url)
 	t.Setenv("NATS_USER", "seat")
 	t.Setenv("NATS_PASSWORD", "seat")

@@ -148,6 +148,9 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 		return err
 	}
 
+	if err := c.nats.validate(); err != nil {
+		return err // before an embedded server starts
+	}
 	if url == "" {
 		unlock, err := lockEmbeddedStore(c.embeddedStore)
 		if err != nil {
