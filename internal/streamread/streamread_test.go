@@ -1,0 +1,169 @@
+package streamread_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/require"
+
+	"github.com/novox/mesh-provisioner/internal/natstest"
+	"github.com/novox/mesh-provisioner/internal/streamread"
+)
+
+// stream creates a stream on subject s.> holding n messages, s.0 to s.<n-1> at sequences 1 to n.
+func stream(t *testing.T, n int) (jetstream.JetStream, jetstream.Stream) {
+	t.Helper()
+	ns := natstest.RunServer(t)
+	_, js := natstest.Connect(t, ns.ClientURL())
+	ctx := context.Background()
+	s, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}, Storage: jetstream.MemoryStorage})
+	require.NoError(t, err)
+	for i := range n {
+		_, err := js.Publish(ctx, fmt.Sprintf("s.%d", i), nil)
+		require.NoError(t, err)
+	}
+	return js, s
+}
+
+// readAll reads n messages and returns their stream sequences, checking each message's subject.
+func readAll(t *testing.T, r *streamread.Reader, n int) []uint64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var seqs []uint64
+	for range n {
+		msg, md, err := r.Next(ctx)
+		require.NoError(t, err)
+		require.Equal(t, fmt.Sprintf("s.%d", md.Sequence.Stream-1), msg.Subject())
+		seqs = append(seqs, md.Sequence.Stream)
+	}
+	return seqs
+}
+
+func seqs(from, to uint64) []uint64 {
+	var s []uint64
+	for q := from; q <= to; q++ {
+		s = append(s, q)
+	}
+	return s
+}
+
+// TestReader_InOrder: a stream is read from its first message, or from the one after a given
+// sequence, every message once and in order, in pulls smaller than the stream; Delivered counts what
+// Next returned.
+func TestReader_InOrder(t *testing.T) {
+	_, s := stream(t, 250)
+	for _, after := range []uint64{0, 1, 200, 249} {
+		cons, err := streamread.Create(context.Background(), s, after)
+		require.NoError(t, err)
+		r, err := streamread.Read(cons, 64)
+		require.NoError(t, err)
+		require.Equal(t, seqs(after+1, 250), readAll(t, r, int(250-after)), "after %d", after)
+		require.Equal(t, 250-after, r.Delivered())
+		r.Stop()
+	}
+}
+
+// TestReader_WaitsUntilCancelled: with nothing left to read, Next waits for the next message and
+// returns it; cancelled meanwhile, it returns the context's error at once, and the Reader still reads
+// afterwards.
+func TestReader_WaitsUntilCancelled(t *testing.T) {
+	js, s := stream(t, 2)
+	cons, err := streamread.Create(context.Background(), s, 0)
+	require.NoError(t, err)
+	r, err := streamread.Read(cons, 0)
+	require.NoError(t, err)
+	defer r.Stop()
+	readAll(t, r, 2)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, _, err := r.Next(ctx)
+		done <- err
+	}()
+	cancel()
+	select {
+	case err := <-done:
+		require.ErrorIs(t, err, context.Canceled)
+	case <-time.After(10 * time.Second):
+		t.Fatal("Next did not return once its context was cancelled")
+	}
+
+	_, err = js.Publish(context.Background(), "s.2", nil)
+	require.NoError(t, err)
+	require.Equal(t, []uint64{3}, readAll(t, r, 1), "the Reader reads on after a cancelled Next")
+}
+
+// TestReader_ConsumerDeleted: a consumer deleted under the reader is an error of Next, not a wait
+// without end; a new consumer created from the last sequence read goes on with the next message.
+func TestReader_ConsumerDeleted(t *testing.T) {
+	js, s := stream(t, 3)
+	cons, err := streamread.Create(context.Background(), s, 0)
+	require.NoError(t, err)
+	r, err := streamread.Read(cons, 0)
+	require.NoError(t, err)
+	defer r.Stop()
+	readAll(t, r, 3)
+
+	require.NoError(t, s.DeleteConsumer(context.Background(), cons.CachedInfo().Name))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, _, err = r.Next(ctx)
+	require.Error(t, err)
+	require.NotErrorIs(t, err, context.DeadlineExceeded, "the loss is said, within two heartbeats")
+
+	_, err = js.Publish(context.Background(), "s.3", nil)
+	require.NoError(t, err)
+	cons, err = streamread.Create(context.Background(), s, 3)
+	require.NoError(t, err)
+	r2, err := streamread.Read(cons, 0)
+	require.NoError(t, err)
+	defer r2.Stop()
+	require.Equal(t, []uint64{4}, readAll(t, r2, 1))
+}
+
+// TestReader_StopEndsAWaitingNext: Stop, from another goroutine, ends a Next waiting for a message.
+func TestReader_StopEndsAWaitingNext(t *testing.T) {
+	_, s := stream(t, 0)
+	cons, err := streamread.Create(context.Background(), s, 0)
+	require.NoError(t, err)
+	r, err := streamread.Read(cons, 0)
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() {
+		_, _, err := r.Next(context.Background())
+		done <- err
+	}()
+	time.Sleep(50 * time.Millisecond) // let Next start waiting; it must end either way
+	r.Stop()
+	select {
+	case err := <-done:
+		require.True(t, errors.Is(err, jetstream.ErrMsgIteratorClosed), "%v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("Next did not return once the Reader was stopped")
+	}
+}
+
+// TestCreate_UnderTheCallersContext: the consumer is created under the caller's context, so a create
+// on a context already ended sends nothing and fails at once, and the consumer created is the ordered
+// consumer's kind: no acks, one replica in memory, going by itself once left behind.
+func TestCreate_UnderTheCallersContext(t *testing.T) {
+	_, s := stream(t, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err := streamread.Create(ctx, s, 0)
+	require.ErrorIs(t, err, context.Canceled)
+
+	cons, err := streamread.Create(context.Background(), s, 0)
+	require.NoError(t, err)
+	cfg := cons.CachedInfo().Config
+	require.Equal(t, jetstream.AckNonePolicy, cfg.AckPolicy)
+	require.True(t, cfg.MemoryStorage)
+	require.Equal(t, 1, cfg.Replicas)
+	require.Equal(t, 5*time.Minute, cfg.InactiveThreshold)
+}
