@@ -1,0 +1,264 @@
+package seat_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"github.com/novox/mesh-provisioner/internal/natstest"
+	"github.com/novox/mesh-provisioner/query"
+	"github.com/stretchr/testify/require"
+	"github.com/vmihailenco/msgpack/v5"
+	"strconv"
+	"strings"
+	"testing"
+
+	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/fixtures"
+)
+
+// prefixMesh holds names that are prefixes of others at every place a filter reads: nodes n1, n10 and
+// n1-x; modules a and ab; kinds config and configx; collections a, a:b (written a=3Ab and a=3ab), a= and
+// a==, whose raw tokens are prefixes of one another's.
+func prefixMesh(t *testing.T) []fixtures.Op {
+	var ops []fixtures.Op
+	put := func(bucket, key string) {
+		ops = append(ops, fixtures.Op{Bucket: bucket, Key: key, Op: provisioner.OpPut, Value: mp(t, key)})
+	}
+	for _, node := range []string{"n1", "n10", "n1-x"} {
+		for _, mod := range []string{"a", "ab"} {
+			for _, kind := range []string{"config", "configx", "secret"} {
+				put(provisioner.BucketNeeds, node+"."+mod+"."+kind+".x")
+			}
+			put(provisioner.BucketApplied, node+"."+mod)
+			for _, col := range []string{"a", "a=3Ab", "a=3ab", "a=3D", "a=3D=3D", "ab"} {
+				put(provisioner.BucketCollect, node+"."+col+"."+mod)
+			}
+		}
+		put(provisioner.BucketNeeds, node+".a.config") // out of shape, on each node
+		put(provisioner.BucketApplied, node)
+		put(provisioner.BucketCollect, node+".a=.a")
+	}
+	return ops
+}
+
+// TestSeat_FiltersOnPrefixNames: CONTRACT section 3, each filter matches its value exactly on every
+// what, alone and combined, and paging with limit 1, 2, 10000 and the default loses and repeats no row.
+func TestSeat_FiltersOnPrefixNames(t *testing.T) {
+	h := newHarness(t)
+	h.load(prefixMesh(t))
+	st, _ := h.startSeat(t.TempDir())
+	h.waitCaughtUp(st)
+	var reqs []map[string]any
+	for _, kind := range []string{"", "config", "configx", "conf", "secret"} {
+		reqs = append(reqs, map[string]any{"what": "registry", "kind": kind})
+	}
+	reqs = append(reqs, map[string]any{"what": "registry", "module": "mesh-"}, map[string]any{"what": "registry", "module": "mesh-vault", "kind": "secret"})
+	for _, node := range []string{"", "n1", "n10", "n", "n1-x"} {
+		for _, mod := range []string{"", "a", "ab", "b"} {
+			for _, kind := range []string{"", "config", "configx", "conf"} {
+				reqs = append(reqs, map[string]any{"what": "needs", "node": node, "module": mod, "kind": kind})
+			}
+			reqs = append(reqs, map[string]any{"what": "applied", "node": node, "module": mod})
+			for _, col := range []string{"", "a", "a:b", "a=", "a==", "ab", "a:", "A:B"} {
+				reqs = append(reqs, map[string]any{"what": "collect", "node": node, "contributor": mod, "collection": col})
+			}
+		}
+	}
+	for _, req := range reqs {
+		for _, limit := range []any{nil, 1, 2, 10000} {
+			r := map[string]any{"limit": limit}
+			for k, v := range req {
+				r[k] = v
+			}
+			t.Run(fmt.Sprint(r), func(t *testing.T) { (&harness{t: t, url: h.url, nc: h.nc, js: h.js}).checkAnswer(r) })
+		}
+	}
+}
+
+func (h *harness) askErr(req map[string]any, asMsgpack bool) (natstest.Answer, error) {
+	h.t.Helper()
+	var body []byte
+	var err error
+	if asMsgpack {
+		body, err = msgpack.Marshal(req)
+	} else {
+		body, err = json.Marshal(req)
+	}
+	require.NoError(h.t, err)
+	a, _, err := natstest.Ask(h.nc, query.Subject, body, asMsgpack)
+	return a, err
+}
+
+func verbCode(err error) int {
+	var ve *natstest.VerbError
+	if errors.As(err, &ve) {
+		return ve.Code
+	}
+	if err == nil {
+		return 200
+	}
+	return -1
+}
+
+// TestSeat_CursorOfAnotherAnswer: a cursor names a row of the answer it came from; as the cursor of
+// another answer (another what, another narrowing, a key no row has) it is 404, in both formats.
+func TestSeat_CursorOfAnotherAnswer(t *testing.T) {
+	h := newHarness(t)
+	h.load(prefixMesh(t))
+	st, _ := h.startSeat(t.TempDir())
+	h.waitCaughtUp(st)
+	for _, asMsgpack := range []bool{false, true} {
+		for _, tc := range []struct {
+			req  map[string]any
+			code int
+		}{
+			{map[string]any{"what": "needs", "node": "n1", "kind": "config", "after": "n1.a.config.x"}, 200},
+			{map[string]any{"what": "needs", "node": "n1", "kind": "config", "after": "n1.a.configx.x"}, 404},
+			{map[string]any{"what": "needs", "node": "n1", "kind": "config", "after": "n10.a.config.x"}, 404},
+			{map[string]any{"what": "needs", "module": "a", "kind": "secret", "after": "n1.a.config.x"}, 404},
+			{map[string]any{"what": "needs", "node": "n1", "module": "a", "after": "n1.ab.config.x"}, 404},
+			{map[string]any{"what": "needs", "after": "n1.a"}, 404},
+			{map[string]any{"what": "needs", "after": "n1.a.config"}, 404}, // an anomaly's key has no row
+			{map[string]any{"what": "applied", "node": "n1", "module": "a", "after": "n1.a"}, 200},
+			{map[string]any{"what": "applied", "node": "n1", "module": "a", "after": "n1.ab"}, 404},
+			{map[string]any{"what": "applied", "after": "n1.a.config.x"}, 404},
+			{map[string]any{"what": "collect", "node": "n1", "contributor": "a", "after": "n1.a.a"}, 200},
+			{map[string]any{"what": "collect", "node": "n1", "contributor": "a", "after": "n1.a.ab"}, 404},
+			{map[string]any{"what": "collect", "collection": "a:b", "contributor": "ab", "after": "n1.a=3Ab.a"}, 404},
+			{map[string]any{"what": "collect", "collection": "a:b", "after": "n1.a=3Ab.a"}, 200},
+			{map[string]any{"what": "collect", "collection": "a:b", "after": "n1.a.a"}, 404},
+			{map[string]any{"what": "registry", "kind": "secret", "after": "secret"}, 200},
+			{map[string]any{"what": "registry", "module": "mesh-vault", "after": "config"}, 404},
+			{map[string]any{"what": "registry", "after": "no-such-kind"}, 404},
+		} {
+			a, err := h.askErr(tc.req, asMsgpack)
+			require.Equal(t, tc.code, verbCode(err), "%v msgpack=%v: %v %v", tc.req, asMsgpack, err, a.Rows)
+			// As of the newest state, from the event log, the same.
+			at := map[string]any{"at": "9999-12-31T23:59:59Z"}
+			for k, v := range tc.req {
+				at[k] = v
+			}
+			a, err = h.askErr(at, asMsgpack)
+			require.Equal(t, tc.code, verbCode(err), "%v msgpack=%v: %v %v", at, asMsgpack, err, a.Rows)
+		}
+	}
+}
+
+// TestSeat_PagingWhileKeysChange: the cursor's promise (docs/decisions.md, The verb): a walk in byte
+// order sees every key that lives through it exactly once, with its value as of the page that holds
+// it; a key added ahead of the cursor is seen, one added behind it is not; a key deleted or purged
+// ahead of the cursor is not; and a cursor whose row was deleted is 404.
+func TestSeat_PagingWhileKeysChange(t *testing.T) {
+	h := newHarness(t)
+	var ops []fixtures.Op
+	for i := 0; i < 40; i += 2 {
+		key := fmt.Sprintf("n2.m.config.k%02d", i)
+		ops = append(ops, fixtures.Op{Bucket: provisioner.BucketNeeds, Key: key, Op: provisioner.OpPut, Value: mp(t, key)})
+	}
+	ops = append(ops, fixtures.Op{Bucket: provisioner.BucketNeeds, Key: "n20.m.config.k00", Op: provisioner.OpPut, Value: mp(t, "n20")})
+	h.load(ops)
+	require.NoError(t, fixtures.CreateBuckets(context.Background(), h.js, provisioner.BucketApplied, provisioner.BucketCollect))
+	st, _ := h.startSeat(t.TempDir())
+	h.waitCaughtUp(st)
+	kv, err := h.js.KeyValue(context.Background(), provisioner.BucketNeeds)
+	require.NoError(t, err)
+	ctx := context.Background()
+
+	for _, asMsgpack := range []bool{false, true} {
+		req := map[string]any{"what": "needs", "node": "n2", "limit": 3}
+		seen := map[string]int{}
+		var order []string
+		lived := map[string]bool{} // keys that live through the whole walk
+		for i := 0; i < 40; i += 2 {
+			lived[fmt.Sprintf("n2.m.config.k%02d", i)] = true
+		}
+		removed := map[string]bool{}
+		added := map[string]bool{}
+		var last uint64
+		for page := 0; ; page++ {
+			a, err := h.askErr(req, asMsgpack)
+			require.NoError(t, err, "page %d", page)
+			for _, row := range a.Rows {
+				k := row["key"].(string)
+				seen[k]++
+				order = append(order, k)
+			}
+			if a.Next == "" {
+				break
+			}
+			// Between pages: a key added ahead of the cursor and one behind it, a key ahead deleted and
+			// one purged, a key behind written again.
+			cur, err := strconv.Atoi(strings.TrimPrefix(a.Next, "n2.m.config.k"))
+			require.NoError(t, err)
+			write := func(key string, del, purge bool) {
+				var err error
+				switch {
+				case del:
+					err = kv.Delete(ctx, key)
+				case purge:
+					err = kv.Purge(ctx, key)
+				default:
+					last, err = kv.Put(ctx, key, mp(t, key+" again"))
+				}
+				require.NoError(t, err)
+			}
+			if ahead := fmt.Sprintf("n2.m.config.k%02d", cur+3); cur+3 < 40 {
+				write(ahead, false, false)
+				added[ahead] = true
+			}
+			behind := fmt.Sprintf("n2.m.config.k%02dz", cur-1)
+			write(behind, false, false)
+			for j, gone := range []int{cur + 4, cur + 6} {
+				if key := fmt.Sprintf("n2.m.config.k%02d", gone); gone < 40 && lived[key] {
+					write(key, j == 0, j == 1)
+					delete(lived, key)
+					removed[key] = true
+				}
+			}
+			write(fmt.Sprintf("n2.m.config.k%02d", cur-2), false, false)
+			req["after"] = a.Next
+			req["min_seq"], req["wait_ms"] = last, 5000 // the next page sees every write above
+		}
+		for i := 1; i < len(order); i++ {
+			require.Less(t, order[i-1], order[i], "msgpack=%v: rows in byte order, none twice", asMsgpack)
+		}
+		for k := range lived {
+			require.Equal(t, 1, seen[k], "msgpack=%v: %s lived through the walk", asMsgpack, k)
+		}
+		for k := range removed {
+			require.Zero(t, seen[k], "msgpack=%v: %s was removed ahead of the cursor", asMsgpack, k)
+		}
+		for k := range added {
+			require.Equal(t, 1, seen[k], "msgpack=%v: %s was added ahead of the cursor", asMsgpack, k)
+		}
+		for k := range seen {
+			require.NotContains(t, k, "z", "msgpack=%v: %s was added behind the cursor", asMsgpack, k)
+			require.True(t, strings.HasPrefix(k, "n2."), "msgpack=%v: %s is not node n2's", asMsgpack, k)
+		}
+		// Start over for the other format: every key back as it was.
+		for i := 0; i < 40; i++ {
+			key := fmt.Sprintf("n2.m.config.k%02d", i)
+			_ = kv.Purge(ctx, key)
+			_ = kv.Purge(ctx, key+"z")
+			if i%2 == 0 {
+				last, err = kv.Put(ctx, key, mp(t, key))
+				require.NoError(t, err)
+			}
+		}
+		_, err = h.askErr(map[string]any{"what": "needs", "min_seq": last, "wait_ms": 5000}, false)
+		require.NoError(t, err)
+	}
+
+	// The cursor's own row deleted between pages: 404, in both formats.
+	a, err := h.askErr(map[string]any{"what": "needs", "node": "n2", "limit": 2}, false)
+	require.NoError(t, err)
+	require.NotEmpty(t, a.Next)
+	seq, err := kv.Put(ctx, "n2.m.config.k99", mp(t, "later"))
+	require.NoError(t, err)
+	require.NoError(t, kv.Delete(ctx, a.Next))
+	for _, asMsgpack := range []bool{false, true} {
+		_, err = h.askErr(map[string]any{"what": "needs", "node": "n2", "limit": 2, "after": a.Next, "min_seq": seq + 1, "wait_ms": 5000}, asMsgpack)
+		require.Equal(t, 404, verbCode(err), "%v", err)
+	}
+}
