@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/novox/mesh-provisioner/internal/natstest"
+	"github.com/novox/mesh-provisioner/internal/verbcheck"
 	"github.com/novox/mesh-provisioner/query"
 	"github.com/stretchr/testify/require"
 	"github.com/vmihailenco/msgpack/v5"
@@ -65,13 +66,17 @@ func TestSeat_FiltersOnPrefixNames(t *testing.T) {
 			}
 		}
 	}
+	truth, err := verbcheck.ReadTruth(context.Background(), h.js)
+	require.NoError(t, err)
 	for _, req := range reqs {
 		for _, limit := range []any{nil, 1, 2, 10000} {
 			r := map[string]any{"limit": limit}
 			for k, v := range req {
 				r[k] = v
 			}
-			t.Run(fmt.Sprint(r), func(t *testing.T) { (&harness{t: t, url: h.url, nc: h.nc, js: h.js}).checkAnswer(r) })
+			for _, asMsgpack := range []bool{false, true} {
+				require.NoError(t, truth.Check(h.nc, r, asMsgpack, 0))
+			}
 		}
 	}
 }
