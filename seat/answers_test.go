@@ -5,14 +5,19 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/nats-io/nats.go"
 	"github.com/novox/mesh-provisioner/internal/natstest"
 	"github.com/novox/mesh-provisioner/internal/verbcheck"
+	"github.com/novox/mesh-provisioner/projector"
 	"github.com/novox/mesh-provisioner/query"
+	"github.com/novox/mesh-provisioner/seat"
+	"github.com/novox/mesh-provisioner/store"
 	"github.com/stretchr/testify/require"
 	"github.com/vmihailenco/msgpack/v5"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	provisioner "github.com/novox/mesh-provisioner"
 	"github.com/novox/mesh-provisioner/fixtures"
@@ -266,4 +271,72 @@ func TestSeat_PagingWhileKeysChange(t *testing.T) {
 		_, err = h.askErr(map[string]any{"what": "needs", "node": "n2", "limit": 2, "after": a.Next, "min_seq": seq + 1, "wait_ms": 5000}, asMsgpack)
 		require.Equal(t, 404, verbCode(err), "%v", err)
 	}
+}
+
+// TestSeat_SyncedSinceStart: CONTRACT section 3, synced is true once the projection has caught up with
+// the bucket's stream since start: a seat restarted on its state dir answers from its checkpoint with
+// synced false while it cannot read what came since, and as_of never goes back across its answers.
+func TestSeat_SyncedSinceStart(t *testing.T) {
+	ns := natstest.RunServerSeatDenied(t)
+	url := ns.ClientURL()
+	_, admin := natstest.Connect(t, url, nats.UserInfo("admin", "admin"))
+	ctx := context.Background()
+	require.NoError(t, fixtures.CreateBuckets(ctx, admin, provisioner.BucketNeeds, provisioner.BucketApplied, provisioner.BucketCollect))
+	applied, err := admin.KeyValue(ctx, provisioner.BucketApplied)
+	require.NoError(t, err)
+	var last uint64
+	for i := 0; i < 3; i++ {
+		last, err = applied.Put(ctx, fmt.Sprintf("n1.m%d", i), mp(t, i))
+		require.NoError(t, err)
+	}
+	dir := t.TempDir()
+	start := func() (*nats.Conn, func()) {
+		nc, js := natstest.Connect(t, url, nats.UserInfo("seat", "seat"))
+		db, err := store.OpenState(dir, store.Options{})
+		require.NoError(t, err)
+		st, err := seat.Start(ctx, nc, js, db, seat.Config{WriteRegistry: true, Projector: projector.Options{Poll: 20 * time.Millisecond, Verify: 100 * time.Millisecond}})
+		require.NoError(t, err)
+		return nc, func() { require.NoError(t, st.Stop()); require.NoError(t, db.Close()); nc.Close() }
+	}
+	nc, stop := start()
+	var asOf uint64
+	ask := func(nc *nats.Conn) natstest.Answer {
+		t.Helper()
+		a, _, err := natstest.Ask(nc, query.Subject, []byte(`{"what":"applied"}`), false)
+		require.NoError(t, err)
+		require.GreaterOrEqual(t, a.AsOf, asOf, "as_of never goes back")
+		asOf = a.AsOf
+		return a
+	}
+	natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		if a := ask(nc); !a.Synced || a.AsOf != last {
+			return fmt.Errorf("as_of %d synced %v", a.AsOf, a.Synced)
+		}
+		return nil
+	})
+	stop()
+
+	// While the seat is down, two more puts; once it is up again it may not read them yet.
+	for i := 3; i < 5; i++ {
+		last, err = applied.Put(ctx, fmt.Sprintf("n1.m%d", i), mp(t, i))
+		require.NoError(t, err)
+	}
+	stream := provisioner.StreamName(provisioner.BucketApplied)
+	natstest.DenySeat(t, ns, "$JS.API.CONSUMER.CREATE."+stream, "$JS.API.CONSUMER.CREATE."+stream+".>")
+	nc, stop = start()
+	for i := 0; i < 3; i++ {
+		a := ask(nc)
+		require.False(t, a.Synced, "not caught up since start")
+		require.EqualValues(t, 3, a.AsOf, "as of the checkpoint")
+		require.Len(t, a.Rows, 3)
+	}
+	stop()
+	natstest.DenySeat(t, ns)
+	nc, _ = start()
+	natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		if a := ask(nc); !a.Synced || a.AsOf != last || len(a.Rows) != 5 {
+			return fmt.Errorf("as_of %d synced %v rows %d", a.AsOf, a.Synced, len(a.Rows))
+		}
+		return nil
+	})
 }
