@@ -340,3 +340,68 @@ func TestSeat_SyncedSinceStart(t *testing.T) {
 		return nil
 	})
 }
+
+// TestSeat_AtPages: CONTRACT section 3, at answers from the event log with the live answer's paging:
+// seq:0 and a time before the first message are empty (not 410), a sequence past the end is the newest
+// state, and a point in the middle holds exactly the keys put by then, walked page by page.
+func TestSeat_AtPages(t *testing.T) {
+	h := newHarness(t)
+	before := time.Now().Add(-time.Hour).UTC().Format(time.RFC3339Nano)
+	h.load(prefixMesh(t))
+	st, _ := h.startSeat(t.TempDir())
+	h.waitCaughtUp(st)
+	for _, what := range []string{"needs", "applied", "collect", "registry"} {
+		for _, asMsgpack := range []bool{false, true} {
+			live, last, err := natstest.AskAll(h.nc, query.Subject, map[string]any{"what": what}, asMsgpack)
+			require.NoError(t, err)
+			require.NotEmpty(t, live)
+			end := last.AsOf
+			walk := func(at string, limit any) ([]string, []uint64) {
+				t.Helper()
+				req := map[string]any{"what": what, "at": at, "limit": limit}
+				var keys []string
+				var asOfs []uint64
+				for {
+					a, err := h.askErr(req, asMsgpack)
+					require.NoError(t, err, "%v", req)
+					for _, row := range a.Rows {
+						keys = append(keys, row["key"].(string))
+					}
+					asOfs = append(asOfs, a.AsOf)
+					if a.Next == "" {
+						return keys, asOfs
+					}
+					req["after"] = a.Next
+				}
+			}
+			mid := end / 2
+			var liveKeys, midKeys []string
+			for _, row := range live {
+				liveKeys = append(liveKeys, row["key"].(string))
+				rev, err := strconv.ParseUint(fmt.Sprint(row["revision"]), 10, 64)
+				require.NoError(t, err)
+				if rev <= mid {
+					midKeys = append(midKeys, row["key"].(string))
+				}
+			}
+			for _, limit := range []any{nil, 1, 2} {
+				name := fmt.Sprintf("%s limit=%v msgpack=%v", what, limit, asMsgpack)
+				keys, asOfs := walk("seq:0", limit)
+				require.Empty(t, keys, name)
+				require.Equal(t, []uint64{0}, asOfs, name)
+				keys, _ = walk(before, limit)
+				require.Empty(t, keys, name)
+				keys, asOfs = walk(fmt.Sprintf("seq:%d", end+1000), limit)
+				require.Equal(t, liveKeys, keys, name)
+				for _, a := range asOfs {
+					require.Equal(t, end, a, name)
+				}
+				keys, asOfs = walk(fmt.Sprintf("seq:%d", mid), limit)
+				require.Equal(t, midKeys, keys, name)
+				for _, a := range asOfs {
+					require.Equal(t, mid, a, name)
+				}
+			}
+		}
+	}
+}
