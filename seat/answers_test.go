@@ -405,3 +405,53 @@ func TestSeat_AtPages(t *testing.T) {
 		}
 	}
 }
+
+// TestSeat_SeatsAnswerAlike: CONTRACT section 3, several seats share the verb in the default queue
+// group, and whichever answers, the answer is the same bytes: rows, anomalies, as_of, cursors and
+// errors alike, so a walk may page on from one seat to the other.
+func TestSeat_SeatsAnswerAlike(t *testing.T) {
+	h := newHarness(t)
+	h.load(prefixMesh(t))
+	st1, _ := h.startSeat(t.TempDir())
+	st2, _ := h.startSeat(t.TempDir())
+	h.waitCaughtUp(st1)
+	h.waitCaughtUp(st2)
+	answered := func() int64 {
+		n := int64(0)
+		for _, st := range []*seat.Seat{st1, st2} {
+			if st.Server.Answered()["200"] > 0 {
+				n++
+			}
+		}
+		return n
+	}
+	reqs := []map[string]any{
+		{}, {"what": "needs", "node": "n1", "limit": 2}, {"what": "needs", "node": "n1", "limit": 2, "after": "n1.a.configx.x"},
+		{"what": "collect", "collection": "a:b"}, {"what": "applied", "module": "ab", "at": "seq:4"},
+		{"what": "needs", "after": "n1.nope.config.x"}, {"what": "needs", "kind": "a.b"},
+	}
+	for _, req := range reqs {
+		for _, asMsgpack := range []bool{false, true} {
+			var body []byte
+			var err error
+			if asMsgpack {
+				body, err = msgpack.Marshal(req)
+			} else {
+				body, err = json.Marshal(req)
+			}
+			require.NoError(t, err)
+			var first *nats.Msg
+			for i := 0; i < 24; i++ {
+				msg, err := h.nc.Request(query.Subject, body, 5*time.Second)
+				require.NoError(t, err)
+				if first == nil {
+					first = msg
+					continue
+				}
+				require.Equal(t, first.Header, msg.Header, "%v msgpack=%v", req, asMsgpack)
+				require.Equal(t, first.Data, msg.Data, "%v msgpack=%v", req, asMsgpack)
+			}
+		}
+	}
+	require.EqualValues(t, 2, answered(), "both seats answered")
+}
