@@ -455,3 +455,43 @@ func TestSeat_SeatsAnswerAlike(t *testing.T) {
 	}
 	require.EqualValues(t, 2, answered(), "both seats answered")
 }
+
+// TestSeat_MinSeqBounds: CONTRACT section 3, min_seq answers once applied and 504 exactly when it is
+// not reached within wait_ms; wait_ms 0 and 10000 are its bounds, 10001 is a bad request.
+func TestSeat_MinSeqBounds(t *testing.T) {
+	h := newHarness(t)
+	h.load(prefixMesh(t))
+	st, _ := h.startSeat(t.TempDir())
+	h.waitCaughtUp(st)
+	applied, _ := st.Store().Applied(provisioner.BucketApplied)
+	require.Positive(t, applied)
+	kv, err := h.js.KeyValue(context.Background(), provisioner.BucketApplied)
+	require.NoError(t, err)
+	for _, asMsgpack := range []bool{false, true} {
+		for _, tc := range []struct {
+			minSeq, waitMS any
+			code           int
+		}{
+			{applied, nil, 200}, {applied, 0, 200}, {applied, 10000, 200}, {1, 10000, 200},
+			{applied + 1, nil, 504}, {applied + 1, 0, 504}, {applied + 1, 30, 504},
+			{applied, 10001, 400}, {applied, -1, 400}, {-1, 0, 400},
+		} {
+			req := map[string]any{"what": "applied", "min_seq": tc.minSeq, "wait_ms": tc.waitMS}
+			a, err := h.askErr(req, asMsgpack)
+			require.Equal(t, tc.code, verbCode(err), "%v msgpack=%v: %v", req, asMsgpack, err)
+			if tc.code == 200 {
+				require.GreaterOrEqual(t, a.AsOf, applied)
+			}
+		}
+	}
+	// A wait that a write ends: answered with the write in it.
+	done := make(chan error, 1)
+	go func() {
+		_, err := h.askErr(map[string]any{"what": "applied", "min_seq": applied + 1, "wait_ms": 10000}, false)
+		done <- err
+	}()
+	seq, err := kv.Put(context.Background(), "n9.m", mp(t, "late"))
+	require.NoError(t, err)
+	require.Equal(t, applied+1, seq)
+	require.NoError(t, <-done)
+}
