@@ -2,8 +2,10 @@
 // at start and every interval it puts each kind whose stored value differs, and deletes each key the
 // table does not hold.
 //
-// Every write names the revision it read: a kind is created only where the key has no value, updated
-// only at the revision it was read at, and a stray is deleted only at the revision it was read at. So
+// Every write names the revision it read: a kind is written only at the revision its last message was
+// read at (0 where the key has none), and a stray is deleted only at the revision it was read at. A
+// key's last message is judged as the projection judges it (provisioner.OpOfHeaders): a marker of any
+// reason is a removed key, which the writer puts back, whatever bytes the marker carries. So
 // several writers with the same table converge on it and never flap: a writer that loses a race reads
 // the key again, finds the other's value equal to its own, and writes nothing. A value is compared as
 // a reader decodes it (provisioner.RegistryEntry.Matches), so another encoding of the same entry is
@@ -169,14 +171,18 @@ func (w *Writer) Pass(ctx context.Context) (int, error) {
 		w.writes += writes
 		w.mu.Unlock()
 	}()
+	stream, err := w.js.Stream(ctx, provisioner.StreamName(provisioner.BucketRegistry))
+	if err != nil {
+		return 0, fmt.Errorf("registry stream: %w", err)
+	}
 	for _, e := range w.table.Entries {
-		n, err := w.putKind(ctx, kv, e)
+		n, err := w.putKind(ctx, kv, stream, e)
 		writes += n
 		if err != nil {
 			return writes, err
 		}
 	}
-	stream, stray, err := w.strays(ctx)
+	stray, err := w.strays(ctx, stream)
 	if err != nil {
 		return writes, err
 	}
@@ -213,35 +219,35 @@ func (w *Writer) bucket(ctx context.Context) (jetstream.KeyValue, error) {
 	return kv, nil
 }
 
-// putKind writes one kind unless its stored value already matches the entry. A lost race is read
-// again, a few times at most.
-func (w *Writer) putKind(ctx context.Context, kv jetstream.KeyValue, e provisioner.RegistryEntry) (int, error) {
+// putKind writes one kind unless its stored value already matches the entry. The key's last message
+// is read from the stream and judged as the projection judges it (deleted), so a key removed by a
+// marker the KV API does not take for one (a Nats-Marker-Reason of any other value) is written again.
+// A lost race is read again, a few times at most.
+func (w *Writer) putKind(ctx context.Context, kv jetstream.KeyValue, stream jetstream.Stream, e provisioner.RegistryEntry) (int, error) {
+	subj := provisioner.SubjectPrefix(provisioner.BucketRegistry) + e.Kind
 	for attempt := 0; attempt < raceAttempts; attempt++ {
-		cur, err := kv.Get(ctx, e.Kind)
-		if errors.Is(err, jetstream.ErrKeyNotFound) {
-			// No value, or a delete marker: Create writes only over those.
-			if _, err := kv.Create(ctx, e.Kind, e.Value()); err != nil {
-				if lostRace(err) {
-					continue
-				}
-				return 0, fmt.Errorf("create kind %q: %w", e.Kind, err)
-			}
-			w.log.Debug("registry kind written", "kind", e.Kind, "was", "absent")
-			return 1, nil
-		}
-		if err != nil {
+		// Written only at the revision read: 0 where the key has no message at all.
+		var rev uint64
+		was := "absent"
+		last, err := stream.GetLastMsgForSubject(ctx, subj)
+		switch {
+		case errors.Is(err, jetstream.ErrMsgNotFound):
+		case err != nil:
 			return 0, fmt.Errorf("read kind %q: %w", e.Kind, err)
-		}
-		if e.Matches(cur.Value()) {
+		case deleted(last.Header):
+			rev, was = last.Sequence, "deleted"
+		case e.Matches(last.Data):
 			return 0, nil
+		default:
+			rev, was = last.Sequence, "different"
 		}
-		if _, err := kv.Update(ctx, e.Kind, e.Value(), cur.Revision()); err != nil {
+		if _, err := kv.Update(ctx, e.Kind, e.Value(), rev); err != nil {
 			if lostRace(err) {
 				continue
 			}
-			return 0, fmt.Errorf("update kind %q: %w", e.Kind, err)
+			return 0, fmt.Errorf("write kind %q: %w", e.Kind, err)
 		}
-		w.log.Debug("registry kind written", "kind", e.Kind, "was", "different", "revision", cur.Revision())
+		w.log.Debug("registry kind written", "kind", e.Kind, "was", was, "revision", rev)
 		return 1, nil
 	}
 	return 0, fmt.Errorf("kind %q: lost the race to another writer %d times", e.Kind, raceAttempts)
@@ -249,15 +255,11 @@ func (w *Writer) putKind(ctx context.Context, kv jetstream.KeyValue, e provision
 
 // strays lists the subjects of the bucket's stream whose key the table does not hold, in byte order. A
 // key once deleted is still a subject of the stream (its delete marker); deleteStray finds it gone.
-func (w *Writer) strays(ctx context.Context) (jetstream.Stream, []string, error) {
-	stream, err := w.js.Stream(ctx, provisioner.StreamName(provisioner.BucketRegistry))
-	if err != nil {
-		return nil, nil, fmt.Errorf("registry stream: %w", err)
-	}
+func (w *Writer) strays(ctx context.Context, stream jetstream.Stream) ([]string, error) {
 	prefix := provisioner.SubjectPrefix(provisioner.BucketRegistry)
 	info, err := stream.Info(ctx, jetstream.WithSubjectFilter(prefix+">"))
 	if err != nil {
-		return nil, nil, fmt.Errorf("list registry keys: %w", err)
+		return nil, fmt.Errorf("list registry keys: %w", err)
 	}
 	var stray []string
 	for subj := range info.State.Subjects {
@@ -266,7 +268,7 @@ func (w *Writer) strays(ctx context.Context) (jetstream.Stream, []string, error)
 		}
 	}
 	sort.Strings(stray)
-	return stream, stray, nil
+	return stray, nil
 }
 
 // deleteStray deletes the key of a subject the table does not hold, at the revision it was read at.

@@ -475,3 +475,34 @@ func TestWriter_StrayIsWhatTheProjectionReads(t *testing.T) {
 	require.EqualValues(t, 2, after["odd-op"], "the put and one delete marker")
 	require.EqualValues(t, 1, after["empty-marker"], "a marker removed the key already: nothing is written")
 }
+
+// TestWriter_PutsBackKindsRemovedByAnyMarker: CONTRACT section 1, a message with Nats-Marker-Reason set,
+// any value, removes its key, and the projection reads it so (provisioner.OpOfHeaders): the writer
+// must read it so too and write the kind again, even when the marker carries the entry's own bytes.
+// nats.go's KV Get takes a marker of a reason it does not know (or an empty one) for a put.
+func TestWriter_PutsBackKindsRemovedByAnyMarker(t *testing.T) {
+	ns := natstest.RunServer(t)
+	_, js := natstest.Connect(t, ns.ClientURL())
+	ctx := context.Background()
+	w := registry.New(js, provisioner.Registry, time.Hour, nil)
+	_, err := w.Pass(ctx)
+	require.NoError(t, err)
+	marked := map[string]string{"config": "", "secret": "Whatever", "port": "MaxAge"}
+	for kind, reason := range marked {
+		e, ok := provisioner.Registry.Lookup(kind)
+		require.True(t, ok)
+		m := nats.NewMsg(provisioner.SubjectPrefix(provisioner.BucketRegistry) + kind)
+		m.Header[jetstream.MarkerReasonHeader] = []string{reason}
+		m.Data = e.Value() // the entry's own bytes, behind a marker
+		_, err := js.PublishMsg(ctx, m)
+		require.NoError(t, err)
+	}
+	require.Error(t, equalsContract(t, js), "the marked kinds are removed")
+	n, err := w.Pass(ctx)
+	require.NoError(t, err)
+	require.Equal(t, len(marked), n, "one write per marked kind")
+	require.NoError(t, equalsContract(t, js))
+	n, err = w.Pass(ctx)
+	require.NoError(t, err)
+	require.Zero(t, n, "and then nothing")
+}
