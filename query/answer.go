@@ -156,8 +156,7 @@ func Plan(bucket string, r *Request) (provisioner.Range, func(*provisioner.Parts
 			if module == "" {
 				return true
 			}
-			e, err := provisioner.DecodeRegistryEntry(row.Value) // the module is the value's
-			return err == nil && e.Module == module
+			return row.Msgpack && provisioner.RegistryFields(row.Value).Module == module // the module is the value's
 		}
 	case provisioner.WhatNeeds:
 		node, module, kind := r.Node, r.Module, r.Kind

@@ -495,3 +495,55 @@ func TestSeat_MinSeqBounds(t *testing.T) {
 	require.Equal(t, applied+1, seq)
 	require.NoError(t, <-done)
 }
+
+// TestSeat_RegistryRowsReadTheValue: CONTRACT section 3, a registry row carries module, bucket,
+// key_shape and verb from the value (docs/decisions.md: each when present), and module narrows by the
+// value's: also for a value that holds a field more, as a newer seat's table may (a rolling upgrade),
+// or one field of another type, which the row leaves out alone.
+func TestSeat_RegistryRowsReadTheValue(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	require.NoError(t, fixtures.CreateBuckets(ctx, h.js, provisioner.BucketRegistry, provisioner.BucketNeeds, provisioner.BucketApplied, provisioner.BucketCollect))
+	reg, err := h.js.KeyValue(ctx, provisioner.BucketRegistry)
+	require.NoError(t, err)
+	values := map[string]map[string]any{
+		"config":    {"kind": "config", "module": "mesh-config", "bucket": "mesh-config_values", "key_shape": "<node>.<module>.<name>"},
+		"secret":    {"kind": "secret", "module": "mesh-vault", "verb": "mesh-vault.secret", "since": "v2"},
+		"consumers": {"kind": "consumers", "module": "mesh-vault", "verb": "mesh-vault.consumers", "replicas": 3},
+		"port":      {"kind": "port", "module": "mesh-controller", "bucket": 7, "key_shape": "<node>.<module>"},
+	}
+	for k, v := range values {
+		_, err := reg.Put(ctx, k, mp(t, v))
+		require.NoError(t, err)
+	}
+	st, _ := h.startReadOnlySeat(t.TempDir())
+	h.waitCaughtUp(st)
+	for _, asMsgpack := range []bool{false, true} {
+		rows, _, err := natstest.AskAll(h.nc, query.Subject, map[string]any{"what": "registry"}, asMsgpack)
+		require.NoError(t, err)
+		require.Len(t, rows, len(values))
+		for _, row := range rows {
+			kind := row["kind"].(string)
+			want := map[string]any{"kind": kind}
+			for _, f := range []string{"module", "bucket", "key_shape", "verb"} {
+				if s, ok := values[kind][f].(string); ok {
+					want[f] = s
+				}
+			}
+			got := map[string]any{}
+			for _, f := range []string{"kind", "module", "bucket", "key_shape", "verb"} {
+				if v, ok := row[f]; ok {
+					got[f] = v
+				}
+			}
+			require.Equal(t, want, got, "msgpack=%v", asMsgpack)
+		}
+		rows, _, err = natstest.AskAll(h.nc, query.Subject, map[string]any{"what": "registry", "module": "mesh-vault"}, asMsgpack)
+		require.NoError(t, err)
+		var kinds []string
+		for _, row := range rows {
+			kinds = append(kinds, row["key"].(string))
+		}
+		require.Equal(t, []string{"consumers", "secret"}, kinds, "msgpack=%v", asMsgpack)
+	}
+}
