@@ -547,3 +547,45 @@ func TestSeat_RegistryRowsReadTheValue(t *testing.T) {
 		require.Equal(t, []string{"consumers", "secret"}, kinds, "msgpack=%v", asMsgpack)
 	}
 }
+
+// TestSeat_PageSizes: CONTRACT section 3, limit is rows per answer, 1000 by default and at most 10000:
+// a walk of 2,500 rows is pages of 1000, 1000 and 500 by default, and one page at 10000.
+func TestSeat_PageSizes(t *testing.T) {
+	h := newHarness(t)
+	var ops []fixtures.Op
+	for i := 0; i < 2500; i++ {
+		key := fmt.Sprintf("n%04d.m", i)
+		ops = append(ops, fixtures.Op{Bucket: provisioner.BucketApplied, Key: key, Op: provisioner.OpPut, Value: mp(t, i)})
+	}
+	h.load(ops)
+	require.NoError(t, fixtures.CreateBuckets(context.Background(), h.js, provisioner.BucketNeeds, provisioner.BucketCollect))
+	st, _ := h.startSeat(t.TempDir())
+	h.waitCaughtUp(st)
+	for _, asMsgpack := range []bool{false, true} {
+		for _, tc := range []struct {
+			limit any
+			pages []int
+		}{{nil, []int{1000, 1000, 500}}, {10000, []int{2500}}, {1000, []int{1000, 1000, 500}}, {2499, []int{2499, 1}}, {2500, []int{2500}}} {
+			req := map[string]any{"what": "applied", "module": "m", "limit": tc.limit}
+			var pages []int
+			var keys []string
+			for {
+				a, err := h.askErr(req, asMsgpack)
+				require.NoError(t, err)
+				pages = append(pages, len(a.Rows))
+				for _, row := range a.Rows {
+					keys = append(keys, row["key"].(string))
+				}
+				if a.Next == "" {
+					break
+				}
+				req["after"] = a.Next
+			}
+			require.Equal(t, tc.pages, pages, "limit %v msgpack=%v", tc.limit, asMsgpack)
+			require.Len(t, keys, 2500)
+			for i, k := range keys {
+				require.Equal(t, fmt.Sprintf("n%04d.m", i), k)
+			}
+		}
+	}
+}
