@@ -236,3 +236,13 @@ func TestServe_Pprof(t *testing.T) {
 	require.Equal(t, 2, rc, stderr)
 	require.Contains(t, stderr, "--pprof serves the profiles on --metrics-addr")
 }
+
+// --registry-interval 0 or below is a usage error: the writer took it for an hour without a word.
+func TestServe_RegistryIntervalMustBePositive(t *testing.T) {
+	for _, v := range []string{"0", "-1m"} {
+		rc, _, stderr := run(t, "serve", "--nats", "nats://127.0.0.1:1", "--registry-interval", v, "--state", filepath.Join(t.TempDir(), "state"))
+		require.Equal(t, 2, rc, stderr)
+		require.Contains(t, stderr, "--registry-interval")
+		require.Contains(t, stderr, "--no-registry")
+	}
+}
