@@ -16,6 +16,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -296,7 +297,12 @@ func TestSeat_SyncedSinceStart(t *testing.T) {
 		require.NoError(t, err)
 		st, err := seat.Start(ctx, nc, js, db, seat.Config{WriteRegistry: true, Projector: projector.Options{Poll: 20 * time.Millisecond, Verify: 100 * time.Millisecond}})
 		require.NoError(t, err)
-		return nc, func() { require.NoError(t, st.Stop()); require.NoError(t, db.Close()); nc.Close() }
+		var once sync.Once
+		stop := func() {
+			once.Do(func() { require.NoError(t, st.Stop()); require.NoError(t, db.Close()); nc.Close() })
+		}
+		t.Cleanup(stop)
+		return nc, stop
 	}
 	nc, stop := start()
 	var asOf uint64
