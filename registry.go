@@ -69,6 +69,10 @@ type RegistryTable struct {
 	byKind  map[string]int
 }
 
+// NewRegistryTable compiles a table of entries, as Registry is compiled: another seat version's table,
+// in tests. It panics on an entry that is not well formed.
+func NewRegistryTable(entries ...RegistryEntry) RegistryTable { return buildRegistry(entries...) }
+
 func buildRegistry(entries ...RegistryEntry) RegistryTable {
 	sort.Slice(entries, func(i, j int) bool { return entries[i].Kind < entries[j].Kind })
 	t := RegistryTable{Entries: entries, byKind: make(map[string]int, len(entries))}

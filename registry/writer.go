@@ -55,11 +55,16 @@ type Writer struct {
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
+	wakeCh chan struct{} // Wake: a pass soon, not at the next interval
+
+	// wakeGap is the least time from one pass's start to a pass a Wake asks for.
+	wakeGap time.Duration
 
 	mu       sync.Mutex
 	passes   int
 	writes   int
 	failures int
+	repairs  int
 }
 
 // New returns a Writer of table that runs a pass every interval (0 means one hour).
@@ -71,7 +76,18 @@ func New(js jetstream.JetStream, table provisioner.RegistryTable, interval time.
 		log = slog.New(slog.DiscardHandler)
 	}
 	return &Writer{js: js, table: table, interval: interval, log: log.With("component", "registry"),
-		retryMin: 250 * time.Millisecond, retryMax: 30 * time.Second}
+		retryMin: 250 * time.Millisecond, retryMax: 30 * time.Second, wakeCh: make(chan struct{}, 1), wakeGap: time.Second}
+}
+
+// Wake asks for a pass soon rather than at the next interval: a seat calls it when its projection of
+// the bucket lost a kind of the table (deleted, purged or expired by someone else), so the kind is
+// written again within a second or so, not within the hour. A pass starts at most once a wakeGap for
+// wakes; a writer whose last pass failed keeps to its backoff. It never blocks.
+func (w *Writer) Wake() {
+	select {
+	case w.wakeCh <- struct{}{}:
+	default: // a pass is asked for already
+	}
 }
 
 // Start runs a pass now and every interval until Stop. A failed pass is retried with a backoff that
@@ -94,11 +110,21 @@ func (w *Writer) Stop() {
 	w.wg.Wait()
 }
 
+// Table is the table the Writer keeps the bucket equal to.
+func (w *Writer) Table() provisioner.RegistryTable { return w.table }
+
 // Stats says how many passes completed and how many writes (puts and deletes) they made.
 func (w *Writer) Stats() (passes, writes int) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.passes, w.writes
+}
+
+// Repairs says how many repairs (the passes a Wake asks for, lost kinds only) ran since New.
+func (w *Writer) Repairs() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.repairs
 }
 
 // Failures says how many passes failed since New.
@@ -109,16 +135,47 @@ func (w *Writer) Failures() int {
 }
 
 func (w *Writer) loop(ctx context.Context) {
-	delay := time.Duration(0)
+	next := time.Now()     // the next pass: at once, then every interval, or after a backoff
+	var repairAt time.Time // a repair a Wake asked for; zero for none
+	var started time.Time  // the last pass's or repair's start
 	failing := false
 	backoff := time.Duration(0)
 	for {
-		t := time.NewTimer(delay)
+		due, repair := next, false
+		if !repairAt.IsZero() && repairAt.Before(next) {
+			due, repair = repairAt, true
+		}
+		t := time.NewTimer(time.Until(due))
 		select {
 		case <-ctx.Done():
 			t.Stop()
 			return
+		case <-w.wakeCh:
+			t.Stop()
+			if !failing && repairAt.IsZero() { // a failing writer keeps to its backoff
+				repairAt = started.Add(w.wakeGap)
+			}
+			continue
 		case <-t.C:
+		}
+		started, repairAt = time.Now(), time.Time{}
+		if repair {
+			// Lost kinds only: an edit or a stray waits for the pass. A repair that fails is not
+			// retried; the next pass is as due.
+			n, err := w.pass(ctx, true)
+			if ctx.Err() != nil {
+				return
+			}
+			w.mu.Lock()
+			w.repairs++
+			w.mu.Unlock()
+			if n > 0 {
+				w.log.Info("registry kinds lost by someone else written again", "writes", n)
+			}
+			if err != nil {
+				w.log.Debug("registry repair failed; the next pass puts it right", "err", err)
+			}
+			continue
 		}
 		n, err := w.Pass(ctx)
 		if ctx.Err() != nil {
@@ -143,7 +200,7 @@ func (w *Writer) loop(ctx context.Context) {
 			} else {
 				backoff = min(backoff*2, w.retryMax)
 			}
-			delay = backoff
+			next = time.Now().Add(backoff)
 			continue
 		}
 		if failing {
@@ -151,14 +208,19 @@ func (w *Writer) loop(ctx context.Context) {
 			failing = false
 		}
 		backoff = 0
-		delay = w.interval
+		next = time.Now().Add(w.interval)
 	}
 }
 
 // Pass makes the bucket equal to the table once, creating the bucket when there is none, and returns
 // how many writes it made. It is what Start runs; two passes may run at once, in this process or in
 // others, and converge.
-func (w *Writer) Pass(ctx context.Context) (int, error) {
+func (w *Writer) Pass(ctx context.Context) (int, error) { return w.pass(ctx, false) }
+
+// pass is Pass, or with lostOnly a repair: it writes only the kinds whose key has no value (never
+// written, deleted, purged, expired), and leaves edited values and strays to the next Pass. A repair is
+// not counted as a pass.
+func (w *Writer) pass(ctx context.Context, lostOnly bool) (int, error) {
 	ctx, cancel := context.WithTimeout(ctx, passTimeout)
 	defer cancel()
 	kv, err := w.bucket(ctx)
@@ -176,11 +238,14 @@ func (w *Writer) Pass(ctx context.Context) (int, error) {
 		return 0, fmt.Errorf("registry stream: %w", err)
 	}
 	for _, e := range w.table.Entries {
-		n, err := w.putKind(ctx, kv, stream, e)
+		n, err := w.putKind(ctx, kv, stream, e, lostOnly)
 		writes += n
 		if err != nil {
 			return writes, err
 		}
+	}
+	if lostOnly {
+		return writes, nil
 	}
 	stray, err := w.strays(ctx, stream)
 	if err != nil {
@@ -219,11 +284,12 @@ func (w *Writer) bucket(ctx context.Context) (jetstream.KeyValue, error) {
 	return kv, nil
 }
 
-// putKind writes one kind unless its stored value already matches the entry. The key's last message
+// putKind writes one kind unless its stored value already matches the entry (with lostOnly, unless it
+// has a value at all). The key's last message
 // is read from the stream and judged as the projection judges it (deleted), so a key removed by a
 // marker the KV API does not take for one (a Nats-Marker-Reason of any other value) is written again.
 // A lost race is read again, a few times at most.
-func (w *Writer) putKind(ctx context.Context, kv jetstream.KeyValue, stream jetstream.Stream, e provisioner.RegistryEntry) (int, error) {
+func (w *Writer) putKind(ctx context.Context, kv jetstream.KeyValue, stream jetstream.Stream, e provisioner.RegistryEntry, lostOnly bool) (int, error) {
 	subj := provisioner.SubjectPrefix(provisioner.BucketRegistry) + e.Kind
 	for attempt := 0; attempt < raceAttempts; attempt++ {
 		// Written only at the revision read: 0 where the key has no message at all.
@@ -236,7 +302,7 @@ func (w *Writer) putKind(ctx context.Context, kv jetstream.KeyValue, stream jets
 			return 0, fmt.Errorf("read kind %q: %w", e.Kind, err)
 		case deleted(last.Header):
 			rev, was = last.Sequence, "deleted"
-		case e.Matches(last.Data):
+		case lostOnly || e.Matches(last.Data):
 			return 0, nil
 		default:
 			rev, was = last.Sequence, "different"

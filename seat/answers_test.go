@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/novox/mesh-provisioner/internal/natstest"
 	"github.com/novox/mesh-provisioner/internal/verbcheck"
 	"github.com/novox/mesh-provisioner/projector"
@@ -594,4 +595,56 @@ func TestSeat_PageSizes(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestSeat_RegistryLossIsWrittenAgainAtOnce: CONTRACT section 4, a kind of the table deleted by someone
+// else is written again; the seat does it as soon as its projection sees the loss, not at the next
+// --registry-interval (an hour here), so the needs of that kind are unanswered for moments only. An
+// edit or a stray waits for the pass.
+func TestSeat_RegistryLossIsWrittenAgainAtOnce(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	require.NoError(t, fixtures.CreateBuckets(ctx, h.js, provisioner.BucketNeeds, provisioner.BucketApplied, provisioner.BucketCollect))
+	needs, err := h.js.KeyValue(ctx, provisioner.BucketNeeds)
+	require.NoError(t, err)
+	for _, kind := range []string{"secret", "port", "dir", "config"} {
+		_, err := needs.Put(ctx, "n1.m."+kind+".x", mp(t, kind))
+		require.NoError(t, err)
+	}
+	st, _ := h.startSeat(t.TempDir()) // the writer's interval: an hour
+	h.waitCaughtUp(st)
+	require.Empty(t, h.unanswered())
+	reg, err := h.js.KeyValue(ctx, provisioner.BucketRegistry)
+	require.NoError(t, err)
+	_, writes := st.Registry.Stats()
+
+	require.NoError(t, reg.Delete(ctx, "secret"))
+	require.NoError(t, reg.Purge(ctx, "port"))
+	h.rawMsg(provisioner.BucketRegistry, "dir", nats.Header{jetstream.MarkerReasonHeader: {"MaxAge"}}, nil)
+	edited, err := reg.Put(ctx, "config", mp(t, "edited by hand"))
+	require.NoError(t, err)
+	_, err = reg.Put(ctx, "gadget", mp(t, "a stray"))
+	require.NoError(t, err)
+	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		for _, kind := range []string{"secret", "port", "dir"} {
+			e, err := reg.Get(ctx, kind)
+			if err != nil {
+				return fmt.Errorf("%s: %w", kind, err)
+			}
+			want, _ := provisioner.Registry.Lookup(kind)
+			if !want.Matches(e.Value()) {
+				return fmt.Errorf("%s: %x", kind, e.Value())
+			}
+		}
+		return nil
+	})
+	h.waitCaughtUp(st)
+	require.Empty(t, h.unanswered(), "every need answered again")
+	_, after := st.Registry.Stats()
+	require.Equal(t, writes+3, after, "one write per lost kind")
+	e, err := reg.Get(ctx, "config")
+	require.NoError(t, err)
+	require.Equal(t, edited, e.Revision(), "an edit waits for the pass")
+	_, err = reg.Get(ctx, "gadget")
+	require.NoError(t, err, "a stray waits for the pass")
 }
