@@ -26,8 +26,9 @@ import (
 )
 
 // prefixMesh holds names that are prefixes of others at every place a filter reads: nodes n1, n10 and
-// n1-x; modules a and ab; kinds config and configx; collections a, a:b (written a=3Ab and a=3ab), a= and
-// a==, whose raw tokens are prefixes of one another's.
+// n1-x; modules a and ab; kinds config and configx; collections a, a:b (written a=3Ab and a=3ab), a=,
+// a== and the name a=3Ab itself (written a=3D3Ab), whose raw tokens are prefixes of one another's and
+// of the decoded names.
 func prefixMesh(t *testing.T) []fixtures.Op {
 	var ops []fixtures.Op
 	put := func(bucket, key string) {
@@ -39,7 +40,7 @@ func prefixMesh(t *testing.T) []fixtures.Op {
 				put(provisioner.BucketNeeds, node+"."+mod+"."+kind+".x")
 			}
 			put(provisioner.BucketApplied, node+"."+mod)
-			for _, col := range []string{"a", "a=3Ab", "a=3ab", "a=3D", "a=3D=3D", "ab"} {
+			for _, col := range []string{"a", "a=3Ab", "a=3ab", "a=3D", "a=3D=3D", "ab", "a=3D3Ab"} {
 				put(provisioner.BucketCollect, node+"."+col+"."+mod)
 			}
 		}
@@ -68,7 +69,7 @@ func TestSeat_FiltersOnPrefixNames(t *testing.T) {
 				reqs = append(reqs, map[string]any{"what": "needs", "node": node, "module": mod, "kind": kind})
 			}
 			reqs = append(reqs, map[string]any{"what": "applied", "node": node, "module": mod})
-			for _, col := range []string{"", "a", "a:b", "a=", "a==", "ab", "a:", "A:B"} {
+			for _, col := range []string{"", "a", "a:b", "a=", "a==", "ab", "a:", "A:B", "a=3Ab", "a=3D"} {
 				reqs = append(reqs, map[string]any{"what": "collect", "node": node, "contributor": mod, "collection": col})
 			}
 		}
