@@ -649,3 +649,91 @@ func TestSeat_RegistryLossIsWrittenAgainAtOnce(t *testing.T) {
 	_, err = reg.Get(ctx, "gadget")
 	require.NoError(t, err, "a stray waits for the pass")
 }
+
+// TestSeat_TwoSeatsStartingAtOnce: CONTRACT section 4, seats starting together on a mesh without a
+// registry write each kind once between them, keep it at one revision, and put back a lost kind with
+// one write between them.
+func TestSeat_TwoSeatsStartingAtOnce(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	require.NoError(t, fixtures.CreateBuckets(ctx, h.js, provisioner.BucketNeeds, provisioner.BucketApplied, provisioner.BucketCollect))
+	seats := make([]*seat.Seat, 2)
+	var wg sync.WaitGroup
+	gate := make(chan struct{})
+	for i := range seats {
+		nc, js := natstest.Connect(t, h.url)
+		db, err := store.OpenState(t.TempDir(), store.Options{})
+		require.NoError(t, err)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-gate
+			st, err := seat.Start(ctx, nc, js, db, seat.Config{WriteRegistry: true, Projector: projector.Options{Poll: 20 * time.Millisecond}})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			seats[i] = st
+		}()
+		t.Cleanup(func() {
+			if seats[i] != nil {
+				require.NoError(t, seats[i].Stop())
+			}
+			require.NoError(t, db.Close())
+		})
+	}
+	close(gate)
+	wg.Wait()
+	require.NotContains(t, seats, (*seat.Seat)(nil))
+	revisions := func() map[string]uint64 {
+		stream, err := h.js.Stream(ctx, provisioner.StreamName(provisioner.BucketRegistry))
+		require.NoError(t, err)
+		prefix := provisioner.SubjectPrefix(provisioner.BucketRegistry)
+		info, err := stream.Info(ctx, jetstream.WithSubjectFilter(prefix+">"))
+		require.NoError(t, err)
+		out := map[string]uint64{}
+		for subj, n := range info.State.Subjects {
+			out[strings.TrimPrefix(subj, prefix)] = n
+		}
+		return out
+	}
+	for _, st := range seats {
+		h.waitCaughtUp(st)
+		natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+			if p, _ := st.Registry.Stats(); p == 0 {
+				return fmt.Errorf("no pass yet")
+			}
+			return nil
+		})
+	}
+	want := map[string]uint64{}
+	for _, e := range provisioner.Registry.Entries {
+		want[e.Kind] = 1
+	}
+	require.Equal(t, want, revisions(), "each kind written once between them")
+	writes := func() int {
+		n := 0
+		for _, st := range seats {
+			_, w := st.Registry.Stats()
+			n += w
+		}
+		return n
+	}
+	require.Equal(t, len(want), writes())
+
+	reg, err := h.js.KeyValue(ctx, provisioner.BucketRegistry)
+	require.NoError(t, err)
+	require.NoError(t, reg.Delete(ctx, "machine"))
+	natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		if _, err := reg.Get(ctx, "machine"); err != nil {
+			return err
+		}
+		return nil
+	})
+	for _, st := range seats {
+		h.waitCaughtUp(st)
+	}
+	want["machine"] = 3 // written, deleted, written again once
+	require.Equal(t, want, revisions())
+	require.Equal(t, len(want)+1, writes())
+}
