@@ -162,28 +162,21 @@ func (w *Writer) loop(ctx context.Context) {
 		if repair {
 			// Lost kinds only: an edit or a stray waits for the pass. A repair that fails is not
 			// retried; the next pass is as due.
-			n, err := w.pass(ctx, true)
+			_, err := w.pass(ctx, true) // pass logs what it wrote
 			if ctx.Err() != nil {
 				return
 			}
 			w.mu.Lock()
 			w.repairs++
 			w.mu.Unlock()
-			if n > 0 {
-				w.log.Info("registry kinds lost by someone else written again", "writes", n)
-			}
 			if err != nil {
 				w.log.Debug("registry repair failed; the next pass puts it right", "err", err)
 			}
 			continue
 		}
-		n, err := w.Pass(ctx)
+		_, err := w.Pass(ctx) // Pass logs what it wrote
 		if ctx.Err() != nil {
 			return
-		}
-		if n > 0 {
-			// One line a pass that changed something; each kind written is a debug line.
-			w.log.Info("registry written", "writes", n, "kinds", len(w.table.Entries))
 		}
 		if err != nil {
 			w.mu.Lock()
@@ -228,10 +221,20 @@ func (w *Writer) pass(ctx context.Context, lostOnly bool) (int, error) {
 		return 0, err
 	}
 	writes := 0
+	var changed []string // the kinds written, and the strays deleted, for the log
 	defer func() {
 		w.mu.Lock()
 		w.writes += writes
 		w.mu.Unlock()
+		if writes == 0 || ctx.Err() != nil {
+			return
+		}
+		// One info line a pass that changed something, naming what it changed.
+		msg := "registry written"
+		if lostOnly {
+			msg = "registry kinds lost by someone else written again"
+		}
+		w.log.Info(msg, "writes", writes, "kinds", len(w.table.Entries), "changed", strings.Join(changed, " "))
 	}()
 	stream, err := w.js.Stream(ctx, provisioner.StreamName(provisioner.BucketRegistry))
 	if err != nil {
@@ -240,6 +243,9 @@ func (w *Writer) pass(ctx context.Context, lostOnly bool) (int, error) {
 	for _, e := range w.table.Entries {
 		n, err := w.putKind(ctx, kv, stream, e, lostOnly)
 		writes += n
+		if n > 0 {
+			changed = append(changed, e.Kind)
+		}
 		if err != nil {
 			return writes, err
 		}
@@ -254,6 +260,9 @@ func (w *Writer) pass(ctx context.Context, lostOnly bool) (int, error) {
 	for _, subj := range stray {
 		n, err := w.deleteStray(ctx, stream, subj)
 		writes += n
+		if n > 0 {
+			changed = append(changed, "-"+strings.TrimPrefix(subj, provisioner.SubjectPrefix(provisioner.BucketRegistry)))
+		}
 		if err != nil {
 			return writes, err
 		}

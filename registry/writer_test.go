@@ -583,3 +583,28 @@ func indexOf(t *testing.T, table provisioner.RegistryTable, kind string) int {
 	t.Fatalf("no kind %q", kind)
 	return -1
 }
+
+// TestWriter_LogNamesWhatAPassChanged: one info line a pass that writes, naming the kinds it wrote and
+// the strays it deleted (docs/decisions.md, The registry: an operator sees what was put back).
+func TestWriter_LogNamesWhatAPassChanged(t *testing.T) {
+	ns := natstest.RunServer(t)
+	_, js := natstest.Connect(t, ns.ClientURL())
+	ctx := context.Background()
+	var logs syncBuffer
+	w := registry.New(js, provisioner.Registry, time.Hour, slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo})))
+	_, err := w.Pass(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, logs.count("msg=\"registry written\""), logs.b.String())
+	require.Equal(t, 1, logs.count("changed=\"access bound collected config"), logs.b.String())
+	kv, err := js.KeyValue(ctx, provisioner.BucketRegistry)
+	require.NoError(t, err)
+	require.NoError(t, kv.Delete(ctx, "secret"))
+	_, err = kv.Put(ctx, "gadget", []byte{0x80})
+	require.NoError(t, err)
+	_, err = w.Pass(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, logs.count(`changed="secret -gadget"`), logs.b.String())
+	_, err = w.Pass(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 2, logs.count("msg=\"registry written\""), "a pass that writes nothing says nothing")
+}
