@@ -412,6 +412,23 @@ func TestSeat_AtPages(t *testing.T) {
 			}
 		}
 	}
+
+	// Trimmed to the end: a point before it is 410, in both formats, with the micro headers and the
+	// error in the body, as for every error.
+	end, _ := st.Store().Applied(provisioner.BucketApplied)
+	last := h.lastMsg(provisioner.BucketApplied)
+	_, err := st.Store().TrimHistory(context.Background(), provisioner.BucketApplied, end, last.Time.UnixNano())
+	require.NoError(t, err)
+	for _, asMsgpack := range []bool{false, true} {
+		for _, at := range []string{"seq:1", before} {
+			_, err := h.askErr(map[string]any{"what": "applied", "at": at}, asMsgpack)
+			var ve *natstest.VerbError
+			require.ErrorAs(t, err, &ve)
+			require.Equal(t, 410, ve.Code)
+			require.NotEmpty(t, ve.Description)
+			require.Equal(t, ve.Description, ve.Body, "the body says the error too")
+		}
+	}
 }
 
 // TestSeat_SeatsAnswerAlike: CONTRACT section 3, several seats share the verb in the default queue
