@@ -5,24 +5,25 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-	"github.com/novox/mesh-provisioner/internal/natstest"
-	"github.com/novox/mesh-provisioner/internal/verbcheck"
-	"github.com/novox/mesh-provisioner/projector"
-	"github.com/novox/mesh-provisioner/query"
-	"github.com/novox/mesh-provisioner/seat"
-	"github.com/novox/mesh-provisioner/store"
-	"github.com/stretchr/testify/require"
-	"github.com/vmihailenco/msgpack/v5"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/require"
+	"github.com/vmihailenco/msgpack/v5"
+
 	provisioner "github.com/novox/mesh-provisioner"
 	"github.com/novox/mesh-provisioner/fixtures"
+	"github.com/novox/mesh-provisioner/internal/natstest"
+	"github.com/novox/mesh-provisioner/internal/verbcheck"
+	"github.com/novox/mesh-provisioner/projector"
+	"github.com/novox/mesh-provisioner/query"
+	"github.com/novox/mesh-provisioner/seat"
+	"github.com/novox/mesh-provisioner/store"
 )
 
 // prefixMesh holds names that are prefixes of others at every place a filter reads: nodes n1, n10 and
@@ -509,16 +510,25 @@ func TestSeat_MinSeqBounds(t *testing.T) {
 			}
 		}
 	}
-	// A wait that a write ends: answered with the write in it.
-	done := make(chan error, 1)
+	// A wait that a write ends (or that finds it written already): answered with the write in it.
+	type answer struct {
+		a   natstest.Answer
+		err error
+	}
+	done := make(chan answer, 1)
 	go func() {
-		_, err := h.askErr(map[string]any{"what": "applied", "min_seq": applied + 1, "wait_ms": 10000}, false)
-		done <- err
+		body := []byte(fmt.Sprintf(`{"what":"applied","node":"n9","min_seq":%d,"wait_ms":10000}`, applied+1))
+		a, _, err := natstest.Ask(h.nc, query.Subject, body, false)
+		done <- answer{a, err}
 	}()
 	seq, err := kv.Put(context.Background(), "n9.m", mp(t, "late"))
 	require.NoError(t, err)
 	require.Equal(t, applied+1, seq)
-	require.NoError(t, <-done)
+	got := <-done
+	require.NoError(t, got.err)
+	require.Len(t, got.a.Rows, 1)
+	require.Equal(t, "n9.m", got.a.Rows[0]["key"])
+	require.GreaterOrEqual(t, got.a.AsOf, seq)
 }
 
 // TestSeat_RegistryRowsReadTheValue: CONTRACT section 3, a registry row carries module, bucket,
