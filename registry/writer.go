@@ -294,10 +294,10 @@ func (w *Writer) bucket(ctx context.Context) (jetstream.KeyValue, error) {
 }
 
 // putKind writes one kind unless its stored value already matches the entry (with lostOnly, unless it
-// has a value at all). The key's last message
-// is read from the stream and judged as the projection judges it (deleted), so a key removed by a
-// marker the KV API does not take for one (a Nats-Marker-Reason of any other value) is written again.
-// A lost race is read again, a few times at most.
+// has a value at all). The key's last message is read from the stream and judged as the projection
+// judges it (deleted), so a key removed by a marker the KV API does not take for one (a
+// Nats-Marker-Reason of any other value) is written again. A lost race is read again, a few times at
+// most.
 func (w *Writer) putKind(ctx context.Context, kv jetstream.KeyValue, stream jetstream.Stream, e provisioner.RegistryEntry, lostOnly bool) (int, error) {
 	subj := provisioner.SubjectPrefix(provisioner.BucketRegistry) + e.Kind
 	for attempt := 0; attempt < raceAttempts; attempt++ {

@@ -763,4 +763,13 @@ func TestSeat_TwoSeatsStartingAtOnce(t *testing.T) {
 	want["machine"] = 3 // written, deleted, written again once
 	require.Equal(t, want, revisions())
 	require.Equal(t, len(want)+1, writes())
+
+	// A seat restarted, on a state dir of its own or a fresh one, writes nothing: no kind gets a
+	// new revision.
+	require.NoError(t, seats[0].Stop())
+	st, _ := h.startSeat(t.TempDir()) // waits for its first pass
+	h.waitCaughtUp(st)
+	_, n := st.Registry.Stats()
+	require.Zero(t, n)
+	require.Equal(t, want, revisions())
 }
