@@ -69,6 +69,10 @@ type RegistryTable struct {
 	byKind  map[string]int
 }
 
+// NewRegistryTable compiles a table of entries, as Registry is compiled: another seat version's table,
+// in tests. It panics on an entry that is not well formed.
+func NewRegistryTable(entries ...RegistryEntry) RegistryTable { return buildRegistry(entries...) }
+
 func buildRegistry(entries ...RegistryEntry) RegistryTable {
 	sort.Slice(entries, func(i, j int) bool { return entries[i].Kind < entries[j].Kind })
 	t := RegistryTable{Entries: entries, byKind: make(map[string]int, len(entries))}
@@ -152,6 +156,57 @@ func decodeStr(dec *msgpack.Decoder) (string, bool) {
 	}
 	s, err := dec.DecodeString()
 	return s, err == nil
+}
+
+// RegistryFields reads what a registry row answers from a stored value that is one MessagePack object:
+// kind, module, bucket, key_shape and verb, each when the value's map holds it as a string (the first
+// time, if repeated). Unlike DecodeRegistryEntry it skips what it does not know, so a value with a field
+// more (a newer seat's table during a rolling upgrade, a hand edit) or a field of another type still
+// answers the fields it has; a value that is not a map has none.
+func RegistryFields(b []byte) RegistryEntry {
+	var e RegistryEntry
+	if len(b) == 0 || !(msgpcode.IsFixedMap(b[0]) || b[0] == msgpcode.Map16 || b[0] == msgpcode.Map32) {
+		return e
+	}
+	dec := msgpack.NewDecoder(bytes.NewReader(b))
+	n, err := dec.DecodeMapLen()
+	if err != nil {
+		return e
+	}
+	for i := 0; i < n; i++ {
+		k, ok := decodeStr(dec)
+		if !ok && dec.Skip() != nil {
+			return e
+		}
+		var field *string
+		switch k {
+		case "kind":
+			field = &e.Kind
+		case "module":
+			field = &e.Module
+		case "bucket":
+			field = &e.Bucket
+		case "key_shape":
+			field = &e.KeyShape
+		case "verb":
+			field = &e.Verb
+		}
+		if !ok || field == nil || *field != "" {
+			if dec.Skip() != nil {
+				return e
+			}
+			continue
+		}
+		v, ok := decodeStr(dec)
+		if !ok {
+			if dec.Skip() != nil {
+				return e
+			}
+			continue
+		}
+		*field = v
+	}
+	return e
 }
 
 // DecodeRegistryEntry reads a registry value. Map order and encoding widths do not matter, so two

@@ -278,3 +278,37 @@ func TestRegistryEntry_Matches(t *testing.T) {
 		})
 	}
 }
+
+// TestRegistryFields reads what a registry row answers from a value: each known field held as a string,
+// whatever else the map holds.
+func TestRegistryFields(t *testing.T) {
+	enc := func(kvs ...any) []byte {
+		var b bytes.Buffer
+		e := msgpack.NewEncoder(&b)
+		require.NoError(t, e.EncodeMapLen(len(kvs)/2))
+		for _, v := range kvs {
+			require.NoError(t, e.Encode(v))
+		}
+		return b.Bytes()
+	}
+	for _, e := range Registry.Entries {
+		require.Equal(t, e, RegistryFields(e.Value()), e.Kind)
+	}
+	for name, tc := range map[string]struct {
+		value []byte
+		want  RegistryEntry
+	}{
+		"a field more": {enc("kind", "secret", "since", map[string]any{"v": []int{2}}, "module", "mesh-vault", "verb", "mesh-vault.secret"),
+			RegistryEntry{Kind: "secret", Module: "mesh-vault", Verb: "mesh-vault.secret"}},
+		"a field of another type": {enc("kind", "port", "module", "mesh-controller", "bucket", 7, "key_shape", "<node>.<module>"),
+			RegistryEntry{Kind: "port", Module: "mesh-controller", KeyShape: "<node>.<module>"}},
+		"bin is not a string":     {enc("module", []byte("m"), "verb", "v"), RegistryEntry{Verb: "v"}},
+		"a key that is no string": {enc(1, "x", "module", "m", nil, nil), RegistryEntry{Module: "m"}},
+		"repeated: the first":     {enc("module", "a", "module", "b"), RegistryEntry{Module: "a"}},
+		"not a map":               {[]byte{0x92, 0x01, 0x02}, RegistryEntry{}},
+		"empty":                   {nil, RegistryEntry{}},
+		"cut short":               {[]byte{0x82, 0xa6, 'm', 'o', 'd', 'u', 'l', 'e', 0xa1, 'm', 0xa4}, RegistryEntry{Module: "m"}},
+	} {
+		require.Equal(t, tc.want, RegistryFields(tc.value), name)
+	}
+}

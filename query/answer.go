@@ -51,7 +51,7 @@ func AnswerView(v View, r *Request, e *Encoder, asOf uint64, synced bool) error 
 	shape, _ := provisioner.ShapeOfWhat(w)
 	rg, filter := Plan(shape.Bucket, r)
 	if r.After != "" {
-		ok, err := v.HasRow(rg, r.After)
+		ok, err := cursorInAnswer(v, shape, rg, filter, r.After)
 		if err != nil {
 			return err
 		}
@@ -115,6 +115,28 @@ func AnswerView(v View, r *Request, e *Encoder, asOf uint64, synced bool) error 
 	return nil
 }
 
+// cursorInAnswer reports whether after names a row of this very answer: one the range holds and the
+// filter keeps. A row the range holds but the filter drops (a cursor of another kind, module or
+// contributor on the same node, or a registry entry whose module changed since) is no row of the
+// answer, and paging on from it would answer rows of a walk that was never started.
+func cursorInAnswer(v View, shape provisioner.Shape, rg provisioner.Range, filter func(*provisioner.Parts, *provisioner.Row) bool, after string) (bool, error) {
+	ok, err := v.HasRow(rg, after)
+	if err != nil || !ok {
+		return false, err
+	}
+	// The cursor's own row is the first of the range's rows that start with it.
+	at := rg
+	at.Prefix = after
+	ok = false
+	var parts provisioner.Parts
+	var pr provisioner.StoredParts
+	err = v.Rows(at, func(row *provisioner.Row) bool {
+		ok = string(row.Key) == after && pr.Read(shape, after, &parts) && filter(&parts, row)
+		return false
+	})
+	return ok, err
+}
+
 // Plan chooses the range scan that answers a request, and the filter for what the range does not
 // narrow. Every choice is bounded by what the request names: a node's rows, a module's, a kind's, a
 // collection's, a contributor's.
@@ -134,8 +156,7 @@ func Plan(bucket string, r *Request) (provisioner.Range, func(*provisioner.Parts
 			if module == "" {
 				return true
 			}
-			e, err := provisioner.DecodeRegistryEntry(row.Value) // the module is the value's
-			return err == nil && e.Module == module
+			return row.Msgpack && provisioner.RegistryFields(row.Value).Module == module // the module is the value's
 		}
 	case provisioner.WhatNeeds:
 		node, module, kind := r.Node, r.Module, r.Kind

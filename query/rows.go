@@ -69,9 +69,7 @@ func (e *Encoder) EndAnswer(asOf uint64, synced bool, next string) {
 func (e *Encoder) Row(w provisioner.What, row *provisioner.Row, p *provisioner.Parts) error {
 	var reg provisioner.RegistryEntry
 	if w == provisioner.WhatRegistry && row.Msgpack {
-		if r, err := provisioner.DecodeRegistryEntry(row.Value); err == nil {
-			reg = r
-		}
+		reg = provisioner.RegistryFields(row.Value) // each field the value holds as a string
 	}
 	var parts [5]field
 	np := 0

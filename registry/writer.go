@@ -2,8 +2,10 @@
 // at start and every interval it puts each kind whose stored value differs, and deletes each key the
 // table does not hold.
 //
-// Every write names the revision it read: a kind is created only where the key has no value, updated
-// only at the revision it was read at, and a stray is deleted only at the revision it was read at. So
+// Every write names the revision it read: a kind is written only at the revision its last message was
+// read at (0 where the key has none), and a stray is deleted only at the revision it was read at. A
+// key's last message is judged as the projection judges it (provisioner.OpOfHeaders): a marker of any
+// reason is a removed key, which the writer puts back, whatever bytes the marker carries. So
 // several writers with the same table converge on it and never flap: a writer that loses a race reads
 // the key again, finds the other's value equal to its own, and writes nothing. A value is compared as
 // a reader decodes it (provisioner.RegistryEntry.Matches), so another encoding of the same entry is
@@ -53,11 +55,16 @@ type Writer struct {
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
+	wakeCh chan struct{} // Wake: a pass soon, not at the next interval
+
+	// wakeGap is the least time from one pass's start to a pass a Wake asks for.
+	wakeGap time.Duration
 
 	mu       sync.Mutex
 	passes   int
 	writes   int
 	failures int
+	repairs  int
 }
 
 // New returns a Writer of table that runs a pass every interval (0 means one hour).
@@ -69,7 +76,18 @@ func New(js jetstream.JetStream, table provisioner.RegistryTable, interval time.
 		log = slog.New(slog.DiscardHandler)
 	}
 	return &Writer{js: js, table: table, interval: interval, log: log.With("component", "registry"),
-		retryMin: 250 * time.Millisecond, retryMax: 30 * time.Second}
+		retryMin: 250 * time.Millisecond, retryMax: 30 * time.Second, wakeCh: make(chan struct{}, 1), wakeGap: time.Second}
+}
+
+// Wake asks for a pass soon rather than at the next interval: a seat calls it when its projection of
+// the bucket lost a kind of the table (deleted, purged or expired by someone else), so the kind is
+// written again within a second or so, not within the hour. A pass starts at most once a wakeGap for
+// wakes; a writer whose last pass failed keeps to its backoff. It never blocks.
+func (w *Writer) Wake() {
+	select {
+	case w.wakeCh <- struct{}{}:
+	default: // a pass is asked for already
+	}
 }
 
 // Start runs a pass now and every interval until Stop. A failed pass is retried with a backoff that
@@ -92,11 +110,21 @@ func (w *Writer) Stop() {
 	w.wg.Wait()
 }
 
+// Table is the table the Writer keeps the bucket equal to.
+func (w *Writer) Table() provisioner.RegistryTable { return w.table }
+
 // Stats says how many passes completed and how many writes (puts and deletes) they made.
 func (w *Writer) Stats() (passes, writes int) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.passes, w.writes
+}
+
+// Repairs says how many repairs (the passes a Wake asks for, lost kinds only) ran since New.
+func (w *Writer) Repairs() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.repairs
 }
 
 // Failures says how many passes failed since New.
@@ -107,24 +135,48 @@ func (w *Writer) Failures() int {
 }
 
 func (w *Writer) loop(ctx context.Context) {
-	delay := time.Duration(0)
+	next := time.Now()     // the next pass: at once, then every interval, or after a backoff
+	var repairAt time.Time // a repair a Wake asked for; zero for none
+	var started time.Time  // the last pass's or repair's start
 	failing := false
 	backoff := time.Duration(0)
 	for {
-		t := time.NewTimer(delay)
+		due, repair := next, false
+		if !repairAt.IsZero() && repairAt.Before(next) {
+			due, repair = repairAt, true
+		}
+		t := time.NewTimer(time.Until(due))
 		select {
 		case <-ctx.Done():
 			t.Stop()
 			return
+		case <-w.wakeCh:
+			t.Stop()
+			if !failing && repairAt.IsZero() { // a failing writer keeps to its backoff
+				repairAt = started.Add(w.wakeGap)
+			}
+			continue
 		case <-t.C:
 		}
-		n, err := w.Pass(ctx)
+		started, repairAt = time.Now(), time.Time{}
+		if repair {
+			// Lost kinds only: an edit or a stray waits for the pass. A repair that fails is not
+			// retried; the next pass is as due.
+			_, err := w.pass(ctx, true) // pass logs what it wrote
+			if ctx.Err() != nil {
+				return
+			}
+			w.mu.Lock()
+			w.repairs++
+			w.mu.Unlock()
+			if err != nil {
+				w.log.Debug("registry repair failed; the next pass puts it right", "err", err)
+			}
+			continue
+		}
+		_, err := w.Pass(ctx) // Pass logs what it wrote
 		if ctx.Err() != nil {
 			return
-		}
-		if n > 0 {
-			// One line a pass that changed something; each kind written is a debug line.
-			w.log.Info("registry written", "writes", n, "kinds", len(w.table.Entries))
 		}
 		if err != nil {
 			w.mu.Lock()
@@ -141,7 +193,7 @@ func (w *Writer) loop(ctx context.Context) {
 			} else {
 				backoff = min(backoff*2, w.retryMax)
 			}
-			delay = backoff
+			next = time.Now().Add(backoff)
 			continue
 		}
 		if failing {
@@ -149,14 +201,19 @@ func (w *Writer) loop(ctx context.Context) {
 			failing = false
 		}
 		backoff = 0
-		delay = w.interval
+		next = time.Now().Add(w.interval)
 	}
 }
 
 // Pass makes the bucket equal to the table once, creating the bucket when there is none, and returns
 // how many writes it made. It is what Start runs; two passes may run at once, in this process or in
 // others, and converge.
-func (w *Writer) Pass(ctx context.Context) (int, error) {
+func (w *Writer) Pass(ctx context.Context) (int, error) { return w.pass(ctx, false) }
+
+// pass is Pass, or with lostOnly a repair: it writes only the kinds whose key has no value (never
+// written, deleted, purged, expired), and leaves edited values and strays to the next Pass. A repair is
+// not counted as a pass.
+func (w *Writer) pass(ctx context.Context, lostOnly bool) (int, error) {
 	ctx, cancel := context.WithTimeout(ctx, passTimeout)
 	defer cancel()
 	kv, err := w.bucket(ctx)
@@ -164,25 +221,48 @@ func (w *Writer) Pass(ctx context.Context) (int, error) {
 		return 0, err
 	}
 	writes := 0
+	var changed []string // the kinds written, and the strays deleted, for the log
 	defer func() {
 		w.mu.Lock()
 		w.writes += writes
 		w.mu.Unlock()
+		if writes == 0 || ctx.Err() != nil {
+			return
+		}
+		// One info line a pass that changed something, naming what it changed.
+		msg := "registry written"
+		if lostOnly {
+			msg = "registry kinds lost by someone else written again"
+		}
+		w.log.Info(msg, "writes", writes, "kinds", len(w.table.Entries), "changed", strings.Join(changed, " "))
 	}()
+	stream, err := w.js.Stream(ctx, provisioner.StreamName(provisioner.BucketRegistry))
+	if err != nil {
+		return 0, fmt.Errorf("registry stream: %w", err)
+	}
 	for _, e := range w.table.Entries {
-		n, err := w.putKind(ctx, kv, e)
+		n, err := w.putKind(ctx, kv, stream, e, lostOnly)
 		writes += n
+		if n > 0 {
+			changed = append(changed, e.Kind)
+		}
 		if err != nil {
 			return writes, err
 		}
 	}
-	stream, stray, err := w.strays(ctx)
+	if lostOnly {
+		return writes, nil
+	}
+	stray, err := w.strays(ctx, stream)
 	if err != nil {
 		return writes, err
 	}
 	for _, subj := range stray {
 		n, err := w.deleteStray(ctx, stream, subj)
 		writes += n
+		if n > 0 {
+			changed = append(changed, "-"+strings.TrimPrefix(subj, provisioner.SubjectPrefix(provisioner.BucketRegistry)))
+		}
 		if err != nil {
 			return writes, err
 		}
@@ -213,35 +293,36 @@ func (w *Writer) bucket(ctx context.Context) (jetstream.KeyValue, error) {
 	return kv, nil
 }
 
-// putKind writes one kind unless its stored value already matches the entry. A lost race is read
-// again, a few times at most.
-func (w *Writer) putKind(ctx context.Context, kv jetstream.KeyValue, e provisioner.RegistryEntry) (int, error) {
+// putKind writes one kind unless its stored value already matches the entry (with lostOnly, unless it
+// has a value at all). The key's last message is read from the stream and judged as the projection
+// judges it (deleted), so a key removed by a marker the KV API does not take for one (a
+// Nats-Marker-Reason of any other value) is written again. A lost race is read again, a few times at
+// most.
+func (w *Writer) putKind(ctx context.Context, kv jetstream.KeyValue, stream jetstream.Stream, e provisioner.RegistryEntry, lostOnly bool) (int, error) {
+	subj := provisioner.SubjectPrefix(provisioner.BucketRegistry) + e.Kind
 	for attempt := 0; attempt < raceAttempts; attempt++ {
-		cur, err := kv.Get(ctx, e.Kind)
-		if errors.Is(err, jetstream.ErrKeyNotFound) {
-			// No value, or a delete marker: Create writes only over those.
-			if _, err := kv.Create(ctx, e.Kind, e.Value()); err != nil {
-				if lostRace(err) {
-					continue
-				}
-				return 0, fmt.Errorf("create kind %q: %w", e.Kind, err)
-			}
-			w.log.Debug("registry kind written", "kind", e.Kind, "was", "absent")
-			return 1, nil
-		}
-		if err != nil {
+		// Written only at the revision read: 0 where the key has no message at all.
+		var rev uint64
+		was := "absent"
+		last, err := stream.GetLastMsgForSubject(ctx, subj)
+		switch {
+		case errors.Is(err, jetstream.ErrMsgNotFound):
+		case err != nil:
 			return 0, fmt.Errorf("read kind %q: %w", e.Kind, err)
-		}
-		if e.Matches(cur.Value()) {
+		case deleted(last.Header):
+			rev, was = last.Sequence, "deleted"
+		case lostOnly || e.Matches(last.Data):
 			return 0, nil
+		default:
+			rev, was = last.Sequence, "different"
 		}
-		if _, err := kv.Update(ctx, e.Kind, e.Value(), cur.Revision()); err != nil {
+		if _, err := kv.Update(ctx, e.Kind, e.Value(), rev); err != nil {
 			if lostRace(err) {
 				continue
 			}
-			return 0, fmt.Errorf("update kind %q: %w", e.Kind, err)
+			return 0, fmt.Errorf("write kind %q: %w", e.Kind, err)
 		}
-		w.log.Debug("registry kind written", "kind", e.Kind, "was", "different", "revision", cur.Revision())
+		w.log.Debug("registry kind written", "kind", e.Kind, "was", was, "revision", rev)
 		return 1, nil
 	}
 	return 0, fmt.Errorf("kind %q: lost the race to another writer %d times", e.Kind, raceAttempts)
@@ -249,15 +330,11 @@ func (w *Writer) putKind(ctx context.Context, kv jetstream.KeyValue, e provision
 
 // strays lists the subjects of the bucket's stream whose key the table does not hold, in byte order. A
 // key once deleted is still a subject of the stream (its delete marker); deleteStray finds it gone.
-func (w *Writer) strays(ctx context.Context) (jetstream.Stream, []string, error) {
-	stream, err := w.js.Stream(ctx, provisioner.StreamName(provisioner.BucketRegistry))
-	if err != nil {
-		return nil, nil, fmt.Errorf("registry stream: %w", err)
-	}
+func (w *Writer) strays(ctx context.Context, stream jetstream.Stream) ([]string, error) {
 	prefix := provisioner.SubjectPrefix(provisioner.BucketRegistry)
 	info, err := stream.Info(ctx, jetstream.WithSubjectFilter(prefix+">"))
 	if err != nil {
-		return nil, nil, fmt.Errorf("list registry keys: %w", err)
+		return nil, fmt.Errorf("list registry keys: %w", err)
 	}
 	var stray []string
 	for subj := range info.State.Subjects {
@@ -266,7 +343,7 @@ func (w *Writer) strays(ctx context.Context) (jetstream.Stream, []string, error)
 		}
 	}
 	sort.Strings(stray)
-	return stream, stray, nil
+	return stray, nil
 }
 
 // deleteStray deletes the key of a subject the table does not hold, at the revision it was read at.

@@ -475,3 +475,136 @@ func TestWriter_StrayIsWhatTheProjectionReads(t *testing.T) {
 	require.EqualValues(t, 2, after["odd-op"], "the put and one delete marker")
 	require.EqualValues(t, 1, after["empty-marker"], "a marker removed the key already: nothing is written")
 }
+
+// TestWriter_PutsBackKindsRemovedByAnyMarker: CONTRACT section 1, a message with Nats-Marker-Reason set,
+// any value, removes its key, and the projection reads it so (provisioner.OpOfHeaders): the writer
+// must read it so too and write the kind again, even when the marker carries the entry's own bytes.
+// nats.go's KV Get takes a marker of a reason it does not know (or an empty one) for a put.
+func TestWriter_PutsBackKindsRemovedByAnyMarker(t *testing.T) {
+	ns := natstest.RunServer(t)
+	_, js := natstest.Connect(t, ns.ClientURL())
+	ctx := context.Background()
+	w := registry.New(js, provisioner.Registry, time.Hour, nil)
+	_, err := w.Pass(ctx)
+	require.NoError(t, err)
+	marked := map[string]string{"config": "", "secret": "Whatever", "port": "MaxAge"}
+	for kind, reason := range marked {
+		e, ok := provisioner.Registry.Lookup(kind)
+		require.True(t, ok)
+		m := nats.NewMsg(provisioner.SubjectPrefix(provisioner.BucketRegistry) + kind)
+		m.Header[jetstream.MarkerReasonHeader] = []string{reason}
+		m.Data = e.Value() // the entry's own bytes, behind a marker
+		_, err := js.PublishMsg(ctx, m)
+		require.NoError(t, err)
+	}
+	require.Error(t, equalsContract(t, js), "the marked kinds are removed")
+	n, err := w.Pass(ctx)
+	require.NoError(t, err)
+	require.Equal(t, len(marked), n, "one write per marked kind")
+	require.NoError(t, equalsContract(t, js))
+	n, err = w.Pass(ctx)
+	require.NoError(t, err)
+	require.Zero(t, n, "and then nothing")
+}
+
+// TestWriter_WakeWritesLostKindsOnly: a Wake (a seat whose projection lost a kind) writes the kinds
+// whose key has no value, and nothing else: an edited value and a stray wait for the pass. So two
+// writers with different tables (a rolling upgrade) do not answer each other's writes at once, over
+// and over: each wakes only for a kind of its own that the other's pass deleted.
+func TestWriter_WakeWritesLostKindsOnly(t *testing.T) {
+	ns := natstest.RunServer(t)
+	_, js := natstest.Connect(t, ns.ClientURL())
+	ctx := context.Background()
+	oldTable := provisioner.Registry
+	var entries []provisioner.RegistryEntry
+	for _, e := range oldTable.Entries {
+		switch e.Kind {
+		case "port": // the new table drops port
+		case "secret": // and moves secret
+			e.Verb = "mesh-vault.secret.v2"
+			entries = append(entries, e)
+		default:
+			entries = append(entries, e)
+		}
+	}
+	entries = append(entries, provisioner.RegistryEntry{Kind: "gadget", Module: "mesh-gadget", Verb: "mesh-gadget.get"})
+	newTable := provisioner.NewRegistryTable(entries...)
+
+	old := registry.New(js, oldTable, time.Hour, nil)
+	neu := registry.New(js, newTable, time.Hour, nil)
+	for _, w := range []*registry.Writer{old, neu} {
+		registry.SetWakeGap(w, time.Millisecond)
+	}
+	old.Start(ctx)
+	t.Cleanup(old.Stop)
+	waitPasses(t, old, 1)
+	require.NoError(t, equalsContract(t, js))
+	neu.Start(ctx) // its first pass: gadget written, secret moved, port deleted
+	t.Cleanup(neu.Stop)
+	waitPasses(t, neu, 1)
+	require.Equal(t, 3, writes(neu))
+
+	waitWrites := func(w *registry.Writer, n int) {
+		t.Helper()
+		natstest.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+			if got := writes(w); got != n {
+				return fmt.Errorf("%d writes, want %d", got, n)
+			}
+			return nil
+		})
+	}
+	// The old seat's projection lost port: its repair writes port and leaves secret and gadget.
+	old.Wake()
+	waitWrites(old, len(contractTable)+1)
+	got := live(t, js)
+	require.Contains(t, got, "port")
+	require.Contains(t, got, "gadget", "a stray waits for the pass")
+	require.True(t, newTable.Entries[indexOf(t, newTable, "secret")].Matches(got["secret"].value), "an edit waits for the pass")
+	// The new seat's projection lost nothing: its repair writes nothing.
+	neu.Wake()
+	natstest.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		if neu.Repairs() == 0 {
+			return fmt.Errorf("no repair yet")
+		}
+		return nil
+	})
+	require.Equal(t, 3, writes(neu))
+	require.Equal(t, 1, old.Repairs())
+	require.Equal(t, len(contractTable)+1, writes(old))
+}
+
+func indexOf(t *testing.T, table provisioner.RegistryTable, kind string) int {
+	t.Helper()
+	for i, e := range table.Entries {
+		if e.Kind == kind {
+			return i
+		}
+	}
+	t.Fatalf("no kind %q", kind)
+	return -1
+}
+
+// TestWriter_LogNamesWhatAPassChanged: one info line a pass that writes, naming the kinds it wrote and
+// the strays it deleted (docs/decisions.md, The registry: an operator sees what was put back).
+func TestWriter_LogNamesWhatAPassChanged(t *testing.T) {
+	ns := natstest.RunServer(t)
+	_, js := natstest.Connect(t, ns.ClientURL())
+	ctx := context.Background()
+	var logs syncBuffer
+	w := registry.New(js, provisioner.Registry, time.Hour, slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo})))
+	_, err := w.Pass(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, logs.count("msg=\"registry written\""), logs.b.String())
+	require.Equal(t, 1, logs.count("changed=\"access bound collected config"), logs.b.String())
+	kv, err := js.KeyValue(ctx, provisioner.BucketRegistry)
+	require.NoError(t, err)
+	require.NoError(t, kv.Delete(ctx, "secret"))
+	_, err = kv.Put(ctx, "gadget", []byte{0x80})
+	require.NoError(t, err)
+	_, err = w.Pass(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, logs.count(`changed="secret -gadget"`), logs.b.String())
+	_, err = w.Pass(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 2, logs.count("msg=\"registry written\""), "a pass that writes nothing says nothing")
+}

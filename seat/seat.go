@@ -117,6 +117,11 @@ func Start(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, db *store
 		s.Registry = registry.New(js, provisioner.Registry, cfg.RegistryInterval, log)
 		s.Registry.Replicas = cfg.RegistryReplicas
 		s.Registry.Start(ctx)
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			s.wakeRegistryOnLoss(s.ctx)
+		}()
 	}
 	s.Projector = projector.New(js, db, s.projectorOptions(db, nil))
 	s.Projector.Start(s.ctx)

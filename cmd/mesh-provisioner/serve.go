@@ -103,6 +103,10 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 	if c.ops.pprof && c.ops.metricsAddr == "" {
 		return &usageError{msg: "--pprof serves the profiles on --metrics-addr: give it too"}
 	}
+	if c.registryInterval <= 0 {
+		// The writer would take it for its default, an hour, without a word.
+		return &usageError{msg: fmt.Sprintf("--registry-interval %v: want a positive duration such as 1h (--no-registry writes no registry)", c.registryInterval)}
+	}
 
 	url := c.nats.url
 	if url != "" {

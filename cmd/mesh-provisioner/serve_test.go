@@ -142,7 +142,7 @@ func TestServe_MetricsAndLogs(t *testing.T) {
 	}
 	// Every info line is one of the few that happen once per start, stop, bucket or hour.
 	once := map[string]bool{"mesh-provisioner starting": true, "metrics listening": true, "answering": true, "bucket synced": true,
-		"registry written": true, "registry bucket created": true, "composed buckets found": true, "compacted after catch-up": true, "stopping: draining the verb, committing the last batch": true, "stopped cleanly": true}
+		"registry written": true, "registry kinds lost by someone else written again": true, "registry bucket created": true, "composed buckets found": true, "compacted after catch-up": true, "stopping: draining the verb, committing the last batch": true, "stopped cleanly": true}
 	for _, l := range lines {
 		require.True(t, once[l.Msg] || l.Level != "INFO", "unexpected info line %q", l.Msg)
 	}
@@ -235,4 +235,14 @@ func TestServe_Pprof(t *testing.T) {
 	rc, _, stderr := run(t, "serve", "--nats", ns.ClientURL(), "--pprof", "--state", filepath.Join(t.TempDir(), "state"))
 	require.Equal(t, 2, rc, stderr)
 	require.Contains(t, stderr, "--pprof serves the profiles on --metrics-addr")
+}
+
+// --registry-interval 0 or below is a usage error: the writer took it for an hour without a word.
+func TestServe_RegistryIntervalMustBePositive(t *testing.T) {
+	for _, v := range []string{"0", "-1m"} {
+		rc, _, stderr := run(t, "serve", "--nats", "nats://127.0.0.1:1", "--registry-interval", v, "--state", filepath.Join(t.TempDir(), "state"))
+		require.Equal(t, 2, rc, stderr)
+		require.Contains(t, stderr, "--registry-interval")
+		require.Contains(t, stderr, "--no-registry")
+	}
 }
