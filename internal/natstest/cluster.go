@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -28,13 +29,14 @@ type Cluster struct {
 	tb      testing.TB
 	opts    []*server.Options
 	Servers []*server.Server // nil while a server is stopped
+	started []bool           // whether server i ever started: its URL may be known, so its ports stay
 }
 
 // RunCluster starts n servers named S-1..S-n in a cluster named "mesh" and waits until JetStream has
 // a meta leader. They are shut down when the test ends.
 func RunCluster(tb testing.TB, n int) *Cluster {
 	tb.Helper()
-	c := &Cluster{tb: tb, Servers: make([]*server.Server, n)}
+	c := &Cluster{tb: tb, Servers: make([]*server.Server, n), started: make([]bool, n)}
 	routes := make([]string, n)
 	clusterPorts := make([]int, n)
 	for i := range routes {
@@ -72,18 +74,75 @@ func (c *Cluster) Start(i int) {
 	if c.Servers[i] != nil {
 		return
 	}
-	o := *c.opts[i]
-	ns, err := server.NewServer(&o)
-	if err != nil {
-		c.tb.Fatalf("server %s: %v", o.ServerName, err)
-	}
-	go ns.Start()
-	if !ns.ReadyForConnections(10 * time.Second) {
+	for attempt := 1; ; attempt++ {
+		o := *c.opts[i]
+		ns, err := server.NewServer(&o)
+		if err != nil {
+			c.tb.Fatalf("server %s: %v", o.ServerName, err)
+		}
+		errs := &errorLog{}
+		ns.SetLoggerV2(errs, false, false, false)
+		go ns.Start()
+		ready := false
+		for end := time.Now().Add(30 * time.Second); !ready && time.Now().Before(end) && !errs.contains("address already in use"); {
+			ready = ns.ReadyForConnections(100 * time.Millisecond)
+		}
+		if ready {
+			c.Servers[i], c.started[i] = ns, true
+			return
+		}
 		ns.Shutdown()
-		c.tb.Fatalf("server %s did not start", o.ServerName)
+		ns.WaitForShutdown()
+		// A port FreePort found free can be taken before the server listens on it (another test's
+		// connection given it as its local port): the server's first start takes two others.
+		if attempt == 1 && !c.started[i] && errs.contains("address already in use") {
+			c.opts[i].Port, c.opts[i].Cluster.Port = FreePort(c.tb), FreePort(c.tb)
+			continue
+		}
+		c.tb.Fatalf("server %s did not start within 30 s: %s", o.ServerName, errs)
 	}
-	c.Servers[i] = ns
 }
+
+// errorLog keeps the errors a server logs, so a server that does not start says why.
+type errorLog struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func (l *errorLog) add(format string, v ...any) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.lines) < 20 {
+		l.lines = append(l.lines, fmt.Sprintf(format, v...))
+	}
+}
+
+func (l *errorLog) contains(s string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, line := range l.lines {
+		if strings.Contains(line, s) {
+			return true
+		}
+	}
+	return false
+}
+
+func (l *errorLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.lines) == 0 {
+		return "no error logged"
+	}
+	return strings.Join(l.lines, "; ")
+}
+
+func (l *errorLog) Noticef(string, ...any)         {}
+func (l *errorLog) Debugf(string, ...any)          {}
+func (l *errorLog) Tracef(string, ...any)          {}
+func (l *errorLog) Warnf(format string, v ...any)  { l.add("warning: "+format, v...) }
+func (l *errorLog) Errorf(format string, v ...any) { l.add(format, v...) }
+func (l *errorLog) Fatalf(format string, v ...any) { l.add("fatal: "+format, v...) }
 
 // Stop shuts server i down, as a crash would take it away (its clients see the connection drop).
 func (c *Cluster) Stop(i int) {
