@@ -20,7 +20,7 @@ func MessageOf(bucket, subject string, h nats.Header, data []byte, seq uint64, t
 	}
 	m := provisioner.Message{Seq: seq, Time: t.UnixNano(), Key: subject[len(prefix):], Op: provisioner.OpPut}
 	if len(h) > 0 {
-		m.Op = provisioner.OpOfHeaders(h)
+		m.Op, m.Rollup = provisioner.OpOfHeaders(h), provisioner.RollupOfHeaders(h)
 	}
 	if m.Op == provisioner.OpPut {
 		m.Value = data
@@ -29,15 +29,26 @@ func MessageOf(bucket, subject string, h nats.Header, data []byte, seq uint64, t
 }
 
 // HeadersOf writes the headers a KV message of an operation carries: what MessageOf reads back. The
-// event log keeps the operation, not the headers, so this is how a message is written out again.
-func HeadersOf(op provisioner.Op) nats.Header {
+// event log keeps the operation, not the headers, so this is how a message is written out again; it
+// keeps a rollup too when the rollup removed other keys (provisioner.Message.RemovesOthers).
+func HeadersOf(op provisioner.Op, rollup provisioner.Rollup) nats.Header {
+	var h nats.Header
 	switch op {
 	case provisioner.OpDelete:
-		return nats.Header{provisioner.HeaderKVOperation: {"DEL"}}
+		h = nats.Header{provisioner.HeaderKVOperation: {"DEL"}}
 	case provisioner.OpPurge:
-		return nats.Header{provisioner.HeaderKVOperation: {"PURGE"}, "Nats-Rollup": {"sub"}}
+		h = nats.Header{provisioner.HeaderKVOperation: {"PURGE"}, provisioner.HeaderRollup: {"sub"}}
 	case provisioner.OpExpire:
-		return nats.Header{"Nats-Marker-Reason": {"MaxAge"}}
+		h = nats.Header{"Nats-Marker-Reason": {"MaxAge"}}
 	}
-	return nil
+	if v := rollupValues[rollup]; v != "" {
+		if h == nil {
+			h = nats.Header{}
+		}
+		h[provisioner.HeaderRollup] = []string{v}
+	}
+	return h
 }
+
+// rollupValues are the Nats-Rollup values HeadersOf writes.
+var rollupValues = map[provisioner.Rollup]string{provisioner.RollupSub: "sub", provisioner.RollupAll: "all"}

@@ -483,7 +483,7 @@ func convert(msg jetstream.Msg, md *jetstream.MsgMetadata, prefix string) (provi
 	}
 	m := provisioner.Message{Seq: md.Sequence.Stream, Time: md.Timestamp.UnixNano(), Key: subj[len(prefix):], Op: provisioner.OpPut}
 	if h := msg.Headers(); len(h) > 0 {
-		m.Op = provisioner.OpOfHeaders(h)
+		m.Op, m.Rollup = provisioner.OpOfHeaders(h), provisioner.RollupOfHeaders(h)
 	}
 	if m.Op == provisioner.OpPut {
 		m.Value = msg.Data()

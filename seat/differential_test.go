@@ -49,8 +49,34 @@ type dmsg struct {
 	bucket, key string
 	op          dop
 	value       []byte
+	rollup      string // a Nats-Rollup header added by hand: "sub" or "all", in any case
 	phase       int
 	seq         uint64 // from the publish's ack
+}
+
+// rollsUp reports whether m's rollup removed an earlier message of key from the stream: NATS matches
+// the message's subject as a filter ("*" one token, ">" the rest), or the whole stream for "all".
+func (m dmsg) rollsUp(key string) bool {
+	rollup := m.rollup
+	if m.op == dPurge {
+		rollup = "sub" // a KV purge's
+	}
+	switch strings.ToLower(rollup) {
+	case "all":
+		return true
+	case "sub":
+		p, k := strings.Split(m.key, "."), strings.Split(key, ".")
+		for i := range p {
+			switch {
+			case p[i] == ">":
+				return len(k) > i
+			case i >= len(k) || p[i] != "*" && p[i] != k[i]:
+				return false
+			}
+		}
+		return len(p) == len(k)
+	}
+	return false
 }
 
 func (m dmsg) removes() bool { return m.op != dPut && m.op != dOddOp }
@@ -72,6 +98,9 @@ func (m dmsg) natsMsg() *nats.Msg {
 		msg.Data = m.value
 	default:
 		msg.Data = m.value
+	}
+	if m.rollup != "" {
+		msg.Header.Set("Nats-Rollup", m.rollup)
 	}
 	return msg
 }
@@ -210,6 +239,11 @@ func modelState(msgs []dmsg, bucket string, n uint64, kinds map[string]bool, req
 	for _, m := range msgs {
 		if m.bucket != bucket || m.seq > n {
 			continue
+		}
+		for k := range cur {
+			if m.rollsUp(k) {
+				delete(cur, k)
+			}
 		}
 		if m.removes() {
 			delete(cur, m.key)
@@ -678,7 +712,29 @@ func TestDifferential_EveryPathAgreesWithTheContract(t *testing.T) {
 	var live []livePoint
 	nodeBulk := 0
 	const phases = 4
+	// Rollups on subjects with wildcard tokens, which NATS stores as published and which purge every
+	// subject they match, and one of a whole stream: each opens its phase, so the live seat has read
+	// everything they remove.
+	rollups := [][]dmsg{2: {
+		{bucket: provisioner.BucketNeeds, key: "n1.m1.*.*", op: dPurge},
+		{bucket: provisioner.BucketApplied, key: "n2.>", op: dDel, rollup: "sub"},
+		{bucket: provisioner.BucketCollect, key: "n3.*.m2", value: []byte{0xc0}, rollup: "SUB"},
+	}, 3: {
+		{bucket: provisioner.BucketNeeds, key: "*.m/y.>", op: dPurge},
+		{bucket: provisioner.BucketCollect, key: "n10.=C3=A9.m1", value: mustMsgpack(t, "alone"), rollup: "All"},
+		{bucket: provisioner.BucketApplied, key: "n=1.*", op: dMarker, rollup: "sub"},
+	}, 4: {
+		{bucket: provisioner.BucketNeeds, key: ">", op: dPurge},
+	}}
 	for phase := 1; phase <= phases; phase++ {
+		if phase < len(rollups) && len(rollups[phase]) > 0 {
+			from := len(msgs)
+			for _, m := range rollups[phase] {
+				m.phase = phase
+				msgs = append(msgs, m)
+			}
+			publish(t, h.js, msgs[from:])
+		}
 		from := len(msgs)
 		msgs = g.phase(phase, 350, pool, msgs)
 		if phase == 2 {
@@ -864,11 +920,8 @@ func TestDifferential_EveryPathAgreesWithTheContract(t *testing.T) {
 	// read from the streams has a gap from there up to its last message.
 	removedFrom := map[string]uint64{}
 	for _, m := range msgs {
-		if m.op != dPurge {
-			continue
-		}
 		for _, e := range msgs {
-			if e.bucket == m.bucket && e.key == m.key && e.seq < m.seq && (removedFrom[m.bucket] == 0 || e.seq < removedFrom[m.bucket]) {
+			if e.bucket == m.bucket && m.rollsUp(e.key) && e.seq < m.seq && (removedFrom[m.bucket] == 0 || e.seq < removedFrom[m.bucket]) {
 				removedFrom[m.bucket] = e.seq
 			}
 		}
