@@ -332,7 +332,7 @@ var (
 	// Collection tokens in shape: plain, upper- and lower-case escapes, escapes decoding to '.', ' ',
 	// '=', ':' and a two-byte UTF-8 letter.
 	dCollectionsOK = []string{"shell", "shell=3Azsh=3Anormal", "shell=3azsh=3anormal", "a=2Eb", "path=20with=20space",
-		"a=3Db", "=C3=A9", "=c3=a9", "x=2e", "=3D", "caf=C3=A9"}
+		"a=3Db", "=C3=A9", "=c3=a9", "x=2e", "=3D", "caf=C3=A9", "a=00b", "=7F"}
 	// Collection tokens out of shape.
 	dCollectionsBad = []string{"=", "a=", "=4", "a=4", "=G1", "=g1", "=C3", "=FF", "=C0=AE", "=ED=A0=80", "=E2=82", "ab=",
 		"==41", "=4=41", "=F4=90=80=80"}
@@ -815,7 +815,7 @@ func TestDifferential_EveryPathAgreesWithTheContract(t *testing.T) {
 			{"module": "m2", "kind": "nope"}},
 		provisioner.BucketApplied: {{"module": "mod-x"}, {"node": "n=1", "module": "m2"}},
 		provisioner.BucketCollect: {{"collection": "shell:zsh:normal"}, {"collection": "é"}, {"collection": "a.b"}, {"collection": "path with space"},
-			{"collection": "="}, {"collection": "a=b"}, {"collection": "x."}, {"contributor": "m1"}, {"module": "m/y"},
+			{"collection": "="}, {"collection": "a=b"}, {"collection": "x."}, {"collection": "a\x00b"}, {"collection": "\x7f"}, {"contributor": "m1"}, {"module": "m/y"},
 			{"node": "n3", "collection": "shell"}, {"node": "n1", "contributor": "m2"}},
 		provisioner.BucketRegistry: {{"kind": "zzkind"}, {"module": "mesh-vault"}, {"kind": "config"}},
 	}
