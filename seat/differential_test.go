@@ -234,6 +234,15 @@ type danswer struct {
 // modelState is what the contract says a bucket answers after every message up to seq n, with the
 // registry's kinds as given; created is left 0 (the model does not know the server's times).
 func modelState(msgs []dmsg, bucket string, n uint64, kinds map[string]bool, req map[string]string) danswer {
+	a := modelUncapped(msgs, bucket, n, kinds, req)
+	if len(a.Anomalies) > query.MaxAnomalies {
+		a.Anomalies = a.Anomalies[:query.MaxAnomalies]
+	}
+	return a
+}
+
+// modelUncapped is modelState with every anomaly row.
+func modelUncapped(msgs []dmsg, bucket string, n uint64, kinds map[string]bool, req map[string]string) danswer {
 	node := req["node"]
 	cur := map[string]dmsg{}
 	for _, m := range msgs {
@@ -290,9 +299,6 @@ func modelState(msgs []dmsg, bucket string, n uint64, kinds map[string]bool, req
 		}
 	}
 	a.Total = int64(len(a.Anomalies))
-	if len(a.Anomalies) > query.MaxAnomalies {
-		a.Anomalies = a.Anomalies[:query.MaxAnomalies]
-	}
 	return a
 }
 
@@ -969,6 +975,42 @@ func TestDifferential_EveryPathAgreesWithTheContract(t *testing.T) {
 	ls, err := replay.OpenState(dir)
 	require.NoError(t, err)
 	checkPoints("replay --state", logAsker(ls), false, false, true)
+	// replay state (the command's table and --json) reads the whole state, anomalies uncapped.
+	for _, p := range points {
+		if !p.time.IsZero() || p.bucket == provisioner.BucketRegistry {
+			continue
+		}
+		for _, node := range []string{"", "nb", "n1"} {
+			seq := min(p.seq, lastSeq[p.bucket])
+			name := fmt.Sprintf("replay state %s seq:%d node %q", p.bucket, p.seq, node)
+			got, err := ls.State(query.Request{What: string(shapeWhat(p.bucket)), Node: node}, replay.Point{Seq: p.seq})
+			require.NoError(t, err, name)
+			require.Equal(t, seq, got.AsOf, name)
+			kinds := kindsAt(seq)
+			var want []string
+			var narrow map[string]string
+			if node != "" {
+				narrow = map[string]string{"node": node}
+			}
+			all := modelUncapped(msgs, p.bucket, seq, kinds, narrow)
+			for _, r := range all.Rows {
+				want = append(want, fmt.Sprintf("row %q %d", r.Key, r.Rev))
+			}
+			var have []string
+			for _, r := range got.Rows {
+				have = append(have, fmt.Sprintf("row %q %d", r.Key, r.Revision))
+			}
+			require.Equal(t, want, have, name)
+			want, have = nil, nil
+			for _, a := range all.Anomalies {
+				want = append(want, fmt.Sprintf("%q %d %s", a.Key, a.Rev, a.Reason))
+			}
+			for _, a := range got.Anomalies {
+				have = append(have, fmt.Sprintf("%q %d %s", a.Key, a.Revision, a.Reason))
+			}
+			require.Equal(t, want, have, name)
+		}
+	}
 	require.NoError(t, ls.Close())
 
 	// (d) replay from the streams.
