@@ -88,3 +88,37 @@ func TestDB_ARollupOfAWildcardRemovesTheKeysItMatches(t *testing.T) {
 	require.Equal(t, []provisioner.Rollup{0, 0, 0, 0, 0, provisioner.RollupSub, 0, provisioner.RollupSub, 0, 0, provisioner.RollupAll}, rollups,
 		"a rollup is kept where it removed other keys")
 }
+
+// TestPlans_ARollupOfAWildcardForgetsTheBuildsItPurged: in a composed-<node> bucket the keys a
+// wildcard rollup removed are purged builds, as a rebuild reads the stream after the rollup: the plan
+// rows equal those of a store that read only what the stream still holds.
+func TestPlans_ARollupOfAWildcardForgetsTheBuildsItPurged(t *testing.T) {
+	c := provisioner.ComposedPrefix + "n1"
+	comp := func(status, plan string) []byte {
+		return mpk(t, map[string]any{"status": status, "plan": plan})
+	}
+	hosts := []provisioner.Message{put(1, "n1.m1", mpk(t, map[string]any{"want": 2})), put(2, "n1.m2", mpk(t, map[string]any{"want": 1}))}
+	live, err := store.Open(t.TempDir(), store.Options{})
+	require.NoError(t, err)
+	defer live.Close()
+	require.NoError(t, live.Apply(provisioner.BucketHostModules, hosts, 0, false))
+	require.NoError(t, live.Apply(c, []provisioner.Message{
+		put(1, "m1.1", comp("published", "m1 1")),
+		put(2, "m1.2", comp("published", "m1 2")),
+		put(3, "m2.1", comp("published", "m2 1")),
+		rollup(purge(4, "m1.*"), provisioner.RollupSub),
+	}, 0, false))
+	rebuilt, err := store.Open(t.TempDir(), store.Options{})
+	require.NoError(t, err)
+	defer rebuilt.Close()
+	require.NoError(t, rebuilt.Apply(provisioner.BucketHostModules, hosts, 0, false))
+	require.NoError(t, rebuilt.Apply(c, []provisioner.Message{
+		put(3, "m2.1", comp("published", "m2 1")),
+		rollup(purge(4, "m1.*"), provisioner.RollupSub),
+	}, 0, false))
+	want := normalize(planRows(t, rebuilt, "", ""))
+	require.Len(t, want, 2)
+	require.Equal(t, want, normalize(planRows(t, live, "", "")))
+	require.Equal(t, provisioner.EntryHeld, want[0].Current.Status)
+	require.False(t, want[0].Current.HasPlan, "m1 has no plan left")
+}
