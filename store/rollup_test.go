@@ -1,6 +1,7 @@
 package store_test
 
 import (
+	"context"
 	"maps"
 	"slices"
 	"testing"
@@ -121,4 +122,33 @@ func TestPlans_ARollupOfAWildcardForgetsTheBuildsItPurged(t *testing.T) {
 	require.Equal(t, want, normalize(planRows(t, live, "", "")))
 	require.Equal(t, provisioner.EntryHeld, want[0].Current.Status)
 	require.False(t, want[0].Current.HasPlan, "m1 has no plan left")
+}
+
+// TestDB_TrimKeepsWhatARollupRemoved: a trim past a rollup leaves every point from the floor as it
+// was: the removed keys stay removed.
+func TestDB_TrimKeepsWhatARollupRemoved(t *testing.T) {
+	db, err := store.Open(t.TempDir(), store.Options{})
+	require.NoError(t, err)
+	defer db.Close()
+	b := provisioner.BucketApplied
+	require.NoError(t, db.Apply(b, []provisioner.Message{
+		put(1, "n1.a", []byte{0xc0}),
+		put(2, "n1.b", []byte{0xc0}),
+		put(3, "n2.a", []byte{0xc0}),
+		rollup(del(4, "n1.*"), provisioner.RollupSub),
+		put(5, "n1.c", []byte{0xc0}),
+		put(6, "n2.b", []byte{0xc0}),
+	}, 0, false))
+	want := map[uint64][]string{}
+	for n := uint64(4); n <= 6; n++ {
+		want[n] = keysAt(t, db, b, n)
+	}
+	require.Equal(t, []string{"n1.c", "n2.a", "n2.b"}, want[6])
+	for _, horizon := range []uint64{4, 5} {
+		_, err = db.TrimHistory(context.Background(), b, horizon, int64(horizon)*1e9)
+		require.NoError(t, err)
+		for n := horizon; n <= 6; n++ {
+			require.Equal(t, want[n], keysAt(t, db, b, n), "as of %d after a trim to %d", n, horizon)
+		}
+	}
 }
