@@ -50,6 +50,7 @@ type dmsg struct {
 	op          dop
 	value       []byte
 	rollup      string // a Nats-Rollup header added by hand: "sub" or "all", in any case
+	header      string // a header named in lower case, which NATS reads as no header of its: "name: value"
 	phase       int
 	seq         uint64 // from the publish's ack
 }
@@ -101,6 +102,9 @@ func (m dmsg) natsMsg() *nats.Msg {
 	}
 	if m.rollup != "" {
 		msg.Header.Set("Nats-Rollup", m.rollup)
+	}
+	if name, value, ok := strings.Cut(m.header, ": "); ok {
+		msg.Header[name] = []string{value}
 	}
 	return msg
 }
@@ -731,6 +735,10 @@ func TestDifferential_EveryPathAgreesWithTheContract(t *testing.T) {
 		{bucket: provisioner.BucketApplied, key: "n=1.*", op: dMarker, rollup: "sub"},
 	}, 4: {
 		{bucket: provisioner.BucketNeeds, key: ">", op: dPurge},
+		// Header names are read as written: these are a put and a put with no rollup.
+		{bucket: provisioner.BucketApplied, key: "n3.>", value: []byte{0xc0}, header: "nats-rollup: sub"},
+		{bucket: provisioner.BucketApplied, key: "n10.m1", value: []byte{0xc0}, header: "kv-operation: DEL"},
+		{bucket: provisioner.BucketApplied, key: "n10.m2", value: []byte{0xc0}, header: "nats-marker-reason: MaxAge"},
 	}}
 	for phase := 1; phase <= phases; phase++ {
 		if phase < len(rollups) && len(rollups[phase]) > 0 {
