@@ -137,6 +137,10 @@ type Message struct {
 	Value []byte // the value of a put
 	// Rollup is the message's Nats-Rollup; the store reads it only when it RemovesOthers.
 	Rollup Rollup
+	// Foreign says the message's subject is not of $KV.<bucket>. (a subject added to the bucket's
+	// stream by hand): it is no key of the bucket, which the KV never reads, and it changes nothing but
+	// the applied sequence. Key is then the whole subject.
+	Foreign bool
 }
 
 // Row is one current entry of a bucket as the store holds it. Key and Value alias the store's memory and

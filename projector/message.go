@@ -1,7 +1,6 @@
 package projector
 
 import (
-	"fmt"
 	"strings"
 	"time"
 
@@ -12,11 +11,12 @@ import (
 
 // MessageOf reads a raw message of a bucket's stream (from an archive, or read by hand) as the store
 // applies it, with the same rules as the live consumer: the key is the subject after $KV.<bucket>., the
-// operation comes from the headers, and only a put keeps its data.
+// operation comes from the headers, and only a put keeps its data. A subject of another form is no key
+// of the bucket (provisioner.Message.Foreign).
 func MessageOf(bucket, subject string, h nats.Header, data []byte, seq uint64, t time.Time) (provisioner.Message, error) {
 	prefix := provisioner.SubjectPrefix(bucket)
 	if !strings.HasPrefix(subject, prefix) {
-		return provisioner.Message{}, fmt.Errorf("message subject %q is not of %s>", subject, prefix)
+		return provisioner.Message{Seq: seq, Time: t.UnixNano(), Key: subject, Foreign: true}, nil
 	}
 	m := provisioner.Message{Seq: seq, Time: t.UnixNano(), Key: subject[len(prefix):], Op: provisioner.OpPut}
 	if len(h) > 0 {

@@ -238,6 +238,12 @@ func (db *DB) applyLocked(shape provisioner.Shape, msgs []provisioner.Message, s
 			// Messages were removed from the stream before they were read: the log has a gap.
 			a.gap(bucket, cp.Applied+1, m.Seq)
 		}
+		if m.Foreign {
+			// No key of the bucket: nothing to project or to log, and no gap either.
+			cp.Applied = m.Seq
+			moved = true
+			continue
+		}
 		if m.RemovesOthers() {
 			if err := a.rollup(shape, m); err != nil {
 				return fmt.Errorf("apply %s seq %d: rollup: %w", bucket, m.Seq, err)
