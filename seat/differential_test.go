@@ -51,6 +51,7 @@ type dmsg struct {
 	value       []byte
 	rollup      string // a Nats-Rollup header added by hand: "sub" or "all", in any case
 	header      string // a header named in lower case, which NATS reads as no header of its: "name: value"
+	foreign     string // a subject added to the bucket's stream by hand, published instead of the key's
 	phase       int
 	seq         uint64 // from the publish's ack
 }
@@ -84,6 +85,9 @@ func (m dmsg) removes() bool { return m.op != dPut && m.op != dOddOp }
 
 func (m dmsg) natsMsg() *nats.Msg {
 	msg := nats.NewMsg("$KV." + m.bucket + "." + m.key)
+	if m.foreign != "" {
+		msg.Subject = m.foreign
+	}
 	switch m.op {
 	case dDel:
 		msg.Header.Set("KV-Operation", "DEL")
@@ -250,8 +254,8 @@ func modelUncapped(msgs []dmsg, bucket string, n uint64, kinds map[string]bool, 
 	node := req["node"]
 	cur := map[string]dmsg{}
 	for _, m := range msgs {
-		if m.bucket != bucket || m.seq > n {
-			continue
+		if m.bucket != bucket || m.seq > n || m.foreign != "" {
+			continue // a message on a subject that is no key of the bucket changes nothing
 		}
 		for k := range cur {
 			if m.rollsUp(k) {
@@ -680,6 +684,13 @@ func TestDifferential_EveryPathAgreesWithTheContract(t *testing.T) {
 		_, err := h.js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: b, History: 64})
 		require.NoError(t, err)
 	}
+	// The needs' stream is given one more subject by hand (docs/decisions.md).
+	s, err := h.js.Stream(ctx, provisioner.StreamName(provisioner.BucketNeeds))
+	require.NoError(t, err)
+	cfg := s.CachedInfo().Config
+	cfg.Subjects = append(cfg.Subjects, "extra.>")
+	_, err = h.js.UpdateStream(ctx, cfg)
+	require.NoError(t, err)
 	dir := t.TempDir()
 	st, stop := h.startSeat(dir)
 	h.waitCaughtUp(st)
@@ -727,6 +738,7 @@ func TestDifferential_EveryPathAgreesWithTheContract(t *testing.T) {
 	// everything they remove.
 	rollups := [][]dmsg{2: {
 		{bucket: provisioner.BucketNeeds, key: "n1.m1.*.*", op: dPurge},
+		{bucket: provisioner.BucketNeeds, foreign: "extra.n1.m1.config.a", value: []byte{0xc0}},
 		{bucket: provisioner.BucketApplied, key: "n2.>", op: dDel, rollup: "sub"},
 		{bucket: provisioner.BucketCollect, key: "n3.*.m2", value: []byte{0xc0}, rollup: "SUB"},
 	}, 3: {
