@@ -1,5 +1,7 @@
 package provisioner
 
+import "strings"
+
 // Op is what a message of a bucket's stream does to its key.
 type Op uint8
 
@@ -51,6 +53,71 @@ func OpOfHeaders(h map[string][]string) Op {
 	return OpPut
 }
 
+// Rollup is what a message's Nats-Rollup header made the server remove from the stream as it stored
+// the message: every earlier message of the subjects the message's subject matches (sub), or of the
+// whole stream (all). A KV purge is a rollup of its own key; a rollup on a subject with a wildcard
+// token (the server stores `$KV.<bucket>.n1.>` as published) or of the whole stream removes other
+// keys too, and the projection removes them with it (RemovesOthers).
+type Rollup uint8
+
+const (
+	RollupNone Rollup = 0
+	RollupSub  Rollup = 1 // Nats-Rollup: sub
+	RollupAll  Rollup = 2 // Nats-Rollup: all
+)
+
+// HeaderRollup is the header that makes a stored message a rollup.
+const HeaderRollup = "Nats-Rollup"
+
+// RollupOfHeaders reads a message's rollup; the server reads the value without regard to case.
+func RollupOfHeaders(h map[string][]string) Rollup {
+	if v := h[HeaderRollup]; len(v) > 0 {
+		switch strings.ToLower(v[0]) {
+		case "sub":
+			return RollupSub
+		case "all":
+			return RollupAll
+		}
+	}
+	return RollupNone
+}
+
+// RemovesOthers reports whether the message's rollup removed keys other than its own: a rollup of
+// the whole stream, or of a subject with a wildcard token.
+func (m *Message) RemovesOthers() bool {
+	return m.Rollup == RollupAll || m.Rollup == RollupSub && HasWildcard(m.Key)
+}
+
+// HasWildcard reports whether a key has a token that NATS reads as a wildcard: `*` or `>`, the whole
+// token ("a*b" is a literal).
+func HasWildcard(key string) bool {
+	for tok := range strings.SplitSeq(key, ".") {
+		if tok == "*" || tok == ">" {
+			return true
+		}
+	}
+	return false
+}
+
+// RollupMatches reports whether a rollup of pattern removes key's earlier messages, as NATS matches a
+// subject against a filter: `*` is any one token, `>` one or more remaining tokens.
+func RollupMatches(pattern, key string) bool {
+	for {
+		ptok, prest, pmore := strings.Cut(pattern, ".")
+		if ptok == ">" {
+			return key != ""
+		}
+		ktok, krest, kmore := strings.Cut(key, ".")
+		if ptok != "*" && ptok != ktok {
+			return false
+		}
+		if !pmore || !kmore {
+			return pmore == kmore
+		}
+		pattern, key = prest, krest
+	}
+}
+
 // ParseOp reads an operation back from its String form.
 func ParseOp(s string) (Op, bool) {
 	for _, o := range []Op{OpPut, OpDelete, OpPurge, OpExpire} {
@@ -68,6 +135,12 @@ type Message struct {
 	Key   string // the raw key: the subject after $KV.<bucket>.
 	Op    Op
 	Value []byte // the value of a put
+	// Rollup is the message's Nats-Rollup; the store reads it only when it RemovesOthers.
+	Rollup Rollup
+	// Foreign says the message's subject is not of $KV.<bucket>. (a subject added to the bucket's
+	// stream by hand): it is no key of the bucket, which the KV never reads, and it changes nothing but
+	// the applied sequence. Key is then the whole subject.
+	Foreign bool
 }
 
 // Row is one current entry of a bucket as the store holds it. Key and Value alias the store's memory and

@@ -1,7 +1,6 @@
 package projector
 
 import (
-	"fmt"
 	"strings"
 	"time"
 
@@ -12,15 +11,16 @@ import (
 
 // MessageOf reads a raw message of a bucket's stream (from an archive, or read by hand) as the store
 // applies it, with the same rules as the live consumer: the key is the subject after $KV.<bucket>., the
-// operation comes from the headers, and only a put keeps its data.
+// operation comes from the headers, and only a put keeps its data. A subject of another form is no key
+// of the bucket (provisioner.Message.Foreign).
 func MessageOf(bucket, subject string, h nats.Header, data []byte, seq uint64, t time.Time) (provisioner.Message, error) {
 	prefix := provisioner.SubjectPrefix(bucket)
 	if !strings.HasPrefix(subject, prefix) {
-		return provisioner.Message{}, fmt.Errorf("message subject %q is not of %s>", subject, prefix)
+		return provisioner.Message{Seq: seq, Time: t.UnixNano(), Key: subject, Foreign: true}, nil
 	}
 	m := provisioner.Message{Seq: seq, Time: t.UnixNano(), Key: subject[len(prefix):], Op: provisioner.OpPut}
 	if len(h) > 0 {
-		m.Op = provisioner.OpOfHeaders(h)
+		m.Op, m.Rollup = provisioner.OpOfHeaders(h), provisioner.RollupOfHeaders(h)
 	}
 	if m.Op == provisioner.OpPut {
 		m.Value = data
@@ -29,15 +29,26 @@ func MessageOf(bucket, subject string, h nats.Header, data []byte, seq uint64, t
 }
 
 // HeadersOf writes the headers a KV message of an operation carries: what MessageOf reads back. The
-// event log keeps the operation, not the headers, so this is how a message is written out again.
-func HeadersOf(op provisioner.Op) nats.Header {
+// event log keeps the operation, not the headers, so this is how a message is written out again; it
+// keeps a rollup too when the rollup removed other keys (provisioner.Message.RemovesOthers).
+func HeadersOf(op provisioner.Op, rollup provisioner.Rollup) nats.Header {
+	var h nats.Header
 	switch op {
 	case provisioner.OpDelete:
-		return nats.Header{provisioner.HeaderKVOperation: {"DEL"}}
+		h = nats.Header{provisioner.HeaderKVOperation: {"DEL"}}
 	case provisioner.OpPurge:
-		return nats.Header{provisioner.HeaderKVOperation: {"PURGE"}, "Nats-Rollup": {"sub"}}
+		h = nats.Header{provisioner.HeaderKVOperation: {"PURGE"}, provisioner.HeaderRollup: {"sub"}}
 	case provisioner.OpExpire:
-		return nats.Header{"Nats-Marker-Reason": {"MaxAge"}}
+		h = nats.Header{"Nats-Marker-Reason": {"MaxAge"}}
 	}
-	return nil
+	if v := rollupValues[rollup]; v != "" {
+		if h == nil {
+			h = nats.Header{}
+		}
+		h[provisioner.HeaderRollup] = []string{v}
+	}
+	return h
 }
+
+// rollupValues are the Nats-Rollup values HeadersOf writes.
+var rollupValues = map[provisioner.Rollup]string{provisioner.RollupSub: "sub", provisioner.RollupAll: "all"}

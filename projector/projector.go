@@ -14,7 +14,6 @@ package projector
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"slices"
 	"sort"
@@ -399,7 +398,7 @@ func (p *Projector) tail(ctx context.Context, bucket string, log *slog.Logger, o
 		defer rwg.Done()
 		defer close(in)
 		defer it.Stop() // lock-free in nats.go: ends its pulls at once
-		readErr <- p.read(rctx, it, bucket, in, pending, &atEnd)
+		readErr <- p.read(rctx, it, bucket, in, pending, &atEnd, log)
 	}()
 
 	applyErr := p.applyLoop(ctx, bucket, batchSize, created, in, pending, &atEnd, verify, cons, log, startSeq, start)
@@ -443,8 +442,9 @@ func (p *Projector) markSynced(bucket string, log *slog.Logger, from uint64, sta
 
 // read moves messages from the consumer into in until the consumer stops; a consumer lost (no
 // heartbeat, deleted) or out of order ends it with an error.
-func (p *Projector) read(ctx context.Context, it *streamread.Reader, bucket string, in chan<- provisioner.Message, pending chan uint64, atEnd *atomic.Uint64) error {
+func (p *Projector) read(ctx context.Context, it *streamread.Reader, bucket string, in chan<- provisioner.Message, pending chan uint64, atEnd *atomic.Uint64, log *slog.Logger) error {
 	prefix := provisioner.SubjectPrefix(bucket)
+	saidForeign := false // said once per tail
 	for {
 		msg, md, err := it.Next(ctx)
 		if err != nil {
@@ -456,6 +456,11 @@ func (p *Projector) read(ctx context.Context, it *streamread.Reader, bucket stri
 		m, np, err := convert(msg, md, prefix)
 		if err != nil {
 			return err
+		}
+		if m.Foreign && !saidForeign {
+			saidForeign = true
+			log.Warn("the bucket's stream holds a subject that is no key of the bucket; such messages are passed over",
+				"subject", m.Key, "seq", m.Seq)
 		}
 		select {
 		case in <- m:
@@ -479,11 +484,12 @@ func (p *Projector) read(ctx context.Context, it *streamread.Reader, bucket stri
 func convert(msg jetstream.Msg, md *jetstream.MsgMetadata, prefix string) (provisioner.Message, uint64, error) {
 	subj := msg.Subject()
 	if !strings.HasPrefix(subj, prefix) {
-		return provisioner.Message{}, 0, fmt.Errorf("message subject %q is not of %s>", subj, prefix)
+		// A subject added to the stream by hand: no key of the bucket, passed over (Message.Foreign).
+		return provisioner.Message{Seq: md.Sequence.Stream, Time: md.Timestamp.UnixNano(), Key: subj, Foreign: true}, md.NumPending, nil
 	}
 	m := provisioner.Message{Seq: md.Sequence.Stream, Time: md.Timestamp.UnixNano(), Key: subj[len(prefix):], Op: provisioner.OpPut}
 	if h := msg.Headers(); len(h) > 0 {
-		m.Op = provisioner.OpOfHeaders(h)
+		m.Op, m.Rollup = provisioner.OpOfHeaders(h), provisioner.RollupOfHeaders(h)
 	}
 	if m.Op == provisioner.OpPut {
 		m.Value = msg.Data()

@@ -273,7 +273,7 @@ func ExportLog(ctx context.Context, db *store.DB, out, tool string, progress Pro
 		prefix := provisioner.SubjectPrefix(bucket)
 		var rerr error
 		err = v.Events(bucket, 0, func(key []byte, ev *store.Event) bool {
-			rec := archiveRecord{Bucket: i, Seq: ev.Seq, Time: ev.Time, Subject: prefix + string(key), Headers: projector.HeadersOf(ev.Op)}
+			rec := archiveRecord{Bucket: i, Seq: ev.Seq, Time: ev.Time, Subject: prefix + string(key), Headers: projector.HeadersOf(ev.Op, ev.Rollup)}
 			if ev.Op == provisioner.OpPut {
 				rec.Data = ev.Value
 			}

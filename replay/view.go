@@ -53,15 +53,14 @@ func indexed(bucket string, p *provisioner.Parts, idx provisioner.Index, value s
 
 // Rows reads a range as of the point. The event log is keyed by raw key only, so a secondary index
 // range (module, kind, collection, contributor) is the bucket's keys filtered by their parts; a node's
-// range (and a node's collection) is a prefix of the log.
+// range (and a node's collection) is a prefix of the log. The log holds every key, out-of-shape ones
+// too: those have no row (only their anomaly), as in the live projection.
 func (a *asOf) Rows(r provisioner.Range, fn func(*provisioner.Row) bool) error {
 	var row provisioner.Row
 	return a.v.StateAt(r.Bucket, r.Prefix, r.After, a.n, func(key []byte, ev *store.Event) bool {
-		if r.Index != provisioner.IndexPrimary {
-			parts, err := provisioner.ParseKey(a.shape, string(key))
-			if err != nil || !indexed(r.Bucket, &parts, r.Index, r.Value) {
-				return true
-			}
+		parts, err := provisioner.ParseKey(a.shape, string(key))
+		if err != nil || (r.Index != provisioner.IndexPrimary && !indexed(r.Bucket, &parts, r.Index, r.Value)) {
+			return true
 		}
 		row = provisioner.Row{Key: key, Revision: ev.Seq, Created: ev.Time, Msgpack: mpk.Valid(ev.Value), Value: ev.Value}
 		return fn(&row)
@@ -77,11 +76,11 @@ func (a *asOf) HasRow(r provisioner.Range, key string) (bool, error) {
 	if err != nil || !ok {
 		return false, err
 	}
-	if r.Index == provisioner.IndexPrimary {
-		return true, nil
-	}
 	parts, err := provisioner.ParseKey(a.shape, key)
-	return err == nil && indexed(r.Bucket, &parts, r.Index, r.Value), nil
+	if err != nil {
+		return false, nil // out of shape: no row
+	}
+	return r.Index == provisioner.IndexPrimary || indexed(r.Bucket, &parts, r.Index, r.Value), nil
 }
 
 // Anomalies derives the anomaly rows of the bucket as of the point, from each live key and value, with

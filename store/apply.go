@@ -4,7 +4,9 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"sort"
 	"strconv"
+	"strings"
 
 	"github.com/cockroachdb/pebble/v2"
 
@@ -46,23 +48,28 @@ func decodeRowValue(b []byte, r *provisioner.Row) error {
 	return nil
 }
 
-// The event log keeps every applied message: history entries hold op, time and value.
-func appendEventValue(dst []byte, op provisioner.Op, t int64, value []byte) []byte {
-	dst = append(dst, byte(op))
+// The event log keeps every applied message: history entries hold op, time and value. The op byte's
+// top two bits hold the rollup of a message whose rollup removed other keys (none for every other
+// message, so its byte is the op alone, as written before rollups were kept).
+const eventRollupShift = 6
+
+func appendEventValue(dst []byte, op provisioner.Op, rollup provisioner.Rollup, t int64, value []byte) []byte {
+	dst = append(dst, byte(op)|byte(rollup)<<eventRollupShift)
 	dst = binary.AppendVarint(dst, t)
 	return append(dst, value...)
 }
 
-func decodeEventValue(b []byte) (op provisioner.Op, t int64, value []byte, err error) {
+func decodeEventValue(b []byte) (op provisioner.Op, rollup provisioner.Rollup, t int64, value []byte, err error) {
 	if len(b) < 2 {
-		return 0, 0, nil, fmt.Errorf("%w: event", ErrCorrupt)
+		return 0, 0, 0, nil, fmt.Errorf("%w: event", ErrCorrupt)
 	}
-	op = provisioner.Op(b[0])
+	op = provisioner.Op(b[0] & (1<<eventRollupShift - 1))
+	rollup = provisioner.Rollup(b[0] >> eventRollupShift)
 	t, n := binary.Varint(b[1:])
 	if n <= 0 {
-		return 0, 0, nil, fmt.Errorf("%w: event time", ErrCorrupt)
+		return 0, 0, 0, nil, fmt.Errorf("%w: event time", ErrCorrupt)
 	}
-	return op, t, b[1+n:], nil
+	return op, rollup, t, b[1+n:], nil
 }
 
 func appendAnomalyValue(dst []byte, rev uint64, text string) []byte {
@@ -170,7 +177,9 @@ func (a *applier) clearAnomaly(bucket, key string, classes byte) {
 // With sync the batch is synced to disk before Apply returns; without, it may stay in Pebble's WAL
 // buffer until the next synced commit, so a crash can lose it (the projector syncs each batch that
 // reaches the stream's end) — the checkpoint never runs ahead of the rows either way, because both are
-// in the same batch, and what is lost is read again from the stream.
+// in the same batch, and what is lost is read again from the stream. A message whose rollup removed
+// other keys from the stream (provisioner.Message.RemovesOthers) removes them from the projection
+// too, and is committed in a batch that starts with it.
 func (db *DB) Apply(bucket string, msgs []provisioner.Message, streamCreated int64, sync bool) error {
 	if db.closed.Load() {
 		return ErrClosed
@@ -187,7 +196,29 @@ func (db *DB) Apply(bucket string, msgs []provisioner.Message, streamCreated int
 	if err := db.checkRoom(); err != nil {
 		return err
 	}
+	// A message whose rollup removed other keys starts a batch of its own: the keys it removes are
+	// found in what is committed, so what came before it in msgs is committed first. An empty msgs is
+	// one batch too (it commits the checkpoint, with streamCreated).
+	for {
+		n := len(msgs)
+		for i := 1; i < len(msgs); i++ {
+			if msgs[i].RemovesOthers() {
+				n = i
+				break
+			}
+		}
+		if err := db.applyLocked(shape, msgs[:n], streamCreated, sync && n == len(msgs)); err != nil {
+			return err
+		}
+		if msgs = msgs[n:]; len(msgs) == 0 {
+			return nil
+		}
+	}
+}
 
+// applyLocked is Apply of msgs in one Pebble batch, under applyMu.
+func (db *DB) applyLocked(shape provisioner.Shape, msgs []provisioner.Message, streamCreated int64, sync bool) error {
+	bucket := shape.Bucket
 	// Batches come from Pebble's pool; letting them keep buffers of a catch-up batch's size saves
 	// growing a new one for every batch.
 	a := &applier{db: db, batch: db.pdb.NewBatch(pebble.WithMaxRetainedSizeBytes(16 << 20)), w: db.writes.take(), anom: map[string]map[string]byte{}, cps: map[string]*Checkpoint{}, states: map[string]*bucketState{}}
@@ -206,6 +237,17 @@ func (db *DB) Apply(bucket string, msgs []provisioner.Message, streamCreated int
 		if m.Seq > cp.Applied+1 {
 			// Messages were removed from the stream before they were read: the log has a gap.
 			a.gap(bucket, cp.Applied+1, m.Seq)
+		}
+		if m.Foreign {
+			// No key of the bucket: nothing to project or to log, and no gap either.
+			cp.Applied = m.Seq
+			moved = true
+			continue
+		}
+		if m.RemovesOthers() {
+			if err := a.rollup(shape, m); err != nil {
+				return fmt.Errorf("apply %s seq %d: rollup: %w", bucket, m.Seq, err)
+			}
 		}
 		if err := a.apply(shape, m); err != nil {
 			return fmt.Errorf("apply %s seq %d: %w", bucket, m.Seq, err)
@@ -283,7 +325,11 @@ func (a *applier) apply(shape provisioner.Shape, m *provisioner.Message) error {
 	bucket := shape.Bucket
 	// The event log first: every message, whatever its key.
 	a.buf = historyKey(a.buf[:0], bucket, m.Key, m.Seq)
-	a.val = appendEventValue(a.val[:0], m.Op, m.Time, m.Value)
+	var rollup provisioner.Rollup
+	if m.RemovesOthers() {
+		rollup = m.Rollup
+	}
+	a.val = appendEventValue(a.val[:0], m.Op, rollup, m.Time, m.Value)
 	a.set(a.buf, a.val)
 	a.buf = eventKey(a.buf[:0], bucket, m.Seq)
 	a.set(a.buf, []byte(m.Key))
@@ -346,6 +392,57 @@ func (a *applier) apply(shape provisioner.Shape, m *provisioner.Message) error {
 			a.clearAnomaly(bucket, m.Key, classKind)
 		} else {
 			a.setAnomaly(bucket, m.Key, classKind, m.Seq, provisioner.ReasonUnansweredKind, unansweredDetail(parts.Kind))
+		}
+	}
+	return nil
+}
+
+// rollup removes the keys other than its own whose earlier messages a message's rollup removed from
+// the stream (provisioner.Message.RemovesOthers): each is applied as a purge at the message's
+// sequence, so its row, index entries, anomalies and derived state go as a purge's do, and the event
+// log holds the purge under the key (the sequence's own entry stays the message's key). The message
+// is the first of its batch, so every key it can remove is in the committed state: a row, or an
+// out-of-shape key's anomaly.
+func (a *applier) rollup(shape provisioner.Shape, m *provisioner.Message) error {
+	bucket := shape.Bucket
+	// Rows: those under the pattern's literal tokens (all of them for a rollup of the stream).
+	var prefix string
+	if m.Rollup == provisioner.RollupSub {
+		for tok := range strings.SplitSeq(m.Key, ".") {
+			if tok == "*" || tok == ">" {
+				break
+			}
+			prefix += tok + "."
+		}
+	}
+	match := func(key string) bool {
+		return key != m.Key && (m.Rollup == provisioner.RollupAll || provisioner.RollupMatches(m.Key, key))
+	}
+	var keys []string
+	lo := appendEsc(bucketPrefix(nil, prefixRow, bucket), prefix)
+	it, err := a.db.pdb.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: prefixEnd(lo)})
+	if err != nil {
+		return err
+	}
+	base := len(bucketPrefix(nil, prefixRow, bucket))
+	for it.First(); it.Valid(); it.Next() {
+		if key := string(unesc(nil, it.Key()[base:])); match(key) {
+			keys = append(keys, key)
+		}
+	}
+	if err := it.Close(); err != nil {
+		return err
+	}
+	// Out-of-shape keys have no row, only their anomaly.
+	for key, classes := range a.state(bucket).anom {
+		if classes&classShape != 0 && match(key) {
+			keys = append(keys, key)
+		}
+	}
+	sort.Strings(keys)
+	for _, key := range keys {
+		if err := a.apply(shape, &provisioner.Message{Seq: m.Seq, Time: m.Time, Key: key, Op: provisioner.OpPurge}); err != nil {
+			return fmt.Errorf("%s: %w", key, err)
 		}
 	}
 	return nil

@@ -59,6 +59,11 @@
 // The event log (0x06 by key, then sequence; 0x07 by sequence) keeps every applied message, so the
 // history of one key, or of one node's keys, is one range scan, and the state of a range of keys as of
 // sequence n is two seeks per key (the newest event at or below n), whatever the length of the history.
+// The op byte's top two bits hold a message's rollup when it removed other keys (a rollup of a subject
+// with a wildcard token, or of the whole stream: provisioner.Message.RemovesOthers); each key it
+// removed has a purge event of its own at the message's sequence in 0x06, while 0x07 names the
+// message's own key. Such a message starts a batch of its own, so the keys it removes are read from
+// what is committed; a rollup of the whole stream writes a purge per key of the bucket in that batch.
 //
 // # What the event log can rebuild: floor and gaps
 //

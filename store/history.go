@@ -19,6 +19,9 @@ type Event struct {
 	Time  int64 // Unix ns
 	Op    provisioner.Op
 	Value []byte
+	// Rollup is kept only for a message whose rollup removed other keys (each of those has an event
+	// of its own at the same sequence, a purge, under its key alone); RollupNone otherwise.
+	Rollup provisioner.Rollup
 }
 
 // HistoryMarks say which points a bucket's event log rebuilds exactly: every sequence n >= Floor that no
@@ -332,7 +335,7 @@ func decodeEvent(k, v []byte, ev *Event) error {
 	}
 	ev.Seq = binary.BigEndian.Uint64(k[len(k)-8:])
 	var err error
-	ev.Op, ev.Time, ev.Value, err = decodeEventValue(v)
+	ev.Op, ev.Rollup, ev.Time, ev.Value, err = decodeEventValue(v)
 	return err
 }
 
@@ -530,7 +533,7 @@ func eventTime(r pebble.Reader, bucket, key string, seq uint64) (int64, error) {
 		return 0, fmt.Errorf("%w: event %d of %s has no history entry: %v", ErrCorrupt, seq, bucket, err)
 	}
 	defer closer.Close()
-	_, t, _, err := decodeEventValue(val)
+	_, _, t, _, err := decodeEventValue(val)
 	return t, err
 }
 
@@ -606,7 +609,7 @@ func (db *DB) LiveBelow(bucket string, from, to uint64) (uint64, bool, error) {
 		if !hist.SeekGE(cur) || !bytes.Equal(hist.Key(), cur) {
 			continue // compacted away meanwhile
 		}
-		if len(hist.Value()) == 0 || provisioner.Op(hist.Value()[0]) != provisioner.OpPut {
+		if len(hist.Value()) == 0 || provisioner.Op(hist.Value()[0]&(1<<eventRollupShift-1)) != provisioner.OpPut {
 			continue
 		}
 		if hist.Next() && bytes.HasPrefix(hist.Key(), start) {

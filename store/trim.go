@@ -303,7 +303,7 @@ func (t *trimmer) othersBelow(p *provisioner.Parts, key string, seq uint64) (boo
 func (t *trimmer) message(key string) (provisioner.Message, error) {
 	m := provisioner.Message{Key: key, Seq: binary.BigEndian.Uint64(t.hist.Key()[len(t.hist.Key())-8:])}
 	var err error
-	m.Op, m.Time, m.Value, err = decodeEventValue(t.hist.Value())
+	m.Op, m.Rollup, m.Time, m.Value, err = decodeEventValue(t.hist.Value())
 	return m, err
 }
 

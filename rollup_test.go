@@ -1,0 +1,55 @@
+package provisioner_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	provisioner "github.com/novox/mesh-provisioner"
+)
+
+func TestRollupMatches(t *testing.T) {
+	for _, tc := range []struct {
+		pattern, key string
+		want         bool
+	}{
+		{"n1.m.k.*", "n1.m.k.a", true},
+		{"n1.m.k.*", "n1.m.k", false},
+		{"n1.m.k.*", "n1.m.k.a.b", false},
+		{"n1.>", "n1.m", true},
+		{"n1.>", "n1.m.k.a", true},
+		{"n1.>", "n1", false},
+		{"n1.>", "n10.m", false},
+		{"*.m.>", "n1.m.k", true},
+		{"*.m.>", "n1.x.k", false},
+		{">", "a", true},
+		{"*", "a", true},
+		{"*", "a.b", false},
+		{"n1.a*b", "n1.axb", false}, // not a wildcard token
+		{"n1.m", "n1.m", true},
+	} {
+		require.Equal(t, tc.want, provisioner.RollupMatches(tc.pattern, tc.key), "%q %q", tc.pattern, tc.key)
+	}
+}
+
+func TestMessage_RemovesOthers(t *testing.T) {
+	for _, tc := range []struct {
+		key    string
+		rollup provisioner.Rollup
+		want   bool
+	}{
+		{"n1.m.k.a", provisioner.RollupSub, false}, // a KV purge: its own key
+		{"n1.m.k.*", provisioner.RollupSub, true},
+		{"n1.>", provisioner.RollupSub, true},
+		{"n1.a>b", provisioner.RollupSub, false},
+		{"n1.>", provisioner.RollupNone, false},
+		{"n1.m.k.a", provisioner.RollupAll, true},
+	} {
+		m := provisioner.Message{Key: tc.key, Rollup: tc.rollup}
+		require.Equal(t, tc.want, m.RemovesOthers(), "%q %v", tc.key, tc.rollup)
+	}
+	// The server reads the header's value without regard to case.
+	for v, want := range map[string]provisioner.Rollup{"sub": provisioner.RollupSub, "SUB": provisioner.RollupSub, "All": provisioner.RollupAll, "": provisioner.RollupNone, "x": provisioner.RollupNone} {
+		require.Equal(t, want, provisioner.RollupOfHeaders(map[string][]string{"Nats-Rollup": {v}}), v)
+	}
+}

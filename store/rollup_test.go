@@ -1,0 +1,154 @@
+package store_test
+
+import (
+	"context"
+	"maps"
+	"slices"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/store"
+)
+
+// keysAt lists the keys of a bucket as of n, in byte order.
+func keysAt(t *testing.T, db *store.DB, bucket string, n uint64) []string {
+	t.Helper()
+	keys := slices.Collect(maps.Keys(stateAt(t, db, bucket, "", n)))
+	slices.Sort(keys)
+	return keys
+}
+
+func rollup(m provisioner.Message, r provisioner.Rollup) provisioner.Message {
+	m.Rollup = r
+	return m
+}
+
+// TestDB_ARollupOfAWildcardRemovesTheKeysItMatches: NATS stores a message published on
+// $KV.<bucket>.n1.m.k.* as it is, and its Nats-Rollup: sub purges every subject the wildcard matches
+// (Nats-Rollup: all, the whole stream). Those keys are gone from the stream, so from the bucket and
+// from a rebuild; the projection kept them, answering keys the bucket no longer holds. Now each is
+// removed as a purge at the rollup's sequence: its row, its anomalies, and, as of a point, from then
+// on; a rollup of a literal key (a KV purge) removes that key alone.
+func TestDB_ARollupOfAWildcardRemovesTheKeysItMatches(t *testing.T) {
+	db, err := store.Open(t.TempDir(), store.Options{})
+	require.NoError(t, err)
+	defer db.Close()
+	b := provisioner.BucketNeeds
+	all := provisioner.Range{Bucket: b, Index: provisioner.IndexPrimary}
+	// One batch: the rollup is applied after the puts before it, which it removes.
+	require.NoError(t, db.Apply(b, []provisioner.Message{
+		put(1, "n2.m.config.a", []byte{0xc0}),
+		put(2, "n1.m.config.a", []byte{0xc0}),
+		put(3, "n1.m.config.b", []byte{0xc1}), // a value anomaly
+		put(4, "n1.x", []byte{0xc0}),          // out of shape
+		put(5, "n1.m.secret.c", []byte{0xc0}),
+		rollup(purge(6, "n1.m.config.*"), provisioner.RollupSub),
+		put(7, "n1.m.config.d", []byte{0xc0}), // after the rollup: kept
+	}, 0, false))
+	require.Equal(t, []string{"n1.m.config.d", "n1.m.secret.c", "n2.m.config.a"}, rows(t, db, all))
+	anoms, total := anomalies(t, db, b, "")
+	require.Equal(t, []string{"n1.m.config.d unanswered-kind", "n1.m.secret.c unanswered-kind", "n1.x token-count", "n2.m.config.a unanswered-kind"}, anoms)
+	require.EqualValues(t, 4, total)
+	require.Equal(t, []string{"n1.m.config.a", "n1.m.config.b", "n1.m.secret.c", "n1.x", "n2.m.config.a"}, keysAt(t, db, b, 5), "before the rollup")
+	require.Equal(t, []string{"n1.m.secret.c", "n1.x", "n2.m.config.a"}, keysAt(t, db, b, 6), "as of the rollup")
+
+	// A put on n1.> with a rollup: every key of n1 but itself, out of shape as it is.
+	require.NoError(t, db.Apply(b, []provisioner.Message{rollup(put(8, "n1.>", []byte{0xc0}), provisioner.RollupSub)}, 0, false))
+	require.Equal(t, []string{"n2.m.config.a"}, rows(t, db, all))
+	anoms, _ = anomalies(t, db, b, "n1")
+	require.Equal(t, []string{"n1.> token-count"}, anoms)
+
+	// A KV purge of a literal key is that key's alone.
+	require.NoError(t, db.Apply(b, []provisioner.Message{put(9, "n3.m.config.a", []byte{0xc0}), rollup(purge(10, "n3.m.config"), provisioner.RollupSub)}, 0, false))
+	require.Equal(t, []string{"n2.m.config.a", "n3.m.config.a"}, rows(t, db, all))
+
+	// A rollup of the whole stream leaves its own key alone.
+	require.NoError(t, db.Apply(b, []provisioner.Message{rollup(put(11, "n4.m.config.a", []byte{0xc0}), provisioner.RollupAll)}, 0, false))
+	require.Equal(t, []string{"n4.m.config.a"}, rows(t, db, all))
+	anoms, total = anomalies(t, db, b, "")
+	require.Equal(t, []string{"n4.m.config.a unanswered-kind"}, anoms)
+	require.EqualValues(t, 1, total, "the anomaly count follows")
+
+	// The log keeps each removal under its key, and the rollup under the message's own.
+	v, err := db.View()
+	require.NoError(t, err)
+	defer v.Close()
+	var ops []string
+	require.NoError(t, v.KeyHistory(b, "n1.m.config.a", func(ev *store.Event) bool {
+		ops = append(ops, ev.Op.String())
+		return true
+	}))
+	require.Equal(t, []string{"PUT", "PURGE"}, ops)
+	var rollups []provisioner.Rollup
+	require.NoError(t, v.Events(b, 1, func(key []byte, ev *store.Event) bool {
+		rollups = append(rollups, ev.Rollup)
+		return true
+	}))
+	require.Equal(t, []provisioner.Rollup{0, 0, 0, 0, 0, provisioner.RollupSub, 0, provisioner.RollupSub, 0, 0, provisioner.RollupAll}, rollups,
+		"a rollup is kept where it removed other keys")
+}
+
+// TestPlans_ARollupOfAWildcardForgetsTheBuildsItPurged: in a composed-<node> bucket the keys a
+// wildcard rollup removed are purged builds, as a rebuild reads the stream after the rollup: the plan
+// rows equal those of a store that read only what the stream still holds.
+func TestPlans_ARollupOfAWildcardForgetsTheBuildsItPurged(t *testing.T) {
+	c := provisioner.ComposedPrefix + "n1"
+	comp := func(status, plan string) []byte {
+		return mpk(t, map[string]any{"status": status, "plan": plan})
+	}
+	hosts := []provisioner.Message{put(1, "n1.m1", mpk(t, map[string]any{"want": 2})), put(2, "n1.m2", mpk(t, map[string]any{"want": 1}))}
+	live, err := store.Open(t.TempDir(), store.Options{})
+	require.NoError(t, err)
+	defer live.Close()
+	require.NoError(t, live.Apply(provisioner.BucketHostModules, hosts, 0, false))
+	require.NoError(t, live.Apply(c, []provisioner.Message{
+		put(1, "m1.1", comp("published", "m1 1")),
+		put(2, "m1.2", comp("published", "m1 2")),
+		put(3, "m2.1", comp("published", "m2 1")),
+		rollup(purge(4, "m1.*"), provisioner.RollupSub),
+	}, 0, false))
+	rebuilt, err := store.Open(t.TempDir(), store.Options{})
+	require.NoError(t, err)
+	defer rebuilt.Close()
+	require.NoError(t, rebuilt.Apply(provisioner.BucketHostModules, hosts, 0, false))
+	require.NoError(t, rebuilt.Apply(c, []provisioner.Message{
+		put(3, "m2.1", comp("published", "m2 1")),
+		rollup(purge(4, "m1.*"), provisioner.RollupSub),
+	}, 0, false))
+	want := normalize(planRows(t, rebuilt, "", ""))
+	require.Len(t, want, 2)
+	require.Equal(t, want, normalize(planRows(t, live, "", "")))
+	require.Equal(t, provisioner.EntryHeld, want[0].Current.Status)
+	require.False(t, want[0].Current.HasPlan, "m1 has no plan left")
+}
+
+// TestDB_TrimKeepsWhatARollupRemoved: a trim past a rollup leaves every point from the floor as it
+// was: the removed keys stay removed.
+func TestDB_TrimKeepsWhatARollupRemoved(t *testing.T) {
+	db, err := store.Open(t.TempDir(), store.Options{})
+	require.NoError(t, err)
+	defer db.Close()
+	b := provisioner.BucketApplied
+	require.NoError(t, db.Apply(b, []provisioner.Message{
+		put(1, "n1.a", []byte{0xc0}),
+		put(2, "n1.b", []byte{0xc0}),
+		put(3, "n2.a", []byte{0xc0}),
+		rollup(del(4, "n1.*"), provisioner.RollupSub),
+		put(5, "n1.c", []byte{0xc0}),
+		put(6, "n2.b", []byte{0xc0}),
+	}, 0, false))
+	want := map[uint64][]string{}
+	for n := uint64(4); n <= 6; n++ {
+		want[n] = keysAt(t, db, b, n)
+	}
+	require.Equal(t, []string{"n1.c", "n2.a", "n2.b"}, want[6])
+	for _, horizon := range []uint64{4, 5} {
+		_, err = db.TrimHistory(context.Background(), b, horizon, int64(horizon)*1e9)
+		require.NoError(t, err)
+		for n := horizon; n <= 6; n++ {
+			require.Equal(t, want[n], keysAt(t, db, b, n), "as of %d after a trim to %d", n, horizon)
+		}
+	}
+}
