@@ -800,9 +800,27 @@ func (mc *modelCheck) live(st interface {
 			require.Equal(h.t, mc.asOf(r, rows, allOf), last["as_of"], "%s: %v as_of", name, r)
 		}
 	}
-	// Paged: the same rows, a page at a time, by key and by the module index.
+	// Paged: the same rows, a page at a time, by key and by the module index; each page's as_of
+	// names the nodes of its own rows.
 	for _, r := range []map[string]any{mc.req("", "", "limit", 2), mc.req("", mc.mods[1], "limit", 1), mc.req(mc.nodes[1], "", "limit", 1)} {
 		mc.compare(name+" paged", r, allOf, false)
+		page := map[string]any{}
+		for k, v := range r {
+			page[k] = v
+		}
+		for {
+			a, err := h.askPlans(page, true)
+			require.NoError(h.t, err)
+			rows, _ := a["rows"].([]any)
+			require.LessOrEqual(h.t, len(rows), r["limit"].(int))
+			require.Equal(h.t, mc.asOf(r, rows, allOf), a["as_of"], "%s: %v as_of of a page", name, page)
+			next, _ := a["next"].(string)
+			if next == "" {
+				break
+			}
+			require.Equal(h.t, rows[len(rows)-1].(map[string]any)["key"], next)
+			page["after"] = next
+		}
 	}
 }
 
@@ -947,8 +965,9 @@ func (mc *modelCheck) at(st *seat.Seat, name string, t int64, gone []string, flo
 			require.Equal(h.t, 410, ve.Code, "%s: %v: %s", name, r, ve.Description)
 			continue
 		}
-		last := mc.compare(name+" at", r, in, false)
-		if _, paged := r["limit"]; !paged {
+		_, paged := r["limit"]
+		last := mc.compare(name+" at", r, in, paged) // paged: in MessagePack
+		if !paged {
 			rows, _ := last["rows"].([]any)
 			require.Equal(h.t, mc.asOf(r, rows, in), last["as_of"], "%s: %v as_of", name, r)
 		}
