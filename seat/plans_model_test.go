@@ -1013,7 +1013,7 @@ func TestPlans_Model(t *testing.T) {
 		require.NoError(t, err)
 	}
 	t.Logf("seed %d (PLANS_MODEL_SEED)", seed)
-	g := &modelGen{r: rand.New(rand.NewSource(seed)), nodes: []string{"n1", "n2", "n3", "n4", "n5", "n10"}, modules: []string{"a", "b", "c"}}
+	g := &modelGen{r: rand.New(rand.NewSource(seed)), nodes: []string{"n1", "n2", "n3", "n4", "n5", "n10"}, modules: []string{"a", "b", "c/d=e"}}
 	mc := &modelCheck{h: h, model: model, nodes: g.nodes, mods: g.modules}
 	c := func(node string) string { return provisioner.ComposedPrefix + node }
 	for _, b := range []string{provisioner.BucketHostModules, provisioner.BucketIndexerBuilds, c("n1"), c("n2"), c("n10")} {
