@@ -716,6 +716,7 @@ type modelCheck struct {
 	model *planModel
 	nodes []string // every node a request may narrow by
 	mods  []string
+	seen  map[string]int // kinds of entries compared: "current held/refused with a plan"
 }
 
 func (mc *modelCheck) req(node, module string, more ...any) map[string]any {
@@ -750,6 +751,20 @@ func (mc *modelCheck) check(label, node, module string, rows []any, last map[str
 	h := mc.h
 	h.t.Helper()
 	wantRows, wantAnoms := mc.model.answer(node, module, in)
+	for _, r := range wantRows {
+		for _, which := range []string{"current", "newest"} {
+			if e, ok := r.(map[string]any)[which].(map[string]any); ok {
+				kind := which + " " + e["status"].(string)
+				if hb, ok := e["held_because"]; ok {
+					kind += "/" + hb.(string)
+				}
+				if _, ok := e["build"]; ok && e["status"] == "held" {
+					kind += " with a plan"
+				}
+				mc.seen[kind]++
+			}
+		}
+	}
 	require.Equal(h.t, len(wantRows), len(rows), "%s: rows", label)
 	for i := range wantRows {
 		require.Equal(h.t, wantRows[i], rows[i], "%s: row %d (%v)", label, i, wantRows[i].(map[string]any)["key"])
@@ -995,6 +1010,8 @@ func (mc *modelCheck) at(st *seat.Seat, name string, t int64, gone []string, flo
 	}
 }
 
+const defaultModelSeed = 26
+
 // TestPlans_Model drives a seat with seeded pseudo-random histories of the plans' inputs (puts,
 // deletes, purges and TTL markers; refusals overwriting publications of the same build; builds out
 // of order, written otherwise, absent or changed; keys and values out of shape) and compares its
@@ -1006,7 +1023,7 @@ func TestPlans_Model(t *testing.T) {
 	h := newHarness(t)
 	model := newPlanModel()
 	w := &modelWriter{h: h, model: model, streams: map[string]jetstream.Stream{}}
-	seed := int64(26)
+	seed := int64(defaultModelSeed)
 	if s := os.Getenv("PLANS_MODEL_SEED"); s != "" {
 		var err error
 		seed, err = strconv.ParseInt(s, 10, 64)
@@ -1014,7 +1031,7 @@ func TestPlans_Model(t *testing.T) {
 	}
 	t.Logf("seed %d (PLANS_MODEL_SEED)", seed)
 	g := &modelGen{r: rand.New(rand.NewSource(seed)), nodes: []string{"n1", "n2", "n3", "n4", "n5", "n10"}, modules: []string{"a", "b", "c/d=e"}}
-	mc := &modelCheck{h: h, model: model, nodes: g.nodes, mods: g.modules}
+	mc := &modelCheck{h: h, model: model, nodes: g.nodes, mods: g.modules, seen: map[string]int{}}
 	c := func(node string) string { return provisioner.ComposedPrefix + node }
 	for _, b := range []string{provisioner.BucketHostModules, provisioner.BucketIndexerBuilds, c("n1"), c("n2"), c("n10")} {
 		w.create(b)
@@ -1055,13 +1072,12 @@ func TestPlans_Model(t *testing.T) {
 	mc.live(fresh, "rebuilt", caughtUp(fresh))
 	// Its log holds what the streams still hold: as of a time it answers exactly, or 410 where the
 	// streams removed messages it never saw.
-	mc.at(fresh, "rebuilt, point 1", points[1], nil, nil)
 	mc.at(fresh, "rebuilt, point 4", points[4], nil, nil)
 	stopFresh()
 
 	st, _ = h.startPlansSeatWith(dir, po)
 	mc.live(st, "restarted again", caughtUp(st))
-	for _, i := range []int{0, 2, 4} {
+	for _, i := range []int{0, 4} {
 		mc.at(st, fmt.Sprintf("point %d", i), points[i], nil, nil)
 	}
 
@@ -1118,7 +1134,6 @@ func TestPlans_Model(t *testing.T) {
 	}
 	mc.live(st, "trimmed", caughtUp(st))
 	mc.at(st, "the horizon", horizon, nil, floors)
-	mc.at(st, "end", end, nil, floors)
 	mc.at(st, "n1 created again, trimmed", again, nil, floors)
 
 	// Trimmed again, further: what the first trim kept is trimmed by the same rule.
@@ -1136,24 +1151,28 @@ func TestPlans_Model(t *testing.T) {
 	}
 	mc.live(st, "trimmed again", caughtUp(st))
 	mc.at(st, "the second horizon", horizon2, nil, floors)
-	mc.at(st, "end, trimmed again", end, nil, floors)
+	mc.at(st, "between the horizons, trimmed again", end, nil, floors)
 	mc.at(st, "now, trimmed again", time.Now().UnixNano(), nil, floors)
-	rows, _ := model.answer("", "", allOf)
-	hist := map[string]int{}
-	for _, r := range rows {
-		row := r.(map[string]any)
-		for _, e := range []string{"current", "newest"} {
-			en, ok := row[e].(map[string]any)
-			if !ok {
-				continue
-			}
-			_, has := en["build"]
-			hist[fmt.Sprintf("%s %v/%v plan=%v", e, en["status"], en["held_because"], has)]++
+
+	// The default history reaches every kind of entry: the comparisons above were not of a few easy
+	// ones. (Another seed may miss a rare kind; it says which it reached.)
+	t.Logf("kinds of entries compared: %v", mc.seen)
+	if seed != defaultModelSeed {
+		return
+	}
+	var missing []string
+	for _, kind := range []string{"current published", "current held/missing", "current held/missing with a plan",
+		"current held/refused", "current held/refused with a plan", "current held/pending with a plan",
+		"newest published", "newest held/missing", "newest held/refused with a plan", "newest held/pending with a plan"} {
+		if mc.seen[kind] == 0 {
+			missing = append(missing, kind)
 		}
 	}
-	t.Logf("%d rows: %v", len(rows), hist)
+	require.Empty(t, missing, "kinds of entries no comparison had: %v", mc.seen)
 }
 
+// parkAfter is the projector's ParkAfter: PLANS_MODEL_PARK (a duration) runs the model with buckets
+// that park between batches.
 func parkAfter() time.Duration {
 	if s := os.Getenv("PLANS_MODEL_PARK"); s != "" {
 		d, _ := time.ParseDuration(s)
