@@ -39,6 +39,7 @@ func answerPlans(v *store.View, r *query.Request, e *query.Encoder, synced bool)
 		return fmt.Errorf("plans at: %w", err)
 	}
 	defer tmp.Close()
+	asOf := map[string]uint64{}
 	for _, b := range v.Buckets() {
 		if !provisioner.IsPlanInput(b) {
 			continue
@@ -56,13 +57,30 @@ func answerPlans(v *store.View, r *query.Request, e *query.Encoder, synced bool)
 			return fmt.Errorf("plans at: %s: %w", b, err)
 		}
 		tmp.SetSynced(b, true)
+		asOf[b] = res.Seq
 	}
 	tv, err := tmp.View()
 	if err != nil {
 		return err
 	}
 	defer tv.Close()
-	return query.AnswerPlans(tv, r, e, synced)
+	return query.AnswerPlans(resolvedView{tv, asOf}, r, e, synced)
+}
+
+// resolvedView is the temporary store's view with each bucket's applied sequence as resolved: the
+// sequence the answer is as of. The last event copied is below it when a trim dropped the events up
+// to the floor (a delete of a key that kept nothing), and as_of would say the answer had not seen them.
+type resolvedView struct {
+	*store.View
+	seqs map[string]uint64
+}
+
+func (v resolvedView) Checkpoint(bucket string) (store.Checkpoint, error) {
+	cp, err := v.View.Checkpoint(bucket)
+	if seq, ok := v.seqs[bucket]; ok && err == nil {
+		cp.Applied = seq
+	}
+	return cp, err
 }
 
 // copyEvents applies a bucket's logged events up to seq to another store, in batches.

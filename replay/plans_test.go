@@ -156,3 +156,50 @@ func TestPlansAt_AfterTrim(t *testing.T) {
 	_, code := askPlansAt(t, db, keptPlansHorizon-1)
 	require.Equal(t, 410, code, "below the floor of mesh-indexer_builds")
 }
+
+// TestPlansAt_AsOfAtAFloorWhoseEventWasTrimmed: plans as of a time say, in as_of, the sequence of
+// each bucket they are as of, also when the trim dropped that very event (a delete of a key that kept
+// nothing, which a trim removes with the rest of its key). They said the last event the log still
+// held below it, so an answer as of sequence 3 read as one that had not seen 2 and 3.
+func TestPlansAt_AsOfAtAFloorWhoseEventWasTrimmed(t *testing.T) {
+	db, err := store.OpenState(t.TempDir(), store.Options{})
+	require.NoError(t, err)
+	defer db.Close()
+	c := provisioner.ComposedPrefix + "n1"
+	sec := func(s int) int64 { return int64(s) * 1e9 }
+	require.NoError(t, db.Apply(c, []provisioner.Message{
+		{Seq: 1, Time: sec(1), Key: "m.1", Op: provisioner.OpPut, Value: mp(map[string]any{"status": "published", "plan": "m 1"})},
+		{Seq: 2, Time: sec(2), Key: "y.1", Op: provisioner.OpPut, Value: mp(map[string]any{"status": "pending"})},
+		{Seq: 3, Time: sec(3), Key: "y.1", Op: provisioner.OpDelete},
+	}, 1, false))
+	require.NoError(t, db.Apply(provisioner.BucketHostModules, []provisioner.Message{
+		{Seq: 1, Time: sec(4), Key: "n1.m", Op: provisioner.OpPut, Value: mp(map[string]any{"want": 1})},
+	}, 1, false))
+	asOf := func() (map[string]any, string) {
+		t.Helper()
+		at := time.Unix(5, 0).UTC().Format(time.RFC3339Nano)
+		out, err := (&replay.Log{DB: db}).Ask([]byte(`{"what":"plans","node":"n1","at":"` + at + `"}`))
+		require.NoError(t, err)
+		var v map[string]any
+		dec := json.NewDecoder(bytes.NewReader(out))
+		dec.UseNumber()
+		require.NoError(t, dec.Decode(&v))
+		return v["as_of"].(map[string]any), plansRows(t, out)
+	}
+	before, rows := asOf()
+	require.Equal(t, json.Number("3"), before[c])
+
+	r := store.NewRetention(db, store.RetentionOptions{MaxAge: time.Second, Now: func() time.Time { return time.Unix(4, 0) }})
+	_, err = r.Apply(context.Background())
+	require.NoError(t, err)
+	v, err := db.View()
+	require.NoError(t, err)
+	m, err := v.HistoryMarks(c)
+	v.Close()
+	require.NoError(t, err)
+	require.EqualValues(t, 3, m.Floor)
+
+	after, rowsAfter := asOf()
+	require.Equal(t, rows, rowsAfter)
+	require.Equal(t, before, after, "as_of after the trim")
+}
