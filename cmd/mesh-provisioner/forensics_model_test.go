@@ -563,7 +563,7 @@ func historyOf(t *testing.T, l *replay.Log, bucket, key string) []string {
 	t.Helper()
 	var out bytes.Buffer
 	c := &ReplayCommand{Stdout: &out, Stderr: io.Discard, jsonOut: true}
-	err := c.runHistory(l, bucket, key)
+	err := c.runHistory(context.Background(), l, bucket, key)
 	var h struct {
 		Revisions []struct {
 			Revision uint64          `json:"revision"`
@@ -598,7 +598,7 @@ func historyOf(t *testing.T, l *replay.Log, bucket, key string) []string {
 	// The table says the same count.
 	out.Reset()
 	c.jsonOut = false
-	_ = c.runHistory(l, bucket, key)
+	_ = c.runHistory(context.Background(), l, bucket, key)
 	require.Contains(t, out.String(), fmt.Sprintf("\n%d revisions of %s", len(lines), key))
 	return lines
 }
@@ -616,7 +616,7 @@ func checkDiff(t *testing.T, src fmSource, bucket string, msgs []fmsg, created t
 	require.NoError(t, err)
 	var out bytes.Buffer
 	c := &ReplayCommand{Stdout: &out, Stderr: io.Discard, jsonOut: true, from: pf.text, to: pt.text}
-	err = c.runDiff(src.log, req, from, to)
+	err = c.runDiff(context.Background(), src.log, req, from, to)
 
 	nf, okf := resolve(src, bucket, msgs, created, pf)
 	nt, okt := resolve(src, bucket, msgs, created, pt)
@@ -712,7 +712,7 @@ func checkDiff(t *testing.T, src fmSource, bucket string, msgs []fmsg, created t
 	// The table says the same counts.
 	out.Reset()
 	c.jsonOut = false
-	require.NoError(t, c.runDiff(src.log, req, from, to), name)
+	require.NoError(t, c.runDiff(context.Background(), src.log, req, from, to), name)
 	if len(added)+len(changed)+len(removed)+len(appeared)+len(cleared) == 0 {
 		require.Contains(t, out.String(), "no changes", name)
 	} else {
