@@ -520,8 +520,15 @@ func checkHistories(t *testing.T, rec *fmRecord, src fmSource) {
 				}
 				want = append(want, line)
 			}
-			got := historyOf(t, src.log, b, key)
+			got, marks := historyOf(t, src.log, b, key)
 			require.Equal(t, want, got, "%s: history of %s %s", src.name, b, key)
+			// What the log cannot show: the floor, and the streams' one gap, from the first message
+			// they dropped to their last message, where the read caught up.
+			wantMarks := fmt.Sprintf("floor %d gaps []", floor)
+			if src.streams {
+				wantMarks = fmt.Sprintf("floor %d gaps [{%d %d}]", floor, src.firstMissing[b], src.last[b])
+			}
+			require.Equal(t, wantMarks, marks, "%s: history of %s %s", src.name, b, key)
 		}
 	}
 }
@@ -559,7 +566,7 @@ func canon(x any) []byte {
 
 // historyOf runs replay history --json on a log, as "seq time op [value hex]" lines, and checks the
 // table says as many revisions.
-func historyOf(t *testing.T, l *replay.Log, bucket, key string) []string {
+func historyOf(t *testing.T, l *replay.Log, bucket, key string) ([]string, string) {
 	t.Helper()
 	var out bytes.Buffer
 	c := &ReplayCommand{Stdout: &out, Stderr: io.Discard, jsonOut: true}
@@ -572,6 +579,11 @@ func historyOf(t *testing.T, l *replay.Log, bucket, key string) []string {
 			Value    json.RawMessage `json:"value"`
 			ValueRaw []byte          `json:"value_raw"`
 		} `json:"revisions"`
+		Floor uint64 `json:"floor"`
+		Gaps  []struct {
+			From uint64 `json:"from"`
+			To   uint64 `json:"to"`
+		} `json:"gaps"`
 	}
 	require.NoError(t, json.Unmarshal(out.Bytes(), &h), "%s: %v", out.String(), err)
 	var lines []string
@@ -600,7 +612,7 @@ func historyOf(t *testing.T, l *replay.Log, bucket, key string) []string {
 	c.jsonOut = false
 	_ = c.runHistory(context.Background(), l, bucket, key)
 	require.Contains(t, out.String(), fmt.Sprintf("\n%d revisions of %s", len(lines), key))
-	return lines
+	return lines, fmt.Sprintf("floor %d gaps %v", h.Floor, h.Gaps)
 }
 
 // checkDiff asks replay diff --json of a source and compares it with the model.
