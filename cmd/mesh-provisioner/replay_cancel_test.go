@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/replay"
 	"github.com/novox/mesh-provisioner/store"
 )
 
@@ -107,4 +108,21 @@ func TestReplayCommand_CancelStopsEachQuestion(t *testing.T) {
 			}
 		})
 	}
+}
+
+// Reading an archive stops on Ctrl-C whether or not a progress is told: replay.FromArchive asked its
+// context only when it had a progress to report to, so a caller without one read it to its end.
+func TestFromArchive_CancelWithoutProgress(t *testing.T) {
+	dir, _ := bigLog(t, 5000, 5000)
+	l, err := replay.OpenState(dir)
+	require.NoError(t, err)
+	defer l.Close()
+	archive := filepath.Join(t.TempDir(), "big.mph")
+	_, err = replay.ExportLog(context.Background(), l.DB, archive, "test", nil)
+	require.NoError(t, err)
+	a, err := replay.FromArchive(countdown(1), archive, nil)
+	if err == nil {
+		a.Close()
+	}
+	require.ErrorIs(t, err, context.Canceled)
 }
