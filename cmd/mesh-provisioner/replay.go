@@ -229,7 +229,7 @@ func (c *ReplayCommand) Run(ctx context.Context, args []string) error {
 		if err != nil {
 			return err
 		}
-		if err := checkHistoryKey(pos[0], pos[1]); err != nil {
+		if err := checkHistoryKey(pos[1]); err != nil {
 			return err
 		}
 		pos[0] = b
@@ -640,23 +640,36 @@ func (c *ReplayCommand) runHistory(ctx context.Context, l *replay.Log, bucketArg
 				msg += fmt.Sprintf("; keys are raw, with the collection written in =XX escapes: did you mean %s?", raw)
 			}
 		}
+		if hasWildcard(key) {
+			what := bucket
+			if shape, ok := provisioner.ShapeOf(bucket); ok && shape.What != "" {
+				what = string(shape.What)
+			}
+			msg += fmt.Sprintf(" (a key is read as written, not as a pattern: for a node's keys as of a point, use replay state %s --node NODE --at POINT)", what)
+		}
 		return &verbError{code: 404, msg: msg}
 	}
 	return nil
 }
 
-// checkHistoryKey refuses what cannot be one key: nothing, or a NATS wildcard token (no message is
-// ever published on a subject with one, so the log holds no revision of it).
-func checkHistoryKey(bucketArg, key string) error {
+// checkHistoryKey refuses what cannot be one key: nothing. A key with a wildcard token is read as
+// written: NATS stores a message published on such a subject (a rollup of the keys it matches), and
+// the seat names it in an anomaly row.
+func checkHistoryKey(key string) error {
 	if key == "" {
 		return &usageError{msg: "replay history takes BUCKET KEY, and the key is empty"}
 	}
+	return nil
+}
+
+// hasWildcard reports whether a key has a NATS wildcard token.
+func hasWildcard(key string) bool {
 	for _, tok := range strings.Split(key, ".") {
 		if tok == "*" || tok == ">" {
-			return &usageError{msg: fmt.Sprintf("replay history reads one key, and %q is a wildcard: for a node's keys as of a point, use replay state %s --node NODE --at POINT", key, bucketArg)}
+			return true
 		}
 	}
-	return nil
+	return false
 }
 
 // rawCollectKey is a collect key as an operator may write it (the collection by its decoded name,
