@@ -11,6 +11,7 @@ import (
 	"io"
 	"slices"
 	"strings"
+	"text/tabwriter"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -351,7 +352,11 @@ func (c *ReplayCommand) runState(ctx context.Context, l *replay.Log, req query.R
 			m[k] = v
 		}
 	}
-	var answers []map[string]any
+	// Each page is printed as it is read, a table aligned a page at a time: a state of a whole bucket
+	// is never held in memory.
+	var tw *tabwriter.Writer
+	var last map[string]any
+	rows := 0
 	for {
 		// A page is at most a thousand rows: Ctrl-C is read between pages.
 		if err := ctx.Err(); err != nil {
@@ -372,8 +377,15 @@ func (c *ReplayCommand) runState(ctx context.Context, l *replay.Log, req query.R
 			return fmt.Errorf("read answer: %w", err)
 		}
 		if !c.jsonOut {
-			answers = append(answers, ans) // the table is printed once every page is read
+			if tw == nil {
+				tw = tableHeader(c.Stdout, req.What)
+			}
+			rows += tableRows(tw, req.What, ans)
+			if err := tw.Flush(); err != nil {
+				return err
+			}
 		}
+		last = ans
 		next, _ := ans["next"].(string)
 		if next == "" {
 			break
@@ -381,7 +393,7 @@ func (c *ReplayCommand) runState(ctx context.Context, l *replay.Log, req query.R
 		m["after"] = next
 	}
 	if !c.jsonOut {
-		printTable(c.Stdout, req.What, answers)
+		tableEnd(c.Stdout, last, rows)
 		fmt.Fprintf(c.Stdout, "(from %s, at %s)\n", l.Source, c.at)
 	}
 	return nil

@@ -80,6 +80,16 @@ func bigLog(t *testing.T, keys, revisions int) (dir, hot string) {
 func TestReplayCommand_CancelStopsEachQuestion(t *testing.T) {
 	dir, hot := bigLog(t, 5000, 5000)
 	mid := "seq:2500"
+	// Uncancelled, each answer holds a key of node n9, whose keys come last in byte order (the state's
+	// last page of a thousand rows, the diff's last added).
+	stateKey, diffKey := "k2459", "k4959" // n9.m1.config.k2459 (seq 2460), n9.m1.config.k4959 (seq 4960)
+	for args, key := range map[string]string{"state needs --at " + mid: stateKey, "diff needs --from " + mid + " --to seq:10000": diffKey} {
+		for _, format := range [][]string{{"--json"}, nil} {
+			var out bytes.Buffer
+			require.NoError(t, (&ReplayCommand{Stdout: &out, Stderr: io.Discard}).Run(context.Background(), append(append(strings.Fields(args), "--state", dir), format...)))
+			require.Contains(t, out.String(), key, "%v %v", args, format)
+		}
+	}
 
 	t.Run("history", func(t *testing.T) {
 		for _, format := range [][]string{{"--json"}, nil} {
@@ -91,20 +101,33 @@ func TestReplayCommand_CancelStopsEachQuestion(t *testing.T) {
 			cancel()
 		}
 	})
+	// state prints each page as it is read: Ctrl-C once it has started to print stops it before the
+	// next page, in a table as in JSON (a table was printed once every page had been read and held).
+	t.Run("state prints as it reads", func(t *testing.T) {
+		for _, format := range [][]string{{"--json"}, nil} {
+			ctx, cancel := context.WithCancel(context.Background())
+			w := &cancelOnWrite{cancel: cancel}
+			err := (&ReplayCommand{Stdout: w, Stderr: io.Discard}).Run(ctx, append([]string{"state", "needs", "--at", mid, "--state", dir}, format...))
+			require.ErrorIs(t, err, context.Canceled, "%v", format)
+			require.NotContains(t, w.buf.String(), stateKey, "%v: printed the end of the answer", format)
+			cancel()
+		}
+	})
 	for _, tc := range []struct {
 		name string
 		args []string
-		asks int64 // how often the walk asks before it is told it was cancelled
+		asks int64  // how often the walk asks before it is told it was cancelled
+		key  string // a key printed near the end
 	}{
-		{"diff", []string{"diff", "needs", "--from", mid, "--to", "seq:10000"}, 200},
-		{"state", []string{"state", "needs", "--at", mid}, 1}, // asked between pages of a thousand rows
+		{"diff", []string{"diff", "needs", "--from", mid, "--to", "seq:10000"}, 200, diffKey},
+		{"state", []string{"state", "needs", "--at", mid}, 1, stateKey}, // asked between pages of a thousand rows
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for _, format := range [][]string{{"--json"}, nil} {
 				var out bytes.Buffer
 				err := (&ReplayCommand{Stdout: &out, Stderr: io.Discard}).Run(countdown(tc.asks), append(append(tc.args, "--state", dir), format...))
 				require.ErrorIs(t, err, context.Canceled, "%v", format)
-				require.NotContains(t, out.String(), "n9.m1.config.k999", "%v: printed the end of the answer", format)
+				require.NotContains(t, out.String(), tc.key, "%v: printed the end of the answer", format)
 			}
 		})
 	}
