@@ -666,8 +666,11 @@ func FromArchive(ctx context.Context, path string, progress Progress) (*Log, err
 			return fail(fmt.Errorf("archive %s: record %d: %w", path, n+1, err))
 		}
 		batch = append(batch, m)
-		if n++; progress != nil && n%4096 == 0 {
-			progress(int64(n), total)
+		if n++; n%4096 == 0 {
+			// Asked with or without a progress to tell: a library caller's cancel stops the read too.
+			if progress != nil {
+				progress(int64(n), total)
+			}
 			if ctx.Err() != nil {
 				return fail(ctx.Err())
 			}

@@ -1,7 +1,7 @@
 package replay
 
 import (
-	"fmt"
+	"context"
 	"math"
 	"time"
 
@@ -199,26 +199,17 @@ type KeyHistory struct {
 	Gaps []store.Gap
 }
 
-// History reads every revision of one key that the log keeps.
+// History reads every revision of one key that the log keeps, all in memory (EachRevision walks them
+// one at a time).
 func (l *Log) History(bucket, key string) (KeyHistory, error) {
-	if _, ok := provisioner.ShapeOf(bucket); !ok {
-		return KeyHistory{}, fmt.Errorf("replay: %q is not a bucket the seat tails", bucket)
-	}
-	v, err := l.DB.View()
-	if err != nil {
-		return KeyHistory{}, err
-	}
-	defer v.Close()
-	h := KeyHistory{Bucket: bucket, Key: key}
-	marks, err := v.HistoryMarks(bucket)
-	if err != nil {
-		return h, err
-	}
-	h.Floor, h.Gaps = marks.Floor, marks.Gaps
-	err = v.KeyHistory(bucket, key, func(ev *store.Event) bool {
-		h.Revisions = append(h.Revisions, Revision{Seq: ev.Seq, Time: time.Unix(0, ev.Time).UTC(), Op: ev.Op, Value: append([]byte(nil), ev.Value...)})
-		return true
+	var revs []Revision
+	h, err := l.EachRevision(context.Background(), bucket, key, func(r *Revision) error {
+		c := *r
+		c.Value = append([]byte(nil), r.Value...)
+		revs = append(revs, c)
+		return nil
 	})
+	h.Revisions = revs
 	return h, err
 }
 

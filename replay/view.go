@@ -88,30 +88,39 @@ func (a *asOf) HasRow(r provisioner.Range, key string) (bool, error) {
 func (a *asOf) Anomalies(bucket, node string, max int, fn func(provisioner.Anomaly)) (int64, error) {
 	var total int64
 	var n int
-	var err error
+	err := a.eachAnomaly(bucket, node, func(an *provisioner.Anomaly) bool {
+		total++
+		if n < max {
+			fn(*an)
+			n++
+		}
+		return true
+	})
+	return total, err
+}
+
+// eachAnomaly calls fn for every anomaly row of the bucket as of the point, narrowed by node, in byte
+// order of raw keys (a key's rows in class order), until fn returns false.
+func (a *asOf) eachAnomaly(bucket, node string, fn func(*provisioner.Anomaly) bool) error {
 	each := func(key []byte, ev *store.Event) bool {
 		for _, an := range a.derive(string(key), ev) {
-			total++
-			if n < max {
-				fn(an)
-				n++
+			if !fn(&an) {
+				return false
 			}
 		}
 		return true
 	}
 	if node == "" {
-		err = a.v.StateAt(bucket, "", "", a.n, each)
-		return total, err
+		return a.v.StateAt(bucket, "", "", a.n, each)
 	}
 	ev, ok, err := a.v.KeyAt(bucket, node, a.n)
 	if err != nil {
-		return 0, err
+		return err
 	}
-	if ok {
-		each([]byte(node), &ev)
+	if ok && !each([]byte(node), &ev) {
+		return nil
 	}
-	err = a.v.StateAt(bucket, node+".", "", a.n, each)
-	return total, err
+	return a.v.StateAt(bucket, node+".", "", a.n, each)
 }
 
 // derive is the anomaly rows of one live key, in the store's class order: shape, value, kind.

@@ -176,28 +176,43 @@ func (c *QueryCommand) Run(ctx context.Context, args []string) error {
 
 // printTable prints the rows of every page, then the anomalies and where the projection stood.
 func printTable(w io.Writer, what string, answers []map[string]any) {
-	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
-	cols := columns(what)
-	fmt.Fprintln(tw, strings.ToUpper(strings.Join(cols, "\t")))
+	tw := tableHeader(w, what)
 	rows := 0
 	for _, a := range answers {
-		list, _ := a["rows"].([]any)
-		for _, r := range list {
-			row, _ := r.(map[string]any)
-			cells := make([]string, len(cols))
-			for i, col := range cols {
-				cells[i] = cell(what, col, row)
-			}
-			fmt.Fprintln(tw, strings.Join(cells, "\t"))
-			rows++
-		}
+		rows += tableRows(tw, what, a)
 	}
 	tw.Flush()
-	last := answers[len(answers)-1]
+	tableEnd(w, answers[len(answers)-1], rows)
+}
+
+// tableHeader starts a table of what's rows.
+func tableHeader(w io.Writer, what string) *tabwriter.Writer {
+	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, strings.ToUpper(strings.Join(columns(what), "\t")))
+	return tw
+}
+
+// tableRows prints the rows of one page, and says how many.
+func tableRows(tw *tabwriter.Writer, what string, a map[string]any) int {
+	cols := columns(what)
+	list, _ := a["rows"].([]any)
+	for _, r := range list {
+		row, _ := r.(map[string]any)
+		cells := make([]string, len(cols))
+		for i, col := range cols {
+			cells[i] = cell(what, col, row)
+		}
+		fmt.Fprintln(tw, strings.Join(cells, "\t"))
+	}
+	return len(list)
+}
+
+// tableEnd prints the anomalies of the last page and where the projection stood.
+func tableEnd(w io.Writer, last map[string]any, rows int) {
 	anoms, _ := last["anomalies"].([]any)
 	if len(anoms) > 0 {
 		fmt.Fprintf(w, "\n%v anomalies (keys or values out of shape):\n", last["anomalies_total"])
-		tw = tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+		tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "BUCKET\tKEY\tREVISION\tREASON")
 		for _, x := range anoms {
 			a, _ := x.(map[string]any)

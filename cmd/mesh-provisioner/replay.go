@@ -1,9 +1,11 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -228,7 +230,7 @@ func (c *ReplayCommand) Run(ctx context.Context, args []string) error {
 		if err != nil {
 			return err
 		}
-		if err := checkHistoryKey(pos[0], pos[1]); err != nil {
+		if err := checkHistoryKey(pos[1]); err != nil {
 			return err
 		}
 		pos[0] = b
@@ -241,11 +243,11 @@ func (c *ReplayCommand) Run(ctx context.Context, args []string) error {
 	defer l.Close()
 	switch question {
 	case "state":
-		return c.runState(l, req)
+		return c.runState(ctx, l, req)
 	case "diff":
-		return c.runDiff(l, req, from, to)
+		return c.runDiff(ctx, l, req, from, to)
 	default:
-		return c.runHistory(l, pos[0], pos[1])
+		return c.runHistory(ctx, l, pos[0], pos[1])
 	}
 }
 
@@ -343,15 +345,23 @@ func answerError(err error) error {
 	return err
 }
 
-func (c *ReplayCommand) runState(l *replay.Log, req query.Request) error {
+func (c *ReplayCommand) runState(ctx context.Context, l *replay.Log, req query.Request) error {
 	m := map[string]any{"what": req.What, "at": c.at}
 	for k, v := range map[string]string{"node": req.Node, "module": req.Module, "collection": req.Collection, "kind": req.Kind} {
 		if v != "" {
 			m[k] = v
 		}
 	}
-	var answers []map[string]any
+	// Each page is printed as it is read, a table aligned a page at a time: a state of a whole bucket
+	// is never held in memory.
+	var tw *tabwriter.Writer
+	var last map[string]any
+	rows := 0
 	for {
+		// A page is at most a thousand rows: Ctrl-C is read between pages.
+		if err := ctx.Err(); err != nil {
+			return err
+		}
 		body, _ := json.Marshal(m)
 		out, err := l.Ask(body)
 		if err != nil {
@@ -366,7 +376,16 @@ func (c *ReplayCommand) runState(l *replay.Log, req query.Request) error {
 		if err := dec.Decode(&ans); err != nil {
 			return fmt.Errorf("read answer: %w", err)
 		}
-		answers = append(answers, ans)
+		if !c.jsonOut {
+			if tw == nil {
+				tw = tableHeader(c.Stdout, req.What)
+			}
+			rows += tableRows(tw, req.What, ans)
+			if err := tw.Flush(); err != nil {
+				return err
+			}
+		}
+		last = ans
 		next, _ := ans["next"].(string)
 		if next == "" {
 			break
@@ -374,7 +393,7 @@ func (c *ReplayCommand) runState(l *replay.Log, req query.Request) error {
 		m["after"] = next
 	}
 	if !c.jsonOut {
-		printTable(c.Stdout, req.What, answers)
+		tableEnd(c.Stdout, last, rows)
 		fmt.Fprintf(c.Stdout, "(from %s, at %s)\n", l.Source, c.at)
 	}
 	return nil
@@ -406,94 +425,112 @@ type jsonAnomaly struct {
 	Reason   string `json:"reason"`
 }
 
-func anomaliesJSON(as []provisioner.Anomaly) []jsonAnomaly {
-	out := []jsonAnomaly{}
-	for _, a := range as {
-		out = append(out, jsonAnomaly{Bucket: a.Bucket, Key: a.Key, Revision: a.Revision, Reason: a.Text()})
-	}
-	return out
+func anomalyJSON(a provisioner.Anomaly) jsonAnomaly {
+	return jsonAnomaly{Bucket: a.Bucket, Key: a.Key, Revision: a.Revision, Reason: a.Text()}
 }
 
-func (c *ReplayCommand) runDiff(l *replay.Log, req query.Request, pf, pt replay.Point) error {
-	a, err := l.State(req, pf)
+func (c *ReplayCommand) runDiff(ctx context.Context, l *replay.Log, req query.Request, pf, pt replay.Point) error {
+	// Each part of the answer (rows added, changed, removed; anomalies appeared, cleared) is written
+	// to a temporary file as the two states are walked side by side, then printed in order: a diff of
+	// a whole bucket of millions of keys holds none of its rows in memory.
+	var parts [5]*spool
+	for i := range parts {
+		sp, err := newSpool()
+		if err != nil {
+			return err
+		}
+		defer sp.close()
+		parts[i] = sp
+	}
+	var fromSeq, toSeq uint64
+	ordered := func(a, b uint64) error {
+		if a > b {
+			// A time and a sequence are ordered by the log only: the diff would list every row added
+			// in between as removed.
+			return &usageError{msg: fmt.Sprintf("--from %s (as of sequence %d) is after --to %s (as of sequence %d): give the earlier point as --from", c.from, a, c.to, b)}
+		}
+		fromSeq, toSeq = a, b
+		return nil
+	}
+	err := l.DiffEach(ctx, req, pf, pt, ordered, func(it *replay.DiffItem) error {
+		sp := parts[it.Kind]
+		if c.jsonOut {
+			var v any
+			switch it.Kind {
+			case replay.DiffChanged:
+				v = struct {
+					Key  string  `json:"key"`
+					From jsonRow `json:"from"`
+					To   jsonRow `json:"to"`
+				}{Key: it.Row.Key, From: rowJSON(it.From), To: rowJSON(it.Row)}
+			case replay.DiffAppeared, replay.DiffCleared:
+				v = anomalyJSON(it.Anomaly)
+			default:
+				v = rowJSON(it.Row)
+			}
+			b, err := json.Marshal(v)
+			if err != nil {
+				return err
+			}
+			return sp.element(b)
+		}
+		switch it.Kind {
+		case replay.DiffAdded:
+			return sp.line("added\t%s\t%d\t%s\n", it.Row.Key, it.Row.Revision, valueCell(it.Row.Value))
+		case replay.DiffChanged:
+			return sp.line("changed\t%s\t%d -> %d\t%s -> %s\n", it.Row.Key, it.From.Revision, it.Row.Revision, valueCell(it.From.Value), valueCell(it.Row.Value))
+		case replay.DiffRemoved:
+			return sp.line("removed\t%s\t%d\t%s\n", it.Row.Key, it.Row.Revision, valueCell(it.Row.Value))
+		case replay.DiffAppeared:
+			return sp.line("appeared\t%s\t%d\t%s\n", it.Anomaly.Key, it.Anomaly.Revision, it.Anomaly.Text())
+		default:
+			return sp.line("cleared\t%s\t%d\t%s\n", it.Anomaly.Key, it.Anomaly.Revision, it.Anomaly.Text())
+		}
+	})
 	if err != nil {
+		var ue *usageError
+		if errors.As(err, &ue) {
+			return err
+		}
 		return answerError(err)
 	}
-	b, err := l.State(req, pt)
-	if err != nil {
-		return answerError(err)
-	}
-	if a.AsOf > b.AsOf {
-		// A time and a sequence are ordered by the log only: the diff would list every row added in
-		// between as removed.
-		return &usageError{msg: fmt.Sprintf("--from %s (as of sequence %d) is after --to %s (as of sequence %d): give the earlier point as --from", c.from, a.AsOf, c.to, b.AsOf)}
-	}
-	d := replay.DiffStates(a, b)
+	added, changed, removed, appeared, cleared := parts[replay.DiffAdded], parts[replay.DiffChanged], parts[replay.DiffRemoved], parts[replay.DiffAppeared], parts[replay.DiffCleared]
+	w := bufio.NewWriter(c.Stdout)
 	if c.jsonOut {
-		type change struct {
-			Key  string  `json:"key"`
-			From jsonRow `json:"from"`
-			To   jsonRow `json:"to"`
+		fmt.Fprintf(w, `{"what":%s,"from_as_of":%d,"to_as_of":%d`, jsonString(req.What), fromSeq, toSeq)
+		for _, p := range []struct {
+			name string
+			sp   *spool
+		}{{"added", added}, {"changed", changed}, {"removed", removed}, {"anomalies_appeared", appeared}, {"anomalies_cleared", cleared}} {
+			fmt.Fprintf(w, `,%q:[`, p.name)
+			if err := p.sp.copyTo(w); err != nil {
+				return err
+			}
+			w.WriteString("]")
 		}
-		out := struct {
-			What              string        `json:"what"`
-			From              uint64        `json:"from_as_of"`
-			To                uint64        `json:"to_as_of"`
-			Added             []jsonRow     `json:"added"`
-			Changed           []change      `json:"changed"`
-			Removed           []jsonRow     `json:"removed"`
-			AnomaliesAppeared []jsonAnomaly `json:"anomalies_appeared"`
-			AnomaliesCleared  []jsonAnomaly `json:"anomalies_cleared"`
-		}{What: d.What, From: d.FromSeq, To: d.ToSeq, Added: []jsonRow{}, Changed: []change{}, Removed: []jsonRow{},
-			AnomaliesAppeared: anomaliesJSON(d.AnomaliesAppeared), AnomaliesCleared: anomaliesJSON(d.AnomaliesCleared)}
-		for _, r := range d.Added {
-			out.Added = append(out.Added, rowJSON(r))
-		}
-		for _, ch := range d.Changed {
-			out.Changed = append(out.Changed, change{Key: ch.Key, From: rowJSON(ch.From), To: rowJSON(ch.To)})
-		}
-		for _, r := range d.Removed {
-			out.Removed = append(out.Removed, rowJSON(r))
-		}
-		b, _ := json.Marshal(out)
-		fmt.Fprintln(c.Stdout, string(b))
-		return nil
+		w.WriteString("}\n")
+		return w.Flush()
 	}
-	w := c.Stdout
-	fmt.Fprintf(w, "%s from %s (as of sequence %d) to %s (as of sequence %d), %s:\n\n", d.What, d.From, d.FromSeq, d.To, d.ToSeq, l.Source)
-	if d.Empty() {
+	fmt.Fprintf(w, "%s from %s (as of sequence %d) to %s (as of sequence %d), %s:\n\n", req.What, pf, fromSeq, pt, toSeq, l.Source)
+	nRows, nAnoms := added.n+changed.n+removed.n, appeared.n+cleared.n
+	if nRows+nAnoms == 0 {
 		fmt.Fprintln(w, "no changes")
-		return nil
+		return w.Flush()
 	}
-	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
-	if len(d.Added)+len(d.Changed)+len(d.Removed) > 0 {
-		fmt.Fprintln(tw, "CHANGE\tKEY\tREVISION\tVALUE")
-		for _, r := range d.Added {
-			fmt.Fprintf(tw, "added\t%s\t%d\t%s\n", r.Key, r.Revision, valueCell(r.Value))
+	if nRows > 0 {
+		if err := printSpooled(w, "CHANGE\tKEY\tREVISION\tVALUE\n", added, changed, removed); err != nil {
+			return err
 		}
-		for _, ch := range d.Changed {
-			fmt.Fprintf(tw, "changed\t%s\t%d -> %d\t%s -> %s\n", ch.Key, ch.From.Revision, ch.To.Revision, valueCell(ch.From.Value), valueCell(ch.To.Value))
-		}
-		for _, r := range d.Removed {
-			fmt.Fprintf(tw, "removed\t%s\t%d\t%s\n", r.Key, r.Revision, valueCell(r.Value))
-		}
-		tw.Flush()
 	}
-	if len(d.AnomaliesAppeared)+len(d.AnomaliesCleared) > 0 {
+	if nAnoms > 0 {
 		fmt.Fprintln(w)
-		tw = tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "ANOMALY\tKEY\tREVISION\tREASON")
-		for _, a := range d.AnomaliesAppeared {
-			fmt.Fprintf(tw, "appeared\t%s\t%d\t%s\n", a.Key, a.Revision, a.Text())
+		if err := printSpooled(w, "ANOMALY\tKEY\tREVISION\tREASON\n", appeared, cleared); err != nil {
+			return err
 		}
-		for _, a := range d.AnomaliesCleared {
-			fmt.Fprintf(tw, "cleared\t%s\t%d\t%s\n", a.Key, a.Revision, a.Text())
-		}
-		tw.Flush()
 	}
 	fmt.Fprintf(w, "\n%d added, %d changed, %d removed; %d anomalies appeared, %d cleared\n",
-		len(d.Added), len(d.Changed), len(d.Removed), len(d.AnomaliesAppeared), len(d.AnomaliesCleared))
-	return nil
+		added.n, changed.n, removed.n, appeared.n, cleared.n)
+	return w.Flush()
 }
 
 // valueCell is a value for a table cell: its JSON, cut to a line, or what it is when not MessagePack.
@@ -519,15 +556,16 @@ func bucketName(s string) (string, error) {
 	return "", &usageError{msg: fmt.Sprintf("bucket %q: want registry, needs, applied, collect or a bucket's full name", s)}
 }
 
-func (c *ReplayCommand) runHistory(l *replay.Log, bucketArg, key string) error {
+func (c *ReplayCommand) runHistory(ctx context.Context, l *replay.Log, bucketArg, key string) error {
 	bucket, err := bucketName(bucketArg)
 	if err != nil {
 		return err
 	}
-	h, err := l.History(bucket, key)
-	if err != nil {
-		return err
-	}
+	// The revisions are printed as they are read: a key with a million revisions is never held in
+	// memory, and Ctrl-C stops the walk.
+	w := bufio.NewWriter(c.Stdout)
+	n := 0
+	var h replay.KeyHistory
 	if c.jsonOut {
 		type rev struct {
 			Revision uint64          `json:"revision"`
@@ -536,18 +574,8 @@ func (c *ReplayCommand) runHistory(l *replay.Log, bucketArg, key string) error {
 			Value    json.RawMessage `json:"value,omitempty"`
 			ValueRaw []byte          `json:"value_raw,omitempty"`
 		}
-		type gap struct {
-			From uint64 `json:"from"`
-			To   uint64 `json:"to,omitempty"`
-		}
-		out := struct {
-			Bucket    string `json:"bucket"`
-			Key       string `json:"key"`
-			Revisions []rev  `json:"revisions"`
-			Floor     uint64 `json:"floor"`
-			Gaps      []gap  `json:"gaps"`
-		}{Bucket: h.Bucket, Key: h.Key, Revisions: []rev{}, Floor: h.Floor, Gaps: []gap{}}
-		for _, r := range h.Revisions {
+		fmt.Fprintf(w, `{"bucket":%s,"key":%s,"revisions":[`, jsonString(bucket), jsonString(key))
+		h, err = l.EachRevision(ctx, bucket, key, func(r *replay.Revision) error {
 			x := rev{Revision: r.Seq, Time: r.Time, Op: r.Op.String()}
 			if r.Op == provisioner.OpPut {
 				if s, ok := replay.ValueJSON(r.Value); ok {
@@ -556,61 +584,104 @@ func (c *ReplayCommand) runHistory(l *replay.Log, bucketArg, key string) error {
 					x.ValueRaw = r.Value
 				}
 			}
-			out.Revisions = append(out.Revisions, x)
+			b, err := json.Marshal(x)
+			if err != nil {
+				return err
+			}
+			if n > 0 {
+				w.WriteByte(',')
+			}
+			n++
+			_, err = w.Write(b)
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		type gap struct {
+			From uint64 `json:"from"`
+			To   uint64 `json:"to,omitempty"`
+		}
+		gaps := []gap{}
+		for _, g := range h.Gaps {
+			gaps = append(gaps, gap{From: g.From, To: g.To})
+		}
+		b, _ := json.Marshal(gaps)
+		fmt.Fprintf(w, `],"floor":%d,"gaps":%s}`+"\n", h.Floor, b)
+		if err := w.Flush(); err != nil {
+			return err
+		}
+	} else {
+		tw := newTable(w)
+		fmt.Fprintln(tw, "TIME\tREVISION\tOP\tVALUE")
+		h, err = l.EachRevision(ctx, bucket, key, func(r *replay.Revision) error {
+			val := "-"
+			if r.Op == provisioner.OpPut {
+				val = valueCell(r.Value)
+			}
+			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\n", r.Time.Format(time.RFC3339Nano), r.Seq, r.Op, val)
+			if n++; n%tableChunk == 0 {
+				return tw.Flush()
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		tw.Flush()
+		fmt.Fprintf(w, "\n%d revisions of %s in %s (from %s)\n", n, key, bucket, l.Source)
+		if h.Floor > 0 {
+			kept := "revisions before the newest one at or below it are gone"
+			if _, ok := provisioner.ComposedNode(bucket); ok {
+				kept = "of the revisions at or below it, the newest and the newest published one are kept, the others are gone"
+			}
+			fmt.Fprintf(w, "the log was trimmed to sequence %d: %s\n", h.Floor, kept)
 		}
 		for _, g := range h.Gaps {
-			out.Gaps = append(out.Gaps, gap{From: g.From, To: g.To})
+			fmt.Fprintf(w, "messages from sequence %d to %d were removed from the stream before the seat read them: a revision may be missing there\n", g.From, g.OpenedAt-1)
 		}
-		b, _ := json.Marshal(out)
-		fmt.Fprintln(c.Stdout, string(b))
-		return nil
-	}
-	w := c.Stdout
-	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "TIME\tREVISION\tOP\tVALUE")
-	for _, r := range h.Revisions {
-		val := "-"
-		if r.Op == provisioner.OpPut {
-			val = valueCell(r.Value)
+		if err := w.Flush(); err != nil {
+			return err
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\n", r.Time.Format(time.RFC3339Nano), r.Seq, r.Op, val)
 	}
-	tw.Flush()
-	fmt.Fprintf(w, "\n%d revisions of %s in %s (from %s)\n", len(h.Revisions), key, bucket, l.Source)
-	if h.Floor > 0 {
-		kept := "revisions before the newest one at or below it are gone"
-		if _, ok := provisioner.ComposedNode(bucket); ok {
-			kept = "of the revisions at or below it, the newest and the newest published one are kept, the others are gone"
-		}
-		fmt.Fprintf(w, "the log was trimmed to sequence %d: %s\n", h.Floor, kept)
-	}
-	for _, g := range h.Gaps {
-		fmt.Fprintf(w, "messages from sequence %d to %d were removed from the stream before the seat read them: a revision may be missing there\n", g.From, g.OpenedAt-1)
-	}
-	if len(h.Revisions) == 0 {
+	if n == 0 {
 		msg := fmt.Sprintf("the log holds no revision of %s in %s", key, bucket)
 		if raw := rawCollectKey(key); bucket == provisioner.BucketCollect && raw != key {
-			if rh, err := l.History(bucket, raw); err == nil && len(rh.Revisions) > 0 {
+			errFound := errors.New("found")
+			if _, err := l.EachRevision(ctx, bucket, raw, func(*replay.Revision) error { return errFound }); errors.Is(err, errFound) {
 				msg += fmt.Sprintf("; keys are raw, with the collection written in =XX escapes: did you mean %s?", raw)
 			}
+		}
+		if hasWildcard(key) {
+			what := bucket
+			if shape, ok := provisioner.ShapeOf(bucket); ok && shape.What != "" {
+				what = string(shape.What)
+			}
+			msg += fmt.Sprintf(" (a key is read as written, not as a pattern: for a node's keys as of a point, use replay state %s --node NODE --at POINT)", what)
 		}
 		return &verbError{code: 404, msg: msg}
 	}
 	return nil
 }
 
-// checkHistoryKey refuses what cannot be one key: nothing, or a NATS wildcard token (no message is
-// ever published on a subject with one, so the log holds no revision of it).
-func checkHistoryKey(bucketArg, key string) error {
+// checkHistoryKey refuses what cannot be one key: nothing. A key with a wildcard token is read as
+// written: NATS stores a message published on such a subject (a rollup of the keys it matches), and
+// the seat names it in an anomaly row.
+func checkHistoryKey(key string) error {
 	if key == "" {
 		return &usageError{msg: "replay history takes BUCKET KEY, and the key is empty"}
 	}
+	return nil
+}
+
+// hasWildcard reports whether a key has a NATS wildcard token.
+func hasWildcard(key string) bool {
 	for _, tok := range strings.Split(key, ".") {
 		if tok == "*" || tok == ">" {
-			return &usageError{msg: fmt.Sprintf("replay history reads one key, and %q is a wildcard: for a node's keys as of a point, use replay state %s --node NODE --at POINT", key, bucketArg)}
+			return true
 		}
 	}
-	return nil
+	return false
 }
 
 // rawCollectKey is a collect key as an operator may write it (the collection by its decoded name,

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
@@ -424,7 +425,7 @@ func TestExport_OutIsCheckedFirstAndNeverReplacedUnasked(t *testing.T) {
 	require.Equal(t, replay.ArchiveFormat, h.Format)
 }
 
-// replay history reads one raw key. A wildcard is not one (said at once); a collect key written with
+// replay history reads one raw key, as written; a collect key written with
 // its decoded collection name, or with lower-case escapes, is not the raw key either: the answer is
 // still that the log holds no revision of it, but it names the raw key that has them.
 func TestReplayCommand_HistoryOfAKeyAsAnOperatorWritesIt(t *testing.T) {
@@ -461,10 +462,50 @@ func TestReplayCommand_HistoryOfAKeyAsAnOperatorWritesIt(t *testing.T) {
 	require.Equal(t, exitAnswer, code)
 	require.NotContains(t, errOut, "did you mean")
 
-	for _, key := range []string{"n1.>", "n1.*.config.a", "*", ""} {
+	// A wildcard is read as written (TestReplayCommand_HistoryOfAKeyWithAWildcardToken); none was
+	// published here, and the answer points at state --node.
+	for _, key := range []string{"n1.>", "n1.*.config.a", "*"} {
 		_, errOut, code := runCmd(t, "replay", "history", "needs", key, "--state", dir)
-		require.Equal(t, exitUsage, code, "%q: %s", key, errOut)
+		require.Equal(t, exitAnswer, code, "%q: %s", key, errOut)
+		require.Contains(t, errOut, "replay state needs --node")
 	}
-	_, errOut, _ = runCmd(t, "replay", "history", "needs", "n1.>", "--state", dir)
+	_, errOut, code = runCmd(t, "replay", "history", "needs", "", "--state", dir)
+	require.Equal(t, exitUsage, code, errOut)
+}
+
+// A message published by hand on a subject with a wildcard token is stored as published (NATS takes
+// it, and its rollup removes the keys it matches): the seat answers it as an anomaly row whose key is
+// `n1.>`, and replay history of that key lists it, as of every other key it names in an anomaly row.
+// It was refused at once as "a wildcard", so the one message that wiped a node could not be looked at.
+func TestReplayCommand_HistoryOfAKeyWithAWildcardToken(t *testing.T) {
+	ns := natstest.RunServer(t)
+	url := ns.ClientURL()
+	_, js := natstest.Connect(t, url)
+	ctx := context.Background()
+	require.NoError(t, fixtures.Load(ctx, js, []fixtures.Op{
+		{Bucket: provisioner.BucketNeeds, Key: "n1.m.config.a", Op: provisioner.OpPut, Value: []byte{1}},
+		{Bucket: provisioner.BucketNeeds, Key: "n2.m.config.a", Op: provisioner.OpPut, Value: []byte{2}},
+	}, 0, nil))
+	wipe := nats.NewMsg(provisioner.SubjectPrefix(provisioner.BucketNeeds) + "n1.>")
+	wipe.Header.Set("Nats-Rollup", "sub")
+	wipe.Data = []byte{3}
+	_, err := js.PublishMsg(ctx, wipe)
+	require.NoError(t, err)
+	dir := filepath.Join(t.TempDir(), "state")
+	_, errOut, code := runCmd(t, "rebuild", "--nats", url, "--state", dir)
+	require.Zero(t, code, errOut)
+
+	// The anomaly row names the key.
+	out, errOut, code := runCmd(t, "replay", "state", "needs", "--at", "seq:3", "--state", dir, "--json")
+	require.Zero(t, code, errOut)
+	require.Contains(t, out, `"key":"n1.>"`)
+	for _, src := range [][]string{{"--state", dir}, {"--nats", url}} {
+		out, errOut, code = runCmd(t, append([]string{"replay", "history", "needs", "n1.>", "--json"}, src...)...)
+		require.Zero(t, code, "%v: %s", src, errOut)
+		require.Contains(t, out, `"revision":3`, src)
+	}
+	// A wildcard key the log holds no revision of is a 404 that points at state --node.
+	_, errOut, code = runCmd(t, "replay", "history", "needs", "n2.>", "--state", dir)
+	require.Equal(t, exitAnswer, code, errOut)
 	require.Contains(t, errOut, "replay state needs --node")
 }

@@ -1,0 +1,151 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/replay"
+	"github.com/novox/mesh-provisioner/store"
+)
+
+// countdownCtx is a context whose Err says it was cancelled once it has been asked a given number of
+// times: a Ctrl-C that lands in the middle of a walk, wherever the walk asks, with no clock involved.
+type countdownCtx struct {
+	context.Context
+	left atomic.Int64
+}
+
+func (c *countdownCtx) Err() error {
+	if c.left.Add(-1) < 0 {
+		return context.Canceled
+	}
+	return nil
+}
+
+func countdown(n int64) *countdownCtx {
+	c := &countdownCtx{Context: context.Background()}
+	c.left.Store(n)
+	return c
+}
+
+// cancelOnWrite cancels a context at its first write: Ctrl-C once the answer has started to print.
+type cancelOnWrite struct {
+	cancel context.CancelFunc
+	buf    bytes.Buffer
+}
+
+func (w *cancelOnWrite) Write(p []byte) (int, error) {
+	w.cancel()
+	return w.buf.Write(p)
+}
+
+// bigLog writes a state dir whose needs hold many keys, one of them with many revisions.
+func bigLog(t *testing.T, keys, revisions int) (dir, hot string) {
+	t.Helper()
+	dir = filepath.Join(t.TempDir(), "state")
+	db, err := store.OpenState(dir, store.Options{})
+	require.NoError(t, err)
+	hot = "n1.m1.config.hot"
+	now := time.Now().UnixNano()
+	var msgs []provisioner.Message
+	seq := uint64(0)
+	add := func(key string) {
+		seq++
+		msgs = append(msgs, provisioner.Message{Seq: seq, Time: now + int64(seq), Key: key, Op: provisioner.OpPut, Value: []byte{0xa3, 'a', 'b', 'c'}})
+	}
+	for i := 0; i < keys; i++ {
+		add(fmt.Sprintf("n%d.m1.config.k%d", i%50, i))
+	}
+	for i := 0; i < revisions; i++ {
+		add(hot)
+	}
+	require.NoError(t, db.Apply(provisioner.BucketNeeds, msgs, now, true))
+	require.NoError(t, db.Close())
+	return dir, hot
+}
+
+// Ctrl-C stops every question of replay in the middle of its walk, once the source is read: a history
+// of a key with a long life, or a diff or state of a whole bucket, used to run to its end, printing
+// everything, whatever the operator pressed.
+func TestReplayCommand_CancelStopsEachQuestion(t *testing.T) {
+	dir, hot := bigLog(t, 5000, 5000)
+	mid := "seq:2500"
+	// Uncancelled, each answer holds a key of node n9, whose keys come last in byte order (the state's
+	// last page of a thousand rows, the diff's last added).
+	stateKey, diffKey := "k2459", "k4959" // n9.m1.config.k2459 (seq 2460), n9.m1.config.k4959 (seq 4960)
+	for args, key := range map[string]string{"state needs --at " + mid: stateKey, "diff needs --from " + mid + " --to seq:10000": diffKey} {
+		for _, format := range [][]string{{"--json"}, nil} {
+			var out bytes.Buffer
+			require.NoError(t, (&ReplayCommand{Stdout: &out, Stderr: io.Discard}).Run(context.Background(), append(append(strings.Fields(args), "--state", dir), format...)))
+			require.Contains(t, out.String(), key, "%v %v", args, format)
+		}
+	}
+
+	t.Run("history", func(t *testing.T) {
+		for _, format := range [][]string{{"--json"}, nil} {
+			ctx, cancel := context.WithCancel(context.Background())
+			w := &cancelOnWrite{cancel: cancel}
+			err := (&ReplayCommand{Stdout: w, Stderr: io.Discard}).Run(ctx, append([]string{"history", "needs", hot, "--state", dir}, format...))
+			require.ErrorIs(t, err, context.Canceled, "%v", format)
+			require.Less(t, strings.Count(w.buf.String(), `"PUT"`)+strings.Count(w.buf.String(), "PUT\t"), 5000, "%v: printed every revision", format)
+			cancel()
+		}
+	})
+	// state prints each page as it is read: Ctrl-C once it has started to print stops it before the
+	// next page, in a table as in JSON (a table was printed once every page had been read and held).
+	t.Run("state prints as it reads", func(t *testing.T) {
+		for _, format := range [][]string{{"--json"}, nil} {
+			ctx, cancel := context.WithCancel(context.Background())
+			w := &cancelOnWrite{cancel: cancel}
+			err := (&ReplayCommand{Stdout: w, Stderr: io.Discard}).Run(ctx, append([]string{"state", "needs", "--at", mid, "--state", dir}, format...))
+			require.ErrorIs(t, err, context.Canceled, "%v", format)
+			require.NotContains(t, w.buf.String(), stateKey, "%v: printed the end of the answer", format)
+			cancel()
+		}
+	})
+	for _, tc := range []struct {
+		name string
+		args []string
+		asks int64  // how often the walk asks before it is told it was cancelled
+		key  string // a key printed near the end
+	}{
+		{"diff", []string{"diff", "needs", "--from", mid, "--to", "seq:10000"}, 200, diffKey},
+		{"state", []string{"state", "needs", "--at", mid}, 1, stateKey}, // asked between pages of a thousand rows
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, format := range [][]string{{"--json"}, nil} {
+				var out bytes.Buffer
+				err := (&ReplayCommand{Stdout: &out, Stderr: io.Discard}).Run(countdown(tc.asks), append(append(tc.args, "--state", dir), format...))
+				require.ErrorIs(t, err, context.Canceled, "%v", format)
+				require.NotContains(t, out.String(), tc.key, "%v: printed the end of the answer", format)
+			}
+		})
+	}
+}
+
+// Reading an archive stops on Ctrl-C whether or not a progress is told: replay.FromArchive asked its
+// context only when it had a progress to report to, so a caller without one read it to its end.
+func TestFromArchive_CancelWithoutProgress(t *testing.T) {
+	dir, _ := bigLog(t, 5000, 5000)
+	l, err := replay.OpenState(dir)
+	require.NoError(t, err)
+	defer l.Close()
+	archive := filepath.Join(t.TempDir(), "big.mph")
+	_, err = replay.ExportLog(context.Background(), l.DB, archive, "test", nil)
+	require.NoError(t, err)
+	a, err := replay.FromArchive(countdown(1), archive, nil)
+	if err == nil {
+		a.Close()
+	}
+	require.ErrorIs(t, err, context.Canceled)
+}
