@@ -97,6 +97,8 @@ type applier struct {
 	plans *planBatch
 	// gaps are the open history gaps this batch opened or extended (history.go).
 	gaps map[string]Gap
+	// schemaRollup says the batch writes the schema version schemaRollup (store.go).
+	schemaRollup bool
 }
 
 func (a *applier) set(key, val []byte) { a.w.set(key, val) }
@@ -280,6 +282,9 @@ func (db *DB) applyLocked(shape provisioner.Shape, msgs []provisioner.Message, s
 	}
 
 	// The batch is durable in Pebble: now memory follows.
+	if a.schemaRollup {
+		db.schema = schemaRollup
+	}
 	for name, c := range a.cps {
 		b := db.known(name)
 		b.cp = *c
@@ -328,6 +333,11 @@ func (a *applier) apply(shape provisioner.Shape, m *provisioner.Message) error {
 	var rollup provisioner.Rollup
 	if m.RemovesOthers() {
 		rollup = m.Rollup
+		if a.db.schema < schemaRollup && !a.schemaRollup {
+			// The first rollup the log keeps: the state dir is now one older binaries misread.
+			a.schemaRollup = true
+			a.set(metaKey("schema"), []byte(strconv.Itoa(schemaRollup)))
+		}
 	}
 	a.val = appendEventValue(a.val[:0], m.Op, rollup, m.Time, m.Value)
 	a.set(a.buf, a.val)
