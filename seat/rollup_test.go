@@ -5,6 +5,7 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -50,22 +51,30 @@ func TestSeat_AWildcardPurgeRemovesWhatTheStreamLost(t *testing.T) {
 	require.Equal(t, "n1.m2.config.a", a.Rows[0]["key"])
 }
 
-// streamKeys lists the keys a bucket's stream holds, read from the stream itself (each subject's last
-// message, the KV API cannot read a key with a wildcard token): those whose last message is a put.
+// streamKeys lists the keys a bucket's stream holds, read from the stream itself (the KV API, and a
+// last-message get, read a subject with a wildcard token as a filter): those whose last message is a
+// put.
 func streamKeys(t *testing.T, js jetstream.JetStream, bucket string) []string {
 	t.Helper()
 	ctx := context.Background()
-	s, err := js.Stream(ctx, provisioner.StreamName(bucket))
+	c, err := js.OrderedConsumer(ctx, provisioner.StreamName(bucket), jetstream.OrderedConsumerConfig{})
 	require.NoError(t, err)
 	prefix := provisioner.SubjectPrefix(bucket)
-	info, err := s.Info(ctx, jetstream.WithSubjectFilter(prefix+">"))
-	require.NoError(t, err)
-	keys := []string{}
-	for subj := range info.State.Subjects {
-		m, err := s.GetLastMsgForSubject(ctx, subj)
+	last := map[string]provisioner.Op{}
+	for {
+		msg, err := c.Next(jetstream.FetchMaxWait(5 * time.Second))
 		require.NoError(t, err)
-		if provisioner.OpOfHeaders(m.Header) == provisioner.OpPut {
-			keys = append(keys, strings.TrimPrefix(subj, prefix))
+		last[strings.TrimPrefix(msg.Subject(), prefix)] = provisioner.OpOfHeaders(msg.Headers())
+		md, err := msg.Metadata()
+		require.NoError(t, err)
+		if md.NumPending == 0 {
+			break
+		}
+	}
+	keys := []string{}
+	for k, op := range last {
+		if op == provisioner.OpPut {
+			keys = append(keys, k)
 		}
 	}
 	sort.Strings(keys)
