@@ -99,6 +99,9 @@ type applier struct {
 	gaps map[string]Gap
 	// schemaRollup says the batch writes the schema version schemaRollup (store.go).
 	schemaRollup bool
+	// removing is set while a rollup removes other keys (rollup): their purges share the rollup's
+	// sequence, whose entry by sequence names the rollup's own key alone.
+	removing bool
 }
 
 func (a *applier) set(key, val []byte) { a.w.set(key, val) }
@@ -341,8 +344,10 @@ func (a *applier) apply(shape provisioner.Shape, m *provisioner.Message) error {
 	}
 	a.val = appendEventValue(a.val[:0], m.Op, rollup, m.Time, m.Value)
 	a.set(a.buf, a.val)
-	a.buf = eventKey(a.buf[:0], bucket, m.Seq)
-	a.set(a.buf, []byte(m.Key))
+	if !a.removing { // the sequence's own entry names the rollup's key, written once, after its removals
+		a.buf = eventKey(a.buf[:0], bucket, m.Seq)
+		a.set(a.buf, []byte(m.Key))
+	}
 
 	parts, perr := provisioner.ParseKey(shape, m.Key)
 	if perr != nil {
@@ -450,6 +455,8 @@ func (a *applier) rollup(shape provisioner.Shape, m *provisioner.Message) error 
 		}
 	}
 	sort.Strings(keys)
+	a.removing = true
+	defer func() { a.removing = false }()
 	for _, key := range keys {
 		if err := a.apply(shape, &provisioner.Message{Seq: m.Seq, Time: m.Time, Key: key, Op: provisioner.OpPurge}); err != nil {
 			return fmt.Errorf("%s: %w", key, err)
