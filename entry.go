@@ -88,23 +88,26 @@ func (m *Message) RemovesOthers() bool {
 	return m.Rollup == RollupAll || m.Rollup == RollupSub && HasWildcard(m.Key)
 }
 
-// HasWildcard reports whether a key has a token that NATS reads as a wildcard: `*` or `>`, the whole
-// token ("a*b" is a literal).
+// HasWildcard reports whether a key has a token that NATS reads as a wildcard when it matches
+// subjects against it: `*`, or `>` as the last token, each the whole token ("a*b" is a literal, and so
+// is a `>` with tokens after it: the server's subject tree reads `n1.>.x` as that one subject, and a
+// rollup on it purges no other).
 func HasWildcard(key string) bool {
 	for tok := range strings.SplitSeq(key, ".") {
-		if tok == "*" || tok == ">" {
+		if tok == "*" {
 			return true
 		}
 	}
-	return false
+	return key == ">" || strings.HasSuffix(key, ".>")
 }
 
 // RollupMatches reports whether a rollup of pattern removes key's earlier messages, as NATS matches a
-// subject against a filter: `*` is any one token, `>` one or more remaining tokens.
+// subject against a filter: `*` is any one token, a last `>` one or more remaining tokens (any other
+// token, a `>` with tokens after it too, is itself).
 func RollupMatches(pattern, key string) bool {
 	for {
 		ptok, prest, pmore := strings.Cut(pattern, ".")
-		if ptok == ">" {
+		if ptok == ">" && !pmore {
 			return key != ""
 		}
 		ktok, krest, kmore := strings.Cut(key, ".")

@@ -27,6 +27,13 @@ func TestRollupMatches(t *testing.T) {
 		{"*", "a.b", false},
 		{"n1.a*b", "n1.axb", false}, // not a wildcard token
 		{"n1.m", "n1.m", true},
+		// A > with tokens after it is no wildcard: the server's subject tree reads it as itself.
+		{"n1.>.x", "n1.m.x", false},
+		{"n1.>.x", "n1.m.k.x", false},
+		{"n1.>.x", "n1.>.x", true},
+		{">.x", "a.x", false},
+		{"n1.*.>.x", "n1.m.>.x", true},
+		{"n1.*.>.x", "n1.m.k.x", false},
 	} {
 		require.Equal(t, tc.want, provisioner.RollupMatches(tc.pattern, tc.key), "%q %q", tc.pattern, tc.key)
 	}
@@ -42,6 +49,10 @@ func TestMessage_RemovesOthers(t *testing.T) {
 		{"n1.m.k.*", provisioner.RollupSub, true},
 		{"n1.>", provisioner.RollupSub, true},
 		{"n1.a>b", provisioner.RollupSub, false},
+		{"n1.>.x", provisioner.RollupSub, false}, // a literal: a purge of that subject alone
+		{">.x", provisioner.RollupSub, false},
+		{">", provisioner.RollupSub, true},
+		{"n1.*.>.x", provisioner.RollupSub, true},
 		{"n1.>", provisioner.RollupNone, false},
 		{"n1.m.k.a", provisioner.RollupAll, true},
 	} {

@@ -99,8 +99,10 @@ func copyEvents(v *store.View, to *store.DB, bucket string, seq uint64) error {
 		if ev.Seq > seq {
 			return false
 		}
+		// The rollup too: the log names a sequence by the message's own key, and the keys its rollup
+		// removed are removed again by the store it is copied to (store.DB.Apply).
 		batch = append(batch, provisioner.Message{Seq: ev.Seq, Time: ev.Time, Key: string(key), Op: ev.Op,
-			Value: append([]byte(nil), ev.Value...)})
+			Value: append([]byte(nil), ev.Value...), Rollup: ev.Rollup})
 		return len(batch) < 4096 || flush()
 	})
 	if err != nil {

@@ -203,3 +203,58 @@ func TestPlansAt_AsOfAtAFloorWhoseEventWasTrimmed(t *testing.T) {
 	require.Equal(t, rows, rowsAfter)
 	require.Equal(t, before, after, "as_of after the trim")
 }
+
+// TestPlansAt_ARollupInAComposedBucket: plans as of a time are folded from the log's events copied to
+// a store of their own, one event a sequence, under the message's own key. A composed-<node> message
+// whose rollup removed other builds (a wildcard purge, a Nats-Rollup: all) was copied as its own key
+// alone, so the builds it removed were still there as of every time after it: plans as of now said
+// the plan the live answer had forgotten (held refused at m1 2's plan, not missing), and a module
+// whose builds the wildcard purged still published.
+func TestPlansAt_ARollupInAComposedBucket(t *testing.T) {
+	db, err := store.OpenState(t.TempDir(), store.Options{})
+	require.NoError(t, err)
+	defer db.Close()
+	c := provisioner.ComposedPrefix + "n1"
+	sec := func(s int) int64 { return int64(s) * 1e9 }
+	comp := func(status string, plan any) []byte {
+		v := map[string]any{"status": status}
+		if plan != nil {
+			v["plan"] = plan
+		}
+		return mp(v)
+	}
+	require.NoError(t, db.Apply(provisioner.BucketHostModules, []provisioner.Message{
+		{Seq: 1, Time: sec(1), Key: "n1.m1", Op: provisioner.OpPut, Value: mp(map[string]any{"want": 3})},
+		{Seq: 2, Time: sec(1), Key: "n1.m2", Op: provisioner.OpPut, Value: mp(map[string]any{"want": 1})},
+	}, 1, false))
+	require.NoError(t, db.Apply(provisioner.BucketIndexerBuilds, []provisioner.Message{
+		{Seq: 1, Time: sec(1), Key: "m1", Op: provisioner.OpPut, Value: mp(map[string]any{"newest": 4})},
+	}, 1, false))
+	require.NoError(t, db.Apply(c, []provisioner.Message{
+		{Seq: 1, Time: sec(2), Key: "m1.1", Op: provisioner.OpPut, Value: comp("published", "m1 1")},
+		{Seq: 2, Time: sec(3), Key: "m1.2", Op: provisioner.OpPut, Value: comp("published", "m1 2")},
+		{Seq: 3, Time: sec(4), Key: "m1.3", Op: provisioner.OpPut, Value: comp("refused", nil)},
+		{Seq: 4, Time: sec(5), Key: "m2.1", Op: provisioner.OpPut, Value: comp("published", "m2 1")},
+	}, 1, false))
+	before, code := askPlansAt(t, db, 6)
+	require.Equal(t, 200, code)
+	require.Equal(t, livePlans(t, db), before)
+
+	require.NoError(t, db.Apply(c, []provisioner.Message{
+		{Seq: 5, Time: sec(7), Key: "m2.>", Op: provisioner.OpPurge, Rollup: provisioner.RollupSub},
+	}, 1, false))
+	afterSub, code := askPlansAt(t, db, 8)
+	require.Equal(t, 200, code)
+	require.Equal(t, livePlans(t, db), afterSub, "as of a time after the wildcard purge: its live answer")
+	require.NotContains(t, afterSub, `"m2 1"`)
+
+	require.NoError(t, db.Apply(c, []provisioner.Message{
+		{Seq: 6, Time: sec(9), Key: "m1.4", Op: provisioner.OpPut, Value: comp("published", "m1 4"), Rollup: provisioner.RollupAll},
+	}, 1, false))
+	afterAll, code := askPlansAt(t, db, 10)
+	require.Equal(t, 200, code)
+	require.Equal(t, livePlans(t, db), afterAll, "as of a time after the rollup of the whole stream: its live answer")
+	require.NotContains(t, afterAll, `"m1 2"`)
+	got, _ := askPlansAt(t, db, 8)
+	require.Equal(t, afterSub, got, "and as of a time before it, what it answered then")
+}

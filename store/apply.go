@@ -97,6 +97,11 @@ type applier struct {
 	plans *planBatch
 	// gaps are the open history gaps this batch opened or extended (history.go).
 	gaps map[string]Gap
+	// schemaRollup says the batch writes the schema version schemaRollup (store.go).
+	schemaRollup bool
+	// removing is set while a rollup removes other keys (rollup): their purges share the rollup's
+	// sequence, whose entry by sequence names the rollup's own key alone.
+	removing bool
 }
 
 func (a *applier) set(key, val []byte) { a.w.set(key, val) }
@@ -280,6 +285,9 @@ func (db *DB) applyLocked(shape provisioner.Shape, msgs []provisioner.Message, s
 	}
 
 	// The batch is durable in Pebble: now memory follows.
+	if a.schemaRollup {
+		db.schema = schemaRollup
+	}
 	for name, c := range a.cps {
 		b := db.known(name)
 		b.cp = *c
@@ -328,11 +336,18 @@ func (a *applier) apply(shape provisioner.Shape, m *provisioner.Message) error {
 	var rollup provisioner.Rollup
 	if m.RemovesOthers() {
 		rollup = m.Rollup
+		if a.db.schema < schemaRollup && !a.schemaRollup {
+			// The first rollup the log keeps: the state dir is now one older binaries misread.
+			a.schemaRollup = true
+			a.set(metaKey("schema"), []byte(strconv.Itoa(schemaRollup)))
+		}
 	}
 	a.val = appendEventValue(a.val[:0], m.Op, rollup, m.Time, m.Value)
 	a.set(a.buf, a.val)
-	a.buf = eventKey(a.buf[:0], bucket, m.Seq)
-	a.set(a.buf, []byte(m.Key))
+	if !a.removing { // the sequence's own entry names the rollup's key, written once, after its removals
+		a.buf = eventKey(a.buf[:0], bucket, m.Seq)
+		a.set(a.buf, []byte(m.Key))
+	}
 
 	parts, perr := provisioner.ParseKey(shape, m.Key)
 	if perr != nil {
@@ -440,6 +455,8 @@ func (a *applier) rollup(shape provisioner.Shape, m *provisioner.Message) error 
 		}
 	}
 	sort.Strings(keys)
+	a.removing = true
+	defer func() { a.removing = false }()
 	for _, key := range keys {
 		if err := a.apply(shape, &provisioner.Message{Seq: m.Seq, Time: m.Time, Key: key, Op: provisioner.OpPurge}); err != nil {
 			return fmt.Errorf("%s: %w", key, err)

@@ -19,7 +19,8 @@
 // that is followed by another ends with the terminator 0x00 0x01. A raw key at the end of a store key is
 // escaped but not terminated, so a prefix of raw keys ("n1." for a node) is a prefix of store keys.
 //
-//	0x01 "schema"                                           -> schema version (decimal text)
+//	0x01 "schema"                                           -> schema version (decimal text): 1, or 2 once
+//	                                                           the event log holds a rollup (store.go)
 //	0x02 <bucket>                                           -> checkpoint: uvarint applied seq,
 //	                                                           varint stream created (Unix ns),
 //	                                                           varint anomaly rows

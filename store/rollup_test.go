@@ -6,6 +6,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/cockroachdb/pebble/v2"
 	"github.com/stretchr/testify/require"
 
 	provisioner "github.com/novox/mesh-provisioner"
@@ -151,4 +152,51 @@ func TestDB_TrimKeepsWhatARollupRemoved(t *testing.T) {
 			require.Equal(t, want[n], keysAt(t, db, b, n), "as of %d after a trim to %d", n, horizon)
 		}
 	}
+}
+
+// schemaOf reads the schema version a closed state dir holds, as an older binary would.
+func schemaOf(t *testing.T, dir string) string {
+	t.Helper()
+	db, err := store.OpenState(dir, store.Options{})
+	require.NoError(t, err)
+	gen := db.Dir()
+	require.NoError(t, db.Close())
+	pdb, err := pebble.Open(gen, &pebble.Options{})
+	require.NoError(t, err)
+	defer pdb.Close()
+	v, closer, err := pdb.Get([]byte("\x01schema"))
+	require.NoError(t, err)
+	defer closer.Close()
+	return string(v)
+}
+
+// TestOpenState_ARollupInTheLogMarksTheSchema: the event log keeps a rollup that removed other keys
+// in the top bits of its op byte, which a binary of schema 1 reads as an op it does not know (a rollup's
+// put as no value as of every point, its export as an empty put), while it opened the state dir as its
+// own. A state dir stays schema 1 until the batch that logs its first such rollup, which writes 2, so
+// an older binary refuses it from then on (and starts over) instead of misreading it; this binary
+// opens both.
+func TestOpenState_ARollupInTheLogMarksTheSchema(t *testing.T) {
+	dir := t.TempDir()
+	b := provisioner.BucketNeeds
+	apply := func(msgs ...provisioner.Message) {
+		t.Helper()
+		db, err := store.OpenState(dir, store.Options{})
+		require.NoError(t, err)
+		require.NoError(t, db.Apply(b, msgs, 0, true))
+		require.NoError(t, db.Close())
+	}
+	apply(put(1, "n1.m.config.a", []byte{0xc0}), put(2, "n2.m.config.a", []byte{0xc0}), del(3, "n2.m.config.a"),
+		rollup(purge(4, "n1.m.config.a"), provisioner.RollupSub)) // a KV purge: a rollup of its own key
+	require.Equal(t, "1", schemaOf(t, dir), "no rollup of other keys: older binaries read this log")
+
+	apply(put(5, "n1.m.config.b", []byte{0xc0}), put(6, "n2.m.config.b", []byte{0xc0}),
+		rollup(put(7, "n2.m.config.c", []byte{0xc0}), provisioner.RollupAll))
+	require.Equal(t, "2", schemaOf(t, dir), "the log holds a rollup an older binary misreads")
+
+	db, err := store.OpenState(dir, store.Options{})
+	require.NoError(t, err, "this binary reads what it wrote")
+	defer db.Close()
+	require.Equal(t, []string{"n2.m.config.c"}, rows(t, db, provisioner.Range{Bucket: b, Index: provisioner.IndexPrimary}))
+	require.Equal(t, []string{"n1.m.config.b", "n2.m.config.b"}, keysAt(t, db, b, 6))
 }

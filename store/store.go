@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"strconv"
 	"sync"
 	"sync/atomic"
 
@@ -16,9 +17,20 @@ import (
 	provisioner "github.com/novox/mesh-provisioner"
 )
 
-// SchemaVersion is the version of the key layout in doc.go. A state dir of another version is refused
-// with ErrSchema; the answer is a rebuild.
-const SchemaVersion = 1
+// SchemaVersion is the version of the key layout in doc.go that this binary reads and writes. A state
+// dir of another version is refused with ErrSchema; the answer is a rebuild.
+//
+// Version 2 is version 1 with a rollup in the top bits of an event's op byte (doc.go), which a binary
+// of version 1 misreads (a rollup's put as no value, its export as an empty put). So a state dir stays
+// version 1, and older binaries keep reading it, until the batch that logs its first such event writes
+// 2 (schemaRollup); from then on an older binary refuses it and starts over rather than misanswer. A
+// state dir of version 1 opens as it is.
+const SchemaVersion = 2
+
+const (
+	schemaBase   = 1 // what a new state dir is written as
+	schemaRollup = 2 // the first version whose event log may hold a rollup
+)
 
 var (
 	// ErrCorrupt marks a state dir that cannot be read as written: the answer is a rebuild.
@@ -96,6 +108,8 @@ type DB struct {
 	created chan struct{} // closed when a bucket state is created: Changed of a bucket the store has none of
 
 	kinds map[string]struct{} // registry kinds present; under applyMu
+	// schema is the state dir's schema version as written (schemaBase or schemaRollup); under applyMu.
+	schema int
 
 	planRows atomic.Int64   // plan rows recomputed since open (PlanStats)
 	openGaps map[string]Gap // each bucket's open history gap (history.go); under applyMu
@@ -249,9 +263,10 @@ func (db *DB) load(fresh bool) error {
 	v, closer, err := db.pdb.Get(metaKey("schema"))
 	switch {
 	case errors.Is(err, pebble.ErrNotFound) && fresh:
-		if err := db.pdb.Set(metaKey("schema"), []byte(fmt.Sprint(SchemaVersion)), pebble.Sync); err != nil {
+		if err := db.pdb.Set(metaKey("schema"), []byte(fmt.Sprint(schemaBase)), pebble.Sync); err != nil {
 			return fmt.Errorf("write schema version: %w", err)
 		}
+		db.schema = schemaBase
 	case errors.Is(err, pebble.ErrNotFound):
 		return fmt.Errorf("%w: %s has no schema version (run `mesh-provisioner rebuild`)", ErrSchema, db.dir)
 	case err != nil:
@@ -259,9 +274,11 @@ func (db *DB) load(fresh bool) error {
 	default:
 		have := string(v)
 		closer.Close()
-		if have != fmt.Sprint(SchemaVersion) {
+		n, err := strconv.Atoi(have)
+		if err != nil || n < schemaBase || n > SchemaVersion {
 			return fmt.Errorf("%w: %s is schema v%s, this binary uses v%d (run `mesh-provisioner rebuild`)", ErrSchema, db.dir, have, SchemaVersion)
 		}
+		db.schema = n
 	}
 
 	it, err := db.pdb.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixCheckpoint}, UpperBound: []byte{prefixCheckpoint + 1}})
