@@ -25,12 +25,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cockroachdb/pebble/v2"
 	"github.com/nats-io/nats.go/micro"
 	"github.com/stretchr/testify/require"
 
 	"github.com/novox/mesh-provisioner/internal/metrics/metricstest"
 	"github.com/novox/mesh-provisioner/internal/natstest"
 	"github.com/novox/mesh-provisioner/query"
+	"github.com/novox/mesh-provisioner/store"
 )
 
 // mdTable is a markdown table: its header cells, its rows' cells, the line it starts on, and the
@@ -625,5 +627,42 @@ func TestDocs_ProtocolExamples(t *testing.T) {
 		gb, ok := got["buckets"].(map[string]any)["mesh-provisioner_needs"].(map[string]any)
 		require.True(t, ok, "needs is listed")
 		require.Equal(t, keysOf(wb), keysOf(gb), "a bucket's fields")
+	})
+}
+
+// docs/operations.md, Upgrade: a binary of another state dir schema does not refuse the old state dir
+// when it serves: it starts it over from the streams and answers meanwhile (replay --state and export
+// --state, which only read, refuse it and say to rebuild).
+func TestDocs_UpgradeStartsOver(t *testing.T) {
+	t.Setenv("NATS_URL", "")
+	dir := t.TempDir()
+	db, err := store.OpenState(filepath.Join(dir, "state"), store.Options{})
+	require.NoError(t, err)
+	gen := db.Dir()
+	require.NoError(t, db.Close())
+	// The state dir as an older binary left it: schema 0.
+	pdb, err := pebble.Open(gen, &pebble.Options{})
+	require.NoError(t, err)
+	require.NoError(t, pdb.Set([]byte("\x01schema"), []byte("0"), pebble.Sync))
+	require.NoError(t, pdb.Close())
+
+	code, _, stderr := run(t, "replay", "state", "needs", "--at", "seq:1", "--state", filepath.Join(dir, "state"))
+	require.Equal(t, exitFailure, code, stderr)
+	require.Contains(t, stderr, "mesh-provisioner rebuild")
+
+	s, err := startServe(dir, "--log-format", "json")
+	require.NoError(t, err)
+	defer func() { require.NoError(t, s.stop()) }()
+	require.Contains(t, s.stderr.String(), "the state dir cannot be used; rebuilding it from the streams")
+	nc, _ := natstest.Connect(t, s.natsURL)
+	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		a, _, err := natstest.Ask(nc, query.Subject, []byte(`{"what":"registry"}`), false)
+		if err != nil {
+			return err
+		}
+		if len(a.Rows) == 0 {
+			return fmt.Errorf("no registry rows yet")
+		}
+		return nil
 	})
 }
