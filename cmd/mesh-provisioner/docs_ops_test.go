@@ -11,6 +11,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"go/ast"
 	"go/parser"
@@ -665,4 +666,61 @@ func TestDocs_UpgradeStartsOver(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// The examples of each command's --help take flags the command has, with values it reads: an operator
+// copies them at 3 a.m.
+func TestDocs_HelpExamplesParse(t *testing.T) {
+	t.Setenv("NATS_URL", "")
+	for _, cmd := range []string{"serve", "query", "rebuild", "replay", "export"} {
+		var stdout, stderr bytes.Buffer
+		err := NewMain(&stdout, &stderr).Run(context.Background(), []string{cmd, "--help"})
+		require.Equal(t, 0, exitCode(err, &stderr))
+		var examples []string
+		lines := strings.Split(stderr.String(), "\n")
+		inExamples := false
+		for i := 0; i < len(lines); i++ {
+			l := strings.TrimSpace(lines[i])
+			if strings.HasPrefix(lines[i], "Example") {
+				inExamples = true
+			}
+			if strings.HasPrefix(lines[i], "Flags:") {
+				inExamples = false
+			}
+			if !inExamples || !strings.HasPrefix(l, "mesh-provisioner "+cmd+" ") {
+				continue
+			}
+			for strings.HasSuffix(l, "\\") && i+1 < len(lines) {
+				i++
+				l = strings.TrimSuffix(l, "\\") + " " + strings.TrimSpace(lines[i])
+			}
+			examples = append(examples, l)
+		}
+		require.NotEmpty(t, examples, "%s --help has an example", cmd)
+		for _, ex := range examples {
+			words, _, err := splitShell(ex, func(string) string { return "" })
+			require.NoError(t, err, ex)
+			args := words[2:]
+			// Positional arguments first (query WHAT, replay QUESTION WHAT or BUCKET KEY), then flags.
+			for len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+				args = args[1:]
+			}
+			var errb bytes.Buffer
+			var fs *flag.FlagSet
+			switch cmd {
+			case "serve":
+				fs = (&ServeCommand{Stderr: &errb}).flags()
+			case "query":
+				fs = (&QueryCommand{Stderr: &errb}).flags()
+			case "rebuild":
+				fs = (&RebuildCommand{Stderr: &errb}).flags()
+			case "replay":
+				fs = (&ReplayCommand{Stderr: &errb}).flags()
+			case "export":
+				fs = (&ExportCommand{Stderr: &errb}).flags()
+			}
+			require.NoError(t, fs.Parse(args), "%s --help: %s\n%s", cmd, ex, errb.String())
+			require.Zero(t, fs.NArg(), "%s --help: %s: arguments after the flags", cmd, ex)
+		}
+	}
 }
