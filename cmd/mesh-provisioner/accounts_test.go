@@ -99,3 +99,32 @@ func TestAccounts_CommandsAsDocumented(t *testing.T) {
 		require.NotContains(t, strings.ToLower(l), "permissions violation", "the file grants what the commands need")
 	}
 }
+
+// A node's user that runs query without --inbox-prefix may not subscribe to the program's default
+// inbox: NATS refuses the subscription at once, and query says so, with the flag to give, instead of
+// waiting out --timeout and blaming the seat ("may be overloaded, or stopping").
+func TestAccounts_QueryRefusedInboxSaysSo(t *testing.T) {
+	for _, env := range []string{"NATS_URL", "NATS_USER", "NATS_PASSWORD", "NATS_CREDS", "NATS_INBOX_PREFIX"} {
+		t.Setenv(env, "")
+	}
+	dir := t.TempDir()
+	ns := natstest.RunServerAt(t, "127.0.0.1:-1", filepath.Join(dir, "nats"), filepath.Join("..", "..", "docs", "nats-accounts.conf"))
+	url := ns.ClientURL()
+	s, err := startServe(filepath.Join(dir, "seat"), "--nats", url, "--user", "mesh-provisioner", "--password", "provisioner-change-me")
+	require.NoError(t, err)
+	defer func() { require.NoError(t, s.stop()) }()
+
+	code, _, stderr := run(t, "query", "registry", "--nats", url, "--user", "node-n1", "--password", "n1-change-me", "--timeout", "10s")
+	require.Equal(t, exitFailure, code, stderr)
+	require.Contains(t, stderr, "Permissions Violation for Subscription to \"_INBOX.mesh-provisioner.")
+	require.Contains(t, stderr, "--inbox-prefix")
+	require.NotContains(t, stderr, "overloaded")
+	// With the node's own prefix, as docs/accounts.md says, it answers.
+	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		code, _, stderr := run(t, "query", "registry", "--nats", url, "--user", "node-n1", "--password", "n1-change-me", "--inbox-prefix", "_INBOX.node.n1", "--timeout", "10s")
+		if code != 0 {
+			return fmt.Errorf("exit %d: %s", code, stderr)
+		}
+		return nil
+	})
+}
