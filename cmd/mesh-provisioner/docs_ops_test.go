@@ -27,9 +27,11 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 	"github.com/stretchr/testify/require"
 
+	"github.com/novox/mesh-provisioner/fixtures"
 	"github.com/novox/mesh-provisioner/internal/metrics/metricstest"
 	"github.com/novox/mesh-provisioner/internal/natstest"
 	"github.com/novox/mesh-provisioner/query"
@@ -723,4 +725,46 @@ func TestDocs_HelpExamplesParse(t *testing.T) {
 			require.Zero(t, fs.NArg(), "%s --help: %s: arguments after the flags", cmd, ex)
 		}
 	}
+}
+
+// docs/operations.md, "A seat does not get ready": a permission the seat's user lacks shows as
+// `tailing failed; retrying with backoff`, with a `NATS error` warning naming the subject refused, and
+// /readyz stays 503 naming the bucket.
+func TestDocs_RunbookPermissionError(t *testing.T) {
+	t.Setenv("NATS_URL", "")
+	ns := natstest.RunServerSeatDenied(t, "$JS.API.CONSUMER.CREATE.KV_mesh-provisioner_needs.>")
+	_, js := natstest.Connect(t, ns.ClientURL(), nats.UserInfo("admin", "admin"))
+	require.NoError(t, fixtures.CreateBuckets(context.Background(), js, "mesh-provisioner_needs"))
+	kv, err := js.KeyValue(context.Background(), "mesh-provisioner_needs")
+	require.NoError(t, err)
+	_, err = kv.Put(context.Background(), "n1.web.config.listen", []byte{0x80})
+	require.NoError(t, err)
+
+	s, err := startServe(t.TempDir(), "--nats", ns.ClientURL(), "--user", "seat", "--password", "seat",
+		"--metrics-addr", "127.0.0.1:0", "--log-format", "json")
+	require.NoError(t, err)
+	defer func() { require.NoError(t, s.stop()) }()
+	natstest.CheckFor(t, 30*time.Second, 50*time.Millisecond, func() error {
+		var tailing, natsErr bool
+		for _, l := range strings.Split(s.stderr.String(), "\n") {
+			var m map[string]any
+			if json.Unmarshal([]byte(l), &m) != nil {
+				continue
+			}
+			switch {
+			case m["msg"] == "tailing failed; retrying with backoff" && m["level"] == "WARN" && m["bucket"] == "mesh-provisioner_needs":
+				tailing = true
+			case m["msg"] == "NATS error" && m["level"] == "WARN" && strings.Contains(fmt.Sprint(m["err"]), "$JS.API.CONSUMER.CREATE.KV_mesh-provisioner_needs"):
+				natsErr = true
+			}
+		}
+		if !tailing || !natsErr {
+			return fmt.Errorf("tailing failed said: %v, NATS error said: %v\n%s", tailing, natsErr, s.stderr.String())
+		}
+		return nil
+	})
+	code, body, err := metricstest.Get("http://" + s.metricsAddr + "/readyz")
+	require.NoError(t, err)
+	require.Equal(t, 503, code)
+	require.Contains(t, body, "mesh-provisioner_needs")
 }
