@@ -768,3 +768,31 @@ func TestDocs_RunbookPermissionError(t *testing.T) {
 	require.Equal(t, 503, code)
 	require.Contains(t, body, "mesh-provisioner_needs")
 }
+
+// deploy/Dockerfile builds with -X main.Version=$(git describe --always), which is a commit hash, or a
+// tag with a leading v and a distance: micro takes SemVer only, and the seat must still start, and say
+// the version it was built with.
+func TestServe_VersionNotSemVer(t *testing.T) {
+	t.Setenv("NATS_URL", "")
+	for _, tc := range []struct{ version, micro string }{
+		{"ca375a6", "0.0.0+ca375a6"},
+		{"v1.4.0-3-gca375a6", "1.4.0-3-gca375a6"},
+		{"1.4.0", "1.4.0"},
+	} {
+		t.Run(tc.version, func(t *testing.T) {
+			old := Version
+			Version = tc.version
+			defer func() { Version = old }()
+			s, err := startServe(t.TempDir())
+			require.NoError(t, err)
+			defer func() { require.NoError(t, s.stop()) }()
+			nc, _ := natstest.Connect(t, s.natsURL)
+			msg, err := nc.Request("$SRV.INFO."+query.ServiceName, nil, 5*time.Second)
+			require.NoError(t, err)
+			var info micro.Info
+			require.NoError(t, json.Unmarshal(msg.Data, &info))
+			require.Equal(t, tc.micro, info.Version)
+			require.Equal(t, tc.version, info.Metadata["version"], "the version as built")
+		})
+	}
+}
