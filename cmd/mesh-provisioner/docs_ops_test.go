@@ -604,6 +604,7 @@ func TestDocs_ProtocolExamples(t *testing.T) {
 		require.NoError(t, json.Unmarshal(msg.Data, &info))
 		require.Equal(t, Version, info.Version)
 		require.Equal(t, query.ServiceName, info.Name)
+		require.Equal(t, Version, info.Metadata["version"])
 		require.Contains(t, info.Metadata, "schema")
 		require.Contains(t, info.Metadata, "buckets")
 		require.Contains(t, info.Metadata["buckets"], "mesh-provisioner_needs")
