@@ -9,8 +9,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"regexp"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -122,6 +124,33 @@ func NewServer(r Reader, opts Options) *Server {
 	return s
 }
 
+var (
+	notBuildMeta = regexp.MustCompile(`[^0-9A-Za-z.-]+`)
+	dots         = regexp.MustCompile(`\.{2,}`)
+)
+
+// semVer is micro's own check of a service's version.
+var semVer = regexp.MustCompile(`^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(?:-((?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(?:\.(?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*))?(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?$`)
+
+// microVersion is a version micro takes (SemVer, which it refuses to start without) for the version the
+// binary was built with: as it is when it is SemVer, without a leading v (git describe of a tag,
+// v1.4.0-3-gca375a6), else 0.0.0 with the version as build metadata (a bare commit, ca375a6). The
+// version as built is in the service's metadata too.
+func microVersion(v string) string {
+	if semVer.MatchString(v) {
+		return v
+	}
+	if t := strings.TrimPrefix(v, "v"); semVer.MatchString(t) {
+		return t
+	}
+	meta := strings.Trim(notBuildMeta.ReplaceAllString(v, "-"), ".")
+	meta = dots.ReplaceAllString(meta, ".")
+	if meta == "" {
+		return "0.0.0"
+	}
+	return "0.0.0+" + meta
+}
+
 // Start adds the micro service to a connection: service mesh-provisioner, endpoint provisioning on
 // subject mesh-provisioner.provisioning, in the default queue group so several seats share the load.
 func (s *Server) Start(nc *nats.Conn, stats func() any) error {
@@ -129,13 +158,12 @@ func (s *Server) Start(nc *nats.Conn, stats func() any) error {
 	for k, v := range s.opts.Metadata {
 		md[k] = v
 	}
-	version := s.opts.Version
-	if version == "" {
-		version = "0.0.0" // micro wants SemVer
+	if s.opts.Version != "" {
+		md["version"] = s.opts.Version // as built, which micro's version may not be able to say
 	}
 	cfg := micro.Config{
 		Name:        ServiceName,
-		Version:     version,
+		Version:     microVersion(s.opts.Version),
 		Description: "what every module on every node needs, what is applied where, and what each collection holds",
 		Metadata:    md,
 	}

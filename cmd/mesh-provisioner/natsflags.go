@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -19,6 +20,11 @@ type natsFlags struct {
 	user     string
 	password string
 	inbox    string
+
+	// denied, when set, is told each permissions violation the server reports on the connection: a
+	// command that asks (query) stops at once and says what NATS refused, rather than waiting out its
+	// timeout for an answer that cannot arrive.
+	denied func(error)
 }
 
 // defaultInboxPrefix keeps the program's replies under a subject of its own, so that its NATS user can be
@@ -85,14 +91,31 @@ func (f *natsFlags) connect(url, name string, log *slog.Logger) (*nats.Conn, err
 					subj = sub.Subject
 				}
 				log.Warn("NATS error", "subject", subj, "err", err)
+				f.deny(err)
 			}),
 		)
+	} else if f.denied != nil {
+		opts = append(opts, nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { f.deny(err) }))
 	}
 	nc, err := nats.Connect(url, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("connect to NATS at %s: %w", redact(url), err)
 	}
 	return nc, nil
+}
+
+func (f *natsFlags) deny(err error) {
+	if f.denied != nil && errors.Is(err, nats.ErrPermissionViolation) {
+		f.denied(err)
+	}
+}
+
+// deniedError says what NATS refused the command's user, and for its reply inbox which flag to give.
+func (f *natsFlags) deniedError(err error) error {
+	if strings.Contains(err.Error(), "Subscription to") && strings.Contains(err.Error(), f.inbox+".") {
+		return fmt.Errorf("%w: this NATS user may not subscribe to its reply inboxes %s.>: give --inbox-prefix (env NATS_INBOX_PREFIX) a prefix it may subscribe to, such as _INBOX.node.<node> for a node's user (docs/accounts.md)", err, f.inbox)
+	}
+	return fmt.Errorf("%w: docs/accounts.md lists what each user needs", err)
 }
 
 // redact hides a password in a URL for messages.

@@ -109,6 +109,11 @@ func (c *QueryCommand) Run(ctx context.Context, args []string) error {
 	if c.wait != 0 && c.minSeq == 0 {
 		return &usageError{msg: "--wait is how long the seat may wait for --min-seq: give --min-seq too"}
 	}
+	// A request NATS refuses (the reply inbox, or the verb's subject, not permitted to this user) ends
+	// at once with what was refused.
+	askCtx, refused := context.WithCancelCause(ctx)
+	defer refused(nil)
+	c.nats.denied = refused
 	nc, err := c.nats.connect(c.nats.url, "mesh-provisioner query", nil)
 	if err != nil {
 		return err
@@ -137,10 +142,13 @@ func (c *QueryCommand) Run(ctx context.Context, args []string) error {
 			req["after"] = after
 		}
 		body, _ := json.Marshal(req)
-		rctx, cancel := context.WithTimeout(ctx, c.timeout)
+		rctx, cancel := context.WithTimeout(askCtx, c.timeout)
 		msg, err := nc.RequestWithContext(rctx, query.Subject, body)
 		cancel()
+		cause := context.Cause(askCtx)
 		switch {
+		case err != nil && errors.Is(cause, nats.ErrPermissionViolation):
+			return fmt.Errorf("ask %s: %w", query.Subject, c.nats.deniedError(cause))
 		case errors.Is(err, nats.ErrNoResponders):
 			return fmt.Errorf("no seat answers %s on %s: is a mesh-provisioner serve running, and connected there? (nats micro ls lists the seats): %w", query.Subject, redact(nc.ConnectedUrl()), err)
 		case errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil:

@@ -193,10 +193,15 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 			return err
 		}
 	}
+	// Every setting, one field per flag (docs/operations.md, Logs): what a seat ran with is read from its
+	// log, not guessed from a unit file and an environment.
 	log.Info("mesh-provisioner starting", "version", Version, "nats", redact(url), "embedded", c.nats.url == "",
-		"creds", c.nats.creds, "user", c.nats.user, "state", c.state, "schema", store.SchemaVersion,
-		"write_registry", !c.noRegistry, "registry_interval", c.registryInterval, "registry_replicas", c.registryReplicas, "demo", c.demo,
-		"metrics_addr", c.ops.metricsAddr, "log_format", c.logs.format, "log_level", c.logs.level)
+		"embedded_listen", c.embeddedListen, "embedded_store", c.embeddedStore, "embedded_config", c.embeddedConfig,
+		"creds", c.nats.creds, "user", c.nats.user, "inbox_prefix", c.nats.inbox, "state", c.state, "schema", store.SchemaVersion,
+		"write_registry", !c.noRegistry, "registry_interval", c.registryInterval, "registry_replicas", c.registryReplicas,
+		"plans", c.plans, "history_retention", c.historyRetention, "history_max_bytes", int64(c.historyMaxBytes), "demo", c.demo,
+		"metrics_addr", c.ops.metricsAddr, "metrics_poll", c.ops.metricsPoll, "pprof", c.ops.pprof,
+		"log_format", c.logs.format, "log_level", c.logs.level)
 
 	// One listing of every stream's info for the whole seat: its projectors' stream checks and the lag
 	// metric read it. The seat runs it, as often as the shorter of their intervals.

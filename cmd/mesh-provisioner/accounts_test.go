@@ -1,0 +1,130 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/stretchr/testify/require"
+
+	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/fixtures"
+	"github.com/novox/mesh-provisioner/internal/natstest"
+)
+
+// TestAccounts_CommandsAsDocumented runs the binary as docs/accounts.md tells an operator to: a
+// nats-server started from docs/nats-accounts.conf as it ships, the buckets created by mesh-admin,
+// `serve` with the seat's user and password, node n1's client writing its own keys with its own inbox
+// prefix (and refused another node's), and `query`, `export` and `replay` run with the seat's
+// credentials, the node's too for `query`. No command may hit a permission the file does not grant.
+// (seat/accounts_test.go proves each line of the permissions table with the seat in process.)
+func TestAccounts_CommandsAsDocumented(t *testing.T) {
+	for _, env := range []string{"NATS_URL", "NATS_USER", "NATS_PASSWORD", "NATS_CREDS", "NATS_INBOX_PREFIX"} {
+		t.Setenv(env, "")
+	}
+	dir := t.TempDir()
+	ns := natstest.RunServerAt(t, "127.0.0.1:-1", filepath.Join(dir, "nats"), filepath.Join("..", "..", "docs", "nats-accounts.conf"))
+	url := ns.ClientURL()
+	ctx := context.Background()
+
+	_, admin := natstest.Connect(t, url, nats.UserInfo("mesh-admin", "admin-change-me"), nats.CustomInboxPrefix("_INBOX.admin"))
+	require.NoError(t, fixtures.CreateBuckets(ctx, admin, provisioner.BucketNeeds, provisioner.BucketApplied, provisioner.BucketCollect))
+
+	seatUser := []string{"--nats", url, "--user", "mesh-provisioner", "--password", "provisioner-change-me"}
+	s, err := startServe(filepath.Join(dir, "seat"), append(seatUser, "--metrics-addr", "127.0.0.1:0", "--metrics-poll", "100ms")...)
+	require.NoError(t, err)
+	stopped := false
+	defer func() {
+		if !stopped {
+			s.stop()
+		}
+	}()
+
+	// Node n1's client, as the file's comment says it connects.
+	violations := make(chan error, 16)
+	_, n1 := natstest.Connect(t, url, nats.UserInfo("node-n1", "n1-change-me"), nats.CustomInboxPrefix("_INBOX.node.n1"),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			select {
+			case violations <- err:
+			default:
+			}
+		}))
+	kv, err := n1.KeyValue(ctx, provisioner.BucketNeeds)
+	require.NoError(t, err)
+	seq, err := kv.Put(ctx, "n1.web.config.listen", []byte{0x80})
+	require.NoError(t, err, "n1 writes its own key")
+	// Refused on n2's: the server says so to the client, and the put never lands.
+	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	_, err = kv.Put(pctx, "n2.web.config.listen", []byte{0x80})
+	cancel()
+	require.Error(t, err, "n1 may not write n2's keys")
+	select {
+	case v := <-violations:
+		require.ErrorIs(t, v, nats.ErrPermissionViolation)
+		require.Contains(t, v.Error(), "$KV.mesh-provisioner_needs.n2.web.config.listen")
+	case <-time.After(10 * time.Second):
+		t.Fatal("no permissions violation reported for n2's key")
+	}
+
+	// query with the seat's credentials, and with the node's (its inbox prefix given as a flag).
+	for _, who := range [][]string{seatUser, {"--nats", url, "--user", "node-n1", "--password", "n1-change-me", "--inbox-prefix", "_INBOX.node.n1"}} {
+		args := append([]string{"query", "needs", "--node", "n1", "--min-seq", fmt.Sprint(seq), "--wait", "5s", "--timeout", "10s"}, who...)
+		code, out, stderr := run(t, args...)
+		require.Equal(t, 0, code, "%v: %s", who[2:4], stderr)
+		require.Contains(t, out, "n1  ", "%v", who[2:4])
+		require.Contains(t, out, "listen", "%v", who[2:4])
+		require.Contains(t, out, "1 rows", "%v: n2's key was never written", who[2:4])
+	}
+
+	// The forensics commands with the seat's credentials: export and replay from the streams.
+	archive := filepath.Join(dir, "incident.mph")
+	code, _, stderr := run(t, append([]string{"export", "--out", archive}, seatUser...)...)
+	require.Equal(t, 0, code, "export: %s", stderr)
+	code, out, stderr := run(t, append([]string{"replay", "state", "needs", "--at", fmt.Sprintf("seq:%d", seq)}, seatUser...)...)
+	require.Equal(t, 0, code, "replay: %s", stderr)
+	require.Contains(t, out, "listen")
+
+	// rebuild, with the seat stopped, as the runbook says.
+	require.NoError(t, s.stop())
+	stopped = true
+	code, out, stderr = run(t, append([]string{"rebuild", "--state", filepath.Join(dir, "seat", "state")}, seatUser...)...)
+	require.Equal(t, 0, code, "rebuild: %s", stderr)
+	require.Contains(t, out, "rebuilt")
+
+	for _, l := range []string{s.stderr.String(), stderr} {
+		require.NotContains(t, strings.ToLower(l), "permissions violation", "the file grants what the commands need")
+	}
+}
+
+// A node's user that runs query without --inbox-prefix may not subscribe to the program's default
+// inbox: NATS refuses the subscription at once, and query says so, with the flag to give, instead of
+// waiting out --timeout and blaming the seat ("may be overloaded, or stopping").
+func TestAccounts_QueryRefusedInboxSaysSo(t *testing.T) {
+	for _, env := range []string{"NATS_URL", "NATS_USER", "NATS_PASSWORD", "NATS_CREDS", "NATS_INBOX_PREFIX"} {
+		t.Setenv(env, "")
+	}
+	dir := t.TempDir()
+	ns := natstest.RunServerAt(t, "127.0.0.1:-1", filepath.Join(dir, "nats"), filepath.Join("..", "..", "docs", "nats-accounts.conf"))
+	url := ns.ClientURL()
+	s, err := startServe(filepath.Join(dir, "seat"), "--nats", url, "--user", "mesh-provisioner", "--password", "provisioner-change-me")
+	require.NoError(t, err)
+	defer func() { require.NoError(t, s.stop()) }()
+
+	code, _, stderr := run(t, "query", "registry", "--nats", url, "--user", "node-n1", "--password", "n1-change-me", "--timeout", "10s")
+	require.Equal(t, exitFailure, code, stderr)
+	require.Contains(t, stderr, "Permissions Violation for Subscription to \"_INBOX.mesh-provisioner.")
+	require.Contains(t, stderr, "--inbox-prefix")
+	require.NotContains(t, stderr, "overloaded")
+	// With the node's own prefix, as docs/accounts.md says, it answers.
+	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		code, _, stderr := run(t, "query", "registry", "--nats", url, "--user", "node-n1", "--password", "n1-change-me", "--inbox-prefix", "_INBOX.node.n1", "--timeout", "10s")
+		if code != 0 {
+			return fmt.Errorf("exit %d: %s", code, stderr)
+		}
+		return nil
+	})
+}
