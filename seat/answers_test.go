@@ -2,7 +2,6 @@ package seat_test
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -14,7 +13,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
-	"github.com/vmihailenco/msgpack/v5"
 
 	provisioner "github.com/novox/mesh-provisioner"
 	"github.com/novox/mesh-provisioner/fixtures"
@@ -92,13 +90,7 @@ func TestSeat_FiltersOnPrefixNames(t *testing.T) {
 
 func (h *harness) askErr(req map[string]any, asMsgpack bool) (natstest.Answer, error) {
 	h.t.Helper()
-	var body []byte
-	var err error
-	if asMsgpack {
-		body, err = msgpack.Marshal(req)
-	} else {
-		body, err = json.Marshal(req)
-	}
+	body, err := natstest.Body(req, asMsgpack)
 	require.NoError(h.t, err)
 	a, _, err := natstest.Ask(h.nc, query.Subject, body, asMsgpack)
 	return a, err
@@ -458,13 +450,7 @@ func TestSeat_SeatsAnswerAlike(t *testing.T) {
 	}
 	for _, req := range reqs {
 		for _, asMsgpack := range []bool{false, true} {
-			var body []byte
-			var err error
-			if asMsgpack {
-				body, err = msgpack.Marshal(req)
-			} else {
-				body, err = json.Marshal(req)
-			}
+			body, err := natstest.Body(req, asMsgpack)
 			require.NoError(t, err)
 			var first *nats.Msg
 			for i := 0; i < 24; i++ {

@@ -21,6 +21,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/internal/natstest"
 	"github.com/novox/mesh-provisioner/projector"
 	"github.com/novox/mesh-provisioner/query"
 	"github.com/novox/mesh-provisioner/replay"
@@ -502,13 +503,7 @@ func askAll(t *testing.T, ask pathAsker, req map[string]any, asMsgpack bool) (da
 	}
 	var out danswer
 	for page := 0; page < 10000; page++ {
-		var body []byte
-		var err error
-		if asMsgpack {
-			body, err = msgpack.Marshal(r)
-		} else {
-			body, err = json.Marshal(r)
-		}
+		body, err := natstest.Body(r, asMsgpack)
 		require.NoError(t, err)
 		b, code, err := ask(body)
 		if code != 200 {

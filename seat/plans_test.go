@@ -96,13 +96,7 @@ func (h *harness) waitPlansCaughtUp(st *seat.Seat) {
 // answer is a *natstest.VerbError.
 func (h *harness) askPlans(req map[string]any, asMsgpack bool) (map[string]any, error) {
 	h.t.Helper()
-	var body []byte
-	var err error
-	if asMsgpack {
-		body, err = msgpack.Marshal(req)
-	} else {
-		body, err = json.Marshal(req)
-	}
+	body, err := natstest.Body(req, asMsgpack)
 	require.NoError(h.t, err)
 	msg, err := h.nc.Request(query.Subject, body, 10*time.Second)
 	require.NoError(h.t, err)

@@ -236,13 +236,7 @@ func AskAll(nc *nats.Conn, subject string, req map[string]any, asMsgpack bool) (
 		if page > 100000 {
 			return nil, Answer{}, fmt.Errorf("more than 100000 pages")
 		}
-		var body []byte
-		var err error
-		if asMsgpack {
-			body, err = msgpack.Marshal(r)
-		} else {
-			body, err = json.Marshal(r)
-		}
+		body, err := Body(r, asMsgpack)
 		if err != nil {
 			return nil, Answer{}, err
 		}
@@ -272,4 +266,12 @@ func RunPoller(tb testing.TB, p *streaminfo.Poller, every time.Duration) {
 		cancel()
 		wg.Wait()
 	})
+}
+
+// Body encodes a request as the verb's clients send it: JSON, or MessagePack when asMsgpack.
+func Body(req any, asMsgpack bool) ([]byte, error) {
+	if asMsgpack {
+		return msgpack.Marshal(req)
+	}
+	return json.Marshal(req)
 }
