@@ -283,3 +283,48 @@ func TestAccounts_LeastPrivilege(t *testing.T) {
 		require.Empty(t, v, "%s: permissions violations the test did not provoke", u.name)
 	}
 }
+
+// TestAccounts_ANodesRollupReachesEveryNode: what docs/accounts.md warns of. NATS checks a publish's
+// subject, not the reach of its Nats-Rollup: node-n1, publishing on one of its own keys with
+// `Nats-Rollup: all`, removes node n2's keys from the bucket. With the stream's allow_rollup_hdrs
+// off, the same publish and a KV purge are refused, while puts and deletes go on.
+func TestAccounts_ANodesRollupReachesEveryNode(t *testing.T) {
+	ns := natstest.RunServerAt(t, "127.0.0.1:-1", t.TempDir(), accountsConf)
+	url := ns.ClientURL()
+	ctx := context.Background()
+	admin := connectAs(t, url, "mesh-admin", "admin-change-me", "_INBOX.admin")
+	require.NoError(t, fixtures.CreateBuckets(ctx, admin.js, provisioner.BucketNeeds))
+	akv, err := admin.js.KeyValue(ctx, provisioner.BucketNeeds)
+	require.NoError(t, err)
+	n1 := connectAs(t, url, "node-n1", "n1-change-me", "_INBOX.node.n1")
+	kv, err := n1.js.KeyValue(ctx, provisioner.BucketNeeds)
+	require.NoError(t, err)
+	rollupAll := func() error {
+		m := nats.NewMsg(provisioner.SubjectPrefix(provisioner.BucketNeeds) + "n1.m.config.x")
+		m.Header.Set(provisioner.HeaderRollup, "all")
+		_, err := n1.js.PublishMsg(ctx, m)
+		return err
+	}
+
+	_, err = akv.Put(ctx, "n2.m.config.a", []byte{0xc0})
+	require.NoError(t, err)
+	require.NoError(t, rollupAll(), "the node's grant lets it through")
+	_, err = akv.Get(ctx, "n2.m.config.a")
+	require.ErrorIs(t, err, jetstream.ErrKeyNotFound, "node n1 removed node n2's key")
+
+	s, err := admin.js.Stream(ctx, provisioner.StreamName(provisioner.BucketNeeds))
+	require.NoError(t, err)
+	cfg := s.CachedInfo().Config
+	cfg.AllowRollup = false
+	_, err = admin.js.UpdateStream(ctx, cfg)
+	require.NoError(t, err)
+	_, err = akv.Put(ctx, "n2.m.config.a", []byte{0xc0})
+	require.NoError(t, err)
+	require.ErrorContains(t, rollupAll(), "rollup not permitted")
+	require.ErrorContains(t, kv.Purge(ctx, "n1.m.config.x"), "rollup not permitted")
+	_, err = kv.Put(ctx, "n1.m.config.y", []byte{0xc0})
+	require.NoError(t, err)
+	require.NoError(t, kv.Delete(ctx, "n1.m.config.y"))
+	_, err = akv.Get(ctx, "n2.m.config.a")
+	require.NoError(t, err, "node n2's key stays")
+}
