@@ -221,14 +221,62 @@ func (db *DB) Apply(bucket string, msgs []provisioner.Message, streamCreated int
 	}
 }
 
+// rollupPart is how many keys a batch removes for a rollup that removes other keys (removeInParts).
+var rollupPart = 10000
+
+// rollupPartDone, when set (tests), is told each part removeInParts committed; an error stops it there,
+// as a seat stopped between two parts.
+var rollupPartDone func(n int) error
+
+// removeInParts removes the keys a rollup removed from the stream (applier.rollup) in batches of
+// rollupPart keys, committed before the batch that applies the rollup message itself: a rollup of a
+// whole bucket of a million keys (any node's user can send one, docs/accounts.md) built one batch of
+// a million purges, about 1 GiB of memory. The checkpoint moves only with the message's own batch, so
+// a seat stopped in between removes the rest when it reads the message again (a purge at the same
+// sequence writes the same event); meanwhile answers hold some of the keys and are as of the message
+// before.
+func (db *DB) removeInParts(shape provisioner.Shape, m *provisioner.Message) error {
+	for from := ""; ; {
+		a := db.newApplier()
+		last, n, err := a.rollup(shape, m, from, rollupPart)
+		if err == nil && n > 0 {
+			err = a.finish(shape.Bucket, nil, false, false)
+		}
+		a.close()
+		if err == nil && n > 0 && rollupPartDone != nil {
+			err = rollupPartDone(n)
+		}
+		if err != nil {
+			return fmt.Errorf("apply %s seq %d: rollup: %w", shape.Bucket, m.Seq, err)
+		}
+		if n < rollupPart {
+			return nil
+		}
+		from = last
+	}
+}
+
+// newApplier starts a batch. Batches come from Pebble's pool; letting them keep buffers of a catch-up
+// batch's size saves growing a new one for every batch.
+func (db *DB) newApplier() *applier {
+	return &applier{db: db, batch: db.pdb.NewBatch(pebble.WithMaxRetainedSizeBytes(16 << 20)), w: db.writes.take(), anom: map[string]map[string]byte{}, cps: map[string]*Checkpoint{}, states: map[string]*bucketState{}}
+}
+
+func (a *applier) close() {
+	a.batch.Close()
+	a.db.writes.give(a.w)
+}
+
 // applyLocked is Apply of msgs in one Pebble batch, under applyMu.
 func (db *DB) applyLocked(shape provisioner.Shape, msgs []provisioner.Message, streamCreated int64, sync bool) error {
 	bucket := shape.Bucket
-	// Batches come from Pebble's pool; letting them keep buffers of a catch-up batch's size saves
-	// growing a new one for every batch.
-	a := &applier{db: db, batch: db.pdb.NewBatch(pebble.WithMaxRetainedSizeBytes(16 << 20)), w: db.writes.take(), anom: map[string]map[string]byte{}, cps: map[string]*Checkpoint{}, states: map[string]*bucketState{}}
-	defer a.batch.Close()
-	defer db.writes.give(a.w)
+	if len(msgs) > 0 && msgs[0].RemovesOthers() && msgs[0].Seq > db.known(bucket).cp.Applied {
+		if err := db.removeInParts(shape, &msgs[0]); err != nil {
+			return err
+		}
+	}
+	a := db.newApplier()
+	defer a.close()
 	cp := a.checkpoint(bucket)
 	if streamCreated != 0 {
 		cp.StreamCreated = streamCreated
@@ -250,7 +298,9 @@ func (db *DB) applyLocked(shape provisioner.Shape, msgs []provisioner.Message, s
 			continue
 		}
 		if m.RemovesOthers() {
-			if err := a.rollup(shape, m); err != nil {
+			// What removeInParts left: its own key's earlier state only, unless it came after
+			// other messages in msgs.
+			if _, _, err := a.rollup(shape, m, "", 0); err != nil {
 				return fmt.Errorf("apply %s seq %d: rollup: %w", bucket, m.Seq, err)
 			}
 		}
@@ -260,6 +310,13 @@ func (db *DB) applyLocked(shape provisioner.Shape, msgs []provisioner.Message, s
 		cp.Applied = m.Seq
 		moved = true
 	}
+	return a.finish(bucket, cp, sync, moved)
+}
+
+// finish commits the batch and makes memory follow it; with moved, the bucket's applied sequence moves
+// to cp's and its waiters are woken.
+func (a *applier) finish(bucket string, cp *Checkpoint, sync, moved bool) error {
+	db := a.db
 	if len(a.kindsChanged) > 0 {
 		if err := a.reevaluateKinds(); err != nil {
 			return fmt.Errorf("re-evaluate kinds: %w", err)
@@ -415,10 +472,11 @@ func (a *applier) apply(shape provisioner.Shape, m *provisioner.Message) error {
 // rollup removes the keys other than its own whose earlier messages a message's rollup removed from
 // the stream (provisioner.Message.RemovesOthers): each is applied as a purge at the message's
 // sequence, so its row, index entries, anomalies and derived state go as a purge's do, and the event
-// log holds the purge under the key (the sequence's own entry stays the message's key). The message
-// is the first of its batch, so every key it can remove is in the committed state: a row, or an
-// out-of-shape key's anomaly.
-func (a *applier) rollup(shape provisioner.Shape, m *provisioner.Message) error {
+// log holds the purge under the key (the sequence's own entry stays the message's key). The keys it
+// can remove are in the committed state (the message starts its batch): rows after from, in key
+// order, then out-of-shape keys' anomalies. With limit > 0 it removes at most limit keys
+// (removeInParts) and returns the last row key it removed and how many it removed.
+func (a *applier) rollup(shape provisioner.Shape, m *provisioner.Message, from string, limit int) (string, int, error) {
 	bucket := shape.Bucket
 	// Rows: those under the pattern's literal tokens (all of them for a rollup of the stream).
 	var prefix string
@@ -433,23 +491,37 @@ func (a *applier) rollup(shape provisioner.Shape, m *provisioner.Message) error 
 	match := func(key string) bool {
 		return key != m.Key && (m.Rollup == provisioner.RollupAll || provisioner.RollupMatches(m.Key, key))
 	}
+	full := func(keys []string) bool { return limit > 0 && len(keys) >= limit }
 	var keys []string
 	lo := appendEsc(bucketPrefix(nil, prefixRow, bucket), prefix)
 	it, err := a.db.pdb.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: prefixEnd(lo)})
 	if err != nil {
-		return err
+		return "", 0, err
 	}
 	base := len(bucketPrefix(nil, prefixRow, bucket))
-	for it.First(); it.Valid(); it.Next() {
-		if key := string(unesc(nil, it.Key()[base:])); match(key) {
+	start := it.First()
+	if from != "" {
+		start = it.SeekGE(appendEsc(bucketPrefix(nil, prefixRow, bucket), from))
+	}
+	last := from
+	for valid := start; valid && !full(keys); valid = it.Next() {
+		key := string(unesc(nil, it.Key()[base:]))
+		if key == from {
+			continue
+		}
+		if match(key) {
 			keys = append(keys, key)
+			last = key
 		}
 	}
 	if err := it.Close(); err != nil {
-		return err
+		return "", 0, err
 	}
 	// Out-of-shape keys have no row, only their anomaly.
 	for key, classes := range a.state(bucket).anom {
+		if full(keys) {
+			break
+		}
 		if classes&classShape != 0 && match(key) {
 			keys = append(keys, key)
 		}
@@ -459,10 +531,10 @@ func (a *applier) rollup(shape provisioner.Shape, m *provisioner.Message) error 
 	defer func() { a.removing = false }()
 	for _, key := range keys {
 		if err := a.apply(shape, &provisioner.Message{Seq: m.Seq, Time: m.Time, Key: key, Op: provisioner.OpPurge}); err != nil {
-			return fmt.Errorf("%s: %w", key, err)
+			return "", 0, fmt.Errorf("%s: %w", key, err)
 		}
 	}
-	return nil
+	return last, len(keys), nil
 }
 
 func (a *applier) registryKind(kind string, present bool) {

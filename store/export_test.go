@@ -13,3 +13,11 @@ func (db *DB) States() int {
 	defer db.mu.Unlock()
 	return len(db.buckets)
 }
+
+// SetRollupPart sets how many keys a batch of a rollup's removals holds, and what is told each part
+// committed (an error stops the rollup there, as a seat stopped between two parts).
+func SetRollupPart(n int, done func(n int) error) (restore func()) {
+	old, oldDone := rollupPart, rollupPartDone
+	rollupPart, rollupPartDone = n, done
+	return func() { rollupPart, rollupPartDone = old, oldDone }
+}

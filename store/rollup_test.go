@@ -2,6 +2,8 @@ package store_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"maps"
 	"slices"
 	"testing"
@@ -199,4 +201,83 @@ func TestOpenState_ARollupInTheLogMarksTheSchema(t *testing.T) {
 	defer db.Close()
 	require.Equal(t, []string{"n2.m.config.c"}, rows(t, db, provisioner.Range{Bucket: b, Index: provisioner.IndexPrimary}))
 	require.Equal(t, []string{"n1.m.config.b", "n2.m.config.b"}, keysAt(t, db, b, 6))
+}
+
+// TestDB_AWholeBucketRollupIsRemovedInParts: a Nats-Rollup: all removes every other key of the bucket
+// (any node's user can send one), and removing a million keys in the rollup's own batch took about
+// 1 GiB. The keys are removed in batches of a bounded number of keys, committed before the message's
+// own batch, which alone moves the checkpoint: a seat stopped between two parts reads the message
+// again and removes the rest, to the same state, anomaly count and log as in one go.
+func TestDB_AWholeBucketRollupIsRemovedInParts(t *testing.T) {
+	b := provisioner.BucketNeeds
+	all := provisioner.Range{Bucket: b, Index: provisioner.IndexPrimary}
+	var msgs []provisioner.Message
+	for i := range 25 {
+		msgs = append(msgs, put(uint64(i+1), fmt.Sprintf("n%02d.m.config.a", i), []byte{0xc0}))
+	}
+	msgs = append(msgs, put(26, "n1.x", []byte{0xc0}), put(27, "n2.x", []byte{0xc1})) // out of shape
+	whole := rollup(put(28, "n99.m.config.z", []byte{0xc0}), provisioner.RollupAll)
+
+	run := func(t *testing.T, part int, stopAfter int) *store.DB {
+		db, err := store.Open(t.TempDir(), store.Options{})
+		require.NoError(t, err)
+		t.Cleanup(func() { db.Close() })
+		require.NoError(t, db.Apply(b, msgs, 0, false))
+		parts := 0
+		restore := store.SetRollupPart(part, func(n int) error {
+			require.LessOrEqual(t, n, part, "a part holds at most its size")
+			if parts++; parts == stopAfter {
+				return errors.New("stopped")
+			}
+			return nil
+		})
+		defer restore()
+		if stopAfter > 0 {
+			require.Error(t, db.Apply(b, []provisioner.Message{whole}, 0, false))
+			applied, _ := db.Applied(b)
+			require.EqualValues(t, 27, applied, "the checkpoint moves with the message alone")
+			left := rows(t, db, all)
+			require.Less(t, len(left), 25, "the first part was committed")
+			require.NotEmpty(t, left)
+		}
+		require.NoError(t, db.Apply(b, []provisioner.Message{whole}, 0, false))
+		if stopAfter == 0 && part < len(msgs) {
+			require.Greater(t, parts, 2, "removed in parts")
+		}
+		return db
+	}
+	inOne := run(t, 1000, 0)
+	for _, tc := range []struct {
+		name            string
+		part, stopAfter int
+	}{{"in parts of 4", 4, 0}, {"stopped after a part and read again", 4, 1}} {
+		t.Run(tc.name, func(t *testing.T) {
+			db := run(t, tc.part, tc.stopAfter)
+			require.Equal(t, []string{"n99.m.config.z"}, rows(t, db, all))
+			want, wantTotal := anomalies(t, inOne, b, "")
+			got, total := anomalies(t, db, b, "")
+			require.Equal(t, want, got)
+			require.Equal(t, wantTotal, total)
+			for n := uint64(26); n <= 28; n++ {
+				require.Equal(t, keysAt(t, inOne, b, n), keysAt(t, db, b, n), "as of %d", n)
+			}
+			for _, m := range msgs {
+				require.Equal(t, history(t, inOne, b, m.Key), history(t, db, b, m.Key), m.Key)
+			}
+		})
+	}
+}
+
+// history lists a key's events in the log as "seq op".
+func history(t *testing.T, db *store.DB, bucket, key string) []string {
+	t.Helper()
+	v, err := db.View()
+	require.NoError(t, err)
+	defer v.Close()
+	var out []string
+	require.NoError(t, v.KeyHistory(bucket, key, func(ev *store.Event) bool {
+		out = append(out, fmt.Sprintf("%d %s", ev.Seq, ev.Op))
+		return true
+	}))
+	return out
 }
