@@ -59,11 +59,14 @@ func appendEventValue(dst []byte, op provisioner.Op, rollup provisioner.Rollup, 
 	return append(dst, value...)
 }
 
+// eventOp is the op of an event value's first byte, without its rollup bits.
+func eventOp(b byte) provisioner.Op { return provisioner.Op(b & (1<<eventRollupShift - 1)) }
+
 func decodeEventValue(b []byte) (op provisioner.Op, rollup provisioner.Rollup, t int64, value []byte, err error) {
 	if len(b) < 2 {
 		return 0, 0, 0, nil, fmt.Errorf("%w: event", ErrCorrupt)
 	}
-	op = provisioner.Op(b[0] & (1<<eventRollupShift - 1))
+	op = eventOp(b[0])
 	rollup = provisioner.Rollup(b[0] >> eventRollupShift)
 	t, n := binary.Varint(b[1:])
 	if n <= 0 {

@@ -609,7 +609,7 @@ func (db *DB) LiveBelow(bucket string, from, to uint64) (uint64, bool, error) {
 		if !hist.SeekGE(cur) || !bytes.Equal(hist.Key(), cur) {
 			continue // compacted away meanwhile
 		}
-		if len(hist.Value()) == 0 || provisioner.Op(hist.Value()[0]&(1<<eventRollupShift-1)) != provisioner.OpPut {
+		if len(hist.Value()) == 0 || eventOp(hist.Value()[0]) != provisioner.OpPut {
 			continue
 		}
 		if hist.Next() && bytes.HasPrefix(hist.Key(), start) {
