@@ -165,21 +165,9 @@ func decodeStr(dec *msgpack.Decoder) (string, bool) {
 // answers the fields it has; a value that is not a map has none.
 func RegistryFields(b []byte) RegistryEntry {
 	var e RegistryEntry
-	if len(b) == 0 || !(msgpcode.IsFixedMap(b[0]) || b[0] == msgpcode.Map16 || b[0] == msgpcode.Map32) {
-		return e
-	}
-	dec := msgpack.NewDecoder(bytes.NewReader(b))
-	n, err := dec.DecodeMapLen()
-	if err != nil {
-		return e
-	}
-	for i := 0; i < n; i++ {
-		k, ok := decodeStr(dec)
-		if !ok && dec.Skip() != nil {
-			return e
-		}
+	_ = mapFields(b, func(name string, dec *msgpack.Decoder) error { // what was read before an error stands
 		var field *string
-		switch k {
+		switch name {
 		case "kind":
 			field = &e.Kind
 		case "module":
@@ -191,21 +179,14 @@ func RegistryFields(b []byte) RegistryEntry {
 		case "verb":
 			field = &e.Verb
 		}
-		if !ok || field == nil || *field != "" {
-			if dec.Skip() != nil {
-				return e
+		if field != nil && *field == "" {
+			if v, ok := decodeStr(dec); ok {
+				*field = v
+				return nil
 			}
-			continue
 		}
-		v, ok := decodeStr(dec)
-		if !ok {
-			if dec.Skip() != nil {
-				return e
-			}
-			continue
-		}
-		*field = v
-	}
+		return dec.Skip()
+	})
 	return e
 }
 
