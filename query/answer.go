@@ -3,6 +3,7 @@ package query
 import (
 	"context"
 	"fmt"
+	"strings"
 	"unsafe"
 
 	provisioner "github.com/novox/mesh-provisioner"
@@ -120,17 +121,17 @@ func AnswerView(v View, r *Request, e *Encoder, asOf uint64, synced bool) error 
 // contributor on the same node, or a registry entry whose module changed since) is no row of the
 // answer, and paging on from it would answer rows of a walk that was never started.
 func cursorInAnswer(v View, shape provisioner.Shape, rg provisioner.Range, filter func(*provisioner.Parts, *provisioner.Row) bool, after string) (bool, error) {
-	ok, err := v.HasRow(rg, after)
-	if err != nil || !ok {
-		return false, err
+	if !strings.HasPrefix(after, rg.Prefix) {
+		return false, nil // outside the range's prefix, which the filter does not check again
 	}
-	// The cursor's own row is the first of the range's rows that start with it.
+	// The cursor's own row, when the range holds it, is the first of the range's rows that start with
+	// it: one seek finds the row and lets the filter judge it.
 	at := rg
 	at.Prefix = after
-	ok = false
+	ok := false
 	var parts provisioner.Parts
 	var pr provisioner.StoredParts
-	err = v.Rows(at, func(row *provisioner.Row) bool {
+	err := v.Rows(at, func(row *provisioner.Row) bool {
 		ok = string(row.Key) == after && pr.Read(shape, after, &parts) && filter(&parts, row)
 		return false
 	})
