@@ -652,7 +652,7 @@ func (c *ReplayCommand) runHistory(ctx context.Context, l *replay.Log, bucketArg
 				msg += fmt.Sprintf("; keys are raw, with the collection written in =XX escapes: did you mean %s?", raw)
 			}
 		}
-		if hasWildcard(key) {
+		if provisioner.HasWildcard(key) {
 			what := bucket
 			if shape, ok := provisioner.ShapeOf(bucket); ok && shape.What != "" {
 				what = string(shape.What)
@@ -672,16 +672,6 @@ func checkHistoryKey(key string) error {
 		return &usageError{msg: "replay history takes BUCKET KEY, and the key is empty"}
 	}
 	return nil
-}
-
-// hasWildcard reports whether a key has a NATS wildcard token.
-func hasWildcard(key string) bool {
-	for _, tok := range strings.Split(key, ".") {
-		if tok == "*" || tok == ">" {
-			return true
-		}
-	}
-	return false
 }
 
 // rawCollectKey is a collect key as an operator may write it (the collection by its decoded name,
