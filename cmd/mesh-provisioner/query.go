@@ -195,7 +195,7 @@ func printTable(w io.Writer, what string, answers []map[string]any) {
 
 // tableHeader starts a table of what's rows.
 func tableHeader(w io.Writer, what string) *tabwriter.Writer {
-	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+	tw := newTable(w)
 	fmt.Fprintln(tw, strings.ToUpper(strings.Join(columns(what), "\t")))
 	return tw
 }
@@ -220,7 +220,7 @@ func tableEnd(w io.Writer, last map[string]any, rows int) {
 	anoms, _ := last["anomalies"].([]any)
 	if len(anoms) > 0 {
 		fmt.Fprintf(w, "\n%v anomalies (keys or values out of shape):\n", last["anomalies_total"])
-		tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+		tw := newTable(w)
 		fmt.Fprintln(tw, "BUCKET\tKEY\tREVISION\tREASON")
 		for _, x := range anoms {
 			a, _ := x.(map[string]any)
