@@ -113,21 +113,13 @@ func TestProjector_ParkedBucketWokenOrListingStopped(t *testing.T) {
 	ctx := context.Background()
 	composedBuckets(t, js, 2)
 	b0, b1 := "composed-n0000", "composed-n0001"
-	db, err := store.Open(t.TempDir(), store.Options{})
-	require.NoError(t, err)
 	_, pjs := natstest.Connect(t, ns.ClientURL())
 	// The listing runs on a connection of its own, closed to make every listing fail, as a listing
 	// denied or unanswered does: Run goes on, trying.
 	lnc, ljs := natstest.Connect(t, ns.ClientURL())
 	poller := streaminfo.New(ljs)
 	natstest.RunPoller(t, poller, 150*time.Millisecond)
-	p := projector.New(pjs, db, projector.Options{Buckets: []string{}, Composed: true, Poll: 20 * time.Millisecond,
-		Verify: time.Hour, DiscoverEvery: time.Hour, ParkAfter: 200 * time.Millisecond, Streams: poller})
-	p.Start(ctx)
-	t.Cleanup(func() {
-		p.Stop()
-		db.Close()
-	})
+	p, db := parkingOn(t, pjs, poller, 200*time.Millisecond, time.Hour)
 	waitApplied(t, db, b0, 1)
 	waitParked(t, p, js, b0)
 
@@ -403,18 +395,10 @@ func TestProjector_ParksWithAListingSlowerThanItsInterval(t *testing.T) {
 	ctx := context.Background()
 	composedBuckets(t, js, 2)
 	const b = "composed-n0000"
-	db, err := store.Open(t.TempDir(), store.Options{})
-	require.NoError(t, err)
 	_, pjs := natstest.Connect(t, ns.ClientURL())
 	poller := streaminfo.New(slowListing{JetStream: pjs, delay: 300 * time.Millisecond})
 	natstest.RunPoller(t, poller, 100*time.Millisecond)
-	p := projector.New(pjs, db, projector.Options{Buckets: []string{}, Composed: true, Poll: 20 * time.Millisecond,
-		Verify: time.Hour, DiscoverEvery: time.Hour, ParkAfter: 200 * time.Millisecond, Streams: poller})
-	p.Start(ctx)
-	t.Cleanup(func() {
-		p.Stop()
-		db.Close()
-	})
+	p, db := parkingOn(t, pjs, poller, 200*time.Millisecond, time.Hour)
 	waitApplied(t, db, b, 1)
 	waitParked(t, p, js, b)
 	waitParked(t, p, js, "composed-n0001")
