@@ -105,6 +105,9 @@ type applier struct {
 	// removing is set while a rollup removes other keys (rollup): their purges share the rollup's
 	// sequence, whose entry by sequence names the rollup's own key alone.
 	removing bool
+	// unpins says the batch applies a rollup whose removals were committed before it, in parts, while
+	// views read the pinned state before them: its commit lets them read the committed state again.
+	unpins bool
 }
 
 func (a *applier) set(key, val []byte) { a.w.set(key, val) }
@@ -236,8 +239,7 @@ var rollupPartDone func(n int) error
 // whole bucket of a million keys (any node's user can send one, docs/accounts.md) built one batch of
 // a million purges, about 1 GiB of memory. The checkpoint moves only with the message's own batch, so
 // a seat stopped in between removes the rest when it reads the message again (a purge at the same
-// sequence writes the same event); meanwhile answers hold some of the keys and are as of the message
-// before.
+// sequence writes the same event). Meanwhile views read the state before the first part (pin.go).
 func (db *DB) removeInParts(shape provisioner.Shape, m *provisioner.Message) error {
 	for from := ""; ; {
 		a := db.newApplier()
@@ -273,13 +275,19 @@ func (a *applier) close() {
 // applyLocked is Apply of msgs in one Pebble batch, under applyMu.
 func (db *DB) applyLocked(shape provisioner.Shape, msgs []provisioner.Message, streamCreated int64, sync bool) error {
 	bucket := shape.Bucket
+	pinned := false
 	if len(msgs) > 0 && msgs[0].RemovesOthers() && msgs[0].Seq > db.known(bucket).cp.Applied {
+		// Answers read the state before the removals until this batch commits (pin.go).
+		db.pinViews()
+		defer db.unpinViews() // when the parts or this batch fail: answers read what is committed
+		pinned = true
 		if err := db.removeInParts(shape, &msgs[0]); err != nil {
 			return err
 		}
 	}
 	a := db.newApplier()
 	defer a.close()
+	a.unpins = pinned
 	cp := a.checkpoint(bucket)
 	if streamCreated != 0 {
 		cp.StreamCreated = streamCreated
@@ -342,6 +350,10 @@ func (a *applier) finish(bucket string, cp *Checkpoint, sync, moved bool) error 
 	}
 	if err := a.batch.Commit(opt); err != nil {
 		return fmt.Errorf("commit %s: %w", bucket, err)
+	}
+	if a.unpins {
+		// Before the applied sequence moves: whoever it wakes reads the state after the rollup.
+		db.unpinViews()
 	}
 
 	// The batch is durable in Pebble: now memory follows.

@@ -64,7 +64,10 @@
 // with a wildcard token, or of the whole stream: provisioner.Message.RemovesOthers); each key it
 // removed has a purge event of its own at the message's sequence in 0x06, while 0x07 names the
 // message's own key. Such a message starts a batch of its own, so the keys it removes are read from
-// what is committed; a rollup of the whole stream writes a purge per key of the bucket in that batch.
+// what is committed. The keys it removes (a rollup of the whole stream: every key of the bucket) are
+// purged in batches of 10,000 committed before its own batch, which alone moves the checkpoint; views
+// read the state before the first of them until the message's own batch commits (pin.go), so no
+// answer holds part of a rollup.
 //
 // # What the event log can rebuild: floor and gaps
 //

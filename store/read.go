@@ -18,8 +18,9 @@ var ErrNotFound = errors.New("store: not found")
 // AsOf is the applied sequence of exactly that state. Close it when done.
 type View struct {
 	rows
-	snap *pebble.Snapshot
-	key  []byte
+	snap   *pebble.Snapshot
+	pinned *pinnedState // set when snap is the pinned state's (pin.go), which Close releases
+	key    []byte
 }
 
 // rows reads rows, anomalies and checkpoints through one iterator, moved between ranges with SetBounds:
@@ -52,6 +53,9 @@ func (db *DB) View() (*View, error) {
 	if db.closed.Load() {
 		return nil, ErrClosed
 	}
+	if p := db.pinnedRef(); p != nil {
+		return &View{rows: rows{db: db, src: p.snap}, snap: p.snap, pinned: p}, nil
+	}
 	snap := db.pdb.NewSnapshot()
 	return &View{rows: rows{db: db, src: snap}, snap: snap}, nil
 }
@@ -59,6 +63,10 @@ func (db *DB) View() (*View, error) {
 // Close releases the view.
 func (v *View) Close() error {
 	v.closeIter()
+	if v.pinned != nil {
+		v.db.release(v.pinned)
+		return nil
+	}
 	return v.snap.Close()
 }
 
@@ -83,7 +91,7 @@ func (db *DB) RowsView() (*RowsView, error) {
 	if db.closed.Load() {
 		return nil, ErrClosed
 	}
-	it, err := db.pdb.NewIter(nil)
+	it, err := db.newRowsIter()
 	if err != nil {
 		return nil, err
 	}

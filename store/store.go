@@ -118,6 +118,11 @@ type DB struct {
 	// histLocks holds a mutex per bucket for trims and Forget (forget.go).
 	histLocks sync.Map
 
+	// pinMu guards pin: while a rollup's removals are committed in parts (removeInParts), views read
+	// the store as it was before the first part, so no answer holds part of a rollup's removals.
+	pinMu sync.Mutex
+	pin   *pinnedState
+
 	closed atomic.Bool
 }
 

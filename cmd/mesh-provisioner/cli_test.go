@@ -7,7 +7,10 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"sync/atomic"
 	"testing"
+
+	"github.com/nats-io/nats.go"
 
 	"github.com/stretchr/testify/require"
 
@@ -87,6 +90,33 @@ func TestQuery_TableAndJSON(t *testing.T) {
 		}
 	})
 
+	t.Run("a table of many pages is printed as they come", func(t *testing.T) {
+		// A query of a whole bucket is millions of rows: the table is printed a chunk at a time while
+		// the pages come, never held whole. Every request the seat is asked is seen here too.
+		want, last, err := natstest.AskAll(nc, query.Subject, map[string]any{"what": "needs"}, false)
+		require.NoError(t, err)
+		const limit = 1000
+		pages := (len(want) + limit - 1) / limit
+		require.Greater(t, len(want), 2*tableChunk, "enough rows for several chunks")
+		var asked atomic.Int64
+		sub, err := nc.Subscribe(query.Subject, func(*nats.Msg) { asked.Add(1) })
+		require.NoError(t, err)
+		defer sub.Unsubscribe()
+		require.NoError(t, nc.Flush())
+		out := &firstWrite{}
+		out.at = func() { out.askedBefore = asked.Load() }
+		var errb bytes.Buffer
+		err = NewMain(out, &errb).Run(context.Background(), []string{"query", "needs", "--limit", fmt.Sprint(limit)})
+		require.NoError(t, err, errb.String())
+		require.Less(t, out.askedBefore, int64(pages), "rows were printed before the last page was asked for")
+		table, rest := tableLines(out.String())
+		require.Len(t, table[1:], len(want))
+		for i, line := range table[1:] {
+			require.Equal(t, fmt.Sprint(want[i]["node"]), strings.Fields(line)[0], "line %d in key order", i)
+		}
+		require.Contains(t, rest, fmt.Sprintf("%d rows, as of sequence %d (synced)", len(want), last.AsOf))
+	})
+
 	t.Run("json, one object per answer", func(t *testing.T) {
 		want, _, err := natstest.AskAll(nc, query.Subject, map[string]any{"what": "needs", "node": node}, false)
 		require.NoError(t, err)
@@ -109,6 +139,22 @@ func TestQuery_TableAndJSON(t *testing.T) {
 			require.Equal(t, want[i]["key"], rows[i]["key"])
 		}
 	})
+}
+
+// firstWrite is a stdout that notes, at its first write, what at finds.
+type firstWrite struct {
+	bytes.Buffer
+	at          func()
+	askedBefore int64
+	written     bool
+}
+
+func (w *firstWrite) Write(p []byte) (int, error) {
+	if !w.written {
+		w.written = true
+		w.at()
+	}
+	return w.Buffer.Write(p)
 }
 
 // Exit codes scripts can trust: 0 done, 1 failed (NATS unreachable, ...), 2 the command line is

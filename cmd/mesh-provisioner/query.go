@@ -136,7 +136,13 @@ func (c *QueryCommand) Run(ctx context.Context, args []string) error {
 		req["wait_ms"] = c.wait.Milliseconds()
 	}
 	after := c.after
-	var answers []map[string]any
+	// The table is printed as the pages come, aligned tableChunk lines at a time, so a query of a whole
+	// bucket (millions of rows) holds one page, not all of them.
+	var (
+		tw   *tabwriter.Writer
+		last map[string]any
+		rows int
+	)
 	for {
 		if after != "" {
 			req["after"] = after
@@ -169,7 +175,15 @@ func (c *QueryCommand) Run(ctx context.Context, args []string) error {
 		if err := dec.Decode(&ans); err != nil {
 			return fmt.Errorf("read answer: %w", err)
 		}
-		answers = append(answers, ans)
+		last = ans
+		if !c.jsonOut {
+			if tw == nil {
+				tw = tableHeader(c.Stdout, what)
+			}
+			if rows, err = tableRows(tw, what, ans, rows); err != nil {
+				return fmt.Errorf("print: %w", err)
+			}
+		}
 		next, _ := ans["next"].(string)
 		if next == "" || c.onePage {
 			break
@@ -177,20 +191,12 @@ func (c *QueryCommand) Run(ctx context.Context, args []string) error {
 		after = next
 	}
 	if !c.jsonOut {
-		printTable(c.Stdout, what, answers)
+		if err := tw.Flush(); err != nil {
+			return fmt.Errorf("print: %w", err)
+		}
+		tableEnd(c.Stdout, last, rows)
 	}
 	return nil
-}
-
-// printTable prints the rows of every page, then the anomalies and where the projection stood.
-func printTable(w io.Writer, what string, answers []map[string]any) {
-	tw := tableHeader(w, what)
-	rows := 0
-	for _, a := range answers {
-		rows += tableRows(tw, what, a)
-	}
-	tw.Flush()
-	tableEnd(w, answers[len(answers)-1], rows)
 }
 
 // tableHeader starts a table of what's rows.
@@ -200,8 +206,9 @@ func tableHeader(w io.Writer, what string) *tabwriter.Writer {
 	return tw
 }
 
-// tableRows prints the rows of one page, and says how many.
-func tableRows(tw *tabwriter.Writer, what string, a map[string]any) int {
+// tableRows prints the rows of one page after the n printed before it, aligned tableChunk lines at a
+// time, and returns how many are printed now.
+func tableRows(tw *tabwriter.Writer, what string, a map[string]any, n int) (int, error) {
 	cols := columns(what)
 	list, _ := a["rows"].([]any)
 	for _, r := range list {
@@ -211,8 +218,13 @@ func tableRows(tw *tabwriter.Writer, what string, a map[string]any) int {
 			cells[i] = cell(what, col, row)
 		}
 		fmt.Fprintln(tw, strings.Join(cells, "\t"))
+		if n++; n%tableChunk == 0 {
+			if err := tw.Flush(); err != nil {
+				return n, err
+			}
+		}
 	}
-	return len(list)
+	return n, nil
 }
 
 // tableEnd prints the anomalies of the last page and where the projection stood.

@@ -380,7 +380,9 @@ func (c *ReplayCommand) runState(ctx context.Context, l *replay.Log, req query.R
 			if tw == nil {
 				tw = tableHeader(c.Stdout, req.What)
 			}
-			rows += tableRows(tw, req.What, ans)
+			if rows, err = tableRows(tw, req.What, ans, rows); err != nil {
+				return err
+			}
 			if err := tw.Flush(); err != nil {
 				return err
 			}
