@@ -351,6 +351,12 @@ func ExportNATS(ctx context.Context, js jetstream.JetStream, buckets []string, o
 	if progress != nil {
 		progress(done, total)
 	}
+	if err := ctx.Err(); err != nil {
+		// Ended as the last stream was read (its consumer's delete cut short, say): an export
+		// stopped leaves no archive, as one stopped earlier does.
+		w.abort()
+		return ArchiveHeader{}, err
+	}
 	return w.header, w.finish()
 }
 

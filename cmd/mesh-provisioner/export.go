@@ -101,6 +101,10 @@ func (c *ExportCommand) Run(ctx context.Context, args []string) error {
 		defer l.Close()
 		h, err = replay.ExportLog(ctx, l.DB, c.out, "mesh-provisioner "+Version, tick)
 	} else {
+		// A permission the user lacks ends the export at once, naming it, with no archive written.
+		var stop context.CancelFunc
+		ctx, stop = c.nats.stopOnDenied(ctx)
+		defer stop()
 		nc, cerr := c.nats.connect(c.nats.url, "mesh-provisioner export", nil)
 		if cerr != nil {
 			return cerr
@@ -111,9 +115,10 @@ func (c *ExportCommand) Run(ctx context.Context, args []string) error {
 			return fmt.Errorf("jetstream: %w", jerr)
 		}
 		if err := hasProvisionerStreams(ctx, js, c.nats.url); err != nil {
-			return err
+			return refused(ctx, err)
 		}
 		h, err = replay.ExportNATS(ctx, js, nil, c.out, "mesh-provisioner "+Version, tick)
+		err = refused(ctx, err)
 	}
 	if bar != nil {
 		bar.Done()

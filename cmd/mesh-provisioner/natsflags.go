@@ -1,13 +1,16 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
+	"regexp"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -21,9 +24,8 @@ type natsFlags struct {
 	password string
 	inbox    string
 
-	// denied, when set, is told each permissions violation the server reports on the connection: a
-	// command that asks (query) stops at once and says what NATS refused, rather than waiting out its
-	// timeout for an answer that cannot arrive.
+	// denied, when set (stopOnDenied), is told each permissions violation the server reports on the
+	// connection, as a *permissionError.
 	denied func(error)
 }
 
@@ -78,6 +80,7 @@ func (f *natsFlags) connect(url, name string, log *slog.Logger) (*nats.Conn, err
 		opts = append(opts, nats.UserInfo(f.user, f.password))
 	}
 	if log != nil {
+		violations := &violationLog{seen: map[string]*violationSeen{}}
 		opts = append(opts,
 			nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 				if err != nil {
@@ -86,12 +89,20 @@ func (f *natsFlags) connect(url, name string, log *slog.Logger) (*nats.Conn, err
 			}),
 			nats.ReconnectHandler(func(nc *nats.Conn) { log.Info("reconnected to NATS", "url", nc.ConnectedUrl()) }),
 			nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
+				f.deny(err)
+				if pe := f.permissionError(err); pe != nil {
+					if repeated, ok := violations.say(pe.op+" "+pe.grant, time.Now()); ok && repeated > 0 {
+						log.Warn("NATS error", "subject", pe.subject, "err", pe, "repeated", repeated)
+					} else if ok {
+						log.Warn("NATS error", "subject", pe.subject, "err", pe)
+					}
+					return
+				}
 				subj := ""
 				if sub != nil {
 					subj = sub.Subject
 				}
 				log.Warn("NATS error", "subject", subj, "err", err)
-				f.deny(err)
 			}),
 		)
 	} else if f.denied != nil {
@@ -105,17 +116,158 @@ func (f *natsFlags) connect(url, name string, log *slog.Logger) (*nats.Conn, err
 }
 
 func (f *natsFlags) deny(err error) {
-	if f.denied != nil && errors.Is(err, nats.ErrPermissionViolation) {
-		f.denied(err)
+	if f.denied == nil {
+		return
+	}
+	if pe := f.permissionError(err); pe != nil && !pe.optional() {
+		f.denied(pe)
 	}
 }
 
-// deniedError says what NATS refused the command's user, and for its reply inbox which flag to give.
-func (f *natsFlags) deniedError(err error) error {
-	if strings.Contains(err.Error(), "Subscription to") && strings.Contains(err.Error(), f.inbox+".") {
-		return fmt.Errorf("%w: this NATS user may not subscribe to its reply inboxes %s.>: give --inbox-prefix (env NATS_INBOX_PREFIX) a prefix it may subscribe to, such as _INBOX.node.<node> for a node's user (docs/accounts.md)", err, f.inbox)
+// stopOnDenied makes the connection connect dials next end the context it returns at the first
+// permissions violation the server reports on it (one the command can do without aside), with a
+// *permissionError as the context's cause: a one-shot command stops at once and says what NATS
+// refused, rather than waiting out a request's timeout for an answer that cannot arrive and blaming
+// the server or the stream. serve does not call it: a seat keeps serving, and logs the violations.
+func (f *natsFlags) stopOnDenied(ctx context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	f.denied = cancel
+	return ctx, func() { cancel(nil) }
+}
+
+// refused returns the permissions violation that ended ctx (stopOnDenied) in place of err, which is
+// what waiting on ctx gave (context canceled, a request cut short); err itself when it is nil or
+// already says the violation, or when no violation ended ctx.
+func refused(ctx context.Context, err error) error {
+	var pe *permissionError
+	if err == nil || errors.As(err, &pe) || !errors.As(context.Cause(ctx), &pe) {
+		return err
 	}
-	return fmt.Errorf("%w: docs/accounts.md lists what each user needs", err)
+	return pe
+}
+
+// permissionError is a permissions violation the server reported on a command's connection: what it
+// refused this user (publish or subscribe, on which subject), and what to grant, as
+// docs/nats-accounts.conf grants it.
+type permissionError struct {
+	op      string // "publish" or "subscribe"
+	subject string // as refused
+	grant   string // the subject to grant: the refused one with a consumer's name or a key made a wildcard
+	inbox   string // the connection's inbox prefix, when the refused subscription is one of its inboxes
+	err     error  // nats.go's, which wraps nats.ErrPermissionViolation
+}
+
+var violationRe = regexp.MustCompile(`Permissions Violation for (Publish|Subscription) to "([^"]+)"`)
+
+// permissionError reads a permissions violation nats.go reported; nil for any other error.
+func (f *natsFlags) permissionError(err error) *permissionError {
+	if !errors.Is(err, nats.ErrPermissionViolation) {
+		return nil
+	}
+	pe := &permissionError{err: err}
+	m := violationRe.FindStringSubmatch(err.Error())
+	if m == nil {
+		return pe // "Publish with Reply of": said as the server said it
+	}
+	pe.subject = m[2]
+	pe.op, pe.grant = "publish", grantOf(m[2])
+	if m[1] == "Subscription" {
+		pe.op, pe.grant = "subscribe", m[2]
+		if f.inbox != "" && strings.HasPrefix(m[2], f.inbox+".") {
+			pe.inbox, pe.grant = f.inbox, f.inbox+".>"
+		}
+	}
+	return pe
+}
+
+func (e *permissionError) Error() string {
+	switch {
+	case e.inbox != "":
+		return fmt.Sprintf("%v: this NATS user may not subscribe to its reply inboxes %s.>: give --inbox-prefix (env NATS_INBOX_PREFIX) a prefix it may subscribe to, such as _INBOX.node.<node> for a node's user, or grant it subscribe on %s.> (docs/accounts.md)", e.err, e.inbox, e.inbox)
+	case e.grant != "":
+		return fmt.Sprintf("%v: grant this NATS user %s on %s (docs/accounts.md lists what each user needs)", e.err, e.op, e.grant)
+	}
+	return fmt.Sprintf("%v: docs/accounts.md lists what each user needs", e.err)
+}
+
+func (e *permissionError) Unwrap() error { return e.err }
+
+// optional says whether a one-shot command does without what was refused, as docs/accounts.md says
+// the seat does: the listing of every stream's info ($JS.API.STREAM.LIST: each stream is asked for its
+// own instead), and the stream-created advisories (new buckets are found by listing their names).
+func (e *permissionError) optional() bool {
+	switch e.op {
+	case "publish":
+		return strings.HasSuffix(e.subject, ".STREAM.LIST")
+	case "subscribe":
+		return strings.HasPrefix(e.subject, "$JS.EVENT.ADVISORY.")
+	}
+	return false
+}
+
+// grantOf is the subject docs/nats-accounts.conf grants for a refused publish: the JetStream API's
+// consumer requests for any consumer of the stream (CREATE with any filter), direct gets of any key,
+// and a bucket's keys with >.
+func grantOf(subject string) string {
+	toks := strings.Split(subject, ".")
+	api := 2 // $JS.API.<request>: tokens before the request's name
+	if len(toks) > 3 && toks[0] == "$JS" && toks[1] != "API" && toks[2] == "API" {
+		api = 3 // $JS.<domain>.API.<request>
+	}
+	switch {
+	case toks[0] == "$KV" && len(toks) > 2:
+		return strings.Join(toks[:2], ".") + ".>"
+	case toks[0] != "$JS" || len(toks) <= api+1:
+		return subject
+	}
+	req := toks[api:]
+	switch {
+	case req[0] == "CONSUMER" && len(req) > 3 && req[1] == "CREATE":
+		return strings.Join(toks[:api+3], ".") + ".>" // CONSUMER.CREATE.<stream>.<name>[.<filter>]
+	case req[0] == "CONSUMER" && len(req) > 4 && req[1] == "MSG" && req[2] == "NEXT":
+		return strings.Join(toks[:api+4], ".") + ".*" // CONSUMER.MSG.NEXT.<stream>.<name>
+	case req[0] == "CONSUMER" && len(req) > 3 && (req[1] == "INFO" || req[1] == "DELETE"):
+		return strings.Join(toks[:api+3], ".") + ".*" // CONSUMER.INFO|DELETE.<stream>.<name>
+	case req[0] == "DIRECT" && len(req) > 3 && req[1] == "GET":
+		return strings.Join(toks[:api+3], ".") + ".>" // DIRECT.GET.<stream>.<subject>
+	}
+	return subject
+}
+
+// violationLogEvery is how often a permissions violation that goes on is logged again, per grant.
+const violationLogEvery = time.Minute
+
+// violationLog says each permissions violation once, then at most once every violationLogEvery per
+// grant, with how many it did not say since: a seat retries what NATS refuses, each bucket every few
+// seconds (a consumer create, say), and logged a line per retry, per bucket, for as long as the
+// permission was missing. Violations are counted by the subject to grant, so the consumers' names,
+// new on each retry, do not make each one new.
+type violationLog struct {
+	mu   sync.Mutex
+	seen map[string]*violationSeen
+}
+
+type violationSeen struct {
+	said    time.Time
+	skipped int
+}
+
+// say reports whether to log a violation of grant now, and how many were not logged since the last.
+func (v *violationLog) say(grant string, now time.Time) (repeated int, ok bool) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	s := v.seen[grant]
+	if s == nil {
+		v.seen[grant] = &violationSeen{said: now}
+		return 0, true
+	}
+	if now.Sub(s.said) < violationLogEvery {
+		s.skipped++
+		return 0, false
+	}
+	repeated = s.skipped
+	s.said, s.skipped = now, 0
+	return repeated, true
 }
 
 // redact hides a password in a URL for messages.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
@@ -62,4 +63,47 @@ func TestNATSFlags_EveryCommand(t *testing.T) {
 		code, _, stderr := run(t, args...)
 		require.Equal(t, exitOK, code, "%v from the environment: %s", args, stderr)
 	}
+}
+
+// TestNATSFlags_GrantOf: the subject a refused request is to be granted is the one
+// docs/nats-accounts.conf grants: a consumer's name (and a create's filter) and a direct get's key
+// made wildcards, under any JetStream domain's API prefix; other requests as refused.
+func TestNATSFlags_GrantOf(t *testing.T) {
+	for refused, grant := range map[string]string{
+		"$JS.API.STREAM.INFO.KV_mesh-provisioner_needs":                                         "$JS.API.STREAM.INFO.KV_mesh-provisioner_needs",
+		"$JS.API.STREAM.NAMES":                                                                  "$JS.API.STREAM.NAMES",
+		"$JS.API.CONSUMER.CREATE.KV_mesh-provisioner_needs.AbC123":                              "$JS.API.CONSUMER.CREATE.KV_mesh-provisioner_needs.>",
+		"$JS.API.CONSUMER.CREATE.KV_mesh-provisioner_needs.AbC123.$KV.mesh-provisioner_needs.>": "$JS.API.CONSUMER.CREATE.KV_mesh-provisioner_needs.>",
+		"$JS.API.CONSUMER.MSG.NEXT.KV_composed-n1.AbC123":                                       "$JS.API.CONSUMER.MSG.NEXT.KV_composed-n1.*",
+		"$JS.API.CONSUMER.INFO.KV_mesh-host_modules.AbC123":                                     "$JS.API.CONSUMER.INFO.KV_mesh-host_modules.*",
+		"$JS.API.CONSUMER.DELETE.KV_mesh-provisioner_applied.AbC123":                            "$JS.API.CONSUMER.DELETE.KV_mesh-provisioner_applied.*",
+		"$JS.API.DIRECT.GET.KV_mesh-provisioner_registry.$KV.mesh-provisioner_registry.config":  "$JS.API.DIRECT.GET.KV_mesh-provisioner_registry.>",
+		"$JS.API.DIRECT.GET.KV_mesh-provisioner_registry":                                       "$JS.API.DIRECT.GET.KV_mesh-provisioner_registry",
+		"$JS.hub.API.CONSUMER.CREATE.KV_mesh-provisioner_needs.AbC123":                          "$JS.hub.API.CONSUMER.CREATE.KV_mesh-provisioner_needs.>",
+		"$KV.mesh-provisioner_registry.config":                                                  "$KV.mesh-provisioner_registry.>",
+		"mesh-provisioner.provisioning":                                                         "mesh-provisioner.provisioning",
+	} {
+		require.Equal(t, grant, grantOf(refused), refused)
+	}
+}
+
+// TestNATSFlags_ViolationLog: a violation is logged the first time, then at most once a minute per
+// grant, saying how many it did not log since.
+func TestNATSFlags_ViolationLog(t *testing.T) {
+	v := &violationLog{seen: map[string]*violationSeen{}}
+	t0 := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	n, ok := v.say("publish a.>", t0)
+	require.True(t, ok)
+	require.Zero(t, n)
+	for i := 1; i <= 3; i++ {
+		_, ok = v.say("publish a.>", t0.Add(time.Duration(i)*time.Second))
+		require.False(t, ok, "within the minute")
+	}
+	_, ok = v.say("publish b.>", t0.Add(time.Second))
+	require.True(t, ok, "another grant is its own")
+	n, ok = v.say("publish a.>", t0.Add(violationLogEvery))
+	require.True(t, ok)
+	require.Equal(t, 3, n)
+	_, ok = v.say("publish a.>", t0.Add(violationLogEvery+time.Second))
+	require.False(t, ok)
 }

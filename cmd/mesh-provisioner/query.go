@@ -111,9 +111,8 @@ func (c *QueryCommand) Run(ctx context.Context, args []string) error {
 	}
 	// A request NATS refuses (the reply inbox, or the verb's subject, not permitted to this user) ends
 	// at once with what was refused.
-	askCtx, refused := context.WithCancelCause(ctx)
-	defer refused(nil)
-	c.nats.denied = refused
+	askCtx, stop := c.nats.stopOnDenied(ctx)
+	defer stop()
 	nc, err := c.nats.connect(c.nats.url, "mesh-provisioner query", nil)
 	if err != nil {
 		return err
@@ -151,10 +150,10 @@ func (c *QueryCommand) Run(ctx context.Context, args []string) error {
 		rctx, cancel := context.WithTimeout(askCtx, c.timeout)
 		msg, err := nc.RequestWithContext(rctx, query.Subject, body)
 		cancel()
-		cause := context.Cause(askCtx)
+		var pe *permissionError
 		switch {
-		case err != nil && errors.Is(cause, nats.ErrPermissionViolation):
-			return fmt.Errorf("ask %s: %w", query.Subject, c.nats.deniedError(cause))
+		case err != nil && errors.As(refused(askCtx, err), &pe):
+			return fmt.Errorf("ask %s: %w", query.Subject, pe)
 		case errors.Is(err, nats.ErrNoResponders):
 			return fmt.Errorf("no seat answers %s on %s: is a mesh-provisioner serve running, and connected there? (nats micro ls lists the seats): %w", query.Subject, redact(nc.ConnectedUrl()), err)
 		case errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil:

@@ -89,6 +89,10 @@ func (c *RebuildCommand) Run(ctx context.Context, args []string) error {
 	}
 	defer sd.Close()
 
+	// A permission the user lacks ends the rebuild at once, naming it; the generation is kept, and
+	// nothing is swapped in.
+	ctx, stop := c.nats.stopOnDenied(ctx)
+	defer stop()
 	nc, err := c.nats.connect(c.nats.url, "mesh-provisioner rebuild", log)
 	if err != nil {
 		return err
@@ -100,7 +104,7 @@ func (c *RebuildCommand) Run(ctx context.Context, args []string) error {
 	}
 
 	if err := checkRebuildSource(ctx, js, sd, c.nats.url); err != nil {
-		return err
+		return refused(ctx, err)
 	}
 
 	start := time.Now()
@@ -156,7 +160,7 @@ func (c *RebuildCommand) Run(ctx context.Context, args []string) error {
 		}
 		if err != nil {
 			db.Close()
-			return fmt.Errorf("rebuild (the generation is kept; run rebuild again to resume): %w", err)
+			return fmt.Errorf("rebuild (the generation is kept; run rebuild again to resume): %w", refused(ctx, err))
 		}
 		if err := db.Close(); err != nil {
 			return err

@@ -312,6 +312,10 @@ func (c *ReplayCommand) open(ctx context.Context) (*replay.Log, error) {
 		}
 		return l, err
 	}
+	// A permission the user lacks ends the read at once, naming it: the streams are read in full
+	// before anything is answered, so nothing is printed.
+	ctx, stop := c.nats.stopOnDenied(ctx)
+	defer stop()
 	nc, err := c.nats.connect(c.nats.url, "mesh-provisioner replay", nil)
 	if err != nil {
 		return nil, err
@@ -322,7 +326,7 @@ func (c *ReplayCommand) open(ctx context.Context) (*replay.Log, error) {
 		return nil, fmt.Errorf("jetstream: %w", err)
 	}
 	if err := hasProvisionerStreams(ctx, js, c.nats.url); err != nil {
-		return nil, err
+		return nil, refused(ctx, err)
 	}
 	var bar *progress.Bar
 	l, err := replay.FromNATS(ctx, js, nil, "nats "+redact(c.nats.url), func(done, total int64) {
@@ -334,7 +338,7 @@ func (c *ReplayCommand) open(ctx context.Context) (*replay.Log, error) {
 	if bar != nil {
 		bar.Done()
 	}
-	return l, err
+	return l, refused(ctx, err)
 }
 
 // answerError turns a verb error code into the command's error.

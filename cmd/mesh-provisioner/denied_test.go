@@ -1,0 +1,237 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/stretchr/testify/require"
+
+	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/fixtures"
+	"github.com/novox/mesh-provisioner/internal/metrics/metricstest"
+	"github.com/novox/mesh-provisioner/internal/natstest"
+	"github.com/novox/mesh-provisioner/store"
+)
+
+// runUntil runs the binary's Main in this process under ctx, as main does under its signal context.
+func runUntil(ctx context.Context, t *testing.T, args ...string) (int, string, string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	err := NewMain(&out, &errb).Run(ctx, args)
+	return exitCode(err, &errb), out.String(), errb.String()
+}
+
+// oneShotDeadline is the context the one-shot commands get in these tests: longer than any timeout of
+// theirs (a JetStream request's 5 s, replay's and rebuild's minute without a message read, export's
+// minute without a consumer read), so a command that waits one out ends with the context instead.
+const oneShotDeadline = 90 * time.Second
+
+// TestOneShot_StopAtAPermissionViolation: export, replay (state, history, diff) and rebuild from the
+// streams, run as a user that lacks one permission docs/accounts.md grants the seat's user, stop at
+// the first permissions violation the server reports, and say what NATS refused and what to grant, with
+// nothing written that looks complete. They used to wait out a JetStream request's timeout and blame
+// the stream ("context deadline exceeded"), or retry for a minute and say no message was read.
+func TestOneShot_StopAtAPermissionViolation(t *testing.T) {
+	for _, env := range []string{"NATS_URL", "NATS_USER", "NATS_PASSWORD", "NATS_CREDS", "NATS_INBOX_PREFIX"} {
+		t.Setenv(env, "")
+	}
+	ns := natstest.RunServerSeatDenied(t)
+	url := ns.ClientURL()
+	ctx := context.Background()
+	_, admin := natstest.Connect(t, url, nats.UserInfo("admin", "admin"))
+	mesh := fixtures.Mesh{Seed: 5, Nodes: 3, Modules: 2, NeedsPerModule: 2, Collections: 1}
+	require.NoError(t, fixtures.Load(ctx, admin, mesh.Ops(), 0, nil))
+	require.NoError(t, fixtures.CreateBuckets(ctx, admin, provisioner.BucketRegistry, provisioner.BucketHostModules))
+	conf, err := os.ReadFile(filepath.Join("..", "..", "docs", "nats-accounts.conf"))
+	require.NoError(t, err)
+
+	key := fixtures.NodeName(0) + "." + fixtures.ModuleName(0) + ".config.need-000"
+	seat := []string{"--nats", url, "--user", "seat", "--password", "seat"}
+	type check func(t *testing.T, dir, stdout string)
+	noArchive := func(t *testing.T, dir, _ string) {
+		entries, err := os.ReadDir(dir)
+		require.NoError(t, err)
+		require.Empty(t, entries, "neither the archive nor its temporary files are left")
+	}
+	noAnswer := func(t *testing.T, _, stdout string) {
+		require.Empty(t, stdout, "no answer printed")
+	}
+	notSwapped := func(t *testing.T, dir, _ string) {
+		sd, err := store.LockState(filepath.Join(dir, "state"))
+		require.NoError(t, err)
+		defer sd.Close()
+		cur, err := sd.Current()
+		require.NoError(t, err)
+		require.Empty(t, cur, "no projection swapped in")
+	}
+	for _, c := range []struct {
+		name  string
+		deny  string // the one permission of the seat's user taken away, as docs/nats-accounts.conf grants it
+		args  func(dir string) []string
+		check check
+	}{
+		{"export, stream info", "$JS.API.STREAM.INFO.KV_mesh-provisioner_registry",
+			func(dir string) []string { return []string{"export", "--out", filepath.Join(dir, "x.mph")} }, noArchive},
+		{"export, stream names", "$JS.API.STREAM.NAMES",
+			func(dir string) []string { return []string{"export", "--out", filepath.Join(dir, "x.mph")} }, noArchive},
+		{"export, consumer create", "$JS.API.CONSUMER.CREATE.KV_mesh-provisioner_needs.>",
+			func(dir string) []string { return []string{"export", "--out", filepath.Join(dir, "x.mph")} }, noArchive},
+		{"export, consumer delete", "$JS.API.CONSUMER.DELETE.KV_mesh-provisioner_applied.*",
+			func(dir string) []string { return []string{"export", "--out", filepath.Join(dir, "x.mph")} }, noArchive},
+		{"replay state, consumer create", "$JS.API.CONSUMER.CREATE.KV_mesh-provisioner_needs.>",
+			func(string) []string { return []string{"replay", "state", "needs", "--at", "seq:3"} }, noAnswer},
+		{"replay history, pull", "$JS.API.CONSUMER.MSG.NEXT.KV_mesh-provisioner_needs.*",
+			func(string) []string { return []string{"replay", "history", "needs", key} }, noAnswer},
+		{"replay diff, stream info", "$JS.API.STREAM.INFO.KV_mesh-provisioner_collect",
+			func(string) []string { return []string{"replay", "diff", "needs", "--from", "seq:1", "--to", "seq:5"} }, noAnswer},
+		{"replay state, plans input", "$JS.API.CONSUMER.CREATE.KV_mesh-host_modules.>",
+			func(string) []string { return []string{"replay", "state", "plans", "--at", "2026-01-01T00:00:00Z"} }, noAnswer},
+		{"rebuild, consumer create", "$JS.API.CONSUMER.CREATE.KV_mesh-provisioner_applied.>",
+			func(dir string) []string { return []string{"rebuild", "--state", filepath.Join(dir, "state")} }, notSwapped},
+		{"rebuild, stream info", "$JS.API.STREAM.INFO.KV_mesh-provisioner_needs",
+			func(dir string) []string { return []string{"rebuild", "--state", filepath.Join(dir, "state")} }, notSwapped},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			require.Contains(t, string(conf), `"`+c.deny+`"`, "the seat's user is granted it in docs/nats-accounts.conf")
+			natstest.DenySeat(t, ns, c.deny)
+			dir := t.TempDir()
+			cctx, cancel := context.WithTimeout(ctx, oneShotDeadline)
+			defer cancel()
+			code, stdout, stderr := runUntil(cctx, t, append(c.args(dir), seat...)...)
+			require.NoError(t, cctx.Err(), "returned before its context ended: %s", stderr)
+			require.Equal(t, exitFailure, code, stderr)
+			prefix, _, _ := strings.Cut(c.deny, "KV_")
+			require.Contains(t, stderr, `Permissions Violation for Publish to "`+strings.TrimSuffix(strings.TrimSuffix(prefix, ">"), "*"), "names what NATS refused")
+			require.Contains(t, stderr, "grant this NATS user publish on "+c.deny, "names what to grant, as docs/nats-accounts.conf grants it")
+			require.NotContains(t, stderr, "deadline exceeded")
+			c.check(t, dir, stdout)
+		})
+	}
+}
+
+// TestOneShot_DocsUsersStopAtTheirInbox: a node's user running the forensics commands with the
+// program's default inbox prefix is refused the inbox's subscription, and each command says so with
+// the flag to give; with its own prefix it is refused the JetStream API, and says which grant.
+func TestOneShot_DocsUsersStopAtTheirInbox(t *testing.T) {
+	for _, env := range []string{"NATS_URL", "NATS_USER", "NATS_PASSWORD", "NATS_CREDS", "NATS_INBOX_PREFIX"} {
+		t.Setenv(env, "")
+	}
+	dir := t.TempDir()
+	ns := natstest.RunServerAt(t, "127.0.0.1:-1", filepath.Join(dir, "nats"), filepath.Join("..", "..", "docs", "nats-accounts.conf"))
+	url := ns.ClientURL()
+	ctx := context.Background()
+	_, admin := natstest.Connect(t, url, nats.UserInfo("mesh-admin", "admin-change-me"), nats.CustomInboxPrefix("_INBOX.admin"))
+	require.NoError(t, fixtures.CreateBuckets(ctx, admin, provisioner.BucketRegistry, provisioner.BucketNeeds, provisioner.BucketApplied, provisioner.BucketCollect))
+
+	node := []string{"--nats", url, "--user", "node-n1", "--password", "n1-change-me"}
+	for _, args := range [][]string{
+		{"export", "--out", filepath.Join(dir, "x.mph")},
+		{"replay", "state", "needs", "--at", "seq:1"},
+		{"replay", "history", "needs", "n1.web.config.listen"},
+		{"replay", "diff", "needs", "--from", "seq:1", "--to", "seq:2"},
+		{"rebuild", "--state", filepath.Join(dir, "state")},
+	} {
+		cctx, cancel := context.WithTimeout(ctx, oneShotDeadline)
+		code, stdout, stderr := runUntil(cctx, t, append(args, node...)...)
+		require.NoError(t, cctx.Err(), "%v returned before its context ended: %s", args, stderr)
+		require.Equal(t, exitFailure, code, "%v: %s", args, stderr)
+		require.Contains(t, stderr, `Permissions Violation for Subscription to "_INBOX.mesh-provisioner.`, "%v", args)
+		require.Contains(t, stderr, "--inbox-prefix", "%v", args)
+		require.Empty(t, stdout, "%v", args)
+
+		code, stdout, stderr = runUntil(cctx, t, append(args, append(node, "--inbox-prefix", "_INBOX.node.n1")...)...)
+		require.NoError(t, cctx.Err(), "%v returned before its context ended: %s", args, stderr)
+		cancel()
+		require.Equal(t, exitFailure, code, "%v: %s", args, stderr)
+		require.Contains(t, stderr, `Permissions Violation for Publish to "$JS.API.`, "%v", args)
+		require.Contains(t, stderr, "grant this NATS user publish on $JS.API.", "%v", args)
+		require.Empty(t, stdout, "%v", args)
+	}
+	require.NoFileExists(t, filepath.Join(dir, "x.mph"))
+}
+
+// TestOneShot_DoWithoutWhatTheSeatDoesWithout: what docs/accounts.md says the seat does without, the
+// listing of every stream's info ($JS.API.STREAM.LIST) and the stream-created advisories, does not stop
+// the one-shot commands either: they ask each stream, and list the names.
+func TestOneShot_DoWithoutWhatTheSeatDoesWithout(t *testing.T) {
+	for _, env := range []string{"NATS_URL", "NATS_USER", "NATS_PASSWORD", "NATS_CREDS", "NATS_INBOX_PREFIX"} {
+		t.Setenv(env, "")
+	}
+	for name, ns := range map[string]*server.Server{
+		"listing denied":    natstest.RunServerSeatDenied(t, "$JS.API.STREAM.LIST"),
+		"advisories denied": natstest.RunServerSeatNoAdvisories(t),
+	} {
+		t.Run(name, func(t *testing.T) {
+			url := ns.ClientURL()
+			_, admin := natstest.Connect(t, url, nats.UserInfo("admin", "admin"))
+			mesh := fixtures.Mesh{Seed: 6, Nodes: 2, Modules: 2, NeedsPerModule: 1, Collections: 1}
+			require.NoError(t, fixtures.Load(context.Background(), admin, mesh.Ops(), 0, nil))
+			seat := []string{"--nats", url, "--user", "seat", "--password", "seat"}
+			dir := t.TempDir()
+			for _, args := range [][]string{
+				{"export", "--out", filepath.Join(dir, "x.mph")},
+				{"replay", "state", "needs", "--at", "seq:2"},
+				{"rebuild", "--state", filepath.Join(dir, "state")},
+			} {
+				cctx, cancel := context.WithTimeout(context.Background(), oneShotDeadline)
+				code, _, stderr := runUntil(cctx, t, append(args, seat...)...)
+				cancel()
+				require.Equal(t, exitOK, code, "%v: %s", args, stderr)
+			}
+		})
+	}
+}
+
+// TestServe_KeepsServingAndLogsAViolationOnce: serve does not stop at a permissions violation (a seat
+// keeps serving what it can read), and logs each refused grant once, not once per retry: a seat denied
+// $JS.API.STREAM.LIST asks again and again, each time refused, and wrote a "NATS error" line each time.
+func TestServe_KeepsServingAndLogsAViolationOnce(t *testing.T) {
+	t.Setenv("NATS_URL", "")
+	ns := natstest.RunServerSeatDenied(t, "$JS.API.STREAM.LIST")
+	_, admin := natstest.Connect(t, ns.ClientURL(), nats.UserInfo("admin", "admin"))
+	mesh := fixtures.Mesh{Seed: 7, Nodes: 2, Modules: 2, NeedsPerModule: 1, Collections: 1}
+	require.NoError(t, fixtures.Load(context.Background(), admin, mesh.Ops(), 0, nil))
+	s, err := startServe(t.TempDir(), "--nats", ns.ClientURL(), "--user", "seat", "--password", "seat",
+		"--metrics-addr", "127.0.0.1:0", "--metrics-poll", "50ms", "--log-format", "json")
+	require.NoError(t, err)
+	defer func() { require.NoError(t, s.stop()) }()
+
+	// Each listing is refused: its retries grow from one interval to twelve (600 ms here).
+	natstest.CheckFor(t, 30*time.Second, 50*time.Millisecond, func() error {
+		fams, err := metricstest.Scrape(s.metricsAddr)
+		if err != nil {
+			return err
+		}
+		if n, _ := fams.Value("mesh_provisioner_stream_info_errors_total"); n < 5 {
+			return fmt.Errorf("%v listings refused so far", n)
+		}
+		return nil
+	})
+	var said []string
+	for _, l := range strings.Split(s.stderr.String(), "\n") {
+		var m map[string]any
+		if json.Unmarshal([]byte(l), &m) == nil && m["msg"] == "NATS error" {
+			said = append(said, l)
+			require.Equal(t, "WARN", m["level"])
+			require.Equal(t, "$JS.API.STREAM.LIST", m["subject"])
+			require.Contains(t, m["err"], "grant this NATS user publish on $JS.API.STREAM.LIST")
+		}
+	}
+	require.Len(t, said, 1, "the refusal is logged once, not once per listing")
+	select {
+	case err := <-s.done:
+		t.Fatalf("serve stopped: %v", err)
+	default:
+	}
+	code, _, stderr := run(t, "query", "needs", "--nats", ns.ClientURL(), "--user", "seat", "--password", "seat", "--timeout", "10s")
+	require.Equal(t, exitOK, code, "the seat answers: %s", stderr)
+}
