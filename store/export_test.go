@@ -17,7 +17,14 @@ func (db *DB) States() int {
 // SetRollupPart sets how many keys a batch of a rollup's removals holds, and what is told each part
 // committed (an error stops the rollup there, as a seat stopped between two parts).
 func SetRollupPart(n int, done func(n int) error) (restore func()) {
+	return SetRollupPartRead(n, done, nil)
+}
+
+// SetRollupPartRead is SetRollupPart, with what each part's scan read told to read.
+func SetRollupPartRead(n int, done func(n int) error, read func(points uint64)) (restore func()) {
+	oldRead := rollupPartRead
+	rollupPartRead = read
 	old, oldDone := rollupPart, rollupPartDone
 	rollupPart, rollupPartDone = n, done
-	return func() { rollupPart, rollupPartDone = old, oldDone }
+	return func() { rollupPart, rollupPartDone, rollupPartRead = old, oldDone, oldRead }
 }
