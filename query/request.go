@@ -491,3 +491,9 @@ func (r *Request) limit() int {
 	}
 	return int(*r.Limit)
 }
+
+// size is about what a decoded request holds in memory: its strings, and the rest of it.
+func (r *Request) size() int {
+	return len(r.What) + len(r.Node) + len(r.Module) + len(r.Contributor) + len(r.Collection) + len(r.Kind) +
+		len(r.After) + len(r.At) + 256
+}

@@ -1,0 +1,184 @@
+package seat_test
+
+import (
+	"fmt"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+	"github.com/stretchr/testify/require"
+
+	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/internal/natstest"
+	"github.com/novox/mesh-provisioner/query"
+)
+
+// replies collects the answers to requests sent with flood: how many of each code (200 when none), and
+// the texts of the errors.
+type replies struct {
+	mu    sync.Mutex
+	codes map[string]int
+	texts []string
+}
+
+func (r *replies) add(m *nats.Msg) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	code := m.Header.Get(micro.ErrorCodeHeader)
+	if code == "" {
+		code = "200"
+	}
+	r.codes[code]++
+	if d := m.Header.Get(micro.ErrorHeader); d != "" {
+		r.texts = append(r.texts, d)
+	}
+}
+
+func (r *replies) count(code, text string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if text == "" {
+		return r.codes[code]
+	}
+	n := 0
+	for _, t := range r.texts {
+		if strings.Contains(t, text) {
+			n++
+		}
+	}
+	return n
+}
+
+func (r *replies) total() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, c := range r.codes {
+		n += c
+	}
+	return n
+}
+
+// flood sends n requests of body on nc without waiting for their answers, which r collects.
+func flood(t *testing.T, nc *nats.Conn, n int, body []byte) *replies {
+	t.Helper()
+	r := &replies{codes: map[string]int{}}
+	inbox := nats.NewInbox()
+	sub, err := nc.Subscribe(inbox+".*", r.add)
+	require.NoError(t, err)
+	require.NoError(t, sub.SetPendingLimits(-1, -1))
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	for i := 0; i < n; i++ {
+		require.NoError(t, nc.PublishRequest(query.Subject, fmt.Sprintf("%s.%d", inbox, i), body))
+	}
+	require.NoError(t, nc.Flush())
+	return r
+}
+
+// TestSeat_MinSeqFloodIsBounded: CONTRACT section 3, a request waits for min_seq at most wait_ms and
+// is then answered 504; docs/decisions.md (Serving) bounds how many wait at once. A flood of requests
+// for a sequence far ahead, past that bound, is answered 504 at once for each request past it, holds
+// no more goroutines than the bound, and the seat answers every other client meanwhile. When the
+// seat stops, every waiting request is answered.
+func TestSeat_MinSeqFloodIsBounded(t *testing.T) {
+	h := newHarness(t)
+	h.load(testMesh.Ops())
+	st, stop := h.startSeat(t.TempDir())
+	h.waitCaughtUp(st)
+	applied, _ := st.Store().Applied(provisioner.BucketNeeds)
+
+	base := runtime.NumGoroutine()
+	const over = 300
+	n := query.DefaultMaxWaiting + over
+	body := []byte(fmt.Sprintf(`{"what":"needs","min_seq":%d,"wait_ms":10000}`, applied+1_000_000))
+	flooder, _ := natstest.Connect(t, h.url)
+	got := flood(t, flooder, n, body)
+
+	// The requests past the bound are answered at once, 504, saying why; the others wait.
+	natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		if c := got.count("504", "wait for theirs already"); c < over {
+			return fmt.Errorf("%d answered as past the bound, want %d", c, over)
+		}
+		return nil
+	})
+	require.Equal(t, over, got.total(), "only the requests past the bound are answered while the others wait")
+	require.Equal(t, query.DefaultMaxWaiting, st.Server.Waiting())
+	require.LessOrEqual(t, runtime.NumGoroutine()-base, query.DefaultMaxWaiting+50, "goroutines held by the waiting requests")
+
+	// Every other client is answered meanwhile, in either format.
+	answered := 0
+	for i := 0; i < 20; i++ {
+		req := requests()[i%len(requests())]
+		a, err := h.askErr(req, i%2 == 1)
+		require.NoError(t, err, "%v", req)
+		require.NotEmpty(t, a.What)
+		answered++
+	}
+	require.Equal(t, 20, answered)
+
+	// Stopping answers every waiting request (504, the server stopped) and ends their goroutines.
+	stop()
+	natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		if got.total() < n {
+			return fmt.Errorf("%d of %d answered", got.total(), n)
+		}
+		return nil
+	})
+	require.Equal(t, n, got.count("504", ""))
+	require.Equal(t, query.DefaultMaxWaiting, got.count("504", "before the server stopped"))
+}
+
+// TestSeat_WaitingRequestsHoldNoBody: a request waiting for min_seq keeps its decoded fields, not the
+// message it came in: a flood of waiting requests padded with white space to the 1 MiB a request may
+// be holds no more memory than small ones. Its fields are bounded too: requests whose after is a
+// cursor of a MiB wait only while they take less than the waiters' bytes, and the rest are answered
+// 504 at once.
+func TestSeat_WaitingRequestsHoldNoBody(t *testing.T) {
+	h := newHarness(t)
+	h.load(testMesh.Ops())
+	st, _ := h.startSeat(t.TempDir())
+	h.waitCaughtUp(st)
+	applied, _ := st.Store().Applied(provisioner.BucketNeeds)
+	flooder, _ := natstest.Connect(t, h.url)
+
+	heap := func() uint64 {
+		runtime.GC()
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		return m.HeapAlloc
+	}
+	const padded = 32
+	req := fmt.Sprintf(`{"what":"needs","min_seq":%d,"wait_ms":10000}`, applied+1_000_000)
+	body := []byte(req + strings.Repeat(" ", 1<<20-len(req)))
+	before := heap()
+	got := flood(t, flooder, padded, body)
+	natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		if w := st.Server.Waiting(); w < padded {
+			return fmt.Errorf("%d of %d waiting", w, padded)
+		}
+		return nil
+	})
+	held := int64(heap()) - int64(before)
+	require.Less(t, held, int64(padded<<20)/4, "bytes held by %d waiting requests of 1 MiB each", padded)
+	require.Zero(t, got.total(), "none answered yet")
+
+	// A MiB of after each: the waiters' bytes bound them.
+	const long = 40
+	cursor := strings.Repeat("n", 1<<20-200)
+	body = []byte(fmt.Sprintf(`{"what":"needs","min_seq":%d,"wait_ms":10000,"after":%q}`, applied+1_000_000, cursor))
+	got = flood(t, flooder, long, body)
+	natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		if w, c := st.Server.Waiting()-padded, got.count("504", "wait for theirs already"); w+c < long {
+			return fmt.Errorf("%d waiting, %d answered 504, of %d", w, c, long)
+		}
+		return nil
+	})
+	waiting := st.Server.Waiting() - padded
+	require.Positive(t, waiting)
+	require.LessOrEqual(t, waiting, 32, "requests of a MiB of fields waiting at once")
+	require.Equal(t, long-waiting, got.total())
+}
