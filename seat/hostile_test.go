@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/fixtures"
 	"github.com/novox/mesh-provisioner/internal/natstest"
 	"github.com/novox/mesh-provisioner/query"
 )
@@ -181,4 +182,38 @@ func TestSeat_WaitingRequestsHoldNoBody(t *testing.T) {
 	require.Positive(t, waiting)
 	require.LessOrEqual(t, waiting, 32, "requests of a MiB of fields waiting at once")
 	require.Equal(t, long-waiting, got.total())
+}
+
+// TestSeat_AbandonedWalksExpire: docs/decisions.md (The verb), the seat writes the next pages of a walk
+// ahead, keeps at most four, each for two seconds. Many clients that start walks and go away (some
+// closing their connection mid-walk) leave at most four pages, and those go once they are two seconds
+// old, without another walk coming to push them out.
+func TestSeat_AbandonedWalksExpire(t *testing.T) {
+	h := newHarness(t)
+	h.load(testMesh.Ops())
+	st, _ := h.startSeat(t.TempDir())
+	h.waitCaughtUp(st)
+
+	most := 0
+	for i := 0; i < 40; i++ {
+		nc := h.nc
+		if i%2 == 0 {
+			nc, _ = natstest.Connect(t, h.url)
+		}
+		body := []byte(fmt.Sprintf(`{"what":"needs","node":%q,"limit":2}`, fixtures.NodeName(i%testMesh.Nodes)))
+		a, _, err := natstest.Ask(nc, query.Subject, body, false)
+		require.NoError(t, err)
+		require.NotEmpty(t, a.Next, "a walk of more than one page")
+		if nc != h.nc {
+			nc.Close() // gone mid-walk
+		}
+		most = max(most, st.Server.Ahead())
+	}
+	require.LessOrEqual(t, most, 4, "pages kept ahead")
+	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		if n := st.Server.Ahead(); n > 0 {
+			return fmt.Errorf("%d pages still kept", n)
+		}
+		return nil
+	})
 }
