@@ -1,8 +1,11 @@
 package seat_test
 
 import (
+	"context"
+	"encoding/base64"
 	"fmt"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -216,4 +219,110 @@ func TestSeat_AbandonedWalksExpire(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestSeat_RowsNearMaxPayload: docs/decisions.md (The verb), an answer always fits one NATS message.
+// Values near the 1 MiB a message may carry are answered through real NATS, in both formats: every
+// page is answered, within the connection's max payload, every key once and in order, a value too
+// large for any answer comes as value_omitted with its size, and every other value whole.
+func TestSeat_RowsNearMaxPayload(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	require.NoError(t, fixtures.CreateBuckets(ctx, h.js, provisioner.BucketNeeds, provisioner.BucketApplied, provisioner.BucketCollect))
+	kv, err := h.js.KeyValue(ctx, provisioner.BucketApplied)
+	require.NoError(t, err)
+	bin := func(n int) []byte {
+		return append([]byte{0xc6, byte(n >> 24), byte(n >> 16), byte(n >> 8), byte(n)}, make([]byte, n)...)
+	}
+	sizes := []int{1_040_000, 700_000, 600_000, 10, 400_000, 400_000}
+	for i, n := range sizes {
+		_, err := kv.Put(ctx, fmt.Sprintf("n%d.m", i), bin(n))
+		require.NoError(t, err)
+	}
+	st, _ := h.startSeat(t.TempDir())
+	h.waitCaughtUp(st)
+	for _, asMsgpack := range []bool{false, true} {
+		req := map[string]any{"what": "applied"}
+		var keys []string
+		omitted := map[string]int{}
+		for {
+			body, err := natstest.Body(req, asMsgpack)
+			require.NoError(t, err)
+			a, raw, err := natstest.Ask(h.nc, query.Subject, body, asMsgpack)
+			require.NoError(t, err, "msgpack=%v after %v", asMsgpack, req["after"])
+			require.LessOrEqual(t, int64(len(raw)), h.nc.MaxPayload())
+			for _, row := range a.Rows {
+				key := row["key"].(string)
+				keys = append(keys, key)
+				if n, ok := row["value_omitted"]; ok {
+					require.Nil(t, row["value"])
+					omitted[key], _ = strconv.Atoi(fmt.Sprint(n))
+					continue
+				}
+				var i int
+				_, err := fmt.Sscanf(key, "n%d.m", &i)
+				require.NoError(t, err)
+				switch v := row["value"].(type) {
+				case []byte:
+					require.Len(t, v, sizes[i])
+				case string:
+					require.Equal(t, base64.StdEncoding.EncodedLen(sizes[i]), len(v))
+				default:
+					t.Fatalf("value of %s is %T", key, v)
+				}
+			}
+			if a.Next == "" {
+				break
+			}
+			req["after"] = a.Next
+		}
+		require.Equal(t, []string{"n0.m", "n1.m", "n2.m", "n3.m", "n4.m", "n5.m"}, keys, "msgpack=%v", asMsgpack)
+		require.Equal(t, len(bin(sizes[0])), omitted["n0.m"], "msgpack=%v: the value too large for any answer", asMsgpack)
+	}
+}
+
+// TestSeat_ManyClientsWhileIngesting: docs/decisions.md (Serving), answers are written by a few
+// workers. Many clients asking at once, each many requests without waiting for the answers, while the
+// projector takes in a mesh, are all answered, 200, none lost; the requests past what the workers take
+// wait in their queue and the subscription's, and are answered in turn.
+func TestSeat_ManyClientsWhileIngesting(t *testing.T) {
+	h := newHarness(t)
+	ops := testMesh.Ops()
+	h.load(ops[:len(ops)/4])
+	st, _ := h.startSeat(t.TempDir())
+	loaded := make(chan error, 1)
+	go func() { loaded <- fixtures.Load(context.Background(), h.js, ops[len(ops)/4:], 16, nil) }()
+
+	const clients, each = 8, 150
+	var all []*replies
+	for c := 0; c < clients; c++ {
+		nc, _ := natstest.Connect(t, h.url)
+		r := &replies{codes: map[string]int{}}
+		inbox := nats.NewInbox()
+		sub, err := nc.Subscribe(inbox+".*", r.add)
+		require.NoError(t, err)
+		require.NoError(t, sub.SetPendingLimits(-1, -1))
+		for i := 0; i < each; i++ {
+			req := requests()[(c*each+i)%len(requests())]
+			body, err := natstest.Body(req, i%2 == 1)
+			require.NoError(t, err)
+			require.NoError(t, nc.PublishRequest(query.Subject, fmt.Sprintf("%s.%d", inbox, i), body))
+		}
+		require.NoError(t, nc.Flush())
+		all = append(all, r)
+	}
+	require.NoError(t, <-loaded)
+	natstest.CheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
+		for c, r := range all {
+			if n := r.total(); n < each {
+				return fmt.Errorf("client %d: %d of %d answered", c, n, each)
+			}
+		}
+		return nil
+	})
+	for c, r := range all {
+		require.Equal(t, each, r.count("200", ""), "client %d: %v", c, r.codes)
+	}
+	h.waitCaughtUp(st)
+	h.checkAnswer(map[string]any{"what": "needs", "node": fixtures.NodeName(3)})
 }
