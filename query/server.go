@@ -87,6 +87,8 @@ type Options struct {
 	NoReadAhead bool
 	// MaxWaiting is how many requests may wait for their min_seq at once; 0 means DefaultMaxWaiting.
 	MaxWaiting int
+	// MaxQueued is how many requests may wait for a worker; 0 means DefaultMaxQueued.
+	MaxQueued int
 	// Wake, when set, is told of a bucket that a request waits on (min_seq) before it is reached: a
 	// parked composed-<node> bucket tails again at once (projector.Projector.Wake).
 	Wake func(bucket string)
@@ -99,6 +101,17 @@ const (
 	DefaultMaxWaiting = 4096
 	maxWaitingBytes   = 32 << 20 // of the waiting requests' fields
 )
+
+// Bounds of the requests queued for the workers (docs/decisions.md, Serving): past either, a request
+// is answered 500 at once, "busy", rather than queued behind seconds of answers its asker will have
+// stopped waiting for.
+const (
+	DefaultMaxQueued = 4096
+	maxQueuedBytes   = 32 << 20 // of the queued requests' fields
+)
+
+// errBusy is the error of a request that found the workers' queue full.
+var errBusy = errors.New("busy")
 
 // Server serves the verb.
 type Server struct {
@@ -118,11 +131,12 @@ type Server struct {
 	waitingBytes int
 	waitClosed   bool // Stop waits for the waiters: no more start
 
-	jobsMu     sync.RWMutex // held to read by a sender, to write by Stop closing jobs and ahead.jobs
-	jobs       chan job
-	jobsClosed bool
-	workers    sync.WaitGroup
-	ahead      readAhead
+	jobsMu      sync.RWMutex // held to read by a sender, to write by Stop closing jobs and ahead.jobs
+	jobs        chan job
+	jobsClosed  bool
+	queuedBytes atomic.Int64 // of the fields of the requests in jobs
+	workers     sync.WaitGroup
+	ahead       readAhead
 
 	answered [len(answerCodes)]atomic.Int64 // answers by code (Answered)
 }
@@ -264,21 +278,49 @@ func (s *Server) handle(req micro.Request) {
 		}
 	}
 	// Answers are written by a few workers, so a long answer (a module across the mesh) does not hold
-	// up the short ones behind it on the subscription's one goroutine.
-	s.queue(job{req: req, r: r, format: format, start: start})
+	// up the short ones behind it on the subscription's one goroutine. The job keeps the reply subject,
+	// not the message. Past the queue's bounds the request is answered busy, here.
+	if err := s.queue(job{req: replyTo{nc: s.nc, subject: req.Reply()}, r: r, format: format, start: start}, false); err != nil {
+		s.answerError(req, &r, format, err, start, true)
+	}
 }
 
 // queue hands a decoded request to the workers, or answers it here once they have stopped (micro
-// drains its subscription after Stop: a late request is answered on its goroutine).
-func (s *Server) queue(j job) {
+// drains its subscription after Stop: a late request is answered on its goroutine). With the queue
+// full (in requests or in bytes) it returns errBusy, or when wait is set (a request that has waited
+// for its min_seq already) waits for a place.
+func (s *Server) queue(j job, wait bool) error {
 	s.jobsMu.RLock()
 	defer s.jobsMu.RUnlock()
 	if s.jobs == nil || s.jobsClosed {
 		s.respond(j.req, &j.r, j.format, j.start)
-		return
+		return nil
 	}
-	s.jobs <- j
+	j.size = j.r.size()
+	if !wait && s.queuedBytes.Load()+int64(j.size) > maxQueuedBytes {
+		return s.busy()
+	}
+	s.queuedBytes.Add(int64(j.size))
+	if wait {
+		s.jobs <- j
+		return nil
+	}
+	select {
+	case s.jobs <- j:
+		return nil
+	default:
+		s.queuedBytes.Add(-int64(j.size))
+		return s.busy()
+	}
 }
+
+// busy is the error of a request that finds the workers' queue full.
+func (s *Server) busy() error {
+	return fmt.Errorf("%w: the seat is busy, %d requests are queued before this one: ask again shortly, or ask another seat", errBusy, len(s.jobs))
+}
+
+// Queued is how many requests wait for a worker now.
+func (s *Server) Queued() int { return len(s.jobs) }
 
 // waits reports whether a request is to wait for its min_seq before it is answered, and the bucket it
 // waits on: it asks for a sequence its bucket has not applied yet, and may wait for it (wait_ms above
@@ -331,7 +373,7 @@ func (s *Server) startWaiter(reply string, r *Request, format Format, start time
 		// Reached: a worker answers, as any other request, so that a sequence that many wait for
 		// does not set them all writing answers at once. It is not waited for again.
 		w.WaitMS = 0
-		s.queue(job{req: rp, r: w, format: format, start: start})
+		_ = s.queue(job{req: rp, r: w, format: format, start: start}, true)
 	}()
 	return true, nil
 }
@@ -371,6 +413,7 @@ type job struct {
 	r      Request
 	format Format
 	start  time.Time
+	size   int // of its fields, counted in queuedBytes
 }
 
 // startWorkers starts the workers that answer; Stop ends them once the service no longer takes requests.
@@ -379,13 +422,18 @@ func (s *Server) startWorkers() {
 	if n <= 0 {
 		n = max(2, runtime.GOMAXPROCS(0))
 	}
-	s.jobs = make(chan job, 4*n)
+	queued := s.opts.MaxQueued
+	if queued <= 0 {
+		queued = DefaultMaxQueued
+	}
+	s.jobs = make(chan job, queued)
 	s.startReadAhead()
 	for i := 0; i < n; i++ {
 		s.workers.Add(1)
 		go func() {
 			defer s.workers.Done()
 			for j := range s.jobs {
+				s.queuedBytes.Add(-int64(j.size))
 				s.respond(j.req, &j.r, j.format, j.start)
 			}
 		}()
@@ -432,7 +480,7 @@ func (s *Server) respond(req responder, r *Request, format Format, start time.Ti
 func (s *Server) answerError(req responder, r *Request, format Format, err error, start time.Time, inline bool) {
 	code := Code(err)
 	msg := clipText(err.Error())
-	if code == 500 {
+	if code == 500 && !errors.Is(err, errBusy) {
 		s.log.Error("answer failed", "what", r.What, "err", err)
 	}
 	body := ErrorBody(format, msg)

@@ -80,7 +80,8 @@ func TestServer_WaitersAnsweredByTheWorkers(t *testing.T) {
 	ns := natstest.RunServer(t)
 	snc, _ := natstest.Connect(t, ns.ClientURL())
 	const workers = 2
-	s := NewServer(g, Options{Workers: workers, NoReadAhead: true})
+	const queued = 8
+	s := NewServer(g, Options{Workers: workers, MaxQueued: queued, NoReadAhead: true})
 	require.NoError(t, s.Start(snc, nil))
 	t.Cleanup(s.Stop)
 	t.Cleanup(openGate)
@@ -100,10 +101,10 @@ func TestServer_WaitersAnsweredByTheWorkers(t *testing.T) {
 	require.Zero(t, g.most.Load(), "no view opened while they wait")
 
 	put(2)
-	// Every worker is in an answer, their queue (4 a worker) is full, and the rest are still waiting to
-	// be queued.
+	// Every worker is in an answer, their queue is full, and the rest are still waiting to be queued
+	// (they have waited already: they are not answered busy).
 	natstest.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
-		if w, o := s.Waiting(), g.open.Load(); w != n-workers-4*workers || o != workers {
+		if w, o := s.Waiting(), g.open.Load(); w != n-workers-queued || o != workers {
 			return fmt.Errorf("%d waiting, %d views open", w, o)
 		}
 		return nil
@@ -156,4 +157,58 @@ func TestServer_RequestWithoutReplyIsNotAnswered(t *testing.T) {
 		return nil
 	})
 	require.Zero(t, got.get("504"))
+}
+
+// TestServer_FullQueueAnswersBusy: docs/decisions.md (Serving), requests past what the workers' queue
+// holds are answered 500 at once, saying the seat is busy, rather than queued behind answers their
+// askers will have stopped waiting for; those queued are answered, and the seat serves on.
+func TestServer_FullQueueAnswersBusy(t *testing.T) {
+	db := smallStore(t)
+	require.NoError(t, db.Apply(provisioner.BucketNeeds, []provisioner.Message{{Seq: 1, Time: 1, Key: "n1.m.config.a", Op: provisioner.OpPut, Value: []byte{0x80}}}, 0, true))
+	db.SetSynced(provisioner.BucketNeeds, true)
+	g := &gatedReader{Reader: StoreReader(db), gate: make(chan struct{})}
+	var once sync.Once
+	openGate := func() { once.Do(func() { close(g.gate) }) }
+	ns := natstest.RunServer(t)
+	snc, _ := natstest.Connect(t, ns.ClientURL())
+	const workers, queued, n = 1, 10, 200
+	s := NewServer(g, Options{Workers: workers, MaxQueued: queued, NoReadAhead: true})
+	require.NoError(t, s.Start(snc, nil))
+	t.Cleanup(s.Stop)
+	t.Cleanup(openGate)
+
+	nc, _ := natstest.Connect(t, ns.ClientURL())
+	got, inbox := collect(t, nc)
+	for i := 0; i < n; i++ {
+		require.NoError(t, nc.PublishRequest(Subject, fmt.Sprintf("%s.%d", inbox, i), []byte(`{"what":"needs"}`)))
+	}
+	// The worker is held in its first answer: the queue fills, and every other request is answered
+	// busy at once.
+	natstest.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		if b := got.get("500"); b < n-workers-queued {
+			return fmt.Errorf("%d answered busy", b)
+		}
+		return nil
+	})
+	require.Equal(t, n-workers-queued, got.get("500"))
+	require.Zero(t, got.get("200"))
+	require.Equal(t, queued, s.Queued())
+	_, _, err := natstest.Ask(nc, Subject, []byte(`{"what":"needs"}`), false)
+	var ve *natstest.VerbError
+	require.ErrorAs(t, err, &ve)
+	require.Equal(t, 500, ve.Code)
+	require.Contains(t, ve.Description, "busy")
+
+	openGate()
+	natstest.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		if c := got.get("200"); c < workers+queued {
+			return fmt.Errorf("%d answered", c)
+		}
+		return nil
+	})
+	a, _, err := natstest.Ask(nc, Subject, []byte(`{"what":"needs"}`), false)
+	require.NoError(t, err)
+	require.Len(t, a.Rows, 1)
+	require.Equal(t, map[string]int64{"200": workers + queued + 1, "500": n - workers - queued + 1}, s.Answered())
+	require.Zero(t, s.queuedBytes.Load())
 }
