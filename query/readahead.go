@@ -109,10 +109,43 @@ func (s *Server) startReadAhead() {
 	a.done.Add(1)
 	go func() {
 		defer a.done.Done()
-		for j := range a.jobs {
-			s.writeAhead(&j)
+		// Pages nobody asked for (a walk abandoned, its asker gone) are dropped once they are older
+		// than aheadTTL, also when no other page is written after them.
+		expire := time.NewTimer(aheadTTL)
+		defer expire.Stop()
+		for {
+			select {
+			case j, ok := <-a.jobs:
+				if !ok {
+					return
+				}
+				s.writeAhead(&j)
+			case <-expire.C:
+				a.mu.Lock()
+				a.dropStale(s, time.Now())
+				a.mu.Unlock()
+			}
+			expire.Reset(a.untilExpiry())
 		}
 	}()
+}
+
+// untilExpiry is how long until the oldest page kept is older than aheadTTL (aheadTTL when none is).
+func (a *readAhead) untilExpiry() time.Duration {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	d := aheadTTL
+	for _, p := range a.pages {
+		d = min(d, time.Until(p.made.Add(aheadTTL)))
+	}
+	return max(d, time.Millisecond)
+}
+
+// Ahead is how many pages written ahead are kept now.
+func (s *Server) Ahead() int {
+	s.ahead.mu.Lock()
+	defer s.ahead.mu.Unlock()
+	return len(s.ahead.pages)
 }
 
 // readNextAhead asks for the page after e's answer to r to be written ahead, when it has one and a worker is

@@ -271,8 +271,11 @@ func loneSurrogate(raw []byte) bool {
 }
 
 // msgpackFields does for a MessagePack map what jsonFields does for JSON: every key a known field
-// name, none twice. Values are stepped over with mpk.Skip, whose depth is bounded. Malformed
-// MessagePack is left for the decoder to describe.
+// name, none twice. Each member's name and value are stepped over with mpk.Skip first, whose depth is
+// bounded and which reads no length the body does not hold: one that is cut short or holds a byte no
+// object starts with is a bad request here, in member order, before any decoder reads it (the
+// decoder allocates up to a MiB for a string that claims 4 GiB in a body of seven bytes). A name of
+// another type is left for the decoder to describe.
 func msgpackFields(b []byte) error {
 	rd := bytes.NewReader(b)
 	dec := msgpack.NewDecoder(rd)
@@ -282,6 +285,9 @@ func msgpackFields(b []byte) error {
 	}
 	seen := make(map[string]bool, 4)
 	for i := 0; i < n; i++ {
+		if _, err := mpk.Skip(b[len(b)-rd.Len():]); err != nil {
+			return malformed(err)
+		}
 		name, err := dec.DecodeString()
 		if err != nil {
 			return nil
@@ -301,7 +307,7 @@ func msgpackFields(b []byte) error {
 		}
 		m, err := mpk.Skip(b[off:])
 		if err != nil {
-			return nil
+			return malformed(err)
 		}
 		if s, ok := msgpackText(b[off : off+m]); ok && !utf8.Valid(s) {
 			return notUTF8(name)
@@ -311,6 +317,17 @@ func msgpackFields(b []byte) error {
 		}
 	}
 	return nil
+}
+
+// malformed is the error of a member that mpk.Skip cannot step over.
+func malformed(err error) error {
+	switch {
+	case errors.Is(err, mpk.ErrTruncated):
+		return badf("request MessagePack: the body ends inside the map (a member cut short, or a length longer than what follows)")
+	case errors.Is(err, mpk.ErrTooDeep):
+		return badf("request MessagePack: a member is nested more than %d deep", mpk.MaxDepth)
+	}
+	return badf("request MessagePack: a member holds a byte no MessagePack object starts with")
 }
 
 // msgpackType checks the type of a field's value by its first byte, as encoding/json does for a JSON
@@ -490,4 +507,10 @@ func (r *Request) limit() int {
 		return DefaultLimit
 	}
 	return int(*r.Limit)
+}
+
+// size is about what a decoded request holds in memory: its strings, and the rest of it.
+func (r *Request) size() int {
+	return len(r.What) + len(r.Node) + len(r.Module) + len(r.Contributor) + len(r.Collection) + len(r.Kind) +
+		len(r.After) + len(r.At) + 256
 }

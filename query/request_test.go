@@ -3,6 +3,7 @@ package query
 import (
 	"bytes"
 	"encoding/json"
+	"runtime"
 	"strconv"
 	"testing"
 
@@ -216,4 +217,39 @@ func TestDecodeRequest_WrongTypeNamesTheField(t *testing.T) {
 		}
 		require.NoError(t, err, "%T", v)
 	}
+}
+
+// TestDecodeRequest_HostileLengthsAllocateNothing: a MessagePack body whose lengths claim more than it
+// holds (a name or value of 4 GiB in a dozen bytes, a map of 4G members) is a bad request that says it
+// is cut short, read without allocating for what it claims: the decoder used to take a MiB (two, for
+// a name) for each such body before finding it short.
+func TestDecodeRequest_HostileLengthsAllocateNothing(t *testing.T) {
+	what := []byte{0x81, 0xa4, 'w', 'h', 'a', 't'}
+	for name, body := range map[string][]byte{
+		"name str32 4G":         {0x81, 0xdb, 0xff, 0xff, 0xff, 0xff, 'a'},
+		"name str16 64K":        {0x81, 0xda, 0xff, 0xff, 'a'},
+		"value str32 4G":        append(bytes.Clone(what), 0xdb, 0xff, 0xff, 0xff, 0xff, 'a'),
+		"value bin32 4G":        append(bytes.Clone(what), 0xc6, 0xff, 0xff, 0xff, 0xff, 'a'),
+		"value str32 1M":        append(bytes.Clone(what), 0xdb, 0x00, 0x10, 0x00, 0x00, 'a'),
+		"second member cut":     append(append([]byte{0x82}, what[1:]...), 0xa1, 'x', 0xa5, 'l', 'i', 'm', 'i', 't'),
+		"map32 of 4G members":   {0xdf, 0xff, 0xff, 0xff, 0xff, 0xa4, 'w', 'h', 'a', 't', 0xa1, 'x'},
+		"never-used byte value": append(bytes.Clone(what), 0xc1),
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, format, err := DecodeRequest(body)
+			require.Error(t, err)
+			require.Equal(t, 400, Code(err))
+			require.Equal(t, FormatMsgpack, format)
+			var before, after runtime.MemStats
+			runtime.ReadMemStats(&before)
+			const runs = 50
+			for i := 0; i < runs; i++ {
+				_, _, _ = DecodeRequest(body)
+			}
+			runtime.ReadMemStats(&after)
+			require.Less(t, (after.TotalAlloc-before.TotalAlloc)/runs, uint64(16<<10), "bytes allocated to decode %d bytes", len(body))
+		})
+	}
+	_, _, err := DecodeRequest([]byte{0x81, 0xda, 0xff, 0xff, 'a'})
+	require.ErrorContains(t, err, "ends inside the map")
 }

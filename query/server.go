@@ -85,7 +85,33 @@ type Options struct {
 	Workers int
 	// NoReadAhead turns off writing the next page of a paged answer ahead (readahead.go).
 	NoReadAhead bool
+	// MaxWaiting is how many requests may wait for their min_seq at once; 0 means DefaultMaxWaiting.
+	MaxWaiting int
+	// MaxQueued is how many requests may wait for a worker; 0 means DefaultMaxQueued.
+	MaxQueued int
+	// Wake, when set, is told of a bucket that a request waits on (min_seq) before it is reached: a
+	// parked composed-<node> bucket tails again at once (projector.Projector.Wake).
+	Wake func(bucket string)
 }
+
+// Bounds of the requests that wait for min_seq (docs/decisions.md, Serving). A waiting request holds
+// a goroutine and its decoded fields (not its body) until its sequence comes or wait_ms passes; past
+// either bound a request that would wait is answered 504 at once.
+const (
+	DefaultMaxWaiting = 4096
+	maxWaitingBytes   = 32 << 20 // of the waiting requests' fields
+)
+
+// Bounds of the requests queued for the workers (docs/decisions.md, Serving): past either, a request
+// is answered 500 at once, "busy", rather than queued behind seconds of answers its asker will have
+// stopped waiting for.
+const (
+	DefaultMaxQueued = 4096
+	maxQueuedBytes   = 32 << 20 // of the queued requests' fields
+)
+
+// errBusy is the error of a request that found the workers' queue full.
+var errBusy = errors.New("busy")
 
 // Server serves the verb.
 type Server struct {
@@ -100,11 +126,17 @@ type Server struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup // requests waiting for min_seq in their own goroutine
 
-	jobsMu     sync.RWMutex // held to read by a sender, to write by Stop closing jobs and ahead.jobs
-	jobs       chan job
-	jobsClosed bool
-	workers    sync.WaitGroup
-	ahead      readAhead
+	waitMu       sync.Mutex // guards the waiters' count and bytes, and waitClosed
+	waiting      int
+	waitingBytes int
+	waitClosed   bool // Stop waits for the waiters: no more start
+
+	jobsMu      sync.RWMutex // held to read by a sender, to write by Stop closing jobs and ahead.jobs
+	jobs        chan job
+	jobsClosed  bool
+	queuedBytes atomic.Int64 // of the fields of the requests in jobs
+	workers     sync.WaitGroup
+	ahead       readAhead
 
 	answered [len(answerCodes)]atomic.Int64 // answers by code (Answered)
 }
@@ -174,13 +206,13 @@ func (s *Server) Start(nc *nats.Conn, stats func() any) error {
 	if err != nil {
 		return fmt.Errorf("add micro service: %w", err)
 	}
+	s.nc = nc
 	s.startWorkers()
 	if err := svc.AddEndpoint(EndpointName, micro.HandlerFunc(s.handle), micro.WithEndpointSubject(Subject)); err != nil {
 		svc.Stop()
 		return fmt.Errorf("add endpoint: %w", err)
 	}
 	s.svc = svc
-	s.nc = nc
 	// Once Start returns, the server has the subscription, so a client's next request finds the verb
 	// rather than "no responders". A connection that is down re-sends it when it reconnects, and is
 	// not waited for.
@@ -212,11 +244,19 @@ func (s *Server) Stop() {
 	s.workers.Wait()
 	s.stopReadAhead()
 	s.cancel()
+	s.waitMu.Lock()
+	s.waitClosed = true
+	s.waitMu.Unlock()
 	s.wg.Wait()
 }
 
 func (s *Server) handle(req micro.Request) {
 	start := time.Now()
+	if req.Reply() == "" {
+		// Published, not asked: no answer could reach anyone, so none is written (a full page costs
+		// the seat as much as any other), and it holds no place among the waiters.
+		return
+	}
 	r, format, err := DecodeRequest(req.Data())
 	if err != nil {
 		// A bad request is answered here, on the subscription's goroutine: its answer costs nothing to
@@ -226,36 +266,154 @@ func (s *Server) handle(req micro.Request) {
 		s.answerError(req, &r, format, err, start, true)
 		return
 	}
-	if r.MinSeq > 0 && r.At == "" && s.ctx.Err() == nil {
-		// A wait must not hold up the requests behind it: answer from a goroutine of its own (once
-		// stopping, it ends at once, and is answered here).
-		if b := bucketOf(&r); b == "" || appliedSeq(s.r, b) < uint64(r.MinSeq) {
-			s.wg.Add(1)
-			go func() {
-				defer s.wg.Done()
-				s.respond(req, &r, format, start)
-			}()
+	if bucket, ok := s.waits(&r); ok {
+		// A wait must not hold up the requests behind it: it waits in a goroutine of its own, and a
+		// worker answers it once its sequence has come. Past the waiters' bound it is answered now.
+		started, err := s.startWaiter(req.Reply(), &r, format, start, bucket)
+		if err != nil {
+			s.answerError(req, &r, format, err, start, true)
+		}
+		if started || err != nil {
 			return
 		}
 	}
 	// Answers are written by a few workers, so a long answer (a module across the mesh) does not hold
-	// up the short ones behind it on the subscription's one goroutine.
+	// up the short ones behind it on the subscription's one goroutine. The job keeps the reply subject,
+	// not the message. Past the queue's bounds the request is answered busy, here.
+	if err := s.queue(job{req: replyTo{nc: s.nc, subject: req.Reply()}, r: r, format: format, start: start}, false); err != nil {
+		s.answerError(req, &r, format, err, start, true)
+	}
+}
+
+// queue hands a decoded request to the workers, or answers it here once they have stopped (micro
+// drains its subscription after Stop: a late request is answered on its goroutine). With the queue
+// full (in requests or in bytes) it returns errBusy, or when wait is set (a request that has waited
+// for its min_seq already) waits for a place.
+func (s *Server) queue(j job, wait bool) error {
 	s.jobsMu.RLock()
 	defer s.jobsMu.RUnlock()
 	if s.jobs == nil || s.jobsClosed {
-		// micro drains its subscription after Stop: a late request is answered here.
-		s.respond(req, &r, format, start)
-		return
+		s.respond(j.req, &j.r, j.format, j.start)
+		return nil
 	}
-	s.jobs <- job{req: req, r: r, format: format, start: start}
+	j.size = j.r.size()
+	if !wait && s.queuedBytes.Load()+int64(j.size) > maxQueuedBytes {
+		return s.busy()
+	}
+	s.queuedBytes.Add(int64(j.size))
+	if wait {
+		s.jobs <- j
+		return nil
+	}
+	select {
+	case s.jobs <- j:
+		return nil
+	default:
+		s.queuedBytes.Add(-int64(j.size))
+		return s.busy()
+	}
+}
+
+// busy is the error of a request that finds the workers' queue full.
+func (s *Server) busy() error {
+	return fmt.Errorf("%w: the seat is busy, %d requests are queued before this one: ask again shortly, or ask another seat", errBusy, len(s.jobs))
+}
+
+// Queued is how many requests wait for a worker now.
+func (s *Server) Queued() int { return len(s.jobs) }
+
+// waits reports whether a request is to wait for its min_seq before it is answered, and the bucket it
+// waits on: it asks for a sequence its bucket has not applied yet, and may wait for it (wait_ms above
+// 0, the server not stopping). One that may not wait goes to the workers, which answer it 504 at once.
+func (s *Server) waits(r *Request) (string, bool) {
+	if r.MinSeq <= 0 || r.At != "" || r.WaitMS <= 0 || s.ctx.Err() != nil {
+		return "", false
+	}
+	b := bucketOf(r)
+	return b, b != "" && appliedSeq(s.r, b) < uint64(r.MinSeq)
+}
+
+// startWaiter starts the goroutine a request waits in, holding its reply subject and its decoded
+// fields, not the message: a body of 1 MiB of white space costs a waiter nothing. It reports false
+// once Stop has ended the waiters, and a 504 past the waiters' bounds.
+func (s *Server) startWaiter(reply string, r *Request, format Format, start time.Time, bucket string) (bool, error) {
+	size := r.size()
+	limit := s.opts.MaxWaiting
+	if limit <= 0 {
+		limit = DefaultMaxWaiting
+	}
+	s.waitMu.Lock()
+	defer s.waitMu.Unlock()
+	if s.waitClosed {
+		return false, nil
+	}
+	if s.waiting >= limit || s.waitingBytes+size > maxWaitingBytes {
+		return false, fmt.Errorf("%w: min_seq %d not reached (applied %d), and %d requests wait for theirs already, as many as this seat holds: ask again", errTimeout, r.MinSeq, appliedSeq(s.r, bucket), s.waiting)
+	}
+	s.waiting++
+	s.waitingBytes += size
+	s.wg.Add(1)
+	rp := replyTo{nc: s.nc, subject: reply}
+	w := *r
+	go func() {
+		defer s.wg.Done()
+		defer func() {
+			s.waitMu.Lock()
+			s.waiting--
+			s.waitingBytes -= size
+			s.waitMu.Unlock()
+		}()
+		if s.opts.Wake != nil {
+			s.opts.Wake(bucket)
+		}
+		if err := waitApplied(s.ctx, s.r, bucket, uint64(w.MinSeq), w.WaitMS); err != nil {
+			s.answerError(rp, &w, format, err, start, false)
+			return
+		}
+		// Reached: a worker answers, as any other request, so that a sequence that many wait for
+		// does not set them all writing answers at once. It is not waited for again.
+		w.WaitMS = 0
+		_ = s.queue(job{req: rp, r: w, format: format, start: start}, true)
+	}()
+	return true, nil
+}
+
+// Waiting is how many requests wait for their min_seq now.
+func (s *Server) Waiting() int {
+	s.waitMu.Lock()
+	defer s.waitMu.Unlock()
+	return s.waiting
+}
+
+// responder is what answering needs of a request: micro's, or the reply subject a waiter kept.
+type responder interface {
+	Respond(data []byte, opts ...micro.RespondOpt) error
+}
+
+// replyTo answers on a reply subject, as micro's request does.
+type replyTo struct {
+	nc      *nats.Conn
+	subject string
+}
+
+func (r replyTo) Respond(data []byte, opts ...micro.RespondOpt) error {
+	if r.nc == nil || r.subject == "" {
+		return nats.ErrMsgNoReply
+	}
+	m := &nats.Msg{Subject: r.subject, Data: data}
+	for _, o := range opts {
+		o(m)
+	}
+	return r.nc.PublishMsg(m)
 }
 
 // job is a decoded request waiting for a worker.
 type job struct {
-	req    micro.Request
+	req    responder
 	r      Request
 	format Format
 	start  time.Time
+	size   int // of its fields, counted in queuedBytes
 }
 
 // startWorkers starts the workers that answer; Stop ends them once the service no longer takes requests.
@@ -264,13 +422,18 @@ func (s *Server) startWorkers() {
 	if n <= 0 {
 		n = max(2, runtime.GOMAXPROCS(0))
 	}
-	s.jobs = make(chan job, 4*n)
+	queued := s.opts.MaxQueued
+	if queued <= 0 {
+		queued = DefaultMaxQueued
+	}
+	s.jobs = make(chan job, queued)
 	s.startReadAhead()
 	for i := 0; i < n; i++ {
 		s.workers.Add(1)
 		go func() {
 			defer s.workers.Done()
 			for j := range s.jobs {
+				s.queuedBytes.Add(-int64(j.size))
 				s.respond(j.req, &j.r, j.format, j.start)
 			}
 		}()
@@ -283,7 +446,7 @@ func appliedSeq(r applied, bucket string) uint64 {
 }
 
 // respond answers a decoded request.
-func (s *Server) respond(req micro.Request, r *Request, format Format, start time.Time) {
+func (s *Server) respond(req responder, r *Request, format Format, start time.Time) {
 	e := s.pool.Get().(*Encoder)
 	defer func() { s.pool.Put(e) }()
 	max := maxAnswer(s.nc)
@@ -314,17 +477,17 @@ func (s *Server) respond(req micro.Request, r *Request, format Format, start tim
 // handler (inline) it goes through req.Error, which micro counts in its stats; a worker answers after
 // the handler has returned, when micro no longer reads what req.Error records, so it sends the same
 // headers with Respond.
-func (s *Server) answerError(req micro.Request, r *Request, format Format, err error, start time.Time, inline bool) {
+func (s *Server) answerError(req responder, r *Request, format Format, err error, start time.Time, inline bool) {
 	code := Code(err)
 	msg := clipText(err.Error())
-	if code == 500 {
+	if code == 500 && !errors.Is(err, errBusy) {
 		s.log.Error("answer failed", "what", r.What, "err", err)
 	}
 	body := ErrorBody(format, msg)
 	s.count(code)
 	var rerr error
-	if inline && msg != "" { // micro refuses an empty description
-		rerr = req.Error(strconv.Itoa(code), msg, body)
+	if m, ok := req.(micro.Request); ok && inline && msg != "" { // micro refuses an empty description
+		rerr = m.Error(strconv.Itoa(code), msg, body)
 	} else {
 		hdr := micro.Headers{micro.ErrorCodeHeader: []string{strconv.Itoa(code)}, micro.ErrorHeader: []string{msg}}
 		rerr = req.Respond(body, micro.WithHeaders(hdr))

@@ -146,6 +146,7 @@ func Start(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, db *store
 		})}
 	if cfg.Plans {
 		qo.Plans = query.Plans(s.reader, s.PlansSynced, s.wake)
+		qo.Wake = s.wake // a request waiting for a composed-<node> sequence wakes its bucket
 	}
 	s.Server = query.NewServer(s.reader, qo)
 	// $SRV.STATS carries where each bucket stands (see ops.go).

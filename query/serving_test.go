@@ -1,0 +1,214 @@
+package query
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+	"github.com/stretchr/testify/require"
+
+	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/internal/natstest"
+)
+
+// gatedReader is a store's Reader that counts the views open at once, and holds each one from
+// opening until its gate opens.
+type gatedReader struct {
+	Reader
+	gate       chan struct{}
+	open, most atomic.Int64
+}
+
+func (g *gatedReader) View() (View, error) {
+	n := g.open.Add(1)
+	for m := g.most.Load(); n > m && !g.most.CompareAndSwap(m, n); m = g.most.Load() {
+	}
+	<-g.gate
+	g.open.Add(-1)
+	return g.Reader.View()
+}
+
+// codes collects answers on an inbox: how many of each code (200 when none).
+type codes struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func collect(t *testing.T, nc *nats.Conn) (*codes, string) {
+	t.Helper()
+	c := &codes{n: map[string]int{}}
+	inbox := nats.NewInbox()
+	sub, err := nc.Subscribe(inbox+".*", func(m *nats.Msg) {
+		code := m.Header.Get(micro.ErrorCodeHeader)
+		if code == "" {
+			code = "200"
+		}
+		c.mu.Lock()
+		c.n[code]++
+		c.mu.Unlock()
+	})
+	require.NoError(t, err)
+	require.NoError(t, sub.SetPendingLimits(-1, -1))
+	return c, inbox
+}
+
+func (c *codes) get(code string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n[code]
+}
+
+// TestServer_WaitersAnsweredByTheWorkers: docs/decisions.md (Serving), answers are written by a few
+// workers. Requests that wait for the same sequence wake together when it comes; they are answered by
+// the workers, never more at once than there are workers, not each in its own goroutine at the same
+// moment (a page of up to a NATS message each).
+func TestServer_WaitersAnsweredByTheWorkers(t *testing.T) {
+	db := smallStore(t)
+	put := func(seq uint64) {
+		msg := provisioner.Message{Seq: seq, Time: int64(seq), Key: fmt.Sprintf("n%d.m.config.a", seq), Op: provisioner.OpPut, Value: []byte{0x80}}
+		require.NoError(t, db.Apply(provisioner.BucketNeeds, []provisioner.Message{msg}, 0, true))
+	}
+	put(1)
+	db.SetSynced(provisioner.BucketNeeds, true)
+	g := &gatedReader{Reader: StoreReader(db), gate: make(chan struct{})}
+	var once sync.Once
+	openGate := func() { once.Do(func() { close(g.gate) }) }
+	ns := natstest.RunServer(t)
+	snc, _ := natstest.Connect(t, ns.ClientURL())
+	const workers = 2
+	const queued = 8
+	s := NewServer(g, Options{Workers: workers, MaxQueued: queued, NoReadAhead: true})
+	require.NoError(t, s.Start(snc, nil))
+	t.Cleanup(s.Stop)
+	t.Cleanup(openGate)
+
+	nc, _ := natstest.Connect(t, ns.ClientURL())
+	got, inbox := collect(t, nc)
+	const n = 40
+	for i := 0; i < n; i++ {
+		require.NoError(t, nc.PublishRequest(Subject, fmt.Sprintf("%s.%d", inbox, i), []byte(`{"what":"needs","min_seq":2,"wait_ms":10000}`)))
+	}
+	natstest.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		if w := s.Waiting(); w < n {
+			return fmt.Errorf("%d of %d waiting", w, n)
+		}
+		return nil
+	})
+	require.Zero(t, g.most.Load(), "no view opened while they wait")
+
+	put(2)
+	// Every worker is in an answer, their queue is full, and the rest are still waiting to be queued
+	// (they have waited already: they are not answered busy).
+	natstest.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		if w, o := s.Waiting(), g.open.Load(); w != n-workers-queued || o != workers {
+			return fmt.Errorf("%d waiting, %d views open", w, o)
+		}
+		return nil
+	})
+	require.EqualValues(t, workers, g.most.Load(), "views open at once")
+	openGate()
+	natstest.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		if c := got.get("200"); c < n {
+			return fmt.Errorf("%d of %d answered", c, n)
+		}
+		return nil
+	})
+	require.EqualValues(t, workers, g.most.Load(), "views open at once")
+	require.Zero(t, s.Waiting())
+}
+
+// TestServer_RequestWithoutReplyIsNotAnswered: a request published without a reply subject has no
+// one to answer: it is not answered, and takes no place among the requests waiting for min_seq, so
+// such a flood leaves the waiters' places to those who ask.
+func TestServer_RequestWithoutReplyIsNotAnswered(t *testing.T) {
+	db := smallStore(t)
+	require.NoError(t, db.Apply(provisioner.BucketNeeds, []provisioner.Message{{Seq: 1, Time: 1, Key: "n1.m.config.a", Op: provisioner.OpPut, Value: []byte{0x80}}}, 0, true))
+	db.SetSynced(provisioner.BucketNeeds, true)
+	ns := natstest.RunServer(t)
+	snc, _ := natstest.Connect(t, ns.ClientURL())
+	s := NewServer(StoreReader(db), Options{MaxWaiting: 10})
+	require.NoError(t, s.Start(snc, nil))
+	t.Cleanup(s.Stop)
+	nc, _ := natstest.Connect(t, ns.ClientURL())
+	for i := 0; i < 100; i++ {
+		require.NoError(t, nc.Publish(Subject, []byte(`{"what":"needs","min_seq":5,"wait_ms":10000}`)))
+		require.NoError(t, nc.Publish(Subject, []byte(`{"what":"needs"}`)))
+		require.NoError(t, nc.Publish(Subject, []byte(`{"what":"needs","limit":0}`)))
+	}
+	// Requests are handled in order: once this one is answered, the published ones were handled.
+	a, _, err := natstest.Ask(nc, Subject, []byte(`{"what":"needs"}`), false)
+	require.NoError(t, err)
+	require.Len(t, a.Rows, 1)
+	require.Zero(t, s.Waiting())
+	require.Equal(t, map[string]int64{"200": 1}, s.Answered())
+	// The waiters' places are free for those who ask.
+	got, inbox := collect(t, nc)
+	for i := 0; i < 10; i++ {
+		require.NoError(t, nc.PublishRequest(Subject, fmt.Sprintf("%s.%d", inbox, i), []byte(`{"what":"needs","min_seq":5,"wait_ms":10000}`)))
+	}
+	natstest.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		if w := s.Waiting(); w < 10 {
+			return fmt.Errorf("%d of 10 waiting", w)
+		}
+		return nil
+	})
+	require.Zero(t, got.get("504"))
+}
+
+// TestServer_FullQueueAnswersBusy: docs/decisions.md (Serving), requests past what the workers' queue
+// holds are answered 500 at once, saying the seat is busy, rather than queued behind answers their
+// askers will have stopped waiting for; those queued are answered, and the seat serves on.
+func TestServer_FullQueueAnswersBusy(t *testing.T) {
+	db := smallStore(t)
+	require.NoError(t, db.Apply(provisioner.BucketNeeds, []provisioner.Message{{Seq: 1, Time: 1, Key: "n1.m.config.a", Op: provisioner.OpPut, Value: []byte{0x80}}}, 0, true))
+	db.SetSynced(provisioner.BucketNeeds, true)
+	g := &gatedReader{Reader: StoreReader(db), gate: make(chan struct{})}
+	var once sync.Once
+	openGate := func() { once.Do(func() { close(g.gate) }) }
+	ns := natstest.RunServer(t)
+	snc, _ := natstest.Connect(t, ns.ClientURL())
+	const workers, queued, n = 1, 10, 200
+	s := NewServer(g, Options{Workers: workers, MaxQueued: queued, NoReadAhead: true})
+	require.NoError(t, s.Start(snc, nil))
+	t.Cleanup(s.Stop)
+	t.Cleanup(openGate)
+
+	nc, _ := natstest.Connect(t, ns.ClientURL())
+	got, inbox := collect(t, nc)
+	for i := 0; i < n; i++ {
+		require.NoError(t, nc.PublishRequest(Subject, fmt.Sprintf("%s.%d", inbox, i), []byte(`{"what":"needs"}`)))
+	}
+	// The worker is held in its first answer: the queue fills, and every other request is answered
+	// busy at once.
+	natstest.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		if b := got.get("500"); b < n-workers-queued {
+			return fmt.Errorf("%d answered busy", b)
+		}
+		return nil
+	})
+	require.Equal(t, n-workers-queued, got.get("500"))
+	require.Zero(t, got.get("200"))
+	require.Equal(t, queued, s.Queued())
+	_, _, err := natstest.Ask(nc, Subject, []byte(`{"what":"needs"}`), false)
+	var ve *natstest.VerbError
+	require.ErrorAs(t, err, &ve)
+	require.Equal(t, 500, ve.Code)
+	require.Contains(t, ve.Description, "busy")
+
+	openGate()
+	natstest.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		if c := got.get("200"); c < workers+queued {
+			return fmt.Errorf("%d answered", c)
+		}
+		return nil
+	})
+	a, _, err := natstest.Ask(nc, Subject, []byte(`{"what":"needs"}`), false)
+	require.NoError(t, err)
+	require.Len(t, a.Rows, 1)
+	require.Equal(t, map[string]int64{"200": workers + queued + 1, "500": n - workers - queued + 1}, s.Answered())
+	require.Zero(t, s.queuedBytes.Load())
+}
