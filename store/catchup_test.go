@@ -99,3 +99,40 @@ func TestBulkLoad_HoldsUntilClose(t *testing.T) {
 	require.Eventually(t, func() bool { return compactions(db) > 0 }, 30*time.Second, 10*time.Millisecond,
 		"the next open compacts what the bulk load left in L0")
 }
+
+// TestCompact_ACancelledManualCompactionIsNotCancelledInPebble: a manual compaction asked for while a
+// catch-up holds compactions back (the event log's, after a trim by size) is picked by Pebble and held
+// for the scheduler's next grant. Pebble cancelled it when the asker's context ended (a seat
+// stopping), dropping it from its queue but not from what it held, and the grant after the catch-up
+// panicked ("did not find manual compaction with id 1"), taking the process down. The asker now
+// returns at once and Pebble carries on: the compaction runs when the wait ends, or ends with Close.
+func TestCompact_ACancelledManualCompactionIsNotCancelledInPebble(t *testing.T) {
+	start := func(t *testing.T) (*DB, context.CancelFunc, chan error) {
+		db, err := Open(t.TempDir(), Options{MemTableSize: 4 << 20})
+		require.NoError(t, err)
+		var seq uint64
+		db.CatchingUp(provisioner.BucketNeeds, CatchUpBehind)
+		for i := 0; i < 3; i++ {
+			fill(t, db, &seq, 500)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- db.compact(ctx, []byte{prefixHistory}, []byte{prefixEvent + 1}, false) }()
+		// Picked and held: the catch-up grants nothing.
+		require.Never(t, func() bool { return len(done) > 0 }, 300*time.Millisecond, 10*time.Millisecond)
+		require.Zero(t, compactions(db))
+		cancel()
+		require.ErrorIs(t, <-done, context.Canceled, "the asker returns at once")
+		return db, cancel, done
+	}
+	t.Run("the wait ends", func(t *testing.T) {
+		db, _, _ := start(t)
+		defer db.Close()
+		db.CatchingUp(provisioner.BucketNeeds, 0)
+		require.Eventually(t, func() bool { return compactions(db) > 0 }, 30*time.Second, 10*time.Millisecond, "it runs")
+	})
+	t.Run("the store closes first", func(t *testing.T) {
+		db, _, _ := start(t)
+		require.NoError(t, db.Close(), "Close does not wait for a compaction that never started")
+	})
+}

@@ -118,6 +118,12 @@ type DB struct {
 	// histLocks holds a mutex per bucket for trims and Forget (forget.go).
 	histLocks sync.Map
 
+	// closing ends when the store has closed: the manual compactions it asked Pebble for (compact)
+	// end with it; compactions is those under way.
+	closing        context.Context
+	endCompactions context.CancelFunc
+	compactions    sync.WaitGroup
+
 	// pinMu guards pin: while a rollup's removals are committed in parts (removeInParts), views read
 	// the store as it was before the first part, so no answer holds part of a rollup's removals.
 	pinMu sync.Mutex
@@ -246,6 +252,7 @@ func Open(dir string, opts Options) (*DB, error) {
 	db.broken = broken
 	db.catchUp = catchUp
 	db.minFree = minFree
+	db.closing, db.endCompactions = context.WithCancel(context.Background())
 	return db, nil
 }
 
@@ -499,6 +506,9 @@ func (db *DB) Close() error {
 	if cerr := db.pdb.Close(); err == nil {
 		err = cerr
 	}
+	// Only now, with no compaction left to schedule, are the manual ones still queued let go (compact).
+	db.endCompactions()
+	db.compactions.Wait()
 	if db.state != nil {
 		if serr := db.state.Close(); err == nil {
 			err = serr
@@ -558,5 +568,26 @@ func (db *DB) CompactAll(ctx context.Context) error {
 	if err := db.pdb.Flush(); err != nil {
 		return err
 	}
-	return db.pdb.Compact(ctx, []byte{0x00}, []byte{0xff}, true)
+	return db.compact(ctx, []byte{0x00}, []byte{0xff}, true)
+}
+
+// compact asks Pebble for a manual compaction of [start, end], and returns when it is done or ctx
+// ends, whichever comes first; in the second case Pebble carries on with it, and it ends when the
+// store closes at the latest. Pebble is never asked to cancel it: Pebble (v2.1.7) drops a cancelled
+// manual compaction from its queue but not from the compaction it may have picked already and holds
+// for the scheduler's next grant (which a catch-up holds back, catchup.go), and that grant then
+// panics ("did not find manual compaction with id"), taking the seat down.
+func (db *DB) compact(ctx context.Context, start, end []byte, parallelize bool) error {
+	done := make(chan error, 1)
+	db.compactions.Add(1)
+	go func() {
+		defer db.compactions.Done()
+		done <- db.pdb.Compact(db.closing, start, end, parallelize)
+	}()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }

@@ -483,7 +483,7 @@ func (r *Retention) Apply(ctx context.Context) (int, error) {
 	if bySize && total > 0 {
 		// Deleted events free their space only once compacted; without it the next round would find
 		// the log still too big and trim again.
-		if err := r.db.pdb.Compact(ctx, []byte{prefixHistory}, []byte{prefixEvent + 1}, false); err != nil && ctx.Err() == nil {
+		if err := r.db.compact(ctx, []byte{prefixHistory}, []byte{prefixEvent + 1}, false); err != nil && ctx.Err() == nil {
 			errs = errors.Join(errs, fmt.Errorf("compact the event log: %w", err))
 		}
 	}
