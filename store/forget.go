@@ -85,7 +85,7 @@ func (db *DB) forget(bucket string, at int64, resume *Checkpoint) error {
 	// The ranges first: the point writes below (the forgotten mark, inside the marks' range, and the
 	// plan rows) come later in the batch, so they win over them.
 	var ranges [][2][]byte
-	for _, p := range []byte{prefixRow, prefixIndex, prefixAnomaly, prefixHistory, prefixEvent, prefixMarks} {
+	for _, p := range []byte{prefixRow, prefixIndex, prefixAnomaly, prefixNodeAnom, prefixHistory, prefixEvent, prefixMarks} {
 		lo := bucketPrefix(nil, p, bucket)
 		ranges = append(ranges, [2][]byte{lo, prefixEnd(lo)})
 	}

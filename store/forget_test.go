@@ -55,7 +55,7 @@ func isOf(k, bucket, node string) bool {
 	switch k[0] {
 	case 0x02:
 		return k[1:] == bucket
-	case 0x03, 0x04, 0x05, 0x06, 0x07, 0x09:
+	case 0x03, 0x04, 0x05, 0x06, 0x07, 0x09, 0x0a:
 		return strings.HasPrefix(k[1:], name)
 	case 0x08:
 		return strings.HasPrefix(k[1:], "b"+node+"\x00\x01") || strings.HasPrefix(k[1:], "r"+node+".") ||

@@ -122,12 +122,15 @@ type DB struct {
 }
 
 type bucketState struct {
-	name   string
-	cp     Checkpoint      // under DB.applyMu
-	anom   map[string]byte // raw key -> anomaly classes present; under DB.applyMu
-	seq    atomic.Uint64   // cp.Applied, readable without the lock
-	synced atomic.Bool
-	notify atomic.Pointer[chan struct{}] // closed and replaced after each commit that moves seq (wake)
+	name string
+	cp   Checkpoint      // under DB.applyMu
+	anom map[string]byte // raw key -> anomaly classes present; under DB.applyMu
+	// nodeAnom is how many anomaly rows each node has (the raw keys' first token), as committed under
+	// prefixNodeAnom; under DB.applyMu.
+	nodeAnom map[string]int64
+	seq      atomic.Uint64 // cp.Applied, readable without the lock
+	synced   atomic.Bool
+	notify   atomic.Pointer[chan struct{}] // closed and replaced after each commit that moves seq (wake)
 	// known: the store holds something of the bucket (a checkpoint, anomalies) or its projector said
 	// where it stands (SetSynced); under DB.mu. Reads make no state (lookup); a state an Apply made
 	// before its commit failed is not known, so Buckets, and the metrics and stats that list it, do not
@@ -312,9 +315,13 @@ func (db *DB) load(fresh bool) error {
 		}
 		b := db.known(bucket)
 		b.anom[key] |= class
+		b.nodeAnom[anomalyNode(key)]++
 	}
 	if err := it.Close(); err != nil {
 		return fmt.Errorf("%w: %v", ErrCorrupt, err)
+	}
+	if err := db.reconcileNodeAnomalies(); err != nil {
+		return err
 	}
 
 	p := bucketPrefix([]byte{}, prefixRow, provisioner.BucketRegistry)
@@ -370,7 +377,7 @@ func (db *DB) bucket(name string) *bucketState {
 	defer db.mu.Unlock()
 	b, ok := db.buckets[name]
 	if !ok {
-		b = &bucketState{name: name, anom: map[string]byte{}}
+		b = &bucketState{name: name, anom: map[string]byte{}, nodeAnom: map[string]int64{}}
 		ch := make(chan struct{})
 		b.notify.Store(&ch)
 		db.buckets[name] = b
