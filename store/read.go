@@ -234,3 +234,6 @@ func (v *rows) Anomalies(bucket, node string, max int, fn func(provisioner.Anoma
 
 // Buckets lists the buckets the store holds a checkpoint or anomalies for.
 func (v *View) Buckets() []string { return v.db.Buckets() }
+
+// DB is the store the view reads.
+func (v *View) DB() *DB { return v.db }
