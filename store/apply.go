@@ -334,6 +334,7 @@ func (a *applier) finish(bucket string, cp *Checkpoint, sync, moved bool) error 
 		a.set(checkpointKey(name), c.encode(nil))
 	}
 	nodeAnom := a.writeNodeAnom(a.nodeAnomDeltas())
+	composedAnom := a.writeComposedAnom(a.composedAnomDelta())
 	if err := a.w.writeTo(a.batch); err != nil {
 		return err
 	}
@@ -349,6 +350,7 @@ func (a *applier) finish(bucket string, cp *Checkpoint, sync, moved bool) error 
 	if a.schemaRollup {
 		db.schema = schemaRollup
 	}
+	db.composedAnom = composedAnom
 	for name, c := range a.cps {
 		b := db.known(name)
 		b.cp = *c

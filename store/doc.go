@@ -21,6 +21,8 @@
 //
 //	0x01 "schema"                                           -> schema version (decimal text): 1, or 2 once
 //	                                                           the event log holds a rollup (store.go)
+//	0x01 "composed-anomalies"                               -> uvarint anomaly rows of every
+//	                                                           composed-<node> bucket together (nodeanom.go)
 //	0x02 <bucket>                                           -> checkpoint: uvarint applied seq,
 //	                                                           varint stream created (Unix ns),
 //	                                                           varint anomaly rows

@@ -43,7 +43,7 @@ func TestView_NodeAnomaliesReadOnlyWhatTheyList(t *testing.T) {
 // TestDB_NodeAnomalyCountsFollowTheRows: the count of each node's anomaly rows equals the rows, through
 // puts out of shape and back, deletes, keys of two classes, a registry that raises and clears
 // unanswered kinds, a reopen, a store that lost its counts (written before they existed), and a
-// forgotten bucket.
+// forgotten bucket; and so does the sum of every composed-<node> bucket's anomaly rows.
 func TestDB_NodeAnomalyCountsFollowTheRows(t *testing.T) {
 	dir := t.TempDir()
 	db, err := Open(dir, Options{})
@@ -58,6 +58,13 @@ func TestDB_NodeAnomalyCountsFollowTheRows(t *testing.T) {
 		defer v.Close()
 		var sum int64
 		defer func() { require.Positive(t, sum, "%s: no anomaly rows to count", label) }()
+		listed := 0
+		total, err := v.ComposedAnomalies(math.MaxInt, func(a provisioner.Anomaly) {
+			require.True(t, provisioner.IsComposedBucket(a.Bucket), a.Bucket)
+			listed++
+		})
+		require.NoError(t, err)
+		require.EqualValues(t, listed, total, "%s: every composed-<node> bucket's", label)
 		for _, bucket := range []string{provisioner.BucketNeeds, provisioner.BucketApplied, provisioner.ComposedPrefix + "n1"} {
 			for _, node := range nodes {
 				listed := 0
@@ -72,7 +79,7 @@ func TestDB_NodeAnomalyCountsFollowTheRows(t *testing.T) {
 	seq := map[string]uint64{}
 	regSeq := uint64(0)
 	for round := 0; round < 30; round++ {
-		for _, bucket := range []string{provisioner.BucketNeeds, provisioner.BucketApplied, provisioner.ComposedPrefix + "n1"} {
+		for _, bucket := range []string{provisioner.BucketNeeds, provisioner.BucketApplied, provisioner.ComposedPrefix + "n1", provisioner.ComposedPrefix + "n2"} {
 			var msgs []provisioner.Message
 			for i := 0; i < 40; i++ {
 				node := nodes[r.IntN(len(nodes))]
@@ -107,6 +114,7 @@ func TestDB_NodeAnomalyCountsFollowTheRows(t *testing.T) {
 	// A store written before the counts existed has none: its first open counts them.
 	require.NoError(t, db.pdb.DeleteRange([]byte{prefixNodeAnom}, []byte{prefixNodeAnom + 1}, pebble.Sync))
 	require.NoError(t, db.pdb.Set(nodeAnomKey(nil, provisioner.BucketNeeds, "gone"), []byte{5}, pebble.Sync))
+	require.NoError(t, db.pdb.Delete(composedAnomKey(), pebble.Sync))
 	require.NoError(t, db.Close())
 	db, err = Open(dir, Options{})
 	require.NoError(t, err)

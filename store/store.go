@@ -108,6 +108,9 @@ type DB struct {
 	created chan struct{} // closed when a bucket state is created: Changed of a bucket the store has none of
 
 	kinds map[string]struct{} // registry kinds present; under applyMu
+	// composedAnom is the anomaly rows of every composed-<node> bucket together, as committed under
+	// composedAnomKey (nodeanom.go); under applyMu.
+	composedAnom int64
 	// schema is the state dir's schema version as written (schemaBase or schemaRollup); under applyMu.
 	schema int
 
@@ -321,6 +324,9 @@ func (db *DB) load(fresh bool) error {
 		return fmt.Errorf("%w: %v", ErrCorrupt, err)
 	}
 	if err := db.reconcileNodeAnomalies(); err != nil {
+		return err
+	}
+	if err := db.reconcileComposedAnomalies(); err != nil {
 		return err
 	}
 
