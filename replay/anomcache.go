@@ -4,7 +4,6 @@ import (
 	"sync"
 
 	provisioner "github.com/novox/mesh-provisioner"
-	"github.com/novox/mesh-provisioner/store"
 )
 
 // An answer with at carries the anomalies of its bucket as of the point, narrowed by node, and how
@@ -24,7 +23,7 @@ const anomalyCacheSize = 8
 // whose sequences may be of a recreated stream), the bucket, the point, the registry's kinds as of
 // the moment (their sequence), and the node narrowed by.
 type anomalyKey struct {
-	db          *store.DB
+	store       uint64 // store.DB.ID
 	bucket      string
 	seq         uint64
 	registrySeq uint64

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -33,8 +34,9 @@ func TestHandler_PagesDeriveAnomaliesOnce(t *testing.T) {
 		msgs = append(msgs, provisioner.Message{Seq: uint64(i + 1), Time: int64(i + 2), Key: fmt.Sprintf("n1.m.%s.k%05d", kind, i), Op: provisioner.OpPut, Value: []byte{0x01}})
 	}
 	require.NoError(t, db.Apply(provisioner.BucketNeeds, msgs, 1, false))
+	cur := db // the store the seat reads: a rebuild swaps another in
 	open := func() (*store.View, func(), error) {
-		v, err := db.View()
+		v, err := cur.View()
 		if err != nil {
 			return nil, nil, err
 		}
@@ -49,7 +51,7 @@ func TestHandler_PagesDeriveAnomaliesOnce(t *testing.T) {
 		require.NoError(t, at(context.Background(), r, &cached))
 	}
 	fresh := func(r *query.Request) []byte {
-		v, err := db.View()
+		v, err := cur.View()
 		require.NoError(t, err)
 		defer v.Close()
 		derived.Reset(query.FormatMsgpack)
@@ -96,4 +98,23 @@ func TestHandler_PagesDeriveAnomaliesOnce(t *testing.T) {
 	page(&req)
 	require.Equal(t, fresh(&req), cached.Bytes())
 	require.Equal(t, 0, total(cached.Bytes()))
+
+	// A rebuilt store, whose needs at the same sequences ask another kind no registry entry answers:
+	// its anomalies are its own, not those kept of the store before it.
+	rebuilt, err := store.Open(t.TempDir(), store.Options{})
+	require.NoError(t, err)
+	defer rebuilt.Close()
+	require.NoError(t, rebuilt.Apply(provisioner.BucketRegistry, []provisioner.Message{{Seq: 1, Time: 1, Key: reg.Kind, Op: provisioner.OpPut, Value: reg.Value()},
+		{Seq: 2, Time: 1, Key: "wish", Op: provisioner.OpPut, Value: reg.Value()}}, 1, false))
+	for i := range msgs {
+		if i%2 == 0 {
+			msgs[i].Key = strings.Replace(msgs[i].Key, ".wish.", ".dream.", 1)
+		}
+	}
+	require.NoError(t, rebuilt.Apply(provisioner.BucketNeeds, msgs, 1, false))
+	cur = rebuilt
+	req.After = ""
+	page(&req)
+	require.Equal(t, fresh(&req), cached.Bytes())
+	require.Equal(t, unanswered/2, total(cached.Bytes()))
 }

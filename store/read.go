@@ -235,5 +235,5 @@ func (v *rows) Anomalies(bucket, node string, max int, fn func(provisioner.Anoma
 // Buckets lists the buckets the store holds a checkpoint or anomalies for.
 func (v *View) Buckets() []string { return v.db.Buckets() }
 
-// DB is the store the view reads.
-func (v *View) DB() *DB { return v.db }
+// StoreID is the ID of the store the view reads.
+func (v *View) StoreID() uint64 { return v.db.id }

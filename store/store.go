@@ -97,6 +97,7 @@ type DB struct {
 	pdb   *pebble.DB
 	cache interface{ Unref() }
 	dir   string
+	id    uint64    // this open's, unique in the process (ID)
 	state *StateDir // set by OpenState: released on Close
 
 	applyMu sync.Mutex  // one Apply at a time: anomaly sets and kinds are read and written under it
@@ -190,6 +191,14 @@ func OpenState(path string, opts Options) (*DB, error) {
 	return db, nil
 }
 
+// openCount numbers the DBs opened in this process.
+var openCount atomic.Uint64
+
+// ID tells this DB from every other one opened in the process, before or since: what a reader keeps of
+// one store's answers (replay's anomaly cache) is never taken for another's, such as the one a rebuild
+// swaps in.
+func (db *DB) ID() uint64 { return db.id }
+
 // State is the state dir this DB was opened from with OpenState, or nil.
 func (db *DB) State() *StateDir { return db.state }
 
@@ -239,7 +248,7 @@ func Open(dir string, opts Options) (*DB, error) {
 		}
 		return nil, openErr(dir, err)
 	}
-	db := &DB{pdb: pdb, dir: dir, buckets: map[string]*bucketState{}, kinds: map[string]struct{}{}, openGaps: map[string]Gap{}}
+	db := &DB{pdb: pdb, dir: dir, id: openCount.Add(1), buckets: map[string]*bucketState{}, kinds: map[string]struct{}{}, openGaps: map[string]Gap{}}
 	if err := db.load(fresh); err != nil {
 		pdb.Close()
 		return nil, err
