@@ -57,6 +57,12 @@ func TestProjector_DiscoversComposedByListing(t *testing.T) {
 	seq := put("composed-b", "web.2")
 	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, applied(db, "composed-b", seq))
 	require.Equal(t, []string{"composed-a", "composed-b"}, p.Buckets(), "each bucket tailed once, and nothing else")
+	var each []string
+	require.True(t, p.EachBucket(func(b string) bool { each = append(each, b); return true }))
+	require.ElementsMatch(t, p.Buckets(), each, "EachBucket visits what Buckets lists")
+	visited := 0
+	require.False(t, p.EachBucket(func(string) bool { visited++; return false }))
+	require.Equal(t, 1, visited, "EachBucket stops when told")
 
 	p.Stop() // returns once every consumer and the discovery loop have stopped
 	v, err := db.View()

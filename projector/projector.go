@@ -665,6 +665,21 @@ func (p *Projector) Buckets() []string {
 	return out
 }
 
+// EachBucket calls fn for every bucket the Projector tails, as Buckets lists them but in no order and
+// without a copy, until fn returns false; it reports whether fn returned true for all. fn must not
+// call the Projector. A plans answer across every node asks it on every page: with thousands of
+// composed-<node> buckets, Buckets' sorted copy cost more than the page (1.9 ms at 4,000).
+func (p *Projector) EachBucket(fn func(bucket string) bool) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for b := range p.tailed {
+		if !fn(b) {
+			return false
+		}
+	}
+	return true
+}
+
 // Tails reports whether the Projector has a consumer for a bucket.
 func (p *Projector) Tails(bucket string) bool {
 	p.mu.Lock()

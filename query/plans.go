@@ -25,7 +25,9 @@ type PlansView interface {
 	View
 	Plans(node, module, after string, fn func(*provisioner.PlanRow) bool) error
 	HasPlan(node, module, key string) (bool, error)
-	Checkpoints(prefix string, fn func(bucket string, cp store.Checkpoint)) error
+	// ComposedAnomalies lists the anomaly rows of every composed-<node> bucket, in byte order of
+	// bucket then raw key, at most max, and returns how many there are.
+	ComposedAnomalies(max int, fn func(provisioner.Anomaly)) (int64, error)
 }
 
 // PlansReader is what the plans answer needs of the projection.
@@ -158,12 +160,6 @@ func (e *Encoder) PlanAnomalies(v PlansView, node string) error {
 	var buckets []string
 	if node != "" {
 		buckets = append(buckets, provisioner.ComposedPrefix+node)
-	} else if err := v.Checkpoints(provisioner.ComposedPrefix, func(b string, cp store.Checkpoint) {
-		if cp.AnomalyRows > 0 && provisioner.IsPlanInput(b) {
-			buckets = append(buckets, b)
-		}
-	}); err != nil {
-		return err
 	}
 	buckets = append(buckets, provisioner.BucketHostModules, provisioner.BucketIndexerBuilds)
 	e.key("anomalies")
@@ -171,6 +167,17 @@ func (e *Encoder) PlanAnomalies(v PlansView, node string) error {
 	var total int64
 	left := MaxAnomalies
 	write := e.boundedAnomaly() // one for every bucket: once one does not fit, none after it is written
+	if node == "" {
+		// Every node's: one count and the rows listed, not a read of every node's bucket.
+		t, err := v.ComposedAnomalies(left, func(a provisioner.Anomaly) {
+			write(a)
+			left--
+		})
+		if err != nil {
+			return err
+		}
+		total += t
+	}
 	for _, b := range buckets {
 		narrow := ""
 		if b == provisioner.BucketHostModules {

@@ -12,6 +12,11 @@ import (
 // anomalies, paging and cursor rules as a live answer, as of the point. as_of is the sequence answered
 // as of; synced is passed through. The encoder must have been reset for the answer's format.
 func Answer(v *store.View, r *query.Request, e *query.Encoder, synced bool) error {
+	return answer(v, r, e, synced, nil)
+}
+
+// answer is Answer, keeping the anomalies of the state in cache for the pages after this one.
+func answer(v *store.View, r *query.Request, e *query.Encoder, synced bool, cache *anomalyCache) error {
 	w := provisioner.What(r.What)
 	if w == provisioner.WhatPlans {
 		return answerPlans(v, r, e, synced)
@@ -35,6 +40,7 @@ func Answer(v *store.View, r *query.Request, e *query.Encoder, synced bool) erro
 	if err != nil {
 		return goneOr(err)
 	}
+	view.cache = cache
 	return query.AnswerView(view, r, e, res.Seq, synced)
 }
 
@@ -45,6 +51,7 @@ type Opener func() (v *store.View, release func(), err error)
 // Handler answers the verb's at from the store an Opener opens; synced says whether a bucket's
 // projection has caught up (it is passed through to the answer).
 func Handler(open Opener, synced func(bucket string) bool) query.AtFunc {
+	cache := &anomalyCache{}
 	return func(_ context.Context, r *query.Request, e *query.Encoder) error {
 		v, release, err := open()
 		if err != nil {
@@ -57,6 +64,6 @@ func Handler(open Opener, synced func(bucket string) bool) query.AtFunc {
 		} else if r.What == string(provisioner.WhatPlans) {
 			s = synced(provisioner.BucketHostModules)
 		}
-		return Answer(v, r, e, s)
+		return answer(v, r, e, s, cache)
 	}
 }

@@ -151,26 +151,27 @@ func firstEventAfter(v *store.View, bucket string, seq uint64) (int64, error) {
 }
 
 // registryKinds reads the registry's kinds as of a time: the keys of the registry bucket that hold a
-// put. It checks that the registry's log rebuilds that moment.
-func registryKinds(v *store.View, at int64) (map[string]struct{}, error) {
+// put, and the registry's sequence they are as of. It checks that the registry's log rebuilds that
+// moment.
+func registryKinds(v *store.View, at int64) (map[string]struct{}, uint64, error) {
 	bucket := provisioner.BucketRegistry
 	cp, err := v.Checkpoint(bucket)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	n := cp.Applied
 	if at != math.MaxInt64 {
 		if n, err = v.SeqAtTime(bucket, at); err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 		n = min(n, cp.Applied)
 	}
 	marks, err := v.HistoryMarks(bucket)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	if err := marks.Check(n); err != nil {
-		return nil, fmt.Errorf("unanswered-kind needs the registry as of the same moment: %w", err)
+		return nil, 0, fmt.Errorf("unanswered-kind needs the registry as of the same moment: %w", err)
 	}
 	kinds := map[string]struct{}{}
 	err = v.StateAt(bucket, "", "", n, func(key []byte, _ *store.Event) bool {
@@ -179,7 +180,7 @@ func registryKinds(v *store.View, at int64) (map[string]struct{}, error) {
 		}
 		return true
 	})
-	return kinds, err
+	return kinds, n, err
 }
 
 // goneOr maps the log's "cannot rebuild" errors to the verb's 410.

@@ -19,6 +19,9 @@ type asOf struct {
 	n      uint64
 	kinds  map[string]struct{} // the registry's kinds at the moment; needs only
 	closer func() error
+	// cache keeps the anomalies of the state for the next pages (anomcache.go); nil: none kept.
+	cache *anomalyCache
+	key   anomalyKey
 }
 
 var _ query.View = (*asOf)(nil)
@@ -29,13 +32,13 @@ func newAsOf(v *store.View, r Resolved) (*asOf, error) {
 	if !ok {
 		return nil, fmt.Errorf("replay: no shape for bucket %q", r.Bucket)
 	}
-	a := &asOf{v: v, shape: shape, n: r.Seq}
+	a := &asOf{v: v, shape: shape, n: r.Seq, key: anomalyKey{store: v.StoreID(), bucket: r.Bucket, seq: r.Seq}}
 	if r.Bucket == provisioner.BucketNeeds && r.Seq > 0 {
-		kinds, err := registryKinds(v, r.RegistryAt)
+		kinds, n, err := registryKinds(v, r.RegistryAt)
 		if err != nil {
 			return nil, err
 		}
-		a.kinds = kinds
+		a.kinds, a.key.registrySeq = kinds, n
 	}
 	return a, nil
 }
@@ -85,17 +88,35 @@ func (a *asOf) HasRow(r provisioner.Range, key string) (bool, error) {
 
 // Anomalies derives the anomaly rows of the bucket as of the point, from each live key and value, with
 // the rules and texts of the live store; narrowed by node, it reads the node's key and its prefix only.
+// With a cache, they are derived once for the pages that follow (anomcache.go).
 func (a *asOf) Anomalies(bucket, node string, max int, fn func(provisioner.Anomaly)) (int64, error) {
+	k := a.key
+	k.bucket, k.node = bucket, node
+	if a.cache != nil && bucket == a.shape.Bucket {
+		if e, ok := a.cache.get(k, max); ok {
+			for _, an := range e.rows[:min(max, len(e.rows))] {
+				fn(an)
+			}
+			return e.total, nil
+		}
+	}
 	var total int64
 	var n int
+	var rows []provisioner.Anomaly
 	err := a.eachAnomaly(bucket, node, func(an *provisioner.Anomaly) bool {
 		total++
 		if n < max {
 			fn(*an)
+			if a.cache != nil {
+				rows = append(rows, *an) // its strings are its own
+			}
 			n++
 		}
 		return true
 	})
+	if err == nil && a.cache != nil && bucket == a.shape.Bucket {
+		a.cache.put(&anomalyEntry{key: k, total: total, rows: rows})
+	}
 	return total, err
 }
 

@@ -300,10 +300,7 @@ func (s *Seat) PlansSynced(node string) bool {
 		b := provisioner.ComposedPrefix + node
 		return !p.Tails(b) || synced(b)
 	}
-	for _, b := range p.Buckets() {
-		if strings.HasPrefix(b, provisioner.ComposedPrefix) && !synced(b) {
-			return false
-		}
-	}
-	return true
+	return p.EachBucket(func(b string) bool {
+		return !strings.HasPrefix(b, provisioner.ComposedPrefix) || synced(b)
+	})
 }

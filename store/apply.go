@@ -345,6 +345,8 @@ func (a *applier) finish(bucket string, cp *Checkpoint, sync, moved bool) error 
 	for name, c := range a.cps {
 		a.set(checkpointKey(name), c.encode(nil))
 	}
+	nodeAnom := a.writeNodeAnom(a.nodeAnomDeltas())
+	composedAnom := a.writeComposedAnom(a.composedAnomDelta())
 	if err := a.w.writeTo(a.batch); err != nil {
 		return err
 	}
@@ -364,9 +366,20 @@ func (a *applier) finish(bucket string, cp *Checkpoint, sync, moved bool) error 
 	if a.schemaRollup {
 		db.schema = schemaRollup
 	}
+	db.composedAnom = composedAnom
 	for name, c := range a.cps {
 		b := db.known(name)
 		b.cp = *c
+	}
+	for name, nodes := range nodeAnom {
+		b := db.known(name)
+		for node, n := range nodes {
+			if n <= 0 {
+				delete(b.nodeAnom, node)
+			} else {
+				b.nodeAnom[node] = n
+			}
+		}
 	}
 	for name, m := range a.anom {
 		b := db.known(name)

@@ -21,6 +21,8 @@
 //
 //	0x01 "schema"                                           -> schema version (decimal text): 1, or 2 once
 //	                                                           the event log holds a rollup (store.go)
+//	0x01 "composed-anomalies"                               -> uvarint anomaly rows of every
+//	                                                           composed-<node> bucket together (nodeanom.go)
 //	0x02 <bucket>                                           -> checkpoint: uvarint applied seq,
 //	                                                           varint stream created (Unix ns),
 //	                                                           varint anomaly rows
@@ -41,6 +43,8 @@
 //	0x09 <bucket> 00 01 'd'                                 -> forgotten: varint Unix ns when the
 //	                                                           bucket's history was last forgotten
 //	                                                           (forget.go)
+//	0x0a <bucket> 00 01 <node>                              -> uvarint anomaly rows whose raw key's first
+//	                                                           token is node (nodeanom.go; absent: none)
 //
 // A row (and each covering index entry) is: a flags byte (bit 0: the value is one complete MessagePack
 // object), uvarint revision (the stream sequence of the put), varint created (Unix ns), then the value

@@ -1,5 +1,7 @@
 package store
 
+import "github.com/cockroachdb/pebble/v2"
+
 // SetTrimBatch sets how many events a trim batch walks, for tests of the multi-batch path.
 func SetTrimBatch(n int) (restore func()) {
 	old := trimBatch
@@ -27,4 +29,13 @@ func SetRollupPartRead(n int, done func(n int) error, read func(points uint64)) 
 	old, oldDone := rollupPart, rollupPartDone
 	rollupPart, rollupPartDone = n, done
 	return func() { rollupPart, rollupPartDone, rollupPartRead = old, oldDone, oldRead }
+}
+
+// CountTrimSteps makes every trim add its history iterators' steps (Pebble's own, tombstones
+// included) to n.
+func CountTrimSteps(n *int) (restore func()) {
+	trimIterDone = func(st pebble.IteratorStats) {
+		*n += st.ForwardStepCount[pebble.InternalIterCall] + st.ReverseStepCount[pebble.InternalIterCall]
+	}
+	return func() { trimIterDone = nil }
 }

@@ -85,7 +85,7 @@ func (db *DB) forget(bucket string, at int64, resume *Checkpoint) error {
 	// The ranges first: the point writes below (the forgotten mark, inside the marks' range, and the
 	// plan rows) come later in the batch, so they win over them.
 	var ranges [][2][]byte
-	for _, p := range []byte{prefixRow, prefixIndex, prefixAnomaly, prefixHistory, prefixEvent, prefixMarks} {
+	for _, p := range []byte{prefixRow, prefixIndex, prefixAnomaly, prefixNodeAnom, prefixHistory, prefixEvent, prefixMarks} {
 		lo := bucketPrefix(nil, p, bucket)
 		ranges = append(ranges, [2][]byte{lo, prefixEnd(lo)})
 	}
@@ -110,6 +110,17 @@ func (db *DB) forget(bucket string, at int64, resume *Checkpoint) error {
 		return fmt.Errorf("forget %s: %w", bucket, err)
 	}
 	a.set(forgottenKey(nil, bucket), binary.AppendVarint(nil, at))
+	// Its anomaly rows leave the sum of every composed-<node> bucket's (nodeanom.go).
+	var forgot int64
+	db.mu.Lock()
+	if b, ok := db.buckets[bucket]; ok {
+		forgot = b.cp.AnomalyRows
+	}
+	db.mu.Unlock()
+	composedAnom := db.composedAnom - forgot
+	if forgot != 0 {
+		a.set(composedAnomKey(), binary.AppendUvarint(nil, uint64(max(composedAnom, 0))))
+	}
 
 	// The node's plan rows, whole, with no build records: the host rows and newest builds are as
 	// committed, so each row is what a store that never read the bucket computed.
@@ -153,6 +164,7 @@ func (db *DB) forget(bucket string, at int64, resume *Checkpoint) error {
 	}
 
 	// Committed: memory follows. Whoever waits on the bucket wakes and finds it unknown.
+	db.composedAnom = composedAnom
 	delete(db.openGaps, bucket)
 	db.mu.Lock()
 	if b, ok := db.buckets[bucket]; ok {

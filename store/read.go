@@ -198,22 +198,24 @@ func (v *rows) Anomalies(bucket, node string, max int, fn func(provisioner.Anoma
 		exact := append(appendEsc(append([]byte(nil), base...), node), 0x00, 0x01)
 		sub := appendEsc(append([]byte(nil), base...), node+".")
 		ranges = [][2][]byte{{exact, prefixEnd(exact)}, {sub, prefixEnd(sub)}}
+		// The node's count, kept with its rows (nodeanom.go): reading the rows past max to count them
+		// would cost every page of a node's answer all of the node's anomaly rows.
+		if total, err = v.nodeAnomalies(bucket, node); err != nil {
+			return 0, err
+		}
 	}
 	n := 0
 	for _, rg := range ranges {
+		if n >= max {
+			break
+		}
 		it, err := v.iter(rg[0], rg[1])
 		if err != nil {
 			return 0, err
 		}
 		for it.First(); it.Valid(); it.Next() {
-			if node != "" {
-				total++
-			}
 			if n >= max {
-				if node == "" {
-					break
-				}
-				continue
+				break
 			}
 			b, key, _, ok := splitAnomalyKey(it.Key())
 			if !ok {
@@ -240,3 +242,6 @@ func (v *rows) Anomalies(bucket, node string, max int, fn func(provisioner.Anoma
 
 // Buckets lists the buckets the store holds a checkpoint or anomalies for.
 func (v *View) Buckets() []string { return v.db.Buckets() }
+
+// StoreID is the ID of the store the view reads.
+func (v *View) StoreID() uint64 { return v.db.id }

@@ -97,6 +97,7 @@ type DB struct {
 	pdb   *pebble.DB
 	cache interface{ Unref() }
 	dir   string
+	id    uint64    // this open's, unique in the process (ID)
 	state *StateDir // set by OpenState: released on Close
 
 	applyMu sync.Mutex  // one Apply at a time: anomaly sets and kinds are read and written under it
@@ -108,6 +109,9 @@ type DB struct {
 	created chan struct{} // closed when a bucket state is created: Changed of a bucket the store has none of
 
 	kinds map[string]struct{} // registry kinds present; under applyMu
+	// composedAnom is the anomaly rows of every composed-<node> bucket together, as committed under
+	// composedAnomKey (nodeanom.go); under applyMu.
+	composedAnom int64
 	// schema is the state dir's schema version as written (schemaBase or schemaRollup); under applyMu.
 	schema int
 
@@ -133,12 +137,15 @@ type DB struct {
 }
 
 type bucketState struct {
-	name   string
-	cp     Checkpoint      // under DB.applyMu
-	anom   map[string]byte // raw key -> anomaly classes present; under DB.applyMu
-	seq    atomic.Uint64   // cp.Applied, readable without the lock
-	synced atomic.Bool
-	notify atomic.Pointer[chan struct{}] // closed and replaced after each commit that moves seq (wake)
+	name string
+	cp   Checkpoint      // under DB.applyMu
+	anom map[string]byte // raw key -> anomaly classes present; under DB.applyMu
+	// nodeAnom is how many anomaly rows each node has (the raw keys' first token), as committed under
+	// prefixNodeAnom; under DB.applyMu.
+	nodeAnom map[string]int64
+	seq      atomic.Uint64 // cp.Applied, readable without the lock
+	synced   atomic.Bool
+	notify   atomic.Pointer[chan struct{}] // closed and replaced after each commit that moves seq (wake)
 	// known: the store holds something of the bucket (a checkpoint, anomalies) or its projector said
 	// where it stands (SetSynced); under DB.mu. Reads make no state (lookup); a state an Apply made
 	// before its commit failed is not known, so Buckets, and the metrics and stats that list it, do not
@@ -195,6 +202,14 @@ func OpenState(path string, opts Options) (*DB, error) {
 	return db, nil
 }
 
+// openCount numbers the DBs opened in this process.
+var openCount atomic.Uint64
+
+// ID tells this DB from every other one opened in the process, before or since: what a reader keeps of
+// one store's answers (replay's anomaly cache) is never taken for another's, such as the one a rebuild
+// swaps in.
+func (db *DB) ID() uint64 { return db.id }
+
 // State is the state dir this DB was opened from with OpenState, or nil.
 func (db *DB) State() *StateDir { return db.state }
 
@@ -244,7 +259,7 @@ func Open(dir string, opts Options) (*DB, error) {
 		}
 		return nil, openErr(dir, err)
 	}
-	db := &DB{pdb: pdb, dir: dir, buckets: map[string]*bucketState{}, kinds: map[string]struct{}{}, openGaps: map[string]Gap{}}
+	db := &DB{pdb: pdb, dir: dir, id: openCount.Add(1), buckets: map[string]*bucketState{}, kinds: map[string]struct{}{}, openGaps: map[string]Gap{}}
 	if err := db.load(fresh); err != nil {
 		pdb.Close()
 		return nil, err
@@ -324,9 +339,16 @@ func (db *DB) load(fresh bool) error {
 		}
 		b := db.known(bucket)
 		b.anom[key] |= class
+		b.nodeAnom[anomalyNode(key)]++
 	}
 	if err := it.Close(); err != nil {
 		return fmt.Errorf("%w: %v", ErrCorrupt, err)
+	}
+	if err := db.reconcileNodeAnomalies(); err != nil {
+		return err
+	}
+	if err := db.reconcileComposedAnomalies(); err != nil {
+		return err
 	}
 
 	p := bucketPrefix([]byte{}, prefixRow, provisioner.BucketRegistry)
@@ -382,7 +404,7 @@ func (db *DB) bucket(name string) *bucketState {
 	defer db.mu.Unlock()
 	b, ok := db.buckets[name]
 	if !ok {
-		b = &bucketState{name: name, anom: map[string]byte{}}
+		b = &bucketState{name: name, anom: map[string]byte{}, nodeAnom: map[string]int64{}}
 		ch := make(chan struct{})
 		b.notify.Store(&ch)
 		db.buckets[name] = b

@@ -21,6 +21,9 @@ import (
 // batches of this size, so a trim never holds much in memory and never stalls ingest.
 var trimBatch = 4096
 
+// trimIterDone, when set (by tests), is told the stats of each trim batch's history iterator.
+var trimIterDone func(pebble.IteratorStats)
+
 // TrimHistory compacts a bucket's event log up to horizon: of every key, only the newest event at or
 // below horizon is kept, and only when it is a put; every older event is deleted. A key of a
 // composed-<node> bucket also keeps its newest published composition at or below horizon since its
@@ -117,9 +120,9 @@ func (db *DB) TrimHistory(ctx context.Context, bucket string, horizon uint64, ho
 	return deleted, t.commit(marks)
 }
 
-// trimmer is one trim batch: the deletes, an iterator over the bucket's history as committed when the
-// batch began, and what the walk kept of each key it met in this batch, since the iterator does not see
-// the batch's own deletes.
+// trimmer is one trim's batch: the deletes, an iterator over the bucket's history as committed when the
+// batch began, and what the walk kept of each key it met, in this batch (the iterator does not see the
+// batch's own deletes) and in the batches before it (bounded, begin).
 type trimmer struct {
 	db     *DB
 	bucket string
@@ -129,6 +132,7 @@ type trimmer struct {
 	batch    *pebble.Batch
 	hist     *pebble.Iterator
 	kept     map[string]keptEvents
+	keptOld  map[string]keptEvents // the generation before kept (begin)
 	buf      []byte
 }
 
@@ -153,8 +157,29 @@ func (t *trimmer) begin() error {
 	if err != nil {
 		return err
 	}
-	t.batch, t.hist, t.kept = t.db.pdb.NewBatch(), it, map[string]keptEvents{}
+	t.batch, t.hist = t.db.pdb.NewBatch(), it
+	if t.kept == nil || len(t.kept) >= keptCap {
+		// What the walk kept of the keys it met goes on to the next batch, committed by then: read
+		// back, a key's kept events lie beyond the tombstones of every event of it the walk dropped
+		// so far, and a key with a long history made each batch step over all of them again (a trim
+		// of one key's 80,000 events took 630 ms, 14x that of 10,000). Bounded by two generations of
+		// keptCap keys: a key met in either is known, and one met in neither has met no drop since
+		// keptCap other keys were met.
+		t.keptOld, t.kept = t.kept, make(map[string]keptEvents, min(keptCap, 1024))
+	}
 	return nil
+}
+
+// keptCap is how many keys one generation of trimmer.kept holds.
+const keptCap = 1 << 16
+
+// keptOf is what the walk kept of a key it met, in this batch or an earlier one of this trim.
+func (t *trimmer) keptOf(key string) (keptEvents, bool) {
+	if k, ok := t.kept[key]; ok {
+		return k, true
+	}
+	k, ok := t.keptOld[key]
+	return k, ok
 }
 
 func (t *trimmer) close() {
@@ -163,6 +188,9 @@ func (t *trimmer) close() {
 		t.batch = nil
 	}
 	if t.hist != nil {
+		if trimIterDone != nil {
+			trimIterDone(t.hist.Stats())
+		}
 		t.hist.Close()
 		t.hist = nil
 	}
@@ -213,7 +241,7 @@ func (t *trimmer) event(key string, seq uint64) (int, error) {
 	// Read from the value now: it lives in the iterator's memory, which keptBefore moves.
 	published := plans && provisioner.PublishesPlan(&m)
 	deleted := 0
-	k, met := t.kept[key]
+	k, met := t.keptOf(key)
 	if !met {
 		if k, deleted, err = t.keptBefore(key, start, plans); err != nil {
 			return 0, err
@@ -282,7 +310,7 @@ func (t *trimmer) othersBelow(p *provisioner.Parts, key string, seq uint64) (boo
 		if other == key {
 			continue
 		}
-		if k, met := t.kept[other]; met {
+		if k, met := t.keptOf(other); met {
 			if k != (keptEvents{}) {
 				return true, nil
 			}

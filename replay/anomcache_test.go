@@ -1,0 +1,120 @@
+package replay_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/query"
+	"github.com/novox/mesh-provisioner/replay"
+	"github.com/novox/mesh-provisioner/store"
+)
+
+// TestHandler_PagesDeriveAnomaliesOnce: the pages of an answer with at after the first no longer
+// derive the anomalies of every key of the state again; each answers byte for byte what an answer that
+// derives them does, and a registry changed since is a new state whose anomalies are derived anew.
+func TestHandler_PagesDeriveAnomaliesOnce(t *testing.T) {
+	db, err := store.Open(t.TempDir(), store.Options{})
+	require.NoError(t, err)
+	defer db.Close()
+	reg := provisioner.Registry.Entries[0]
+	require.NoError(t, db.Apply(provisioner.BucketRegistry, []provisioner.Message{{Seq: 1, Time: 1, Key: reg.Kind, Op: provisioner.OpPut, Value: reg.Value()}}, 1, false))
+	const unanswered = 3000
+	var msgs []provisioner.Message
+	for i := 0; i < unanswered+200; i++ {
+		kind := "wish" // no registry entry answers it: an anomaly row each
+		if i >= unanswered {
+			kind = reg.Kind
+		}
+		msgs = append(msgs, provisioner.Message{Seq: uint64(i + 1), Time: int64(i + 2), Key: fmt.Sprintf("n1.m.%s.k%05d", kind, i), Op: provisioner.OpPut, Value: []byte{0x01}})
+	}
+	require.NoError(t, db.Apply(provisioner.BucketNeeds, msgs, 1, false))
+	cur := db // the store the seat reads: a rebuild swaps another in
+	open := func() (*store.View, func(), error) {
+		v, err := cur.View()
+		if err != nil {
+			return nil, nil, err
+		}
+		return v, func() { v.Close() }, nil
+	}
+	at := replay.Handler(open, func(string) bool { return true })
+	limit := int64(100)
+	req := query.Request{What: "needs", Node: "n1", Limit: &limit, At: fmt.Sprintf("seq:%d", len(msgs))}
+	var cached, derived query.Encoder
+	page := func(r *query.Request) {
+		cached.Reset(query.FormatMsgpack)
+		require.NoError(t, at(context.Background(), r, &cached))
+	}
+	fresh := func(r *query.Request) []byte {
+		v, err := cur.View()
+		require.NoError(t, err)
+		defer v.Close()
+		derived.Reset(query.FormatMsgpack)
+		require.NoError(t, replay.Answer(v, r, &derived, true))
+		return derived.Bytes()
+	}
+	total := func(b []byte) int {
+		i := bytes.Index(b, []byte("\xafanomalies_total"))
+		require.Positive(t, i)
+		var n int
+		switch c := b[i+16]; {
+		case c < 0x80:
+			n = int(c)
+		case c == 0xcd:
+			n = int(b[i+17])<<8 | int(b[i+18])
+		default:
+			t.Fatalf("anomalies_total encoded as %#x", c)
+		}
+		return n
+	}
+	next := func(b []byte) string {
+		i := bytes.LastIndex(b, []byte("\xa4next"))
+		require.Positive(t, i)
+		n := int(b[i+5] & 0x1f)
+		return string(b[i+6 : i+6+n])
+	}
+
+	// Three pages, each equal to the derived answer.
+	for p := 0; p < 3; p++ {
+		page(&req)
+		require.Equal(t, fresh(&req), cached.Bytes(), "page %d", p)
+		require.Equal(t, unanswered, total(cached.Bytes()))
+		req.After = next(cached.Bytes())
+	}
+
+	// A page after the first costs what it lists: far fewer allocations than there are keys to derive
+	// anomalies from, which deriving them does.
+	allocs := testing.AllocsPerRun(5, func() { page(&req) })
+	require.Less(t, allocs, float64(unanswered/2), "allocations of a later page with the anomalies kept")
+	require.Greater(t, testing.AllocsPerRun(2, func() { fresh(&req) }), float64(unanswered), "allocations of deriving them")
+
+	// The registry answers wish now: the same point of needs, with the registry of now, has none.
+	require.NoError(t, db.Apply(provisioner.BucketRegistry, []provisioner.Message{{Seq: 2, Time: 1, Key: "wish", Op: provisioner.OpPut, Value: reg.Value()}}, 1, false))
+	page(&req)
+	require.Equal(t, fresh(&req), cached.Bytes())
+	require.Equal(t, 0, total(cached.Bytes()))
+
+	// A rebuilt store, whose needs at the same sequences ask another kind no registry entry answers:
+	// its anomalies are its own, not those kept of the store before it.
+	rebuilt, err := store.Open(t.TempDir(), store.Options{})
+	require.NoError(t, err)
+	defer rebuilt.Close()
+	require.NoError(t, rebuilt.Apply(provisioner.BucketRegistry, []provisioner.Message{{Seq: 1, Time: 1, Key: reg.Kind, Op: provisioner.OpPut, Value: reg.Value()},
+		{Seq: 2, Time: 1, Key: "wish", Op: provisioner.OpPut, Value: reg.Value()}}, 1, false))
+	for i := range msgs {
+		if i%2 == 0 {
+			msgs[i].Key = strings.Replace(msgs[i].Key, ".wish.", ".dream.", 1)
+		}
+	}
+	require.NoError(t, rebuilt.Apply(provisioner.BucketNeeds, msgs, 1, false))
+	cur = rebuilt
+	req.After = ""
+	page(&req)
+	require.Equal(t, fresh(&req), cached.Bytes())
+	require.Equal(t, unanswered/2, total(cached.Bytes()))
+}
