@@ -359,7 +359,7 @@ var (
 	descStreamAge = prometheus.NewDesc("mesh_provisioner_bucket_stream_info_age_seconds",
 		"Seconds since the bucket's stream last sequence was read: how old its stream_last_sequence and lag are.", []string{"bucket"}, nil)
 	descLag = prometheus.NewDesc("mesh_provisioner_bucket_lag",
-		"Stream sequences the bucket's projection is behind its stream: stream last sequence (as last read) minus applied sequence, at least 0.", []string{"bucket"}, nil)
+		"Messages of the bucket's stream its projection has not read yet: stream last sequence (as last read) minus applied sequence, less those removed from the stream before they were read (a purge); at least 0.", []string{"bucket"}, nil)
 	descAnomalies = prometheus.NewDesc("mesh_provisioner_anomaly_rows",
 		"Anomaly rows the projection holds (keys out of shape, values not MessagePack, ...), by bucket and reason code.", []string{"bucket", "reason"}, nil)
 	descApplyCount = prometheus.NewDesc("mesh_provisioner_messages_applied_total",
@@ -431,7 +431,7 @@ func (c seatCollector) Collect(ch chan<- prometheus.Metric) {
 		if r, ok := m.lastRead(b); ok {
 			gauge(descStreamLast, float64(r.last), b)
 			gauge(descStreamAge, max(0, now.Sub(r.at).Seconds()), b)
-			gauge(descLag, float64(r.last-min(r.last, seq)), b)
+			gauge(descLag, float64(r.lag(seq)), b)
 		}
 	}
 	for b, by := range m.anomalyCounts(db, buckets) {
