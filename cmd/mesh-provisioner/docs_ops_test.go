@@ -742,7 +742,7 @@ func TestDocs_RunbookPermissionError(t *testing.T) {
 	require.NoError(t, err)
 
 	s, err := startServe(t.TempDir(), "--nats", ns.ClientURL(), "--user", "seat", "--password", "seat",
-		"--metrics-addr", "127.0.0.1:0", "--log-format", "json")
+		"--metrics-addr", "127.0.0.1:0", "--metrics-poll", "100ms", "--log-format", "json")
 	require.NoError(t, err)
 	defer func() { require.NoError(t, s.stop()) }()
 	natstest.CheckFor(t, 30*time.Second, 50*time.Millisecond, func() error {
@@ -768,6 +768,21 @@ func TestDocs_RunbookPermissionError(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 503, code)
 	require.Contains(t, body, "mesh-provisioner_needs")
+	// The metrics the runbook and the alert rules read show the bucket too: not synced, applied 0, and
+	// a lag of the message it cannot read (MeshProvisionerProjectorStuck: lag > 0, applied standing).
+	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		fams, err := metricstest.Scrape(s.metricsAddr)
+		if err != nil {
+			return err
+		}
+		synced, ok1 := fams.Value("mesh_provisioner_bucket_synced", "bucket", "mesh-provisioner_needs")
+		applied, ok2 := fams.Value("mesh_provisioner_bucket_applied_sequence", "bucket", "mesh-provisioner_needs")
+		lag, ok3 := fams.Value("mesh_provisioner_bucket_lag", "bucket", "mesh-provisioner_needs")
+		if !ok1 || !ok2 || !ok3 || synced != 0 || applied != 0 || lag != 1 {
+			return fmt.Errorf("needs: synced %v (%v), applied %v (%v), lag %v (%v); want 0, 0, 1", synced, ok1, applied, ok2, lag, ok3)
+		}
+		return nil
+	})
 }
 
 // deploy/Dockerfile builds with -X main.Version=$(git describe --always), which is a commit hash, or a

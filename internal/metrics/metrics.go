@@ -24,7 +24,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -421,8 +420,7 @@ func (c seatCollector) Collect(ch chan<- prometheus.Metric) {
 		return
 	}
 	db := src.Store()
-	buckets := db.Buckets()
-	sort.Strings(buckets)
+	buckets := shownBuckets(src)
 	now := time.Now()
 	for _, b := range buckets {
 		seq, synced := db.Applied(b)

@@ -119,7 +119,7 @@ func (m *Metrics) pollOnce(ctx context.Context) error {
 	}
 	listed := m.infos.Listed()
 	listedFresh := !listed.IsZero() && !listed.Before(fresh)
-	buckets := src.Store().Buckets()
+	buckets := shownBuckets(src)
 	m.forgetGone(buckets)
 	for _, b := range buckets {
 		if !m.update(b) && listedFresh {
@@ -249,4 +249,24 @@ func (m *Metrics) forgetGone(buckets []string) {
 			delete(m.streams, b)
 		}
 	}
+}
+
+// shownBuckets are the buckets the per-bucket metrics show, sorted: those the store holds, and those
+// the seat tails that have not caught up, which a store may not hold yet. A bucket whose consumer was
+// refused from the start (a permission missing) has nothing in the store, and without its series the
+// lag alerts could not fire on it: /readyz named it, the metrics did not.
+func shownBuckets(src Source) []string {
+	buckets := src.Store().Buckets()
+	seen := make(map[string]bool, len(buckets))
+	for _, b := range buckets {
+		seen[b] = true
+	}
+	for _, b := range src.Unsynced() {
+		if !seen[b] {
+			seen[b] = true
+			buckets = append(buckets, b)
+		}
+	}
+	sort.Strings(buckets)
+	return buckets
 }
