@@ -275,7 +275,7 @@ func (db *DB) load(fresh bool) error {
 	case errors.Is(err, pebble.ErrNotFound):
 		return fmt.Errorf("%w: %s has no schema version (run `mesh-provisioner rebuild`)", ErrSchema, db.dir)
 	case err != nil:
-		return fmt.Errorf("%w: read schema version: %v (run `mesh-provisioner rebuild`)", ErrCorrupt, err)
+		return fmt.Errorf("%w: read schema version: %s (run `mesh-provisioner rebuild`)", ErrCorrupt, damage(err))
 	default:
 		have := string(v)
 		closer.Close()
@@ -288,7 +288,7 @@ func (db *DB) load(fresh bool) error {
 
 	it, err := db.pdb.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixCheckpoint}, UpperBound: []byte{prefixCheckpoint + 1}})
 	if err != nil {
-		return fmt.Errorf("%w: %v", ErrCorrupt, err)
+		return fmt.Errorf("%w: %s", ErrCorrupt, damage(err))
 	}
 	for it.First(); it.Valid(); it.Next() {
 		name := string(unesc(nil, it.Key()[1:]))
@@ -302,12 +302,12 @@ func (db *DB) load(fresh bool) error {
 		b.seq.Store(cp.Applied)
 	}
 	if err := it.Close(); err != nil {
-		return fmt.Errorf("%w: %v", ErrCorrupt, err)
+		return fmt.Errorf("%w: %s", ErrCorrupt, damage(err))
 	}
 
 	it, err = db.pdb.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixAnomaly}, UpperBound: []byte{prefixAnomaly + 1}})
 	if err != nil {
-		return fmt.Errorf("%w: %v", ErrCorrupt, err)
+		return fmt.Errorf("%w: %s", ErrCorrupt, damage(err))
 	}
 	for it.First(); it.Valid(); it.Next() {
 		bucket, key, class, ok := splitAnomalyKey(it.Key())
@@ -319,19 +319,19 @@ func (db *DB) load(fresh bool) error {
 		b.anom[key] |= class
 	}
 	if err := it.Close(); err != nil {
-		return fmt.Errorf("%w: %v", ErrCorrupt, err)
+		return fmt.Errorf("%w: %s", ErrCorrupt, damage(err))
 	}
 
 	p := bucketPrefix([]byte{}, prefixRow, provisioner.BucketRegistry)
 	it, err = db.pdb.NewIter(&pebble.IterOptions{LowerBound: p, UpperBound: prefixEnd(p)})
 	if err != nil {
-		return fmt.Errorf("%w: %v", ErrCorrupt, err)
+		return fmt.Errorf("%w: %s", ErrCorrupt, damage(err))
 	}
 	for it.First(); it.Valid(); it.Next() {
 		db.kinds[string(unesc(nil, it.Key()[len(p):]))] = struct{}{}
 	}
 	if err := it.Close(); err != nil {
-		return fmt.Errorf("%w: %v", ErrCorrupt, err)
+		return fmt.Errorf("%w: %s", ErrCorrupt, damage(err))
 	}
 	return db.loadGaps()
 }
