@@ -359,6 +359,7 @@ func (a *applier) finish(bucket string, cp *Checkpoint, sync, moved bool) error 
 	// The batch is durable in Pebble: now memory follows.
 	if a.schemaRollup {
 		db.schema = schemaRollup
+		db.schemaSeen.Store(schemaRollup)
 	}
 	for name, c := range a.cps {
 		b := db.known(name)

@@ -110,6 +110,8 @@ type DB struct {
 	kinds map[string]struct{} // registry kinds present; under applyMu
 	// schema is the state dir's schema version as written (schemaBase or schemaRollup); under applyMu.
 	schema int
+	// schemaSeen mirrors schema for Schema, which must not wait for a batch to commit.
+	schemaSeen atomic.Int32
 
 	planRows atomic.Int64   // plan rows recomputed since open (PlanStats)
 	openGaps map[string]Gap // each bucket's open history gap (history.go); under applyMu
@@ -272,6 +274,7 @@ func (db *DB) load(fresh bool) error {
 			return fmt.Errorf("write schema version: %w", err)
 		}
 		db.schema = schemaBase
+		db.schemaSeen.Store(schemaBase)
 	case errors.Is(err, pebble.ErrNotFound):
 		return fmt.Errorf("%w: %s has no schema version (run `mesh-provisioner rebuild`)", ErrSchema, db.dir)
 	case err != nil:
@@ -284,6 +287,7 @@ func (db *DB) load(fresh bool) error {
 			return fmt.Errorf("%w: %s is schema v%s, this binary uses v%d (run `mesh-provisioner rebuild`)", ErrSchema, db.dir, have, SchemaVersion)
 		}
 		db.schema = n
+		db.schemaSeen.Store(int32(n))
 	}
 
 	it, err := db.pdb.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixCheckpoint}, UpperBound: []byte{prefixCheckpoint + 1}})
@@ -560,3 +564,8 @@ func (db *DB) CompactAll(ctx context.Context) error {
 	}
 	return db.pdb.Compact(ctx, []byte{0x00}, []byte{0xff}, true)
 }
+
+// Schema is the state dir's schema version as written now: schemaBase (1), which older binaries read
+// too, until the event log holds a rollup, then SchemaVersion. An operator reads it (metrics,
+// $SRV.STATS) to know whether a downgrade keeps the state dir.
+func (db *DB) Schema() int { return int(db.schemaSeen.Load()) }

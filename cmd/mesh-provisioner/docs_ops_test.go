@@ -935,3 +935,54 @@ func TestDocs_RunbookKeysOutOfShape(t *testing.T) {
 	}
 	require.GreaterOrEqual(t, counted, float64(a.AnomaliesTotal), "the metric counts the rows the answer shows")
 }
+
+// docs/operations.md, Upgrade: "a downgrade keeps the state dir" until its log holds a wildcard rollup;
+// the operator reads which schema the state dir is in from mesh_provisioner_state_schema and $SRV.STATS
+// (build_info's schema is the binary's), and it moves to 2 with such a rollup.
+func TestDocs_UpgradeSaysTheStateDirSchema(t *testing.T) {
+	t.Setenv("NATS_URL", "")
+	ctx := context.Background()
+	s, err := startServe(t.TempDir(), "--plans=false", "--metrics-addr", "127.0.0.1:0", "--log-format", "json")
+	require.NoError(t, err)
+	defer func() { require.NoError(t, s.stop()) }()
+	nc, js := natstest.Connect(t, s.natsURL)
+	require.NoError(t, fixtures.CreateBuckets(ctx, js, "mesh-provisioner_needs"))
+	kv, err := js.KeyValue(ctx, "mesh-provisioner_needs")
+	require.NoError(t, err)
+	_, err = kv.Put(ctx, "n1.web.config.a", []byte{0xc0})
+	require.NoError(t, err)
+
+	schemas := func() (state, binary, stats float64) {
+		fams, err := metricstest.Scrape(s.metricsAddr)
+		require.NoError(t, err)
+		state, _ = fams.Value("mesh_provisioner_state_schema")
+		vs := fams.LabelValues("mesh_provisioner_build_info", "schema")
+		require.Len(t, vs, 1)
+		binary, err = strconv.ParseFloat(vs[0], 64)
+		require.NoError(t, err)
+		msg, err := nc.Request("$SRV.STATS."+query.ServiceName, nil, 5*time.Second)
+		require.NoError(t, err)
+		var st micro.Stats
+		require.NoError(t, json.Unmarshal(msg.Data, &st))
+		require.NotEmpty(t, st.Endpoints)
+		var data struct{ Schema float64 }
+		require.NoError(t, json.Unmarshal(st.Endpoints[0].Data, &data))
+		return state, binary, data.Schema
+	}
+	state, binary, stats := schemas()
+	require.Equal(t, float64(store.SchemaVersion), binary, "build_info: the binary's")
+	require.Equal(t, 1.0, state, "a state dir without a rollup is schema 1, which a downgrade keeps")
+	require.Equal(t, 1.0, stats)
+
+	msg := nats.NewMsg("$KV.mesh-provisioner_needs.n1.web.*.*")
+	msg.Header.Set("KV-Operation", "PURGE")
+	msg.Header.Set("Nats-Rollup", "sub")
+	pa, err := js.PublishMsg(ctx, msg)
+	require.NoError(t, err)
+	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		if state, _, stats := schemas(); state != 2 || stats != 2 {
+			return fmt.Errorf("after the wildcard rollup at %d: state dir schema %v, stats %v; want 2", pa.Sequence, state, stats)
+		}
+		return nil
+	})
+}

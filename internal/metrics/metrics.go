@@ -346,7 +346,9 @@ type seatCollector struct{ m *Metrics }
 
 var (
 	descBuildInfo = prometheus.NewDesc("mesh_provisioner_build_info",
-		"Always 1: the version of the binary and the state dir's schema version.", []string{"version", "schema"}, nil)
+		"Always 1: the version of the binary and the newest state dir schema it reads and writes (mesh_provisioner_state_schema is the state dir's).", []string{"version", "schema"}, nil)
+	descStateSchema = prometheus.NewDesc("mesh_provisioner_state_schema",
+		"The schema version the state dir is written in now: 1, which older binaries read too, until its event log holds a wildcard or whole-stream rollup.", nil, nil)
 	descReady = prometheus.NewDesc("mesh_provisioner_ready",
 		"1 when every bucket is synced and /readyz answers 200.", nil, nil)
 	descSynced = prometheus.NewDesc("mesh_provisioner_bucket_synced",
@@ -393,7 +395,7 @@ var (
 )
 
 func (c seatCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descBuildInfo, descReady, descSynced, descApplied, descStreamLast, descStreamAge, descLag,
+	for _, d := range []*prometheus.Desc{descBuildInfo, descStateSchema, descReady, descSynced, descApplied, descStreamLast, descStreamAge, descLag,
 		descAnomalies, descApplyCount, descParked, descPebbleDisk, descPebbleCompactions, descPebbleCompactDebt, descPebbleCompacting,
 		descPebbleHeld, descPebbleFlushes, descPebbleCacheHits, descPebbleCacheMisses, descPebbleCacheSize, descPebbleReadAmp,
 		descPebbleL0Files, descPebbleMemtable} {
@@ -420,6 +422,7 @@ func (c seatCollector) Collect(ch chan<- prometheus.Metric) {
 		return
 	}
 	db := src.Store()
+	gauge(descStateSchema, float64(db.Schema()))
 	buckets := shownBuckets(src)
 	now := time.Now()
 	for _, b := range buckets {
