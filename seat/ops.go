@@ -13,8 +13,14 @@ import (
 // service's $SRV.INFO metadata and $SRV.STATS data, so `nats micro info mesh-provisioner` tells what a
 // seat holds.
 
-// MessagesApplied is how many stream messages the seat's projector applied since it started.
-func (s *Seat) MessagesApplied() int64 { return s.Current().Applied() }
+// MessagesApplied is how many stream messages the seat's projectors applied since it started: those a
+// rebuild replaced included, so that it only grows (a Prometheus counter that falls reads as a restart).
+func (s *Seat) MessagesApplied() int64 {
+	s.mu.Lock()
+	before, p := s.appliedBefore, s.proj
+	s.mu.Unlock()
+	return before + p.Applied()
+}
 
 // BucketsParked is how many composed-<node> buckets are idle without a consumer (projector/park.go).
 func (s *Seat) BucketsParked() int { return s.Current().ParkedCount() }
@@ -39,7 +45,8 @@ const maxStatsBuckets = 32
 // Stats is the data of the verb endpoint in $SRV.STATS (and so in `nats micro info` and `nats micro
 // stats`).
 type Stats struct {
-	// Schema is the state dir's schema version.
+	// Schema is the state dir's schema version as written now (store.DB.Schema): 1 until its event log
+	// holds a rollup, so an operator knows whether a downgrade keeps it.
 	Schema int `json:"schema"`
 	// Synced is true once every bucket the projector tails has caught up with its stream (as /readyz).
 	Synced bool `json:"synced"`
@@ -69,7 +76,7 @@ type BucketStats struct {
 // Stats reads where every bucket's projection stands.
 func (s *Seat) Stats() Stats {
 	db := s.Store()
-	st := Stats{Schema: store.SchemaVersion, MessagesApplied: s.Current().Applied(), Buckets: map[string]BucketStats{},
+	st := Stats{Schema: s.Store().Schema(), MessagesApplied: s.MessagesApplied(), Buckets: map[string]BucketStats{},
 		AnswersByCode: s.Server.Answered(), BucketsParked: s.BucketsParked()}
 	st.Synced = len(s.Unsynced()) == 0
 	buckets := db.Buckets()

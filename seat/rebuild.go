@@ -122,8 +122,20 @@ func (s *Seat) rebuildLoop(ctx context.Context) {
 	}
 }
 
-// rebuild fills a new generation and swaps it in.
+// rebuild fills a new generation and swaps it in, and tells the metrics (Config.OnRebuild) how it ended.
 func (s *Seat) rebuild(ctx context.Context) error {
+	if s.cfg.OnRebuild == nil {
+		return s.rebuildOnce(ctx)
+	}
+	done := s.cfg.OnRebuild()
+	err := s.rebuildOnce(ctx)
+	if err == nil || ctx.Err() == nil {
+		done(err)
+	}
+	return err
+}
+
+func (s *Seat) rebuildOnce(ctx context.Context) error {
 	old := s.Store()
 	st := old.State()
 	if st == nil {
@@ -157,7 +169,8 @@ func (s *Seat) rebuild(ctx context.Context) error {
 		default:
 		}
 	}))
-	total := s.messages(ctx, p.Buckets())
+	// The new projector lists no bucket before it starts: count those the current one tails.
+	total := s.messages(ctx, s.Current().Buckets())
 	start := time.Now()
 	s.log.Info("rebuild started", "generation", gen, "messages", total)
 	p.Start(s.ctx)
@@ -204,6 +217,7 @@ func (s *Seat) rebuild(ctx context.Context) error {
 	swapped.Store(true)
 	swapErr := store.SwapIn(old, ndb)
 	s.mu.Lock()
+	s.appliedBefore += oldProj.Applied()
 	s.cur, s.proj, s.owned = ndb, p, ndb
 	s.retention = s.startRetention(ndb)
 	s.rebuilds++

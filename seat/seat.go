@@ -57,6 +57,10 @@ type Config struct {
 	// ListEvery, when shorter than the projector's Verify (projector.DefaultVerify when 0), is how often
 	// the seat lists the streams: the poll interval of the metrics that share the listing.
 	ListEvery time.Duration
+	// OnRebuild, when set, is called as a rebuild of the projection starts, and the func it returns
+	// once that rebuild ends, with its error (nil once swapped in): the metrics' StartRebuild. A rebuild
+	// given up because the seat stops is not reported as ended.
+	OnRebuild func() (done func(err error))
 }
 
 // Seat is a running seat.
@@ -88,6 +92,9 @@ type Seat struct {
 	owned     *store.DB            // a store a rebuild swapped in: the seat closes it at Stop
 	rebuildCh chan struct{}
 	rebuilds  int
+	// appliedBefore is what the projectors a rebuild replaced had applied: MessagesApplied goes on
+	// from it, so the counter never runs backwards.
+	appliedBefore int64
 
 	beforeSwap func(next *projector.Projector) // tests: called as a rebuild has stopped the old projector
 }

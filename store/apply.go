@@ -365,6 +365,7 @@ func (a *applier) finish(bucket string, cp *Checkpoint, sync, moved bool) error 
 	// The batch is durable in Pebble: now memory follows.
 	if a.schemaRollup {
 		db.schema = schemaRollup
+		db.schemaSeen.Store(schemaRollup)
 	}
 	db.composedAnom = composedAnom
 	for name, c := range a.cps {

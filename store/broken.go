@@ -55,3 +55,13 @@ func (db *DB) BrokenErr() error {
 
 // isPebbleCorruption reports whether err is Pebble's corruption error.
 func isPebbleCorruption(err error) bool { return err != nil && pebble.IsCorruptionError(err) }
+
+// damage is err's text for a message: Pebble joins a second error to a corruption it finds, which
+// prints as a line "<corruption detail carrier>" of no use to whoever reads it; its details alone are
+// said instead.
+func damage(err error) string {
+	if info := pebble.ExtractDataCorruptionInfo(err); info != nil && info.Details != nil {
+		return info.Details.Error()
+	}
+	return err.Error()
+}

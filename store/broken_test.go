@@ -92,3 +92,33 @@ func garbleSpread(t *testing.T, path string, n int) {
 		require.NoError(t, err)
 	}
 }
+
+// TestOpen_CorruptionSaysItOnOneLine: a state dir whose tables are garbled is refused at open with
+// ErrCorrupt, what to do, and Pebble's words for the damage on the same line, without the internal
+// "<corruption detail carrier>" line Pebble joins to its error (replay --state and serve's log quoted
+// it to the operator).
+func TestOpen_CorruptionSaysItOnOneLine(t *testing.T) {
+	dir := t.TempDir()
+	db, err := store.Open(dir, store.Options{})
+	require.NoError(t, err)
+	var msgs []provisioner.Message
+	for i := 1; i <= 2000; i++ {
+		msgs = append(msgs, put(uint64(i), fmt.Sprintf("n%04d.m.config.k", i), []byte{0x01}))
+	}
+	require.NoError(t, db.Apply(provisioner.BucketNeeds, msgs, 0, false))
+	require.NoError(t, db.Pebble().Flush())
+	require.NoError(t, db.Close())
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	for _, e := range entries {
+		if strings.HasSuffix(e.Name(), ".sst") {
+			garbleSpread(t, filepath.Join(dir, e.Name()), 64)
+		}
+	}
+	_, err = store.Open(dir, store.Options{})
+	require.ErrorIs(t, err, store.ErrCorrupt)
+	require.Contains(t, err.Error(), "checksum")
+	require.Contains(t, err.Error(), "mesh-provisioner rebuild")
+	require.NotContains(t, err.Error(), "\n", "one line")
+	require.NotContains(t, err.Error(), "carrier")
+}

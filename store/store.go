@@ -114,6 +114,8 @@ type DB struct {
 	composedAnom int64
 	// schema is the state dir's schema version as written (schemaBase or schemaRollup); under applyMu.
 	schema int
+	// schemaSeen mirrors schema for Schema, which must not wait for a batch to commit.
+	schemaSeen atomic.Int32
 
 	planRows atomic.Int64   // plan rows recomputed since open (PlanStats)
 	openGaps map[string]Gap // each bucket's open history gap (history.go); under applyMu
@@ -294,10 +296,11 @@ func (db *DB) load(fresh bool) error {
 			return fmt.Errorf("write schema version: %w", err)
 		}
 		db.schema = schemaBase
+		db.schemaSeen.Store(schemaBase)
 	case errors.Is(err, pebble.ErrNotFound):
 		return fmt.Errorf("%w: %s has no schema version (run `mesh-provisioner rebuild`)", ErrSchema, db.dir)
 	case err != nil:
-		return fmt.Errorf("%w: read schema version: %v (run `mesh-provisioner rebuild`)", ErrCorrupt, err)
+		return fmt.Errorf("%w: read schema version: %s (run `mesh-provisioner rebuild`)", ErrCorrupt, damage(err))
 	default:
 		have := string(v)
 		closer.Close()
@@ -306,11 +309,12 @@ func (db *DB) load(fresh bool) error {
 			return fmt.Errorf("%w: %s is schema v%s, this binary uses v%d (run `mesh-provisioner rebuild`)", ErrSchema, db.dir, have, SchemaVersion)
 		}
 		db.schema = n
+		db.schemaSeen.Store(int32(n))
 	}
 
 	it, err := db.pdb.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixCheckpoint}, UpperBound: []byte{prefixCheckpoint + 1}})
 	if err != nil {
-		return fmt.Errorf("%w: %v", ErrCorrupt, err)
+		return fmt.Errorf("%w: %s", ErrCorrupt, damage(err))
 	}
 	for it.First(); it.Valid(); it.Next() {
 		name := string(unesc(nil, it.Key()[1:]))
@@ -324,12 +328,12 @@ func (db *DB) load(fresh bool) error {
 		b.seq.Store(cp.Applied)
 	}
 	if err := it.Close(); err != nil {
-		return fmt.Errorf("%w: %v", ErrCorrupt, err)
+		return fmt.Errorf("%w: %s", ErrCorrupt, damage(err))
 	}
 
 	it, err = db.pdb.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixAnomaly}, UpperBound: []byte{prefixAnomaly + 1}})
 	if err != nil {
-		return fmt.Errorf("%w: %v", ErrCorrupt, err)
+		return fmt.Errorf("%w: %s", ErrCorrupt, damage(err))
 	}
 	for it.First(); it.Valid(); it.Next() {
 		bucket, key, class, ok := splitAnomalyKey(it.Key())
@@ -342,7 +346,7 @@ func (db *DB) load(fresh bool) error {
 		b.nodeAnom[anomalyNode(key)]++
 	}
 	if err := it.Close(); err != nil {
-		return fmt.Errorf("%w: %v", ErrCorrupt, err)
+		return fmt.Errorf("%w: %s", ErrCorrupt, damage(err))
 	}
 	if err := db.reconcileNodeAnomalies(); err != nil {
 		return err
@@ -354,13 +358,13 @@ func (db *DB) load(fresh bool) error {
 	p := bucketPrefix([]byte{}, prefixRow, provisioner.BucketRegistry)
 	it, err = db.pdb.NewIter(&pebble.IterOptions{LowerBound: p, UpperBound: prefixEnd(p)})
 	if err != nil {
-		return fmt.Errorf("%w: %v", ErrCorrupt, err)
+		return fmt.Errorf("%w: %s", ErrCorrupt, damage(err))
 	}
 	for it.First(); it.Valid(); it.Next() {
 		db.kinds[string(unesc(nil, it.Key()[len(p):]))] = struct{}{}
 	}
 	if err := it.Close(); err != nil {
-		return fmt.Errorf("%w: %v", ErrCorrupt, err)
+		return fmt.Errorf("%w: %s", ErrCorrupt, damage(err))
 	}
 	return db.loadGaps()
 }
@@ -613,3 +617,8 @@ func (db *DB) compact(ctx context.Context, start, end []byte, parallelize bool) 
 		return ctx.Err()
 	}
 }
+
+// Schema is the state dir's schema version as written now: schemaBase (1), which older binaries read
+// too, until the event log holds a rollup, then SchemaVersion. An operator reads it (metrics,
+// $SRV.STATS) to know whether a downgrade keeps the state dir.
+func (db *DB) Schema() int { return int(db.schemaSeen.Load()) }

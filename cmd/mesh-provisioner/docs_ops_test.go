@@ -742,7 +742,7 @@ func TestDocs_RunbookPermissionError(t *testing.T) {
 	require.NoError(t, err)
 
 	s, err := startServe(t.TempDir(), "--nats", ns.ClientURL(), "--user", "seat", "--password", "seat",
-		"--metrics-addr", "127.0.0.1:0", "--log-format", "json")
+		"--metrics-addr", "127.0.0.1:0", "--metrics-poll", "100ms", "--log-format", "json")
 	require.NoError(t, err)
 	defer func() { require.NoError(t, s.stop()) }()
 	natstest.CheckFor(t, 30*time.Second, 50*time.Millisecond, func() error {
@@ -768,6 +768,21 @@ func TestDocs_RunbookPermissionError(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 503, code)
 	require.Contains(t, body, "mesh-provisioner_needs")
+	// The metrics the runbook and the alert rules read show the bucket too: not synced, applied 0, and
+	// a lag of the message it cannot read (MeshProvisionerProjectorStuck: lag > 0, applied standing).
+	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		fams, err := metricstest.Scrape(s.metricsAddr)
+		if err != nil {
+			return err
+		}
+		synced, ok1 := fams.Value("mesh_provisioner_bucket_synced", "bucket", "mesh-provisioner_needs")
+		applied, ok2 := fams.Value("mesh_provisioner_bucket_applied_sequence", "bucket", "mesh-provisioner_needs")
+		lag, ok3 := fams.Value("mesh_provisioner_bucket_lag", "bucket", "mesh-provisioner_needs")
+		if !ok1 || !ok2 || !ok3 || synced != 0 || applied != 0 || lag != 1 {
+			return fmt.Errorf("needs: synced %v (%v), applied %v (%v), lag %v (%v); want 0, 0, 1", synced, ok1, applied, ok2, lag, ok3)
+		}
+		return nil
+	})
 }
 
 // deploy/Dockerfile builds with -X main.Version=$(git describe --always), which is a commit hash, or a
@@ -796,4 +811,178 @@ func TestServe_VersionNotSemVer(t *testing.T) {
 			require.Equal(t, tc.version, info.Metadata["version"], "the version as built")
 		})
 	}
+}
+
+// logLines are the JSON lines of a seat's log with this message.
+func logLines(s *servedSeat, msg string) []map[string]any {
+	var out []map[string]any
+	for _, l := range strings.Split(s.stderr.String(), "\n") {
+		var m map[string]any
+		if json.Unmarshal([]byte(l), &m) == nil && m["msg"] == msg {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// docs/operations.md, "A seat does not get ready": a fixed bucket's stream purged under a running seat
+// makes it rebuild by itself (`rebuild started`, then `rebuild swapped in`), and the metrics the alert
+// rules read say so: the rebuild is counted (MeshProvisionerRebuildFailed reads
+// mesh_provisioner_rebuilds_total), the applied counter does not run backwards across the swap, and
+// the purged bucket has no lag left, since nothing is left to read (MeshProvisionerProjectorStuck,
+// lag > 0 with the applied sequence standing, would page on it for good).
+func TestDocs_RunbookRebuildByItself(t *testing.T) {
+	t.Setenv("NATS_URL", "")
+	ctx := context.Background()
+	s, err := startServe(t.TempDir(), "--plans=false", "--metrics-addr", "127.0.0.1:0", "--metrics-poll", "50ms", "--log-format", "json")
+	require.NoError(t, err)
+	defer func() { require.NoError(t, s.stop()) }()
+	_, js := natstest.Connect(t, s.natsURL)
+	require.NoError(t, fixtures.CreateBuckets(ctx, js, "mesh-provisioner_collect"))
+	kv, err := js.KeyValue(ctx, "mesh-provisioner_collect")
+	require.NoError(t, err)
+	const n = 20
+	for i := range n {
+		_, err := kv.Put(ctx, fmt.Sprintf("n%d.shell.mod", i), []byte{0xc0})
+		require.NoError(t, err)
+	}
+	scrape := func() metricstest.Families {
+		fams, err := metricstest.Scrape(s.metricsAddr)
+		require.NoError(t, err)
+		return fams
+	}
+	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		if v, _ := scrape().Value("mesh_provisioner_bucket_applied_sequence", "bucket", "mesh-provisioner_collect"); v != n {
+			return fmt.Errorf("collect applied %v, want %d", v, n)
+		}
+		return nil
+	})
+	before, _ := scrape().Value("mesh_provisioner_messages_applied_total")
+
+	stream, err := js.Stream(ctx, "KV_mesh-provisioner_collect")
+	require.NoError(t, err)
+	require.NoError(t, stream.Purge(ctx))
+	natstest.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error {
+		if len(logLines(s, "rebuild swapped in")) == 0 {
+			return fmt.Errorf("no rebuild swapped in yet\n%s", s.stderr.String())
+		}
+		return nil
+	})
+	started := logLines(s, "rebuild started")
+	require.NotEmpty(t, started)
+	require.NotZero(t, started[0]["messages"], "rebuild started says how many messages it reads")
+
+	fams := scrape()
+	ok, _ := fams.Value("mesh_provisioner_rebuilds_total", "result", "ok")
+	require.Equal(t, 1.0, ok, "the seat's own rebuild is counted")
+	took, _ := fams.Value("mesh_provisioner_rebuild_duration_seconds")
+	require.Equal(t, 1.0, took, "and timed")
+	running, _ := fams.Value("mesh_provisioner_rebuild_running")
+	require.Zero(t, running)
+	after, _ := fams.Value("mesh_provisioner_messages_applied_total")
+	require.GreaterOrEqual(t, after, before, "a counter never runs backwards")
+	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		fams := scrape()
+		last, _ := fams.Value("mesh_provisioner_bucket_stream_last_sequence", "bucket", "mesh-provisioner_collect")
+		lag, ok := fams.Value("mesh_provisioner_bucket_lag", "bucket", "mesh-provisioner_collect")
+		if last != n || !ok || lag != 0 {
+			return fmt.Errorf("collect: stream last %v, lag %v (shown %v), want %d and 0", last, lag, ok, n)
+		}
+		return nil
+	})
+	code, body, err := metricstest.Get("http://" + s.metricsAddr + "/readyz")
+	require.NoError(t, err)
+	require.Equal(t, 200, code, body)
+}
+
+// docs/operations.md, "Keys out of shape": the runbook's own example, run against the demo mesh, shows
+// what the entry is about, anomaly rows in the answer, and the rows mesh_provisioner_anomaly_rows
+// counts for that bucket.
+func TestDocs_RunbookKeysOutOfShape(t *testing.T) {
+	s := demoSeat(t)
+	natstest.CheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
+		if code, body, err := metricstest.Get("http://" + s.metricsAddr + "/readyz"); err != nil || code != 200 {
+			return fmt.Errorf("demo seat not ready: %d %s %v", code, body, err)
+		}
+		return nil
+	})
+	block := readBlock(t, "docs/operations.md", "### Keys out of shape", "sh")
+	var line string
+	for _, l := range strings.Split(block, "\n") {
+		if strings.Contains(l, "query needs") && strings.Contains(l, "--json") {
+			line = l
+		}
+	}
+	require.NotEmpty(t, line, "the entry asks for needs as JSON")
+	words, _, err := splitShell(line, func(string) string { return "" })
+	require.NoError(t, err)
+	code, stdout, stderr := run(t, append(words[1:], "--nats", s.natsURL)...)
+	require.Equal(t, exitOK, code, stderr)
+	var a struct {
+		Anomalies []struct {
+			Bucket, Key, Reason string
+		} `json:"anomalies"`
+		AnomaliesTotal int `json:"anomalies_total"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(strings.SplitN(stdout, "\n", 2)[0]), &a))
+	require.NotEmpty(t, a.Anomalies, "%s: the example shows no anomaly row\n%.600s", line, stdout)
+	fams, err := metricstest.Scrape(s.metricsAddr)
+	require.NoError(t, err)
+	var counted float64
+	for _, reason := range fams.LabelValues("mesh_provisioner_anomaly_rows", "reason") {
+		v, _ := fams.Value("mesh_provisioner_anomaly_rows", "bucket", "mesh-provisioner_needs", "reason", reason)
+		counted += v
+	}
+	require.GreaterOrEqual(t, counted, float64(a.AnomaliesTotal), "the metric counts the rows the answer shows")
+}
+
+// docs/operations.md, Upgrade: "a downgrade keeps the state dir" until its log holds a wildcard rollup;
+// the operator reads which schema the state dir is in from mesh_provisioner_state_schema and $SRV.STATS
+// (build_info's schema is the binary's), and it moves to 2 with such a rollup.
+func TestDocs_UpgradeSaysTheStateDirSchema(t *testing.T) {
+	t.Setenv("NATS_URL", "")
+	ctx := context.Background()
+	s, err := startServe(t.TempDir(), "--plans=false", "--metrics-addr", "127.0.0.1:0", "--log-format", "json")
+	require.NoError(t, err)
+	defer func() { require.NoError(t, s.stop()) }()
+	nc, js := natstest.Connect(t, s.natsURL)
+	require.NoError(t, fixtures.CreateBuckets(ctx, js, "mesh-provisioner_needs"))
+	kv, err := js.KeyValue(ctx, "mesh-provisioner_needs")
+	require.NoError(t, err)
+	_, err = kv.Put(ctx, "n1.web.config.a", []byte{0xc0})
+	require.NoError(t, err)
+
+	schemas := func() (state, binary, stats float64) {
+		fams, err := metricstest.Scrape(s.metricsAddr)
+		require.NoError(t, err)
+		state, _ = fams.Value("mesh_provisioner_state_schema")
+		vs := fams.LabelValues("mesh_provisioner_build_info", "schema")
+		require.Len(t, vs, 1)
+		binary, err = strconv.ParseFloat(vs[0], 64)
+		require.NoError(t, err)
+		msg, err := nc.Request("$SRV.STATS."+query.ServiceName, nil, 5*time.Second)
+		require.NoError(t, err)
+		var st micro.Stats
+		require.NoError(t, json.Unmarshal(msg.Data, &st))
+		require.NotEmpty(t, st.Endpoints)
+		var data struct{ Schema float64 }
+		require.NoError(t, json.Unmarshal(st.Endpoints[0].Data, &data))
+		return state, binary, data.Schema
+	}
+	state, binary, stats := schemas()
+	require.Equal(t, float64(store.SchemaVersion), binary, "build_info: the binary's")
+	require.Equal(t, 1.0, state, "a state dir without a rollup is schema 1, which a downgrade keeps")
+	require.Equal(t, 1.0, stats)
+
+	msg := nats.NewMsg("$KV.mesh-provisioner_needs.n1.web.*.*")
+	msg.Header.Set("KV-Operation", "PURGE")
+	msg.Header.Set("Nats-Rollup", "sub")
+	pa, err := js.PublishMsg(ctx, msg)
+	require.NoError(t, err)
+	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		if state, _, stats := schemas(); state != 2 || stats != 2 {
+			return fmt.Errorf("after the wildcard rollup at %d: state dir schema %v, stats %v; want 2", pa.Sequence, state, stats)
+		}
+		return nil
+	})
 }

@@ -232,7 +232,7 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 func runSeat(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, db *store.DB, cfg seatConfig) error {
 	log := cfg.log
 	st, err := seat.Start(ctx, nc, js, db, seat.Config{Version: Version, Logger: log, WriteRegistry: cfg.writeRegistry, RegistryInterval: cfg.registryInterval, RegistryReplicas: cfg.registryReplicas,
-		Plans: cfg.plans, Observe: cfg.ops.observe(), Retention: cfg.retention, Store: store.Options{Logger: log},
+		Plans: cfg.plans, Observe: cfg.ops.observe(), OnRebuild: cfg.ops.rebuilds().StartRebuild, Retention: cfg.retention, Store: store.Options{Logger: log},
 		Streams: cfg.streams, ListEvery: cfg.ops.poll()})
 	if err != nil {
 		return err

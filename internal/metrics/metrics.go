@@ -24,7 +24,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -347,7 +346,9 @@ type seatCollector struct{ m *Metrics }
 
 var (
 	descBuildInfo = prometheus.NewDesc("mesh_provisioner_build_info",
-		"Always 1: the version of the binary and the state dir's schema version.", []string{"version", "schema"}, nil)
+		"Always 1: the version of the binary and the newest state dir schema it reads and writes (mesh_provisioner_state_schema is the state dir's).", []string{"version", "schema"}, nil)
+	descStateSchema = prometheus.NewDesc("mesh_provisioner_state_schema",
+		"The schema version the state dir is written in now: 1, which older binaries read too, until its event log holds a wildcard or whole-stream rollup.", nil, nil)
 	descReady = prometheus.NewDesc("mesh_provisioner_ready",
 		"1 when every bucket is synced and /readyz answers 200.", nil, nil)
 	descSynced = prometheus.NewDesc("mesh_provisioner_bucket_synced",
@@ -359,7 +360,7 @@ var (
 	descStreamAge = prometheus.NewDesc("mesh_provisioner_bucket_stream_info_age_seconds",
 		"Seconds since the bucket's stream last sequence was read: how old its stream_last_sequence and lag are.", []string{"bucket"}, nil)
 	descLag = prometheus.NewDesc("mesh_provisioner_bucket_lag",
-		"Stream sequences the bucket's projection is behind its stream: stream last sequence (as last read) minus applied sequence, at least 0.", []string{"bucket"}, nil)
+		"Messages of the bucket's stream its projection has not read yet: stream last sequence (as last read) minus applied sequence, less those removed from the stream before they were read (a purge); at least 0.", []string{"bucket"}, nil)
 	descAnomalies = prometheus.NewDesc("mesh_provisioner_anomaly_rows",
 		"Anomaly rows the projection holds (keys out of shape, values not MessagePack, ...), by bucket and reason code.", []string{"bucket", "reason"}, nil)
 	descApplyCount = prometheus.NewDesc("mesh_provisioner_messages_applied_total",
@@ -394,7 +395,7 @@ var (
 )
 
 func (c seatCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descBuildInfo, descReady, descSynced, descApplied, descStreamLast, descStreamAge, descLag,
+	for _, d := range []*prometheus.Desc{descBuildInfo, descStateSchema, descReady, descSynced, descApplied, descStreamLast, descStreamAge, descLag,
 		descAnomalies, descApplyCount, descParked, descPebbleDisk, descPebbleCompactions, descPebbleCompactDebt, descPebbleCompacting,
 		descPebbleHeld, descPebbleFlushes, descPebbleCacheHits, descPebbleCacheMisses, descPebbleCacheSize, descPebbleReadAmp,
 		descPebbleL0Files, descPebbleMemtable} {
@@ -421,8 +422,8 @@ func (c seatCollector) Collect(ch chan<- prometheus.Metric) {
 		return
 	}
 	db := src.Store()
-	buckets := db.Buckets()
-	sort.Strings(buckets)
+	gauge(descStateSchema, float64(db.Schema()))
+	buckets := shownBuckets(src)
 	now := time.Now()
 	for _, b := range buckets {
 		seq, synced := db.Applied(b)
@@ -431,7 +432,7 @@ func (c seatCollector) Collect(ch chan<- prometheus.Metric) {
 		if r, ok := m.lastRead(b); ok {
 			gauge(descStreamLast, float64(r.last), b)
 			gauge(descStreamAge, max(0, now.Sub(r.at).Seconds()), b)
-			gauge(descLag, float64(r.last-min(r.last, seq)), b)
+			gauge(descLag, float64(r.lag(seq)), b)
 		}
 	}
 	for b, by := range m.anomalyCounts(db, buckets) {

@@ -55,8 +55,20 @@ var alwaysRead = func() map[string]bool {
 // streamRead is a bucket's stream last sequence and when it was read (when the listing or request that
 // read it started).
 type streamRead struct {
-	last uint64
-	at   time.Time
+	last  uint64
+	first uint64 // the stream's first sequence: the messages before it are gone, not unread
+	at    time.Time
+}
+
+// lag is how many messages of the stream the projection, at applied sequence seq, has not read yet:
+// those after seq up to the last sequence, less those removed from the stream before it read them (a
+// purge, a limit), which it never will. A purged stream is lag 0, not its old length: nothing is left
+// to read, and an alert on a lag that does not move must not fire on it.
+func (r streamRead) lag(seq uint64) uint64 {
+	if r.first > 0 {
+		seq = max(seq, r.first-1)
+	}
+	return r.last - min(r.last, seq)
 }
 
 // pollLoop reads every bucket's stream last sequence now and every Poll. The first failure is logged,
@@ -107,7 +119,7 @@ func (m *Metrics) pollOnce(ctx context.Context) error {
 	}
 	listed := m.infos.Listed()
 	listedFresh := !listed.IsZero() && !listed.Before(fresh)
-	buckets := src.Store().Buckets()
+	buckets := shownBuckets(src)
 	m.forgetGone(buckets)
 	for _, b := range buckets {
 		if !m.update(b) && listedFresh {
@@ -168,7 +180,7 @@ reads:
 		rcancel()
 		switch {
 		case err == nil:
-			m.set(b, streamRead{last: info.State.LastSeq, at: at})
+			m.set(b, streamRead{last: info.State.LastSeq, first: info.State.FirstSeq, at: at})
 		case errors.Is(err, jetstream.ErrStreamNotFound):
 			m.set(b, streamRead{last: 0, at: at})
 		case ctx.Err() != nil:
@@ -196,7 +208,7 @@ reads:
 func (m *Metrics) update(bucket string) bool {
 	info, at, ok := m.infos.Info(provisioner.StreamName(bucket))
 	if ok {
-		m.set(bucket, streamRead{last: info.State.LastSeq, at: at})
+		m.set(bucket, streamRead{last: info.State.LastSeq, first: info.State.FirstSeq, at: at})
 	}
 	return ok
 }
@@ -237,4 +249,24 @@ func (m *Metrics) forgetGone(buckets []string) {
 			delete(m.streams, b)
 		}
 	}
+}
+
+// shownBuckets are the buckets the per-bucket metrics show, sorted: those the store holds, and those
+// the seat tails that have not caught up, which a store may not hold yet. A bucket whose consumer was
+// refused from the start (a permission missing) has nothing in the store, and without its series the
+// lag alerts could not fire on it: /readyz named it, the metrics did not.
+func shownBuckets(src Source) []string {
+	buckets := src.Store().Buckets()
+	seen := make(map[string]bool, len(buckets))
+	for _, b := range buckets {
+		seen[b] = true
+	}
+	for _, b := range src.Unsynced() {
+		if !seen[b] {
+			seen[b] = true
+			buckets = append(buckets, b)
+		}
+	}
+	sort.Strings(buckets)
+	return buckets
 }
