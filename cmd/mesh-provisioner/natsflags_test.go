@@ -123,8 +123,8 @@ func TestNATSFlags_OddRefusals(t *testing.T) {
 	f := &natsFlags{inbox: "_INBOX.node.n1"}
 	for text, want := range map[string][3]string{
 		`nats: permissions violation: Permissions Violation for Subscription to "_INBOX.node.n1.AbC.*" using queue "q"`: {"subscribe", "_INBOX.node.n1.>", ""},
-		`nats: permissions violation: Permissions Violation for Subscription to "$JS.EVENT.ADVISORY.STREAM.CREATED.*"`:   {"subscribe", "$JS.EVENT.ADVISORY.STREAM.CREATED.*", "optional"},
-		`nats: permissions violation: Permissions Violation for Publish to "$JS.hub.API.STREAM.LIST"`:                    {"publish", "$JS.hub.API.STREAM.LIST", "optional"},
+		`nats: permissions violation: Permissions Violation for Subscription to "$JS.EVENT.ADVISORY.STREAM.CREATED.*"`:  {"subscribe", "$JS.EVENT.ADVISORY.STREAM.CREATED.*", "optional"},
+		`nats: permissions violation: Permissions Violation for Publish to "$JS.hub.API.STREAM.LIST"`:                   {"publish", "$JS.hub.API.STREAM.LIST", "optional"},
 		`nats: permissions violation: Permissions Violation for Publish with Reply of "_INBOX.x" to "a.b"`:              {"", "", ""},
 	} {
 		err := fmt.Errorf("%w: %s", nats.ErrPermissionViolation, text)
