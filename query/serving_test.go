@@ -300,3 +300,55 @@ func TestServer_StopWithAWaiterBlockedOnAFullQueue(t *testing.T) {
 	})
 	require.Equal(t, map[string]int64{"200": 3}, s.Answered())
 }
+
+// TestServer_StopDuringAFlood: Stop returns while paged requests flood a small queue and requests
+// waiting for their min_seq wake as it comes (a seat stopped under load). Before, it could hang for
+// good (TestServer_StopWithAWaiterBlockedOnAFullQueue says how); this is the same, unstaged.
+func TestServer_StopDuringAFlood(t *testing.T) {
+	ns := natstest.RunServer(t)
+	for round := 0; round < 5; round++ {
+		db := smallStore(t)
+		put := func(seq uint64) error {
+			return db.Apply(provisioner.BucketNeeds, []provisioner.Message{{Seq: seq, Time: 1, Key: fmt.Sprintf("n%d.m.config.a", seq), Op: provisioner.OpPut, Value: []byte{0x80}}}, 0, true)
+		}
+		for i := uint64(1); i <= 5; i++ {
+			require.NoError(t, put(i))
+		}
+		db.SetSynced(provisioner.BucketNeeds, true)
+		snc, _ := natstest.Connect(t, ns.ClientURL())
+		s := NewServer(StoreReader(db), Options{Workers: 1, MaxQueued: 3})
+		require.NoError(t, s.Start(snc, nil))
+		nc, _ := natstest.Connect(t, ns.ClientURL())
+		_, inbox := collect(t, nc)
+		for i := 0; i < 300; i++ {
+			body := `{"what":"needs","limit":1,"after":"n1.m.config.a"}`
+			if i%5 == 0 {
+				body = fmt.Sprintf(`{"what":"needs","limit":1,"min_seq":%d,"wait_ms":10000}`, 6+i%3)
+			}
+			require.NoError(t, nc.PublishRequest(Subject, fmt.Sprintf("%s.%d", inbox, i), []byte(body)))
+		}
+		applied := make(chan error, 1)
+		go func() {
+			var err error
+			for i := uint64(6); i <= 8 && err == nil; i++ {
+				err = put(i)
+			}
+			applied <- err
+		}()
+		stopped := make(chan struct{})
+		go func() {
+			s.Stop()
+			close(stopped)
+		}()
+		natstest.CheckFor(t, 20*time.Second, 5*time.Millisecond, func() error {
+			select {
+			case <-stopped:
+				return nil
+			default:
+				return fmt.Errorf("round %d: Stop has not returned: %d queued, %d waiting", round, s.Queued(), s.Waiting())
+			}
+		})
+		require.NoError(t, <-applied)
+		require.Zero(t, s.Waiting())
+	}
+}
