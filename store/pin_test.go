@@ -166,3 +166,41 @@ func mustRowsView(t *testing.T, db *store.DB) *store.RowsView {
 	require.NoError(t, err)
 	return v
 }
+
+// TestDB_ARollupStoppedInAPartUnpins: a part that fails ends the pin: views read what is committed
+// (the parts before, under the checkpoint before the rollup, as a seat stopped between two parts
+// does), the message applied again removes the rest, and the store closes with no snapshot left open.
+func TestDB_ARollupStoppedInAPartUnpins(t *testing.T) {
+	b := provisioner.BucketNeeds
+	all := provisioner.Range{Bucket: b, Index: provisioner.IndexPrimary}
+	db, err := store.Open(t.TempDir(), store.Options{})
+	require.NoError(t, err)
+	var msgs []provisioner.Message
+	for i := range 20 {
+		msgs = append(msgs, put(uint64(i+1), fmt.Sprintf("n%02d.m.config.a", i), []byte{0xc0}))
+	}
+	require.NoError(t, db.Apply(b, msgs, 0, false))
+	stopped := fmt.Errorf("stopped")
+	parts := 0
+	restore := store.SetRollupPart(5, func(int) error {
+		if parts++; parts == 2 {
+			return stopped
+		}
+		return nil
+	})
+	roll := rollup(put(21, "n99.m.config.z", []byte{0xc0}), provisioner.RollupAll)
+	require.ErrorIs(t, db.Apply(b, []provisioner.Message{roll}, 0, false), stopped)
+	restore()
+	require.Len(t, rows(t, db, all), 10, "the two parts committed are read")
+	asOf, _, err := func() (uint64, []string, error) {
+		v := mustRowsView(t, db)
+		defer v.Close()
+		cp, err := v.Checkpoint(b)
+		return cp.Applied, nil, err
+	}()
+	require.NoError(t, err)
+	require.EqualValues(t, 20, asOf)
+	require.NoError(t, db.Apply(b, []provisioner.Message{roll}, 0, false))
+	require.Equal(t, []string{"n99.m.config.z"}, rows(t, db, all))
+	require.NoError(t, db.Close(), "no pinned snapshot left open")
+}
