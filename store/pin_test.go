@@ -204,3 +204,41 @@ func TestDB_ARollupStoppedInAPartUnpins(t *testing.T) {
 	require.Equal(t, []string{"n99.m.config.z"}, rows(t, db, all))
 	require.NoError(t, db.Close(), "no pinned snapshot left open")
 }
+
+// TestDB_ARegistryRollupInPartsRaisesNeedsAtOnce: a rollup of the whole registry removes its kinds in
+// parts, and each part raises the needs' unanswered-kind anomalies of the kinds it removed; views
+// read none of them until the rollup's own batch, then all of them, with the registry's as_of.
+func TestDB_ARegistryRollupInPartsRaisesNeedsAtOnce(t *testing.T) {
+	db, err := store.Open(t.TempDir(), store.Options{})
+	require.NoError(t, err)
+	defer db.Close()
+	var regs, needs []provisioner.Message
+	entries := provisioner.Registry.Entries
+	require.Greater(t, len(entries), 3)
+	for i, e := range entries {
+		regs = append(regs, put(uint64(i+1), e.Kind, e.Value()))
+		needs = append(needs, put(uint64(i+1), "n1.m."+e.Kind+".a", []byte{0x01}))
+	}
+	require.NoError(t, db.Apply(provisioner.BucketRegistry, regs, 0, false))
+	require.NoError(t, db.Apply(provisioner.BucketNeeds, needs, 0, false))
+	a, total := anomalies(t, db, provisioner.BucketNeeds, "")
+	require.Empty(t, a)
+	require.Zero(t, total)
+
+	parts := 0
+	restore := store.SetRollupPart(2, func(int) error {
+		parts++
+		a, total := anomalies(t, db, provisioner.BucketNeeds, "")
+		require.Empty(t, a, "part %d", parts)
+		require.Zero(t, total, "part %d", parts)
+		require.Len(t, rows(t, db, provisioner.Range{Bucket: provisioner.BucketRegistry, Index: provisioner.IndexPrimary}), len(entries), "part %d", parts)
+		return nil
+	})
+	defer restore()
+	seq := uint64(len(entries) + 1)
+	require.NoError(t, db.Apply(provisioner.BucketRegistry, []provisioner.Message{rollup(put(seq, "zz-none", []byte{0xc0}), provisioner.RollupAll)}, 0, false))
+	require.Greater(t, parts, 1)
+	a, total = anomalies(t, db, provisioner.BucketNeeds, "")
+	require.Len(t, a, len(entries), "every kind removed: every need unanswered")
+	require.EqualValues(t, len(entries), total)
+}
