@@ -88,7 +88,8 @@ type readAhead struct {
 	mu       sync.Mutex
 	pages    []aheadPage
 	inflight map[aheadKey]chan struct{}
-	jobs     chan aheadJob // closed by Stop, under Server.jobsMu
+	jobs     chan aheadJob // closed by Stop, under mu
+	closed   bool          // jobs is closed; under mu
 	done     sync.WaitGroup
 }
 
@@ -160,13 +161,17 @@ func (s *Server) readNextAhead(r *Request, format Format, e *Encoder) {
 // queueAhead queues the page after next of a request, when a worker is free for it.
 func (s *Server) queueAhead(j aheadJob, next string) {
 	j.r.After = next
-	s.jobsMu.RLock()
-	defer s.jobsMu.RUnlock()
-	if s.ahead.jobs == nil || s.jobsClosed {
+	// Under the pages' lock, not the workers' queue's: a worker must never wait for that one, which Stop
+	// waits to take while a request that waited for its min_seq waits for a place in a full queue that
+	// only the workers free.
+	a := &s.ahead
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.jobs == nil || a.closed {
 		return
 	}
 	select {
-	case s.ahead.jobs <- j:
+	case a.jobs <- j:
 	default: // the worker is behind: this walk's next page is written when asked for
 	}
 }

@@ -131,7 +131,7 @@ type Server struct {
 	waitingBytes int
 	waitClosed   bool // Stop waits for the waiters: no more start
 
-	jobsMu      sync.RWMutex // held to read by a sender, to write by Stop closing jobs and ahead.jobs
+	jobsMu      sync.RWMutex // held to read by a sender, to write by Stop closing jobs
 	jobs        chan job
 	jobsClosed  bool
 	queuedBytes atomic.Int64 // of the fields of the requests in jobs
@@ -238,9 +238,14 @@ func (s *Server) Stop() {
 		// The service takes no more requests: the workers answer what is queued, then end.
 		s.jobsClosed = true
 		close(s.jobs)
-		close(s.ahead.jobs)
 	}
 	s.jobsMu.Unlock()
+	s.ahead.mu.Lock()
+	if s.ahead.jobs != nil && !s.ahead.closed {
+		s.ahead.closed = true
+		close(s.ahead.jobs)
+	}
+	s.ahead.mu.Unlock()
 	s.workers.Wait()
 	s.stopReadAhead()
 	s.cancel()

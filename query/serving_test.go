@@ -212,3 +212,143 @@ func TestServer_FullQueueAnswersBusy(t *testing.T) {
 	require.Equal(t, map[string]int64{"200": workers + queued + 1, "500": n - workers - queued + 1}, s.Answered())
 	require.Zero(t, s.queuedBytes.Load())
 }
+
+// TestServer_StopWithAWaiterBlockedOnAFullQueue: Stop returns, and every request is answered, when a
+// request whose min_seq has come is waiting for a place in the workers' full queue while the workers
+// answer paged requests (whose next pages they ask to be written ahead). The waiter held the queue's
+// lock to read while it waited for a place; Stop's wait for it to write stopped any worker from asking
+// for a page ahead under the same lock, so no worker freed a place: Stop, and the seat's shutdown,
+// never returned.
+func TestServer_StopWithAWaiterBlockedOnAFullQueue(t *testing.T) {
+	db := smallStore(t)
+	put := func(seq uint64) {
+		msg := provisioner.Message{Seq: seq, Time: int64(seq), Key: fmt.Sprintf("n%d.m.config.a", seq), Op: provisioner.OpPut, Value: []byte{0x80}}
+		require.NoError(t, db.Apply(provisioner.BucketNeeds, []provisioner.Message{msg}, 0, true))
+	}
+	put(1)
+	put(2)
+	db.SetSynced(provisioner.BucketNeeds, true)
+	g := &gatedReader{Reader: StoreReader(db), gate: make(chan struct{})}
+	var once sync.Once
+	openGate := func() { once.Do(func() { close(g.gate) }) }
+	t.Cleanup(openGate)
+	ns := natstest.RunServer(t)
+	snc, _ := natstest.Connect(t, ns.ClientURL())
+	s := NewServer(g, Options{Workers: 1, MaxQueued: 1})
+	require.NoError(t, s.Start(snc, nil))
+
+	nc, _ := natstest.Connect(t, ns.ClientURL())
+	got, inbox := collect(t, nc)
+	ask := func(i int, body string) {
+		require.NoError(t, nc.PublishRequest(Subject, fmt.Sprintf("%s.%d", inbox, i), []byte(body)))
+	}
+	ask(0, `{"what":"needs","limit":1}`) // the worker is held in its view
+	natstest.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		if o := g.open.Load(); o != 1 {
+			return fmt.Errorf("%d views open", o)
+		}
+		return nil
+	})
+	ask(1, `{"what":"needs","limit":1}`) // fills the queue
+	natstest.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		if q := s.Queued(); q != 1 {
+			return fmt.Errorf("%d queued", q)
+		}
+		return nil
+	})
+	ask(2, `{"what":"needs","limit":1,"min_seq":3,"wait_ms":10000}`)
+	natstest.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		if w := s.Waiting(); w != 1 {
+			return fmt.Errorf("%d waiting, answered %v", w, s.Answered())
+		}
+		return nil
+	})
+	put(3) // the waiter wakes, and waits for a place in the queue
+	natstest.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		if s.jobsMu.TryLock() {
+			s.jobsMu.Unlock()
+			return fmt.Errorf("the waiter is not yet waiting for a place")
+		}
+		return nil
+	})
+	stopped := make(chan struct{})
+	go func() {
+		s.Stop()
+		close(stopped)
+	}()
+	natstest.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		if s.jobsMu.TryRLock() {
+			s.jobsMu.RUnlock()
+			return fmt.Errorf("Stop is not yet waiting for the queue")
+		}
+		return nil
+	})
+	openGate()
+	natstest.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		select {
+		case <-stopped:
+			return nil
+		default:
+			return fmt.Errorf("Stop has not returned: %d queued, %d waiting", s.Queued(), s.Waiting())
+		}
+	})
+	natstest.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		if c := got.get("200"); c != 3 {
+			return fmt.Errorf("%d of 3 answered", c)
+		}
+		return nil
+	})
+	require.Equal(t, map[string]int64{"200": 3}, s.Answered())
+}
+
+// TestServer_StopDuringAFlood: Stop returns while paged requests flood a small queue and requests
+// waiting for their min_seq wake as it comes (a seat stopped under load). Before, it could hang for
+// good (TestServer_StopWithAWaiterBlockedOnAFullQueue says how); this is the same, unstaged.
+func TestServer_StopDuringAFlood(t *testing.T) {
+	ns := natstest.RunServer(t)
+	for round := 0; round < 5; round++ {
+		db := smallStore(t)
+		put := func(seq uint64) error {
+			return db.Apply(provisioner.BucketNeeds, []provisioner.Message{{Seq: seq, Time: 1, Key: fmt.Sprintf("n%d.m.config.a", seq), Op: provisioner.OpPut, Value: []byte{0x80}}}, 0, true)
+		}
+		for i := uint64(1); i <= 5; i++ {
+			require.NoError(t, put(i))
+		}
+		db.SetSynced(provisioner.BucketNeeds, true)
+		snc, _ := natstest.Connect(t, ns.ClientURL())
+		s := NewServer(StoreReader(db), Options{Workers: 1, MaxQueued: 3})
+		require.NoError(t, s.Start(snc, nil))
+		nc, _ := natstest.Connect(t, ns.ClientURL())
+		_, inbox := collect(t, nc)
+		for i := 0; i < 300; i++ {
+			body := `{"what":"needs","limit":1,"after":"n1.m.config.a"}`
+			if i%5 == 0 {
+				body = fmt.Sprintf(`{"what":"needs","limit":1,"min_seq":%d,"wait_ms":10000}`, 6+i%3)
+			}
+			require.NoError(t, nc.PublishRequest(Subject, fmt.Sprintf("%s.%d", inbox, i), []byte(body)))
+		}
+		applied := make(chan error, 1)
+		go func() {
+			var err error
+			for i := uint64(6); i <= 8 && err == nil; i++ {
+				err = put(i)
+			}
+			applied <- err
+		}()
+		stopped := make(chan struct{})
+		go func() {
+			s.Stop()
+			close(stopped)
+		}()
+		natstest.CheckFor(t, 20*time.Second, 5*time.Millisecond, func() error {
+			select {
+			case <-stopped:
+				return nil
+			default:
+				return fmt.Errorf("round %d: Stop has not returned: %d queued, %d waiting", round, s.Queued(), s.Waiting())
+			}
+		})
+		require.NoError(t, <-applied)
+		require.Zero(t, s.Waiting())
+	}
+}

@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"path/filepath"
 	"testing"
 	"time"
@@ -106,4 +108,34 @@ func TestNATSFlags_ViolationLog(t *testing.T) {
 	require.Equal(t, 3, n)
 	_, ok = v.say("publish a.>", t0.Add(violationLogEvery+time.Second))
 	require.False(t, ok)
+}
+
+// TestNATSFlags_OddRefusals: subjects cut short, bare prefixes and empty tokens name themselves (no
+// index past their tokens), and the server's texts with more after the subject (a queue group) are
+// read alike; a refused advisory subscription does not stop a command.
+func TestNATSFlags_OddRefusals(t *testing.T) {
+	for _, s := range []string{"", ".", "..", "$JS", "$JS.", "$JS.API", "$JS.API.", "$JS.hub.API", "$JS.hub.API.CONSUMER",
+		"$JS.API.CONSUMER", "$JS.API.CONSUMER.CREATE", "$JS.API.CONSUMER.CREATE.S", "$JS.API.CONSUMER.MSG.NEXT.S",
+		"$JS.API.CONSUMER.INFO.S", "$JS.API.DIRECT.GET", "$JS.API.DIRECT.GET.S", "$KV", "$KV.b", "$KV..", "$JS.API.API.API"} {
+		require.NotPanics(t, func() { grantOf(s) }, s)
+		require.NotEmpty(t, grantOf(s+".x"), s)
+	}
+	f := &natsFlags{inbox: "_INBOX.node.n1"}
+	for text, want := range map[string][3]string{
+		`nats: permissions violation: Permissions Violation for Subscription to "_INBOX.node.n1.AbC.*" using queue "q"`: {"subscribe", "_INBOX.node.n1.>", ""},
+		`nats: permissions violation: Permissions Violation for Subscription to "$JS.EVENT.ADVISORY.STREAM.CREATED.*"`:  {"subscribe", "$JS.EVENT.ADVISORY.STREAM.CREATED.*", "optional"},
+		`nats: permissions violation: Permissions Violation for Publish to "$JS.hub.API.STREAM.LIST"`:                   {"publish", "$JS.hub.API.STREAM.LIST", "optional"},
+		`nats: permissions violation: Permissions Violation for Publish with Reply of "_INBOX.x" to "a.b"`:              {"", "", ""},
+	} {
+		err := fmt.Errorf("%w: %s", nats.ErrPermissionViolation, text)
+		pe := f.permissionError(err)
+		require.NotNil(t, pe, text)
+		opt := ""
+		if pe.optional() {
+			opt = "optional"
+		}
+		require.Equal(t, want, [3]string{pe.op, pe.grant, opt}, text)
+		require.NotEmpty(t, pe.Error())
+	}
+	require.Nil(t, f.permissionError(errors.New("nats: timeout")))
 }

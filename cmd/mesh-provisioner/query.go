@@ -84,7 +84,7 @@ Flags:
 }
 
 // Run asks and prints.
-func (c *QueryCommand) Run(ctx context.Context, args []string) error {
+func (c *QueryCommand) Run(ctx context.Context, args []string) (err error) {
 	fs := c.flags()
 	// WHAT may come before the flags.
 	what := ""
@@ -142,6 +142,17 @@ func (c *QueryCommand) Run(ctx context.Context, args []string) error {
 		last map[string]any
 		rows int
 	)
+	defer func() {
+		if err == nil || tw == nil {
+			return
+		}
+		// A later page failed (its cursor's row removed meanwhile: 404, a timeout): the rows of the
+		// pages before are printed, all of them, not up to the last chunk aligned, and the error says
+		// the table stops there.
+		if ferr := tw.Flush(); ferr == nil {
+			err = fmt.Errorf("%w (the table above is the %d rows of the pages before; the rest are not printed)", err, rows)
+		}
+	}()
 	for {
 		if after != "" {
 			req["after"] = after
