@@ -147,7 +147,11 @@ func Connect(tb testing.TB, url string, opts ...nats.Option) (*nats.Conn, jetstr
 		tb.Fatalf("connect %s: %v", url, err)
 	}
 	tb.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
+	// A JetStream API request the test makes without a deadline of its own (a bucket created with
+	// context.Background) waits up to 30 s, not nats.go's 5: a stream's creation syncs to disk, and on a
+	// shared machine beside other tests' fsyncs it took longer than 5 s now and then, failing the test
+	// before it began.
+	js, err := jetstream.New(nc, jetstream.WithDefaultTimeout(30*time.Second))
 	if err != nil {
 		tb.Fatalf("jetstream: %v", err)
 	}
