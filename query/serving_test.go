@@ -13,6 +13,7 @@ import (
 
 	provisioner "github.com/novox/mesh-provisioner"
 	"github.com/novox/mesh-provisioner/internal/natstest"
+	"github.com/novox/mesh-provisioner/store"
 )
 
 // gatedReader is a store's Reader that counts the views open at once, and holds each one from
@@ -62,16 +63,20 @@ func (c *codes) get(code string) int {
 	return c.n[code]
 }
 
+// putNeed applies a need of its own key at seq, synced.
+func putNeed(t *testing.T, db *store.DB, seq uint64) {
+	t.Helper()
+	msg := provisioner.Message{Seq: seq, Time: int64(seq), Key: fmt.Sprintf("n%d.m.config.a", seq), Op: provisioner.OpPut, Value: []byte{0x80}}
+	require.NoError(t, db.Apply(provisioner.BucketNeeds, []provisioner.Message{msg}, 0, true))
+}
+
 // TestServer_WaitersAnsweredByTheWorkers: docs/decisions.md (Serving), answers are written by a few
 // workers. Requests that wait for the same sequence wake together when it comes; they are answered by
 // the workers, never more at once than there are workers, not each in its own goroutine at the same
 // moment (a page of up to a NATS message each).
 func TestServer_WaitersAnsweredByTheWorkers(t *testing.T) {
 	db := smallStore(t)
-	put := func(seq uint64) {
-		msg := provisioner.Message{Seq: seq, Time: int64(seq), Key: fmt.Sprintf("n%d.m.config.a", seq), Op: provisioner.OpPut, Value: []byte{0x80}}
-		require.NoError(t, db.Apply(provisioner.BucketNeeds, []provisioner.Message{msg}, 0, true))
-	}
+	put := func(seq uint64) { putNeed(t, db, seq) }
 	put(1)
 	db.SetSynced(provisioner.BucketNeeds, true)
 	g := &gatedReader{Reader: StoreReader(db), gate: make(chan struct{})}
@@ -221,10 +226,7 @@ func TestServer_FullQueueAnswersBusy(t *testing.T) {
 // never returned.
 func TestServer_StopWithAWaiterBlockedOnAFullQueue(t *testing.T) {
 	db := smallStore(t)
-	put := func(seq uint64) {
-		msg := provisioner.Message{Seq: seq, Time: int64(seq), Key: fmt.Sprintf("n%d.m.config.a", seq), Op: provisioner.OpPut, Value: []byte{0x80}}
-		require.NoError(t, db.Apply(provisioner.BucketNeeds, []provisioner.Message{msg}, 0, true))
-	}
+	put := func(seq uint64) { putNeed(t, db, seq) }
 	put(1)
 	put(2)
 	db.SetSynced(provisioner.BucketNeeds, true)
