@@ -146,6 +146,10 @@ func nodeAnomalyModel(t *testing.T, seed uint64) {
 		defer v.Close()
 		require.NotNil(t, v.pinned, "a view between a rollup's parts reads the pinned state")
 		checkAnomalyCounts(t, &v.rows, fmt.Sprintf("seed %d: between a rollup's parts", seed), probe)
+		rv, err := db.RowsView()
+		require.NoError(t, err)
+		defer rv.Close()
+		checkAnomalyCounts(t, &rv.rows, fmt.Sprintf("seed %d: between a rollup's parts (rows view)", seed), probe)
 		pinnedChecks++
 		return nil
 	})
