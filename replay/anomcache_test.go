@@ -118,3 +118,59 @@ func TestHandler_PagesDeriveAnomaliesOnce(t *testing.T) {
 	require.Equal(t, fresh(&req), cached.Bytes())
 	require.Equal(t, unanswered/2, total(cached.Bytes()))
 }
+
+// TestHandler_KeptAnomaliesNeverAnswerATrimmedPoint: a point whose anomalies are kept, then trimmed
+// below the floor (the registry's, or the bucket's own), is refused as gone, as an answer that derives
+// them is: the cache is read only after the point is resolved and checked.
+func TestHandler_KeptAnomaliesNeverAnswerATrimmedPoint(t *testing.T) {
+	for _, trimmed := range []string{provisioner.BucketNeeds, provisioner.BucketRegistry} {
+		t.Run(trimmed, func(t *testing.T) {
+			db, err := store.OpenState(t.TempDir(), store.Options{})
+			require.NoError(t, err)
+			defer db.Close()
+			reg := provisioner.Registry.Entries[0]
+			require.NoError(t, db.Apply(provisioner.BucketRegistry, []provisioner.Message{
+				{Seq: 1, Time: 1, Key: reg.Kind, Op: provisioner.OpPut, Value: reg.Value()},
+				{Seq: 2, Time: 2, Key: "other", Op: provisioner.OpPut, Value: reg.Value()},
+				{Seq: 3, Time: 50, Key: reg.Kind, Op: provisioner.OpPut, Value: reg.Value()},
+			}, 1, false))
+			var msgs []provisioner.Message
+			for i := 0; i < 40; i++ {
+				msgs = append(msgs, provisioner.Message{Seq: uint64(i + 1), Time: int64(i + 3), Key: fmt.Sprintf("n1.m.wish.k%02d", i), Op: provisioner.OpPut, Value: []byte{0x01}})
+			}
+			require.NoError(t, db.Apply(provisioner.BucketNeeds, msgs, 1, false))
+			open := func() (*store.View, func(), error) {
+				v, err := db.View()
+				if err != nil {
+					return nil, nil, err
+				}
+				return v, func() { v.Close() }, nil
+			}
+			at := replay.Handler(open, func(string) bool { return true })
+			limit := int64(5)
+			req := query.Request{What: "needs", Node: "n1", Limit: &limit, At: "seq:10"}
+			var e query.Encoder
+			e.Reset(query.FormatJSON)
+			require.NoError(t, at(context.Background(), &req, &e))
+			require.Contains(t, string(e.Bytes()), `"anomalies_total":10`)
+
+			horizon, horizonTime := uint64(20), int64(22) // the time of the message at horizon
+			if trimmed == provisioner.BucketRegistry {
+				horizon, horizonTime = 3, 50
+			}
+			_, err = db.TrimHistory(context.Background(), trimmed, horizon, horizonTime)
+			require.NoError(t, err)
+			v, verr := db.View()
+			require.NoError(t, verr)
+			defer v.Close()
+			var fresh query.Encoder
+			fresh.Reset(query.FormatJSON)
+			ferr := replay.Answer(v, &req, &fresh, true)
+			require.Error(t, ferr, "a point below the floor, derived: %s", fresh.Bytes())
+			e.Reset(query.FormatJSON)
+			err = at(context.Background(), &req, &e)
+			require.Error(t, err, "a point below the floor: %s", e.Bytes())
+			require.Equal(t, ferr.Error(), err.Error(), "refused as a derived answer is")
+		})
+	}
+}

@@ -10,6 +10,7 @@ package seat
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -206,7 +207,8 @@ func (s *Seat) compactAfterCatchUp(ctx context.Context) {
 		compacted = n
 		start := time.Now()
 		if err := s.Store().CompactAll(ctx); err != nil {
-			if ctx.Err() == nil {
+			// ErrClosed: a rebuild swapped this store out meanwhile; nothing failed.
+			if ctx.Err() == nil && !errors.Is(err, store.ErrClosed) {
 				s.log.Warn("compaction after catch-up failed; background compactions go on", "err", err)
 			}
 			continue

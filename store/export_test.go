@@ -39,3 +39,11 @@ func CountTrimSteps(n *int) (restore func()) {
 	}
 	return func() { trimIterDone = nil }
 }
+
+// SetTrimKeptCap sets how many keys one generation of what a trim carries between batches holds, for
+// tests of its rotation.
+func SetTrimKeptCap(n int) (restore func()) {
+	old := keptCap
+	keptCap = n
+	return func() { keptCap = old }
+}

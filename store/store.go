@@ -129,6 +129,8 @@ type DB struct {
 	closing        context.Context
 	endCompactions context.CancelFunc
 	compactions    sync.WaitGroup
+	// compactMu orders a compaction's start against Close: none starts once Close has begun.
+	compactMu sync.Mutex
 
 	// pinMu guards pin: while a rollup's removals are committed in parts (removeInParts), views read
 	// the store as it was before the first part, so no answer holds part of a rollup's removals.
@@ -526,6 +528,9 @@ func (db *DB) Close() error {
 	if !db.closed.CompareAndSwap(false, true) {
 		return nil
 	}
+	// Every compaction that saw the store open is counted in compactions by now (compact).
+	db.compactMu.Lock()
+	db.compactMu.Unlock() //nolint:staticcheck // an empty critical section: a barrier
 	db.applyMu.Lock()
 	defer db.applyMu.Unlock()
 	err := db.pdb.LogData(nil, pebble.Sync)
@@ -591,10 +596,12 @@ func (db *DB) CompactAll(ctx context.Context) error {
 	db.catchUp.manual.Add(1)
 	defer db.catchUp.manual.Add(-1)
 	db.catchUp.sched.wake()
-	if err := db.pdb.Flush(); err != nil {
-		return err
-	}
-	return db.compact(ctx, []byte{0x00}, []byte{0xff}, true)
+	return db.inBackground(ctx, func() error {
+		if err := db.pdb.Flush(); err != nil {
+			return err
+		}
+		return db.pdb.Compact(db.closing, []byte{0x00}, []byte{0xff}, true)
+	})
 }
 
 // compact asks Pebble for a manual compaction of [start, end], and returns when it is done or ctx
@@ -604,11 +611,26 @@ func (db *DB) CompactAll(ctx context.Context) error {
 // for the scheduler's next grant (which a catch-up holds back, catchup.go), and that grant then
 // panics ("did not find manual compaction with id"), taking the seat down.
 func (db *DB) compact(ctx context.Context, start, end []byte, parallelize bool) error {
-	done := make(chan error, 1)
+	return db.inBackground(ctx, func() error { return db.pdb.Compact(db.closing, start, end, parallelize) })
+}
+
+// inBackground runs a compaction (fn) on a goroutine Close waits for, and returns when it is done or
+// ctx ends. A store closed first runs none (ErrClosed). Close can still close Pebble between this
+// start and fn's first call into Pebble, which panics with pebble.ErrClosed on a closed DB (a
+// rebuild's SwapIn closing the old store as the seat's compaction after a catch-up starts on it):
+// that panic, and only it, is returned as ErrClosed.
+func (db *DB) inBackground(ctx context.Context, fn func() error) error {
+	db.compactMu.Lock()
+	if db.closed.Load() {
+		db.compactMu.Unlock()
+		return ErrClosed
+	}
 	db.compactions.Add(1)
+	db.compactMu.Unlock()
+	done := make(chan error, 1)
 	go func() {
 		defer db.compactions.Done()
-		done <- db.pdb.Compact(db.closing, start, end, parallelize)
+		done <- closedPanic(fn)
 	}()
 	select {
 	case err := <-done:
@@ -616,6 +638,20 @@ func (db *DB) compact(ctx context.Context, start, end []byte, parallelize bool) 
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// closedPanic calls fn, turning Pebble's panic on a closed DB into ErrClosed.
+func closedPanic(fn func() error) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			if e, ok := r.(error); ok && errors.Is(e, pebble.ErrClosed) {
+				err = ErrClosed
+				return
+			}
+			panic(r)
+		}
+	}()
+	return fn()
 }
 
 // Schema is the state dir's schema version as written now: schemaBase (1), which older binaries read

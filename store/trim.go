@@ -171,7 +171,7 @@ func (t *trimmer) begin() error {
 }
 
 // keptCap is how many keys one generation of trimmer.kept holds.
-const keptCap = 1 << 16
+var keptCap = 1 << 16
 
 // keptOf is what the walk kept of a key it met, in this batch or an earlier one of this trim.
 func (t *trimmer) keptOf(key string) (keptEvents, bool) {
