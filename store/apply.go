@@ -241,14 +241,18 @@ var rollupPartRead func(points uint64)
 // removeInParts removes the keys a rollup removed from the stream (applier.rollup) in batches of
 // rollupPart keys, committed before the batch that applies the rollup message itself: a rollup of a
 // whole bucket of a million keys (any node's user can send one, docs/accounts.md) built one batch of
-// a million purges, about 1 GiB of memory. The checkpoint moves only with the message's own batch, so
-// a seat stopped in between removes the rest when it reads the message again (a purge at the same
-// sequence writes the same event). Meanwhile views read the state before the first part (pin.go).
-func (db *DB) removeInParts(shape provisioner.Shape, m *provisioner.Message) error {
+// a million purges, about 1 GiB of memory. The checkpoint moves only with the message's own batch;
+// the first part's batch marks the rollup unfinished (rollupmark.go), so a store opened after a stop
+// in between finishes it before anything reads it. Meanwhile views read the state before the first
+// part (pin.go).
+func (db *DB) removeInParts(shape provisioner.Shape, m *provisioner.Message, streamCreated int64) error {
 	for from := ""; ; {
 		a := db.newApplier()
 		last, n, err := a.rollup(shape, m, from, rollupPart)
 		if err == nil && n > 0 {
+			if from == "" {
+				a.set(rollupMarkerKey(shape.Bucket), appendRollupMarker(nil, m, streamCreated))
+			}
 			err = a.finish(shape.Bucket, nil, false, false)
 		}
 		a.close()
@@ -285,13 +289,17 @@ func (db *DB) applyLocked(shape provisioner.Shape, msgs []provisioner.Message, s
 		db.pinViews()
 		defer db.unpinViews() // when the parts or this batch fail: answers read what is committed
 		pinned = true
-		if err := db.removeInParts(shape, &msgs[0]); err != nil {
+		if err := db.removeInParts(shape, &msgs[0], streamCreated); err != nil {
 			return err
 		}
 	}
 	a := db.newApplier()
 	defer a.close()
 	a.unpins = pinned
+	if pinned {
+		// The rollup is done with this batch (rollupmark.go).
+		a.delete(rollupMarkerKey(bucket))
+	}
 	cp := a.checkpoint(bucket)
 	if streamCreated != 0 {
 		cp.StreamCreated = streamCreated

@@ -23,6 +23,11 @@
 //	                                                           the event log holds a rollup (store.go)
 //	0x01 "composed-anomalies"                               -> uvarint anomaly rows of every
 //	                                                           composed-<node> bucket together (nodeanom.go)
+//	0x01 "rollup " <bucket>                                 -> the rollup message whose removals in
+//	                                                           parts are committed in part: uvarint seq,
+//	                                                           varint time, op byte, rollup byte, varint
+//	                                                           stream created, uvarint key length, key,
+//	                                                           value (rollupmark.go; absent: none)
 //	0x02 <bucket>                                           -> checkpoint: uvarint applied seq,
 //	                                                           varint stream created (Unix ns),
 //	                                                           varint anomaly rows
@@ -71,7 +76,12 @@
 // what is committed. The keys it removes (a rollup of the whole stream: every key of the bucket) are
 // purged in batches of 10,000 committed before its own batch, which alone moves the checkpoint; views
 // read the state before the first of them until the message's own batch commits (pin.go), so no
-// answer holds part of a rollup.
+// answer holds part of a rollup. The first part's batch writes the rollup's marker (0x01 "rollup "
+// <bucket>) and the message's own batch deletes it: Open finds the marker of a rollup a stopped
+// process left between two parts and finishes it (the remaining parts and the message's own batch, as
+// Apply runs them) before anything reads the store, which then equals one that applied the rollup
+// without a stop. A marker at or below its bucket's applied sequence (an older binary, which does not
+// know it, finished the rollup by reading the message again) is deleted.
 //
 // # What the event log can rebuild: floor and gaps
 //

@@ -100,6 +100,9 @@ func (db *DB) forget(bucket string, at int64, resume *Checkpoint) error {
 	if err := a.batch.Delete(checkpointKey(bucket), nil); err != nil {
 		return fmt.Errorf("forget %s: %w", bucket, err)
 	}
+	if err := a.batch.Delete(rollupMarkerKey(bucket), nil); err != nil {
+		return fmt.Errorf("forget %s: %w", bucket, err)
+	}
 	if resume != nil {
 		if err := a.batch.Set(checkpointKey(bucket), resume.encode(nil), nil); err != nil {
 			return fmt.Errorf("forget %s: %w", bucket, err)

@@ -168,8 +168,8 @@ func mustRowsView(t *testing.T, db *store.DB) *store.RowsView {
 }
 
 // TestDB_ARollupStoppedInAPartUnpins: a part that fails ends the pin: views read what is committed
-// (the parts before, under the checkpoint before the rollup, as a seat stopped between two parts
-// does), the message applied again removes the rest, and the store closes with no snapshot left open.
+// (the parts before, under the checkpoint before the rollup, while the projector retries), the
+// message applied again removes the rest, and the store closes with no snapshot left open.
 func TestDB_ARollupStoppedInAPartUnpins(t *testing.T) {
 	b := provisioner.BucketNeeds
 	all := provisioner.Range{Bucket: b, Index: provisioner.IndexPrimary}

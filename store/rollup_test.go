@@ -206,8 +206,8 @@ func TestOpenState_ARollupInTheLogMarksTheSchema(t *testing.T) {
 // TestDB_AWholeBucketRollupIsRemovedInParts: a Nats-Rollup: all removes every other key of the bucket
 // (any node's user can send one), and removing a million keys in the rollup's own batch took about
 // 1 GiB. The keys are removed in batches of a bounded number of keys, committed before the message's
-// own batch, which alone moves the checkpoint: a seat stopped between two parts reads the message
-// again and removes the rest, to the same state, anomaly count and log as in one go.
+// own batch, which alone moves the checkpoint: an Apply stopped between two parts and applied again
+// removes the rest, to the same state, anomaly count and log as in one go.
 func TestDB_AWholeBucketRollupIsRemovedInParts(t *testing.T) {
 	b := provisioner.BucketNeeds
 	all := provisioner.Range{Bucket: b, Index: provisioner.IndexPrimary}
@@ -389,4 +389,188 @@ func TestDB_ARollupsPartsEachReadTheirOwnKeys(t *testing.T) {
 		// Its own keys, and the one it resumes after (a key and its tombstone).
 		require.LessOrEqual(t, n, uint64(part+4), "part %d read %d points: %v", i, n, read)
 	}
+}
+
+// TestOpen_FinishesARollupStoppedBetweenParts: a rollup that removes other keys commits them in parts
+// before its own batch, which alone moves the checkpoint. A process stopped between two parts left a
+// state dir holding part of the removal under the checkpoint before the rollup, and answered that
+// from the open until the projector read the message again: a state the stream never had. The first
+// part marks the rollup, and Open finishes it before anything reads the store: without an Apply, the
+// reopened store holds, key for key, what a store that applied the rollup in one go holds (rows,
+// indexes, anomalies and their counts, log, plans, checkpoint), and the message read again changes
+// nothing.
+func TestOpen_FinishesARollupStoppedBetweenParts(t *testing.T) {
+	needs := provisioner.BucketNeeds
+	var needMsgs []provisioner.Message
+	for i := range 25 {
+		needMsgs = append(needMsgs, put(uint64(i+1), fmt.Sprintf("n%d.m.config.k%d", i%3, i), []byte{0xc0}))
+	}
+	needMsgs = append(needMsgs, put(26, "n1.x", []byte{0xc0}), put(27, "n2.x", []byte{0xc1}), put(28, "n1.m.k0.b", []byte{0xc1}))
+	var regs []provisioner.Message
+	for i := range 25 {
+		regs = append(regs, put(uint64(i+1), fmt.Sprintf("k%d", i), []byte{0xc0}))
+	}
+	c := provisioner.ComposedPrefix + "n1"
+	comp := func(status, plan string) []byte {
+		return mpk(t, map[string]any{"status": status, "plan": plan})
+	}
+	hosts := []provisioner.Message{put(1, "n1.m1", mpk(t, map[string]any{"want": 2})), put(2, "n1.m2", mpk(t, map[string]any{"want": 1})),
+		put(3, "n1.m3", mpk(t, map[string]any{"want": 1}))}
+	var comps []provisioner.Message
+	for i := range 9 {
+		comps = append(comps, put(uint64(i+1), fmt.Sprintf("m%d.%d", i%3+1, i/3+1), comp("published", fmt.Sprint("plan ", i))))
+	}
+	for _, tc := range []struct {
+		name   string
+		before []rollupInput // applied first, in one go
+		rollup rollupInput   // its one message is the rollup, stopped after its first part
+	}{
+		{"whole bucket", []rollupInput{{needs, needMsgs}},
+			rollupInput{needs, []provisioner.Message{rollup(put(29, "n9.m.config.z", []byte{0xc0}), provisioner.RollupAll)}}},
+		{"wildcard", []rollupInput{{needs, needMsgs}},
+			rollupInput{needs, []provisioner.Message{rollup(put(29, "n1.>", []byte{0xc1}), provisioner.RollupSub)}}},
+		{"registry", []rollupInput{{provisioner.BucketRegistry, regs}, {needs, needMsgs}},
+			rollupInput{provisioner.BucketRegistry, []provisioner.Message{rollup(put(26, "k3", []byte{0xc0}), provisioner.RollupAll)}}},
+		{"composed", []rollupInput{{provisioner.BucketHostModules, hosts}, {c, comps}},
+			rollupInput{c, []provisioner.Message{rollup(purge(10, "m1.*"), provisioner.RollupSub)}}},
+		{"composed whole bucket", []rollupInput{{provisioner.BucketHostModules, hosts}, {c, comps}},
+			rollupInput{c, []provisioner.Message{rollup(del(10, "m2.9"), provisioner.RollupAll)}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := tc.rollup.bucket
+			open := func(dir string) *store.DB {
+				t.Helper()
+				db, err := store.Open(dir, store.Options{})
+				require.NoError(t, err)
+				return db
+			}
+			// stop applies the store and the rollup, stopped after its first part of 2 keys, and
+			// closes the store.
+			stop := func(dir string) {
+				t.Helper()
+				db := open(dir)
+				for _, in := range tc.before {
+					require.NoError(t, db.Apply(in.bucket, in.msgs, 7, false))
+				}
+				before := db.Checkpoint(b)
+				all := provisioner.Range{Bucket: b, Index: provisioner.IndexPrimary}
+				rowsBefore := rows(t, db, all)
+				restore := store.SetRollupPart(2, func(int) error { return errors.New("stopped") })
+				require.Error(t, db.Apply(b, tc.rollup.msgs, 7, false))
+				restore()
+				require.Equal(t, before.Applied, db.Checkpoint(b).Applied, "stopped before the message's own batch")
+				require.Len(t, rows(t, db, all), len(rowsBefore)-2, "the first part is committed")
+				require.NoError(t, db.Close())
+			}
+
+			oneGo := open(t.TempDir())
+			for _, in := range append(tc.before, tc.rollup) {
+				require.NoError(t, oneGo.Apply(in.bucket, in.msgs, 7, false))
+			}
+			require.NoError(t, oneGo.Close())
+			oneGo = open(oneGo.Dir())
+			defer oneGo.Close()
+
+			dir := t.TempDir()
+			stop(dir)
+			db := open(dir)
+			defer db.Close()
+			checkSame(t, oneGo, db, tc.before, tc.rollup)
+
+			// The projector reads the message again after the open: it is applied already.
+			require.NoError(t, db.Apply(b, tc.rollup.msgs, 7, false))
+			checkSame(t, oneGo, db, tc.before, tc.rollup)
+		})
+	}
+}
+
+// rollupInput is messages of one bucket.
+type rollupInput struct {
+	bucket string
+	msgs   []provisioner.Message
+}
+
+// checkSame requires two stores that applied the same inputs and rollup to hold the same: every key
+// and value, and what answers read of them.
+func checkSame(t *testing.T, want, got *store.DB, before []rollupInput, rollup rollupInput) {
+	t.Helper()
+	buckets := []string{provisioner.BucketNeeds, provisioner.BucketRegistry}
+	for _, in := range append(before, rollup) {
+		buckets = append(buckets, in.bucket)
+	}
+	for _, b := range buckets {
+		require.Equal(t, want.Checkpoint(b), got.Checkpoint(b), "checkpoint of %s", b)
+		all := provisioner.Range{Bucket: b, Index: provisioner.IndexPrimary}
+		require.Equal(t, rows(t, want, all), rows(t, got, all), "rows of %s", b)
+		for _, node := range []string{"", "n0", "n1", "n2", "n9"} {
+			wa, wn := anomalies(t, want, b, node)
+			ga, gn := anomalies(t, got, b, node)
+			require.Equal(t, wa, ga, "anomalies of %s node %q", b, node)
+			require.Equal(t, wn, gn, "anomaly count of %s node %q", b, node)
+		}
+	}
+	seq := rollup.msgs[0].Seq
+	for n := uint64(1); n <= seq; n++ {
+		require.Equal(t, keysAt(t, want, rollup.bucket, n), keysAt(t, got, rollup.bucket, n), "keys as of %d", n)
+	}
+	for _, in := range before {
+		for _, m := range in.msgs {
+			require.Equal(t, history(t, want, in.bucket, m.Key), history(t, got, in.bucket, m.Key), "history of %s %s", in.bucket, m.Key)
+		}
+	}
+	require.Equal(t, normalize(planRows(t, want, "", "")), normalize(planRows(t, got, "", "")), "plans")
+	require.Equal(t, dump(t, want), dump(t, got), "every key and value")
+}
+
+// TestOpen_ARollupMarkerAnOlderBinaryLeftIsDropped: a binary from before rollup markers ignores one
+// (an unknown meta key), reads the rollup again from the stream and removes the rest, and leaves the
+// marker behind. The next open finds the checkpoint at the marker's sequence: the rollup is done, so
+// the marker is deleted and nothing is applied again.
+func TestOpen_ARollupMarkerAnOlderBinaryLeftIsDropped(t *testing.T) {
+	b := provisioner.BucketNeeds
+	var msgs []provisioner.Message
+	for i := range 9 {
+		msgs = append(msgs, put(uint64(i+1), fmt.Sprintf("n%d.m.config.a", i), []byte{0xc0}))
+	}
+	whole := []provisioner.Message{rollup(put(10, "n9.m.config.z", []byte{0xc0}), provisioner.RollupAll)}
+	oneGo, err := store.Open(t.TempDir(), store.Options{})
+	require.NoError(t, err)
+	defer oneGo.Close()
+	require.NoError(t, oneGo.Apply(b, append(slices.Clone(msgs), whole...), 0, false))
+
+	dir := t.TempDir()
+	db, err := store.Open(dir, store.Options{})
+	require.NoError(t, err)
+	require.NoError(t, db.Apply(b, msgs, 0, false))
+	restore := store.SetRollupPart(2, func(int) error { return errors.New("stopped") })
+	require.Error(t, db.Apply(b, whole, 0, false))
+	restore()
+	require.NoError(t, db.Close())
+
+	// The older binary: the marker is a key it never reads (taken out here so this binary's open
+	// leaves the parts as the older one found them, and put back as the older one leaves it).
+	marker := []byte("\x01rollup " + b)
+	pdb, err := pebble.Open(dir, &pebble.Options{})
+	require.NoError(t, err)
+	v, closer, err := pdb.Get(marker)
+	require.NoError(t, err, "the first part marked the rollup")
+	saved := slices.Clone(v)
+	require.NoError(t, closer.Close())
+	require.NoError(t, pdb.Delete(marker, pebble.Sync))
+	require.NoError(t, pdb.Close())
+	db, err = store.Open(dir, store.Options{})
+	require.NoError(t, err)
+	require.Less(t, len(rows(t, db, provisioner.Range{Bucket: b, Index: provisioner.IndexPrimary})), 9, "part of the removal")
+	require.NoError(t, db.Apply(b, whole, 0, false), "read again from the stream")
+	require.NoError(t, db.Close())
+	pdb, err = pebble.Open(dir, &pebble.Options{})
+	require.NoError(t, err)
+	require.NoError(t, pdb.Set(marker, saved, pebble.Sync))
+	require.NoError(t, pdb.Close())
+
+	db, err = store.Open(dir, store.Options{})
+	require.NoError(t, err)
+	defer db.Close()
+	require.NotContains(t, dump(t, db), string(marker), "a finished rollup's marker is dropped")
+	checkSame(t, oneGo, db, []rollupInput{{b, msgs}}, rollupInput{b, whole})
 }

@@ -368,7 +368,10 @@ func (db *DB) load(fresh bool) error {
 	if err := it.Close(); err != nil {
 		return fmt.Errorf("%w: %s", ErrCorrupt, damage(err))
 	}
-	return db.loadGaps()
+	if err := db.loadGaps(); err != nil {
+		return err
+	}
+	return db.finishRollups()
 }
 
 // splitAnomalyKey reads bucket, raw key and class back from an anomaly key.
