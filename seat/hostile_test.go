@@ -142,6 +142,12 @@ func TestSeat_MinSeqFloodIsBounded(t *testing.T) {
 // cursor of a MiB wait only while they take less than the waiters' bytes, and the rest are answered
 // 504 at once.
 func TestSeat_WaitingRequestsHoldNoBody(t *testing.T) {
+	if raceEnabled {
+		// Decoding 32 bodies of a MiB took longer than wait_ms's most (10 s) under the race detector, so
+		// the first waiters were answered before the last one waited. What this test measures is
+		// memory; TestSeat_MinSeqFloodIsBounded runs the waiters under the detector.
+		t.Skip("a MiB of JSON per request is too slow to decode under the race detector")
+	}
 	h := newHarness(t)
 	h.load(testMesh.Ops())
 	st, _ := h.startSeat(t.TempDir())
