@@ -23,12 +23,8 @@ import (
 // credentials, the node's too for `query`. No command may hit a permission the file does not grant.
 // (seat/accounts_test.go proves each line of the permissions table with the seat in process.)
 func TestAccounts_CommandsAsDocumented(t *testing.T) {
-	for _, env := range []string{"NATS_URL", "NATS_USER", "NATS_PASSWORD", "NATS_CREDS", "NATS_INBOX_PREFIX"} {
-		t.Setenv(env, "")
-	}
 	dir := t.TempDir()
-	ns := natstest.RunServerAt(t, "127.0.0.1:-1", filepath.Join(dir, "nats"), filepath.Join("..", "..", "docs", "nats-accounts.conf"))
-	url := ns.ClientURL()
+	url := docsAccountsServer(t, dir)
 	ctx := context.Background()
 
 	_, admin := natstest.Connect(t, url, nats.UserInfo("mesh-admin", "admin-change-me"), nats.CustomInboxPrefix("_INBOX.admin"))
@@ -104,12 +100,8 @@ func TestAccounts_CommandsAsDocumented(t *testing.T) {
 // inbox: NATS refuses the subscription at once, and query says so, with the flag to give, instead of
 // waiting out --timeout and blaming the seat ("may be overloaded, or stopping").
 func TestAccounts_QueryRefusedInboxSaysSo(t *testing.T) {
-	for _, env := range []string{"NATS_URL", "NATS_USER", "NATS_PASSWORD", "NATS_CREDS", "NATS_INBOX_PREFIX"} {
-		t.Setenv(env, "")
-	}
 	dir := t.TempDir()
-	ns := natstest.RunServerAt(t, "127.0.0.1:-1", filepath.Join(dir, "nats"), filepath.Join("..", "..", "docs", "nats-accounts.conf"))
-	url := ns.ClientURL()
+	url := docsAccountsServer(t, dir)
 	s, err := startServe(filepath.Join(dir, "seat"), "--nats", url, "--user", "mesh-provisioner", "--password", "provisioner-change-me")
 	require.NoError(t, err)
 	defer func() { require.NoError(t, s.stop()) }()

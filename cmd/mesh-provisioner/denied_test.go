@@ -122,12 +122,8 @@ func TestOneShot_StopAtAPermissionViolation(t *testing.T) {
 // program's default inbox prefix is refused the inbox's subscription, and each command says so with
 // the flag to give; with its own prefix it is refused the JetStream API, and says which grant.
 func TestOneShot_DocsUsersStopAtTheirInbox(t *testing.T) {
-	for _, env := range []string{"NATS_URL", "NATS_USER", "NATS_PASSWORD", "NATS_CREDS", "NATS_INBOX_PREFIX"} {
-		t.Setenv(env, "")
-	}
 	dir := t.TempDir()
-	ns := natstest.RunServerAt(t, "127.0.0.1:-1", filepath.Join(dir, "nats"), filepath.Join("..", "..", "docs", "nats-accounts.conf"))
-	url := ns.ClientURL()
+	url := docsAccountsServer(t, dir)
 	ctx := context.Background()
 	_, admin := natstest.Connect(t, url, nats.UserInfo("mesh-admin", "admin-change-me"), nats.CustomInboxPrefix("_INBOX.admin"))
 	require.NoError(t, fixtures.CreateBuckets(ctx, admin, provisioner.BucketRegistry, provisioner.BucketNeeds, provisioner.BucketApplied, provisioner.BucketCollect))

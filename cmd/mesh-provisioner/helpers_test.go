@@ -9,6 +9,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/novox/mesh-provisioner/internal/natstest"
 )
 
 // syncBuffer is a bytes.Buffer safe for the serve goroutine writing logs while a test reads them.
@@ -109,4 +111,16 @@ func TestMain(m *testing.M) {
 		os.RemoveAll(demo.dir)
 	}
 	os.Exit(code)
+}
+
+// docsAccountsServer starts a nats-server with docs/nats-accounts.conf's accounts, storing under
+// dir/nats, for a test that runs commands as the docs' users, and clears the NATS_* environment
+// the commands would read instead of their flags. It returns the server's URL.
+func docsAccountsServer(t *testing.T, dir string) string {
+	t.Helper()
+	for _, env := range []string{"NATS_URL", "NATS_USER", "NATS_PASSWORD", "NATS_CREDS", "NATS_INBOX_PREFIX"} {
+		t.Setenv(env, "")
+	}
+	ns := natstest.RunServerAt(t, "127.0.0.1:-1", filepath.Join(dir, "nats"), filepath.Join("..", "..", "docs", "nats-accounts.conf"))
+	return ns.ClientURL()
 }
