@@ -372,8 +372,7 @@ func (a *applier) finish(bucket string, cp *Checkpoint, sync, moved bool) error 
 
 	// The batch is durable in Pebble: now memory follows.
 	if a.schemaRollup {
-		db.schema = schemaRollup
-		db.schemaSeen.Store(schemaRollup)
+		db.schema.Store(schemaRollup)
 	}
 	db.composedAnom = composedAnom
 	for name, c := range a.cps {
@@ -434,7 +433,7 @@ func (a *applier) apply(shape provisioner.Shape, m *provisioner.Message) error {
 	var rollup provisioner.Rollup
 	if m.RemovesOthers() {
 		rollup = m.Rollup
-		if a.db.schema < schemaRollup && !a.schemaRollup {
+		if a.db.schema.Load() < schemaRollup && !a.schemaRollup {
 			// The first rollup the log keeps: the state dir is now one older binaries misread.
 			a.schemaRollup = true
 			a.set(metaKey("schema"), []byte(strconv.Itoa(schemaRollup)))

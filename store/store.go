@@ -112,10 +112,9 @@ type DB struct {
 	// composedAnom is the anomaly rows of every composed-<node> bucket together, as committed under
 	// composedAnomKey (nodeanom.go); under applyMu.
 	composedAnom int64
-	// schema is the state dir's schema version as written (schemaBase or schemaRollup); under applyMu.
-	schema int
-	// schemaSeen mirrors schema for Schema, which must not wait for a batch to commit.
-	schemaSeen atomic.Int32
+	// schema is the state dir's schema version as written (schemaBase or schemaRollup): written under
+	// applyMu, read without it (Schema must not wait for a batch to commit).
+	schema atomic.Int32
 
 	planRows atomic.Int64   // plan rows recomputed since open (PlanStats)
 	openGaps map[string]Gap // each bucket's open history gap (history.go); under applyMu
@@ -297,8 +296,7 @@ func (db *DB) load(fresh bool) error {
 		if err := db.pdb.Set(metaKey("schema"), []byte(fmt.Sprint(schemaBase)), pebble.Sync); err != nil {
 			return fmt.Errorf("write schema version: %w", err)
 		}
-		db.schema = schemaBase
-		db.schemaSeen.Store(schemaBase)
+		db.schema.Store(schemaBase)
 	case errors.Is(err, pebble.ErrNotFound):
 		return fmt.Errorf("%w: %s has no schema version (run `mesh-provisioner rebuild`)", ErrSchema, db.dir)
 	case err != nil:
@@ -310,8 +308,7 @@ func (db *DB) load(fresh bool) error {
 		if err != nil || n < schemaBase || n > SchemaVersion {
 			return fmt.Errorf("%w: %s is schema v%s, this binary uses v%d (run `mesh-provisioner rebuild`)", ErrSchema, db.dir, have, SchemaVersion)
 		}
-		db.schema = n
-		db.schemaSeen.Store(int32(n))
+		db.schema.Store(int32(n))
 	}
 
 	it, err := db.pdb.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixCheckpoint}, UpperBound: []byte{prefixCheckpoint + 1}})
@@ -660,4 +657,4 @@ func closedPanic(fn func() error) (err error) {
 // Schema is the state dir's schema version as written now: schemaBase (1), which older binaries read
 // too, until the event log holds a rollup, then SchemaVersion. An operator reads it (metrics,
 // $SRV.STATS) to know whether a downgrade keeps the state dir.
-func (db *DB) Schema() int { return int(db.schemaSeen.Load()) }
+func (db *DB) Schema() int { return int(db.schema.Load()) }
