@@ -89,8 +89,9 @@ func (f *natsFlags) connect(url, name string, log *slog.Logger) (*nats.Conn, err
 			}),
 			nats.ReconnectHandler(func(nc *nats.Conn) { log.Info("reconnected to NATS", "url", nc.ConnectedUrl()) }),
 			nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
-				f.deny(err)
-				if pe := f.permissionError(err); pe != nil {
+				pe := f.permissionError(err)
+				f.deny(pe)
+				if pe != nil {
 					if repeated, ok := violations.say(pe.op+" "+pe.grant, time.Now()); ok && repeated > 0 {
 						log.Warn("NATS error", "subject", pe.subject, "err", pe, "repeated", repeated)
 					} else if ok {
@@ -106,7 +107,7 @@ func (f *natsFlags) connect(url, name string, log *slog.Logger) (*nats.Conn, err
 			}),
 		)
 	} else if f.denied != nil {
-		opts = append(opts, nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { f.deny(err) }))
+		opts = append(opts, nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { f.deny(f.permissionError(err)) }))
 	}
 	nc, err := nats.Connect(url, opts...)
 	if err != nil {
@@ -115,11 +116,9 @@ func (f *natsFlags) connect(url, name string, log *slog.Logger) (*nats.Conn, err
 	return nc, nil
 }
 
-func (f *natsFlags) deny(err error) {
-	if f.denied == nil {
-		return
-	}
-	if pe := f.permissionError(err); pe != nil && !pe.optional() {
+// deny tells denied of a permissions violation the command cannot do without; pe nil is none.
+func (f *natsFlags) deny(pe *permissionError) {
+	if f.denied != nil && pe != nil && !pe.optional() {
 		f.denied(pe)
 	}
 }
