@@ -120,10 +120,7 @@ func (db *DB) forget(bucket string, at int64, resume *Checkpoint) error {
 		forgot = b.cp.AnomalyRows
 	}
 	db.mu.Unlock()
-	composedAnom := db.composedAnom - forgot
-	if forgot != 0 {
-		a.set(composedAnomKey(), binary.AppendUvarint(nil, uint64(max(composedAnom, 0))))
-	}
+	composedAnom := a.writeComposedAnom(-forgot)
 
 	// The node's plan rows, whole, with no build records: the host rows and newest builds are as
 	// committed, so each row is what a store that never read the bucket computed.
