@@ -77,10 +77,8 @@ func (db *DB) forget(bucket string, at int64, resume *Checkpoint) error {
 	if db.closed.Load() {
 		return ErrClosed
 	}
-	a := &applier{db: db, batch: db.pdb.NewBatch(), w: db.writes.take(), anom: map[string]map[string]byte{},
-		cps: map[string]*Checkpoint{}, states: map[string]*bucketState{}}
-	defer a.batch.Close()
-	defer db.writes.give(a.w)
+	a := db.newApplier()
+	defer a.close()
 
 	// The ranges first: the point writes below (the forgotten mark, inside the marks' range, and the
 	// plan rows) come later in the batch, so they win over them.
