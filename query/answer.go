@@ -26,10 +26,8 @@ func (s *Server) Answer(ctx context.Context, r *Request, format Format, e *Encod
 		return s.opts.Plans(ctx, r, e)
 	}
 	shape, _ := provisioner.ShapeOfWhat(w)
-	if r.MinSeq > 0 {
-		if err := s.wait(ctx, shape.Bucket, uint64(r.MinSeq), r.WaitMS); err != nil {
-			return err
-		}
+	if err := reached(r, shape.Bucket, appliedSeq(s.r, shape.Bucket)); err != nil {
+		return err // before a view is opened: the caller waits (waiters.go) or answers 504
 	}
 	v, err := s.r.View()
 	if err != nil {
@@ -38,6 +36,10 @@ func (s *Server) Answer(ctx context.Context, r *Request, format Format, e *Encod
 	defer v.Close()
 	cp, err := v.Checkpoint(shape.Bucket)
 	if err != nil {
+		return err
+	}
+	// as_of is the view's: a rebuild may have swapped in a store behind min_seq since the check above.
+	if err := reached(r, shape.Bucket, cp.Applied); err != nil {
 		return err
 	}
 	_, synced := s.r.Applied(shape.Bucket)

@@ -58,16 +58,18 @@ func (s storePlans) PlansView() (PlansView, error) {
 // an idle bucket without a consumer tails again at once (projector.Projector.Wake).
 func Plans(src PlansReader, synced func(node string) bool, wake func(bucket string)) AtFunc {
 	return func(ctx context.Context, r *Request, e *Encoder) error {
+		var bucket string
 		if r.MinSeq > 0 {
 			if r.Node == "" {
 				return BadRequest("min_seq of plans is a sequence of the node's composed-<node> bucket: name the node")
 			}
-			bucket := provisioner.ComposedPrefix + r.Node
-			if have, _ := src.Applied(bucket); have < uint64(r.MinSeq) && wake != nil {
-				wake(bucket)
-			}
-			if err := waitApplied(ctx, src, bucket, uint64(r.MinSeq), r.WaitMS); err != nil {
-				return err
+			bucket = provisioner.ComposedPrefix + r.Node
+			have, _ := src.Applied(bucket)
+			if err := reached(r, bucket, have); err != nil {
+				if wake != nil {
+					wake(bucket)
+				}
+				return err // the caller waits (waiters.go) or answers 504
 			}
 		}
 		v, err := src.PlansView()
@@ -75,6 +77,17 @@ func Plans(src PlansReader, synced func(node string) bool, wake func(bucket stri
 			return err
 		}
 		defer v.Close()
+		if bucket != "" {
+			// The view's composed-<node> is its as_of: a rebuild may have swapped in a store behind
+			// min_seq since the check above.
+			cp, err := v.Checkpoint(bucket)
+			if err != nil {
+				return err
+			}
+			if err := reached(r, bucket, cp.Applied); err != nil {
+				return err
+			}
+		}
 		return AnswerPlans(v, r, e, synced(r.Node))
 	}
 }

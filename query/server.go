@@ -95,8 +95,8 @@ type Options struct {
 }
 
 // Bounds of the requests that wait for min_seq (docs/decisions.md, Serving). A waiting request holds
-// a goroutine and its decoded fields (not its body) until its sequence comes or wait_ms passes; past
-// either bound a request that would wait is answered 504 at once.
+// its decoded fields (not its body), parked on its bucket (waiters.go), until its sequence comes or
+// wait_ms passes; past either bound a request that would wait is answered 504 at once.
 const (
 	DefaultMaxWaiting = 4096
 	maxWaitingBytes   = 32 << 20 // of the waiting requests' fields
@@ -124,9 +124,10 @@ type Server struct {
 
 	ctx    context.Context
 	cancel context.CancelFunc
-	wg     sync.WaitGroup // requests waiting for min_seq in their own goroutine
+	wg     sync.WaitGroup // the watchers of the buckets that requests wait on (waiters.go)
 
-	waitMu       sync.Mutex // guards the waiters' count and bytes, and waitClosed
+	waitMu       sync.Mutex // guards the waiters, their count and bytes, and waitClosed
+	waiters      map[string]*bucketWaiters
 	waiting      int
 	waitingBytes int
 	waitClosed   bool // Stop waits for the waiters: no more start
@@ -271,21 +272,23 @@ func (s *Server) handle(req micro.Request) {
 		s.answerError(req, &r, format, err, start, true)
 		return
 	}
+	j := job{req: replyTo{nc: s.nc, subject: req.Reply()}, r: r, format: format, start: start,
+		deadline: start.Add(time.Duration(max(r.WaitMS, 0)) * time.Millisecond)}
 	if bucket, ok := s.waits(&r); ok {
-		// A wait must not hold up the requests behind it: it waits in a goroutine of its own, and a
+		// A wait must not hold up the requests behind it: it waits on its bucket (waiters.go), and a
 		// worker answers it once its sequence has come. Past the waiters' bound it is answered now.
-		started, err := s.startWaiter(req.Reply(), &r, format, start, bucket)
+		parked, err := s.park(j, bucket)
 		if err != nil {
 			s.answerError(req, &r, format, err, start, true)
 		}
-		if started || err != nil {
+		if parked || err != nil {
 			return
 		}
 	}
 	// Answers are written by a few workers, so a long answer (a module across the mesh) does not hold
 	// up the short ones behind it on the subscription's one goroutine. The job keeps the reply subject,
 	// not the message. Past the queue's bounds the request is answered busy, here.
-	if err := s.queue(job{req: replyTo{nc: s.nc, subject: req.Reply()}, r: r, format: format, start: start}, false); err != nil {
+	if err := s.queue(j, false); err != nil {
 		s.answerError(req, &r, format, err, start, true)
 	}
 }
@@ -298,7 +301,7 @@ func (s *Server) queue(j job, wait bool) error {
 	s.jobsMu.RLock()
 	defer s.jobsMu.RUnlock()
 	if s.jobs == nil || s.jobsClosed {
-		s.respond(j.req, &j.r, j.format, j.start)
+		s.respond(j)
 		return nil
 	}
 	j.size = j.r.size()
@@ -338,58 +341,6 @@ func (s *Server) waits(r *Request) (string, bool) {
 	return b, b != "" && appliedSeq(s.r, b) < uint64(r.MinSeq)
 }
 
-// startWaiter starts the goroutine a request waits in, holding its reply subject and its decoded
-// fields, not the message: a body of 1 MiB of white space costs a waiter nothing. It reports false
-// once Stop has ended the waiters, and a 504 past the waiters' bounds.
-func (s *Server) startWaiter(reply string, r *Request, format Format, start time.Time, bucket string) (bool, error) {
-	size := r.size()
-	limit := s.opts.MaxWaiting
-	if limit <= 0 {
-		limit = DefaultMaxWaiting
-	}
-	s.waitMu.Lock()
-	defer s.waitMu.Unlock()
-	if s.waitClosed {
-		return false, nil
-	}
-	if s.waiting >= limit || s.waitingBytes+size > maxWaitingBytes {
-		return false, fmt.Errorf("%w: min_seq %d not reached (applied %d), and %d requests wait for theirs already, as many as this seat holds: ask again", errTimeout, r.MinSeq, appliedSeq(s.r, bucket), s.waiting)
-	}
-	s.waiting++
-	s.waitingBytes += size
-	s.wg.Add(1)
-	rp := replyTo{nc: s.nc, subject: reply}
-	w := *r
-	go func() {
-		defer s.wg.Done()
-		defer func() {
-			s.waitMu.Lock()
-			s.waiting--
-			s.waitingBytes -= size
-			s.waitMu.Unlock()
-		}()
-		if s.opts.Wake != nil {
-			s.opts.Wake(bucket)
-		}
-		if err := waitApplied(s.ctx, s.r, bucket, uint64(w.MinSeq), w.WaitMS); err != nil {
-			s.answerError(rp, &w, format, err, start, false)
-			return
-		}
-		// Reached: a worker answers, as any other request, so that a sequence that many wait for
-		// does not set them all writing answers at once. It is not waited for again.
-		w.WaitMS = 0
-		_ = s.queue(job{req: rp, r: w, format: format, start: start}, true)
-	}()
-	return true, nil
-}
-
-// Waiting is how many requests wait for their min_seq now.
-func (s *Server) Waiting() int {
-	s.waitMu.Lock()
-	defer s.waitMu.Unlock()
-	return s.waiting
-}
-
 // responder is what answering needs of a request: micro's, or the reply subject a waiter kept.
 type responder interface {
 	Respond(data []byte, opts ...micro.RespondOpt) error
@@ -418,7 +369,10 @@ type job struct {
 	r      Request
 	format Format
 	start  time.Time
-	size   int // of its fields, counted in queuedBytes
+	// deadline is when its wait_ms ends: until then an answer that finds min_seq not reached waits
+	// for it again (waiters.go).
+	deadline time.Time
+	size     int // of its fields, counted in queuedBytes
 }
 
 // startWorkers starts the workers that answer; Stop ends them once the service no longer takes requests.
@@ -439,7 +393,7 @@ func (s *Server) startWorkers() {
 			defer s.workers.Done()
 			for j := range s.jobs {
 				s.queuedBytes.Add(-int64(j.size))
-				s.respond(j.req, &j.r, j.format, j.start)
+				s.respond(j)
 			}
 		}()
 	}
@@ -450,8 +404,10 @@ func appliedSeq(r applied, bucket string) uint64 {
 	return seq
 }
 
-// respond answers a decoded request.
-func (s *Server) respond(req responder, r *Request, format Format, start time.Time) {
+// respond answers a decoded request, or parks it again when its answer finds min_seq not reached
+// (behind a rebuild's swap) while its wait_ms lasts.
+func (s *Server) respond(j job) {
+	req, r, format, start := j.req, &j.r, j.format, j.start
 	e := s.pool.Get().(*Encoder)
 	defer func() { s.pool.Put(e) }()
 	max := maxAnswer(s.nc)
@@ -464,6 +420,11 @@ func (s *Server) respond(req responder, r *Request, format Format, start time.Ti
 		err = s.Answer(s.ctx, r, format, e)
 		if err == nil && max > 0 && len(e.Bytes()) > max {
 			err = tooLarge(len(e.Bytes()), max) // an answer not bounded by limits.go: say so, not time out
+		}
+	}
+	if nr, ok := errNotReached(err); ok {
+		if err = s.waitAgain(j, nr); err == nil {
+			return
 		}
 	}
 	if err != nil {
@@ -606,33 +567,8 @@ func bucketOf(r *Request) string {
 	return ""
 }
 
-// wait blocks until the bucket's projection has applied seq, or wait_ms has passed.
-func (s *Server) wait(ctx context.Context, bucket string, seq uint64, waitMS int64) error {
-	return waitApplied(ctx, s.r, bucket, seq, waitMS)
-}
-
 // applied is what waiting for a sequence needs of the projection.
 type applied interface {
 	Applied(bucket string) (seq uint64, synced bool)
 	Changed(bucket string) <-chan struct{}
-}
-
-// waitApplied blocks until the bucket's projection has applied seq, or wait_ms has passed.
-func waitApplied(ctx context.Context, r applied, bucket string, seq uint64, waitMS int64) error {
-	deadline := time.NewTimer(time.Duration(waitMS) * time.Millisecond)
-	defer deadline.Stop()
-	for {
-		ch := r.Changed(bucket)
-		have, _ := r.Applied(bucket)
-		if have >= seq {
-			return nil
-		}
-		select {
-		case <-ch:
-		case <-deadline.C:
-			return fmt.Errorf("%w: min_seq %d not reached within %d ms (applied %d)", errTimeout, seq, waitMS, have)
-		case <-ctx.Done():
-			return fmt.Errorf("%w: min_seq %d not reached before the server stopped (applied %d)", errTimeout, seq, have)
-		}
-	}
 }

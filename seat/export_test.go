@@ -12,3 +12,13 @@ func SetBeforeSwap(s *Seat, fn func(next *projector.Projector)) {
 
 // Wake is the wake the seat's plans requests with min_seq call.
 func Wake(s *Seat, bucket string) { s.wake(bucket) }
+
+// SetBeforeView has fn called as the verb is about to open a view, before it takes the store that is
+// current then; nil removes it.
+func SetBeforeView(s *Seat, fn func()) {
+	if fn == nil {
+		s.reader.beforeAcquire.Store(nil)
+		return
+	}
+	s.reader.beforeAcquire.Store(&fn)
+}

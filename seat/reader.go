@@ -15,6 +15,9 @@ import (
 type swapReader struct {
 	cur   atomic.Pointer[handle]
 	swaps atomic.Uint64
+	// beforeAcquire, when set, is called as a view is about to be opened (tests: a swap between a
+	// request's min_seq check and its view).
+	beforeAcquire atomic.Pointer[func()]
 }
 
 type handle struct {
@@ -33,6 +36,9 @@ func newSwapReader(db *store.DB) *swapReader {
 
 // acquire returns the current store's handle, held for reading until release.
 func (r *swapReader) acquire() *handle {
+	if fn := r.beforeAcquire.Load(); fn != nil {
+		(*fn)()
+	}
 	for {
 		h := r.cur.Load()
 		h.mu.RLock()
