@@ -260,3 +260,33 @@ func TestSeat_ASubjectRollupOnAnAddedSubjectLeavesTheBucket(t *testing.T) {
 		require.Equal(t, keys, got, l.Source)
 	}
 }
+
+// TestSeat_AWholeStreamRollupOnTheRegistrysAddedSubjectIsWrittenBack: the same rollup on the
+// registry's stream empties the registry bucket. The seat kept answering every kind, and its writer,
+// which a lost kind wakes, never learned of the loss: the bucket stayed empty, while the seat said
+// otherwise, until the stream check found the purge and rebuilt the projection (the local history
+// started afresh) or the next hourly pass. Now the kinds go from the projection at once, the writer
+// writes the table back, and the seat answers what the bucket holds, with no rebuild.
+func TestSeat_AWholeStreamRollupOnTheRegistrysAddedSubjectIsWrittenBack(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	require.NoError(t, fixtures.CreateBuckets(ctx, h.js, provisioner.BucketNeeds, provisioner.BucketApplied, provisioner.BucketCollect))
+	st, _ := h.startSeat(t.TempDir())
+	h.waitCaughtUp(st)
+	kinds := len(h.bucket(provisioner.BucketRegistry))
+	require.Positive(t, kinds)
+	h.addSubject(provisioner.BucketRegistry, "extra.>")
+
+	roll := h.publishOn("extra.x", "all", nil)
+	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		if n := len(h.bucket(provisioner.BucketRegistry)); n != kinds {
+			return fmt.Errorf("the registry bucket holds %d kinds of %d", n, kinds)
+		}
+		return nil
+	})
+	h.waitCaughtUp(st)
+	applied, _ := st.Store().Applied(provisioner.BucketRegistry)
+	require.Greater(t, applied, roll, "written back after the rollup")
+	h.checkAnswer(map[string]any{"what": "registry"})
+	require.Zero(t, st.Rebuilds(), "followed, not found out by the stream check")
+}
