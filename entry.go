@@ -83,9 +83,11 @@ func RollupOfHeaders(h map[string][]string) Rollup {
 }
 
 // RemovesOthers reports whether the message's rollup removed keys other than its own: a rollup of
-// the whole stream, or of a subject with a wildcard token.
+// the whole stream, or of a subject with a wildcard token. A rollup of the whole stream on a subject
+// that is no key of the bucket (Foreign) removes every key of it; one of its own subject removes
+// none: the stream's subjects never overlap, so no subject added by hand matches a key's.
 func (m *Message) RemovesOthers() bool {
-	return m.Rollup == RollupAll || m.Rollup == RollupSub && HasWildcard(m.Key)
+	return m.Rollup == RollupAll || m.Rollup == RollupSub && !m.Foreign && HasWildcard(m.Key)
 }
 
 // HasWildcard reports whether a key has a token that NATS reads as a wildcard when it matches
@@ -142,7 +144,9 @@ type Message struct {
 	Rollup Rollup
 	// Foreign says the message's subject is not of $KV.<bucket>. (a subject added to the bucket's
 	// stream by hand): it is no key of the bucket, which the KV never reads, and it changes nothing but
-	// the applied sequence. Key is then the whole subject.
+	// the applied sequence, unless it is a rollup of the whole stream (Nats-Rollup: all), which the
+	// server applied to every key of the bucket too (RemovesOthers). Key is then the whole subject, Op
+	// is none, and Value is kept for such a rollup alone.
 	Foreign bool
 }
 

@@ -59,6 +59,22 @@ func TestMessage_RemovesOthers(t *testing.T) {
 		m := provisioner.Message{Key: tc.key, Rollup: tc.rollup}
 		require.Equal(t, tc.want, m.RemovesOthers(), "%q %v", tc.key, tc.rollup)
 	}
+	// On a subject added to the stream by hand: the whole stream's rollup removes every key; one of its
+	// own subject, wildcards or not, none (a stream's subjects never overlap).
+	for _, tc := range []struct {
+		subject string
+		rollup  provisioner.Rollup
+		want    bool
+	}{
+		{"extra.x", provisioner.RollupAll, true},
+		{"extra.x", provisioner.RollupSub, false},
+		{"extra.*", provisioner.RollupSub, false},
+		{"extra.>", provisioner.RollupSub, false},
+		{"extra.>", provisioner.RollupNone, false},
+	} {
+		m := provisioner.Message{Key: tc.subject, Rollup: tc.rollup, Foreign: true}
+		require.Equal(t, tc.want, m.RemovesOthers(), "foreign %q %v", tc.subject, tc.rollup)
+	}
 	// The server reads the header's value without regard to case.
 	for v, want := range map[string]provisioner.Rollup{"sub": provisioner.RollupSub, "SUB": provisioner.RollupSub, "All": provisioner.RollupAll, "": provisioner.RollupNone, "x": provisioner.RollupNone} {
 		require.Equal(t, want, provisioner.RollupOfHeaders(map[string][]string{"Nats-Rollup": {v}}), v)

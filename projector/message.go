@@ -12,20 +12,29 @@ import (
 // MessageOf reads a raw message of a bucket's stream (from an archive, or read by hand) as the store
 // applies it, with the same rules as the live consumer: the key is the subject after $KV.<bucket>., the
 // operation comes from the headers, and only a put keeps its data. A subject of another form is no key
-// of the bucket (provisioner.Message.Foreign).
+// of the bucket (provisioner.Message.Foreign); of such a message only a rollup is read, and its data is
+// kept when it rolls up the whole stream (the store logs it).
 func MessageOf(bucket, subject string, h nats.Header, data []byte, seq uint64, t time.Time) (provisioner.Message, error) {
-	prefix := provisioner.SubjectPrefix(bucket)
+	return messageOf(provisioner.SubjectPrefix(bucket), subject, h, data, seq, t.UnixNano()), nil
+}
+
+// messageOf is MessageOf for a bucket's subject prefix, and the live consumer's reading (convert).
+func messageOf(prefix, subject string, h nats.Header, data []byte, seq uint64, t int64) provisioner.Message {
 	if !strings.HasPrefix(subject, prefix) {
-		return provisioner.Message{Seq: seq, Time: t.UnixNano(), Key: subject, Foreign: true}, nil
+		m := provisioner.Message{Seq: seq, Time: t, Key: subject, Foreign: true, Rollup: provisioner.RollupOfHeaders(h)}
+		if m.Rollup == provisioner.RollupAll {
+			m.Value = data
+		}
+		return m
 	}
-	m := provisioner.Message{Seq: seq, Time: t.UnixNano(), Key: subject[len(prefix):], Op: provisioner.OpPut}
+	m := provisioner.Message{Seq: seq, Time: t, Key: subject[len(prefix):], Op: provisioner.OpPut}
 	if len(h) > 0 {
 		m.Op, m.Rollup = provisioner.OpOfHeaders(h), provisioner.RollupOfHeaders(h)
 	}
 	if m.Op == provisioner.OpPut {
 		m.Value = data
 	}
-	return m, nil
+	return m
 }
 
 // HeadersOf writes the headers a KV message of an operation carries: what MessageOf reads back. The

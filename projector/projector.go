@@ -17,7 +17,6 @@ import (
 	"log/slog"
 	"slices"
 	"sort"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -482,19 +481,9 @@ func (p *Projector) read(ctx context.Context, it *streamread.Reader, bucket stri
 // convert reads a stream message as the store applies it; it also returns how many messages were
 // pending after it.
 func convert(msg jetstream.Msg, md *jetstream.MsgMetadata, prefix string) (provisioner.Message, uint64, error) {
-	subj := msg.Subject()
-	if !strings.HasPrefix(subj, prefix) {
-		// A subject added to the stream by hand: no key of the bucket, passed over (Message.Foreign).
-		return provisioner.Message{Seq: md.Sequence.Stream, Time: md.Timestamp.UnixNano(), Key: subj, Foreign: true}, md.NumPending, nil
-	}
-	m := provisioner.Message{Seq: md.Sequence.Stream, Time: md.Timestamp.UnixNano(), Key: subj[len(prefix):], Op: provisioner.OpPut}
-	if h := msg.Headers(); len(h) > 0 {
-		m.Op, m.Rollup = provisioner.OpOfHeaders(h), provisioner.RollupOfHeaders(h)
-	}
-	if m.Op == provisioner.OpPut {
-		m.Value = msg.Data()
-	}
-	return m, md.NumPending, nil
+	// A subject added to the stream by hand is no key of the bucket (Message.Foreign): passed over,
+	// unless it rolls up the whole stream.
+	return messageOf(prefix, msg.Subject(), msg.Headers(), msg.Data(), md.Sequence.Stream, md.Timestamp.UnixNano()), md.NumPending, nil
 }
 
 // applyLoop takes what the reader has produced, as much as is there up to BatchSize, and commits it as

@@ -273,9 +273,13 @@ func ExportLog(ctx context.Context, db *store.DB, out, tool string, progress Pro
 		prefix := provisioner.SubjectPrefix(bucket)
 		var rerr error
 		err = v.Events(bucket, 0, func(key []byte, ev *store.Event) bool {
-			rec := archiveRecord{Bucket: i, Seq: ev.Seq, Time: ev.Time, Subject: prefix + string(key), Headers: projector.HeadersOf(ev.Op, ev.Rollup)}
-			if ev.Op == provisioner.OpPut {
-				rec.Data = ev.Value
+			m := ev.Message(key)
+			rec := archiveRecord{Bucket: i, Seq: m.Seq, Time: m.Time, Subject: prefix + m.Key, Headers: projector.HeadersOf(m.Op, m.Rollup)}
+			if m.Foreign {
+				rec.Subject = m.Key // a rollup of the whole stream on a subject added by hand
+			}
+			if m.Op == provisioner.OpPut || m.Foreign {
+				rec.Data = m.Value
 			}
 			if rerr = w.record(&rec); rerr != nil {
 				return false

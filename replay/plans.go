@@ -99,10 +99,12 @@ func copyEvents(v *store.View, to *store.DB, bucket string, seq uint64) error {
 		if ev.Seq > seq {
 			return false
 		}
-		// The rollup too: the log names a sequence by the message's own key, and the keys its rollup
-		// removed are removed again by the store it is copied to (store.DB.Apply).
-		batch = append(batch, provisioner.Message{Seq: ev.Seq, Time: ev.Time, Key: string(key), Op: ev.Op,
-			Value: append([]byte(nil), ev.Value...), Rollup: ev.Rollup})
+		// The rollup too: the log names a sequence by the message's own key (or a foreign rollup's
+		// subject), and the keys its rollup removed are removed again by the store it is copied to
+		// (store.DB.Apply).
+		m := ev.Message(key)
+		m.Value = append([]byte(nil), m.Value...)
+		batch = append(batch, m)
 		return len(batch) < 4096 || flush()
 	})
 	if err != nil {

@@ -255,8 +255,16 @@ func modelUncapped(msgs []dmsg, bucket string, n uint64, kinds map[string]bool, 
 	node := req["node"]
 	cur := map[string]dmsg{}
 	for _, m := range msgs {
-		if m.bucket != bucket || m.seq > n || m.foreign != "" {
-			continue // a message on a subject that is no key of the bucket changes nothing
+		if m.bucket != bucket || m.seq > n {
+			continue
+		}
+		if m.foreign != "" {
+			// A message on a subject that is no key of the bucket changes nothing, but a rollup of
+			// the whole stream, which purged every key.
+			if strings.EqualFold(m.rollup, "all") {
+				clear(cur)
+			}
+			continue
 		}
 		for k := range cur {
 			if m.rollsUp(k) {
@@ -737,6 +745,8 @@ func TestDifferential_EveryPathAgreesWithTheContract(t *testing.T) {
 		{bucket: provisioner.BucketApplied, key: "n2.>", op: dDel, rollup: "sub"},
 		{bucket: provisioner.BucketCollect, key: "n3.*.m2", value: []byte{0xc0}, rollup: "SUB"},
 	}, 3: {
+		// First: all it removes the live seat has read.
+		{bucket: provisioner.BucketNeeds, foreign: "extra.n1.m1.config.a", value: []byte{0xc0}, rollup: "all"},
 		{bucket: provisioner.BucketNeeds, key: "*.m/y.>", op: dPurge},
 		{bucket: provisioner.BucketCollect, key: "n10.=C3=A9.m1", value: mustMsgpack(t, "alone"), rollup: "All"},
 		{bucket: provisioner.BucketApplied, key: "n=1.*", op: dMarker, rollup: "sub"},

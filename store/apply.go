@@ -314,8 +314,9 @@ func (db *DB) applyLocked(shape provisioner.Shape, msgs []provisioner.Message, s
 			// Messages were removed from the stream before they were read: the log has a gap.
 			a.gap(bucket, cp.Applied+1, m.Seq)
 		}
-		if m.Foreign {
-			// No key of the bucket: nothing to project or to log, and no gap either.
+		if m.Foreign && !m.RemovesOthers() {
+			// No key of the bucket: nothing to project or to log, and no gap either. A rollup of the
+			// whole stream on it is one of the whole bucket (foreign.go).
 			cp.Applied = m.Seq
 			moved = true
 			continue
@@ -428,8 +429,9 @@ func (a *applier) kindAnswered(kind string) bool {
 
 func (a *applier) apply(shape provisioner.Shape, m *provisioner.Message) error {
 	bucket := shape.Bucket
-	// The event log first: every message, whatever its key.
-	a.buf = historyKey(a.buf[:0], bucket, m.Key, m.Seq)
+	// The event log first: every message, whatever its key (a foreign rollup's under its log form).
+	key, op := logForm(m)
+	a.buf = historyKey(a.buf[:0], bucket, key, m.Seq)
 	var rollup provisioner.Rollup
 	if m.RemovesOthers() {
 		rollup = m.Rollup
@@ -439,11 +441,14 @@ func (a *applier) apply(shape provisioner.Shape, m *provisioner.Message) error {
 			a.set(metaKey("schema"), []byte(strconv.Itoa(schemaRollup)))
 		}
 	}
-	a.val = appendEventValue(a.val[:0], m.Op, rollup, m.Time, m.Value)
+	a.val = appendEventValue(a.val[:0], op, rollup, m.Time, m.Value)
 	a.set(a.buf, a.val)
 	if !a.removing { // the sequence's own entry names the rollup's key, written once, after its removals
 		a.buf = eventKey(a.buf[:0], bucket, m.Seq)
-		a.set(a.buf, []byte(m.Key))
+		a.set(a.buf, []byte(key))
+	}
+	if m.Foreign {
+		return nil // no key of the bucket: its rollup removed them all (applier.rollup)
 	}
 
 	parts, perr := provisioner.ParseKey(shape, m.Key)
@@ -529,7 +534,8 @@ func (a *applier) rollup(shape provisioner.Shape, m *provisioner.Message, from s
 		}
 	}
 	match := func(key string) bool {
-		return key != m.Key && (m.Rollup == provisioner.RollupAll || provisioner.RollupMatches(m.Key, key))
+		// A foreign rollup's subject is no key: a key of the same text is removed too.
+		return (m.Foreign || key != m.Key) && (m.Rollup == provisioner.RollupAll || provisioner.RollupMatches(m.Key, key))
 	}
 	full := func(keys []string) bool { return limit > 0 && len(keys) >= limit }
 	var keys []string

@@ -83,6 +83,12 @@
 // without a stop. A marker at or below its bucket's applied sequence (an older binary, which does not
 // know it, finished the rollup by reading the message again) is deleted.
 //
+// A message on a subject added to the stream by hand (provisioner.Message.Foreign) is no key and is
+// not logged, except a rollup of the whole stream: it removes every key as above, and its own event
+// (in 0x06 and 0x07, and in its marker) is under the key " " <subject>, op purge, its rollup and its
+// data (foreign.go). No key NATS routes holds a space, and a purge of a key is in no answer, so every
+// reader, an older one too, answers it as the rollup it was; Event.Message reads it back as the message.
+//
 // # What the event log can rebuild: floor and gaps
 //
 // The log rebuilds the state of a bucket as of sequence n (every message with a sequence at or below n

@@ -435,6 +435,11 @@ func TestOpen_FinishesARollupStoppedBetweenParts(t *testing.T) {
 			rollupInput{c, []provisioner.Message{rollup(purge(10, "m1.*"), provisioner.RollupSub)}}},
 		{"composed whole bucket", []rollupInput{{provisioner.BucketHostModules, hosts}, {c, comps}},
 			rollupInput{c, []provisioner.Message{rollup(del(10, "m2.9"), provisioner.RollupAll)}}},
+		// On a subject added to the stream by hand (foreign_test.go).
+		{"whole bucket on an added subject", []rollupInput{{needs, needMsgs}},
+			rollupInput{needs, []provisioner.Message{foreign(29, "extra.x", provisioner.RollupAll, []byte("data"))}}},
+		{"composed whole bucket on an added subject", []rollupInput{{provisioner.BucketHostModules, hosts}, {c, comps}},
+			rollupInput{c, []provisioner.Message{foreign(10, "extra.x", provisioner.RollupAll, nil)}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b := tc.rollup.bucket

@@ -30,13 +30,15 @@ func rollupMarkerKey(bucket string) []byte { return metaKey(rollupMarkerName + b
 
 // appendRollupMarker encodes a rollup message and the stream's creation time its Apply was given:
 // uvarint seq, varint time, op byte, rollup byte, varint stream created, uvarint key length, key, value.
+// A foreign rollup is marked in its log form (foreign.go).
 func appendRollupMarker(dst []byte, m *provisioner.Message, streamCreated int64) []byte {
+	key, op := logForm(m)
 	dst = binary.AppendUvarint(dst, m.Seq)
 	dst = binary.AppendVarint(dst, m.Time)
-	dst = append(dst, byte(m.Op), byte(m.Rollup))
+	dst = append(dst, byte(op), byte(m.Rollup))
 	dst = binary.AppendVarint(dst, streamCreated)
-	dst = binary.AppendUvarint(dst, uint64(len(m.Key)))
-	dst = append(dst, m.Key...)
+	dst = binary.AppendUvarint(dst, uint64(len(key)))
+	dst = append(dst, key...)
 	return append(dst, m.Value...)
 }
 
@@ -64,7 +66,7 @@ func decodeRollupMarker(b []byte) (m provisioner.Message, streamCreated int64, e
 	if v := b[n+int(l):]; len(v) > 0 {
 		m.Value = append([]byte(nil), v...)
 	}
-	if !m.RemovesOthers() {
+	if m = fromLogForm(m); !m.RemovesOthers() {
 		return m, 0, bad
 	}
 	return m, streamCreated, nil
