@@ -613,6 +613,12 @@ func (db *DB) LiveBelow(ctx context.Context, bucket string, from, to uint64) (ui
 	if live || !contiguous || free <= checked {
 		return seq, live, err
 	}
+	// Under applyMu, as Close takes it: Pebble panics on a write to a closed DB.
+	db.applyMu.Lock()
+	defer db.applyMu.Unlock()
+	if db.closed.Load() {
+		return 0, false, ErrClosed
+	}
 	if serr := db.pdb.Set(liveCheckedKey(nil, bucket), binary.AppendUvarint(nil, free), pebble.NoSync); serr != nil && err == nil {
 		err = fmt.Errorf("record the live check of %s: %w", bucket, serr)
 	}
