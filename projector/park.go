@@ -95,7 +95,7 @@ func (p *Projector) park(ctx context.Context, bucket string, log *slog.Logger, b
 	if p.afterParkRead != nil {
 		p.afterParkRead(bucket)
 	}
-	if err != nil || p.check(info, bucket, &verifier{}) != nil {
+	if err != nil || p.check(ctx, info, bucket, &verifier{}) != nil {
 		// Tail again: it finds out what failed, or finds what check found (and forgets the bucket to
 		// read it again; a stream emptied by a purge has nothing to read past the checkpoint, and
 		// check finds the purge).
@@ -108,7 +108,7 @@ func (p *Projector) park(ctx context.Context, bucket string, log *slog.Logger, b
 			return ctx.Err() == nil
 		}
 		reread, err := p.removedUnread(ctx, bucket, info, applied, log)
-		if err != nil {
+		if err != nil && ctx.Err() == nil {
 			log.Warn("the stream ends past what is left to read, and the projection could not follow it", "err", err)
 		}
 		if err != nil || reread {
@@ -140,7 +140,7 @@ func (p *Projector) removedUnread(ctx context.Context, bucket string, info *jets
 	if err := p.db.TailRemoved(bucket, info.State.LastSeq, info.Created.UnixNano()); err != nil {
 		return false, fmt.Errorf("record the removed end: %w", err)
 	}
-	seq, live, err := p.db.LiveBelow(bucket, 0, min(info.State.FirstSeq, applied+1))
+	seq, live, err := p.db.LiveBelow(ctx, bucket, 0, min(info.State.FirstSeq, applied+1))
 	if err != nil || !live {
 		return false, err
 	}

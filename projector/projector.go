@@ -351,7 +351,7 @@ func (p *Projector) tail(ctx context.Context, bucket string, log *slog.Logger, o
 	cp := p.db.Checkpoint(bucket)
 	created := info.Created.UnixNano()
 	ver := &verifier{last: time.Now()}
-	if err := p.check(info, bucket, ver); err != nil {
+	if err := p.check(ctx, info, bucket, ver); err != nil {
 		return err
 	}
 	verify := func() error { return p.verify(ctx, bucket, ver) }

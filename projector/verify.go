@@ -64,7 +64,7 @@ func (p *Projector) verify(ctx context.Context, bucket string, v *verifier) erro
 	if ok && read.After(v.last) && info.State.LastSeq >= p.db.Checkpoint(bucket).Applied {
 		v.last, v.askAt = now, time.Time{}
 		p.streamFound(bucket)
-		return p.check(info, bucket, v)
+		return p.check(ctx, info, bucket, v)
 	}
 	if since < p.opts.Verify+p.opts.Verify/2 {
 		return nil
@@ -84,7 +84,7 @@ func (p *Projector) verify(ctx context.Context, bucket string, v *verifier) erro
 	// The Poller keeps this info as read when the request started, after v.last: the next check must
 	// not take it for one newer than this check.
 	v.last = time.Now()
-	return p.check(info, bucket, v)
+	return p.check(ctx, info, bucket, v)
 }
 
 // readStream asks a bucket's stream for its info (STREAM.INFO, through the Poller so that its other
@@ -126,7 +126,7 @@ func deleted(bucket string) error {
 	return fmt.Errorf("%w: stream %s was deleted", ErrCannotResume, provisioner.StreamName(bucket))
 }
 
-func (p *Projector) check(info *jetstream.StreamInfo, bucket string, v *verifier) error {
+func (p *Projector) check(ctx context.Context, info *jetstream.StreamInfo, bucket string, v *verifier) error {
 	cp := p.db.Checkpoint(bucket)
 	if cp.Applied == 0 {
 		return nil
@@ -153,7 +153,7 @@ func (p *Projector) check(info *jetstream.StreamInfo, bucket string, v *verifier
 	}
 	// At most a million sequences per check, so a first check on a long log does not hold up ingest.
 	to := min(info.State.FirstSeq, cp.Applied+1, v.checkedBelow+1<<20)
-	seq, live, err := p.db.LiveBelow(bucket, v.checkedBelow, to)
+	seq, live, err := p.db.LiveBelow(ctx, bucket, v.checkedBelow, to)
 	if err != nil {
 		return nil
 	}

@@ -48,6 +48,9 @@
 //	0x09 <bucket> 00 01 'd'                                 -> forgotten: varint Unix ns when the
 //	                                                           bucket's history was last forgotten
 //	                                                           (forget.go)
+//	0x09 <bucket> 00 01 'l'                                 -> uvarint: no event of the bucket below
+//	                                                           it is live (LiveBelow, history.go;
+//	                                                           absent: 0)
 //	0x0a <bucket> 00 01 <node>                              -> uvarint anomaly rows whose raw key's first
 //	                                                           token is node (nodeanom.go; absent: none)
 //

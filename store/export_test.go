@@ -47,3 +47,20 @@ func SetTrimKeptCap(n int) (restore func()) {
 	keptCap = n
 	return func() { keptCap = old }
 }
+
+// CountLiveBelow makes every scan of LiveBelow add the events it read to n.
+func CountLiveBelow(n *int) (restore func()) {
+	liveBelowRead = func(events int) { *n += events }
+	return func() { liveBelowRead = nil }
+}
+
+// StopLiveBelowAfter calls stop once scans of LiveBelow have read n events.
+func StopLiveBelowAfter(n int, stop func()) (restore func()) {
+	read := 0
+	liveBelowStep = func() {
+		if read++; read == n {
+			stop()
+		}
+	}
+	return func() { liveBelowStep = nil }
+}

@@ -2,6 +2,7 @@ package store
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -584,26 +585,103 @@ func (v *View) SeqAtTime(bucket string, t int64) (uint64, error) { return seqAtT
 // message, the message was removed while its key still held it (a purge, or an age limit without
 // markers), and the projection no longer equals the bucket. It scans the events in [from, to) by
 // sequence, one seek per event.
-func (db *DB) LiveBelow(bucket string, from, to uint64) (uint64, bool, error) {
+//
+// What it found free of live events from 0 on is kept (liveCheckedKey) and not scanned again, by this
+// open or any later one: an event that is not live never becomes live again, since Apply only logs
+// messages past the applied sequence and a trim keeps each key's newest event. Forget and ForgetFrom
+// delete the mark with the bucket's other marks. So the check a tail makes as it starts scans only
+// what the stream's first sequence moved past since the last check, not the whole log below it at
+// every start of the seat. LiveBelow and Forget of one bucket are called from its projector's one
+// goroutine, so a forgetting never comes between a scan and its mark.
+//
+// A scan stops when ctx ends, with ctx's error, keeping what it found free so far.
+func (db *DB) LiveBelow(ctx context.Context, bucket string, from, to uint64) (uint64, bool, error) {
 	if db.closed.Load() {
 		return 0, false, ErrClosed
 	}
+	checked, err := db.liveChecked(bucket)
+	if err != nil {
+		return 0, false, err
+	}
+	// Only a scan that starts where the mark ends moves it: the mark says nothing of [checked, from).
+	contiguous := from <= checked
+	from = max(from, checked)
 	if to <= from {
 		return 0, false, nil
 	}
+	seq, live, free, err := db.liveBelow(ctx, bucket, from, to)
+	if live || !contiguous || free <= checked {
+		return seq, live, err
+	}
+	// Under applyMu, as Close takes it: Pebble panics on a write to a closed DB.
+	db.applyMu.Lock()
+	defer db.applyMu.Unlock()
+	if db.closed.Load() {
+		return 0, false, ErrClosed
+	}
+	if serr := db.pdb.Set(liveCheckedKey(nil, bucket), binary.AppendUvarint(nil, free), pebble.NoSync); serr != nil && err == nil {
+		err = fmt.Errorf("record the live check of %s: %w", bucket, serr)
+	}
+	return 0, false, err
+}
+
+// liveBelowRead, when set (tests), is told how many events each scan of LiveBelow read.
+var liveBelowRead func(events int)
+
+// liveBelowStep, when set (tests), is called for each event a scan of LiveBelow reads.
+var liveBelowStep func()
+
+// liveCheckedTag is the history mark below which no event of the bucket is live (LiveBelow).
+const liveCheckedTag = 'l'
+
+func liveCheckedKey(dst []byte, bucket string) []byte {
+	return append(bucketPrefix(dst, prefixMarks, bucket), liveCheckedTag)
+}
+
+// liveChecked is the sequence below which LiveBelow found no live event of the bucket; 0 when none.
+func (db *DB) liveChecked(bucket string) (uint64, error) {
+	v, closer, err := db.pdb.Get(liveCheckedKey(nil, bucket))
+	if errors.Is(err, pebble.ErrNotFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	defer closer.Close()
+	n, w := binary.Uvarint(v)
+	if w <= 0 {
+		return 0, fmt.Errorf("%w: live check mark of %s", ErrCorrupt, bucket)
+	}
+	return n, nil
+}
+
+// liveBelow is LiveBelow's scan of the events in [from, to). free is how far it found no live event:
+// to, or where it stopped when ctx ended, or the live event it found.
+func (db *DB) liveBelow(ctx context.Context, bucket string, from, to uint64) (seq uint64, live bool, free uint64, err error) {
 	p := bucketPrefix(nil, prefixEvent, bucket)
 	walk, err := db.pdb.NewIter(&pebble.IterOptions{LowerBound: eventKey(nil, bucket, from), UpperBound: eventKey(nil, bucket, to)})
 	if err != nil {
-		return 0, false, err
+		return 0, false, from, err
 	}
 	defer walk.Close()
 	hist, err := db.pdb.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixHistory}, UpperBound: []byte{prefixHistory + 1}})
 	if err != nil {
-		return 0, false, err
+		return 0, false, from, err
 	}
 	defer hist.Close()
+	events := 0
+	if liveBelowRead != nil {
+		defer func() { liveBelowRead(events) }()
+	}
 	for walk.First(); walk.Valid(); walk.Next() {
 		seq := binary.BigEndian.Uint64(walk.Key()[len(p):])
+		if events%1024 == 0 && ctx.Err() != nil {
+			return 0, false, seq, ctx.Err()
+		}
+		events++
+		if liveBelowStep != nil {
+			liveBelowStep()
+		}
 		start := historyKeyStart(nil, bucket, string(walk.Value()))
 		cur := binary.BigEndian.AppendUint64(append([]byte(nil), start...), seq)
 		if !hist.SeekGE(cur) || !bytes.Equal(hist.Key(), cur) {
@@ -615,7 +693,10 @@ func (db *DB) LiveBelow(bucket string, from, to uint64) (uint64, bool, error) {
 		if hist.Next() && bytes.HasPrefix(hist.Key(), start) {
 			continue // superseded
 		}
-		return seq, true, nil
+		return seq, true, seq, nil
 	}
-	return 0, false, walk.Error()
+	if err := walk.Error(); err != nil {
+		return 0, false, from, err
+	}
+	return 0, false, to, nil
 }

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -334,14 +335,31 @@ func (db *DB) load(fresh bool) error {
 	if err != nil {
 		return fmt.Errorf("%w: %s", ErrCorrupt, damage(err))
 	}
+	// Every anomaly row is read at every open: one allocation a row (its raw key, which the set
+	// keeps), not four, and the bucket's state looked up once per bucket, not per row.
+	var (
+		b        *bucketState
+		bucketAt []byte // the escaped bucket of b's rows
+		raw      []byte
+	)
 	for it.First(); it.Valid(); it.Next() {
-		bucket, key, class, ok := splitAnomalyKey(it.Key())
+		comp, esc, class, ok := cutAnomalyKey(it.Key())
 		if !ok {
 			it.Close()
 			return fmt.Errorf("%w: anomaly key %q", ErrCorrupt, it.Key())
 		}
-		b := db.known(bucket)
-		b.anom[key] |= class
+		if b == nil || !bytes.Equal(comp, bucketAt) {
+			b = db.known(string(unesc(nil, comp)))
+			bucketAt = append(bucketAt[:0], comp...)
+		}
+		raw = unesc(raw[:0], esc)
+		if c, ok := b.anom[string(raw)]; ok {
+			b.anom[string(raw)] = c | class
+			b.nodeAnom[anomalyNode(string(raw))]++
+			continue
+		}
+		key := string(raw)
+		b.anom[key] = class
 		b.nodeAnom[anomalyNode(key)]++
 	}
 	if err := it.Close(); err != nil {
@@ -373,22 +391,31 @@ func (db *DB) load(fresh bool) error {
 
 // splitAnomalyKey reads bucket, raw key and class back from an anomaly key.
 func splitAnomalyKey(k []byte) (bucket, key string, class byte, ok bool) {
+	comp, esc, class, ok := cutAnomalyKey(k)
+	if !ok {
+		return "", "", 0, false
+	}
+	return string(unesc(nil, comp)), string(unesc(nil, esc)), class, true
+}
+
+// cutAnomalyKey cuts an anomaly key into its bucket and raw key, both still escaped, and its class.
+func cutAnomalyKey(k []byte) (bucket, key []byte, class byte, ok bool) {
 	rest := k[1:]
 	i := termIndex(rest)
 	if i < 0 {
-		return "", "", 0, false
+		return nil, nil, 0, false
 	}
-	bucket = string(unesc(nil, rest[:i]))
+	bucket = rest[:i]
 	rest = rest[i+2:]
 	if len(rest) < 3 {
-		return "", "", 0, false
+		return nil, nil, 0, false
 	}
 	class = rest[len(rest)-1]
 	rest = rest[:len(rest)-1]
 	if rest[len(rest)-2] != 0 || rest[len(rest)-1] != 1 {
-		return "", "", 0, false
+		return nil, nil, 0, false
 	}
-	return bucket, string(unesc(nil, rest[:len(rest)-2])), class, true
+	return bucket, rest[:len(rest)-2], class, true
 }
 
 // termIndex finds the first component terminator 0x00 0x01 in b.
