@@ -84,7 +84,7 @@ func TestDB_AWholeStreamRollupOnAnAddedSubjectRemovesEveryKey(t *testing.T) {
 
 	// The stream now starts at the rollup: the projection rests on nothing before it (the stream
 	// check finds no purged message to rebuild for), and a trim past it answers the same.
-	_, live, err := db.LiveBelow(b, 0, 7)
+	_, live, err := db.LiveBelow(context.Background(), b, 0, 7)
 	require.NoError(t, err)
 	require.False(t, live)
 	_, err = db.TrimHistory(context.Background(), b, 7, 7e9)
