@@ -23,6 +23,9 @@ type Log struct {
 	DB     *store.DB
 	Source string // what it was read from, for messages
 	dir    string // removed on Close
+	// anomalies keeps the anomalies of the states Ask answered for the pages after the first, as the
+	// seat keeps them (anomcache.go): a command walks a whole bucket's state a page at a time.
+	anomalies anomalyCache
 }
 
 // Close closes the store and removes the copy or temporary store.
