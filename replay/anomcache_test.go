@@ -2,8 +2,8 @@ package replay_test
 
 import (
 	"bytes"
-	"encoding/json"
 	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
