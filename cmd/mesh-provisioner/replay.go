@@ -530,7 +530,7 @@ func (c *ReplayCommand) runDiff(ctx context.Context, l *replay.Log, req query.Re
 			sp   *spool
 		}{{"added", added}, {"changed", changed}, {"removed", removed}, {"anomalies_appeared", appeared}, {"anomalies_cleared", cleared}} {
 			fmt.Fprintf(w, `,%q:[`, p.name)
-			if err := p.sp.copyTo(w); err != nil {
+			if err := p.sp.copyTo(ctx, w); err != nil {
 				return err
 			}
 			w.WriteString("]")
@@ -545,13 +545,13 @@ func (c *ReplayCommand) runDiff(ctx context.Context, l *replay.Log, req query.Re
 		return w.Flush()
 	}
 	if nRows > 0 {
-		if err := printSpooled(w, "CHANGE\tKEY\tREVISION\tVALUE\n", added, changed, removed); err != nil {
+		if err := printSpooled(ctx, w, "CHANGE\tKEY\tREVISION\tVALUE\n", added, changed, removed); err != nil {
 			return err
 		}
 	}
 	if nAnoms > 0 {
 		fmt.Fprintln(w)
-		if err := printSpooled(w, "ANOMALY\tKEY\tREVISION\tREASON\n", appeared, cleared); err != nil {
+		if err := printSpooled(ctx, w, "ANOMALY\tKEY\tREVISION\tREASON\n", appeared, cleared); err != nil {
 			return err
 		}
 	}
