@@ -324,7 +324,7 @@ func (c *ReplayCommand) open(ctx context.Context, buckets []string) (*replay.Log
 		var bar *progress.Bar
 		l, err := replay.FromArchiveBuckets(ctx, c.archive, buckets, func(done, total int64) {
 			if bar == nil {
-				bar = progress.New(c.Stderr, nil, "reading archive", "messages", total)
+				bar = newBar(c.Stderr, "reading archive", "messages", total)
 			}
 			bar.Set(done)
 		})
@@ -352,7 +352,7 @@ func (c *ReplayCommand) open(ctx context.Context, buckets []string) (*replay.Log
 	var bar *progress.Bar
 	l, err := replay.FromNATS(ctx, js, buckets, "nats "+redact(c.nats.url), func(done, total int64) {
 		if bar == nil {
-			bar = progress.New(c.Stderr, nil, "reading streams", "messages", total)
+			bar = newBar(c.Stderr, "reading streams", "messages", total)
 		}
 		bar.Set(done)
 	})

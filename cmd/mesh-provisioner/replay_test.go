@@ -569,3 +569,37 @@ func TestReplay_ReadsOnlyTheBucketsItAsks(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, h.Revisions, 1)
 }
+
+// TestOneShot_ProgressWithoutATerminal: export and replay from the streams or an archive say how far
+// they are on a stderr that is no terminal, as rebuild does: they drew their progress on a terminal
+// only, so run by a script, through kubectl exec or with stderr redirected, they said nothing for
+// the minutes a large mesh takes. (The lines come every 5 s; here at every report.)
+func TestOneShot_ProgressWithoutATerminal(t *testing.T) {
+	t.Setenv("NATS_URL", "")
+	defer func(d time.Duration) { progressEvery = d }(progressEvery)
+	progressEvery = time.Nanosecond
+	ns := natstest.RunServer(t)
+	url := ns.ClientURL()
+	_, js := natstest.Connect(t, url)
+	mesh := fixtures.Mesh{Seed: 3, Nodes: 100, Modules: 10, NeedsPerModule: 10}
+	require.NoError(t, fixtures.Load(context.Background(), js, mesh.Ops(), 0, nil))
+	archive := filepath.Join(t.TempDir(), "a.mph")
+	for _, c := range []struct {
+		args  []string
+		label string
+	}{
+		{[]string{"export", "--nats", url, "--out", archive}, "export ["},
+		{[]string{"replay", "state", "needs", "--at", "seq:1", "--archive", archive}, "reading archive ["},
+		{[]string{"replay", "state", "needs", "--at", "seq:1", "--nats", url}, "reading streams ["},
+	} {
+		code, _, stderr := run(t, c.args...)
+		require.Equal(t, 0, code, "%v: %s", c.args, stderr)
+		var during int
+		for _, line := range strings.Split(stderr, "\n") {
+			if strings.Contains(line, c.label) && !strings.Contains(line, " in ") {
+				during++ // a line before the last, which says how long it took
+			}
+		}
+		require.Positive(t, during, "%v: no progress before the end:\n%s", c.args, stderr)
+	}
+}
