@@ -3,6 +3,7 @@ package replay_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
@@ -173,4 +174,62 @@ func TestHandler_KeptAnomaliesNeverAnswerATrimmedPoint(t *testing.T) {
 			require.Equal(t, ferr.Error(), err.Error(), "refused as a derived answer is")
 		})
 	}
+}
+
+// TestLog_AskPagesDeriveAnomaliesOnce: `replay state` walks a state a page at a time through
+// Log.Ask, and each page derived the anomalies of every key of the state again: a whole bucket of N
+// keys cost N²/1000 derivations (50,000 needs took 8 s of CPU, 100,000 21 s, 200,000 83 s). A page
+// after the first now costs what it lists, and answers what deriving them answers.
+func TestLog_AskPagesDeriveAnomaliesOnce(t *testing.T) {
+	dir := t.TempDir()
+	db, err := store.OpenState(dir, store.Options{})
+	require.NoError(t, err)
+	const keys = 3000
+	var msgs []provisioner.Message
+	for i := 0; i < keys; i++ {
+		// No registry: every need is an anomaly row, unanswered-kind, or token-count for a tenth.
+		key := fmt.Sprintf("n%02d.m.config.k%05d", i%30, i)
+		if i%10 == 0 {
+			key = fmt.Sprintf("n%02d.m.k%05d", i%30, i)
+		}
+		msgs = append(msgs, provisioner.Message{Seq: uint64(i + 1), Time: int64(i + 1), Key: key, Op: provisioner.OpPut, Value: []byte{0x01}})
+	}
+	require.NoError(t, db.Apply(provisioner.BucketNeeds, msgs, 1, false))
+	require.NoError(t, db.Close())
+	l, err := replay.OpenState(dir)
+	require.NoError(t, err)
+	defer l.Close()
+
+	ask := func(after string) []byte {
+		body := fmt.Sprintf(`{"what":"needs","at":"seq:%d","limit":100,"after":%q}`, keys, after)
+		out, err := l.Ask([]byte(body))
+		require.NoError(t, err)
+		return out
+	}
+	fresh := func(after string) []byte {
+		v, err := l.DB.View()
+		require.NoError(t, err)
+		defer v.Close()
+		limit := int64(100)
+		var e query.Encoder
+		e.Reset(query.FormatJSON)
+		require.NoError(t, replay.Answer(v, &query.Request{What: "needs", At: fmt.Sprintf("seq:%d", keys), Limit: &limit, After: after}, &e, true))
+		return append([]byte(nil), e.Bytes()...)
+	}
+	next := func(b []byte) string {
+		var ans struct{ Next string }
+		require.NoError(t, json.Unmarshal(b, &ans))
+		return ans.Next
+	}
+	after := ""
+	for p := 0; p < 3; p++ {
+		got := ask(after)
+		require.True(t, bytes.Equal(fresh(after), got), "page %d differs from the answer deriving its anomalies", p)
+		require.True(t, bytes.Contains(got, []byte(fmt.Sprintf(`"anomalies_total":%d,`, keys))), "page %d: anomalies_total", p)
+		after = next(got)
+		require.NotEmpty(t, after)
+	}
+	allocs := testing.AllocsPerRun(5, func() { ask(after) })
+	require.Less(t, allocs, float64(keys/2), "allocations of a later page with the anomalies kept")
+	require.Greater(t, testing.AllocsPerRun(2, func() { fresh(after) }), float64(keys), "allocations of deriving them")
 }

@@ -12,14 +12,15 @@ import (
 // anomalies, paging and cursor rules as a live answer, as of the point. as_of is the sequence answered
 // as of; synced is passed through. The encoder must have been reset for the answer's format.
 func Answer(v *store.View, r *query.Request, e *query.Encoder, synced bool) error {
-	return answer(v, r, e, synced, nil)
+	return answer(v, r, e, synced, nil, nil)
 }
 
-// answer is Answer, keeping the anomalies of the state in cache for the pages after this one.
-func answer(v *store.View, r *query.Request, e *query.Encoder, synced bool, cache *anomalyCache) error {
+// answer is Answer, keeping the anomalies of the state in cache for the pages after this one, and
+// with plans, the plans' inputs as of the point in plans (either may be nil: nothing kept).
+func answer(v *store.View, r *query.Request, e *query.Encoder, synced bool, cache *anomalyCache, plans *keptPlans) error {
 	w := provisioner.What(r.What)
 	if w == provisioner.WhatPlans {
-		return answerPlans(v, r, e, synced)
+		return answerPlans(v, r, e, synced, plans)
 	}
 	shape, ok := provisioner.ShapeOfWhat(w)
 	if !ok {
@@ -64,6 +65,6 @@ func Handler(open Opener, synced func(bucket string) bool) query.AtFunc {
 		} else if r.What == string(provisioner.WhatPlans) {
 			s = synced(provisioner.BucketHostModules)
 		}
-		return answer(v, r, e, s, cache)
+		return answer(v, r, e, s, cache, nil)
 	}
 }

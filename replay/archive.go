@@ -582,6 +582,13 @@ func (e *streamExport) add(msg jetstream.Msg, md *jetstream.MsgMetadata) (bool, 
 
 // FromArchive reads an archive into a temporary store, with the marks it carries.
 func FromArchive(ctx context.Context, path string, progress Progress) (*Log, error) {
+	return FromArchiveBuckets(ctx, path, nil, progress)
+}
+
+// FromArchiveBuckets reads the records of the given buckets of an archive (nil: every bucket) into a
+// temporary store, with their marks: the records of the others are read past, not applied. The
+// forgotten marks are kept whatever the buckets.
+func FromArchiveBuckets(ctx context.Context, path string, buckets []string, progress Progress) (*Log, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
@@ -626,6 +633,11 @@ func FromArchive(ctx context.Context, path string, progress Progress) (*Log, err
 			return fail(fmt.Errorf("archive %s: forgotten bucket %q is not a composed-<node> bucket", path, f.Bucket))
 		}
 	}
+	wanted := func(bucket string) bool { return buckets == nil || slices.Contains(buckets, bucket) }
+	keep := make([]bool, len(h.Buckets))
+	for i, b := range h.Buckets {
+		keep[i] = wanted(b.Name)
+	}
 	batch := make([]provisioner.Message, 0, 4096)
 	cur := -1
 	flush := func() error {
@@ -642,6 +654,17 @@ func FromArchive(ctx context.Context, path string, progress Progress) (*Log, err
 		return err
 	}
 	var n uint64
+	// tick counts a record read, applied or read past.
+	tick := func() error {
+		if n++; n%4096 == 0 {
+			// Asked with or without a progress to tell: a library caller's cancel stops the read too.
+			if progress != nil {
+				progress(int64(n), total)
+			}
+			return ctx.Err()
+		}
+		return nil
+	}
 	for {
 		var rec archiveRecord
 		if err := dec.Decode(&rec); err != nil {
@@ -665,6 +688,12 @@ func FromArchive(ctx context.Context, path string, progress Progress) (*Log, err
 		if rec.Bucket < 0 || rec.Bucket >= len(h.Buckets) {
 			return fail(fmt.Errorf("archive %s: record %d names bucket %d of %d", path, n+1, rec.Bucket, len(h.Buckets)))
 		}
+		if !keep[rec.Bucket] {
+			if err := tick(); err != nil {
+				return fail(err)
+			}
+			continue
+		}
 		if rec.Bucket != cur || len(batch) == cap(batch) {
 			if err := flush(); err != nil {
 				return fail(err)
@@ -676,20 +705,17 @@ func FromArchive(ctx context.Context, path string, progress Progress) (*Log, err
 			return fail(fmt.Errorf("archive %s: record %d: %w", path, n+1, err))
 		}
 		batch = append(batch, m)
-		if n++; n%4096 == 0 {
-			// Asked with or without a progress to tell: a library caller's cancel stops the read too.
-			if progress != nil {
-				progress(int64(n), total)
-			}
-			if ctx.Err() != nil {
-				return fail(ctx.Err())
-			}
+		if err := tick(); err != nil {
+			return fail(err)
 		}
 	}
 	if err := flush(); err != nil {
 		return fail(err)
 	}
 	for _, b := range h.Buckets {
+		if !wanted(b.Name) {
+			continue
+		}
 		if b.Messages == 0 && !b.StreamCreated.IsZero() {
 			// No record brought the stream's creation time: a time before it still answers empty.
 			if err := l.DB.Apply(b.Name, nil, b.StreamCreated.UnixNano(), false); err != nil {

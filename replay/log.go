@@ -23,10 +23,16 @@ type Log struct {
 	DB     *store.DB
 	Source string // what it was read from, for messages
 	dir    string // removed on Close
+	// anomalies keeps the anomalies of the states Ask answered for the pages after the first, as the
+	// seat keeps them (anomcache.go): a command walks a whole bucket's state a page at a time.
+	anomalies anomalyCache
+	// plans keeps the plans' inputs as of the last point Ask answered plans at (plans.go).
+	plans keptPlans
 }
 
 // Close closes the store and removes the copy or temporary store.
 func (l *Log) Close() error {
+	l.plans.close()
 	err := l.DB.Close()
 	if l.dir != "" {
 		if rerr := os.RemoveAll(l.dir); err == nil {

@@ -12,7 +12,10 @@ import (
 )
 
 // Ask answers one page of a verb request with at from the log, as the seat would: the answer's bytes
-// in the request's format, or an error that query.Code maps to the verb's code.
+// in the request's format, or an error that query.Code maps to the verb's code. The anomalies of a
+// state are derived on its first page and kept for the pages after it, as the seat keeps them: a walk
+// of a bucket of N keys a page at a time derived them from all N keys on every page, N²/1000 in all.
+// So are the plans' inputs as of a point, applied to a temporary store on the first page (plans.go).
 func (l *Log) Ask(body []byte) ([]byte, error) {
 	r, format, err := query.DecodeRequest(body)
 	if err != nil {
@@ -29,7 +32,7 @@ func (l *Log) Ask(body []byte) ([]byte, error) {
 	var e query.Encoder
 	e.Reset(format)
 	_, synced := l.DB.Applied(bucketOfWhat(r.What))
-	if err := Answer(v, &r, &e, synced); err != nil {
+	if err := answer(v, &r, &e, synced, &l.anomalies, &l.plans); err != nil {
 		return nil, err
 	}
 	return append([]byte(nil), e.Bytes()...), nil

@@ -91,7 +91,7 @@ func TestOneShot_StopAtAPermissionViolation(t *testing.T) {
 			func(string) []string { return []string{"replay", "state", "needs", "--at", "seq:3"} }, noAnswer},
 		{"replay history, pull", "$JS.API.CONSUMER.MSG.NEXT.KV_mesh-provisioner_needs.*",
 			func(string) []string { return []string{"replay", "history", "needs", key} }, noAnswer},
-		{"replay diff, stream info", "$JS.API.STREAM.INFO.KV_mesh-provisioner_collect",
+		{"replay diff, stream info", "$JS.API.STREAM.INFO.KV_mesh-provisioner_needs",
 			func(string) []string { return []string{"replay", "diff", "needs", "--from", "seq:1", "--to", "seq:5"} }, noAnswer},
 		{"replay state, plans input", "$JS.API.CONSUMER.CREATE.KV_mesh-host_modules.>",
 			func(string) []string { return []string{"replay", "state", "plans", "--at", "2026-01-01T00:00:00Z"} }, noAnswer},

@@ -87,7 +87,7 @@ func (c *ExportCommand) Run(ctx context.Context, args []string) error {
 	var bar *progress.Bar
 	tick := func(done, total int64) {
 		if bar == nil {
-			bar = progress.New(c.Stderr, nil, "export", "messages", total)
+			bar = newBar(c.Stderr, "export", "messages", total)
 		}
 		bar.Set(done)
 	}

@@ -236,7 +236,7 @@ func (c *ReplayCommand) Run(ctx context.Context, args []string) error {
 		pos[0] = b
 	}
 
-	l, err := c.open(ctx)
+	l, err := c.open(ctx, questionBuckets(question, what, pos))
 	if err != nil {
 		return err
 	}
@@ -295,15 +295,36 @@ func (c *ReplayCommand) request(what string) (query.Request, error) {
 	return r, nil
 }
 
-func (c *ReplayCommand) open(ctx context.Context) (*replay.Log, error) {
+// questionBuckets are the buckets a question reads, for a source that is read into a temporary store
+// (the streams, an archive): a history its key's bucket; a state or diff its bucket, and the registry
+// for needs (unanswered-kind reads it as of the same moment); nil, every bucket, for plans (every
+// composed-<node> bucket is an input). Each source read every bucket of the mesh for any question,
+// so a key's history cost the whole mesh's messages, thousands of composed-<node> streams included.
+func questionBuckets(question, what string, pos []string) []string {
+	if question == "history" {
+		return []string{pos[0]} // the bucket's full name, read by Run
+	}
+	shape, ok := provisioner.ShapeOfWhat(provisioner.What(what))
+	if !ok {
+		return nil // plans
+	}
+	if shape.Bucket == provisioner.BucketNeeds {
+		return []string{provisioner.BucketNeeds, provisioner.BucketRegistry}
+	}
+	return []string{shape.Bucket}
+}
+
+// open reads the source: a state dir's copy whole, or the buckets given (nil: every bucket a seat
+// reads) of the streams or an archive.
+func (c *ReplayCommand) open(ctx context.Context, buckets []string) (*replay.Log, error) {
 	switch {
 	case c.state != "":
 		return replay.OpenState(c.state)
 	case c.archive != "":
 		var bar *progress.Bar
-		l, err := replay.FromArchive(ctx, c.archive, func(done, total int64) {
+		l, err := replay.FromArchiveBuckets(ctx, c.archive, buckets, func(done, total int64) {
 			if bar == nil {
-				bar = progress.New(c.Stderr, nil, "reading archive", "messages", total)
+				bar = newBar(c.Stderr, "reading archive", "messages", total)
 			}
 			bar.Set(done)
 		})
@@ -329,9 +350,9 @@ func (c *ReplayCommand) open(ctx context.Context) (*replay.Log, error) {
 		return nil, refused(ctx, err)
 	}
 	var bar *progress.Bar
-	l, err := replay.FromNATS(ctx, js, nil, "nats "+redact(c.nats.url), func(done, total int64) {
+	l, err := replay.FromNATS(ctx, js, buckets, "nats "+redact(c.nats.url), func(done, total int64) {
 		if bar == nil {
-			bar = progress.New(c.Stderr, nil, "reading streams", "messages", total)
+			bar = newBar(c.Stderr, "reading streams", "messages", total)
 		}
 		bar.Set(done)
 	})
@@ -509,7 +530,7 @@ func (c *ReplayCommand) runDiff(ctx context.Context, l *replay.Log, req query.Re
 			sp   *spool
 		}{{"added", added}, {"changed", changed}, {"removed", removed}, {"anomalies_appeared", appeared}, {"anomalies_cleared", cleared}} {
 			fmt.Fprintf(w, `,%q:[`, p.name)
-			if err := p.sp.copyTo(w); err != nil {
+			if err := p.sp.copyTo(ctx, w); err != nil {
 				return err
 			}
 			w.WriteString("]")
@@ -524,13 +545,13 @@ func (c *ReplayCommand) runDiff(ctx context.Context, l *replay.Log, req query.Re
 		return w.Flush()
 	}
 	if nRows > 0 {
-		if err := printSpooled(w, "CHANGE\tKEY\tREVISION\tVALUE\n", added, changed, removed); err != nil {
+		if err := printSpooled(ctx, w, "CHANGE\tKEY\tREVISION\tVALUE\n", added, changed, removed); err != nil {
 			return err
 		}
 	}
 	if nAnoms > 0 {
 		fmt.Fprintln(w)
-		if err := printSpooled(w, "ANOMALY\tKEY\tREVISION\tREASON\n", appeared, cleared); err != nil {
+		if err := printSpooled(ctx, w, "ANOMALY\tKEY\tREVISION\tREASON\n", appeared, cleared); err != nil {
 			return err
 		}
 	}

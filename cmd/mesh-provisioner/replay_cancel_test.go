@@ -113,6 +113,19 @@ func TestReplayCommand_CancelStopsEachQuestion(t *testing.T) {
 			cancel()
 		}
 	})
+	// diff walks the two states into temporary files, then prints them: Ctrl-C once it has started to
+	// print stops the printing too (it printed every line of the diff, a bucket's worth of them).
+	t.Run("diff stops printing", func(t *testing.T) {
+		for _, format := range [][]string{{"--json"}, nil} {
+			ctx, cancel := context.WithCancel(context.Background())
+			w := &cancelOnWrite{cancel: cancel}
+			err := (&ReplayCommand{Stdout: w, Stderr: io.Discard}).Run(ctx, append([]string{"diff", "needs", "--from", mid, "--to", "seq:10000", "--state", dir}, format...))
+			require.ErrorIs(t, err, context.Canceled, "%v", format)
+			require.NotEmpty(t, w.buf.String(), "%v: printing had begun", format)
+			require.NotContains(t, w.buf.String(), diffKey, "%v: printed the end of the answer", format)
+			cancel()
+		}
+	})
 	for _, tc := range []struct {
 		name string
 		args []string

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"sort"
@@ -508,4 +509,97 @@ func TestReplayCommand_HistoryOfAKeyWithAWildcardToken(t *testing.T) {
 	_, errOut, code = runCmd(t, "replay", "history", "needs", "n2.>", "--state", dir)
 	require.Equal(t, exitAnswer, code, errOut)
 	require.Contains(t, errOut, "replay state needs --node")
+}
+
+// TestReplay_ReadsOnlyTheBucketsItAsks: replay from the streams or an archive reads the buckets its
+// question reads (a history its key's bucket; a state or diff its bucket, and the registry for
+// needs), not every bucket of the mesh: a key's history cost every message of every bucket,
+// thousands of composed-<node> streams included. A user denied the other buckets' consumers is
+// answered; a question about those buckets still stops at the refusal.
+func TestReplay_ReadsOnlyTheBucketsItAsks(t *testing.T) {
+	for _, env := range []string{"NATS_URL", "NATS_USER", "NATS_PASSWORD", "NATS_CREDS", "NATS_INBOX_PREFIX"} {
+		t.Setenv(env, "")
+	}
+	ns := natstest.RunServerSeatDenied(t, "$JS.API.CONSUMER.CREATE.KV_mesh-provisioner_applied.>",
+		"$JS.API.CONSUMER.CREATE.KV_mesh-provisioner_collect.>", "$JS.API.CONSUMER.CREATE.KV_composed-n00000.>")
+	url := ns.ClientURL()
+	ctx := context.Background()
+	_, admin := natstest.Connect(t, url, nats.UserInfo("admin", "admin"))
+	var ops []fixtures.Op
+	for _, e := range provisioner.Registry.Entries {
+		ops = append(ops, fixtures.Op{Bucket: provisioner.BucketRegistry, Key: e.Kind, Op: provisioner.OpPut, Value: e.Value()})
+	}
+	mesh := fixtures.Mesh{Seed: 7, Nodes: 3, Modules: 2, NeedsPerModule: 2, Collections: 1}
+	ops = append(ops, mesh.Ops()...)
+	ops = append(ops, fixtures.Op{Bucket: provisioner.ComposedPrefix + "n00000", Key: "mod-000.7", Op: provisioner.OpPut, Value: []byte{0x81, 0xa6, 's', 't', 'a', 't', 'u', 's', 0xa7, 'p', 'e', 'n', 'd', 'i', 'n', 'g'}})
+	require.NoError(t, fixtures.Load(ctx, admin, ops, 0, nil))
+	needs := mesh.OpsOf(provisioner.BucketNeeds)
+	key := needs[0].Key
+	seat := []string{"--nats", url, "--user", "seat", "--password", "seat"}
+
+	for _, args := range [][]string{
+		{"replay", "history", "needs", key},
+		{"replay", "state", "needs", "--at", "seq:1000"},
+		{"replay", "diff", "needs", "--from", "seq:0", "--to", "seq:1000"},
+	} {
+		code, stdout, stderr := run(t, append(args, append(seat, "--json")...)...)
+		require.Equal(t, 0, code, "%v: %s", args, stderr)
+		require.Contains(t, stdout, `"key":"`+key+`"`, "%v", args)
+		require.NotContains(t, stdout, "unanswered-kind", "%v: the registry is read for needs", args)
+	}
+	code, _, stderr := run(t, append([]string{"replay", "state", "applied", "--at", "seq:1000"}, seat...)...)
+	require.Equal(t, exitFailure, code, stderr)
+	require.Contains(t, stderr, "KV_mesh-provisioner_applied", "a question about a denied bucket stops at the refusal")
+
+	// An archive: the records of the other buckets are read past, not applied.
+	archive := filepath.Join(t.TempDir(), "a.mph")
+	code, _, stderr = run(t, "export", "--nats", url, "--user", "admin", "--password", "admin", "--out", archive)
+	require.Equal(t, 0, code, stderr)
+	c := &ReplayCommand{Stdout: io.Discard, Stderr: io.Discard, archive: archive}
+	l, err := c.open(ctx, questionBuckets("history", "", []string{provisioner.BucketNeeds, key}))
+	require.NoError(t, err)
+	defer l.Close()
+	seq, _ := l.DB.Applied(provisioner.BucketNeeds)
+	require.EqualValues(t, len(needs), seq)
+	for _, b := range []string{provisioner.BucketApplied, provisioner.BucketCollect, provisioner.BucketRegistry, provisioner.ComposedPrefix + "n00000"} {
+		seq, _ := l.DB.Applied(b)
+		require.Zero(t, seq, "%s applied for a history of needs", b)
+	}
+	h, err := l.History(provisioner.BucketNeeds, key)
+	require.NoError(t, err)
+	require.Len(t, h.Revisions, 1)
+}
+
+// TestOneShot_ProgressWithoutATerminal: export and replay from the streams or an archive say how far
+// they are on a stderr that is no terminal, as rebuild does: they drew their progress on a terminal
+// only, so run by a script, through kubectl exec or with stderr redirected, they said nothing for
+// the minutes a large mesh takes. (The lines come every 5 s; here at every report.)
+func TestOneShot_ProgressWithoutATerminal(t *testing.T) {
+	t.Setenv("NATS_URL", "")
+	defer func(d time.Duration) { progressEvery = d }(progressEvery)
+	progressEvery = time.Nanosecond
+	ns := natstest.RunServer(t)
+	url := ns.ClientURL()
+	_, js := natstest.Connect(t, url)
+	mesh := fixtures.Mesh{Seed: 3, Nodes: 100, Modules: 10, NeedsPerModule: 10}
+	require.NoError(t, fixtures.Load(context.Background(), js, mesh.Ops(), 0, nil))
+	archive := filepath.Join(t.TempDir(), "a.mph")
+	for _, c := range []struct {
+		args  []string
+		label string
+	}{
+		{[]string{"export", "--nats", url, "--out", archive}, "export ["},
+		{[]string{"replay", "state", "needs", "--at", "seq:1", "--archive", archive}, "reading archive ["},
+		{[]string{"replay", "state", "needs", "--at", "seq:1", "--nats", url}, "reading streams ["},
+	} {
+		code, _, stderr := run(t, c.args...)
+		require.Equal(t, 0, code, "%v: %s", c.args, stderr)
+		var during int
+		for _, line := range strings.Split(stderr, "\n") {
+			if strings.Contains(line, c.label) && !strings.Contains(line, " in ") {
+				during++ // a line before the last, which says how long it took
+			}
+		}
+		require.Positive(t, during, "%v: no progress before the end:\n%s", c.args, stderr)
+	}
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -43,16 +44,29 @@ func (s *spool) line(format string, args ...any) error {
 	return err
 }
 
-// copyTo writes what was spooled to w.
-func (s *spool) copyTo(w io.Writer) error {
+// copyTo writes what was spooled to w, and stops with ctx's error once ctx is done.
+func (s *spool) copyTo(ctx context.Context, w io.Writer) error {
 	if err := s.w.Flush(); err != nil {
 		return err
 	}
 	if _, err := s.f.Seek(0, io.SeekStart); err != nil {
 		return err
 	}
-	_, err := io.Copy(w, s.f)
+	_, err := io.Copy(w, ctxReader{ctx, s.f})
 	return err
+}
+
+// ctxReader reads r until ctx is done: a long copy asks ctx at each read.
+type ctxReader struct {
+	ctx context.Context
+	r   io.Reader
+}
+
+func (c ctxReader) Read(p []byte) (int, error) {
+	if err := c.ctx.Err(); err != nil {
+		return 0, err
+	}
+	return c.r.Read(p)
 }
 
 // reader reads back what was spooled.
@@ -75,8 +89,10 @@ func (s *spool) close() {
 // millions of lines is aligned in chunks of this many.
 const tableChunk = 1024
 
-// printSpooled prints a table's header and the lines of each spool, aligned in chunks.
-func printSpooled(w io.Writer, header string, parts ...*spool) error {
+// printSpooled prints a table's header and the lines of each spool, aligned in chunks, and stops with
+// ctx's error once ctx is done (asked at each chunk): a diff of a whole bucket prints millions of
+// lines once its walk is done, and Ctrl-C printed them all.
+func printSpooled(ctx context.Context, w io.Writer, header string, parts ...*spool) error {
 	tw := newTable(w)
 	io.WriteString(tw, header)
 	n := 0
@@ -91,6 +107,9 @@ func printSpooled(w io.Writer, header string, parts ...*spool) error {
 				io.WriteString(tw, line)
 				if n++; n%tableChunk == 0 {
 					if err := tw.Flush(); err != nil {
+						return err
+					}
+					if err := ctx.Err(); err != nil {
 						return err
 					}
 				}

@@ -53,6 +53,13 @@ func IsTerminal(w io.Writer) bool {
 	return err == nil && st.Mode()&os.ModeCharDevice != 0
 }
 
+// SetEvery changes how often the bar is drawn, or its line logged.
+func (b *Bar) SetEvery(d time.Duration) {
+	b.mu.Lock()
+	b.every = d
+	b.mu.Unlock()
+}
+
 // SetTotal changes the total, when it becomes known.
 func (b *Bar) SetTotal(total int64) {
 	b.mu.Lock()

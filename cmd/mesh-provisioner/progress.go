@@ -1,0 +1,25 @@
+package main
+
+import (
+	"io"
+	"log/slog"
+	"time"
+
+	"github.com/novox/mesh-provisioner/internal/progress"
+)
+
+// progressEvery is how often a command logs its progress on a stderr that is no terminal; 0 is the
+// progress package's 5 s. A variable for tests.
+var progressEvery time.Duration
+
+// newBar is the progress of a one-shot command's long read (export, replay from the streams or an
+// archive): drawn in place on a terminal, else logged on stderr every few seconds, as rebuild's is. It
+// was drawn on a terminal only, so an export or replay run by a script, through kubectl exec or with
+// stderr redirected said nothing for the minutes a large mesh takes.
+func newBar(stderr io.Writer, label, unit string, total int64) *progress.Bar {
+	b := progress.New(stderr, slog.New(slog.NewTextHandler(stderr, nil)), label, unit, total)
+	if progressEvery > 0 {
+		b.SetEvery(progressEvery)
+	}
+	return b
+}
