@@ -22,8 +22,8 @@ import (
 // never does: the projector forgets it in place and reads it again, projector/forget.go): a new generation beside
 // the current one is filled from the streams by a second projector while the verb keeps answering from
 // the current one; once its projector has listed the streams for composed-<node> buckets and every
-// bucket of the new one has caught up, the old projector stops, the verb
-// switches to the new store (waiting for the answers in flight on the old one), CURRENT is renamed to
+// bucket of the new one has caught up, the old projector stops, the new store reaches what the old
+// one had applied (swapwait.go), the verb switches to the new store (waiting for the answers in flight on the old one), CURRENT is renamed to
 // the new generation and the old one is removed. The new projector keeps running: nothing is read
 // twice. A crash at any point leaves CURRENT naming a generation that opens (store/rebuild.go).
 
