@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nats.go/micro"
 	"github.com/stretchr/testify/require"
 	"github.com/vmihailenco/msgpack/v5"
@@ -223,4 +224,49 @@ func TestSeat_RebuildSwapWaitIsBounded(t *testing.T) {
 			require.Contains(t, l, "buckets=1")
 		}
 	}
+}
+
+// TestSeat_RebuildSwapDoesNotWaitWhereGoingBackIsRight: the swap waits for nothing the new store
+// cannot reach. The needs stream is purged whole (the rebuild's cause: the new store applies nothing
+// of it, and its as_of stays 0 until the next write) and the applied stream created again (its
+// sequences start over, below what the replaced store applied): with a swap wait of an hour, the
+// rebuild still swaps in, and answers as the buckets are. (Waiting for either, it swapped in only
+// after the hour.)
+func TestSeat_RebuildSwapDoesNotWaitWhereGoingBackIsRight(t *testing.T) {
+	h := newHarness(t)
+	h.load(testMesh.Ops())
+	log := &lockedBuffer{}
+	nc, js := natstest.Connect(t, h.url)
+	db, err := store.OpenState(t.TempDir(), store.Options{})
+	require.NoError(t, err)
+	st, err := seat.Start(context.Background(), nc, js, db, seat.Config{WriteRegistry: true,
+		Logger:    slog.New(slog.NewTextHandler(log, nil)),
+		Projector: projector.Options{Poll: 50 * time.Millisecond, Verify: 200 * time.Millisecond}})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		require.NoError(t, st.Stop())
+		require.NoError(t, db.Close())
+		if t.Failed() {
+			t.Log(log.String())
+		}
+	})
+	seat.SetSwapWait(st, time.Hour)
+	h.waitCaughtUp(st)
+	before, _ := st.Store().Applied(provisioner.BucketApplied)
+	require.Greater(t, before, uint64(3))
+
+	ctx := context.Background()
+	stream, err := h.js.Stream(ctx, provisioner.StreamName(provisioner.BucketNeeds))
+	require.NoError(t, err)
+	require.NoError(t, stream.Purge(ctx))
+	require.NoError(t, h.js.DeleteKeyValue(ctx, provisioner.BucketApplied))
+	_, err = h.js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: provisioner.BucketApplied, History: 8})
+	require.NoError(t, err)
+	h.load([]fixtures.Op{{Bucket: provisioner.BucketApplied, Key: "n-again.mod", Op: provisioner.OpPut, Value: []byte{0x01}}})
+
+	awaitRebuilt(t, st)
+	// A purged bucket's as_of stays 0 until its next write.
+	h.load([]fixtures.Op{{Bucket: provisioner.BucketNeeds, Key: "n-again.mod.config.k", Op: provisioner.OpPut, Value: []byte{0x01}}})
+	h.waitCaughtUp(st)
+	h.checkAll()
 }
