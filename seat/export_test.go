@@ -1,6 +1,11 @@
 package seat
 
-import "github.com/novox/mesh-provisioner/projector"
+import (
+	"time"
+
+	"github.com/novox/mesh-provisioner/projector"
+	"github.com/novox/mesh-provisioner/store"
+)
 
 // SetBeforeSwap has fn called as a rebuild has stopped the old projector, before the verb moves to the
 // rebuilt store: where a request's wake used to reach only the stopped projector.
@@ -21,4 +26,19 @@ func SetBeforeView(s *Seat, fn func()) {
 		return
 	}
 	s.reader.beforeAcquire.Store(&fn)
+}
+
+// SetAtCaughtUp has fn called, with the rebuild's projector and store, as a rebuild's projection has caught up, before the old projector stops:
+// what the old one applies then, the new one may not have read at the swap.
+func SetAtCaughtUp(s *Seat, fn func(next *projector.Projector, db *store.DB)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.atCaughtUp = fn
+}
+
+// SetSwapWait bounds a rebuild's wait, at its swap, for the new store to reach the replaced one.
+func SetSwapWait(s *Seat, d time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.swapWait = d
 }

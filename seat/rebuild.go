@@ -22,8 +22,8 @@ import (
 // never does: the projector forgets it in place and reads it again, projector/forget.go): a new generation beside
 // the current one is filled from the streams by a second projector while the verb keeps answering from
 // the current one; once its projector has listed the streams for composed-<node> buckets and every
-// bucket of the new one has caught up, the old projector stops, the verb
-// switches to the new store (waiting for the answers in flight on the old one), CURRENT is renamed to
+// bucket of the new one has caught up, the old projector stops, the new store reaches what the old
+// one had applied (swapwait.go), the verb switches to the new store (waiting for the answers in flight on the old one), CURRENT is renamed to
 // the new generation and the old one is removed. The new projector keeps running: nothing is read
 // twice. A crash at any point leaves CURRENT naming a generation that opens (store/rebuild.go).
 
@@ -202,13 +202,24 @@ func (s *Seat) rebuildOnce(ctx context.Context) error {
 	}
 	bar.Done()
 
-	// Swap: the old projector stops, the verb moves over, then CURRENT.
+	// Swap: the old projector stops, the new store reaches what it had applied (swapwait.go), the verb
+	// moves over, then CURRENT.
 	s.mu.Lock()
-	oldProj, oldRet, beforeSwap := s.proj, s.retention, s.beforeSwap
+	oldProj, oldRet, atCaughtUp, beforeSwap, wait := s.proj, s.retention, s.atCaughtUp, s.beforeSwap, s.swapWait
 	s.mu.Unlock()
+	if atCaughtUp != nil {
+		atCaughtUp(p, ndb)
+	}
 	oldProj.Stop()
 	if oldRet != nil {
 		oldRet.Stop()
+	}
+	if wait <= 0 {
+		wait = DefaultSwapWait
+	}
+	if behind := s.awaitSwap(ctx, old, ndb, p, wait); len(behind) > 0 {
+		s.log.Warn("rebuild swapped in behind the replaced projection: answers of these buckets may carry an older as_of until the new projector reads on",
+			"buckets", len(behind), "first", behind[:min(len(behind), 10)], "waited", wait)
 	}
 	if beforeSwap != nil {
 		beforeSwap(p)

@@ -97,7 +97,9 @@ type Seat struct {
 	// from it, so the counter never runs backwards.
 	appliedBefore int64
 
-	beforeSwap func(next *projector.Projector) // tests: called as a rebuild has stopped the old projector
+	beforeSwap func(next *projector.Projector)               // tests: called as a rebuild has stopped the old projector
+	atCaughtUp func(next *projector.Projector, db *store.DB) // tests: called as a rebuild has caught up, before the old projector stops
+	swapWait   time.Duration                                 // tests: the swap's wait for the new store (swapwait.go); 0: DefaultSwapWait
 }
 
 // CompactAfter is how many messages a catch-up must have applied for the seat to compact the store
