@@ -74,6 +74,31 @@ func keysOf(a natstest.Answer) []string {
 }
 
 // logKeys asks a replay log what a bucket held as of a point: its keys (rows and out-of-shape keys).
+// replaySources opens what replay reads that must agree with the seat: the streams, an archive
+// exported from them, the state dir's log and an archive exported from that log; each closed when the
+// test ends.
+func (h *harness) replaySources(t *testing.T, dir string) (fromNATS, fromNATSArchive, fromState, fromStateArchive *replay.Log) {
+	t.Helper()
+	ctx := context.Background()
+	opened := func(l *replay.Log, err error) *replay.Log {
+		t.Helper()
+		require.NoError(t, err)
+		t.Cleanup(func() { l.Close() })
+		return l
+	}
+	fromNATS = opened(replay.FromNATS(ctx, h.js, nil, "nats", nil))
+	natsArchive := filepath.Join(t.TempDir(), "nats.mph")
+	_, err := replay.ExportNATS(ctx, h.js, nil, natsArchive, "test", nil)
+	require.NoError(t, err)
+	fromNATSArchive = opened(replay.FromArchive(ctx, natsArchive, nil))
+	fromState = opened(replay.OpenState(dir))
+	stateArchive := filepath.Join(t.TempDir(), "state.mph")
+	_, err = replay.ExportLog(ctx, fromState.DB, stateArchive, "test", nil)
+	require.NoError(t, err)
+	fromStateArchive = opened(replay.FromArchive(ctx, stateArchive, nil))
+	return
+}
+
 func logKeys(t *testing.T, l *replay.Log, at string) ([]string, error) {
 	t.Helper()
 	b, err := l.Ask([]byte(fmt.Sprintf(`{"what":"needs","at":%q}`, at)))
@@ -160,25 +185,7 @@ func TestSeat_AWholeStreamRollupOnAnAddedSubjectEmptiesTheBucket(t *testing.T) {
 	require.Zero(t, st.Rebuilds())
 
 	// Replay and rebuild (the same projector, into a store of their own) agree.
-	fromNATS, err := replay.FromNATS(ctx, h.js, nil, "nats", nil)
-	require.NoError(t, err)
-	defer fromNATS.Close()
-	natsArchive := filepath.Join(t.TempDir(), "nats.mph")
-	_, err = replay.ExportNATS(ctx, h.js, nil, natsArchive, "test", nil)
-	require.NoError(t, err)
-	fromNATSArchive, err := replay.FromArchive(ctx, natsArchive, nil)
-	require.NoError(t, err)
-	defer fromNATSArchive.Close()
-	fromState, err := replay.OpenState(dir)
-	require.NoError(t, err)
-	defer fromState.Close()
-	stateArchive := filepath.Join(t.TempDir(), "state.mph")
-	_, err = replay.ExportLog(ctx, fromState.DB, stateArchive, "test", nil)
-	require.NoError(t, err)
-	fromStateArchive, err := replay.FromArchive(ctx, stateArchive, nil)
-	require.NoError(t, err)
-	defer fromStateArchive.Close()
-
+	fromNATS, fromNATSArchive, fromState, fromStateArchive := h.replaySources(t, dir)
 	for _, l := range []*replay.Log{fromNATS, fromNATSArchive, fromState, fromStateArchive} {
 		fromLog := l == fromState || l == fromStateArchive
 		for _, tc := range []struct {
@@ -242,19 +249,8 @@ func TestSeat_ASubjectRollupOnAnAddedSubjectLeavesTheBucket(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, keys, keysOf(a))
 
-	fromNATS, err := replay.FromNATS(ctx, h.js, nil, "nats", nil)
-	require.NoError(t, err)
-	defer fromNATS.Close()
-	fromState, err := replay.OpenState(dir)
-	require.NoError(t, err)
-	defer fromState.Close()
-	stateArchive := filepath.Join(t.TempDir(), "state.mph")
-	_, err = replay.ExportLog(ctx, fromState.DB, stateArchive, "test", nil)
-	require.NoError(t, err)
-	fromStateArchive, err := replay.FromArchive(ctx, stateArchive, nil)
-	require.NoError(t, err)
-	defer fromStateArchive.Close()
-	for _, l := range []*replay.Log{fromNATS, fromState, fromStateArchive} {
+	fromNATS, fromNATSArchive, fromState, fromStateArchive := h.replaySources(t, dir)
+	for _, l := range []*replay.Log{fromNATS, fromNATSArchive, fromState, fromStateArchive} {
 		got, err := logKeys(t, l, fmt.Sprintf("seq:%d", roll))
 		require.NoError(t, err, l.Source)
 		require.Equal(t, keys, got, l.Source)
