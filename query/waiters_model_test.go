@@ -1,6 +1,7 @@
 package query
 
 import (
+	"container/heap"
 	"fmt"
 	"math/rand/v2"
 	"runtime"
@@ -163,5 +164,72 @@ func TestServer_WaitersModel(t *testing.T) {
 				return nil
 			})
 		})
+	}
+}
+
+// TestServer_TakeModel: the two heaps of a bucket's waiters, against a plain list. Waiters with equal
+// and different min_seq and deadlines are added while the applied sequence and the clock move on in
+// random steps; each take returns exactly the waiters the list says (reached first, then expired),
+// each once, and every waiter's index in each heap is where it sits.
+func TestServer_TakeModel(t *testing.T) {
+	for seed := uint64(0); seed < 20; seed++ {
+		rng := rand.New(rand.NewPCG(seed, 7))
+		s := &Server{waiters: map[string]*bucketWaiters{}}
+		bw := &bucketWaiters{kick: make(chan struct{}, 1)}
+		s.waiters["b"] = bw
+		t0 := time.Unix(1000, 0)
+		var model []*waiter
+		have, now := uint64(0), t0
+		taken := map[*waiter]bool{}
+		for step := 0; step < 300; step++ {
+			for range rng.IntN(4) {
+				w := &waiter{seq: have + 1 + uint64(rng.IntN(5))}
+				w.j.deadline = now.Add(time.Duration(1+rng.IntN(4)) * time.Second)
+				heap.Push(&bw.bySeq, w)
+				heap.Push(&bw.byTime, w)
+				model = append(model, w)
+			}
+			have += uint64(rng.IntN(2))
+			now = now.Add(time.Duration(rng.IntN(2)) * time.Second)
+			var wantReady, wantExpired []*waiter
+			var rest []*waiter
+			for _, w := range model {
+				switch {
+				case w.seq <= have:
+					wantReady = append(wantReady, w)
+				case !w.j.deadline.After(now):
+					wantExpired = append(wantExpired, w)
+				default:
+					rest = append(rest, w)
+				}
+			}
+			model = rest
+			s.waiters["b"] = bw
+			ready, expired, next, empty := s.take("b", bw, have, now, nil, nil)
+			require.ElementsMatch(t, wantReady, ready, "seed %d step %d: reached", seed, step)
+			require.ElementsMatch(t, wantExpired, expired, "seed %d step %d: expired", seed, step)
+			for _, w := range append(ready, expired...) {
+				require.False(t, taken[w], "taken twice")
+				taken[w] = true
+			}
+			require.Equal(t, len(model) == 0, empty)
+			require.Len(t, bw.bySeq, len(model))
+			require.Len(t, bw.byTime, len(model))
+			for i, w := range bw.bySeq {
+				require.Equal(t, i, w.bySeq, "seed %d step %d: index in the min_seq heap", seed, step)
+			}
+			for i, w := range bw.byTime {
+				require.Equal(t, i, w.byTime, "seed %d step %d: index in the deadline heap", seed, step)
+			}
+			if !empty {
+				first := model[0].j.deadline
+				for _, w := range model {
+					if w.j.deadline.Before(first) {
+						first = w.j.deadline
+					}
+				}
+				require.Equal(t, first, next)
+			}
+		}
 	}
 }
