@@ -456,7 +456,12 @@ func (p *Projector) read(ctx context.Context, it *streamread.Reader, bucket stri
 		if err != nil {
 			return err
 		}
-		if m.Foreign && !saidForeign {
+		switch {
+		case m.Foreign && m.RemovesOthers():
+			// Each one: it emptied the bucket, which an operator looks for in an incident.
+			log.Warn("a rollup of the whole stream on a subject that is no key of the bucket removed every key of it",
+				"subject", m.Key, "seq", m.Seq)
+		case m.Foreign && !saidForeign:
 			saidForeign = true
 			log.Warn("the bucket's stream holds a subject that is no key of the bucket; such messages are passed over",
 				"subject", m.Key, "seq", m.Seq)

@@ -178,11 +178,21 @@ func (s *Server) watch(bucket string, bw *bucketWaiters) {
 			s.answerError(w.j.req, &w.j.r, w.j.format, s.timedOut(&w.j.r, have), w.j.start, false)
 			s.unwait(w)
 		}
-		for _, w := range ready {
+		var full []*waiter
+		for i, w := range ready {
 			// Reached: a worker answers, as any other request, so that a sequence that many wait for
 			// does not set them all writing answers at once. Until it has a place it counts as waiting.
-			_ = s.queue(w.j, true)
+			if err := s.queue(w.j, false); errors.Is(err, errBusy) {
+				full = append(full, ready[i:]...)
+				break
+			}
 			s.unwait(w)
+		}
+		if len(full) > 0 {
+			// The queue is full: they wait for a place in a goroutine of their own, so that the
+			// watcher goes on answering the bucket's other waiters when their wait_ms passes.
+			s.wg.Add(1)
+			go s.queueWhenRoom(full)
 		}
 		clear(ready)
 		clear(expired)
@@ -201,6 +211,16 @@ func (s *Server) watch(bucket string, bw *bucketWaiters) {
 			}
 			return
 		}
+	}
+}
+
+// queueWhenRoom hands waiters whose min_seq has come to the workers, waiting for a place in their
+// queue, which the workers make as they answer (Stop lets them answer what is queued first).
+func (s *Server) queueWhenRoom(ws []*waiter) {
+	defer s.wg.Done()
+	for _, w := range ws {
+		_ = s.queue(w.j, true)
+		s.unwait(w)
 	}
 }
 

@@ -1,0 +1,92 @@
+package query
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/internal/natstest"
+)
+
+// TestServer_WaiterTimesOutWhileTheQueueIsFull: a request waiting for min_seq is answered 504 once its
+// wait_ms has passed, even while the workers' queue is full and another request of its bucket, whose
+// min_seq has come, waits for a place in it. The bucket's watcher handed that request to the queue and
+// waited there for a place, so every other request of the bucket waited past its wait_ms (its asker
+// timing out with no answer at all) until a worker was free, and Stop could not reach them either.
+func TestServer_WaiterTimesOutWhileTheQueueIsFull(t *testing.T) {
+	db := smallStore(t)
+	putNeed(t, db, 1)
+	db.SetSynced(provisioner.BucketNeeds, true)
+	gate := make(chan struct{})
+	gr := &gatedReader{Reader: StoreReader(db), gate: gate}
+	ns := natstest.RunServer(t)
+	snc, _ := natstest.Connect(t, ns.ClientURL())
+	s := NewServer(gr, Options{Workers: 1, MaxQueued: 1, NoReadAhead: true})
+	require.NoError(t, s.Start(snc, nil))
+	opened := false
+	open := func() {
+		if !opened {
+			opened = true
+			close(gate)
+		}
+	}
+	t.Cleanup(func() { open(); s.Stop() })
+	nc, _ := natstest.Connect(t, ns.ClientURL())
+	got, inbox := collect(t, nc)
+
+	// The one worker is held by an answer, and the queue's one place is taken.
+	require.NoError(t, nc.PublishRequest(Subject, inbox+".held", []byte(`{"what":"needs"}`)))
+	natstest.CheckFor(t, 10*time.Second, 2*time.Millisecond, func() error {
+		if gr.open.Load() != 1 {
+			return fmt.Errorf("the worker is not held yet")
+		}
+		return nil
+	})
+	require.NoError(t, nc.PublishRequest(Subject, inbox+".queued", []byte(`{"what":"needs"}`)))
+	natstest.CheckFor(t, 10*time.Second, 2*time.Millisecond, func() error {
+		if q := s.Queued(); q != 1 {
+			return fmt.Errorf("%d queued", q)
+		}
+		return nil
+	})
+
+	// Two requests wait on the bucket: one whose sequence comes next, and one far ahead with a short wait.
+	require.NoError(t, nc.PublishRequest(Subject, inbox+".near", []byte(`{"what":"needs","min_seq":2,"wait_ms":10000}`)))
+	require.NoError(t, nc.PublishRequest(Subject, inbox+".far", []byte(`{"what":"needs","min_seq":1000000,"wait_ms":200}`)))
+	natstest.CheckFor(t, 10*time.Second, 2*time.Millisecond, func() error {
+		if w := s.Waiting(); w != 2 {
+			return fmt.Errorf("%d waiting", w)
+		}
+		return nil
+	})
+	putNeed(t, db, 2) // near's sequence: it waits for a place in the full queue
+
+	// far's wait_ms passes while the worker is still held: it is answered 504 all the same.
+	natstest.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		if n := got.get("504"); n != 1 {
+			return fmt.Errorf("%d answered 504 (waiting %d)", n, s.Waiting())
+		}
+		return nil
+	})
+	require.Zero(t, got.get("200"), "nothing answered while the worker is held")
+	require.Equal(t, 1, s.Waiting(), "near waits for a place, and counts as waiting")
+
+	// Once the worker is free, the held, queued and near requests are answered, each once.
+	open()
+	natstest.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		if n := got.get("200"); n != 3 {
+			return fmt.Errorf("%d answered 200", n)
+		}
+		return nil
+	})
+	natstest.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		if w := s.Waiting(); w != 0 {
+			return fmt.Errorf("%d waiting", w)
+		}
+		return nil
+	})
+	require.Equal(t, 1, got.get("504"))
+}
