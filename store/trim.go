@@ -282,7 +282,10 @@ func (t *trimmer) event(key string, seq uint64) (int, error) {
 			continue // nothing, kept, or dropped already
 		}
 		dropped[i] = s
-		if err := t.drop(start, s); err != nil {
+		// The walked event, and the newest this trim kept of a key it met, are named by their
+		// entries by sequence; what was read back from the log may be a purge a rollup wrote under
+		// the key at its own sequence (drop).
+		if err := t.drop(start, key, s, s == seq || met && s == k.newest); err != nil {
 			return 0, err
 		}
 		deleted++
@@ -362,7 +365,7 @@ func (t *trimmer) keptBefore(key string, start []byte, plans bool) (keptEvents, 
 		case k.purge == 0 && marker:
 			k.purge = m.Seq
 		default:
-			if err := t.drop(start, m.Seq); err != nil {
+			if err := t.drop(start, key, m.Seq, false); err != nil {
 				return k, deleted, err
 			}
 			deleted++
@@ -371,12 +374,32 @@ func (t *trimmer) keptBefore(key string, start []byte, plans bool) (keptEvents, 
 	return k, deleted, t.hist.Error()
 }
 
-func (t *trimmer) drop(keyStart []byte, seq uint64) error {
+// drop deletes the event of key at seq, and the entry by sequence at seq when it names key. A key that
+// a rollup removed has a purge at the rollup's sequence whose entry by sequence names the rollup's own
+// key (doc.go): deleting it with the purge took the rollup's own message out of the log's order by
+// sequence, and a put that rolled the stream up, still the newest of its key, was then missed by
+// LiveBelow (a purge of it went unnoticed), by Events and by every later trim. named says the entry is
+// known to name key (an event the walk met); otherwise it is read.
+func (t *trimmer) drop(keyStart []byte, key string, seq uint64, named bool) error {
 	t.buf = binary.BigEndian.AppendUint64(append(t.buf[:0], keyStart...), seq)
 	if err := t.batch.Delete(t.buf, nil); err != nil {
 		return err
 	}
 	t.buf = eventKey(t.buf[:0], t.bucket, seq)
+	if !named {
+		v, closer, err := t.db.pdb.Get(t.buf)
+		if errors.Is(err, pebble.ErrNotFound) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		own := string(v) == key
+		closer.Close()
+		if !own {
+			return nil
+		}
+	}
 	return t.batch.Delete(t.buf, nil)
 }
 
