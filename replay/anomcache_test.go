@@ -43,7 +43,9 @@ func TestHandler_PagesDeriveAnomaliesOnce(t *testing.T) {
 		}
 		return v, func() { v.Close() }, nil
 	}
-	at := replay.Handler(open, func(string) bool { return true })
+	h := replay.NewHandler(open, func(string) bool { return true })
+	defer h.Close()
+	at := h.Answer
 	limit := int64(100)
 	req := query.Request{What: "needs", Node: "n1", Limit: &limit, At: fmt.Sprintf("seq:%d", len(msgs))}
 	var cached, derived query.Encoder
@@ -147,7 +149,9 @@ func TestHandler_KeptAnomaliesNeverAnswerATrimmedPoint(t *testing.T) {
 				}
 				return v, func() { v.Close() }, nil
 			}
-			at := replay.Handler(open, func(string) bool { return true })
+			h := replay.NewHandler(open, func(string) bool { return true })
+			defer h.Close()
+			at := h.Answer
 			limit := int64(5)
 			req := query.Request{What: "needs", Node: "n1", Limit: &limit, At: "seq:10"}
 			var e query.Encoder

@@ -12,15 +12,16 @@ import (
 // anomalies, paging and cursor rules as a live answer, as of the point. as_of is the sequence answered
 // as of; synced is passed through. The encoder must have been reset for the answer's format.
 func Answer(v *store.View, r *query.Request, e *query.Encoder, synced bool) error {
-	return answer(v, r, e, synced, nil, nil)
+	return answer(context.Background(), v, r, e, synced, nil, nil)
 }
 
 // answer is Answer, keeping the anomalies of the state in cache for the pages after this one, and
-// with plans, the plans' inputs as of the point in plans (either may be nil: nothing kept).
-func answer(v *store.View, r *query.Request, e *query.Encoder, synced bool, cache *anomalyCache, plans *keptPlans) error {
+// with plans, the plans' inputs as of the point in plans (either may be nil: nothing kept). ctx stops
+// the filling of plans' inputs.
+func answer(ctx context.Context, v *store.View, r *query.Request, e *query.Encoder, synced bool, cache *anomalyCache, plans *keptPlans) error {
 	w := provisioner.What(r.What)
 	if w == provisioner.WhatPlans {
-		return answerPlans(v, r, e, synced, plans)
+		return answerPlans(ctx, v, r, e, synced, plans)
 	}
 	shape, ok := provisioner.ShapeOfWhat(w)
 	if !ok {
@@ -49,22 +50,38 @@ func answer(v *store.View, r *query.Request, e *query.Encoder, synced bool, cach
 // seat that swaps stores after a rebuild keeps the old one open until every reader has released it).
 type Opener func() (v *store.View, release func(), err error)
 
-// Handler answers the verb's at from the store an Opener opens; synced says whether a bucket's
-// projection has caught up (it is passed through to the answer).
-func Handler(open Opener, synced func(bucket string) bool) query.AtFunc {
-	cache := &anomalyCache{}
-	return func(_ context.Context, r *query.Request, e *query.Encoder) error {
-		v, release, err := open()
-		if err != nil {
-			return err
-		}
-		defer release()
-		s := false
-		if shape, ok := provisioner.ShapeOfWhat(provisioner.What(r.What)); ok {
-			s = synced(shape.Bucket)
-		} else if r.What == string(provisioner.WhatPlans) {
-			s = synced(provisioner.BucketHostModules)
-		}
-		return answer(v, r, e, s, cache, nil)
-	}
+// Handler answers the verb's at from the store an Opener opens, for a seat. It keeps the anomalies of
+// the last states it answered, and the temporary stores of the plans' inputs as of the last points
+// it answered plans at (plans.go), for the pages after the first; Close removes the stores kept.
+type Handler struct {
+	open      Opener
+	synced    func(bucket string) bool
+	anomalies anomalyCache
+	plans     keptPlans
 }
+
+// NewHandler is a Handler reading the store open opens; synced says whether a bucket's projection has
+// caught up (it is passed through to the answer).
+func NewHandler(open Opener, synced func(bucket string) bool) *Handler {
+	return &Handler{open: open, synced: synced, plans: keptPlans{max: seatPlansKept}}
+}
+
+// Answer answers a request with at: a query.AtFunc.
+func (h *Handler) Answer(ctx context.Context, r *query.Request, e *query.Encoder) error {
+	v, release, err := h.open()
+	if err != nil {
+		return err
+	}
+	defer release()
+	s := false
+	if shape, ok := provisioner.ShapeOfWhat(provisioner.What(r.What)); ok {
+		s = h.synced(shape.Bucket)
+	} else if r.What == string(provisioner.WhatPlans) {
+		s = h.synced(provisioner.BucketHostModules)
+	}
+	return answer(ctx, v, r, e, s, &h.anomalies, &h.plans)
+}
+
+// Close removes the temporary stores of plans kept: at once those no answer reads, the others as the
+// answers reading them end. An answer after Close keeps nothing.
+func (h *Handler) Close() { h.plans.close() }

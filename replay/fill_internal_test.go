@@ -8,3 +8,8 @@ func SetFillGiveUp(d time.Duration) func() {
 	fillGiveUp = d
 	return func() { fillGiveUp = old }
 }
+
+// DropPlans removes the temporary store of plans a Log keeps, without closing the Log's store: for
+// tests that make a Log of a store they go on using (it would otherwise stay in the system's
+// temporary directory). The Log keeps none from then on.
+func DropPlans(l *Log) { l.plans.close() }

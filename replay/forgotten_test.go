@@ -72,6 +72,7 @@ func TestExport_CarriesForgottenMarks(t *testing.T) {
 		return plansRows(t, answer), 200
 	}
 	state := &replay.Log{DB: db}
+	defer replay.DropPlans(state)
 	for _, q := range []struct {
 		node string
 		sec  int

@@ -1,8 +1,12 @@
 package replay
 
 import (
+	"context"
+	"encoding/binary"
 	"fmt"
 	"os"
+	"slices"
+	"strings"
 	"sync"
 
 	provisioner "github.com/novox/mesh-provisioner"
@@ -17,11 +21,12 @@ import (
 // anomalies exactly as the live projection does; the answer is then written from it as a live one is.
 // The work grows with the plans' inputs' history, not with the mesh's needs.
 //
-// With keep, the temporary store of the last point and node asked is kept for the pages after the
-// first (a Log's, whose store never changes): filling it is the answer's whole cost, and a walk of
-// every plan a page at a time filled it again for each page, so 10,000 plans (1,000 nodes) cost
-// 12 s of CPU against 0.6 s for 2,500.
-func answerPlans(v *store.View, r *query.Request, e *query.Encoder, synced bool, keep *keptPlans) error {
+// With keep, the temporary stores of the last few points asked are kept for the pages after the
+// first: filling one is the answer's whole cost, and a walk of every plan a page at a time filled it
+// again for each page, so 10,000 plans (1,000 nodes) cost 12 s of CPU against 0.6 s for 2,500. A
+// store is kept under what it holds (plansKey), never under the time asked: on a live store a time
+// after the newest event resolves to a sequence that moves as the projection applies more.
+func answerPlans(ctx context.Context, v *store.View, r *query.Request, e *query.Encoder, synced bool, keep *keptPlans) error {
 	if r.MinSeq > 0 {
 		return query.BadRequest("min_seq waits for the live projection and does not go with at")
 	}
@@ -35,58 +40,228 @@ func answerPlans(v *store.View, r *query.Request, e *query.Encoder, synced bool,
 	if err := forgottenBefore(v, r.Node, unixNano(p.Time)); err != nil {
 		return err
 	}
-	key := plansKey{store: v.StoreID(), at: unixNano(p.Time), node: r.Node}
-	if keep != nil {
-		keep.mu.Lock()
-		defer keep.mu.Unlock()
-		if keep.cur != nil && keep.cur.key == key {
-			return keep.cur.answer(r, e, synced)
-		}
-	}
-	pa, err := fillPlans(v, key, p)
+	inputs, err := resolvePlanInputs(v, r.Node, p)
 	if err != nil {
 		return err
 	}
+	fill := func() (*plansAt, error) { return fillPlans(ctx, v, inputs) }
 	if keep == nil {
+		pa, err := fill()
+		if err != nil {
+			return err
+		}
 		defer pa.close()
-	} else {
-		keep.cur.close()
-		keep.cur = pa
+		return pa.answer(r, e, synced)
 	}
-	return pa.answer(r, e, synced)
+	kept, err := keep.get(ctx, plansKeyOf(v.StoreID(), r.Node, inputs), fill)
+	if err != nil {
+		return err
+	}
+	defer keep.release(kept)
+	return kept.pa.answer(r, e, synced)
 }
 
-// plansKey is what a temporary store of plans as of a point holds: the store read, the time, and
-// the node narrowed by (another node's compositions are not copied).
-type plansKey struct {
-	store uint64 // store.DB.ID
-	at    int64
-	node  string
+// planInput is a plans' input bucket as of a point: the sequence the point resolved to, and the
+// creation time of the stream its log was read from (a composed-<node> bucket forgotten and created
+// again has a new log whose sequences start again at 1).
+type planInput struct {
+	bucket  string
+	seq     uint64
+	created int64
+}
+
+// resolvePlanInputs resolves a point in each plans' input bucket the answer reads, in name order: every
+// one, or with node that node's composed-<node> only (another node's compositions make only that
+// node's rows and anomalies: not read, so that its log, forgotten or with a gap, neither slows nor
+// refuses this node's answer).
+func resolvePlanInputs(v *store.View, node string, p Point) ([]planInput, error) {
+	var inputs []planInput
+	for _, b := range v.Buckets() {
+		if !provisioner.IsPlanInput(b) {
+			continue
+		}
+		if n, composed := provisioner.ComposedNode(b); composed && node != "" && n != node {
+			continue
+		}
+		res, err := Resolve(v, b, p)
+		if err != nil {
+			return nil, goneOr(err)
+		}
+		cp, err := v.Checkpoint(b)
+		if err != nil {
+			return nil, err
+		}
+		inputs = append(inputs, planInput{bucket: b, seq: res.Seq, created: cp.StreamCreated})
+	}
+	slices.SortFunc(inputs, func(a, b planInput) int { return strings.Compare(a.bucket, b.bucket) })
+	return inputs, nil
+}
+
+// plansKey says exactly what a temporary store of plans holds: the store its events were copied from
+// (store.DB.ID: a rebuild swaps in another, whose sequences may be of recreated streams), the node
+// narrowed by, and each input bucket copied with its resolved sequence and stream. Every part is
+// length-prefixed or self-delimiting. Two times that resolve alike share a store; a trim changes
+// nothing a key names, since it keeps every point from its floor on exactly and a point below it is
+// refused before the key is made.
+type plansKey string
+
+func plansKeyOf(storeID uint64, node string, inputs []planInput) plansKey {
+	b := binary.AppendUvarint(nil, storeID)
+	b = binary.AppendUvarint(b, uint64(len(node)))
+	b = append(b, node...)
+	for _, in := range inputs {
+		b = binary.AppendUvarint(b, uint64(len(in.bucket)))
+		b = append(b, in.bucket...)
+		b = binary.AppendUvarint(b, in.seq)
+		b = binary.AppendVarint(b, in.created)
+	}
+	return plansKey(b)
 }
 
 // plansAt is the plans' inputs of a log applied up to a point, in a temporary store.
 type plansAt struct {
-	key  plansKey
 	dir  string
 	db   *store.DB
 	asOf map[string]uint64 // each input bucket's resolved sequence
 }
 
-// keptPlans keeps the last plansAt a Log answered, until the Log closes.
+// seatPlansKept is how many temporary stores of plans a seat keeps: a walk, another client's, and a
+// point compared with another. Each holds up to a memtable and a block cache of 8 MiB, and on disk the
+// plans' inputs' events up to its point.
+const seatPlansKept = 3
+
+// keptPlans keeps the temporary stores of the last points answered, most recently used first, under
+// what they hold. A store is filled once however many ask for it at the same moment (they wait for the
+// one filling it), and fills of different keys run side by side: the lock is never held across a
+// fill. A store evicted, or kept when close is called, is removed once no answer reads it.
 type keptPlans struct {
-	mu  sync.Mutex
-	cur *plansAt
+	max int // 0: 1 (a Log's: its store never changes, and a command walks one point)
+
+	mu      sync.Mutex
+	entries []*keptEntry // most recently used first
+	closed  bool
+	fills   int // stores filled, for the tests
 }
 
+type keptEntry struct {
+	key     plansKey
+	done    chan struct{} // closed once filled, or failed
+	pa      *plansAt      // set before done is closed, nil when it failed
+	err     error
+	refs    int  // under keptPlans.mu: answers reading it, and the fill
+	evicted bool // under keptPlans.mu: out of entries; removed when refs reaches 0
+}
+
+// get returns the entry of key, filling it with fill unless it is kept or being filled; the caller
+// releases it once answered.
+func (k *keptPlans) get(ctx context.Context, key plansKey, fill func() (*plansAt, error)) (*keptEntry, error) {
+	k.mu.Lock()
+	for i, e := range k.entries {
+		if e.key != key {
+			continue
+		}
+		copy(k.entries[1:i+1], k.entries[:i])
+		k.entries[0] = e
+		e.refs++
+		k.mu.Unlock()
+		select {
+		case <-e.done:
+		case <-ctx.Done():
+			k.release(e)
+			return nil, ctx.Err()
+		}
+		if e.err != nil {
+			k.release(e)
+			return nil, e.err
+		}
+		return e, nil
+	}
+	e := &keptEntry{key: key, done: make(chan struct{}), refs: 1}
+	k.fills++
+	var drop []*keptEntry
+	if k.closed {
+		e.evicted = true // closed: the answer's own, removed once it is written
+	} else {
+		k.entries = append([]*keptEntry{e}, k.entries...)
+		drop = k.evictLocked()
+	}
+	k.mu.Unlock()
+	removeAll(drop)
+
+	pa, err := fill()
+	k.mu.Lock()
+	e.pa, e.err = pa, err
+	if err != nil {
+		k.removeLocked(e)
+	}
+	close(e.done)
+	k.mu.Unlock()
+	if err != nil {
+		k.release(e)
+		return nil, err
+	}
+	return e, nil
+}
+
+// evictLocked takes the least recently used entries past max out, and returns those to remove now.
+func (k *keptPlans) evictLocked() []*keptEntry {
+	max := max(k.max, 1)
+	var drop []*keptEntry
+	for len(k.entries) > max {
+		e := k.entries[len(k.entries)-1]
+		k.entries = k.entries[:len(k.entries)-1]
+		e.evicted = true
+		if e.refs == 0 {
+			drop = append(drop, e)
+		}
+	}
+	return drop
+}
+
+// removeLocked takes an entry out of entries.
+func (k *keptPlans) removeLocked(e *keptEntry) {
+	if i := slices.Index(k.entries, e); i >= 0 {
+		k.entries = slices.Delete(k.entries, i, i+1)
+	}
+	e.evicted = true
+}
+
+// release ends an answer's (or a fill's) read of an entry; the last read of one evicted removes it.
+func (k *keptPlans) release(e *keptEntry) {
+	k.mu.Lock()
+	e.refs--
+	last := e.refs == 0 && e.evicted
+	k.mu.Unlock()
+	if last {
+		e.pa.close()
+	}
+}
+
+// close removes every store kept, at once those no answer reads, the others as their answers end;
+// from then on nothing is kept.
 func (k *keptPlans) close() {
 	k.mu.Lock()
-	defer k.mu.Unlock()
-	k.cur.close()
-	k.cur = nil
+	k.closed = true
+	var drop []*keptEntry
+	for _, e := range k.entries {
+		e.evicted = true
+		if e.refs == 0 {
+			drop = append(drop, e)
+		}
+	}
+	k.entries = nil
+	k.mu.Unlock()
+	removeAll(drop)
 }
 
-// fillPlans applies the plans' inputs of v up to p into a new temporary store.
-func fillPlans(v *store.View, key plansKey, p Point) (*plansAt, error) {
+func removeAll(es []*keptEntry) {
+	for _, e := range es {
+		e.pa.close()
+	}
+}
+
+// fillPlans applies the plans' inputs of v up to their resolved sequences into a new temporary store.
+func fillPlans(ctx context.Context, v *store.View, inputs []planInput) (*plansAt, error) {
 	dir, err := os.MkdirTemp("", "mesh-provisioner-plans-at-")
 	if err != nil {
 		return nil, fmt.Errorf("plans at: %w", err)
@@ -96,27 +271,14 @@ func fillPlans(v *store.View, key plansKey, p Point) (*plansAt, error) {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("plans at: %w", err)
 	}
-	pa := &plansAt{key: key, dir: dir, db: tmp, asOf: map[string]uint64{}}
-	for _, b := range v.Buckets() {
-		if !provisioner.IsPlanInput(b) {
-			continue
-		}
-		if node, composed := provisioner.ComposedNode(b); composed && key.node != "" && node != key.node {
-			// Another node's compositions make only that node's rows and anomalies: not read, so that
-			// its log (forgotten, or with a gap) neither slows nor refuses this node's answer.
-			continue
-		}
-		res, err := Resolve(v, b, p)
-		if err != nil {
+	pa := &plansAt{dir: dir, db: tmp, asOf: map[string]uint64{}}
+	for _, in := range inputs {
+		if err := copyEvents(ctx, v, tmp, in.bucket, in.seq); err != nil {
 			pa.close()
-			return nil, goneOr(err)
+			return nil, fmt.Errorf("plans at: %s: %w", in.bucket, err)
 		}
-		if err := copyEvents(v, tmp, b, res.Seq); err != nil {
-			pa.close()
-			return nil, fmt.Errorf("plans at: %s: %w", b, err)
-		}
-		tmp.SetSynced(b, true)
-		pa.asOf[b] = res.Seq
+		tmp.SetSynced(in.bucket, true)
+		pa.asOf[in.bucket] = in.seq
 	}
 	return pa, nil
 }
@@ -156,15 +318,17 @@ func (v resolvedView) Checkpoint(bucket string) (store.Checkpoint, error) {
 	return cp, err
 }
 
-// copyEvents applies a bucket's logged events up to seq to another store, in batches.
-func copyEvents(v *store.View, to *store.DB, bucket string, seq uint64) error {
+// copyEvents applies a bucket's logged events up to seq to another store, in batches, until ctx ends.
+func copyEvents(ctx context.Context, v *store.View, to *store.DB, bucket string, seq uint64) error {
 	var batch []provisioner.Message
 	var applyErr error
 	flush := func() bool {
 		if len(batch) == 0 {
 			return true
 		}
-		applyErr = to.Apply(bucket, batch, 0, false)
+		if applyErr = ctx.Err(); applyErr == nil {
+			applyErr = to.Apply(bucket, batch, 0, false)
+		}
 		batch = batch[:0]
 		return applyErr == nil
 	}

@@ -83,7 +83,9 @@ const keptPlansHorizon, keptPlansEnd = 20, 24
 func askPlansAt(t *testing.T, db *store.DB, sec int) (string, int) {
 	t.Helper()
 	at := time.Unix(int64(sec), 0).UTC().Format(time.RFC3339Nano)
-	out, err := (&replay.Log{DB: db}).Ask([]byte(`{"what":"plans","at":"` + at + `"}`))
+	l := &replay.Log{DB: db}
+	defer replay.DropPlans(l)
+	out, err := l.Ask([]byte(`{"what":"plans","at":"` + at + `"}`))
 	if err != nil {
 		code := query.Code(err)
 		require.NotEqual(t, 500, code, "plans at %s: %v", at, err)
@@ -179,7 +181,9 @@ func TestPlansAt_AsOfAtAFloorWhoseEventWasTrimmed(t *testing.T) {
 	asOf := func() (map[string]any, string) {
 		t.Helper()
 		at := time.Unix(5, 0).UTC().Format(time.RFC3339Nano)
-		out, err := (&replay.Log{DB: db}).Ask([]byte(`{"what":"plans","node":"n1","at":"` + at + `"}`))
+		l := &replay.Log{DB: db}
+		defer replay.DropPlans(l)
+		out, err := l.Ask([]byte(`{"what":"plans","node":"n1","at":"` + at + `"}`))
 		require.NoError(t, err)
 		var v map[string]any
 		dec := json.NewDecoder(bytes.NewReader(out))

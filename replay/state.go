@@ -32,7 +32,7 @@ func (l *Log) Ask(body []byte) ([]byte, error) {
 	var e query.Encoder
 	e.Reset(format)
 	_, synced := l.DB.Applied(bucketOfWhat(r.What))
-	if err := answer(v, &r, &e, synced, &l.anomalies, &l.plans); err != nil {
+	if err := answer(context.Background(), v, &r, &e, synced, &l.anomalies, &l.plans); err != nil {
 		return nil, err
 	}
 	return append([]byte(nil), e.Bytes()...), nil

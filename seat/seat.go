@@ -81,6 +81,7 @@ type Seat struct {
 	js      jetstream.JetStream
 	streams *streaminfo.Poller // the seat's one listing of every stream's info, run on wg
 	reader  *swapReader
+	at      *replay.Handler // the verb's at: keeps temporary stores of plans, removed at Stop
 	ctx     context.Context // the seat's own, for what outlives a rebuild round
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
@@ -149,11 +150,11 @@ func Start(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, db *store
 		s.compactAfterCatchUp(s.ctx)
 	}()
 
-	qo := query.Options{Version: cfg.Version, Logger: log, Metadata: s.metadata(), Observe: cfg.Observe,
-		At: replay.Handler(s.reader.open, func(bucket string) bool {
-			_, synced := s.reader.Applied(bucket)
-			return synced
-		})}
+	s.at = replay.NewHandler(s.reader.open, func(bucket string) bool {
+		_, synced := s.reader.Applied(bucket)
+		return synced
+	})
+	qo := query.Options{Version: cfg.Version, Logger: log, Metadata: s.metadata(), Observe: cfg.Observe, At: s.at.Answer}
 	if cfg.Plans {
 		qo.Plans = query.Plans(s.reader, s.PlansSynced, s.wake)
 		qo.Wake = s.wake // a request waiting for a composed-<node> sequence wakes its bucket
@@ -231,6 +232,8 @@ func (s *Seat) Stop() error {
 	if s.Server != nil {
 		s.Server.Stop()
 	}
+	// The verb has answered its last request: the temporary stores of plans it kept go.
+	s.at.Close()
 	s.cancel() // a rebuild under way stops, and leaves its generation to be removed at the next open
 	s.wg.Wait()
 	if s.Registry != nil {
