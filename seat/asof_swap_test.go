@@ -342,3 +342,80 @@ func TestSeat_RebuildSwapDoesNotWaitForARemovedTail(t *testing.T) {
 	have, _ := st.Store().Applied(provisioner.BucketNeeds)
 	require.Less(t, have, before, "the rebuilt store stops at the newest message left")
 }
+
+// TestSeat_ResetDuringTheSwapWaitIsNotLost: a stream created again after the rebuild caught up and
+// before its swap (during the swap's wait, up to 5 s) is reported by the rebuild's projector, whose
+// consumer of that bucket then stops. The report used to be dropped: the rebuilt store was swapped in
+// with the bucket marked synced, at the old stream's position, and answered the deleted stream's rows
+// for good. Now the swap carries it over: the bucket answers unsynced, and another rebuild reads the
+// new stream.
+func TestSeat_ResetDuringTheSwapWaitIsNotLost(t *testing.T) {
+	h := newHarness(t)
+	h.load(testMesh.Ops())
+	nc, js := natstest.Connect(t, h.url)
+	db, err := store.OpenState(t.TempDir(), store.Options{})
+	require.NoError(t, err)
+	log := &lockedBuffer{}
+	st, err := seat.Start(context.Background(), nc, js, db, seat.Config{WriteRegistry: true,
+		Logger:    slog.New(slog.NewTextHandler(log, nil)),
+		Projector: projector.Options{Poll: 50 * time.Millisecond, Verify: 200 * time.Millisecond}})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		require.NoError(t, st.Stop())
+		require.NoError(t, db.Close())
+		if t.Failed() {
+			t.Log(log.String())
+		}
+	})
+	h.waitCaughtUp(st)
+
+	ctx := context.Background()
+	held := make(chan string, 8)
+	seat.SetHeldReset(st, func(bucket string) { held <- bucket })
+	hookErr := make(chan error, 1)
+	var once sync.Once
+	seat.SetBeforeSwap(st, func(*projector.Projector) {
+		once.Do(func() {
+			hookErr <- func() error {
+				if err := h.js.DeleteKeyValue(ctx, provisioner.BucketNeeds); err != nil {
+					return err
+				}
+				if _, err := h.js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: provisioner.BucketNeeds, History: 8}); err != nil {
+					return err
+				}
+				h.load([]fixtures.Op{{Bucket: provisioner.BucketNeeds, Key: "n-again.mod.config.k", Op: provisioner.OpPut, Value: []byte{0x01}}})
+				select {
+				case b := <-held:
+					if b != provisioner.BucketNeeds {
+						return fmt.Errorf("reset of %s, not of the needs", b)
+					}
+					return nil
+				case <-time.After(20 * time.Second):
+					return errors.New("the rebuild's projector did not report the needs stream created again")
+				}
+			}()
+		})
+	})
+
+	// The rebuild's cause: the applied bucket created again.
+	require.NoError(t, h.js.DeleteKeyValue(ctx, provisioner.BucketApplied))
+	_, err = h.js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: provisioner.BucketApplied, History: 8})
+	require.NoError(t, err)
+	h.load([]fixtures.Op{{Bucket: provisioner.BucketApplied, Key: "n-again.mod", Op: provisioner.OpPut, Value: []byte{0x01}}})
+
+	select {
+	case err := <-hookErr:
+		require.NoError(t, err)
+	case <-time.After(60 * time.Second):
+		t.Fatal("the rebuild did not come to its swap")
+	}
+	// Another rebuild reads the needs stream as it is now.
+	natstest.CheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
+		if n := st.Rebuilds(); n < 2 {
+			return fmt.Errorf("%d rebuilds swapped in", n)
+		}
+		return nil
+	})
+	h.waitCaughtUp(st)
+	h.checkAll()
+}
