@@ -624,13 +624,19 @@ func TestReplay_QuestionBucketsAnswerAsEveryBucket(t *testing.T) {
 	ops = append(ops,
 		fixtures.Op{Bucket: provisioner.BucketNeeds, Key: "n-x.mod." + first.Kind + ".a", Op: provisioner.OpPut, Value: []byte{0x01}},
 		fixtures.Op{Bucket: provisioner.BucketNeeds, Key: "n-x.mod." + first.Kind + ".c", Op: provisioner.OpPut, Value: []byte{0x03}},
-		fixtures.Op{Bucket: provisioner.BucketRegistry, Key: first.Kind, Op: provisioner.OpPut, Value: first.Value()},
-		fixtures.Op{Bucket: provisioner.BucketNeeds, Key: "n-x.mod." + first.Kind + ".b", Op: provisioner.OpPut, Value: []byte{0x02}},
-		fixtures.Op{Bucket: provisioner.BucketNeeds, Key: "n-x.mod." + first.Kind + ".a", Op: provisioner.OpDelete},
-		fixtures.Op{Bucket: provisioner.BucketApplied, Key: "n-x.mod", Op: provisioner.OpPut, Value: []byte{0x01}},
-		fixtures.Op{Bucket: provisioner.BucketApplied, Key: "n-x.mod", Op: provisioner.OpPurge},
 	)
-	require.NoError(t, fixtures.Load(ctx, js, ops, 0, nil))
+	// Loaded one after the other: the registry's write comes after those needs and before the next.
+	for _, batch := range [][]fixtures.Op{ops,
+		{{Bucket: provisioner.BucketRegistry, Key: first.Kind, Op: provisioner.OpPut, Value: first.Value()}},
+		{
+			{Bucket: provisioner.BucketNeeds, Key: "n-x.mod." + first.Kind + ".b", Op: provisioner.OpPut, Value: []byte{0x02}},
+			{Bucket: provisioner.BucketNeeds, Key: "n-x.mod." + first.Kind + ".a", Op: provisioner.OpDelete},
+			{Bucket: provisioner.BucketApplied, Key: "n-x.mod", Op: provisioner.OpPut, Value: []byte{0x01}},
+			{Bucket: provisioner.BucketApplied, Key: "n-x.mod", Op: provisioner.OpPurge},
+		},
+	} {
+		require.NoError(t, fixtures.Load(ctx, js, batch, 0, nil))
+	}
 	archive := filepath.Join(t.TempDir(), "a.mph")
 	code, _, stderr := run(t, "export", "--nats", url, "--out", archive)
 	require.Equal(t, 0, code, stderr)
