@@ -28,10 +28,21 @@ type Log struct {
 	anomalies anomalyCache
 	// plans keeps the plans' inputs as of the last point Ask answered plans at (plans.go).
 	plans keptPlans
+	// asking is held for reading by each Ask and for writing by Close: Close waits for the Asks
+	// under way, which would otherwise read a closed store (pebble panics), and Asks after it
+	// return store.ErrClosed.
+	asking sync.RWMutex
+	closed bool
 }
 
 // Close closes the store and removes the copy or temporary store.
 func (l *Log) Close() error {
+	l.asking.Lock()
+	defer l.asking.Unlock()
+	if l.closed {
+		return nil
+	}
+	l.closed = true
 	l.plans.close()
 	err := l.DB.Close()
 	if l.dir != "" {

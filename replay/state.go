@@ -24,6 +24,11 @@ func (l *Log) Ask(body []byte) ([]byte, error) {
 	if r.At == "" {
 		return nil, query.BadRequest("replay answers as of a point: at is required")
 	}
+	l.asking.RLock()
+	defer l.asking.RUnlock()
+	if l.closed {
+		return nil, store.ErrClosed
+	}
 	v, err := l.DB.View()
 	if err != nil {
 		return nil, err

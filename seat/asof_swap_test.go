@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nats.go/micro"
 	"github.com/stretchr/testify/require"
@@ -267,6 +268,154 @@ func TestSeat_RebuildSwapDoesNotWaitWhereGoingBackIsRight(t *testing.T) {
 	awaitRebuilt(t, st)
 	// A purged bucket's as_of stays 0 until its next write.
 	h.load([]fixtures.Op{{Bucket: provisioner.BucketNeeds, Key: "n-again.mod.config.k", Op: provisioner.OpPut, Value: []byte{0x01}}})
+	h.waitCaughtUp(st)
+	h.checkAll()
+}
+
+// TestSeat_RebuildSwapDoesNotWaitForARemovedTail: a bucket whose stream's last messages were removed
+// after the replaced projector applied them (a per-message TTL and its marker expired, or an operator
+// removed them) holds nothing the new store can read up to the replaced one's position: the rebuild's
+// store stops at the newest message left. With a swap wait of an hour the rebuild still swaps in, and
+// the bucket answers as it is. (The swap used to wait for that removed tail: every rebuild of such a
+// mesh stalled for the whole bound.)
+func TestSeat_RebuildSwapDoesNotWaitForARemovedTail(t *testing.T) {
+	h := newHarness(t)
+	h.load(testMesh.Ops())
+	log := &lockedBuffer{}
+	nc, js := natstest.Connect(t, h.url)
+	db, err := store.OpenState(t.TempDir(), store.Options{})
+	require.NoError(t, err)
+	st, err := seat.Start(context.Background(), nc, js, db, seat.Config{WriteRegistry: true,
+		Logger:    slog.New(slog.NewTextHandler(log, nil)),
+		Projector: projector.Options{Poll: 50 * time.Millisecond, Verify: 200 * time.Millisecond}})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		require.NoError(t, st.Stop())
+		require.NoError(t, db.Close())
+		if t.Failed() {
+			t.Log(log.String())
+		}
+	})
+	seat.SetSwapWait(st, time.Hour)
+	h.waitCaughtUp(st)
+
+	ctx := context.Background()
+	stream, err := h.js.Stream(ctx, provisioner.StreamName(provisioner.BucketNeeds))
+	require.NoError(t, err)
+	cfg := stream.CachedInfo().Config
+	cfg.AllowMsgTTL, cfg.SubjectDeleteMarkerTTL = true, time.Second
+	_, err = h.js.UpdateStream(ctx, cfg)
+	require.NoError(t, err)
+	for _, k := range []string{"n-tail.mod.config.a", "n-tail.mod.config.b"} {
+		msg := nats.NewMsg(provisioner.SubjectPrefix(provisioner.BucketNeeds) + k)
+		msg.Data = []byte{0x01}
+		msg.Header.Set("Nats-TTL", "1s")
+		_, err := h.js.PublishMsg(ctx, msg)
+		require.NoError(t, err)
+	}
+	// Each expires, its marker comes, and the markers expire too: the stream's last messages are gone.
+	natstest.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error {
+		info, err := stream.Info(ctx)
+		if err != nil {
+			return err
+		}
+		if _, err := stream.GetMsg(ctx, info.State.LastSeq); !errors.Is(err, jetstream.ErrMsgNotFound) {
+			return fmt.Errorf("the stream still holds its last message %d (%v)", info.State.LastSeq, err)
+		}
+		if info.State.Msgs == 0 {
+			return errors.New("the stream holds nothing: not the case here")
+		}
+		if have, _ := st.Store().Applied(provisioner.BucketNeeds); have < info.State.LastSeq {
+			return fmt.Errorf("the replaced store applied %d of %d", have, info.State.LastSeq)
+		}
+		return nil
+	})
+	before, _ := st.Store().Applied(provisioner.BucketNeeds)
+
+	// The rebuild's cause: the applied bucket created again.
+	require.NoError(t, h.js.DeleteKeyValue(ctx, provisioner.BucketApplied))
+	_, err = h.js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: provisioner.BucketApplied, History: 8})
+	require.NoError(t, err)
+	h.load([]fixtures.Op{{Bucket: provisioner.BucketApplied, Key: "n-again.mod", Op: provisioner.OpPut, Value: []byte{0x01}}})
+
+	awaitRebuilt(t, st)
+	have, _ := st.Store().Applied(provisioner.BucketNeeds)
+	require.Less(t, have, before, "the rebuilt store stops at the newest message left")
+}
+
+// TestSeat_ResetDuringTheSwapWaitIsNotLost: a stream created again after the rebuild caught up and
+// before its swap (during the swap's wait, up to 5 s) is reported by the rebuild's projector, whose
+// consumer of that bucket then stops. The report used to be dropped: the rebuilt store was swapped in
+// with the bucket marked synced, at the old stream's position, and answered the deleted stream's rows
+// for good. Now the swap carries it over: the bucket answers unsynced, and another rebuild reads the
+// new stream.
+func TestSeat_ResetDuringTheSwapWaitIsNotLost(t *testing.T) {
+	h := newHarness(t)
+	h.load(testMesh.Ops())
+	nc, js := natstest.Connect(t, h.url)
+	db, err := store.OpenState(t.TempDir(), store.Options{})
+	require.NoError(t, err)
+	log := &lockedBuffer{}
+	st, err := seat.Start(context.Background(), nc, js, db, seat.Config{WriteRegistry: true,
+		Logger:    slog.New(slog.NewTextHandler(log, nil)),
+		Projector: projector.Options{Poll: 50 * time.Millisecond, Verify: 200 * time.Millisecond}})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		require.NoError(t, st.Stop())
+		require.NoError(t, db.Close())
+		if t.Failed() {
+			t.Log(log.String())
+		}
+	})
+	h.waitCaughtUp(st)
+
+	ctx := context.Background()
+	held := make(chan string, 8)
+	seat.SetHeldReset(st, func(bucket string) { held <- bucket })
+	hookErr := make(chan error, 1)
+	var once sync.Once
+	seat.SetBeforeSwap(st, func(*projector.Projector) {
+		once.Do(func() {
+			hookErr <- func() error {
+				if err := h.js.DeleteKeyValue(ctx, provisioner.BucketNeeds); err != nil {
+					return err
+				}
+				if _, err := h.js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: provisioner.BucketNeeds, History: 8}); err != nil {
+					return err
+				}
+				h.load([]fixtures.Op{{Bucket: provisioner.BucketNeeds, Key: "n-again.mod.config.k", Op: provisioner.OpPut, Value: []byte{0x01}}})
+				select {
+				case b := <-held:
+					if b != provisioner.BucketNeeds {
+						return fmt.Errorf("reset of %s, not of the needs", b)
+					}
+					return nil
+				case <-time.After(20 * time.Second):
+					return errors.New("the rebuild's projector did not report the needs stream created again")
+				}
+			}()
+		})
+	})
+
+	// The rebuild's cause: the applied bucket created again.
+	require.NoError(t, h.js.DeleteKeyValue(ctx, provisioner.BucketApplied))
+	_, err = h.js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: provisioner.BucketApplied, History: 8})
+	require.NoError(t, err)
+	h.load([]fixtures.Op{{Bucket: provisioner.BucketApplied, Key: "n-again.mod", Op: provisioner.OpPut, Value: []byte{0x01}}})
+
+	select {
+	case err := <-hookErr:
+		require.NoError(t, err)
+	case <-time.After(60 * time.Second):
+		t.Fatal("the rebuild did not come to its swap")
+	}
+	// Another rebuild reads the needs stream as it is now.
+	natstest.CheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
+		if n := st.Rebuilds(); n < 2 {
+			return fmt.Errorf("%d rebuilds swapped in", n)
+		}
+		return nil
+	})
 	h.waitCaughtUp(st)
 	h.checkAll()
 }

@@ -42,3 +42,11 @@ func SetSwapWait(s *Seat, d time.Duration) {
 	defer s.mu.Unlock()
 	s.swapWait = d
 }
+
+// SetHeldReset has fn called as a rebuild's projector reports, after the rebuild caught up and before
+// its swap, that a bucket cannot be resumed.
+func SetHeldReset(s *Seat, fn func(bucket string)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.heldReset = fn
+}

@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"sync/atomic"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -155,14 +155,30 @@ func (s *Seat) rebuildOnce(ctx context.Context) error {
 		os.RemoveAll(gen)
 	}
 
-	// Until the swap, a reset of the new projector restarts the rebuild; after it, it is the seat's.
-	var swapped atomic.Bool
+	// Until the swap, a reset of the new projector restarts the rebuild; after it, it is the seat's. One
+	// reported once the rebuild has caught up (during the swap's wait) is held, and carried over at the
+	// swap: the bucket's consumer is gone, and dropped it would be answered synced and stale for good.
+	var (
+		resetMu sync.Mutex
+		swapped bool
+		held    []heldReset
+	)
 	resets := make(chan error, 1)
+	s.mu.Lock()
+	heldHook := s.heldReset
+	s.mu.Unlock()
 	p := projector.New(s.js, ndb, s.projectorOptions(ndb, func(bucket string, reason error) {
-		if swapped.Load() {
+		resetMu.Lock()
+		if swapped {
+			resetMu.Unlock()
 			ndb.SetSynced(bucket, false)
 			s.requestRebuild(bucket, reason)
 			return
+		}
+		held = append(held, heldReset{bucket, reason})
+		resetMu.Unlock()
+		if heldHook != nil {
+			heldHook(bucket)
 		}
 		select {
 		case resets <- fmt.Errorf("%s: %w", bucket, reason):
@@ -214,6 +230,11 @@ func (s *Seat) rebuildOnce(ctx context.Context) error {
 	if oldRet != nil {
 		oldRet.Stop()
 	}
+	// Resets the old projector reported while this ran are covered by it; it reports no more.
+	select {
+	case <-s.rebuildCh:
+	default:
+	}
 	if wait <= 0 {
 		wait = DefaultSwapWait
 	}
@@ -224,8 +245,17 @@ func (s *Seat) rebuildOnce(ctx context.Context) error {
 	if beforeSwap != nil {
 		beforeSwap(p)
 	}
+	resetMu.Lock()
+	swapped = true
+	late := held
+	resetMu.Unlock()
+	for _, r := range late {
+		ndb.SetSynced(r.bucket, false)
+	}
 	s.reader.swap(ndb)
-	swapped.Store(true)
+	for _, r := range late {
+		s.requestRebuild(r.bucket, r.reason)
+	}
 	swapErr := store.SwapIn(old, ndb)
 	s.mu.Lock()
 	s.appliedBefore += oldProj.Applied()
@@ -233,11 +263,6 @@ func (s *Seat) rebuildOnce(ctx context.Context) error {
 	s.retention = s.startRetention(ndb)
 	s.rebuilds++
 	s.mu.Unlock()
-	// Resets the old projector reported while this ran are covered by it.
-	select {
-	case <-s.rebuildCh:
-	default:
-	}
 	if swapErr != nil {
 		// The new store answers; CURRENT still names the old generation, which the next start opens
 		// and finds out of date again.
@@ -246,6 +271,12 @@ func (s *Seat) rebuildOnce(ctx context.Context) error {
 	}
 	s.log.Info("rebuild swapped in", "generation", gen, "messages", p.Applied(), "took", time.Since(start).Round(time.Millisecond))
 	return nil
+}
+
+// heldReset is a reset a rebuild's projector reported after its catch-up, carried over at the swap.
+type heldReset struct {
+	bucket string
+	reason error
 }
 
 // projectionCaughtUp reports whether a projector's store has caught up with every stream: the streams

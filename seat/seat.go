@@ -100,6 +100,7 @@ type Seat struct {
 
 	beforeSwap func(next *projector.Projector)               // tests: called as a rebuild has stopped the old projector
 	atCaughtUp func(next *projector.Projector, db *store.DB) // tests: called as a rebuild has caught up, before the old projector stops
+	heldReset  func(bucket string)                           // tests: called as a rebuild's projector reports a reset that its swap must carry over
 	swapWait   time.Duration                                 // tests: the swap's wait for the new store (swapwait.go); 0: DefaultSwapWait
 }
 

@@ -2,6 +2,7 @@ package seat
 
 import (
 	"context"
+	"errors"
 	"sort"
 	"time"
 
@@ -28,6 +29,8 @@ const DefaultSwapWait = 5 * time.Second
 type swapTarget struct {
 	bucket string
 	cp     store.Checkpoint
+	stream jetstream.Stream // looked up at the first probe (leftToRead)
+	probed uint64           // the new store's position at the last probe, +1 (0: never probed)
 }
 
 // swapTargets lists the buckets whose new store is behind what the replaced store applied, and that
@@ -81,9 +84,11 @@ func (s *Seat) awaitSwap(ctx context.Context, old, ndb *store.DB, next *projecto
 			if i, _, ok := s.streams.Info(provisioner.StreamName(t.bucket)); ok {
 				info = i
 			}
-			if !reached(t.cp, ndb.Checkpoint(t.bucket), info) {
-				kept = append(kept, t)
+			cur := ndb.Checkpoint(t.bucket)
+			if reached(t.cp, cur, info) || !s.leftToRead(ctx, &t, cur.Applied) {
+				continue
 			}
+			kept = append(kept, t)
 		}
 		return kept
 	}
@@ -114,4 +119,38 @@ func (s *Seat) awaitSwap(ctx context.Context, old, ndb *store.DB, next *projecto
 	}
 	sort.Strings(names)
 	return names
+}
+
+// leftToRead reports whether the bucket's stream still holds a message after the new store's position
+// cur and up to the replaced store's: messages at a stream's end may have been removed since the
+// replaced projector applied them (a per-message TTL and its delete marker expired; a message deleted),
+// and the new projector, synced at the newest one left, will never read past it: waiting for the
+// removed ones stalled every such rebuild for the whole bound. Sequences up to the old position are
+// all written already, so once nothing is left there, nothing comes; the stream is asked again only
+// when the new store has moved. The stream asked is the one the new projector reads, whichever it is
+// (one created again, or a checkpoint of an old store without its creation time): what it holds past
+// the new position is what the new store would still read. A probe that fails says there may be
+// something left.
+func (s *Seat) leftToRead(ctx context.Context, t *swapTarget, cur uint64) bool {
+	if t.probed == cur+1 {
+		return true
+	}
+	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if t.stream == nil {
+		st, err := s.js.Stream(pctx, provisioner.StreamName(t.bucket))
+		if err != nil {
+			return true
+		}
+		t.stream = st
+	}
+	msg, err := t.stream.GetMsg(pctx, cur+1, jetstream.WithGetMsgSubject(">"))
+	switch {
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		return false
+	case err != nil:
+		return true
+	}
+	t.probed = cur + 1
+	return msg.Sequence <= t.cp.Applied
 }
