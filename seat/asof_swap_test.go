@@ -158,6 +158,29 @@ func awaitCatchUp(t *testing.T, at <-chan atCatchUp) atCatchUp {
 	}
 }
 
+// startVerifyingSeat starts a seat over the harness's server, its projector checking the streams
+// every 200 ms (a purge or a recreated stream is found, and rebuilt for, at once), its log kept; it
+// stops when the test ends, and the log is printed if the test failed.
+func (h *harness) startVerifyingSeat() (*seat.Seat, *lockedBuffer) {
+	t := h.t
+	log := &lockedBuffer{}
+	nc, js := natstest.Connect(t, h.url)
+	db, err := store.OpenState(t.TempDir(), store.Options{})
+	require.NoError(t, err)
+	st, err := seat.Start(context.Background(), nc, js, db, seat.Config{WriteRegistry: true,
+		Logger:    slog.New(slog.NewTextHandler(log, nil)),
+		Projector: projector.Options{Poll: 50 * time.Millisecond, Verify: 200 * time.Millisecond}})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		require.NoError(t, st.Stop())
+		require.NoError(t, db.Close())
+		if t.Failed() {
+			t.Log(log.String())
+		}
+	})
+	return st, log
+}
+
 func awaitRebuilt(t *testing.T, st *seat.Seat) {
 	t.Helper()
 	natstest.CheckFor(t, 20*time.Second, time.Millisecond, func() error {
@@ -236,21 +259,7 @@ func TestSeat_RebuildSwapWaitIsBounded(t *testing.T) {
 func TestSeat_RebuildSwapDoesNotWaitWhereGoingBackIsRight(t *testing.T) {
 	h := newHarness(t)
 	h.load(testMesh.Ops())
-	log := &lockedBuffer{}
-	nc, js := natstest.Connect(t, h.url)
-	db, err := store.OpenState(t.TempDir(), store.Options{})
-	require.NoError(t, err)
-	st, err := seat.Start(context.Background(), nc, js, db, seat.Config{WriteRegistry: true,
-		Logger:    slog.New(slog.NewTextHandler(log, nil)),
-		Projector: projector.Options{Poll: 50 * time.Millisecond, Verify: 200 * time.Millisecond}})
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		require.NoError(t, st.Stop())
-		require.NoError(t, db.Close())
-		if t.Failed() {
-			t.Log(log.String())
-		}
-	})
+	st, _ := h.startVerifyingSeat()
 	seat.SetSwapWait(st, time.Hour)
 	h.waitCaughtUp(st)
 	before, _ := st.Store().Applied(provisioner.BucketApplied)
@@ -281,21 +290,7 @@ func TestSeat_RebuildSwapDoesNotWaitWhereGoingBackIsRight(t *testing.T) {
 func TestSeat_RebuildSwapDoesNotWaitForARemovedTail(t *testing.T) {
 	h := newHarness(t)
 	h.load(testMesh.Ops())
-	log := &lockedBuffer{}
-	nc, js := natstest.Connect(t, h.url)
-	db, err := store.OpenState(t.TempDir(), store.Options{})
-	require.NoError(t, err)
-	st, err := seat.Start(context.Background(), nc, js, db, seat.Config{WriteRegistry: true,
-		Logger:    slog.New(slog.NewTextHandler(log, nil)),
-		Projector: projector.Options{Poll: 50 * time.Millisecond, Verify: 200 * time.Millisecond}})
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		require.NoError(t, st.Stop())
-		require.NoError(t, db.Close())
-		if t.Failed() {
-			t.Log(log.String())
-		}
-	})
+	st, _ := h.startVerifyingSeat()
 	seat.SetSwapWait(st, time.Hour)
 	h.waitCaughtUp(st)
 
@@ -352,21 +347,7 @@ func TestSeat_RebuildSwapDoesNotWaitForARemovedTail(t *testing.T) {
 func TestSeat_ResetDuringTheSwapWaitIsNotLost(t *testing.T) {
 	h := newHarness(t)
 	h.load(testMesh.Ops())
-	nc, js := natstest.Connect(t, h.url)
-	db, err := store.OpenState(t.TempDir(), store.Options{})
-	require.NoError(t, err)
-	log := &lockedBuffer{}
-	st, err := seat.Start(context.Background(), nc, js, db, seat.Config{WriteRegistry: true,
-		Logger:    slog.New(slog.NewTextHandler(log, nil)),
-		Projector: projector.Options{Poll: 50 * time.Millisecond, Verify: 200 * time.Millisecond}})
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		require.NoError(t, st.Stop())
-		require.NoError(t, db.Close())
-		if t.Failed() {
-			t.Log(log.String())
-		}
-	})
+	st, _ := h.startVerifyingSeat()
 	h.waitCaughtUp(st)
 
 	ctx := context.Background()
@@ -399,7 +380,7 @@ func TestSeat_ResetDuringTheSwapWaitIsNotLost(t *testing.T) {
 
 	// The rebuild's cause: the applied bucket created again.
 	require.NoError(t, h.js.DeleteKeyValue(ctx, provisioner.BucketApplied))
-	_, err = h.js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: provisioner.BucketApplied, History: 8})
+	_, err := h.js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: provisioner.BucketApplied, History: 8})
 	require.NoError(t, err)
 	h.load([]fixtures.Op{{Bucket: provisioner.BucketApplied, Key: "n-again.mod", Op: provisioner.OpPut, Value: []byte{0x01}}})
 
