@@ -238,9 +238,11 @@ func (s *Seat) rebuildOnce(ctx context.Context) error {
 	if wait <= 0 {
 		wait = DefaultSwapWait
 	}
+	waitStart := time.Now()
 	if behind := s.awaitSwap(ctx, old, ndb, p, wait); len(behind) > 0 {
+		// waited is how long it did wait: the bound, or less when the seat stopped meanwhile.
 		s.log.Warn("rebuild swapped in behind the replaced projection: answers of these buckets may carry an older as_of until the new projector reads on",
-			"buckets", len(behind), "first", behind[:min(len(behind), 10)], "waited", wait)
+			"buckets", len(behind), "first", behind[:min(len(behind), 10)], "waited", time.Since(waitStart).Round(time.Millisecond))
 	}
 	if beforeSwap != nil {
 		beforeSwap(p)
