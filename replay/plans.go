@@ -3,6 +3,7 @@ package replay
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"os"
 	"slices"
@@ -153,7 +154,8 @@ type keptEntry struct {
 }
 
 // get returns the entry of key, filling it with fill unless it is kept or being filled; the caller
-// releases it once answered.
+// releases it once answered. A fill runs under the context of the answer that started it: when that
+// context ends the fill fails, and an answer waiting on it whose own context is live fills it again.
 func (k *keptPlans) get(ctx context.Context, key plansKey, fill func() (*plansAt, error)) (*keptEntry, error) {
 	k.mu.Lock()
 	for i, e := range k.entries {
@@ -172,6 +174,11 @@ func (k *keptPlans) get(ctx context.Context, key plansKey, fill func() (*plansAt
 		}
 		if e.err != nil {
 			k.release(e)
+			if ctx.Err() == nil && (errors.Is(e.err, context.Canceled) || errors.Is(e.err, context.DeadlineExceeded)) {
+				// The fill was stopped by the context of the answer that started it, not this one's:
+				// the failed entry is out of entries, so this answer fills the store itself.
+				return k.get(ctx, key, fill)
+			}
 			return nil, e.err
 		}
 		return e, nil
