@@ -211,10 +211,13 @@ func (k *keptPlans) get(ctx context.Context, key plansKey, fill func() (*plansAt
 }
 
 // evictLocked takes the least recently used entries past max out, and returns those to remove now.
-func (k *keptPlans) evictLocked() []*keptEntry {
-	max := max(k.max, 1)
+func (k *keptPlans) evictLocked() []*keptEntry { return k.keepLocked(max(k.max, 1)) }
+
+// keepLocked takes every entry past the n most recently used out, and returns those no answer reads,
+// to remove now; the others are removed as their answers end (release).
+func (k *keptPlans) keepLocked(n int) []*keptEntry {
 	var drop []*keptEntry
-	for len(k.entries) > max {
+	for len(k.entries) > n {
 		e := k.entries[len(k.entries)-1]
 		k.entries = k.entries[:len(k.entries)-1]
 		e.evicted = true
@@ -249,14 +252,7 @@ func (k *keptPlans) release(e *keptEntry) {
 func (k *keptPlans) close() {
 	k.mu.Lock()
 	k.closed = true
-	var drop []*keptEntry
-	for _, e := range k.entries {
-		e.evicted = true
-		if e.refs == 0 {
-			drop = append(drop, e)
-		}
-	}
-	k.entries = nil
+	drop := k.keepLocked(0)
 	k.mu.Unlock()
 	removeAll(drop)
 }
