@@ -633,10 +633,9 @@ func FromArchiveBuckets(ctx context.Context, path string, buckets []string, prog
 			return fail(fmt.Errorf("archive %s: forgotten bucket %q is not a composed-<node> bucket", path, f.Bucket))
 		}
 	}
-	wanted := func(bucket string) bool { return buckets == nil || slices.Contains(buckets, bucket) }
-	keep := make([]bool, len(h.Buckets))
+	keep := make([]bool, len(h.Buckets)) // by the records' bucket index: read into the store, or past
 	for i, b := range h.Buckets {
-		keep[i] = wanted(b.Name)
+		keep[i] = buckets == nil || slices.Contains(buckets, b.Name)
 	}
 	batch := make([]provisioner.Message, 0, 4096)
 	cur := -1
@@ -712,8 +711,8 @@ func FromArchiveBuckets(ctx context.Context, path string, buckets []string, prog
 	if err := flush(); err != nil {
 		return fail(err)
 	}
-	for _, b := range h.Buckets {
-		if !wanted(b.Name) {
+	for i, b := range h.Buckets {
+		if !keep[i] {
 			continue
 		}
 		if b.Messages == 0 && !b.StreamCreated.IsZero() {
