@@ -92,10 +92,12 @@ func (f *natsFlags) connect(url, name string, log *slog.Logger) (*nats.Conn, err
 				pe := f.permissionError(err)
 				f.deny(pe)
 				if pe != nil {
-					if repeated, ok := violations.say(pe.op+" "+pe.grant, time.Now()); ok && repeated > 0 {
-						log.Warn("NATS error", "subject", pe.subject, "err", pe, "repeated", repeated)
-					} else if ok {
-						log.Warn("NATS error", "subject", pe.subject, "err", pe)
+					if repeated, ok := violations.say(pe.op+" "+pe.grant, time.Now()); ok {
+						args := []any{"subject", pe.subject, "err", pe}
+						if repeated > 0 {
+							args = append(args, "repeated", repeated)
+						}
+						log.Warn("NATS error", args...)
 					}
 					return
 				}
