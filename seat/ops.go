@@ -76,7 +76,7 @@ type BucketStats struct {
 // Stats reads where every bucket's projection stands.
 func (s *Seat) Stats() Stats {
 	db := s.Store()
-	st := Stats{Schema: s.Store().Schema(), MessagesApplied: s.MessagesApplied(), Buckets: map[string]BucketStats{},
+	st := Stats{Schema: db.Schema(), MessagesApplied: s.MessagesApplied(), Buckets: map[string]BucketStats{},
 		AnswersByCode: s.Server.Answered(), BucketsParked: s.BucketsParked()}
 	st.Synced = len(s.Unsynced()) == 0
 	buckets := db.Buckets()
