@@ -1,12 +1,10 @@
 package projector_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,24 +16,6 @@ import (
 	"github.com/novox/mesh-provisioner/internal/natstest"
 	"github.com/novox/mesh-provisioner/projector"
 )
-
-// lockedBuffer is a log destination the projector's goroutines write to while the test reads it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // TestProjector_SaysAWholeStreamRollupOnAnAddedSubject: a Nats-Rollup: all on a subject added to a
 // bucket's stream empties the bucket (docs/decisions.md). The projector said only, once per tail and
@@ -68,7 +48,7 @@ func TestProjector_SaysAWholeStreamRollupOnAnAddedSubject(t *testing.T) {
 	}
 	plain := publish("extra.plain", "")
 
-	var logs lockedBuffer
+	var logs natstest.LogBuffer
 	cctx, cancel := context.WithCancel(context.Background())
 	_, db := startWithListing(t, cctx, cancel, js, time.Second, projector.Options{Buckets: []string{b},
 		Logger: slog.New(slog.NewTextHandler(&logs, nil))})

@@ -363,24 +363,6 @@ func TestWriter_TwoWritersConverge(t *testing.T) {
 	}
 }
 
-// syncBuffer is a log sink the writer's goroutine and the test share.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) count(substr string) int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return strings.Count(s.b.String(), substr)
-}
-
 func TestWriter_FailedPassRetriesAndLogsOnce(t *testing.T) {
 	ns := natstest.RunServer(t)
 	_, js := natstest.Connect(t, ns.ClientURL())
@@ -390,7 +372,7 @@ func TestWriter_FailedPassRetriesAndLogsOnce(t *testing.T) {
 		Subjects: []string{provisioner.SubjectPrefix(provisioner.BucketRegistry) + ">"}})
 	require.NoError(t, err)
 
-	var logs syncBuffer
+	var logs natstest.LogBuffer
 	w := registry.New(js, provisioner.Registry, interval, slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo})))
 	registry.SetRetry(w, time.Millisecond, 10*time.Millisecond)
 	w.Start(ctx)
@@ -407,8 +389,8 @@ func TestWriter_FailedPassRetriesAndLogsOnce(t *testing.T) {
 	require.NoError(t, js.DeleteStream(ctx, provisioner.StreamName(provisioner.BucketRegistry)))
 	waitPasses(t, w, 1)
 	require.NoError(t, equalsContract(t, js))
-	require.Equal(t, 1, logs.count("registry pass failed; retrying with backoff"), logs.b.String())
-	require.Equal(t, 1, logs.count("registry pass recovered"), logs.b.String())
+	require.Equal(t, 1, strings.Count(logs.String(), "registry pass failed; retrying with backoff"), logs.String())
+	require.Equal(t, 1, strings.Count(logs.String(), "registry pass recovered"), logs.String())
 }
 
 // TestWriter_StopsDuringAPass checks that Stop returns while a pass waits on NATS: here the server is
@@ -590,12 +572,12 @@ func TestWriter_LogNamesWhatAPassChanged(t *testing.T) {
 	ns := natstest.RunServer(t)
 	_, js := natstest.Connect(t, ns.ClientURL())
 	ctx := context.Background()
-	var logs syncBuffer
+	var logs natstest.LogBuffer
 	w := registry.New(js, provisioner.Registry, time.Hour, slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo})))
 	_, err := w.Pass(ctx)
 	require.NoError(t, err)
-	require.Equal(t, 1, logs.count("msg=\"registry written\""), logs.b.String())
-	require.Equal(t, 1, logs.count("changed=\"access bound collected config"), logs.b.String())
+	require.Equal(t, 1, strings.Count(logs.String(), "msg=\"registry written\""), logs.String())
+	require.Equal(t, 1, strings.Count(logs.String(), "changed=\"access bound collected config"), logs.String())
 	kv, err := js.KeyValue(ctx, provisioner.BucketRegistry)
 	require.NoError(t, err)
 	require.NoError(t, kv.Delete(ctx, "secret"))
@@ -603,8 +585,8 @@ func TestWriter_LogNamesWhatAPassChanged(t *testing.T) {
 	require.NoError(t, err)
 	_, err = w.Pass(ctx)
 	require.NoError(t, err)
-	require.Equal(t, 1, logs.count(`changed="secret -gadget"`), logs.b.String())
+	require.Equal(t, 1, strings.Count(logs.String(), `changed="secret -gadget"`), logs.String())
 	_, err = w.Pass(ctx)
 	require.NoError(t, err)
-	require.Equal(t, 2, logs.count("msg=\"registry written\""), "a pass that writes nothing says nothing")
+	require.Equal(t, 2, strings.Count(logs.String(), "msg=\"registry written\""), "a pass that writes nothing says nothing")
 }

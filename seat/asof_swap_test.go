@@ -1,7 +1,6 @@
 package seat_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -27,28 +26,10 @@ import (
 	"github.com/novox/mesh-provisioner/store"
 )
 
-// lockedBuffer is a log the seat writes from its goroutines while the test reads it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // startParkingPlansSeat starts a seat with plans whose idle composed-<node> buckets park at once and
 // whose streams are listed once an hour: a parked bucket then reads a new message only when it is
 // woken. The seat logs into log.
-func (h *harness) startParkingPlansSeat(log *lockedBuffer) *seat.Seat {
+func (h *harness) startParkingPlansSeat(log *natstest.LogBuffer) *seat.Seat {
 	h.t.Helper()
 	nc, js := natstest.Connect(h.t, h.url)
 	db, err := store.OpenState(h.t.TempDir(), store.Options{})
@@ -161,9 +142,9 @@ func awaitCatchUp(t *testing.T, at <-chan atCatchUp) atCatchUp {
 // startVerifyingSeat starts a seat over the harness's server, its projector checking the streams
 // every 200 ms (a purge or a recreated stream is found, and rebuilt for, at once), its log kept; it
 // stops when the test ends, and the log is printed if the test failed.
-func (h *harness) startVerifyingSeat() (*seat.Seat, *lockedBuffer) {
+func (h *harness) startVerifyingSeat() (*seat.Seat, *natstest.LogBuffer) {
 	t := h.t
-	log := &lockedBuffer{}
+	log := &natstest.LogBuffer{}
 	nc, js := natstest.Connect(t, h.url)
 	db, err := store.OpenState(t.TempDir(), store.Options{})
 	require.NoError(t, err)
@@ -202,7 +183,7 @@ func TestSeat_AsOfNeverGoesBackAcrossARebuildSwap(t *testing.T) {
 	h := newHarness(t)
 	sc := fixtures.Plans()
 	h.load(sc.Before)
-	st := h.startParkingPlansSeat(&lockedBuffer{})
+	st := h.startParkingPlansSeat(&natstest.LogBuffer{})
 	h.waitPlansCaughtUp(st)
 	const node = "edge-1"
 	at := h.writeBehindTheRebuild(st, node, nil)
@@ -227,7 +208,7 @@ func TestSeat_RebuildSwapWaitIsBounded(t *testing.T) {
 	h := newHarness(t)
 	sc := fixtures.Plans()
 	h.load(sc.Before)
-	log := &lockedBuffer{}
+	log := &natstest.LogBuffer{}
 	st := h.startParkingPlansSeat(log)
 	seat.SetSwapWait(st, 200*time.Millisecond)
 	h.waitPlansCaughtUp(st)

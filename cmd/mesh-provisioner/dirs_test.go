@@ -103,9 +103,9 @@ func TestServe_SecondServeNeverSharesTheEmbeddedStore(t *testing.T) {
 		"another state dir": {filepath.Join(t.TempDir(), "state"), "--embedded-store " + nats + " is in use by another embedded server"},
 	} {
 		t.Run(name, func(t *testing.T) {
-			var errb syncBuffer
+			var errb natstest.LogBuffer
 			started := make(chan struct{})
-			cmd := &ServeCommand{Stdout: &syncBuffer{}, Stderr: &errb, started: func(string, string) { close(started) }}
+			cmd := &ServeCommand{Stdout: &natstest.LogBuffer{}, Stderr: &errb, started: func(string, string) { close(started) }}
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			done := make(chan error, 1)

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -13,31 +12,13 @@ import (
 	"github.com/novox/mesh-provisioner/internal/natstest"
 )
 
-// syncBuffer is a bytes.Buffer safe for the serve goroutine writing logs while a test reads them.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // servedSeat is `mesh-provisioner serve` running in this process, as a user runs it.
 type servedSeat struct {
 	natsURL     string
 	metricsAddr string
 	dir         string // holds state/ and nats/
-	stdout      *syncBuffer
-	stderr      *syncBuffer
+	stdout      *natstest.LogBuffer
+	stderr      *natstest.LogBuffer
 	cancel      context.CancelFunc
 	done        chan error
 }
@@ -45,7 +26,7 @@ type servedSeat struct {
 // startServe runs serve with args (plus --state and, without --nats, an embedded server on a free port
 // under dir) until stop, and waits until the seat answers.
 func startServe(dir string, args ...string) (*servedSeat, error) {
-	s := &servedSeat{dir: dir, stdout: &syncBuffer{}, stderr: &syncBuffer{}, done: make(chan error, 1)}
+	s := &servedSeat{dir: dir, stdout: &natstest.LogBuffer{}, stderr: &natstest.LogBuffer{}, done: make(chan error, 1)}
 	full := append([]string{"--state", filepath.Join(dir, "state"), "--embedded-listen", "127.0.0.1:-1",
 		"--embedded-store", filepath.Join(dir, "nats")}, args...)
 	started := make(chan struct{})
