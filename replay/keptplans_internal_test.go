@@ -32,6 +32,21 @@ func plansTmp(t *testing.T) string {
 	return dir
 }
 
+// onePlanInputs is a store of one node's plans inputs (plansMesh 1, 1, 2) whose temporary stores of
+// plans go under tmp (plansTmp), a view of it closed when the test ends, and its inputs as of 100 s.
+func onePlanInputs(t *testing.T) (tmp string, v *store.View, inputs []planInput) {
+	t.Helper()
+	tmp = plansTmp(t)
+	db := openTestStore(t)
+	plansMesh(t, db, 1, 1, 2)
+	v, err := db.View()
+	require.NoError(t, err)
+	t.Cleanup(func() { v.Close() })
+	inputs, err = resolvePlanInputs(v, "", Point{Time: time.Unix(100, 0)})
+	require.NoError(t, err)
+	return tmp, v, inputs
+}
+
 // plansDirs lists the temporary stores of plans under tmp.
 func plansDirs(t *testing.T, tmp string) []string {
 	t.Helper()
@@ -244,14 +259,7 @@ func TestHandler_PlansKeptAreEvictedAndClosed(t *testing.T) {
 // waits for the first's store), and a fill of another key is not held up by a fill under way: the lock
 // is not held across fills. The fills are stand-ins that block; the stores are real.
 func TestKeptPlans_OneFillAKeyAndKeysSideBySide(t *testing.T) {
-	tmp := plansTmp(t)
-	db := openTestStore(t)
-	plansMesh(t, db, 1, 1, 2)
-	v, err := db.View()
-	require.NoError(t, err)
-	defer v.Close()
-	inputs, err := resolvePlanInputs(v, "", Point{Time: time.Unix(100, 0)})
-	require.NoError(t, err)
+	tmp, v, inputs := onePlanInputs(t)
 	realFill := func() (*plansAt, error) { return fillPlans(context.Background(), v, inputs) }
 
 	k := &keptPlans{max: seatPlansKept}

@@ -16,14 +16,7 @@ import (
 // waiting on the fill whose own context is still live fills the store itself: it is not refused with
 // another answer's cancellation.
 func TestKeptPlans_WaiterOutlivesTheFillersContext(t *testing.T) {
-	tmp := plansTmp(t)
-	db := openTestStore(t)
-	plansMesh(t, db, 1, 1, 2)
-	v, err := db.View()
-	require.NoError(t, err)
-	defer v.Close()
-	inputs, err := resolvePlanInputs(v, "", Point{Time: time.Unix(100, 0)})
-	require.NoError(t, err)
+	tmp, v, inputs := onePlanInputs(t)
 
 	k := &keptPlans{max: seatPlansKept}
 	fillerCtx, cancel := context.WithCancel(context.Background())
@@ -70,14 +63,7 @@ func TestKeptPlans_WaiterOutlivesTheFillersContext(t *testing.T) {
 // called in the middle: no store is closed under an answer reading it (pebble would panic, or the
 // read fail), and once every answer has ended no temporary store is left.
 func TestKeptPlans_ConcurrentAnswersEvictionAndClose(t *testing.T) {
-	tmp := plansTmp(t)
-	db := openTestStore(t)
-	plansMesh(t, db, 1, 1, 2)
-	v, err := db.View()
-	require.NoError(t, err)
-	defer v.Close()
-	inputs, err := resolvePlanInputs(v, "", Point{Time: time.Unix(100, 0)})
-	require.NoError(t, err)
+	tmp, v, inputs := onePlanInputs(t)
 
 	k := &keptPlans{max: 2}
 	var wg sync.WaitGroup
