@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 	"github.com/stretchr/testify/require"
@@ -61,21 +62,29 @@ func calledFrom(fn string) bool {
 	}
 }
 
-// TestServer_CommitLooksOnlyAtTheWaitersItAnswers: docs/decisions.md (Serving), a commit wakes only the
-// requests it answers. A thousand requests wait for a sequence far ahead while ten commits each answer
-// one request waiting for exactly that sequence: every one of those is answered at its commit, the
-// thousand go on waiting, and the commits cost a few looks at the bucket, not a look per waiting
-// request per commit (each waiter used to wake at every commit of its bucket to compare).
-func TestServer_CommitLooksOnlyAtTheWaitersItAnswers(t *testing.T) {
+// lookingServer serves a store holding need 1, synced, through a lookingReader, with two workers and
+// no read-ahead, on a nats-server of its own; the caller stops it.
+func lookingServer(t *testing.T) (*store.DB, *lookingReader, *server.Server, *Server) {
+	t.Helper()
 	db := smallStore(t)
-	put := func(seq uint64) { putNeed(t, db, seq) }
-	put(1)
+	putNeed(t, db, 1)
 	db.SetSynced(provisioner.BucketNeeds, true)
 	lr := &lookingReader{Reader: StoreReader(db)}
 	ns := natstest.RunServer(t)
 	snc, _ := natstest.Connect(t, ns.ClientURL())
 	s := NewServer(lr, Options{Workers: 2, NoReadAhead: true})
 	require.NoError(t, s.Start(snc, nil))
+	return db, lr, ns, s
+}
+
+// TestServer_CommitLooksOnlyAtTheWaitersItAnswers: docs/decisions.md (Serving), a commit wakes only the
+// requests it answers. A thousand requests wait for a sequence far ahead while ten commits each answer
+// one request waiting for exactly that sequence: every one of those is answered at its commit, the
+// thousand go on waiting, and the commits cost a few looks at the bucket, not a look per waiting
+// request per commit (each waiter used to wake at every commit of its bucket to compare).
+func TestServer_CommitLooksOnlyAtTheWaitersItAnswers(t *testing.T) {
+	db, lr, ns, s := lookingServer(t)
+	put := func(seq uint64) { putNeed(t, db, seq) }
 	stopped := false
 	t.Cleanup(func() {
 		if !stopped {
@@ -143,15 +152,7 @@ func TestServer_CommitLooksOnlyAtTheWaitersItAnswers(t *testing.T) {
 // one to answer), is answered at once, not at its wait_ms (a lost wake-up). Each round stages it with
 // a commit made right after the request read the applied sequence.
 func TestServer_WaiterAddedAsItsCommitLands(t *testing.T) {
-	db := smallStore(t)
-	put := func(seq uint64) { putNeed(t, db, seq) }
-	put(1)
-	db.SetSynced(provisioner.BucketNeeds, true)
-	lr := &lookingReader{Reader: StoreReader(db)}
-	ns := natstest.RunServer(t)
-	snc, _ := natstest.Connect(t, ns.ClientURL())
-	s := NewServer(lr, Options{Workers: 2, NoReadAhead: true})
-	require.NoError(t, s.Start(snc, nil))
+	db, lr, ns, s := lookingServer(t)
 	t.Cleanup(s.Stop)
 	nc, _ := natstest.Connect(t, ns.ClientURL())
 
