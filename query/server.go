@@ -87,8 +87,8 @@ type Options struct {
 	NoReadAhead bool
 	// MaxWaiting is how many requests may wait for their min_seq at once; 0 means DefaultMaxWaiting.
 	MaxWaiting int
-	// MaxQueued is how many requests may wait for a worker; 0 means DefaultMaxQueued. Of the wide
-	// requests (wide), at most min(MaxQueued, DefaultMaxQueuedWide) wait, in a queue of their own.
+	// MaxQueued is how many requests may wait for a worker; 0 means DefaultMaxQueued. The wide
+	// requests (wide) wait in a queue of their own, of the same bound.
 	MaxQueued int
 	// Wake, when set, is told of a bucket that a request waits on (min_seq) before it is reached: a
 	// parked composed-<node> bucket tails again at once (projector.Projector.Wake).
@@ -110,12 +110,6 @@ const (
 	DefaultMaxQueued = 4096
 	maxQueuedBytes   = 32 << 20 // of the queued requests' fields
 )
-
-// DefaultMaxQueuedWide bounds the queue of the wide requests (forensics, plans as of a point, and
-// walks across the mesh: wide), whose answers take a worker for up to a NATS message of rows each,
-// or, for plans as of a point, the inputs' history: 256 of those are seconds to minutes of work,
-// longer than an asker waits (docs/decisions.md, Serving).
-const DefaultMaxQueuedWide = 256
 
 // errBusy is the error of a request that found the workers' queue full.
 var errBusy = errors.New("busy")
@@ -445,7 +439,7 @@ func (s *Server) startWorkers() {
 	// The dispatcher holds one wide request besides those in wide: a place in wideRoom is taken for
 	// each until a worker takes it, so the bound counts both, and a request given a place has one in
 	// the channel.
-	s.wideRoom = make(chan struct{}, min(queued, DefaultMaxQueuedWide))
+	s.wideRoom = make(chan struct{}, queued)
 	s.wide = make(chan job, cap(s.wideRoom))
 	s.wideTaken = make(chan job)
 	s.wideSlots = make(chan struct{}, max(1, n-1))
