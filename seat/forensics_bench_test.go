@@ -29,7 +29,8 @@ import (
 // the walkers' pages: how long a page took, the first of a walk apart (it derives the state's
 // anomalies, kept for the pages after it).
 // Run using: BENCH_NODES=1000 go test ./seat -run x -bench LookupBesideWalks -benchtime 200x
-// (BENCH_MODES=at or live for one of the two, BENCH_WALKERS=n for one count of walkers).
+// (BENCH_MODES=at or live for one of the two, BENCH_WALKERS=n for one count of walkers,
+// BENCH_AT_MOVES=1 for each at walk at a point of its own).
 func BenchmarkLookupBesideWalks(b *testing.B) {
 	nodes := 1000
 	if n, err := strconv.Atoi(os.Getenv("BENCH_NODES")); err == nil && n > 0 {
@@ -150,6 +151,12 @@ func benchBesideWalks(b *testing.B, url string, srv *query.Server, nodes, walker
 				if err != nil || next == "" {
 					walk = walk[:0]
 					delete(req, "after")
+					if at, ok := req["at"].(string); ok && os.Getenv("BENCH_AT_MOVES") != "" {
+						// Each walk at a point of its own: its first page derives the state's anomalies.
+						var seq uint64
+						fmt.Sscanf(at, "seq:%d", &seq)
+						req["at"] = fmt.Sprintf("seq:%d", seq-1)
+					}
 					continue
 				}
 				req["after"] = next
