@@ -177,6 +177,21 @@ func (s *Server) queueAhead(j aheadJob, next string) {
 }
 
 func (s *Server) writeAhead(j *aheadJob) {
+	if wide(&j.r) {
+		// A page of a walk across the mesh is a wide answer: it takes one of their slots, so that the
+		// page written ahead and the wide answers of the workers never take every core from the
+		// short answers (server.go, wide). The slot is taken before the page is marked in flight: a
+		// worker that waits for a page in flight never holds the slot the page waits for.
+		select {
+		case s.wideSlots <- struct{}{}:
+		case <-s.ctx.Done():
+			return
+		}
+		defer func() { <-s.wideSlots }()
+	}
+	if s.writingAhead != nil {
+		s.writingAhead(&j.r)
+	}
 	a := &s.ahead
 	key := keyOf(&j.r, j.format)
 	a.mu.Lock()

@@ -87,7 +87,8 @@ type Options struct {
 	NoReadAhead bool
 	// MaxWaiting is how many requests may wait for their min_seq at once; 0 means DefaultMaxWaiting.
 	MaxWaiting int
-	// MaxQueued is how many requests may wait for a worker; 0 means DefaultMaxQueued.
+	// MaxQueued is how many requests may wait for a worker; 0 means DefaultMaxQueued. The wide
+	// requests (wide) wait in a queue of their own, of the same bound.
 	MaxQueued int
 	// Wake, when set, is told of a bucket that a request waits on (min_seq) before it is reached: a
 	// parked composed-<node> bucket tails again at once (projector.Projector.Wake).
@@ -132,12 +133,23 @@ type Server struct {
 	waitingBytes int
 	waitClosed   bool // Stop waits for the waiters: no more start
 
-	jobsMu      sync.RWMutex // held to read by a sender, to write by Stop closing jobs
+	jobsMu      sync.RWMutex // held to read by a sender, to write by Stop closing jobs and wide
 	jobs        chan job
 	jobsClosed  bool
-	queuedBytes atomic.Int64 // of the fields of the requests in jobs
+	queuedBytes atomic.Int64 // of the fields of the requests in jobs and wide
 	workers     sync.WaitGroup
-	ahead       readAhead
+	// The wide requests' lane (wide): queued in wide, handed to the workers by one dispatcher that
+	// takes one of wideSlots (max(1, workers-1)) for each, so that they never take every worker; the
+	// read-ahead worker takes one for each page of a wide walk it writes.
+	wide      chan job
+	wideTaken chan job      // unbuffered: the dispatcher to a free worker
+	wideSlots chan struct{} // a slot for each wide answer under way
+	wideRoom  chan struct{} // a place for each wide request not yet taken by a worker, the dispatcher's in hand too
+	// answering, when set (tests), is called as a worker starts answering a request; writingAhead as
+	// the read-ahead worker starts writing a page.
+	answering    func(r *Request)
+	writingAhead func(r *Request)
+	ahead        readAhead
 
 	answered [len(answerCodes)]atomic.Int64 // answers by code (Answered)
 }
@@ -236,9 +248,11 @@ func (s *Server) Stop() {
 	}
 	s.jobsMu.Lock()
 	if s.jobs != nil && !s.jobsClosed {
-		// The service takes no more requests: the workers answer what is queued, then end.
+		// The service takes no more requests: the workers answer what is queued in both lanes,
+		// then end.
 		s.jobsClosed = true
 		close(s.jobs)
+		close(s.wide)
 	}
 	s.jobsMu.Unlock()
 	s.ahead.mu.Lock()
@@ -294,9 +308,10 @@ func (s *Server) handle(req micro.Request) {
 }
 
 // queue hands a decoded request to the workers, or answers it here once they have stopped (micro
-// drains its subscription after Stop: a late request is answered on its goroutine). With the queue
-// full (in requests or in bytes) it returns errBusy, or when wait is set (a request that has waited
-// for its min_seq already) waits for a place.
+// drains its subscription after Stop: a late request is answered on its goroutine). A wide request
+// goes to the wide requests' queue. With its queue full (in requests, or both queues in bytes) it
+// returns errBusy, or when wait is set (a request that has waited for its min_seq already) waits for
+// a place.
 func (s *Server) queue(j job, wait bool) error {
 	s.jobsMu.RLock()
 	defer s.jobsMu.RUnlock()
@@ -306,7 +321,25 @@ func (s *Server) queue(j job, wait bool) error {
 	}
 	j.size = j.r.size()
 	if !wait && s.queuedBytes.Load()+int64(j.size) > maxQueuedBytes {
-		return s.busy()
+		if wide(&j.r) {
+			return s.busy(len(s.wideRoom))
+		}
+		return s.busy(len(s.jobs))
+	}
+	if wide(&j.r) {
+		// A place first: the dispatcher may hold one request taken from the channel already.
+		if wait {
+			s.wideRoom <- struct{}{}
+		} else {
+			select {
+			case s.wideRoom <- struct{}{}:
+			default:
+				return s.busy(len(s.wideRoom))
+			}
+		}
+		s.queuedBytes.Add(int64(j.size))
+		s.wide <- j // never blocks: it has a place
+		return nil
 	}
 	s.queuedBytes.Add(int64(j.size))
 	if wait {
@@ -318,17 +351,34 @@ func (s *Server) queue(j job, wait bool) error {
 		return nil
 	default:
 		s.queuedBytes.Add(-int64(j.size))
-		return s.busy()
+		return s.busy(len(s.jobs))
 	}
 }
 
-// busy is the error of a request that finds the workers' queue full.
-func (s *Server) busy() error {
-	return fmt.Errorf("%w: the seat is busy, %d requests are queued before this one: ask again shortly, or ask another seat", errBusy, len(s.jobs))
+// busy is the error of a request that finds its queue full, n requests in it.
+func (s *Server) busy(n int) error {
+	return fmt.Errorf("%w: the seat is busy, %d requests are queued before this one: ask again shortly, or ask another seat", errBusy, n)
 }
 
-// Queued is how many requests wait for a worker now.
-func (s *Server) Queued() int { return len(s.jobs) }
+// Queued is how many requests wait for a worker now, in both queues.
+func (s *Server) Queued() int { return len(s.jobs) + len(s.wideRoom) }
+
+// wide reports whether a request is answered in the wide requests' lane, which never takes every
+// worker (docs/decisions.md, Serving): forensics (at, plans as of a point included), whose pages are
+// read from the event log and whose plans fill a store from the inputs' history, and live answers no
+// node narrows (a module, kind, collection or contributor across the mesh, or a whole bucket; every
+// node's plans), whose pages are up to a NATS message of rows. A node's answer, and the registry's
+// (a few kinds), are the short ones the lane keeps a worker free for.
+func wide(r *Request) bool {
+	if r.At != "" {
+		return true
+	}
+	switch provisioner.What(r.What) {
+	case provisioner.WhatNeeds, provisioner.WhatApplied, provisioner.WhatCollect, provisioner.WhatPlans:
+		return r.Node == ""
+	}
+	return false
+}
 
 // waits reports whether a request is to wait for its min_seq before it is answered, and the bucket it
 // waits on: it asks for a sequence its bucket has not applied yet, and may wait for it (wait_ms above
@@ -386,14 +436,51 @@ func (s *Server) startWorkers() {
 		queued = DefaultMaxQueued
 	}
 	s.jobs = make(chan job, queued)
+	// The dispatcher holds one wide request besides those in wide: a place in wideRoom is taken for
+	// each until a worker takes it, so the bound counts both, and a request given a place has one in
+	// the channel.
+	s.wideRoom = make(chan struct{}, queued)
+	s.wide = make(chan job, cap(s.wideRoom))
+	s.wideTaken = make(chan job)
+	s.wideSlots = make(chan struct{}, max(1, n-1))
 	s.startReadAhead()
+	// The dispatcher of the wide requests: it takes a request, then a slot, then waits for a free
+	// worker, so at most max(1, n-1) wide answers are under way and, with two workers or more, one
+	// worker is always left to the short answers. It ends once Stop has closed wide and its requests
+	// are handed over; the workers end once both lanes are closed and empty.
+	s.workers.Add(1)
+	go func() {
+		defer s.workers.Done()
+		defer close(s.wideTaken)
+		for j := range s.wide {
+			s.wideSlots <- struct{}{}
+			s.wideTaken <- j
+		}
+	}()
 	for i := 0; i < n; i++ {
 		s.workers.Add(1)
 		go func() {
 			defer s.workers.Done()
-			for j := range s.jobs {
-				s.queuedBytes.Add(-int64(j.size))
-				s.respond(j)
+			jobs, wide := s.jobs, s.wideTaken
+			for jobs != nil || wide != nil {
+				select {
+				case j, ok := <-jobs:
+					if !ok {
+						jobs = nil
+						continue
+					}
+					s.queuedBytes.Add(-int64(j.size))
+					s.respond(j)
+				case j, ok := <-wide:
+					if !ok {
+						wide = nil
+						continue
+					}
+					s.queuedBytes.Add(-int64(j.size))
+					<-s.wideRoom
+					s.respond(j)
+					<-s.wideSlots
+				}
 			}
 		}()
 	}
@@ -408,6 +495,9 @@ func appliedSeq(r applied, bucket string) uint64 {
 // (behind a rebuild's swap) while its wait_ms lasts.
 func (s *Server) respond(j job) {
 	req, r, format, start := j.req, &j.r, j.format, j.start
+	if s.answering != nil {
+		s.answering(r)
+	}
 	e := s.pool.Get().(*Encoder)
 	defer func() { s.pool.Put(e) }()
 	max := maxAnswer(s.nc)

@@ -95,7 +95,8 @@ func TestServer_WaitersAnsweredByTheWorkers(t *testing.T) {
 	got, inbox := collect(t, nc)
 	const n = 40
 	for i := 0; i < n; i++ {
-		require.NoError(t, nc.PublishRequest(Subject, fmt.Sprintf("%s.%d", inbox, i), []byte(`{"what":"needs","min_seq":2,"wait_ms":10000}`)))
+		// A node's lookup: no wide request (the wide requests' lane leaves a worker to the others).
+		require.NoError(t, nc.PublishRequest(Subject, fmt.Sprintf("%s.%d", inbox, i), []byte(`{"what":"needs","node":"n1","min_seq":2,"wait_ms":10000}`)))
 	}
 	natstest.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
 		if w := s.Waiting(); w < n {

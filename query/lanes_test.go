@@ -1,0 +1,205 @@
+package query
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/internal/natstest"
+)
+
+// TestServer_WideAnswersLeaveAWorkerToNodeLookups: docs/decisions.md (Serving), the wide requests
+// (forensics with at, plans as of a point, walks across the mesh) never take every worker. With two
+// workers and two such answers held in progress, a node's lookup is answered at once; one more wide
+// request finds their queue full and is answered busy; Stop answers the one queued. Before, the two
+// held answers took both workers, and the node lookup waited until one of them was done: an operator
+// walking the event log during an incident held up every node of the mesh.
+func TestServer_WideAnswersLeaveAWorkerToNodeLookups(t *testing.T) {
+	cases := []struct {
+		name string
+		body string // of a wide request
+	}{
+		{"at of the whole bucket", `{"what":"needs","at":"seq:3","limit":10000}`},
+		{"at of one node", `{"what":"needs","node":"n1","at":"seq:3"}`},
+		{"plans at a time", `{"what":"plans","at":"2026-01-01T00:00:00Z"}`},
+		{"a module across the mesh", `{"what":"needs","module":"m","limit":10000}`},
+		{"plans of every node", `{"what":"plans"}`},
+	}
+	ns := natstest.RunServer(t)
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			db := smallStore(t)
+			for seq := uint64(1); seq <= 3; seq++ {
+				putNeed(t, db, seq)
+			}
+			db.SetSynced(provisioner.BucketNeeds, true)
+			// at and plans answer from the live projection here: what matters is that they are held.
+			answerLive := func(_ context.Context, r *Request, e *Encoder) error {
+				v, err := StoreReader(db).View()
+				if err != nil {
+					return err
+				}
+				defer v.Close()
+				live := *r
+				live.What, live.At = string(provisioner.WhatNeeds), ""
+				return AnswerView(v, &live, e, 3, true)
+			}
+			snc, _ := natstest.Connect(t, ns.ClientURL())
+			s := NewServer(StoreReader(db), Options{Workers: 2, MaxQueued: 1, NoReadAhead: true, At: answerLive, Plans: answerLive})
+			gate := make(chan struct{})
+			var held, most atomic.Int64
+			s.answering = func(r *Request) {
+				if r.Node == "n1" && r.At == "" {
+					return // the node lookup
+				}
+				n := held.Add(1)
+				for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+				}
+				<-gate
+				held.Add(-1)
+			}
+			require.NoError(t, s.Start(snc, nil))
+			opened := false
+			open := func() {
+				if !opened {
+					opened = true
+					close(gate)
+				}
+			}
+			t.Cleanup(func() { open(); s.Stop() })
+			nc, _ := natstest.Connect(t, ns.ClientURL())
+			got, inbox := collect(t, nc)
+
+			for i := 1; i <= 2; i++ {
+				require.NoError(t, nc.PublishRequest(Subject, fmt.Sprintf("%s.wide%d", inbox, i), []byte(tc.body)))
+				natstest.CheckFor(t, 10*time.Second, 2*time.Millisecond, func() error {
+					if h, q := held.Load(), s.Queued(); h+int64(q) != int64(i) || h == 0 {
+						return fmt.Errorf("%d answers held, %d queued", h, q)
+					}
+					return nil
+				})
+			}
+
+			// Both wide requests are in progress: a node's lookup is answered all the same.
+			require.NoError(t, nc.PublishRequest(Subject, inbox+".node", []byte(`{"what":"needs","node":"n1"}`)))
+			natstest.CheckFor(t, 10*time.Second, 2*time.Millisecond, func() error {
+				if n := got.get("200"); n != 1 {
+					return fmt.Errorf("%d answered (%d answers held, %d queued)", n, held.Load(), s.Queued())
+				}
+				return nil
+			})
+			require.EqualValues(t, 1, most.Load(), "wide answers under way at once")
+			require.Equal(t, 1, s.Queued())
+
+			// Their queue holds one (MaxQueued): one more is answered busy, as the workers' queue does.
+			a, _, err := natstest.Ask(nc, Subject, []byte(tc.body), false)
+			var ve *natstest.VerbError
+			require.ErrorAs(t, err, &ve, "answered %+v", a)
+			require.Equal(t, 500, ve.Code)
+			require.Equal(t, "busy: the seat is busy, 1 requests are queued before this one: ask again shortly, or ask another seat", ve.Description)
+
+			// Stop answers what is queued: the held answer and the one behind it.
+			stopped := make(chan struct{})
+			go func() {
+				s.Stop()
+				close(stopped)
+			}()
+			open()
+			natstest.CheckFor(t, 10*time.Second, 2*time.Millisecond, func() error {
+				select {
+				case <-stopped:
+				default:
+					return fmt.Errorf("Stop has not returned: %d queued", s.Queued())
+				}
+				if n := got.get("200"); n != 3 {
+					return fmt.Errorf("%d of 3 answered", n)
+				}
+				return nil
+			})
+			require.EqualValues(t, 1, most.Load(), "wide answers under way at once")
+			require.Equal(t, map[string]int64{"200": 3, "500": 1}, s.Answered())
+			require.Zero(t, s.Queued())
+			require.Zero(t, s.queuedBytes.Load())
+		})
+	}
+}
+
+// TestServer_PageAheadOfAWideWalkWaitsForASlot: the page the read-ahead worker writes ahead of a walk
+// across the mesh is a wide answer: with two workers, it is not written while a wide answer is under
+// way, and is once that answer ends. Before, the read-ahead worker wrote it beside the wide answers of
+// the workers, and four clients walking a module across the mesh kept both cores of a 2-core seat
+// busy, node lookups waiting for one.
+func TestServer_PageAheadOfAWideWalkWaitsForASlot(t *testing.T) {
+	db := smallStore(t)
+	for seq := uint64(1); seq <= 3; seq++ {
+		putNeed(t, db, seq)
+	}
+	db.SetSynced(provisioner.BucketNeeds, true)
+	ns := natstest.RunServer(t)
+	snc, _ := natstest.Connect(t, ns.ClientURL())
+	s := NewServer(StoreReader(db), Options{Workers: 2})
+	gate := make(chan struct{})
+	var held, aheadWhileHeld, ahead atomic.Int64
+	s.answering = func(r *Request) {
+		if r.Node == "" {
+			held.Add(1)
+			<-gate
+			held.Add(-1)
+		}
+	}
+	s.writingAhead = func(r *Request) {
+		ahead.Add(1)
+		if held.Load() > 0 {
+			aheadWhileHeld.Add(1)
+		}
+	}
+	require.NoError(t, s.Start(snc, nil))
+	opened := false
+	open := func() {
+		if !opened {
+			opened = true
+			close(gate)
+		}
+	}
+	t.Cleanup(func() { open(); s.Stop() })
+	nc, _ := natstest.Connect(t, ns.ClientURL())
+	got, inbox := collect(t, nc)
+
+	// A wide answer is under way, and a walk of the module asks for its second page ahead.
+	require.NoError(t, nc.PublishRequest(Subject, inbox+".wide", []byte(`{"what":"needs","module":"m","limit":1}`)))
+	natstest.CheckFor(t, 10*time.Second, 2*time.Millisecond, func() error {
+		if held.Load() != 1 {
+			return fmt.Errorf("the wide answer is not held yet")
+		}
+		return nil
+	})
+	walk := Request{What: "needs", Module: "m", Limit: ptr(int64(1))}
+	s.queueAhead(aheadJob{r: walk, format: FormatJSON, depth: aheadDepth}, "n1.m.config.a")
+	natstest.CheckFor(t, 10*time.Second, 2*time.Millisecond, func() error {
+		if n := len(s.ahead.jobs); n != 0 {
+			return fmt.Errorf("the read-ahead worker has not taken the page yet")
+		}
+		return nil
+	})
+	// A node lookup is answered meanwhile (the other worker), the page ahead still waits.
+	a, _, err := natstest.Ask(nc, Subject, []byte(`{"what":"needs","node":"n1"}`), false)
+	require.NoError(t, err)
+	require.Len(t, a.Rows, 1)
+	require.Zero(t, aheadWhileHeld.Load(), "a page written ahead while a wide answer was under way")
+	require.Zero(t, s.Ahead())
+
+	open()
+	natstest.CheckFor(t, 10*time.Second, 2*time.Millisecond, func() error {
+		if got.get("200") != 1 || s.Ahead() == 0 {
+			return fmt.Errorf("%d answered, %d pages ahead", got.get("200"), s.Ahead())
+		}
+		return nil
+	})
+	require.Zero(t, aheadWhileHeld.Load())
+	require.NotZero(t, ahead.Load())
+}
