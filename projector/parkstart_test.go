@@ -132,15 +132,16 @@ func TestProjector_StartsParkedWhenUnchanged(t *testing.T) {
 	ns := natstest.RunServer(t)
 	nc, js := natstest.Connect(t, ns.ClientURL())
 	ctx := context.Background()
-	composedBuckets(t, js, 5)
+	composedBuckets(t, js, 6)
 	const (
 		unchanged = "composed-n0000"
 		written   = "composed-n0001"
 		purged    = "composed-n0002"
 		recreated = "composed-n0003"
 		deleted   = "composed-n0004"
+		later     = "composed-n0005" // unchanged while down, recreated once started parked
 	)
-	all := []string{unchanged, written, purged, recreated, deleted}
+	all := []string{unchanged, written, purged, recreated, deleted, later}
 	r := restartable{t: t, url: ns.ClientURL(), dir: t.TempDir(), every: 100 * time.Millisecond, verify: 300 * time.Millisecond}
 	r.runToSynced(all, 1)
 
@@ -180,6 +181,7 @@ func TestProjector_StartsParkedWhenUnchanged(t *testing.T) {
 		return nil
 	})
 	require.True(t, p.Parked(unchanged), "%s started parked", unchanged)
+	require.True(t, p.Parked(later), "%s started parked", later)
 	seq, synced := db.Applied(unchanged)
 	require.Equal(t, uint64(1), seq)
 	require.True(t, synced, "a bucket started parked has caught up with its stream")
@@ -198,6 +200,28 @@ func TestProjector_StartsParkedWhenUnchanged(t *testing.T) {
 	require.NoError(t, err)
 	waitApplied(t, db, unchanged, 2)
 	require.Equal(t, 1, creates.of(unchanged))
+
+	// Recreated with as many messages: the next listing's creation time wakes it, and it is read again.
+	require.NoError(t, js.DeleteKeyValue(ctx, later))
+	kvl, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: later, History: 1, Storage: jetstream.MemoryStorage})
+	require.NoError(t, err)
+	_, err = kvl.Put(ctx, "other.8", []byte{0x80})
+	require.NoError(t, err)
+	forgotten(t, db, later)
+	natstest.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error {
+		v, err := db.View()
+		if err != nil {
+			return err
+		}
+		defer v.Close()
+		if _, live, err := v.KeyAt(later, "other.8", math.MaxUint64); err != nil || !live {
+			return fmt.Errorf("the recreated stream's key is not read (%v)", err)
+		}
+		if _, live, err := v.KeyAt(later, "web.1", math.MaxUint64); err != nil || live {
+			return fmt.Errorf("the old stream's key is still held (%v)", err)
+		}
+		return nil
+	})
 }
 
 // TestProjector_StartedParkedWokenByRequest: a bucket started parked reads at once when a request
