@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
+	provisioner "github.com/novox/mesh-provisioner"
 	"github.com/novox/mesh-provisioner/internal/natstest"
 	"github.com/novox/mesh-provisioner/internal/streaminfo"
 	"github.com/novox/mesh-provisioner/projector"
@@ -306,4 +307,31 @@ func TestProjector_NoStartParkedWithoutListing(t *testing.T) {
 		p.Stop()
 		require.NoError(t, db.Close())
 	}
+}
+
+// TestProjector_NoStartParkedWithoutStreamCreation: a checkpoint that does not know which stream it
+// was read from (no creation time) cannot tell that stream from one created again with as many
+// messages: the bucket tails as before, with a consumer, rather than park on a listing it cannot
+// judge.
+func TestProjector_NoStartParkedWithoutStreamCreation(t *testing.T) {
+	ns := natstest.RunServer(t)
+	nc, js := natstest.Connect(t, ns.ClientURL())
+	composedBuckets(t, js, 1)
+	const b = "composed-n0000"
+	r := restartable{t: t, url: ns.ClientURL(), dir: t.TempDir(), every: 100 * time.Millisecond, verify: time.Hour}
+	db, err := store.OpenState(r.dir, store.Options{})
+	require.NoError(t, err)
+	require.NoError(t, db.Apply(b, []provisioner.Message{{Seq: 1, Time: time.Now().UnixNano(), Key: "web.1", Op: provisioner.OpPut, Value: []byte{0x80}}}, 0, true))
+	require.Zero(t, db.Checkpoint(b).StreamCreated)
+	require.NoError(t, db.Close())
+	creates := countConsumerCreates(t, nc)
+	p, db, _ := r.start(nil)
+	waitApplied(t, db, b, 1)
+	natstest.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error {
+		if n := creates.of(b); n != 1 {
+			return fmt.Errorf("%d consumers created", n)
+		}
+		return nil
+	})
+	require.False(t, p.Parked(b))
 }
