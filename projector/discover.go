@@ -93,9 +93,11 @@ func (p *Projector) discover(ctx context.Context) {
 // listStreams lists every stream and tails the composed-<node> buckets among them; it returns how many
 // there are. The names come from the stream listing when it has one that started at or after since.
 func (p *Projector) listStreams(ctx context.Context, since time.Time) (int, error) {
-	if names, ok := p.listedNames(ctx, since); ok {
+	listed, ok := p.listedNames(ctx, since)
+	p.listedOnce.Do(func() { close(p.firstListed) }) // the buckets waiting to start parked look (parkAtStart)
+	if ok {
 		n := 0
-		for _, name := range names {
+		for _, name := range listed {
 			if p.addStream(ctx, name) {
 				n++
 			}

@@ -6,6 +6,7 @@ package projector
 func SetAfterForget(p *Projector, fn func(bucket string)) { p.afterForget = fn }
 
 // SetAfterParkRead has fn called each time an idle bucket that parks has read its stream's info
-// (park.go): where a request's Wake, with a message written after that read, used to be lost. Set it
-// before Start.
+// (park.go), and each time a bucket that starts parked has found the listing shows it unchanged
+// (parkstart.go): where a request's Wake, with a message written after that read, used to be lost.
+// Set it before Start.
 func SetAfterParkRead(p *Projector, fn func(bucket string)) { p.afterParkRead = fn }

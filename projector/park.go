@@ -30,6 +30,9 @@ import (
 //     durations, listingRuns): every parked bucket tails again, and none parks until a listing
 //     completes, so a parked bucket never waits on a listing that does not come.
 //
+// A bucket the store has read may also start parked, with no consumer ever set up, when the first
+// listing since Start shows its stream as the store left it (parkstart.go).
+//
 // A parked bucket's answers are as fresh as the listing: a composition written to a parked bucket is
 // applied within one listing interval plus Options.Poll. Its synced flag stays true: the projection
 // caught up with the stream since start, as the contract's synced says.
@@ -45,6 +48,9 @@ type parkedBucket struct {
 	read        bool
 	created     int64
 	first, last uint64
+	// starting: a bucket that may start parked, waiting for the first listing since Start
+	// (parkAtStart); until it has one, no listing has stopped for it.
+	starting bool
 }
 
 // streamEnd is a stream's last sequence, and which stream (its creation time) it is the last of.
@@ -82,15 +88,8 @@ func (p *Projector) listingRuns() bool {
 // to it, so what lies between was removed before it was read (a TTL, and the marker it left, expired
 // while the bucket was parked).
 func (p *Projector) park(ctx context.Context, bucket string, log *slog.Logger, behind *streamEnd) bool {
-	pk := &parkedBucket{wake: make(chan struct{}, 1), at: time.Now()}
-	p.parkMu.Lock()
-	p.parked[bucket] = pk
-	p.parkMu.Unlock()
-	defer func() {
-		p.parkMu.Lock()
-		delete(p.parked, bucket)
-		p.parkMu.Unlock()
-	}()
+	pk, unpark := p.registerParked(bucket, time.Now(), false)
+	defer unpark()
 	info, err := p.readStream(ctx, bucket)
 	if p.afterParkRead != nil {
 		p.afterParkRead(bucket)
@@ -115,10 +114,31 @@ func (p *Projector) park(ctx context.Context, bucket string, log *slog.Logger, b
 			return ctx.Err() == nil // read again: from the stream's first message, or park again
 		}
 	}
+	log.Debug("idle: consumer given up until the stream changes", "applied_seq", info.State.LastSeq)
+	return p.waitParked(ctx, pk, info, log)
+}
+
+// registerParked makes a bucket parked (not yet Parked: its info is not read) so that a Wake from now
+// on is kept; at is when the info it will park on was, or will be, asked for, and starting says it
+// waits to start parked (parkAtStart). unpark ends it.
+func (p *Projector) registerParked(bucket string, at time.Time, starting bool) (pk *parkedBucket, unpark func()) {
+	pk = &parkedBucket{wake: make(chan struct{}, 1), at: at, starting: starting}
+	p.parkMu.Lock()
+	p.parked[bucket] = pk
+	p.parkMu.Unlock()
+	return pk, func() {
+		p.parkMu.Lock()
+		delete(p.parked, bucket)
+		p.parkMu.Unlock()
+	}
+}
+
+// waitParked parks a registered bucket on its stream's info until a listing reports it changed, a
+// request wakes it, or the listing stops working; it reports false when ctx ends.
+func (p *Projector) waitParked(ctx context.Context, pk *parkedBucket, info *jetstream.StreamInfo, log *slog.Logger) bool {
 	p.parkMu.Lock()
 	pk.created, pk.first, pk.last, pk.read = info.Created.UnixNano(), info.State.FirstSeq, info.State.LastSeq, true
 	p.parkMu.Unlock()
-	log.Debug("idle: consumer given up until the stream changes", "applied_seq", pk.last)
 	select {
 	case <-ctx.Done():
 		return false
@@ -212,7 +232,7 @@ func (p *Projector) watchParked(ctx context.Context) {
 		seen = listed
 		p.parkMu.Lock()
 		for bucket, pk := range p.parked {
-			if !runs || (pk.read && p.streamChanged(bucket, pk, listed)) {
+			if (!runs && !pk.starting) || (pk.read && p.streamChanged(bucket, pk, listed)) {
 				notify(pk.wake)
 			}
 		}

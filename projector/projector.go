@@ -121,6 +121,10 @@ type Projector struct {
 	parkMu sync.Mutex
 	parked map[string]*parkedBucket // idle composed-<node> buckets without a consumer (park.go)
 
+	started     time.Time     // when Start ran: a listing started after it shows each stream since start
+	firstListed chan struct{} // closed once discover's first pass has its listing, or has none (parkAtStart)
+	listedOnce  sync.Once
+
 	afterForget   func(bucket string) // tests: called as a forgotten bucket's forgetting has committed
 	afterParkRead func(bucket string) // tests: called as a parking bucket has read its stream's info
 }
@@ -158,7 +162,8 @@ func New(js jetstream.JetStream, db *store.DB, opts Options) *Projector {
 		opts.ParkAfter = DefaultParkAfter
 	}
 	p := &Projector{js: js, db: db, opts: opts, log: log, tailed: map[string]bool{}, setup: make(chan struct{}, maxSettingUp),
-		streams: opts.Streams, waiting: map[string]chan struct{}{}, found: make(chan string, 256), parked: map[string]*parkedBucket{}}
+		streams: opts.Streams, waiting: map[string]chan struct{}{}, found: make(chan string, 256), parked: map[string]*parkedBucket{},
+		firstListed: make(chan struct{})}
 	if p.streams == nil {
 		p.streams, p.ownStreams = streaminfo.New(js), true
 	}
@@ -171,6 +176,7 @@ func (p *Projector) Applied() int64 { return p.applied.Load() }
 
 // Start runs one consumer per bucket until Stop or ctx ends.
 func (p *Projector) Start(ctx context.Context) {
+	p.started = time.Now()
 	ctx, p.cancel = context.WithCancel(ctx)
 	if p.ownStreams {
 		p.wg.Add(1)
@@ -241,6 +247,9 @@ func (p *Projector) runBucket(ctx context.Context, bucket string) {
 	defer stopWaiting()
 	failing := false
 	var behind streamEnd // the stream's end past the checkpoint that park last tailed again for (park.go)
+	if !p.parkAtStart(ctx, bucket, log, created) {
+		return
+	}
 	for ctx.Err() == nil {
 		err := p.tail(ctx, bucket, log, func() {
 			if failing {

@@ -2,11 +2,15 @@ package seat_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 	"github.com/vmihailenco/msgpack/v5"
@@ -140,4 +144,68 @@ func recreateHostModules(t *testing.T, h *harness, sc fixtures.PlansScenario) {
 		}
 	}
 	h.load(again)
+}
+
+// TestPlans_RestartStartsParked: a seat restarted on a mesh whose composed-<node> buckets did not
+// change while it was down sets no consumer up for any of them: each starts parked, the plans say
+// synced, and a node engine's min_seq request for a composition it just wrote is answered at once
+// (the listing runs once an hour here: only the request's wake makes the bucket read).
+func TestPlans_RestartStartsParked(t *testing.T) {
+	h := newHarness(t)
+	sc := fixtures.Plans()
+	h.load(sc.Before)
+	dir := t.TempDir()
+	po := projector.Options{Poll: 20 * time.Millisecond, DiscoverEvery: time.Hour, Verify: time.Hour, ParkAfter: time.Hour}
+	st, stop := h.startPlansSeatWith(dir, po)
+	h.waitPlansCaughtUp(st)
+	var composed []string
+	for _, b := range st.Store().Buckets() {
+		if strings.HasPrefix(b, provisioner.ComposedPrefix) {
+			composed = append(composed, b)
+		}
+	}
+	require.NotEmpty(t, composed)
+	stop()
+
+	var mu sync.Mutex
+	creates := map[string]int{} // stream -> CONSUMER.CREATE requests
+	sub, err := h.nc.Subscribe("$JS.API.CONSUMER.CREATE.*.>", func(m *nats.Msg) {
+		mu.Lock()
+		creates[strings.Split(m.Subject, ".")[4]]++
+		mu.Unlock()
+	})
+	require.NoError(t, err)
+	defer sub.Unsubscribe()
+	require.NoError(t, h.nc.Flush())
+	st, _ = h.startPlansSeatWith(dir, po)
+	h.waitPlansCaughtUp(st)
+	natstest.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error {
+		for _, b := range composed {
+			if !st.Current().Parked(b) {
+				return fmt.Errorf("%s not parked", b)
+			}
+		}
+		return nil
+	})
+	require.Equal(t, len(composed), st.Stats().BucketsParked)
+	mu.Lock()
+	for _, b := range composed {
+		require.Zero(t, creates[provisioner.StreamName(b)], "consumers created for %s", b)
+	}
+	require.NotZero(t, creates[provisioner.StreamName(provisioner.BucketHostModules)], "the fixed buckets tail")
+	mu.Unlock()
+
+	const bucket = provisioner.ComposedPrefix + "edge-1"
+	require.Contains(t, composed, bucket)
+	kv, err := h.js.KeyValue(context.Background(), bucket)
+	require.NoError(t, err)
+	val, err := msgpack.Marshal(map[string]any{"status": "published", "plan": "db 3005"})
+	require.NoError(t, err)
+	seq, err := kv.Put(context.Background(), "db.3005", val)
+	require.NoError(t, err)
+	a, err := h.askPlans(map[string]any{"what": "plans", "node": "edge-1", "module": "db", "min_seq": seq, "wait_ms": 5000}, true)
+	require.NoError(t, err)
+	require.Equal(t, json.Number(fmt.Sprint(seq)), a["as_of"].(map[string]any)[bucket])
+	require.Equal(t, true, a["synced"])
+	require.Equal(t, json.Number("3005"), planRow(t, a, "edge-1.db")["current"].(map[string]any)["build"])
 }
