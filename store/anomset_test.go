@@ -229,3 +229,46 @@ func anomalySetModel(t *testing.T, seed uint64) {
 		checkAnomalyMemory(t, db, label)
 	}
 }
+
+// TestDB_ARollupsPartsReadTheirOwnAnomalyRows: a rollup of the whole bucket removes out-of-shape keys
+// too, which have no row, only anomaly rows. It found them by walking the whole anomaly set in
+// memory, every part; it reads them from the anomaly rows now, in key order, and each part reads the
+// anomaly rows of its own range of keys: here every need holds one (its kind is unanswered), so a
+// part reads about its own keys' rows, not the bucket's.
+func TestDB_ARollupsPartsReadTheirOwnAnomalyRows(t *testing.T) {
+	b := provisioner.BucketNeeds
+	db, err := Open(t.TempDir(), Options{})
+	require.NoError(t, err)
+	defer db.Close()
+	var msgs []provisioner.Message
+	for i := range 300 {
+		key := fmt.Sprintf("n%03d.m.nokind.a", i)
+		if i%10 == 3 {
+			key = fmt.Sprintf("n%03d.odd", i) // out of shape
+		}
+		msgs = append(msgs, provisioner.Message{Seq: uint64(i + 1), Time: 1, Key: key, Op: provisioner.OpPut, Value: []byte{0xc0}})
+	}
+	require.NoError(t, db.Apply(b, msgs, 0, false))
+	require.EqualValues(t, 300, db.Checkpoint(b).AnomalyRows)
+
+	const part = 10
+	var read []uint64
+	restore := SetRollupPart(part, nil)
+	defer restore()
+	rollupPartOddRead = func(points uint64) { read = append(read, points) }
+	defer func() { rollupPartOddRead = nil }()
+	all := provisioner.Message{Seq: 301, Time: 2, Key: "n999.m.config.z", Op: provisioner.OpPut, Value: []byte{0xc0}, Rollup: provisioner.RollupAll}
+	require.NoError(t, db.Apply(b, []provisioner.Message{all}, 0, false))
+	t.Logf("anomaly rows read by each part: %v", read)
+	require.GreaterOrEqual(t, len(read), 300/part)
+	for i, n := range read {
+		// The anomaly rows of its own keys, the one it resumes after, and where it stops.
+		require.LessOrEqual(t, n, uint64(2*part+4), "part %d read %d points: %v", i, n, read)
+	}
+	// Every key removed, the out-of-shape ones too: the rollup's own need is left, of a kind no
+	// registry entry answers.
+	require.EqualValues(t, 1, db.Checkpoint(b).AnomalyRows)
+	keys := checkAnomalySet(t, db, "after the rollup")
+	require.Equal(t, map[string]byte{"n999.m.config.z": classKind}, keys[b])
+	checkAnomalyMemory(t, db, "after the rollup")
+}
