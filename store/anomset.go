@@ -2,6 +2,7 @@ package store
 
 import (
 	"bytes"
+	"errors"
 	"hash/maphash"
 	"math/bits"
 
@@ -12,31 +13,41 @@ import (
 // holds, to tell whether a put or a delete clears an anomaly and how the counts move (anomaly rows in
 // the checkpoint, per node, composed buckets together). Keeping each bucket's raw keys in memory, as a
 // map from key to classes, cost about 100 bytes of heap an anomaly key (99.5 MiB with 1,000,000
-// unanswered-kind needs, and a 3 s open; docs/performance.md, session 9), and anomalies at that scale
-// are a module rolling out a kind the registry does not know yet, across a mesh.
+// unanswered-kind needs, and a 2.7 s open; docs/performance.md, session 9), and anomalies at that
+// scale are a module rolling out a kind the registry does not know yet, across a mesh.
 //
-// So a bucket keeps only a set of 64-bit hashes of its raw keys that hold anomaly rows (maphash, with
-// a seed of this open's: nobody can choose keys that collide), 10.7 to 16 bytes a key, and the rows
-// themselves answer the rest:
+// So a bucket keeps only a set of 60-bit hashes of its raw keys that hold anomaly rows (maphash, with
+// a seed of this open's: nobody can choose keys that collide), each with the classes of the key that
+// holds it, in one 64-bit word: 10.7 to 16 bytes a key. The rows themselves confirm the rest:
 //
 //   - a hash that is not in the set means the key holds no anomaly row: exact, with no read;
-//   - a hash in the set is confirmed by reading the key's anomaly rows (at most three, adjacent in
-//     the store) from the committed state, through one iterator per batch: the classes read are the
-//     key's own, whichever other key shares its hash.
+//   - a hash that one key holds, with its classes: the key is that one exactly when it holds the
+//     anomaly row of one of those classes, one point read (Get), which finds a row written lately in
+//     the memtable and stops there;
+//   - a hash that more than one key has held since the open (unknown): the key's anomaly rows are read
+//     (at most three, adjacent), through one iterator per batch.
 //
-// Two keys may share a hash; shared counts the keys beyond the first of such a hash, so removing one
-// key's last anomaly keeps the hash while another key still holds anomaly rows. The set is therefore
-// exactly the hashes of the keys holding anomaly rows, as committed, and the classes Apply reads are
-// the rows' own: answers are those of the map it replaced.
+// shared counts the keys beyond the first of a hash, so removing one key's last anomaly keeps the hash
+// while another key still holds anomaly rows; a hash once shared stays unknown, the classes of the
+// key left being those its rows say. The set is therefore exactly the hashes of the keys holding
+// anomaly rows, as committed, and the classes Apply reads are the rows' own: answers are those of the
+// map it replaced.
 type anomSet struct {
-	// slots is an open-addressing table of hashes, 0 for an empty slot (a hash of 0 is taken as 1),
-	// probed linearly from each hash's home slot and kept at most 3/4 full: 8 bytes a slot, 10.7 to 16
-	// bytes a key. A Go map of uint64 to struct{} takes 16 bytes a slot (its zero-size value pads the
-	// slot) and up to twice the slots.
+	// slots is an open-addressing table of words: the hash in the top 60 bits, 0 for an empty slot
+	// (a hash of 0 is taken as 1), and the low bits anomClasses and anomUnknown; probed linearly
+	// from each hash's home slot and kept at most 3/4 full: 8 bytes a slot, 10.7 to 16 bytes a key.
+	// A Go map of uint64 to struct{} takes 16 bytes a slot (its zero-size value pads the slot) and up
+	// to twice the slots.
 	slots  []uint64
 	n      int               // hashes in slots
 	shared map[uint64]uint32 // hashes held by more than one key: how many keys beyond the first
 }
+
+const (
+	anomClasses uint64 = 0x7 // the classes of the one key holding the hash
+	anomUnknown uint64 = 0x8 // more than one key has held the hash: read the key's rows
+	anomMeta           = anomClasses | anomUnknown
+)
 
 // newAnomSet makes a set with room for about hint keys.
 func newAnomSet(hint int) anomSet {
@@ -52,14 +63,14 @@ func (s *anomSet) home(h uint64) int {
 	return int(hi)
 }
 
-// find is the slot holding h, or the empty slot its probe ends at.
+// find is the slot holding hash h (its meta bits clear), or the empty slot its probe ends at.
 func (s *anomSet) find(h uint64) (int, bool) {
 	i := s.home(h)
 	for {
-		switch s.slots[i] {
-		case h:
+		switch w := s.slots[i]; {
+		case w&^anomMeta == h:
 			return i, true
-		case 0:
+		case w == 0:
 			return i, false
 		}
 		if i++; i == len(s.slots) {
@@ -68,18 +79,28 @@ func (s *anomSet) find(h uint64) (int, bool) {
 	}
 }
 
-func (s *anomSet) has(h uint64) bool {
+// lookup is the meta bits of hash h, when the set holds it.
+func (s *anomSet) lookup(h uint64) (uint64, bool) {
 	if s.n == 0 {
-		return false
+		return 0, false
 	}
-	_, ok := s.find(h)
+	i, ok := s.find(h)
+	if !ok {
+		return 0, false
+	}
+	return s.slots[i] & anomMeta, true
+}
+
+func (s *anomSet) has(h uint64) bool {
+	_, ok := s.lookup(h)
 	return ok
 }
 
-// add counts one more key holding anomaly rows with hash h.
-func (s *anomSet) add(h uint64) {
+// add counts one more key holding anomaly rows with hash h, of the given classes.
+func (s *anomSet) add(h uint64, classes byte) {
 	if s.n > 0 {
-		if _, ok := s.find(h); ok {
+		if i, ok := s.find(h); ok {
+			s.slots[i] |= anomUnknown
 			if s.shared == nil {
 				s.shared = map[uint64]uint32{}
 			}
@@ -91,8 +112,18 @@ func (s *anomSet) add(h uint64) {
 		s.resize(max(16, (s.n+1)*2))
 	}
 	i, _ := s.find(h)
-	s.slots[i] = h
+	s.slots[i] = h | uint64(classes)&anomClasses
 	s.n++
+}
+
+// update records the classes the key holding hash h holds now (still some), when it is the one key.
+func (s *anomSet) update(h uint64, classes byte) {
+	if s.n == 0 {
+		return
+	}
+	if i, ok := s.find(h); ok && s.slots[i]&anomUnknown == 0 {
+		s.slots[i] = h | uint64(classes)&anomClasses
+	}
 }
 
 // remove counts one key fewer holding anomaly rows with hash h.
@@ -120,7 +151,7 @@ func (s *anomSet) remove(h uint64) {
 		if s.slots[j] == 0 {
 			break
 		}
-		k := s.home(s.slots[j])
+		k := s.home(s.slots[j] &^ anomMeta)
 		if i <= j && (k <= i || k > j) || i > j && k <= i && k > j {
 			s.slots[i] = s.slots[j]
 			i = j
@@ -138,10 +169,10 @@ func (s *anomSet) remove(h uint64) {
 func (s *anomSet) resize(size int) {
 	old := s.slots
 	s.slots = make([]uint64, size)
-	for _, h := range old {
-		if h != 0 {
-			i, _ := s.find(h)
-			s.slots[i] = h
+	for _, w := range old {
+		if w != 0 {
+			i, _ := s.find(w &^ anomMeta)
+			s.slots[i] = w
 		}
 	}
 }
@@ -158,20 +189,32 @@ func (s *anomSet) keys() int {
 // anomHashMask narrows the hashes (tests: a few bits make keys share hashes, to exercise shared).
 var anomHashMask = ^uint64(0)
 
+// anomHash is a raw key's hash in its bucket's set: 60 bits, never 0.
 func (db *DB) anomHash(key string) uint64 {
-	return nonZero(maphash.String(db.anomSeed, key) & anomHashMask)
+	return anomTag(maphash.String(db.anomSeed, key))
 }
 
-func (db *DB) anomHashBytes(key []byte) uint64 {
-	return nonZero(maphash.Bytes(db.anomSeed, key) & anomHashMask)
-}
+func (db *DB) anomHashBytes(key []byte) uint64 { return anomTag(maphash.Bytes(db.anomSeed, key)) }
 
-// nonZero keeps 0 for the table's empty slots.
-func nonZero(h uint64) uint64 {
+func anomTag(h uint64) uint64 {
+	h = (h & anomHashMask) << 4
 	if h == 0 {
-		return 1
+		return 1 << 4
 	}
 	return h
+}
+
+// hasAnomalyRow reads whether a key holds the committed anomaly row of one class.
+func (a *applier) hasAnomalyRow(bucket, key string, class byte) (bool, error) {
+	a.anomKey = anomalyKey(a.anomKey[:0], bucket, key, class)
+	_, closer, err := a.db.pdb.Get(a.anomKey)
+	if errors.Is(err, pebble.ErrNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return true, closer.Close()
 }
 
 // committedClasses reads the anomaly classes a key holds in the committed state: its anomaly rows,

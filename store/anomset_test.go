@@ -38,8 +38,8 @@ func checkAnomalySet(t *testing.T, db *DB, label string) map[string]map[string]b
 	defer db.mu.Unlock()
 	for name, b := range db.buckets {
 		want := newAnomSet(0)
-		for key := range keys[name] {
-			want.add(db.anomHash(key))
+		for key, c := range keys[name] {
+			want.add(db.anomHash(key), c)
 		}
 		require.Equal(t, len(keys[name]), b.anom.keys(), "%s: %s keys in the set", label, name)
 		require.Equal(t, hashesOf(&want), hashesOf(&b.anom), "%s: %s hashes", label, name)
@@ -48,6 +48,16 @@ func checkAnomalySet(t *testing.T, db *DB, label string) map[string]map[string]b
 		require.Equal(t, len(want.shared), len(b.anom.shared), "%s: %s shared hashes", label, name)
 		for h, n := range want.shared {
 			require.Equal(t, n, b.anom.shared[h], "%s: %s keys beyond the first of hash %x", label, name, h)
+		}
+		// A hash not marked unknown is one key's, with that key's classes.
+		for key, c := range keys[name] {
+			h := db.anomHash(key)
+			meta, ok := b.anom.lookup(h)
+			require.True(t, ok, "%s: %s %q", label, name, key)
+			if meta&anomUnknown == 0 {
+				require.Zero(t, want.shared[h], "%s: %s %q shares its hash, which is not marked", label, name, key)
+				require.Equal(t, uint64(c), meta&anomClasses, "%s: %s %q classes", label, name, key)
+			}
 		}
 	}
 	for name := range keys {
@@ -60,8 +70,8 @@ func checkAnomalySet(t *testing.T, db *DB, label string) map[string]map[string]b
 // hashesOf lists the hashes a set holds, each once, each found where its probe looks.
 func hashesOf(s *anomSet) []uint64 {
 	out := []uint64{}
-	for _, h := range s.slots {
-		if h != 0 && s.has(h) {
+	for _, w := range s.slots {
+		if h := w &^ anomMeta; w != 0 && s.has(h) {
 			out = append(out, h)
 		}
 	}
@@ -79,11 +89,11 @@ func TestAnomSet_CountsKeysByHash(t *testing.T) {
 	pick := func() uint64 {
 		switch r.IntN(3) {
 		case 0:
-			return uint64(1 + r.IntN(24)) // home slot 0: one run from the table's start
+			return uint64(1+r.IntN(24)) << 4 // home slot 0: one run from the table's start
 		case 1:
-			return ^uint64(0) - uint64(r.IntN(24)) // home slot at the table's end: runs wrap
+			return (^uint64(0) - uint64(r.IntN(24))) << 4 // home slot at the table's end: runs wrap
 		}
-		return nonZero(r.Uint64())
+		return anomTag(r.Uint64())
 	}
 	var held []uint64
 	for step := 0; step < 20000; step++ {
@@ -100,7 +110,7 @@ func TestAnomSet_CountsKeysByHash(t *testing.T) {
 			}
 		} else {
 			h := pick()
-			s.add(h)
+			s.add(h, byte(1+r.IntN(7)))
 			want[h]++
 			held = append(held, h)
 		}

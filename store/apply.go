@@ -150,10 +150,28 @@ func (a *applier) classes(bucket, key string) byte {
 	if c, ok := m[key]; ok {
 		return c.now
 	}
-	if set := &a.state(bucket).anom; set.n == 0 || !set.has(a.db.anomHash(key)) {
+	set := &a.state(bucket).anom
+	if set.n == 0 {
 		return 0
 	}
-	c, err := a.committedClasses(bucket, key)
+	meta, ok := set.lookup(a.db.anomHash(key))
+	if !ok {
+		return 0
+	}
+	var (
+		c   byte
+		err error
+	)
+	if meta&anomUnknown == 0 {
+		// One key holds the hash: this one exactly when it holds a row of that key's classes.
+		c = byte(meta & anomClasses)
+		var held bool
+		if held, err = a.hasAnomalyRow(bucket, key, c&-c); !held {
+			c = 0
+		}
+	} else {
+		c, err = a.committedClasses(bucket, key)
+	}
 	if err != nil {
 		if a.err == nil {
 			a.err = fmt.Errorf("read anomalies of %s %q: %w", bucket, key, err)
@@ -436,10 +454,13 @@ func (a *applier) finish(bucket string, cp *Checkpoint, sync, moved bool) error 
 		b := db.known(name)
 		for k, c := range m {
 			switch {
-			case c.was == 0 && c.now != 0:
-				b.anom.add(db.anomHash(k))
-			case c.was != 0 && c.now == 0:
+			case c.was == c.now:
+			case c.was == 0:
+				b.anom.add(db.anomHash(k), c.now)
+			case c.now == 0:
 				b.anom.remove(db.anomHash(k))
+			default:
+				b.anom.update(db.anomHash(k), c.now)
 			}
 		}
 	}

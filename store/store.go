@@ -340,24 +340,29 @@ func (db *DB) load(fresh bool) error {
 	}
 	// Every anomaly row is read at every open, into its bucket's set of hashes (anomset.go) and
 	// per-node counts, with no allocation a row: a key's rows (one a class) are adjacent, so a key is
-	// hashed once, and a node's keys mostly are, so a node's count is added once a run of them.
+	// hashed once with all its classes, and a node's keys mostly are, so a node's count is added once
+	// a run of them.
 	var (
 		b        *bucketState
 		bucketAt []byte // the escaped bucket of b's rows
 		key      []byte // the raw key of the row
-		prev     []byte // the raw key of the row before, in b
-		havePrev bool
+		prev     []byte // the raw key of the rows before, in b, whose classes are classes
+		classes  byte
 		node     []byte // the node whose run of rows run counts, in b
 		run      int64
 	)
-	flush := func() {
+	flush := func() { // what was counted for b
+		if classes != 0 {
+			b.anom.add(db.anomHashBytes(prev), classes)
+			classes = 0
+		}
 		if run > 0 {
 			b.nodeAnom[string(node)] += run
 			run = 0
 		}
 	}
 	for it.First(); it.Valid(); it.Next() {
-		comp, esc, _, ok := cutAnomalyKey(it.Key())
+		comp, esc, class, ok := cutAnomalyKey(it.Key())
 		if !ok {
 			it.Close()
 			return fmt.Errorf("%w: anomaly key %q", ErrCorrupt, it.Key())
@@ -372,19 +377,25 @@ func (db *DB) load(fresh bool) error {
 				// Sized for its rows (a checkpoint's count, at most one a class of each key).
 				b.anom = newAnomSet(int(min(max(b.cp.AnomalyRows, 0), 1<<22)))
 			}
-			havePrev = false
 		}
 		key = unesc(key[:0], esc)
-		if !havePrev || !bytes.Equal(key, prev) {
-			b.anom.add(db.anomHashBytes(key))
-			prev, havePrev = append(prev[:0], key...), true
+		if classes != 0 && !bytes.Equal(key, prev) {
+			b.anom.add(db.anomHashBytes(prev), classes)
+			classes = 0
 		}
+		if classes == 0 {
+			prev = append(prev[:0], key...)
+		}
+		classes |= class
 		nd := key
 		if i := bytes.IndexByte(key, '.'); i >= 0 {
 			nd = key[:i]
 		}
 		if run == 0 || !bytes.Equal(nd, node) {
-			flush()
+			if run > 0 {
+				b.nodeAnom[string(node)] += run
+				run = 0
+			}
 			node = append(node[:0], nd...)
 		}
 		run++
