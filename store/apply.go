@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -89,9 +90,17 @@ type applier struct {
 	w   *sortedWrites
 	buf []byte
 	val []byte
-	// anom overlays the committed anomaly sets of the buckets this batch touches.
-	anom map[string]map[string]byte
-	cps  map[string]*Checkpoint
+	// anom overlays the committed anomaly sets of the buckets this batch touches: the classes each
+	// key it read or changed held as committed, and holds now.
+	anom map[string]map[string]anomChange
+	// anomIt reads the committed anomaly rows of keys whose hash is in their bucket's set
+	// (committedClasses); anomKey is its seek key.
+	anomIt  *pebble.Iterator
+	anomKey []byte
+	// err is the first read that failed in a step that returns no error (committedClasses): the
+	// batch does not commit.
+	err error
+	cps map[string]*Checkpoint
 	// kindsChanged are registry kinds whose presence this batch changed, with their new presence.
 	kindsChanged map[string]bool
 	// states caches the buckets' states for the batch: DB.bucket takes a lock.
@@ -131,22 +140,63 @@ func (a *applier) checkpoint(bucket string) *Checkpoint {
 	return &cp
 }
 
+// anomChange is the anomaly classes of a key as committed (was) and as this batch leaves them (now).
+type anomChange struct{ was, now byte }
+
+// classes is the anomaly classes a key holds as this batch leaves it so far: what the batch set, else
+// none when its hash is not in the bucket's set, else what its committed anomaly rows say (anomset.go).
 func (a *applier) classes(bucket, key string) byte {
-	if m, ok := a.anom[bucket]; ok {
-		if c, ok := m[key]; ok {
-			return c
-		}
+	m := a.anom[bucket]
+	if c, ok := m[key]; ok {
+		return c.now
 	}
-	return a.state(bucket).anom[key]
+	set := &a.state(bucket).anom
+	if set.n == 0 {
+		return 0
+	}
+	meta, ok := set.lookup(a.db.anomHash(key))
+	if !ok {
+		return 0
+	}
+	var (
+		c   byte
+		err error
+	)
+	if meta&anomUnknown == 0 {
+		// One key holds the hash: this one exactly when it holds a row of that key's classes.
+		c = byte(meta & anomClasses)
+		var held bool
+		if held, err = a.hasAnomalyRow(bucket, key, c&-c); !held {
+			c = 0
+		}
+	} else {
+		c, err = a.committedClasses(bucket, key)
+	}
+	if err != nil {
+		if a.err == nil {
+			a.err = fmt.Errorf("read anomalies of %s %q: %w", bucket, key, err)
+		}
+		return 0
+	}
+	if m == nil {
+		m = map[string]anomChange{}
+		a.anom[bucket] = m
+	}
+	m[key] = anomChange{was: c, now: c}
+	return c
 }
 
+// setClasses records the classes a key holds now; classes was asked first, so a key the overlay does
+// not hold held none.
 func (a *applier) setClasses(bucket, key string, c byte) {
 	m, ok := a.anom[bucket]
 	if !ok {
-		m = map[string]byte{}
+		m = map[string]anomChange{}
 		a.anom[bucket] = m
 	}
-	m[key] = c
+	ch := m[key]
+	ch.now = c
+	m[key] = ch
 }
 
 // setAnomaly writes the anomaly row of one class of a key, replacing any earlier one of that class.
@@ -238,6 +288,10 @@ var rollupPartDone func(n int) error
 // already) each part's scan of the rows read.
 var rollupPartRead func(points uint64)
 
+// rollupPartOddRead, when set (tests), is told how many points each part's scan of the anomaly rows,
+// for the out-of-shape keys, read.
+var rollupPartOddRead func(points uint64)
+
 // removeInParts removes the keys a rollup removed from the stream (applier.rollup) in batches of
 // rollupPart keys, committed before the batch that applies the rollup message itself: a rollup of a
 // whole bucket of a million keys (any node's user can send one, docs/accounts.md) built one batch of
@@ -272,10 +326,13 @@ func (db *DB) removeInParts(shape provisioner.Shape, m *provisioner.Message, str
 // newApplier starts a batch. Batches come from Pebble's pool; letting them keep buffers of a catch-up
 // batch's size saves growing a new one for every batch.
 func (db *DB) newApplier() *applier {
-	return &applier{db: db, batch: db.pdb.NewBatch(pebble.WithMaxRetainedSizeBytes(16 << 20)), w: db.writes.take(), anom: map[string]map[string]byte{}, cps: map[string]*Checkpoint{}, states: map[string]*bucketState{}}
+	return &applier{db: db, batch: db.pdb.NewBatch(pebble.WithMaxRetainedSizeBytes(16 << 20)), w: db.writes.take(), anom: map[string]map[string]anomChange{}, cps: map[string]*Checkpoint{}, states: map[string]*bucketState{}}
 }
 
 func (a *applier) close() {
+	if a.anomIt != nil {
+		a.anomIt.Close()
+	}
 	a.batch.Close()
 	a.db.writes.give(a.w)
 }
@@ -351,6 +408,9 @@ func (a *applier) finish(bucket string, cp *Checkpoint, sync, moved bool) error 
 			return fmt.Errorf("recompute plans: %w", err)
 		}
 	}
+	if a.err != nil {
+		return a.err
+	}
 	for name, c := range a.cps {
 		a.set(checkpointKey(name), c.encode(nil))
 	}
@@ -393,10 +453,14 @@ func (a *applier) finish(bucket string, cp *Checkpoint, sync, moved bool) error 
 	for name, m := range a.anom {
 		b := db.known(name)
 		for k, c := range m {
-			if c == 0 {
-				delete(b.anom, k)
-			} else {
-				b.anom[k] = c
+			switch {
+			case c.was == c.now:
+			case c.was == 0:
+				b.anom.add(db.anomHash(k), c.now)
+			case c.now == 0:
+				b.anom.remove(db.anomHash(k))
+			default:
+				b.anom.update(db.anomHash(k), c.now)
 			}
 		}
 	}
@@ -538,48 +602,38 @@ func (a *applier) rollup(shape provisioner.Shape, m *provisioner.Message, from s
 		return (m.Foreign || key != m.Key) && (m.Rollup == provisioner.RollupAll || provisioner.RollupMatches(m.Key, key))
 	}
 	full := func(keys []string) bool { return limit > 0 && len(keys) >= limit }
-	var keys []string
-	lo := appendEsc(bucketPrefix(nil, prefixRow, bucket), prefix)
-	it, err := a.db.pdb.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: prefixEnd(lo)})
+	// Rows, in key order after from, then out-of-shape keys (no row, only their anomaly rows of class
+	// key shape), in key order after from too, and up to the last row taken when the rows filled the
+	// part: one after another, each part reads the anomaly rows of its own range of keys once.
+	rows, rowsRead, err := a.rollupScan(bucket, prefixRow, prefix, from, "", limit, match, nil)
 	if err != nil {
 		return "", 0, err
 	}
-	base := len(bucketPrefix(nil, prefixRow, bucket))
-	// A later part seeks to where the part before it ended: First would step over every key the parts
-	// before removed (tombstones until compacted), each part more than the last.
-	var start bool
-	if from != "" {
-		start = it.SeekGE(appendEsc(bucketPrefix(nil, prefixRow, bucket), from))
-	} else {
-		start = it.First()
+	upTo := ""
+	if full(rows) {
+		upTo = rows[len(rows)-1]
 	}
-	last := from
-	for valid := start; valid && !full(keys); valid = it.Next() {
-		key := string(unesc(nil, it.Key()[base:]))
-		if key == from {
-			continue
-		}
-		if match(key) {
-			keys = append(keys, key)
-			last = key
-		}
-	}
-	if rollupPartRead != nil {
-		rollupPartRead(it.Stats().InternalStats.PointCount)
-	}
-	if err := it.Close(); err != nil {
+	shapeOnly := func(k []byte) bool { return k[len(k)-1] == classShape }
+	odd, oddRead, err := a.rollupScan(bucket, prefixAnomaly, prefix, from, upTo, limit, match, shapeOnly)
+	if err != nil {
 		return "", 0, err
 	}
-	// Out-of-shape keys have no row, only their anomaly.
-	for key, classes := range a.state(bucket).anom {
-		if full(keys) {
-			break
-		}
-		if classes&classShape != 0 && match(key) {
-			keys = append(keys, key)
-		}
+	if rollupPartRead != nil {
+		rollupPartRead(rowsRead)
 	}
+	if rollupPartOddRead != nil {
+		rollupPartOddRead(oddRead)
+	}
+	keys := append(rows, odd...)
 	sort.Strings(keys)
+	keys = slices.Compact(keys)
+	if limit > 0 && len(keys) > limit {
+		keys = keys[:limit]
+	}
+	last := from
+	if len(keys) > 0 {
+		last = keys[len(keys)-1]
+	}
 	a.removing = true
 	defer func() { a.removing = false }()
 	for _, key := range keys {
@@ -588,6 +642,53 @@ func (a *applier) rollup(shape provisioner.Shape, m *provisioner.Message, from s
 		}
 	}
 	return last, len(keys), nil
+}
+
+// rollupScan lists, in key order, at most limit (0: any number) raw keys of a bucket's rows
+// (prefixRow) or anomaly rows (prefixAnomaly, each key once; with keep, of the rows keep takes) that
+// start with prefix, come after from and, with upTo, not after it, and match; and how many points the
+// scan read. It reads the committed state: a rollup starts its batch.
+func (a *applier) rollupScan(bucket string, p byte, prefix, from, upTo string, limit int, match func(string) bool, keep func(storeKey []byte) bool) ([]string, uint64, error) {
+	lo := appendEsc(bucketPrefix(nil, p, bucket), prefix)
+	it, err := a.db.pdb.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: prefixEnd(lo)})
+	if err != nil {
+		return nil, 0, err
+	}
+	base := len(bucketPrefix(nil, p, bucket))
+	// A later part seeks to where the part before it ended: First would step over every key the parts
+	// before removed (tombstones until compacted), each part more than the last.
+	var valid bool
+	if from != "" {
+		valid = it.SeekGE(appendEsc(bucketPrefix(nil, p, bucket), from))
+	} else {
+		valid = it.First()
+	}
+	var keys []string
+	for ; valid && (limit <= 0 || len(keys) < limit); valid = it.Next() {
+		k := it.Key()
+		esc := k[base:]
+		if p == prefixAnomaly {
+			_, e, _, ok := cutAnomalyKey(k)
+			if !ok {
+				it.Close()
+				return nil, 0, fmt.Errorf("%w: anomaly key %q", ErrCorrupt, k)
+			}
+			esc = e
+		}
+		key := string(unesc(nil, esc))
+		if upTo != "" && key > upTo {
+			break
+		}
+		if key == from || keep != nil && !keep(k) || len(keys) > 0 && keys[len(keys)-1] == key || !match(key) {
+			continue
+		}
+		keys = append(keys, key)
+	}
+	read := it.Stats().InternalStats.PointCount
+	if err := it.Close(); err != nil {
+		return nil, 0, err
+	}
+	return keys, read, nil
 }
 
 func (a *applier) registryKind(kind string, present bool) {

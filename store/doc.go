@@ -69,6 +69,16 @@
 // (value-not-msgpack, bad-value), 4 unanswered-kind. Anomalies by node are the raw keys equal to the
 // node or starting with "<node>.".
 //
+// Apply learns which classes a key holds from a set in memory per bucket of 60-bit hashes (maphash,
+// seeded per open) of the raw keys that hold anomaly rows, each with the classes of the one key
+// holding it, about 12 bytes a key (anomset.go), filled at every open from the anomaly rows: a hash
+// not in the set means no anomaly row, exactly; a hash in it is confirmed by reading the key's
+// anomaly rows (one Get of a row of the classes it carries, or all of the key's rows once two keys
+// have shared the hash), so two keys sharing a hash never mix. The set is the committed rows' keys
+// exactly, counting a hash once per key that holds it, and follows them after each commit. The
+// per-node counts and the composed buckets' sum are kept beside it (nodeanom.go).
+// A rollup finds the out-of-shape keys it removes in the anomaly rows (class 1), in key order.
+//
 // The event log (0x06 by key, then sequence; 0x07 by sequence) keeps every applied message, so the
 // history of one key, or of one node's keys, is one range scan, and the state of a range of keys as of
 // sequence n is two seeks per key (the newest event at or below n), whatever the length of the history.

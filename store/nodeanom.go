@@ -42,9 +42,8 @@ func nodeAnomKey(dst []byte, bucket, node string) []byte {
 func (a *applier) nodeAnomDeltas() map[string]map[string]int64 {
 	var out map[string]map[string]int64
 	for name, m := range a.anom {
-		b := a.state(name)
 		for key, c := range m {
-			d := int64(bits.OnesCount8(c)) - int64(bits.OnesCount8(b.anom[key]))
+			d := int64(bits.OnesCount8(c.now)) - int64(bits.OnesCount8(c.was))
 			if d == 0 {
 				continue
 			}

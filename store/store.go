@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"io"
 	"log/slog"
 	"os"
@@ -110,6 +111,8 @@ type DB struct {
 	created chan struct{} // closed when a bucket state is created: Changed of a bucket the store has none of
 
 	kinds map[string]struct{} // registry kinds present; under applyMu
+	// anomSeed seeds the hashes of the anomaly sets (anomset.go), this open's own.
+	anomSeed maphash.Seed
 	// composedAnom is the anomaly rows of every composed-<node> bucket together, as committed under
 	// composedAnomKey (nodeanom.go); under applyMu.
 	composedAnom int64
@@ -142,8 +145,8 @@ type DB struct {
 
 type bucketState struct {
 	name string
-	cp   Checkpoint      // under DB.applyMu
-	anom map[string]byte // raw key -> anomaly classes present; under DB.applyMu
+	cp   Checkpoint // under DB.applyMu
+	anom anomSet    // hashes of the raw keys holding anomaly rows (anomset.go); under DB.applyMu
 	// nodeAnom is how many anomaly rows each node has (the raw keys' first token), as committed under
 	// prefixNodeAnom; under DB.applyMu.
 	nodeAnom map[string]int64
@@ -263,7 +266,7 @@ func Open(dir string, opts Options) (*DB, error) {
 		}
 		return nil, openErr(dir, err)
 	}
-	db := &DB{pdb: pdb, dir: dir, id: openCount.Add(1), buckets: map[string]*bucketState{}, kinds: map[string]struct{}{}, openGaps: map[string]Gap{}}
+	db := &DB{pdb: pdb, dir: dir, id: openCount.Add(1), buckets: map[string]*bucketState{}, kinds: map[string]struct{}{}, openGaps: map[string]Gap{}, anomSeed: maphash.MakeSeed()}
 	if err := db.load(fresh); err != nil {
 		pdb.Close()
 		return nil, err
@@ -335,13 +338,29 @@ func (db *DB) load(fresh bool) error {
 	if err != nil {
 		return fmt.Errorf("%w: %s", ErrCorrupt, damage(err))
 	}
-	// Every anomaly row is read at every open: one allocation a row (its raw key, which the set
-	// keeps), not four, and the bucket's state looked up once per bucket, not per row.
+	// Every anomaly row is read at every open, into its bucket's set of hashes (anomset.go) and
+	// per-node counts, with no allocation a row: a key's rows (one a class) are adjacent, so a key is
+	// hashed once with all its classes, and a node's keys mostly are, so a node's count is added once
+	// a run of them.
 	var (
 		b        *bucketState
 		bucketAt []byte // the escaped bucket of b's rows
-		raw      []byte
+		key      []byte // the raw key of the row
+		prev     []byte // the raw key of the rows before, in b, whose classes are classes
+		classes  byte
+		node     []byte // the node whose run of rows run counts, in b
+		run      int64
 	)
+	flush := func() { // what was counted for b
+		if classes != 0 {
+			b.anom.add(db.anomHashBytes(prev), classes)
+			classes = 0
+		}
+		if run > 0 {
+			b.nodeAnom[string(node)] += run
+			run = 0
+		}
+	}
 	for it.First(); it.Valid(); it.Next() {
 		comp, esc, class, ok := cutAnomalyKey(it.Key())
 		if !ok {
@@ -349,18 +368,40 @@ func (db *DB) load(fresh bool) error {
 			return fmt.Errorf("%w: anomaly key %q", ErrCorrupt, it.Key())
 		}
 		if b == nil || !bytes.Equal(comp, bucketAt) {
+			if b != nil {
+				flush()
+			}
 			b = db.known(string(unesc(nil, comp)))
 			bucketAt = append(bucketAt[:0], comp...)
+			if b.anom.n == 0 {
+				// Sized for its rows (a checkpoint's count, at most one a class of each key).
+				b.anom = newAnomSet(int(min(max(b.cp.AnomalyRows, 0), 1<<22)))
+			}
 		}
-		raw = unesc(raw[:0], esc)
-		if c, ok := b.anom[string(raw)]; ok {
-			b.anom[string(raw)] = c | class
-			b.nodeAnom[anomalyNode(string(raw))]++
-			continue
+		key = unesc(key[:0], esc)
+		if classes != 0 && !bytes.Equal(key, prev) {
+			b.anom.add(db.anomHashBytes(prev), classes)
+			classes = 0
 		}
-		key := string(raw)
-		b.anom[key] = class
-		b.nodeAnom[anomalyNode(key)]++
+		if classes == 0 {
+			prev = append(prev[:0], key...)
+		}
+		classes |= class
+		nd := key
+		if i := bytes.IndexByte(key, '.'); i >= 0 {
+			nd = key[:i]
+		}
+		if run == 0 || !bytes.Equal(nd, node) {
+			if run > 0 {
+				b.nodeAnom[string(node)] += run
+				run = 0
+			}
+			node = append(node[:0], nd...)
+		}
+		run++
+	}
+	if b != nil {
+		flush()
 	}
 	if err := it.Close(); err != nil {
 		return fmt.Errorf("%w: %s", ErrCorrupt, damage(err))
@@ -437,7 +478,7 @@ func (db *DB) bucket(name string) *bucketState {
 	defer db.mu.Unlock()
 	b, ok := db.buckets[name]
 	if !ok {
-		b = &bucketState{name: name, anom: map[string]byte{}, nodeAnom: map[string]int64{}}
+		b = &bucketState{name: name, anom: newAnomSet(0), nodeAnom: map[string]int64{}}
 		ch := make(chan struct{})
 		b.notify.Store(&ch)
 		db.buckets[name] = b
