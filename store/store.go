@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/vfs"
 
 	provisioner "github.com/novox/mesh-provisioner"
 )
@@ -60,6 +61,9 @@ type Options struct {
 	// MinFreeBytes is the room Apply keeps free on the state dir's file system (space.go); 0 means
 	// two memtables and 32 MiB, a negative value turns the check off.
 	MinFreeBytes int64
+	// FS is the file system Pebble writes through; nil is the disk (vfs.Default). Tests wrap the disk
+	// to make writes fail (pebble's vfs/errorfs) while Pebble and the files stay real.
+	FS vfs.FS
 }
 
 // Checkpoint is a bucket's position, committed in the same batch as the rows it produced.
@@ -101,9 +105,11 @@ type DB struct {
 	id    uint64    // this open's, unique in the process (ID)
 	state *StateDir // set by OpenState: released on Close
 
-	applyMu sync.Mutex  // one Apply at a time: anomaly sets and kinds are read and written under it
-	writes  writesCache // the sorted writes of Apply, reused under applyMu
-	catchUp *catchUp    // holds compactions back while a bucket catches up (catchup.go)
+	applyMu sync.Mutex // one Apply at a time: anomaly sets and kinds are read and written under it
+	// applying is the bucket whose batch Apply is committing, nil between batches (holdApplying).
+	applying atomic.Pointer[string]
+	writes   writesCache // the sorted writes of Apply, reused under applyMu
+	catchUp  *catchUp    // holds compactions back while a bucket catches up (catchup.go)
 
 	mu      sync.Mutex // guards buckets and created
 	buckets map[string]*bucketState
@@ -119,7 +125,7 @@ type DB struct {
 
 	planRows atomic.Int64   // plan rows recomputed since open (PlanStats)
 	openGaps map[string]Gap // each bucket's open history gap (history.go); under applyMu
-	minFree  int64          // room Apply keeps free (space.go); negative: no check
+	space    *space         // the room on the state dir (space.go)
 	broken   *brokenState   // the first corruption Pebble found (broken.go)
 	// histLocks holds a mutex per bucket for trims and Forget (forget.go).
 	histLocks sync.Map
@@ -255,6 +261,13 @@ func Open(dir string, opts Options) (*DB, error) {
 	if err := roomToOpen(dir, minFree); err != nil {
 		return nil, err
 	}
+	fs := opts.FS
+	if fs == nil {
+		fs = vfs.Default
+	}
+	// A write that finds the disk full waits for room instead of failing inside Pebble (space.go).
+	space := newSpace(dir, fs, minFree, opts.Logger)
+	po.FS = vfs.OnDiskFull(fs, space.waitForRoom)
 	fresh := isEmptyDir(dir)
 	pdb, err := pebble.Open(dir, po)
 	if err != nil {
@@ -263,14 +276,15 @@ func Open(dir string, opts Options) (*DB, error) {
 		}
 		return nil, openErr(dir, err)
 	}
-	db := &DB{pdb: pdb, dir: dir, id: openCount.Add(1), buckets: map[string]*bucketState{}, kinds: map[string]struct{}{}, openGaps: map[string]Gap{}}
+	db := &DB{pdb: pdb, dir: dir, id: openCount.Add(1), buckets: map[string]*bucketState{}, kinds: map[string]struct{}{}, openGaps: map[string]Gap{}, space: space}
 	if err := db.load(fresh); err != nil {
 		pdb.Close()
 		return nil, err
 	}
 	db.broken = broken
 	db.catchUp = catchUp
-	db.minFree = minFree
+	onHold := db.holdApplying
+	space.onHold.Store(&onHold)
 	db.closing, db.endCompactions = context.WithCancel(context.Background())
 	return db, nil
 }

@@ -1,0 +1,133 @@
+package store_test
+
+import (
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
+	"github.com/stretchr/testify/require"
+
+	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/internal/natstest"
+	"github.com/novox/mesh-provisioner/store"
+)
+
+// fullDisk is the disk under a store whose writes fail with ENOSPC while it is on: a full disk that
+// needs no mount, with Pebble and its files real.
+type fullDisk struct {
+	on     atomic.Bool
+	failed atomic.Int64 // writes refused
+}
+
+func (d *fullDisk) fs() vfs.FS {
+	return errorfs.Wrap(vfs.Default, errorfs.InjectorFunc(func(op errorfs.Op) error {
+		if d.on.Load() && op.Kind.ReadOrWrite() == errorfs.OpIsWrite && op.Kind != errorfs.OpFileClose {
+			d.failed.Add(1)
+			return syscall.ENOSPC
+		}
+		return nil
+	}))
+}
+
+// TestDB_DiskFullWhileCommitting: a write of Pebble's finds the disk full although the reserve check
+// let the batch through (another process filled the disk in between). Pebble panicked (its log
+// cannot be written: commitWrite, or Logger.Fatalf on the failed sync), taking the seat down. Now the
+// write waits for room: Apply blocks, the bucket is not synced, other batches are refused with
+// ErrNoSpace, the log says it once; once there is room the batch commits, nothing is lost, and the
+// state dir opens again with every message.
+func TestDB_DiskFullWhileCommitting(t *testing.T) {
+	dir := t.TempDir()
+	disk := &fullDisk{}
+	var logs natstest.LogBuffer
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	db, err := store.Open(dir, store.Options{FS: disk.fs(), MinFreeBytes: 1 << 20, Logger: log})
+	require.NoError(t, err)
+	closed := false
+	t.Cleanup(func() {
+		disk.on.Store(false)
+		if !closed {
+			db.Close()
+		}
+	})
+	msgs := func(from, n int) []provisioner.Message {
+		var out []provisioner.Message
+		for i := from; i < from+n; i++ {
+			out = append(out, put(uint64(i), fmt.Sprintf("n%d.m.config.a", i), []byte{0x01}))
+		}
+		return out
+	}
+	require.NoError(t, db.Apply(provisioner.BucketNeeds, msgs(1, 10), 0, true))
+	db.SetSynced(provisioner.BucketNeeds, true)
+	db.SetSynced(provisioner.BucketApplied, true)
+
+	disk.on.Store(true)
+	done := make(chan error, 1)
+	go func() { done <- db.Apply(provisioner.BucketNeeds, msgs(11, 10), 0, true) }()
+	natstest.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		if !db.WritesHeld() {
+			return fmt.Errorf("no write held (%d refused)", disk.failed.Load())
+		}
+		return nil
+	})
+	require.True(t, db.OutOfRoom())
+	_, synced := db.Applied(provisioner.BucketNeeds)
+	require.False(t, synced, "the bucket whose batch waits is not synced")
+	_, synced = db.Applied(provisioner.BucketApplied)
+	require.True(t, synced, "a bucket with nothing to apply still is")
+	select {
+	case err := <-done:
+		t.Fatalf("Apply returned on a full disk: %v", err)
+	default:
+	}
+	// Reads go on (the held batch is in Pebble's memtable, so they may see it already; its as_of
+	// is not said until it is written).
+	require.GreaterOrEqual(t, len(rows(t, db, provisioner.Range{Bucket: provisioner.BucketNeeds, Index: provisioner.IndexPrimary})), 10)
+	seq, _ := db.Applied(provisioner.BucketNeeds)
+	require.Equal(t, uint64(10), seq)
+	// Another batch is refused, without going near Pebble.
+	err = db.Apply(provisioner.BucketApplied, []provisioner.Message{put(1, "n1.m", []byte{0x01})}, 0, true)
+	require.ErrorIs(t, err, store.ErrNoSpace)
+	require.Contains(t, err.Error(), dir)
+	require.Contains(t, err.Error(), "free space")
+	// The probe keeps asking while the disk is full: the log says it once all the same.
+	before := disk.failed.Load()
+	natstest.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		if disk.failed.Load() < before+2 {
+			return fmt.Errorf("not probed again")
+		}
+		return nil
+	})
+	require.Equal(t, 1, strings.Count(logs.String(), "the state dir is out of room"), logs.String())
+	require.Contains(t, logs.String(), dir)
+
+	// Room again: the held write goes through and the batch commits.
+	disk.on.Store(false)
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("Apply did not return once there was room")
+	}
+	require.False(t, db.WritesHeld())
+	require.NoError(t, db.Apply(provisioner.BucketApplied, []provisioner.Message{put(1, "n1.m", []byte{0x01})}, 0, true))
+	require.False(t, db.OutOfRoom())
+	require.Equal(t, 1, strings.Count(logs.String(), "the state dir has room again"), logs.String())
+	require.NotContains(t, logs.String(), "panic")
+	seq, _ = db.Applied(provisioner.BucketNeeds)
+	require.Equal(t, uint64(20), seq)
+	require.NoError(t, db.Close())
+	closed = true
+
+	db, err = store.Open(dir, store.Options{MinFreeBytes: 1 << 20})
+	require.NoError(t, err)
+	defer db.Close()
+	require.Len(t, rows(t, db, provisioner.Range{Bucket: provisioner.BucketNeeds, Index: provisioner.IndexPrimary}), 20)
+	require.Equal(t, uint64(20), db.Checkpoint(provisioner.BucketNeeds).Applied)
+	require.Equal(t, uint64(1), db.Checkpoint(provisioner.BucketApplied).Applied)
+}
