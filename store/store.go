@@ -166,6 +166,11 @@ type bucketState struct {
 // OpenState takes the state dir's lock and opens its current generation, creating the first one in an
 // empty dir. The DB releases the lock on Close.
 func OpenState(path string, opts Options) (*DB, error) {
+	return OpenStateContext(context.Background(), path, opts)
+}
+
+// OpenStateContext is OpenState, given up when ctx ends (OpenContext says where).
+func OpenStateContext(ctx context.Context, path string, opts Options) (*DB, error) {
 	s, err := LockState(path)
 	if err != nil {
 		return nil, err
@@ -180,7 +185,7 @@ func OpenState(path string, opts Options) (*DB, error) {
 			s.Close()
 			return nil, err
 		}
-		db, err := Open(cur, opts)
+		db, err := OpenContext(ctx, cur, opts)
 		if err != nil {
 			s.Close()
 			return nil, err
@@ -197,7 +202,7 @@ func OpenState(path string, opts Options) (*DB, error) {
 		s.Close()
 		return nil, fmt.Errorf("%w: current generation %s: %v", ErrCorrupt, cur, err)
 	}
-	db, err := Open(cur, opts)
+	db, err := OpenContext(ctx, cur, opts)
 	if err != nil {
 		s.Close()
 		return nil, err
@@ -224,7 +229,17 @@ func (db *DB) ID() uint64 { return db.id }
 func (db *DB) State() *StateDir { return db.state }
 
 // Open opens (or creates) a projection in a Pebble directory.
-func Open(dir string, opts Options) (*DB, error) {
+func Open(dir string, opts Options) (*DB, error) { return OpenContext(context.Background(), dir, opts) }
+
+// OpenContext is Open, given up with ctx's error when ctx ends: before Pebble opens, once it has, and
+// while the store reads what it keeps in memory (every anomaly row: the long part of an open of
+// millions of them). Pebble's own open (the replay of its log, up to two memtables) cannot be
+// stopped, nor can its Close wait less than the compactions it runs. A store given up is as it was
+// (a new one may have its schema version written), and is read again at the next open.
+func OpenContext(ctx context.Context, dir string, opts Options) (*DB, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("open %s: %w", dir, err)
+	}
 	if opts.CacheSize == 0 {
 		opts.CacheSize = 128 << 20
 	}
@@ -277,7 +292,7 @@ func Open(dir string, opts Options) (*DB, error) {
 		return nil, openErr(dir, err)
 	}
 	db := &DB{pdb: pdb, dir: dir, id: openCount.Add(1), buckets: map[string]*bucketState{}, kinds: map[string]struct{}{}, openGaps: map[string]Gap{}, space: space}
-	if err := db.load(fresh); err != nil {
+	if err := db.load(ctx, fresh); err != nil {
 		pdb.Close()
 		return nil, err
 	}
@@ -304,7 +319,16 @@ func isLockErr(err error) bool {
 }
 
 // load checks the schema and reads every bucket's checkpoint, anomaly set and the registry's kinds.
-func (db *DB) load(fresh bool) error {
+func (db *DB) load(ctx context.Context, fresh bool) error {
+	stopped := func() error {
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("open %s: %w", db.dir, err)
+		}
+		return nil
+	}
+	if err := stopped(); err != nil {
+		return err
+	}
 	v, closer, err := db.pdb.Get(metaKey("schema"))
 	switch {
 	case errors.Is(err, pebble.ErrNotFound) && fresh:
@@ -356,7 +380,14 @@ func (db *DB) load(fresh bool) error {
 		bucketAt []byte // the escaped bucket of b's rows
 		raw      []byte
 	)
+	n := 0
 	for it.First(); it.Valid(); it.Next() {
+		if n++; n%4096 == 0 {
+			if err := stopped(); err != nil {
+				it.Close()
+				return err
+			}
+		}
 		comp, esc, class, ok := cutAnomalyKey(it.Key())
 		if !ok {
 			it.Close()
@@ -378,6 +409,10 @@ func (db *DB) load(fresh bool) error {
 	}
 	if err := it.Close(); err != nil {
 		return fmt.Errorf("%w: %s", ErrCorrupt, damage(err))
+	}
+	// The reconciles below may write (counts a binary before them did not keep): the last look at ctx.
+	if err := stopped(); err != nil {
+		return err
 	}
 	if err := db.reconcileNodeAnomalies(); err != nil {
 		return err

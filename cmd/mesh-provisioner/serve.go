@@ -146,9 +146,14 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 			}
 		}
 	}()
-	db, err = store.OpenState(c.state, store.Options{Logger: log})
+	// A signal during the start stops it between its steps (store.OpenContext says which part of the
+	// open cannot be stopped): it returns ctx's error, which main says as "stopped by SIGTERM".
+	db, err = store.OpenStateContext(ctx, c.state, store.Options{Logger: log})
 	broken := err
 	if err != nil && !store.NeedsRebuild(err) {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
 		return err
 	}
 
@@ -181,6 +186,9 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 		return err
 	}
 	defer nc.Close()
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return fmt.Errorf("jetstream: %w", err)
