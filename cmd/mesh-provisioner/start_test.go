@@ -2,12 +2,22 @@ package main
 
 import (
 	"context"
+	"fmt"
+	"io"
+	"log/slog"
 	"path/filepath"
+	"sync/atomic"
+	"syscall"
 	"testing"
+	"time"
 
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
 	"github.com/stretchr/testify/require"
 
+	"github.com/novox/mesh-provisioner/fixtures"
 	"github.com/novox/mesh-provisioner/internal/natstest"
+	"github.com/novox/mesh-provisioner/store"
 )
 
 // TestServe_SignalDuringStartStopsIt: a SIGTERM that comes while serve opens its state dir stops it
@@ -35,4 +45,63 @@ func TestServe_SignalDuringStartStopsIt(t *testing.T) {
 	s, err = startServe(dir)
 	require.NoError(t, err, "the state dir is free and whole")
 	require.NoError(t, s.stop())
+}
+
+// TestServe_SignalWhileTheDiskIsFull: a SIGTERM while the batch being committed waits for room in the
+// state dir (store/space.go) would wait with it, for as long as the disk stays full: the seat's stop
+// commits its last batch. It stops as a kill would instead, saying so, and the next start reads
+// what was not written again from the streams.
+func TestServe_SignalWhileTheDiskIsFull(t *testing.T) {
+	ns := natstest.RunServer(t)
+	nc, js := natstest.Connect(t, ns.ClientURL())
+	mesh := fixtures.Mesh{Seed: 3, Nodes: 12, Modules: 3, NeedsPerModule: 2, Collections: 2}
+	require.NoError(t, fixtures.Load(context.Background(), js, mesh.Ops(), 256, nil))
+
+	var full atomic.Bool
+	fs := errorfs.Wrap(vfs.Default, errorfs.InjectorFunc(func(op errorfs.Op) error {
+		if full.Load() && op.Kind.ReadOrWrite() == errorfs.OpIsWrite && op.Kind != errorfs.OpFileClose {
+			return syscall.ENOSPC
+		}
+		return nil
+	}))
+	var logs natstest.LogBuffer
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	state := filepath.Join(t.TempDir(), "state")
+	db, err := store.OpenState(state, store.Options{FS: fs, MinFreeBytes: 1 << 20, Logger: log})
+	require.NoError(t, err)
+	t.Cleanup(func() { full.Store(false) })
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	started := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		done <- runSeat(ctx, nc, js, db, seatConfig{log: log, registryInterval: time.Hour, registryReplicas: 1, writeRegistry: true,
+			stdout: io.Discard, started: func() { close(started) }})
+	}()
+	<-started
+	full.Store(true)
+	more := fixtures.Mesh{Seed: 4, Nodes: 12, Modules: 3, NeedsPerModule: 2, Collections: 2}.Ops()
+	require.NoError(t, fixtures.Load(context.Background(), js, more, 256, nil))
+	natstest.CheckFor(t, 20*time.Second, 10*time.Millisecond, func() error {
+		if !db.WritesHeld() {
+			return fmt.Errorf("no write held for room yet")
+		}
+		return nil
+	})
+
+	cancel() // the first SIGTERM
+	var stopErr error
+	natstest.CheckFor(t, 20*time.Second, 10*time.Millisecond, func() error {
+		select {
+		case stopErr = <-done:
+			return nil
+		default:
+			return fmt.Errorf("the seat waits for room to stop")
+		}
+	})
+	require.ErrorIs(t, stopErr, context.Canceled, "main says: stopped by SIGTERM before it finished")
+	require.Contains(t, stopErr.Error(), "out of room")
+	require.Contains(t, logs.String(), "stopping without draining: the state dir is out of room")
+	require.NotContains(t, logs.String(), "panic")
 }
