@@ -199,6 +199,9 @@ func (db *DB) Apply(bucket string, msgs []provisioner.Message, streamCreated int
 	if !ok {
 		return fmt.Errorf("store: no shape for bucket %q", bucket)
 	}
+	if err := db.writeFailed.failed(); err != nil {
+		return err
+	}
 	// While a write waits for room, the batch committing holds applyMu until there is: refused at
 	// once instead, so the bucket's projector says it is behind and backs off (space.go).
 	if db.space.held.Load() > 0 {
@@ -370,7 +373,7 @@ func (a *applier) finish(bucket string, cp *Checkpoint, sync, moved bool) error 
 	if sync {
 		opt = pebble.Sync
 	}
-	if err := a.batch.Commit(opt); err != nil {
+	if err := db.commit(a.batch, opt); err != nil {
 		return fmt.Errorf("commit %s: %w", bucket, err)
 	}
 	if a.unpins {

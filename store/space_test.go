@@ -3,6 +3,8 @@ package store_test
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"log/slog"
 	"strings"
 	"sync/atomic"
@@ -161,4 +163,89 @@ func TestOpenStateContext_Stopped(t *testing.T) {
 	require.Equal(t, uint64(5000), db.Checkpoint(provisioner.BucketNeeds).Applied)
 	_, total := anomalies(t, db, provisioner.BucketNeeds, "")
 	require.EqualValues(t, 5000, total)
+}
+
+// TestDB_WriteFailsWithEIO: a write that fails for another reason than a full disk reached Pebble,
+// which panicked in the commit (`pebble: fatal commit error: input/output error`) and took the seat
+// down with a stack trace. Now the batch fails with ErrWriteFailed, saying the state dir and what to
+// do, Failed is closed for the seat to stop on, later batches are refused at once, and Close returns
+// (Pebble's pipeline takes no other write). The state dir opens again with every batch committed
+// before the failure.
+func TestDB_WriteFailsWithEIO(t *testing.T) {
+	for _, sync := range []bool{true, false} {
+		t.Run(fmt.Sprintf("sync=%v", sync), func(t *testing.T) { testWriteFailsWithEIO(t, sync) })
+	}
+}
+
+// testWriteFailsWithEIO: with sync, the batch whose log sync fails is the one that says so; without,
+// Pebble writes its log behind the commits, and a later commit finds the failure.
+func testWriteFailsWithEIO(t *testing.T, sync bool) {
+	dir := t.TempDir()
+	var on atomic.Bool
+	fs := errorfs.Wrap(vfs.Default, errorfs.InjectorFunc(func(op errorfs.Op) error {
+		if on.Load() && op.Kind.ReadOrWrite() == errorfs.OpIsWrite && op.Kind != errorfs.OpFileClose {
+			return syscall.EIO
+		}
+		return nil
+	}))
+	var logs natstest.LogBuffer
+	db, err := store.Open(dir, store.Options{FS: fs, MinFreeBytes: 1 << 20, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	require.NoError(t, err)
+	require.NoError(t, db.Apply(provisioner.BucketNeeds, []provisioner.Message{put(1, "n1.m.config.a", []byte{0x01})}, 0, true))
+
+	on.Store(true)
+	seq := uint64(1)
+	for err = nil; err == nil && seq < 10000; {
+		seq++
+		big := append([]byte{0xc5, 0x10, 0x00}, make([]byte, 4096)...) // bin 16 of 4096 bytes
+		err = db.Apply(provisioner.BucketNeeds, []provisioner.Message{put(seq, fmt.Sprintf("n%d.m.config.a", seq), big)}, 0, sync)
+	}
+	require.ErrorIs(t, err, store.ErrWriteFailed)
+	if sync {
+		require.Equal(t, uint64(2), seq, "the batch whose sync failed says so")
+	}
+	require.Contains(t, err.Error(), dir)
+	require.Contains(t, err.Error(), "input/output error")
+	select {
+	case <-db.Failed():
+	default:
+		t.Fatal("Failed is not closed")
+	}
+	require.ErrorIs(t, db.FailedErr(), store.ErrWriteFailed)
+	require.ErrorIs(t, db.Apply(provisioner.BucketNeeds, []provisioner.Message{put(seq+1, "n0.m.config.a", []byte{0x01})}, 0, false), store.ErrWriteFailed)
+	require.ErrorIs(t, db.Flush(), store.ErrWriteFailed)
+	require.Equal(t, 1, strings.Count(logs.String(), "the state dir cannot be written"), logs.String())
+	closed := make(chan error, 1)
+	go func() { closed <- db.Close() }()
+	select {
+	case <-closed:
+	case <-time.After(20 * time.Second):
+		t.Fatal("Close hangs on Pebble's failed commit pipeline")
+	}
+
+	// The next process: Pebble's lock is held by this one's abandoned open, so the files are copied as
+	// they are on disk and opened there.
+	on.Store(false)
+	next := t.TempDir()
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	for _, e := range entries {
+		if e.Name() == "LOCK" {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		require.NoError(t, err)
+		require.NoError(t, writeFile(filepath.Join(next, e.Name()), b))
+	}
+	db, err = store.Open(next, store.Options{MinFreeBytes: 1 << 20})
+	require.NoError(t, err)
+	defer db.Close()
+	// What the log kept, and the checkpoint with it: one row per message up to the checkpoint.
+	applied := db.Checkpoint(provisioner.BucketNeeds).Applied
+	require.GreaterOrEqual(t, applied, uint64(1))
+	require.Less(t, applied, seq, "the batch that failed is not in")
+	require.Len(t, rows(t, db, provisioner.Range{Bucket: provisioner.BucketNeeds, Index: provisioner.IndexPrimary}), int(applied))
+	if sync {
+		require.Equal(t, uint64(1), applied)
+	}
 }

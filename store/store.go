@@ -127,6 +127,8 @@ type DB struct {
 	openGaps map[string]Gap // each bucket's open history gap (history.go); under applyMu
 	space    *space         // the room on the state dir (space.go)
 	broken   *brokenState   // the first corruption Pebble found (broken.go)
+	// writeFailed is the first write Pebble failed, other than for a full disk (failed.go).
+	writeFailed *failedState
 	// histLocks holds a mutex per bucket for trims and Forget (forget.go).
 	histLocks sync.Map
 
@@ -291,7 +293,7 @@ func OpenContext(ctx context.Context, dir string, opts Options) (*DB, error) {
 		}
 		return nil, openErr(dir, err)
 	}
-	db := &DB{pdb: pdb, dir: dir, id: openCount.Add(1), buckets: map[string]*bucketState{}, kinds: map[string]struct{}{}, openGaps: map[string]Gap{}, space: space}
+	db := &DB{pdb: pdb, dir: dir, id: openCount.Add(1), buckets: map[string]*bucketState{}, kinds: map[string]struct{}{}, openGaps: map[string]Gap{}, space: space, writeFailed: newFailedState(opts.Logger)}
 	if err := db.load(ctx, fresh); err != nil {
 		pdb.Close()
 		return nil, err
@@ -596,6 +598,9 @@ func (db *DB) Flush() error {
 	if db.closed.Load() {
 		return ErrClosed
 	}
+	if err := db.writeFailed.failed(); err != nil {
+		return err // Pebble takes no write any more (failed.go)
+	}
 	return db.pdb.LogData(nil, pebble.Sync)
 }
 
@@ -609,10 +614,16 @@ func (db *DB) Close() error {
 	db.compactMu.Unlock() //nolint:staticcheck // an empty critical section: a barrier
 	db.applyMu.Lock()
 	defer db.applyMu.Unlock()
-	err := db.pdb.LogData(nil, pebble.Sync)
-	if cerr := db.pdb.Close(); err == nil {
-		err = cerr
+	var err error
+	if db.writeFailed.failed() == nil {
+		err = db.pdb.LogData(nil, pebble.Sync)
+		if cerr := db.pdb.Close(); err == nil {
+			err = cerr
+		}
 	}
+	// Else Pebble's commit pipeline may hold its lock for good (failed.go): neither synced nor
+	// closed, as a process killed would leave it (the failure was said by Failed). Its goroutines end
+	// with the process.
 	// Only now, with no compaction left to schedule, are the manual ones still queued let go (compact).
 	db.endCompactions()
 	db.compactions.Wait()

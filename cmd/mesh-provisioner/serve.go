@@ -284,6 +284,12 @@ func runSeat(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, db *sto
 				"fix", "free space on that disk (or give --state a larger one); the next start reads the batches not written again from the streams")
 			return fmt.Errorf("state dir %s out of room: stopped without committing the last batch: %w", cur.Dir(), ctx.Err())
 		}
+	case <-db.Failed():
+		// A write failed for another reason than a full disk: Pebble takes no other (store/failed.go).
+		log.Error("stopping: the state dir cannot be written", "err", db.FailedErr())
+		cfg.ops.setSeat(nil)
+		st.Stop()
+		return db.FailedErr()
 	case <-db.Broken():
 		// Part of the projection no longer reads back: stop answering around the hole, and say what to do.
 		log.Error("stopping: the state dir is broken", "err", db.BrokenErr())

@@ -105,3 +105,53 @@ func TestServe_SignalWhileTheDiskIsFull(t *testing.T) {
 	require.Contains(t, logs.String(), "stopping without draining: the state dir is out of room")
 	require.NotContains(t, logs.String(), "panic")
 }
+
+// TestServe_WriteFailsWithEIO: a write to the state dir that fails with an input/output error made
+// Pebble panic and serve die with a stack trace. Now serve stops by itself, saying the state dir
+// cannot be written and what to do, and returns store.ErrWriteFailed (exit 1).
+func TestServe_WriteFailsWithEIO(t *testing.T) {
+	ns := natstest.RunServer(t)
+	_, js := natstest.Connect(t, ns.ClientURL())
+	mesh := fixtures.Mesh{Seed: 3, Nodes: 12, Modules: 3, NeedsPerModule: 2, Collections: 2}
+	require.NoError(t, fixtures.Load(context.Background(), js, mesh.Ops(), 256, nil))
+
+	var broken atomic.Bool
+	fs := errorfs.Wrap(vfs.Default, errorfs.InjectorFunc(func(op errorfs.Op) error {
+		if broken.Load() && op.Kind.ReadOrWrite() == errorfs.OpIsWrite && op.Kind != errorfs.OpFileClose {
+			return syscall.EIO
+		}
+		return nil
+	}))
+	var logs natstest.LogBuffer
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	db, err := store.OpenState(filepath.Join(t.TempDir(), "state"), store.Options{FS: fs, MinFreeBytes: 1 << 20, Logger: log})
+	require.NoError(t, err)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	started := make(chan struct{})
+	done := make(chan error, 1)
+	snc, sjs := natstest.Connect(t, ns.ClientURL()) // the seat's own: its stop drains it
+	go func() {
+		done <- runSeat(ctx, snc, sjs, db, seatConfig{log: log, registryInterval: time.Hour, registryReplicas: 1, writeRegistry: true,
+			stdout: io.Discard, started: func() { close(started) }})
+	}()
+	<-started
+	broken.Store(true)
+	more := fixtures.Mesh{Seed: 4, Nodes: 12, Modules: 3, NeedsPerModule: 2, Collections: 2}.Ops()
+	require.NoError(t, fixtures.Load(context.Background(), js, more, 256, nil))
+	var runErr error
+	natstest.CheckFor(t, 20*time.Second, 10*time.Millisecond, func() error {
+		select {
+		case runErr = <-done:
+			return nil
+		default:
+			return fmt.Errorf("serve goes on with a state dir it cannot write")
+		}
+	})
+	require.ErrorIs(t, runErr, store.ErrWriteFailed)
+	require.Equal(t, exitFailure, exitCode(runErr, io.Discard))
+	require.Contains(t, runErr.Error(), "input/output error")
+	require.Contains(t, logs.String(), "stopping: the state dir cannot be written")
+	require.NoError(t, db.Close(), "the failure was said; Close does not call into Pebble again")
+}
