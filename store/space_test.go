@@ -3,9 +3,9 @@ package store_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
-	"log/slog"
 	"strings"
 	"sync/atomic"
 	"syscall"
