@@ -564,7 +564,7 @@ func (p *Projector) applyLoop(ctx context.Context, bucket string, batchSize int,
 		case lastPending = <-pending:
 		default:
 		}
-		failing := false
+		failing, said := false, false
 		// A batch that reaches the stream's end is synced: Pebble keeps unsynced commits in its own
 		// WAL buffer, where neither a crash nor a reader of a copy of the state dir (replay --state)
 		// would find them. While catching up, batches follow each other and are not synced one by one.
@@ -579,7 +579,10 @@ func (p *Projector) applyLoop(ctx context.Context, bucket string, batchSize int,
 				return err
 			}
 			if !failing {
-				log.Error("applying a batch failed; retrying with backoff", "err", err, "messages", len(batch))
+				// A state dir out of room is said once by the store, not once per bucket (store/space.go).
+				if said = !errors.Is(err, store.ErrNoSpace); said {
+					log.Error("applying a batch failed; retrying with backoff", "err", err, "messages", len(batch))
+				}
 				failing = true
 				// Answers say they are behind until the batch is in (it is marked again once caught up).
 				p.db.SetSynced(bucket, false)
@@ -589,7 +592,9 @@ func (p *Projector) applyLoop(ctx context.Context, bucket string, batchSize int,
 			}
 		}
 		if failing {
-			log.Info("recovered")
+			if said {
+				log.Info("recovered")
+			}
 			bo.reset()
 		}
 		p.applied.Add(int64(len(batch)))

@@ -249,6 +249,14 @@ func (db *DB) Apply(bucket string, msgs []provisioner.Message, streamCreated int
 	if !ok {
 		return fmt.Errorf("store: no shape for bucket %q", bucket)
 	}
+	if err := db.writeFailed.failed(); err != nil {
+		return err
+	}
+	// While a write waits for room, the batch committing holds applyMu until there is: refused at
+	// once instead, so the bucket's projector says it is behind and backs off (space.go).
+	if db.space.held.Load() > 0 {
+		return db.checkRoom()
+	}
 	db.applyMu.Lock()
 	defer db.applyMu.Unlock()
 	if db.closed.Load() {
@@ -257,6 +265,8 @@ func (db *DB) Apply(bucket string, msgs []provisioner.Message, streamCreated int
 	if err := db.checkRoom(); err != nil {
 		return err
 	}
+	db.applying.Store(&bucket)
+	defer db.applying.Store(nil)
 	// A message whose rollup removed other keys starts a batch of its own: the keys it removes are
 	// found in what is committed, so what came before it in msgs is committed first. An empty msgs is
 	// one batch too (it commits the checkpoint, with streamCreated).
@@ -423,7 +433,7 @@ func (a *applier) finish(bucket string, cp *Checkpoint, sync, moved bool) error 
 	if sync {
 		opt = pebble.Sync
 	}
-	if err := a.batch.Commit(opt); err != nil {
+	if err := db.commit(a.batch, opt); err != nil {
 		return fmt.Errorf("commit %s: %w", bucket, err)
 	}
 	if a.unpins {

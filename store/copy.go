@@ -78,7 +78,7 @@ func signature(dir string) ([]string, error) {
 	var sig []string
 	for _, e := range entries {
 		name := e.Name()
-		if name == "LOCK" || e.IsDir() {
+		if name == "LOCK" || name == probeName || e.IsDir() { // the probe comes and goes (space.go)
 			continue
 		}
 		if strings.HasSuffix(name, ".log") || strings.HasSuffix(name, ".sst") {
@@ -118,7 +118,7 @@ func copyGeneration(stateDir, gen string) (string, error) {
 	slices.SortFunc(entries, func(a, b os.DirEntry) int { return copyOrder(a.Name()) - copyOrder(b.Name()) })
 	for _, e := range entries {
 		name := e.Name()
-		if name == "LOCK" || e.IsDir() {
+		if name == "LOCK" || name == probeName || e.IsDir() { // the probe comes and goes (space.go)
 			continue
 		}
 		src, dst := filepath.Join(gen, name), filepath.Join(tmp, name)

@@ -15,6 +15,7 @@ import (
 	"sync/atomic"
 
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/vfs"
 
 	provisioner "github.com/novox/mesh-provisioner"
 )
@@ -61,6 +62,9 @@ type Options struct {
 	// MinFreeBytes is the room Apply keeps free on the state dir's file system (space.go); 0 means
 	// two memtables and 32 MiB, a negative value turns the check off.
 	MinFreeBytes int64
+	// FS is the file system Pebble writes through; nil is the disk (vfs.Default). Tests wrap the disk
+	// to make writes fail (pebble's vfs/errorfs) while Pebble and the files stay real.
+	FS vfs.FS
 }
 
 // Checkpoint is a bucket's position, committed in the same batch as the rows it produced.
@@ -102,9 +106,11 @@ type DB struct {
 	id    uint64    // this open's, unique in the process (ID)
 	state *StateDir // set by OpenState: released on Close
 
-	applyMu sync.Mutex  // one Apply at a time: anomaly sets and kinds are read and written under it
-	writes  writesCache // the sorted writes of Apply, reused under applyMu
-	catchUp *catchUp    // holds compactions back while a bucket catches up (catchup.go)
+	applyMu sync.Mutex // one Apply at a time: anomaly sets and kinds are read and written under it
+	// applying is the bucket whose batch Apply is committing, nil between batches (holdApplying).
+	applying atomic.Pointer[string]
+	writes   writesCache // the sorted writes of Apply, reused under applyMu
+	catchUp  *catchUp    // holds compactions back while a bucket catches up (catchup.go)
 
 	mu      sync.Mutex // guards buckets and created
 	buckets map[string]*bucketState
@@ -122,8 +128,10 @@ type DB struct {
 
 	planRows atomic.Int64   // plan rows recomputed since open (PlanStats)
 	openGaps map[string]Gap // each bucket's open history gap (history.go); under applyMu
-	minFree  int64          // room Apply keeps free (space.go); negative: no check
+	space    *space         // the room on the state dir (space.go)
 	broken   *brokenState   // the first corruption Pebble found (broken.go)
+	// writeFailed is the first write Pebble failed, other than for a full disk (failed.go).
+	writeFailed *failedState
 	// histLocks holds a mutex per bucket for trims and Forget (forget.go).
 	histLocks sync.Map
 
@@ -163,6 +171,11 @@ type bucketState struct {
 // OpenState takes the state dir's lock and opens its current generation, creating the first one in an
 // empty dir. The DB releases the lock on Close.
 func OpenState(path string, opts Options) (*DB, error) {
+	return OpenStateContext(context.Background(), path, opts)
+}
+
+// OpenStateContext is OpenState, given up when ctx ends (OpenContext says where).
+func OpenStateContext(ctx context.Context, path string, opts Options) (*DB, error) {
 	s, err := LockState(path)
 	if err != nil {
 		return nil, err
@@ -177,7 +190,7 @@ func OpenState(path string, opts Options) (*DB, error) {
 			s.Close()
 			return nil, err
 		}
-		db, err := Open(cur, opts)
+		db, err := OpenContext(ctx, cur, opts)
 		if err != nil {
 			s.Close()
 			return nil, err
@@ -194,7 +207,7 @@ func OpenState(path string, opts Options) (*DB, error) {
 		s.Close()
 		return nil, fmt.Errorf("%w: current generation %s: %v", ErrCorrupt, cur, err)
 	}
-	db, err := Open(cur, opts)
+	db, err := OpenContext(ctx, cur, opts)
 	if err != nil {
 		s.Close()
 		return nil, err
@@ -221,7 +234,17 @@ func (db *DB) ID() uint64 { return db.id }
 func (db *DB) State() *StateDir { return db.state }
 
 // Open opens (or creates) a projection in a Pebble directory.
-func Open(dir string, opts Options) (*DB, error) {
+func Open(dir string, opts Options) (*DB, error) { return OpenContext(context.Background(), dir, opts) }
+
+// OpenContext is Open, given up with ctx's error when ctx ends: before Pebble opens, once it has, and
+// while the store reads what it keeps in memory (every anomaly row: the long part of an open of
+// millions of them). Pebble's own open (the replay of its log, up to two memtables) cannot be
+// stopped, nor can its Close wait less than the compactions it runs. A store given up is as it was
+// (a new one may have its schema version written), and is read again at the next open.
+func OpenContext(ctx context.Context, dir string, opts Options) (*DB, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("open %s: %w", dir, err)
+	}
 	if opts.CacheSize == 0 {
 		opts.CacheSize = 128 << 20
 	}
@@ -258,6 +281,13 @@ func Open(dir string, opts Options) (*DB, error) {
 	if err := roomToOpen(dir, minFree); err != nil {
 		return nil, err
 	}
+	fs := opts.FS
+	if fs == nil {
+		fs = vfs.Default
+	}
+	// A write that finds the disk full waits for room instead of failing inside Pebble (space.go).
+	space := newSpace(dir, fs, minFree, opts.Logger)
+	po.FS = vfs.OnDiskFull(fs, space.waitForRoom)
 	fresh := isEmptyDir(dir)
 	pdb, err := pebble.Open(dir, po)
 	if err != nil {
@@ -266,14 +296,16 @@ func Open(dir string, opts Options) (*DB, error) {
 		}
 		return nil, openErr(dir, err)
 	}
-	db := &DB{pdb: pdb, dir: dir, id: openCount.Add(1), buckets: map[string]*bucketState{}, kinds: map[string]struct{}{}, openGaps: map[string]Gap{}, anomSeed: maphash.MakeSeed()}
-	if err := db.load(fresh); err != nil {
+	db := &DB{pdb: pdb, dir: dir, id: openCount.Add(1), buckets: map[string]*bucketState{}, kinds: map[string]struct{}{}, openGaps: map[string]Gap{},
+		anomSeed: maphash.MakeSeed(), space: space, writeFailed: newFailedState(opts.Logger)}
+	if err := db.load(ctx, fresh); err != nil {
 		pdb.Close()
 		return nil, err
 	}
 	db.broken = broken
 	db.catchUp = catchUp
-	db.minFree = minFree
+	onHold := db.holdApplying
+	space.onHold.Store(&onHold)
 	db.closing, db.endCompactions = context.WithCancel(context.Background())
 	return db, nil
 }
@@ -293,7 +325,16 @@ func isLockErr(err error) bool {
 }
 
 // load checks the schema and reads every bucket's checkpoint, anomaly set and the registry's kinds.
-func (db *DB) load(fresh bool) error {
+func (db *DB) load(ctx context.Context, fresh bool) error {
+	stopped := func() error {
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("open %s: %w", db.dir, err)
+		}
+		return nil
+	}
+	if err := stopped(); err != nil {
+		return err
+	}
 	v, closer, err := db.pdb.Get(metaKey("schema"))
 	switch {
 	case errors.Is(err, pebble.ErrNotFound) && fresh:
@@ -361,7 +402,14 @@ func (db *DB) load(fresh bool) error {
 			run = 0
 		}
 	}
+	n := 0
 	for it.First(); it.Valid(); it.Next() {
+		if n++; n%4096 == 0 {
+			if err := stopped(); err != nil {
+				it.Close()
+				return err
+			}
+		}
 		comp, esc, class, ok := cutAnomalyKey(it.Key())
 		if !ok {
 			it.Close()
@@ -405,6 +453,10 @@ func (db *DB) load(fresh bool) error {
 	}
 	if err := it.Close(); err != nil {
 		return fmt.Errorf("%w: %s", ErrCorrupt, damage(err))
+	}
+	// The reconciles below may write (counts a binary before them did not keep): the last look at ctx.
+	if err := stopped(); err != nil {
+		return err
 	}
 	if err := db.reconcileNodeAnomalies(); err != nil {
 		return err
@@ -588,6 +640,9 @@ func (db *DB) Flush() error {
 	if db.closed.Load() {
 		return ErrClosed
 	}
+	if err := db.writeFailed.failed(); err != nil {
+		return err // Pebble takes no write any more (failed.go)
+	}
 	return db.pdb.LogData(nil, pebble.Sync)
 }
 
@@ -601,10 +656,16 @@ func (db *DB) Close() error {
 	db.compactMu.Unlock() //nolint:staticcheck // an empty critical section: a barrier
 	db.applyMu.Lock()
 	defer db.applyMu.Unlock()
-	err := db.pdb.LogData(nil, pebble.Sync)
-	if cerr := db.pdb.Close(); err == nil {
-		err = cerr
+	var err error
+	if db.writeFailed.failed() == nil {
+		err = db.pdb.LogData(nil, pebble.Sync)
+		if cerr := db.pdb.Close(); err == nil {
+			err = cerr
+		}
 	}
+	// Else Pebble's commit pipeline may hold its lock for good (failed.go): neither synced nor
+	// closed, as a process killed would leave it (the failure was said by Failed). Its goroutines end
+	// with the process.
 	// Only now, with no compaction left to schedule, are the manual ones still queued let go (compact).
 	db.endCompactions()
 	db.compactions.Wait()

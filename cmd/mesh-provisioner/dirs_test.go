@@ -18,14 +18,16 @@ import (
 	"github.com/novox/mesh-provisioner/internal/natstest"
 )
 
-// serveOnce runs serve with args until it returns, with a context already ended: a serve that wrongly
-// starts stops at once, and the test fails on its exit code rather than waiting for it.
+// serveOnce runs serve with args until it returns, stopping it (as a first SIGTERM does) as soon as it
+// answers: a serve that wrongly starts stops at once, and the test fails on its exit code rather than
+// waiting for it. (A context ended before the start stops serve right after it opens the state dir.)
 func serveOnce(t *testing.T, args ...string) (int, string) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
+	defer cancel()
 	var out, errb bytes.Buffer
-	err := NewMain(&out, &errb).Run(ctx, append([]string{"serve", "--embedded-listen", "127.0.0.1:-1"}, args...))
+	cmd := &ServeCommand{Stdout: &out, Stderr: &errb, started: func(string, string) { cancel() }}
+	err := cmd.Run(ctx, append([]string{"--embedded-listen", "127.0.0.1:-1"}, args...))
 	return exitCode(err, &errb), errb.String()
 }
 

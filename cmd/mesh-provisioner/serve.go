@@ -140,15 +140,22 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 	// only once NATS is reached (below): a serve that cannot reach it leaves it as it was.
 	var db *store.DB
 	defer func() {
-		if db != nil {
+		// A store whose write waits for room would hold Close until there is (runSeat): left to the
+		// process's exit instead, as a kill would, which loses nothing.
+		if db != nil && !db.WritesHeld() {
 			if err := db.Close(); err != nil {
 				log.Error("close state", "err", err)
 			}
 		}
 	}()
-	db, err = store.OpenState(c.state, store.Options{Logger: log})
+	// A signal during the start stops it between its steps (store.OpenContext says which part of the
+	// open cannot be stopped): it returns ctx's error, which main says as "stopped by SIGTERM".
+	db, err = store.OpenStateContext(ctx, c.state, store.Options{Logger: log})
 	broken := err
 	if err != nil && !store.NeedsRebuild(err) {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
 		return err
 	}
 
@@ -181,6 +188,9 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 		return err
 	}
 	defer nc.Close()
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return fmt.Errorf("jetstream: %w", err)
@@ -237,7 +247,12 @@ func runSeat(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, db *sto
 	if err != nil {
 		return err
 	}
-	defer st.Stop()
+	held := false // the stop found the store's writes held for room: the seat is left to the exit
+	defer func() {
+		if !held {
+			st.Stop()
+		}
+	}()
 	cfg.ops.setSeat(st)
 	defer cfg.ops.setSeat(nil)
 	// seat.Start returned once the server has the verb's subscription (query.Server.Start flushes): a
@@ -260,6 +275,21 @@ func runSeat(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, db *sto
 	select {
 	case <-ctx.Done():
 		cfg.ops.setSeat(nil) // /readyz says 503 while the seat drains
+		if cur := st.Store(); cur.WritesHeld() {
+			// The batch being committed waits for room in the state dir (store/space.go), and a
+			// clean stop would wait with it: stop as a kill would instead. Its checkpoint was not
+			// written with it, so the next start reads it again from the stream.
+			held = true
+			log.Error("stopping without draining: the state dir is out of room and the last batch waits for it", "state", cur.Dir(),
+				"fix", "free space on that disk (or give --state a larger one); the next start reads the batches not written again from the streams")
+			return fmt.Errorf("state dir %s out of room: stopped without committing the last batch: %w", cur.Dir(), ctx.Err())
+		}
+	case <-db.Failed():
+		// A write failed for another reason than a full disk: Pebble takes no other (store/failed.go).
+		log.Error("stopping: the state dir cannot be written", "err", db.FailedErr())
+		cfg.ops.setSeat(nil)
+		st.Stop()
+		return db.FailedErr()
 	case <-db.Broken():
 		// Part of the projection no longer reads back: stop answering around the hole, and say what to do.
 		log.Error("stopping: the state dir is broken", "err", db.BrokenErr())

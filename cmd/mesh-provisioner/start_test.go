@@ -1,0 +1,157 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"path/filepath"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
+	"github.com/stretchr/testify/require"
+
+	"github.com/novox/mesh-provisioner/fixtures"
+	"github.com/novox/mesh-provisioner/internal/natstest"
+	"github.com/novox/mesh-provisioner/store"
+)
+
+// TestServe_SignalDuringStartStopsIt: a SIGTERM that comes while serve opens its state dir stops it
+// there: it returns the context's error (main says "stopped by SIGTERM before it finished", exit
+// 143) without starting an embedded server or a seat. It used to go on through the whole start (an
+// open of a large state dir takes tens of seconds, docs/decisions.md), start the seat, answer, and
+// only then stop. The state dir is left as it was: the next serve answers from it.
+func TestServe_SignalDuringStartStopsIt(t *testing.T) {
+	dir := t.TempDir()
+	s, err := startServe(dir)
+	require.NoError(t, err)
+	require.NoError(t, s.stop())
+
+	// The signal has come by the time the open returns.
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	var stderr natstest.LogBuffer
+	cmd := &ServeCommand{Stdout: &natstest.LogBuffer{}, Stderr: &stderr}
+	err = cmd.Run(ctx, []string{"--state", filepath.Join(dir, "state"), "--embedded-listen", "127.0.0.1:-1",
+		"--embedded-store", filepath.Join(dir, "nats")})
+	require.ErrorIs(t, err, context.Canceled)
+	require.NotContains(t, stderr.String(), "embedded NATS server started", "it went on with the start")
+	require.NotContains(t, stderr.String(), "answering", "it went on with the start")
+
+	s, err = startServe(dir)
+	require.NoError(t, err, "the state dir is free and whole")
+	require.NoError(t, s.stop())
+}
+
+// TestServe_SignalWhileTheDiskIsFull: a SIGTERM while the batch being committed waits for room in the
+// state dir (store/space.go) would wait with it, for as long as the disk stays full: the seat's stop
+// commits its last batch. It stops as a kill would instead, saying so, and the next start reads
+// what was not written again from the streams.
+func TestServe_SignalWhileTheDiskIsFull(t *testing.T) {
+	ns := natstest.RunServer(t)
+	nc, js := natstest.Connect(t, ns.ClientURL())
+	mesh := fixtures.Mesh{Seed: 3, Nodes: 12, Modules: 3, NeedsPerModule: 2, Collections: 2}
+	require.NoError(t, fixtures.Load(context.Background(), js, mesh.Ops(), 256, nil))
+
+	var full atomic.Bool
+	fs := errorfs.Wrap(vfs.Default, errorfs.InjectorFunc(func(op errorfs.Op) error {
+		if full.Load() && op.Kind.ReadOrWrite() == errorfs.OpIsWrite && op.Kind != errorfs.OpFileClose {
+			return syscall.ENOSPC
+		}
+		return nil
+	}))
+	var logs natstest.LogBuffer
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	state := filepath.Join(t.TempDir(), "state")
+	db, err := store.OpenState(state, store.Options{FS: fs, MinFreeBytes: 1 << 20, Logger: log})
+	require.NoError(t, err)
+	t.Cleanup(func() { full.Store(false) })
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	started := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		done <- runSeat(ctx, nc, js, db, seatConfig{log: log, registryInterval: time.Hour, registryReplicas: 1, writeRegistry: true,
+			stdout: io.Discard, started: func() { close(started) }})
+	}()
+	<-started
+	full.Store(true)
+	more := fixtures.Mesh{Seed: 4, Nodes: 12, Modules: 3, NeedsPerModule: 2, Collections: 2}.Ops()
+	require.NoError(t, fixtures.Load(context.Background(), js, more, 256, nil))
+	natstest.CheckFor(t, 20*time.Second, 10*time.Millisecond, func() error {
+		if !db.WritesHeld() {
+			return fmt.Errorf("no write held for room yet")
+		}
+		return nil
+	})
+
+	cancel() // the first SIGTERM
+	var stopErr error
+	natstest.CheckFor(t, 20*time.Second, 10*time.Millisecond, func() error {
+		select {
+		case stopErr = <-done:
+			return nil
+		default:
+			return fmt.Errorf("the seat waits for room to stop")
+		}
+	})
+	require.ErrorIs(t, stopErr, context.Canceled, "main says: stopped by SIGTERM before it finished")
+	require.Contains(t, stopErr.Error(), "out of room")
+	require.Contains(t, logs.String(), "stopping without draining: the state dir is out of room")
+	require.NotContains(t, logs.String(), "panic")
+}
+
+// TestServe_WriteFailsWithEIO: a write to the state dir that fails with an input/output error made
+// Pebble panic and serve die with a stack trace. Now serve stops by itself, saying the state dir
+// cannot be written and what to do, and returns store.ErrWriteFailed (exit 1).
+func TestServe_WriteFailsWithEIO(t *testing.T) {
+	ns := natstest.RunServer(t)
+	_, js := natstest.Connect(t, ns.ClientURL())
+	mesh := fixtures.Mesh{Seed: 3, Nodes: 12, Modules: 3, NeedsPerModule: 2, Collections: 2}
+	require.NoError(t, fixtures.Load(context.Background(), js, mesh.Ops(), 256, nil))
+
+	var broken atomic.Bool
+	fs := errorfs.Wrap(vfs.Default, errorfs.InjectorFunc(func(op errorfs.Op) error {
+		if broken.Load() && op.Kind.ReadOrWrite() == errorfs.OpIsWrite && op.Kind != errorfs.OpFileClose {
+			return syscall.EIO
+		}
+		return nil
+	}))
+	var logs natstest.LogBuffer
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	db, err := store.OpenState(filepath.Join(t.TempDir(), "state"), store.Options{FS: fs, MinFreeBytes: 1 << 20, Logger: log})
+	require.NoError(t, err)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	started := make(chan struct{})
+	done := make(chan error, 1)
+	snc, sjs := natstest.Connect(t, ns.ClientURL()) // the seat's own: its stop drains it
+	go func() {
+		done <- runSeat(ctx, snc, sjs, db, seatConfig{log: log, registryInterval: time.Hour, registryReplicas: 1, writeRegistry: true,
+			stdout: io.Discard, started: func() { close(started) }})
+	}()
+	<-started
+	broken.Store(true)
+	more := fixtures.Mesh{Seed: 4, Nodes: 12, Modules: 3, NeedsPerModule: 2, Collections: 2}.Ops()
+	require.NoError(t, fixtures.Load(context.Background(), js, more, 256, nil))
+	var runErr error
+	natstest.CheckFor(t, 20*time.Second, 10*time.Millisecond, func() error {
+		select {
+		case runErr = <-done:
+			return nil
+		default:
+			return fmt.Errorf("serve goes on with a state dir it cannot write")
+		}
+	})
+	require.ErrorIs(t, runErr, store.ErrWriteFailed)
+	require.Equal(t, exitFailure, exitCode(runErr, io.Discard))
+	require.Contains(t, runErr.Error(), "input/output error")
+	require.Contains(t, logs.String(), "stopping: the state dir cannot be written")
+	require.NoError(t, db.Close(), "the failure was said; Close does not call into Pebble again")
+}

@@ -1,0 +1,81 @@
+package store
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+
+	"github.com/cockroachdb/pebble/v2"
+)
+
+// ErrWriteFailed marks a store whose disk failed a write for another reason than a full disk (an
+// input/output error): Pebble cannot take another write in this process. The answer is to stop, check
+// the disk, and start again: the store opens from what was committed before the failure.
+var ErrWriteFailed = errors.New("store: a write to the state dir failed")
+
+// A write that fails for another reason than a full disk (space.go holds those until there is room)
+// reaches Pebble, which panics in the commit that finds it (pebble v2.1.7 db.go: Logger.Fatalf on a
+// failed log sync, panic in commitWrite on a log write that failed before). The commit pipeline then
+// takes no other write: a panic in commitWrite leaves its lock held, so a later commit, a Flush or
+// Close's own sync would wait forever. So a commit of Apply recovers that panic, the store records
+// the failure once (Failed, FailedErr), logs it, refuses every later batch, and Flush and Close no
+// longer call into Pebble; the seat stops on it (serve exits 1). Nothing is lost: the batch that
+// failed carries its checkpoint, and Pebble's log keeps a prefix of what was committed. A failure
+// that Pebble finds on its own goroutines (a MANIFEST written by a flush) still panics there.
+
+// failedState records the first write failure.
+type failedState struct {
+	once sync.Once
+	ch   chan struct{}
+	err  error
+	log  *slog.Logger
+}
+
+func newFailedState(log *slog.Logger) *failedState {
+	return &failedState{ch: make(chan struct{}), log: log}
+}
+
+// fail records a write failure (a panic Pebble raised in a commit) and returns it.
+func (f *failedState) fail(dir string, cause any) error {
+	f.once.Do(func() {
+		f.err = fmt.Errorf("%w: %s: %v: check the disk, then start again (the seat resumes from what it committed)", ErrWriteFailed, dir, cause)
+		if f.log != nil {
+			f.log.Error("the state dir cannot be written", "state", dir, "err", fmt.Sprint(cause),
+				"fix", "check the disk, then start again: the seat resumes from what it committed")
+		}
+		close(f.ch)
+	})
+	return f.err
+}
+
+// failed is the recorded failure, or nil.
+func (f *failedState) failed() error {
+	select {
+	case <-f.ch:
+		return f.err
+	default:
+		return nil
+	}
+}
+
+// Failed returns a channel closed once a write to the state dir has failed for another reason than a
+// full disk: the store takes no more batches. FailedErr then says what and what to do.
+func (db *DB) Failed() <-chan struct{} { return db.writeFailed.ch }
+
+// FailedErr is the failure Failed reports, an ErrWriteFailed; nil before.
+func (db *DB) FailedErr() error { return db.writeFailed.failed() }
+
+// commit commits a batch of Apply, turning Pebble's panic on a failed write into the store's
+// ErrWriteFailed.
+func (db *DB) commit(b *pebble.Batch, opts *pebble.WriteOptions) (err error) {
+	if err := db.writeFailed.failed(); err != nil {
+		return err
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = db.writeFailed.fail(db.dir, r)
+		}
+	}()
+	return b.Commit(opts)
+}
