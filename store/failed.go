@@ -22,7 +22,9 @@ var ErrWriteFailed = errors.New("store: a write to the state dir failed")
 // the failure once (Failed, FailedErr), logs it, refuses every later batch, and Flush and Close no
 // longer call into Pebble; the seat stops on it (serve exits 1). Nothing is lost: the batch that
 // failed carries its checkpoint, and Pebble's log keeps a prefix of what was committed. A failure
-// that Pebble finds on its own goroutines (a MANIFEST written by a flush) still panics there.
+// that Pebble finds on its own goroutines (a MANIFEST written by a flush) still panics there, and one
+// a memtable's rotation finds (rotateWAL closing the failed log) is a fatal error of the runtime:
+// Pebble panics with its mutex released, and the unlock deferred above it cannot be recovered.
 
 // failedState records the first write failure.
 type failedState struct {
