@@ -10,3 +10,7 @@ func SetAfterForget(p *Projector, fn func(bucket string)) { p.afterForget = fn }
 // (parkstart.go): where a request's Wake, with a message written after that read, used to be lost.
 // Set it before Start.
 func SetAfterParkRead(p *Projector, fn func(bucket string)) { p.afterParkRead = fn }
+
+// SetBeforeRun has fn called as a bucket's goroutine starts, before it does anything: a test holds it
+// there to stage what comes before it runs. Set it before Start.
+func SetBeforeRun(p *Projector, fn func(bucket string)) { p.beforeRun = fn }

@@ -126,11 +126,16 @@ func (p *Projector) registerParked(bucket string, at time.Time, starting bool) (
 	p.parkMu.Lock()
 	p.parked[bucket] = pk
 	p.parkMu.Unlock()
-	return pk, func() {
-		p.parkMu.Lock()
+	return pk, func() { p.unpark(bucket, pk) }
+}
+
+// unpark ends a bucket's registration as parked, unless another has replaced it.
+func (p *Projector) unpark(bucket string, pk *parkedBucket) {
+	p.parkMu.Lock()
+	if p.parked[bucket] == pk {
 		delete(p.parked, bucket)
-		p.parkMu.Unlock()
 	}
+	p.parkMu.Unlock()
 }
 
 // waitParked parks a registered bucket on its stream's info until a listing reports it changed, a

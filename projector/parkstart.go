@@ -32,25 +32,40 @@ import (
 // than the start, or a listing that fails, gets no answer or is late. A bucket started parked is then
 // what one parked after ParkAfter is: parked on the listed info, read when that info was read, so a
 // listing after it that shows the stream changed wakes it, a request (Wake) wakes it, and so does a
-// listing that stops. It is registered before it waits for that first listing: a Wake meanwhile (a
-// node engine's min_seq) is kept, and the bucket tails at once.
+// listing that stops. It is registered as Add starts it, before its goroutine runs and before the
+// verb answers (startsParked): a Wake from then on (a node engine's min_seq) is kept, and makes the
+// bucket tail at once, also while it still waits for that first listing (one of thousands of streams
+// takes seconds; one that gets no answer, up to two of its intervals).
+
+// startsParked registers a bucket that may start parked (a composed-<node> bucket whose checkpoint
+// knows its stream's creation time, with parking on) so that a Wake from now on is kept; nil for any
+// other. Called by Add, under p.mu.
+func (p *Projector) startsParked(bucket string) *parkedBucket {
+	if !p.opts.Composed || p.opts.ParkAfter <= 0 || !provisioner.IsComposedBucket(bucket) {
+		return nil
+	}
+	if cp := p.db.Checkpoint(bucket); cp.Applied == 0 || cp.StreamCreated == 0 {
+		return nil
+	}
+	// Starting: a listing not come yet is awaited, not a listing stopped (watchParked).
+	pk, _ := p.registerParked(bucket, p.started, true)
+	return pk
+}
 
 // parkAtStart parks a composed-<node> bucket as it starts when the first listing since Start shows its
 // stream unchanged since the store last read it (see above), until the stream changes or a request
 // wakes it. It reports false when ctx ends, true when the bucket is to tail: it did not park, or was
-// woken. created is the bucket's channel from waitCreated.
-func (p *Projector) parkAtStart(ctx context.Context, bucket string, log *slog.Logger, created <-chan struct{}) bool {
-	if !p.opts.Composed || p.opts.ParkAfter <= 0 || !provisioner.IsComposedBucket(bucket) {
+// woken. created is the bucket's channel from waitCreated; pk its registration from startsParked (nil:
+// it tails).
+func (p *Projector) parkAtStart(ctx context.Context, bucket string, log *slog.Logger, created <-chan struct{}, pk *parkedBucket) bool {
+	if pk == nil {
 		return true
 	}
-	if cp := p.db.Checkpoint(bucket); cp.Applied == 0 || cp.StreamCreated == 0 {
-		return true
-	}
-	// Starting: a listing not come yet is awaited, not a listing stopped (watchParked).
-	pk, unpark := p.registerParked(bucket, p.started, true)
-	defer unpark()
+	defer p.unpark(bucket, pk)
 	select {
 	case <-p.firstListed:
+	case <-pk.wake:
+		return true // a request waits for the bucket: read it now, not once the listing has come
 	case <-ctx.Done():
 		return false
 	}

@@ -335,3 +335,109 @@ func TestProjector_NoStartParkedWithoutStreamCreation(t *testing.T) {
 	})
 	require.False(t, p.Parked(b))
 }
+
+// TestProjector_WokenWhileWaitingForTheFirstListing: a request (Wake) for a bucket that waits to
+// start parked makes it read at once, not once the first listing has come: a listing of thousands of
+// streams on a loaded cluster takes seconds, one that gets no answer up to two of its intervals, and a
+// node engine that published a composition as the seat restarted asks with a wait_ms of its own.
+// Before, the bucket kept the wake and read only after that listing (here one that gets no answer,
+// given up after its first page is 5 s late): the request waited for it, or timed out.
+func TestProjector_WokenWhileWaitingForTheFirstListing(t *testing.T) {
+	ns := natstest.RunServer(t)
+	_, js := natstest.Connect(t, ns.ClientURL())
+	ctx := context.Background()
+	composedBuckets(t, js, 1)
+	const b = "composed-n0000"
+	r := restartable{t: t, url: ns.ClientURL(), dir: t.TempDir(), every: 100 * time.Millisecond, verify: time.Hour}
+	r.runToSynced([]string{b}, 1)
+
+	// The listing's requests go to a subject that the test holds and never answers.
+	lnc, _ := natstest.Connect(t, ns.ClientURL())
+	held, err := lnc.SubscribeSync("held.API.>")
+	require.NoError(t, err)
+	require.NoError(t, lnc.Flush())
+	ljs, err := jetstream.NewWithAPIPrefix(lnc, "held.API")
+	require.NoError(t, err)
+	poller := streaminfo.New(ljs)
+	natstest.RunPoller(t, poller, time.Hour)
+	_, pjs := natstest.Connect(t, ns.ClientURL())
+	db, err := store.OpenState(r.dir, store.Options{})
+	require.NoError(t, err)
+	p := projector.New(pjs, db, projector.Options{Buckets: []string{}, Composed: true, Poll: 20 * time.Millisecond,
+		Verify: time.Hour, DiscoverEvery: time.Hour, ParkAfter: time.Hour, Streams: poller})
+	p.Start(ctx)
+	t.Cleanup(func() {
+		p.Stop()
+		require.NoError(t, db.Close())
+	})
+	_, err = held.NextMsg(10 * time.Second) // the listing is asked for, and held
+	require.NoError(t, err)
+
+	kv, err := js.KeyValue(ctx, b)
+	require.NoError(t, err)
+	_, err = kv.Put(ctx, "web.2", []byte{0x80})
+	require.NoError(t, err)
+	p.Wake(b)
+	natstest.CheckFor(t, 20*time.Second, 5*time.Millisecond, func() error {
+		if seq, _ := db.Applied(b); seq == 2 {
+			return nil
+		}
+		if poller.Failures() > 0 {
+			t.Fatalf("%s read only once the first listing was given up", b)
+		}
+		return fmt.Errorf("%s not read yet", b)
+	})
+}
+
+// TestProjector_WakeBeforeTheBucketRuns: a Wake that comes after Start and before the bucket's own
+// goroutine has run is kept. The seat answers the verb as soon as Start returns, and with thousands of
+// buckets their goroutines run a while after it; a node engine's min_seq asked then, for a composition
+// written after the listing read its stream, used to be lost: the bucket started parked on that
+// listing and read it only at the next one.
+func TestProjector_WakeBeforeTheBucketRuns(t *testing.T) {
+	ns := natstest.RunServer(t)
+	_, js := natstest.Connect(t, ns.ClientURL())
+	ctx := context.Background()
+	composedBuckets(t, js, 1)
+	const b = "composed-n0000"
+	r := restartable{t: t, url: ns.ClientURL(), dir: t.TempDir(), every: time.Hour, verify: time.Hour}
+	r.runToSynced([]string{b}, 1)
+
+	_, pjs := natstest.Connect(t, ns.ClientURL())
+	poller := streaminfo.New(pjs)
+	natstest.RunPoller(t, poller, time.Hour)
+	db, err := store.OpenState(r.dir, store.Options{})
+	require.NoError(t, err)
+	p := projector.New(pjs, db, projector.Options{Buckets: []string{}, Composed: true, Poll: 20 * time.Millisecond,
+		Verify: time.Hour, DiscoverEvery: time.Hour, ParkAfter: time.Hour, Streams: poller})
+	release := make(chan struct{})
+	projector.SetBeforeRun(p, func(bucket string) {
+		if bucket == b {
+			<-release
+		}
+	})
+	p.Start(ctx)
+	released := false
+	t.Cleanup(func() {
+		if !released {
+			close(release)
+		}
+		p.Stop()
+		require.NoError(t, db.Close())
+	})
+	natstest.CheckFor(t, 20*time.Second, 5*time.Millisecond, func() error {
+		if !p.Discovered() {
+			return fmt.Errorf("the streams are not listed yet")
+		}
+		return nil
+	})
+	// Written after the listing read the stream, asked for before the bucket's goroutine runs.
+	kv, err := js.KeyValue(ctx, b)
+	require.NoError(t, err)
+	_, err = kv.Put(ctx, "web.2", []byte{0x80})
+	require.NoError(t, err)
+	p.Wake(b)
+	released = true
+	close(release)
+	waitApplied(t, db, b, 2)
+}

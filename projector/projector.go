@@ -127,6 +127,7 @@ type Projector struct {
 
 	afterForget   func(bucket string) // tests: called as a forgotten bucket's forgetting has committed
 	afterParkRead func(bucket string) // tests: called as a parking bucket has read its stream's info
+	beforeRun     func(bucket string) // tests: called as a bucket's goroutine starts
 }
 
 // New returns a Projector; Start runs it.
@@ -222,10 +223,13 @@ func (p *Projector) Add(ctx context.Context, bucket string) {
 		return
 	}
 	p.tailed[bucket] = true
+	// Registered here, not on its goroutine: the verb answers once Start returns, and a Wake that
+	// comes before the goroutine runs must be kept (parkstart.go).
+	starting := p.startsParked(bucket)
 	p.wg.Add(1)
 	go func() {
 		defer p.wg.Done()
-		p.runBucket(ctx, bucket)
+		p.runBucket(ctx, bucket, starting)
 	}()
 }
 
@@ -238,8 +242,12 @@ func (p *Projector) Stop() {
 }
 
 // runBucket waits for the bucket's stream, tails it, and starts over after a failure, with a backoff
-// that doubles up to a cap. The first failure is logged, and "recovered" once it works again.
-func (p *Projector) runBucket(ctx context.Context, bucket string) {
+// that doubles up to a cap. The first failure is logged, and "recovered" once it works again. starting
+// is the bucket's registration as a bucket that may start parked (startsParked), or nil.
+func (p *Projector) runBucket(ctx context.Context, bucket string, starting *parkedBucket) {
+	if p.beforeRun != nil {
+		p.beforeRun(bucket)
+	}
 	log := p.log.With("bucket", bucket)
 	bo := backoff{min: 100 * time.Millisecond, max: 5 * time.Second}
 	missing := p.missingBackoff()
@@ -247,7 +255,7 @@ func (p *Projector) runBucket(ctx context.Context, bucket string) {
 	defer stopWaiting()
 	failing := false
 	var behind streamEnd // the stream's end past the checkpoint that park last tailed again for (park.go)
-	if !p.parkAtStart(ctx, bucket, log, created) {
+	if !p.parkAtStart(ctx, bucket, log, created, starting) {
 		return
 	}
 	for ctx.Err() == nil {

@@ -3,6 +3,7 @@ package query
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -202,4 +203,81 @@ func TestServer_PageAheadOfAWideWalkWaitsForASlot(t *testing.T) {
 	})
 	require.Zero(t, aheadWhileHeld.Load())
 	require.NotZero(t, ahead.Load())
+}
+
+// TestServer_WideRequestsLeaveQueueRoomToNodeLookups: the wide requests' queue shares the 32 MiB of
+// queued fields with the others, and may hold only half of it: a flood of wide requests with long
+// fields (a cursor, a module or a collection may be long), queued behind the wide answers under way,
+// leaves room for a node's lookup. Before, it could take all 32 MiB, and every node lookup was
+// answered busy until the wide requests had drained: the worker kept for lookups sat idle.
+func TestServer_WideRequestsLeaveQueueRoomToNodeLookups(t *testing.T) {
+	db := smallStore(t)
+	for seq := uint64(1); seq <= 3; seq++ {
+		putNeed(t, db, seq)
+	}
+	db.SetSynced(provisioner.BucketNeeds, true)
+	ns := natstest.RunServer(t)
+	snc, _ := natstest.Connect(t, ns.ClientURL())
+	s := NewServer(StoreReader(db), Options{Workers: 2, NoReadAhead: true})
+	gate := make(chan struct{})
+	var held atomic.Int64
+	s.answering = func(r *Request) {
+		if r.Node == "" {
+			held.Add(1)
+			<-gate
+		}
+	}
+	require.NoError(t, s.Start(snc, nil))
+	opened := false
+	open := func() {
+		if !opened {
+			opened = true
+			close(gate)
+		}
+	}
+	t.Cleanup(func() { open(); s.Stop() })
+	nc, _ := natstest.Connect(t, ns.ClientURL())
+	got, inbox := collect(t, nc)
+	wideOf := func(module string) []byte { return []byte(`{"what":"needs","module":"` + module + `"}`) }
+	send := func(i int, body []byte) {
+		t.Helper()
+		busy := got.get("500")
+		require.NoError(t, nc.PublishRequest(Subject, fmt.Sprintf("%s.w%d", inbox, i), body))
+		natstest.CheckFor(t, 10*time.Second, 2*time.Millisecond, func() error {
+			if got.get("500") > busy || int(held.Load())+s.Queued() == i-got.get("500") {
+				return nil
+			}
+			return fmt.Errorf("request %d neither queued nor answered busy", i)
+		})
+	}
+
+	// Wide requests of 900 KiB of fields each, until their queue refuses one; then smaller ones, to
+	// fill what is left to the byte, while they are taken.
+	const most = 900 << 10
+	i := 0
+	for got.get("500") == 0 {
+		i++
+		require.Less(t, i, 100, "the wide requests' queue took every request")
+		send(i, wideOf(strings.Repeat("m", most)))
+	}
+	overhead := int64((&Request{What: "needs"}).size())
+	for busy := got.get("500"); got.get("500") == busy; {
+		rest := maxQueuedBytes - s.queuedBytes.Load() - overhead
+		if rest <= 0 {
+			break
+		}
+		i++
+		send(i, wideOf(strings.Repeat("m", int(min(rest, most)))))
+	}
+	require.EqualValues(t, 1, held.Load())
+
+	// A node's lookup still finds room in its queue, and the free worker answers it.
+	a, _, err := natstest.Ask(nc, Subject, []byte(`{"what":"needs","node":"n1"}`), false)
+	require.NoError(t, err, "%d wide requests queued, %d bytes of fields", s.Queued(), s.queuedBytes.Load())
+	require.Len(t, a.Rows, 1)
+
+	open()
+	s.Stop()
+	require.Zero(t, s.queuedBytes.Load())
+	require.Zero(t, s.Queued())
 }

@@ -109,6 +109,10 @@ const (
 const (
 	DefaultMaxQueued = 4096
 	maxQueuedBytes   = 32 << 20 // of the queued requests' fields
+	// maxWideBytes is the wide requests' share of maxQueuedBytes: the rest is always left to the
+	// others, so that a flood of wide requests with long fields cannot have every node lookup
+	// answered busy while the worker kept for them is free.
+	maxWideBytes = maxQueuedBytes / 2
 )
 
 // errBusy is the error of a request that found the workers' queue full.
@@ -137,6 +141,7 @@ type Server struct {
 	jobs        chan job
 	jobsClosed  bool
 	queuedBytes atomic.Int64 // of the fields of the requests in jobs and wide
+	wideBytes   atomic.Int64 // of those in wide alone: at most maxWideBytes
 	workers     sync.WaitGroup
 	// The wide requests' lane (wide): queued in wide, handed to the workers by one dispatcher that
 	// takes one of wideSlots (max(1, workers-1)) for each, so that they never take every worker; the
@@ -310,8 +315,8 @@ func (s *Server) handle(req micro.Request) {
 // queue hands a decoded request to the workers, or answers it here once they have stopped (micro
 // drains its subscription after Stop: a late request is answered on its goroutine). A wide request
 // goes to the wide requests' queue. With its queue full (in requests, or both queues in bytes) it
-// returns errBusy, or when wait is set (a request that has waited for its min_seq already) waits for
-// a place.
+// returns errBusy (the wide requests may hold only maxWideBytes of the bytes), or when wait is set (a
+// request that has waited for its min_seq already) waits for a place.
 func (s *Server) queue(j job, wait bool) error {
 	s.jobsMu.RLock()
 	defer s.jobsMu.RUnlock()
@@ -320,13 +325,14 @@ func (s *Server) queue(j job, wait bool) error {
 		return nil
 	}
 	j.size = j.r.size()
-	if !wait && s.queuedBytes.Load()+int64(j.size) > maxQueuedBytes {
-		if wide(&j.r) {
+	isWide := wide(&j.r)
+	if !wait && (s.queuedBytes.Load()+int64(j.size) > maxQueuedBytes || isWide && s.wideBytes.Load()+int64(j.size) > maxWideBytes) {
+		if isWide {
 			return s.busy(len(s.wideRoom))
 		}
 		return s.busy(len(s.jobs))
 	}
-	if wide(&j.r) {
+	if isWide {
 		// A place first: the dispatcher may hold one request taken from the channel already.
 		if wait {
 			s.wideRoom <- struct{}{}
@@ -338,6 +344,7 @@ func (s *Server) queue(j job, wait bool) error {
 			}
 		}
 		s.queuedBytes.Add(int64(j.size))
+		s.wideBytes.Add(int64(j.size))
 		s.wide <- j // never blocks: it has a place
 		return nil
 	}
@@ -477,6 +484,7 @@ func (s *Server) startWorkers() {
 						continue
 					}
 					s.queuedBytes.Add(-int64(j.size))
+					s.wideBytes.Add(-int64(j.size))
 					<-s.wideRoom
 					s.respond(j)
 					<-s.wideSlots
