@@ -136,6 +136,88 @@ func TestAnomSet_CountsKeysByHash(t *testing.T) {
 	require.Nil(t, s.slots, "an empty set holds no table")
 }
 
+// TestAnomSet_KeepsEachHashsClasses is the set's model with what each word carries beside its hash:
+// through adds, removes and updates of clustered hashes (runs that wrap, backward shifts, growing
+// and shrinking), a hash one key holds carries that key's classes as last added or updated, and a
+// hash two keys held is marked unknown until its last key goes.
+func TestAnomSet_KeepsEachHashsClasses(t *testing.T) {
+	type held struct {
+		keys    int
+		classes uint64
+		unknown bool
+	}
+	r := rand.New(rand.NewPCG(11, 3))
+	var s anomSet
+	want := map[uint64]*held{}
+	pick := func() uint64 {
+		switch r.IntN(4) {
+		case 0:
+			return uint64(1+r.IntN(40)) << 4
+		case 1:
+			return (^uint64(0) - uint64(r.IntN(40))) << 4
+		case 2:
+			return anomTag(uint64(r.IntN(3000))) // a few thousand keys' worth of fixed hashes
+		}
+		return anomTag(r.Uint64())
+	}
+	check := func(step int) {
+		t.Helper()
+		require.Equal(t, len(want), s.n, "step %d: hashes", step)
+		keys := 0
+		for h, w := range want {
+			keys += w.keys
+			meta, ok := s.lookup(h)
+			require.True(t, ok, "step %d: %x", step, h)
+			require.Equal(t, w.unknown, meta&anomUnknown != 0, "step %d: %x unknown", step, h)
+			if !w.unknown {
+				require.Equal(t, w.classes, meta&anomClasses, "step %d: %x classes", step, h)
+			}
+		}
+		require.Equal(t, keys, s.keys(), "step %d: keys", step)
+		require.LessOrEqual(t, s.n*4, len(s.slots)*3, "step %d: load", step)
+	}
+	var hs []uint64
+	most := 0
+	for step := range 30000 {
+		grow := step%10000 < 6000
+		switch op := r.IntN(10); {
+		case len(hs) > 0 && (grow && op < 3 || !grow && op < 7):
+			i := r.IntN(len(hs))
+			h := hs[i]
+			hs[i] = hs[len(hs)-1]
+			hs = hs[:len(hs)-1]
+			s.remove(h)
+			want[h].keys--
+			if want[h].keys == 0 {
+				delete(want, h)
+			}
+		case len(hs) > 0 && (grow && op == 3 || !grow && op == 7):
+			h := hs[r.IntN(len(hs))]
+			c := uint64(1 + r.IntN(7))
+			s.update(h, byte(c))
+			if w := want[h]; !w.unknown {
+				w.classes = c
+			}
+		default:
+			h, c := pick(), uint64(1+r.IntN(7))
+			s.add(h, byte(c))
+			if w, ok := want[h]; ok {
+				w.keys++
+				w.unknown = true
+			} else {
+				want[h] = &held{keys: 1, classes: c}
+			}
+			hs = append(hs, h)
+		}
+		most = max(most, s.n)
+		if step%101 == 0 {
+			check(step)
+		}
+	}
+	check(30000)
+	require.Greater(t, most, 500, "the table grew")
+}
+
 // withSharedHashes makes the anomaly sets' hashes take a few values only, so that most keys share
 // their hash with others, until the test ends.
 func withSharedHashes(t *testing.T, mask uint64) {
