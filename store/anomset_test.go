@@ -1,6 +1,7 @@
 package store
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -452,4 +453,57 @@ func TestDB_BulkStepsReadAnomaliesInOrder(t *testing.T) {
 	keys := checkAnomalySet(t, db, "after the rollup")
 	require.Equal(t, map[string]byte{all.Key: classKind}, keys[b])
 	checkAnomalyMemory(t, db, "after the rollup")
+}
+
+// TestDB_AnomalySetsFollowARollupStoppedBetweenParts: a whole-bucket rollup stopped after its second
+// part leaves the parts before committed, and the sets follow exactly them; the store opened again
+// finishes the rollup (rollupmark.go) from sets read back from the rows, with full hashes and with
+// hashes most keys share.
+func TestDB_AnomalySetsFollowARollupStoppedBetweenParts(t *testing.T) {
+	for _, mask := range []uint64{^uint64(0), 0x3} {
+		t.Run(fmt.Sprintf("%x", mask), func(t *testing.T) {
+			withSharedHashes(t, mask)
+			b := provisioner.BucketNeeds
+			dir := t.TempDir()
+			db, err := Open(dir, Options{})
+			require.NoError(t, err)
+			defer func() { db.Close() }()
+			var msgs []provisioner.Message
+			for i := range 40 {
+				key := fmt.Sprintf("n%02d.m.%s.a", i, []string{"nokind", provisioner.Registry.Entries[0].Kind}[i%2])
+				val := []byte{0xc0}
+				switch i % 5 {
+				case 1:
+					val = []byte{0xc1} // not MessagePack
+				case 3:
+					key = fmt.Sprintf("n%02d.odd", i) // out of shape
+				}
+				msgs = append(msgs, provisioner.Message{Seq: uint64(i + 1), Time: 1, Key: key, Op: provisioner.OpPut, Value: val})
+			}
+			require.NoError(t, db.Apply(b, msgs, 0, false))
+			checkAnomalySet(t, db, "before the rollup")
+
+			parts := 0
+			restore := SetRollupPart(5, func(int) error {
+				if parts++; parts == 2 {
+					return errors.New("stopped")
+				}
+				return nil
+			})
+			defer restore()
+			all := provisioner.Message{Seq: 41, Time: 2, Key: "n99.m.nokind.z", Op: provisioner.OpPut, Value: []byte{0xc1}, Rollup: provisioner.RollupAll}
+			require.Error(t, db.Apply(b, []provisioner.Message{all}, 0, false))
+			keys := checkAnomalySet(t, db, "stopped after two parts")
+			require.NotEmpty(t, keys[b])
+			checkAnomalyMemory(t, db, "stopped after two parts")
+
+			require.NoError(t, db.Close())
+			db, err = Open(dir, Options{})
+			require.NoError(t, err)
+			keys = checkAnomalySet(t, db, "the rollup finished at open")
+			require.Equal(t, map[string]byte{all.Key: classValue | classKind}, keys[b])
+			require.EqualValues(t, 2, db.Checkpoint(b).AnomalyRows)
+			checkAnomalyMemory(t, db, "the rollup finished at open")
+		})
+	}
 }
