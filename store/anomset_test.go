@@ -269,7 +269,7 @@ func anomalySetModel(t *testing.T, seed uint64) {
 			return fmt.Sprintf("m%d.%s", r.IntN(3), []string{"1", "x", "2.3"}[r.IntN(3)])
 		}
 		kind := []string{reg.Kind, "wish"}[r.IntN(2)]
-		ks := []string{node, node + ".m." + kind + ".a", node + ".m2." + kind + ".b", node + ".c=3A1.u", node + ".x.y", node + ".m.b=ad"}
+		ks := []string{node, node + ".m." + kind + ".a", node + ".m2." + kind + ".b", node + ".c=3A1.u", node + ".x.y", node + ".m.b=ad", node + ".x\x00y", node + "\x00"}
 		return ks[r.IntN(len(ks))]
 	}
 	msg := func(bucket, k string) provisioner.Message {
