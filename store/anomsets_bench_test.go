@@ -129,3 +129,52 @@ func cpuTime() time.Duration {
 	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
+
+// BenchmarkApply_AnomaliesInBulk fills a store with ANOM_ROWS (default 200,000) unanswered-kind needs,
+// then times the one Apply that touches them all: the registry gaining their kind (every anomaly
+// cleared by the re-evaluation), or a rollup of the whole needs bucket (every key removed, in parts),
+// and reports the process's CPU time for it (background compactions included).
+// Run using: ANOM_ROWS=1000000 go test ./store -run x -bench Apply_AnomaliesInBulk -benchtime 1x
+func BenchmarkApply_AnomaliesInBulk(b *testing.B) {
+	n := 200000
+	if v, err := strconv.Atoi(os.Getenv("ANOM_ROWS")); err == nil && v > 0 {
+		n = v
+	}
+	entry := provisioner.Registry.Entries[0]
+	for _, tc := range []struct {
+		name   string
+		bucket string
+		msg    provisioner.Message
+		left   int64
+	}{
+		{"kind-gained", provisioner.BucketRegistry, provisioner.Message{Seq: 1, Time: 1, Key: "rolling-out", Op: provisioner.OpPut, Value: entry.Value()}, 0},
+		{"rollup-all", provisioner.BucketNeeds, provisioner.Message{Seq: uint64(n + 1), Time: 1, Key: "x.m.rolling-out.a", Op: provisioner.OpPut, Value: []byte{0x80}, Rollup: provisioner.RollupAll}, 1},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			var cpu time.Duration
+			for i := 0; i < b.N; i++ {
+				b.StopTimer()
+				db, err := store.Open(b.TempDir(), store.Options{})
+				if err != nil {
+					b.Fatal(err)
+				}
+				fillUnanswered(b, db, n)
+				b.StartTimer()
+				c0 := cpuTime()
+				if err := db.Apply(tc.bucket, []provisioner.Message{tc.msg}, 1, true); err != nil {
+					b.Fatal(err)
+				}
+				cpu += cpuTime() - c0
+				b.StopTimer()
+				if got := db.Checkpoint(provisioner.BucketNeeds).AnomalyRows; got != tc.left {
+					b.Fatalf("%d anomaly rows left, want %d", got, tc.left)
+				}
+				if err := db.Close(); err != nil {
+					b.Fatal(err)
+				}
+				b.StartTimer()
+			}
+			b.ReportMetric(float64(cpu.Milliseconds())/float64(b.N), "cpu-ms")
+		})
+	}
+}

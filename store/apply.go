@@ -97,6 +97,10 @@ type applier struct {
 	// (committedClasses); anomKey is its seek key.
 	anomIt  *pebble.Iterator
 	anomKey []byte
+	// inOrder is set while a step touches many keys in key order (a rollup's removals, the kinds'
+	// re-evaluation): a key whose hash is in its bucket's set is then read through anomIt, whose
+	// seeks step forward from the one before, not with a Get each (anomset.go).
+	inOrder bool
 	// err is the first read that failed in a step that returns no error (committedClasses): the
 	// batch does not commit.
 	err error
@@ -162,8 +166,9 @@ func (a *applier) classes(bucket, key string) byte {
 		c   byte
 		err error
 	)
-	if meta&anomUnknown == 0 {
-		// One key holds the hash: this one exactly when it holds a row of that key's classes.
+	if meta&anomUnknown == 0 && !a.inOrder {
+		// One key holds the hash: this one exactly when it holds a row of that key's classes. A Get
+		// reads it alone; many keys in order are cheaper read through the iterator, below.
 		c = byte(meta & anomClasses)
 		var held bool
 		if held, err = a.hasAnomalyRow(bucket, key, c&-c); !held {
@@ -644,8 +649,8 @@ func (a *applier) rollup(shape provisioner.Shape, m *provisioner.Message, from s
 	if len(keys) > 0 {
 		last = keys[len(keys)-1]
 	}
-	a.removing = true
-	defer func() { a.removing = false }()
+	a.removing, a.inOrder = true, true
+	defer func() { a.removing, a.inOrder = false, false }()
 	for _, key := range keys {
 		if err := a.apply(shape, &provisioner.Message{Seq: m.Seq, Time: m.Time, Key: key, Op: provisioner.OpPurge}); err != nil {
 			return "", 0, fmt.Errorf("%s: %w", key, err)
@@ -714,6 +719,8 @@ func (a *applier) registryKind(kind string, present bool) {
 // reevaluateKinds raises or clears unanswered-kind on every need of each kind whose presence in the
 // registry this batch changed: one scan of the needs' kind index per changed kind.
 func (a *applier) reevaluateKinds() error {
+	a.inOrder = true
+	defer func() { a.inOrder = false }()
 	for kind, present := range a.kindsChanged {
 		if _, before := a.db.kinds[kind]; before == present {
 			continue // changed and changed back within the batch
