@@ -74,6 +74,7 @@ type Reader struct {
 	cons      jetstream.Consumer
 	it        jetstream.MessagesContext
 	delivered uint64 // the consumer's sequence of the last message read
+	inFlight  uint64 // delivered+1 when a miss found messages delivered and not read (stillThere)
 }
 
 // Read starts pulling cons, at most pull messages at once (0: nats.go's default), with Heartbeat.
@@ -95,12 +96,14 @@ func Read(cons jetstream.Consumer, pull int) (*Reader, error) {
 // read from the last message read. After ctx ends the Reader still reads.
 //
 // Two missed heartbeats are confirmed before they count as a loss: Next asks the consumer's info
-// (CONSUMER.INFO, at most ConfirmTimeout), and reads on from the same consumer when the server still
-// has it and has delivered nothing the Reader did not read (nats.go pulls again after the miss). On a
-// loaded process or server, heartbeats a second apart come late now and then; with thousands of idle
-// consumers (a seat's composed-<node> buckets) each late one cost a CONSUMER.DELETE, a STREAM.INFO and
-// a CONSUMER.CREATE, more load on the JetStream API and more late heartbeats. A consumer whose server
-// is gone, or that was deleted, does not answer so, and is lost as before.
+// (CONSUMER.INFO, at most ConfirmTimeout), and reads on from the same consumer (nats.go pulls again
+// after the miss) when the server still has it and has delivered nothing the Reader did not read, or
+// has, but no miss before found so with nothing read since: a client late on its heartbeats is late on
+// its messages too, which come behind them. On a loaded process or server, heartbeats a second apart
+// come late now and then; with thousands of idle consumers (a seat's composed-<node> buckets) each
+// late one cost a CONSUMER.DELETE, a STREAM.INFO and a CONSUMER.CREATE: more load on the JetStream
+// API, and more late heartbeats. A consumer whose server is gone, or that was deleted, does not answer
+// so, and is lost as before.
 func (r *Reader) Next(ctx context.Context) (jetstream.Msg, *jetstream.MsgMetadata, error) {
 	msg, err := r.it.Next(jetstream.NextContext(ctx))
 	for errors.Is(err, jetstream.ErrNoHeartbeat) && ctx.Err() == nil && r.stillThere(ctx) {
@@ -123,13 +126,27 @@ func (r *Reader) Next(ctx context.Context) (jetstream.Msg, *jetstream.MsgMetadat
 	return msg, md, nil
 }
 
-// stillThere reports whether the consumer, its heartbeats missed, is still on the server with nothing
-// delivered that the Reader has not read.
+// stillThere reports whether the consumer, its heartbeats missed, is still on the server, with
+// nothing delivered that the Reader has not read, or with messages delivered and not read that may
+// still be on their way: the first miss at that point.
 func (r *Reader) stillThere(ctx context.Context) bool {
 	ictx, cancel := context.WithTimeout(ctx, ConfirmTimeout)
 	defer cancel()
 	ci, err := r.cons.Info(ictx)
-	return err == nil && ci.Delivered.Consumer == r.delivered
+	switch {
+	case err != nil:
+		return false
+	case ci.Delivered.Consumer == r.delivered:
+		return true
+	case r.inFlight == r.delivered+1:
+		return false // still not come since the last miss: lost on the way
+	default:
+		// Delivered, not yet read: on its way behind the late heartbeats, or lost. Read on once; a
+		// message after a lost one is out of order (ErrOutOfOrder), and another miss with nothing
+		// read meanwhile is a loss.
+		r.inFlight = r.delivered + 1
+		return true
+	}
 }
 
 // Delivered is the consumer's sequence of the last message Next returned: how many it returned.

@@ -175,6 +175,13 @@ func TestCreate_UnderTheCallersContext(t *testing.T) {
 // and the Reader reads on from the same consumer, without an error that has its caller create another
 // one: with thousands of idle consumers, each late heartbeat cost a CONSUMER.CREATE.
 func TestReader_LateHeartbeatsOfAConsumerStillThere(t *testing.T) {
+	t.Run("nothing in flight", func(t *testing.T) { lateHeartbeats(t, false) })
+	// The message was delivered while the client heard nothing: it comes behind the late heartbeats,
+	// after the consumer's info says it was delivered.
+	t.Run("a message in flight", func(t *testing.T) { lateHeartbeats(t, true) })
+}
+
+func lateHeartbeats(t *testing.T, inFlight bool) {
 	ns := natstest.RunServer(t)
 	admin, js := natstest.Connect(t, ns.ClientURL())
 	ctx := context.Background()
@@ -214,6 +221,10 @@ func TestReader_LateHeartbeatsOfAConsumerStillThere(t *testing.T) {
 	// Silence from the server until the Reader has missed two heartbeats and asks whether its consumer
 	// is still there (the old Reader gave up instead).
 	proxy.Hold()
+	if inFlight {
+		_, err = js.Publish(ctx, "s.1", nil)
+		require.NoError(t, err)
+	}
 	natstest.CheckFor(t, 30*time.Second, 10*time.Millisecond, func() error {
 		if infos.Load() == 0 && len(done) == 0 {
 			return errors.New("no heartbeat missed yet")
@@ -221,8 +232,10 @@ func TestReader_LateHeartbeatsOfAConsumerStillThere(t *testing.T) {
 		return nil
 	})
 	proxy.Release()
-	_, err = js.Publish(ctx, "s.1", nil)
-	require.NoError(t, err)
+	if !inFlight {
+		_, err = js.Publish(ctx, "s.1", nil)
+		require.NoError(t, err)
+	}
 	res := <-done
 	require.NoError(t, res.err, "late heartbeats of a consumer still there are no loss")
 	require.Equal(t, uint64(2), res.seq)
