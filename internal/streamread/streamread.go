@@ -79,7 +79,13 @@ type Reader struct {
 
 // Read starts pulling cons, at most pull messages at once (0: nats.go's default), with Heartbeat.
 func Read(cons jetstream.Consumer, pull int) (*Reader, error) {
-	opts := []jetstream.PullMessagesOpt{jetstream.PullHeartbeat(Heartbeat)}
+	return ReadIdle(cons, pull, Heartbeat)
+}
+
+// ReadIdle is Read with the pulls' idle heartbeat every heartbeat (at most 15 s, half the pulls'
+// expiry): longer for consumers that are many and mostly idle, whose loss may be found later.
+func ReadIdle(cons jetstream.Consumer, pull int, heartbeat time.Duration) (*Reader, error) {
+	opts := []jetstream.PullMessagesOpt{jetstream.PullHeartbeat(heartbeat)}
 	if pull > 0 {
 		opts = append(opts, jetstream.PullMaxMessages(pull))
 	}
