@@ -6,6 +6,7 @@ import (
 	"time"
 
 	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/internal/streamread"
 )
 
 // advisoryStreamCreated is the subject prefix of JetStream's stream-created advisories; the stream's
@@ -31,6 +32,23 @@ func (p *Projector) sizes(bucket string) (batch, pull int) {
 		return min(p.opts.BatchSize, composedBatchSize), min(p.opts.PullMessages, composedPull)
 	}
 	return p.opts.BatchSize, p.opts.PullMessages
+}
+
+// composedHeartbeat is the idle heartbeat of a composed-<node> bucket's pulls. A seat tails thousands
+// of them, each idle for ParkAfter after every read: at streamread.Heartbeat (1 s) that was 4,000
+// messages a second at 4,000 buckets on one connection, which a loaded seat heard late (a first read
+// confirmed 7,000 late heartbeats with CONSUMER.INFO). A bucket parked is answered within a listing
+// interval (10 s) anyway, so a lost consumer found within two heartbeats of 5 s (nats.go's ordered
+// consumer's default) keeps a composed-<node> bucket as fresh as parking does.
+const composedHeartbeat = 5 * time.Second
+
+// heartbeat is the idle heartbeat of a bucket's pulls: composedHeartbeat for a composed-<node>
+// bucket, streamread.Heartbeat for the seat's fixed buckets, whose answers follow writes at once.
+func (p *Projector) heartbeat(bucket string) time.Duration {
+	if strings.HasPrefix(bucket, provisioner.ComposedPrefix) {
+		return composedHeartbeat
+	}
+	return streamread.Heartbeat
 }
 
 // Discovered reports whether the streams were listed once since Start, so every composed-<node>

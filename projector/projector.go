@@ -379,7 +379,7 @@ func (p *Projector) tail(ctx context.Context, bucket string, log *slog.Logger, o
 	if err != nil {
 		return err
 	}
-	it, err := streamread.Read(cons, pull)
+	it, err := streamread.ReadIdle(cons, pull, p.heartbeat(bucket))
 	if err != nil {
 		p.dropConsumer(ctx, stream, cons)
 		return err

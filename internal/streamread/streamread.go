@@ -52,10 +52,16 @@ func Create(ctx context.Context, s jetstream.Stream, after uint64) (jetstream.Co
 
 // Heartbeat is how often the server says a pull is still alive when no message flows. A consumer
 // whose server died (a cluster node lost, the connection moved, a restart) is found out after two
-// missed heartbeats; nats.go's default is half the pull's 30 s expiry, which left a reader reading
-// nothing for up to 30 s after a failover. One small message a second per consumer while idle is the
-// price.
+// missed heartbeats and an unanswered CONSUMER.INFO (Next); nats.go's default is half the pull's 30 s
+// expiry, which left a reader reading nothing for up to 30 s after a failover. One small message a
+// second per consumer while idle is the price.
 const Heartbeat = time.Second
+
+// ConfirmTimeout bounds the CONSUMER.INFO that Next asks when two heartbeats were missed, to tell a
+// consumer lost from heartbeats merely late. It is generous: late heartbeats come from a loaded
+// process or server, where a short bound would take a slow answer for a lost consumer and bring the
+// CONSUMER.CREATE (and the load) that confirming saves.
+const ConfirmTimeout = 5 * time.Second
 
 // ErrOutOfOrder says the consumer delivered a message other than the next one: one was lost on the
 // way (the client dropped it as a slow consumer). The reader creates a new consumer from the last
@@ -65,13 +71,21 @@ var ErrOutOfOrder = errors.New("streamread: consumer delivered out of order")
 // Reader reads one consumer's messages in the order the consumer delivered them, and checks that
 // order: a message missed on the way is ErrOutOfOrder, never a silent hole.
 type Reader struct {
+	cons      jetstream.Consumer
 	it        jetstream.MessagesContext
 	delivered uint64 // the consumer's sequence of the last message read
+	inFlight  uint64 // delivered+1 when a miss found messages delivered and not read (stillThere)
 }
 
 // Read starts pulling cons, at most pull messages at once (0: nats.go's default), with Heartbeat.
 func Read(cons jetstream.Consumer, pull int) (*Reader, error) {
-	opts := []jetstream.PullMessagesOpt{jetstream.PullHeartbeat(Heartbeat)}
+	return ReadIdle(cons, pull, Heartbeat)
+}
+
+// ReadIdle is Read with the pulls' idle heartbeat every heartbeat (at most 15 s, half the pulls'
+// expiry): longer for consumers that are many and mostly idle, whose loss may be found later.
+func ReadIdle(cons jetstream.Consumer, pull int, heartbeat time.Duration) (*Reader, error) {
+	opts := []jetstream.PullMessagesOpt{jetstream.PullHeartbeat(heartbeat)}
 	if pull > 0 {
 		opts = append(opts, jetstream.PullMaxMessages(pull))
 	}
@@ -79,15 +93,28 @@ func Read(cons jetstream.Consumer, pull int) (*Reader, error) {
 	if err != nil {
 		return nil, fmt.Errorf("consume: %w", err)
 	}
-	return &Reader{it: it}, nil
+	return &Reader{cons: cons, it: it}, nil
 }
 
 // Next returns the next message and its metadata, waiting until one comes or ctx ends (ctx.Err()). A
-// consumer that was lost (two heartbeats missed, deleted) is an error, as is a message out of order
-// (ErrOutOfOrder); either way the Reader is done with, and a new consumer is read from the last
-// message read. After ctx ends the Reader still reads.
+// consumer that was lost (deleted, or two heartbeats missed and not confirmed there) is an error, as
+// is a message out of order (ErrOutOfOrder); either way the Reader is done with, and a new consumer is
+// read from the last message read. After ctx ends the Reader still reads.
+//
+// Two missed heartbeats are confirmed before they count as a loss: Next asks the consumer's info
+// (CONSUMER.INFO, at most ConfirmTimeout), and reads on from the same consumer (nats.go pulls again
+// after the miss) when the server still has it and has delivered nothing the Reader did not read, or
+// has, but no miss before found so with nothing read since: a client late on its heartbeats is late on
+// its messages too, which come behind them. On a loaded process or server, heartbeats a second apart
+// come late now and then; with thousands of idle consumers (a seat's composed-<node> buckets) each
+// late one cost a CONSUMER.DELETE, a STREAM.INFO and a CONSUMER.CREATE: more load on the JetStream
+// API, and more late heartbeats. A consumer whose server is gone, or that was deleted, does not answer
+// so, and is lost as before.
 func (r *Reader) Next(ctx context.Context) (jetstream.Msg, *jetstream.MsgMetadata, error) {
 	msg, err := r.it.Next(jetstream.NextContext(ctx))
+	for errors.Is(err, jetstream.ErrNoHeartbeat) && ctx.Err() == nil && r.stillThere(ctx) {
+		msg, err = r.it.Next(jetstream.NextContext(ctx))
+	}
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, nil, ctx.Err()
@@ -103,6 +130,29 @@ func (r *Reader) Next(ctx context.Context) (jetstream.Msg, *jetstream.MsgMetadat
 	}
 	r.delivered = md.Sequence.Consumer
 	return msg, md, nil
+}
+
+// stillThere reports whether the consumer, its heartbeats missed, is still on the server, with
+// nothing delivered that the Reader has not read, or with messages delivered and not read that may
+// still be on their way: the first miss at that point.
+func (r *Reader) stillThere(ctx context.Context) bool {
+	ictx, cancel := context.WithTimeout(ctx, ConfirmTimeout)
+	defer cancel()
+	ci, err := r.cons.Info(ictx)
+	switch {
+	case err != nil:
+		return false
+	case ci.Delivered.Consumer == r.delivered:
+		return true
+	case r.inFlight == r.delivered+1:
+		return false // still not come since the last miss: lost on the way
+	default:
+		// Delivered, not yet read: on its way behind the late heartbeats, or lost. Read on once; a
+		// message after a lost one is out of order (ErrOutOfOrder), and another miss with nothing
+		// read meanwhile is a loss.
+		r.inFlight = r.delivered + 1
+		return true
+	}
 }
 
 // Delivered is the consumer's sequence of the last message Next returned: how many it returned.

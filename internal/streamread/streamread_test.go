@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
@@ -166,4 +168,87 @@ func TestCreate_UnderTheCallersContext(t *testing.T) {
 	require.True(t, cfg.MemoryStorage)
 	require.Equal(t, 1, cfg.Replicas)
 	require.Equal(t, 5*time.Minute, cfg.InactiveThreshold)
+}
+
+// TestReader_LateHeartbeatsOfAConsumerStillThere: heartbeats that come late (the client heard nothing
+// from its server for more than two of them, a loaded process) are confirmed with one CONSUMER.INFO,
+// and the Reader reads on from the same consumer, without an error that has its caller create another
+// one: with thousands of idle consumers, each late heartbeat cost a CONSUMER.CREATE.
+func TestReader_LateHeartbeatsOfAConsumerStillThere(t *testing.T) {
+	t.Run("nothing in flight", func(t *testing.T) { lateHeartbeats(t, false) })
+	// The message was delivered while the client heard nothing: it comes behind the late heartbeats,
+	// after the consumer's info says it was delivered.
+	t.Run("a message in flight", func(t *testing.T) { lateHeartbeats(t, true) })
+}
+
+func lateHeartbeats(t *testing.T, inFlight bool) {
+	ns := natstest.RunServer(t)
+	admin, js := natstest.Connect(t, ns.ClientURL())
+	ctx := context.Background()
+	_, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}, Storage: jetstream.MemoryStorage})
+	require.NoError(t, err)
+	_, err = js.Publish(ctx, "s.0", nil)
+	require.NoError(t, err)
+	infos := countAPI(t, admin, "$JS.API.CONSUMER.INFO.>")
+	creates := countAPI(t, admin, "$JS.API.CONSUMER.CREATE.>")
+
+	proxy := natstest.RunProxy(t, ns.Addr().String())
+	_, pjs := natstest.Connect(t, proxy.URL())
+	s, err := pjs.Stream(ctx, "S")
+	require.NoError(t, err)
+	cons, err := streamread.Create(ctx, s, 0)
+	require.NoError(t, err)
+	r, err := streamread.Read(cons, 0)
+	require.NoError(t, err)
+	defer r.Stop()
+	readAll(t, r, 1)
+
+	type result struct {
+		seq uint64
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		_, md, err := r.Next(ctx)
+		if err != nil {
+			done <- result{err: err}
+			return
+		}
+		done <- result{seq: md.Sequence.Stream}
+	}()
+	// Silence from the server until the Reader has missed two heartbeats and asks whether its consumer
+	// is still there (the old Reader gave up instead).
+	proxy.Hold()
+	if inFlight {
+		_, err = js.Publish(ctx, "s.1", nil)
+		require.NoError(t, err)
+	}
+	natstest.CheckFor(t, 30*time.Second, 10*time.Millisecond, func() error {
+		if infos.Load() == 0 && len(done) == 0 {
+			return errors.New("no heartbeat missed yet")
+		}
+		return nil
+	})
+	proxy.Release()
+	if !inFlight {
+		_, err = js.Publish(ctx, "s.1", nil)
+		require.NoError(t, err)
+	}
+	res := <-done
+	require.NoError(t, res.err, "late heartbeats of a consumer still there are no loss")
+	require.Equal(t, uint64(2), res.seq)
+	require.Equal(t, int64(1), creates.Load(), "read on from the same consumer")
+}
+
+// countAPI counts the JetStream API requests on subject that nc's account sends.
+func countAPI(t *testing.T, nc *nats.Conn, subject string) *atomic.Int64 {
+	t.Helper()
+	var n atomic.Int64
+	sub, err := nc.Subscribe(subject, func(*nats.Msg) { n.Add(1) })
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	require.NoError(t, nc.Flush())
+	return &n
 }
