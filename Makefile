@@ -16,7 +16,7 @@ run: build
 test: vet
 	$(GO) test -count=1 -timeout 270s ./...
 
-# Every test under the race detector: about 5 minutes on 2 cores (the reliability package alone 2).
+# Every test under the race detector: about 8 minutes on 2 cores when the machine is quiet.
 race:
 	$(GO) test -race -count=1 -timeout 15m ./...
 
