@@ -174,8 +174,7 @@ func (db *DB) forget(bucket string, at int64, resume *Checkpoint) error {
 	db.mu.Unlock()
 	if resume != nil {
 		b := db.known(bucket) // a new state: not synced until its projector catches up again
-		b.cp = *resume
-		b.seq.Store(resume.Applied)
+		b.setCheckpoint(*resume)
 	}
 	return nil
 }

@@ -282,7 +282,7 @@ func (db *DB) TailRemoved(bucket string, lastSeq uint64, streamCreated int64) er
 		return fmt.Errorf("record the removed end of %s: %w", bucket, err)
 	}
 	db.openGaps[bucket] = g
-	b.cp = cp
+	b.setCheckpoint(cp)
 	return nil
 }
 
