@@ -339,7 +339,7 @@ func (db *DB) load(ctx context.Context, fresh bool) error {
 	v, closer, err := db.pdb.Get(metaKey("schema"))
 	switch {
 	case errors.Is(err, pebble.ErrNotFound) && fresh:
-		if err := db.pdb.Set(metaKey("schema"), []byte(fmt.Sprint(schemaBase)), pebble.Sync); err != nil {
+		if err := db.set(metaKey("schema"), []byte(fmt.Sprint(schemaBase)), pebble.Sync); err != nil {
 			return fmt.Errorf("write schema version: %w", err)
 		}
 		db.schema.Store(schemaBase)
