@@ -128,3 +128,62 @@ func TestSeat_DiskFillsMidIngest(t *testing.T) {
 func whatOf(bucket string) string {
 	return strings.TrimPrefix(bucket, "mesh-provisioner_")
 }
+
+// TestSeat_StatsWhileAWriteWaitsForRoom: the micro STATS answer (Seat.Stats) read each bucket's
+// anomaly rows through Checkpoint, which waits for the Apply in progress; a batch whose write waits
+// for room in the state dir holds it for as long as the disk is full, so `nats micro stats` hung on
+// a full disk, just when an operator asks where the seat stands. Stats reads what is committed
+// without waiting: it answers, saying the held bucket is not synced.
+func TestSeat_StatsWhileAWriteWaitsForRoom(t *testing.T) {
+	h := newHarness(t)
+	h.load(testMesh.Ops())
+
+	var full atomic.Bool
+	fs := errorfs.Wrap(vfs.Default, errorfs.InjectorFunc(func(op errorfs.Op) error {
+		if full.Load() && op.Kind.ReadOrWrite() == errorfs.OpIsWrite && op.Kind != errorfs.OpFileClose {
+			return syscall.ENOSPC
+		}
+		return nil
+	}))
+	db, err := store.OpenState(t.TempDir(), store.Options{FS: fs, MinFreeBytes: 1 << 20})
+	require.NoError(t, err)
+	nc, js := natstest.Connect(t, h.url)
+	st, err := seat.Start(context.Background(), nc, js, db, seat.Config{WriteRegistry: true,
+		Projector: projector.Options{Poll: 50 * time.Millisecond, Verify: 200 * time.Millisecond}})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		full.Store(false) // a stop waits for room, as a write does
+		require.NoError(t, st.Stop())
+		require.NoError(t, db.Close())
+	})
+	h.waitCaughtUp(st)
+	anomalyRows := st.Stats().Buckets[provisioner.BucketNeeds].AnomalyRows
+
+	// One message at the stream's end: its batch is synced, and waits for room in its commit.
+	full.Store(true)
+	kv, err := h.js.KeyValue(context.Background(), provisioner.BucketNeeds)
+	require.NoError(t, err)
+	_, err = kv.Put(context.Background(), "held.m.config.a", []byte{0x01})
+	require.NoError(t, err)
+	natstest.CheckFor(t, 20*time.Second, 10*time.Millisecond, func() error {
+		if !db.WritesHeld() {
+			return fmt.Errorf("no write held for room yet")
+		}
+		return nil
+	})
+
+	stats := make(chan seat.Stats, 1)
+	go func() { stats <- st.Stats() }()
+	var got seat.Stats
+	natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		select {
+		case got = <-stats:
+			return nil
+		default:
+			return fmt.Errorf("the stats wait for the write held for room")
+		}
+	})
+	require.False(t, got.Synced, "a bucket's batch waits for room")
+	require.False(t, got.Buckets[provisioner.BucketNeeds].Synced)
+	require.Equal(t, anomalyRows, got.Buckets[provisioner.BucketNeeds].AnomalyRows, "what is committed")
+}

@@ -96,7 +96,7 @@ func (s *Seat) Stats() Stats {
 			break
 		}
 		seq, synced := db.Applied(b)
-		st.Buckets[b] = BucketStats{AsOf: seq, Synced: synced, AnomalyRows: db.Checkpoint(b).AnomalyRows}
+		st.Buckets[b] = BucketStats{AsOf: seq, Synced: synced, AnomalyRows: db.AnomalyRows(b)}
 	}
 	return st
 }

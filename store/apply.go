@@ -454,6 +454,7 @@ func (a *applier) finish(bucket string, cp *Checkpoint, sync, moved bool) error 
 	for name, c := range a.cps {
 		b := db.known(name)
 		b.cp = *c
+		b.anomRows.Store(c.AnomalyRows)
 	}
 	for name, nodes := range nodeAnom {
 		b := db.known(name)

@@ -18,9 +18,10 @@ var ErrWriteFailed = errors.New("store: a write to the state dir failed")
 // reaches Pebble, which panics in the commit that finds it (pebble v2.1.7 db.go: Logger.Fatalf on a
 // failed log sync, panic in commitWrite on a log write that failed before). The commit pipeline then
 // takes no other write: a panic in commitWrite leaves its lock held, so a later commit, a Flush or
-// Close's own sync would wait forever. So a commit of Apply recovers that panic, the store records
-// the failure once (Failed, FailedErr), logs it, refuses every later batch, and Flush and Close no
-// longer call into Pebble; the seat stops on it (serve exits 1). Nothing is lost: the batch that
+// Close's own sync would wait forever. So every commit of the store (Apply's batches, and its trims,
+// marks and checkpoints, through commit, set and del) recovers that panic, the store records the
+// failure once (Failed, FailedErr), logs it, refuses every later write, and Flush and Close no longer
+// call into Pebble; the seat stops on it (serve exits 1). Nothing is lost: the batch that
 // failed carries its checkpoint, and Pebble's log keeps a prefix of what was committed. A failure
 // that Pebble finds on its own goroutines (a MANIFEST written by a flush) still panics there, and one
 // a memtable's rotation finds (rotateWAL closing the failed log) is a fatal error of the runtime:
@@ -80,4 +81,25 @@ func (db *DB) commit(b *pebble.Batch, opts *pebble.WriteOptions) (err error) {
 		}
 	}()
 	return b.Commit(opts)
+}
+
+// set writes one key through commit: every write of the store goes through it, so that none panics on
+// a failed disk or waits for good on Pebble's commit pipeline once a write has failed.
+func (db *DB) set(key, value []byte, opts *pebble.WriteOptions) error {
+	b := db.pdb.NewBatch()
+	defer b.Close()
+	if err := b.Set(key, value, nil); err != nil {
+		return err
+	}
+	return db.commit(b, opts)
+}
+
+// del deletes one key through commit (set says why).
+func (db *DB) del(key []byte, opts *pebble.WriteOptions) error {
+	b := db.pdb.NewBatch()
+	defer b.Close()
+	if err := b.Delete(key, nil); err != nil {
+		return err
+	}
+	return db.commit(b, opts)
 }

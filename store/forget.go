@@ -157,7 +157,7 @@ func (db *DB) forget(bucket string, at int64, resume *Checkpoint) error {
 		b.synced.Store(false)
 	}
 	db.mu.Unlock()
-	if err := a.batch.Commit(pebble.Sync); err != nil {
+	if err := db.commit(a.batch, pebble.Sync); err != nil {
 		return fmt.Errorf("forget %s: commit: %w", bucket, err)
 	}
 
@@ -174,8 +174,7 @@ func (db *DB) forget(bucket string, at int64, resume *Checkpoint) error {
 	db.mu.Unlock()
 	if resume != nil {
 		b := db.known(bucket) // a new state: not synced until its projector catches up again
-		b.cp = *resume
-		b.seq.Store(resume.Applied)
+		b.setCheckpoint(*resume)
 	}
 	return nil
 }
@@ -196,7 +195,7 @@ func (db *DB) SetForgottenAt(bucket string, at int64) error {
 	if err != nil {
 		return fmt.Errorf("forgotten mark of %s: %w", bucket, err)
 	}
-	if err := db.pdb.Set(forgottenKey(nil, bucket), binary.AppendVarint(nil, at), pebble.NoSync); err != nil {
+	if err := db.set(forgottenKey(nil, bucket), binary.AppendVarint(nil, at), pebble.NoSync); err != nil {
 		return fmt.Errorf("forgotten mark of %s: %w", bucket, err)
 	}
 	return nil

@@ -231,7 +231,7 @@ func (db *DB) CaughtUp(bucket string, seq uint64) error {
 		return nil
 	}
 	g.To = seq
-	if err := db.pdb.Set(gapKey(nil, bucket, g.From), encodeGap(g), pebble.NoSync); err != nil {
+	if err := db.set(gapKey(nil, bucket, g.From), encodeGap(g), pebble.NoSync); err != nil {
 		return fmt.Errorf("close history gap of %s: %w", bucket, err)
 	}
 	delete(db.openGaps, bucket)
@@ -278,11 +278,11 @@ func (db *DB) TailRemoved(bucket string, lastSeq uint64, streamCreated int64) er
 			return err
 		}
 	}
-	if err := batch.Commit(pebble.NoSync); err != nil {
+	if err := db.commit(batch, pebble.NoSync); err != nil {
 		return fmt.Errorf("record the removed end of %s: %w", bucket, err)
 	}
 	db.openGaps[bucket] = g
-	b.cp = cp
+	b.setCheckpoint(cp)
 	return nil
 }
 
@@ -312,7 +312,7 @@ func (db *DB) SetHistoryMarks(bucket string, m HistoryMarks) error {
 			db.openGaps[bucket] = g
 		}
 	}
-	return b.Commit(pebble.Sync)
+	return db.commit(b, pebble.Sync)
 }
 
 // HistoryMarks returns a bucket's marks as this view sees them.
@@ -619,7 +619,7 @@ func (db *DB) LiveBelow(ctx context.Context, bucket string, from, to uint64) (ui
 	if db.closed.Load() {
 		return 0, false, ErrClosed
 	}
-	if serr := db.pdb.Set(liveCheckedKey(nil, bucket), binary.AppendUvarint(nil, free), pebble.NoSync); serr != nil && err == nil {
+	if serr := db.set(liveCheckedKey(nil, bucket), binary.AppendUvarint(nil, free), pebble.NoSync); serr != nil && err == nil {
 		err = fmt.Errorf("record the live check of %s: %w", bucket, serr)
 	}
 	return 0, false, err

@@ -140,7 +140,7 @@ func (db *DB) reconcileNodeAnomalies() error {
 	if batch.Empty() {
 		return nil
 	}
-	if err := batch.Commit(pebble.Sync); err != nil {
+	if err := db.commit(batch, pebble.Sync); err != nil {
 		return fmt.Errorf("write node anomaly counts: %w", err)
 	}
 	return nil
@@ -243,7 +243,7 @@ func (db *DB) reconcileComposedAnomalies() error {
 	case !errors.Is(err, pebble.ErrNotFound):
 		return fmt.Errorf("%w: read composed anomaly count: %v", ErrCorrupt, err)
 	}
-	if err := db.pdb.Set(composedAnomKey(), binary.AppendUvarint(nil, uint64(n)), pebble.Sync); err != nil {
+	if err := db.set(composedAnomKey(), binary.AppendUvarint(nil, uint64(n)), pebble.Sync); err != nil {
 		return fmt.Errorf("write composed anomaly count: %w", err)
 	}
 	return nil

@@ -104,7 +104,7 @@ func (db *DB) finishRollups() error {
 	defer db.applyMu.Unlock()
 	for _, r := range todo {
 		if r.m.Seq <= db.known(r.bucket).cp.Applied {
-			if err := db.pdb.Delete(rollupMarkerKey(r.bucket), pebble.Sync); err != nil {
+			if err := db.del(rollupMarkerKey(r.bucket), pebble.Sync); err != nil {
 				return fmt.Errorf("delete the finished rollup marker of %s: %w", r.bucket, err)
 			}
 			continue

@@ -254,3 +254,60 @@ func testWriteFailsWithEIO(t *testing.T, sync bool) {
 		require.Equal(t, uint64(1), applied)
 	}
 }
+
+// TestDB_EveryWriteSaysAFailedDisk: the store writes outside Apply too (a history trim, the marks an
+// archive carries, the end of a stream found purged, a gap closed at the stream's end, a rollup's
+// marker, a live check). Those wrote to Pebble directly: an input/output error found in one panicked
+// out of Pebble's commit and took the seat down with a stack trace, and once Apply had found one,
+// the next of them waited for good on Pebble's commit pipeline (a seat stopping on Failed waited
+// with it, and serve never exited). Each now fails with ErrWriteFailed, as a batch of Apply does.
+func TestDB_EveryWriteSaysAFailedDisk(t *testing.T) {
+	dir := t.TempDir()
+	var on atomic.Bool
+	fs := errorfs.Wrap(vfs.Default, errorfs.InjectorFunc(func(op errorfs.Op) error {
+		if on.Load() && op.Kind.ReadOrWrite() == errorfs.OpIsWrite && op.Kind != errorfs.OpFileClose {
+			return syscall.EIO
+		}
+		return nil
+	}))
+	db, err := store.Open(dir, store.Options{FS: fs, MinFreeBytes: 1 << 20})
+	require.NoError(t, err)
+	require.NoError(t, db.Apply(provisioner.BucketNeeds, []provisioner.Message{put(1, "n1.m.config.a", []byte{0x01})}, 0, true))
+
+	on.Store(true)
+	returns := func(what string, f func() error) error {
+		t.Helper()
+		done := make(chan error, 1)
+		go func() {
+			defer func() {
+				if r := recover(); r != nil {
+					done <- fmt.Errorf("panic: %v", r)
+				}
+			}()
+			done <- f()
+		}()
+		var err error
+		natstest.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+			select {
+			case err = <-done:
+				return nil
+			default:
+				return fmt.Errorf("%s waits on Pebble's failed commit pipeline", what)
+			}
+		})
+		return err
+	}
+	// The write that finds the failure (a synced one: its log sync fails in its own commit).
+	err = returns("SetHistoryMarks", func() error { return db.SetHistoryMarks(provisioner.BucketNeeds, store.HistoryMarks{}) })
+	require.ErrorIs(t, err, store.ErrWriteFailed)
+	require.Contains(t, err.Error(), "input/output error")
+	select {
+	case <-db.Failed():
+	default:
+		t.Fatal("Failed is not closed")
+	}
+	// And a write after it.
+	err = returns("TailRemoved", func() error { return db.TailRemoved(provisioner.BucketNeeds, 100, 0) })
+	require.ErrorIs(t, err, store.ErrWriteFailed)
+	require.NoError(t, returns("Close", db.Close))
+}

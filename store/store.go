@@ -159,6 +159,7 @@ type bucketState struct {
 	// prefixNodeAnom; under DB.applyMu.
 	nodeAnom map[string]int64
 	seq      atomic.Uint64 // cp.Applied, readable without the lock
+	anomRows atomic.Int64  // cp.AnomalyRows, readable without the lock (AnomalyRows)
 	synced   atomic.Bool
 	notify   atomic.Pointer[chan struct{}] // closed and replaced after each commit that moves seq (wake)
 	// known: the store holds something of the bucket (a checkpoint, anomalies) or its projector said
@@ -338,7 +339,7 @@ func (db *DB) load(ctx context.Context, fresh bool) error {
 	v, closer, err := db.pdb.Get(metaKey("schema"))
 	switch {
 	case errors.Is(err, pebble.ErrNotFound) && fresh:
-		if err := db.pdb.Set(metaKey("schema"), []byte(fmt.Sprint(schemaBase)), pebble.Sync); err != nil {
+		if err := db.set(metaKey("schema"), []byte(fmt.Sprint(schemaBase)), pebble.Sync); err != nil {
 			return fmt.Errorf("write schema version: %w", err)
 		}
 		db.schema.Store(schemaBase)
@@ -368,8 +369,7 @@ func (db *DB) load(ctx context.Context, fresh bool) error {
 			return err
 		}
 		b := db.known(name)
-		b.cp = cp
-		b.seq.Store(cp.Applied)
+		b.setCheckpoint(cp)
 	}
 	if err := it.Close(); err != nil {
 		return fmt.Errorf("%w: %s", ErrCorrupt, damage(err))
@@ -583,6 +583,24 @@ func (db *DB) Checkpoint(bucket string) Checkpoint {
 		return b.cp
 	}
 	return Checkpoint{}
+}
+
+// AnomalyRows returns how many anomaly rows a bucket holds as committed, without waiting for an Apply:
+// the stats read it while a batch may wait for room in the state dir for as long as the disk is full
+// (space.go), and Checkpoint waits for that batch.
+func (db *DB) AnomalyRows(bucket string) int64 {
+	if b := db.lookup(bucket); b != nil {
+		return b.anomRows.Load()
+	}
+	return 0
+}
+
+// setCheckpoint sets a bucket's committed position and what is read of it without the lock; under
+// DB.applyMu.
+func (b *bucketState) setCheckpoint(cp Checkpoint) {
+	b.cp = cp
+	b.seq.Store(cp.Applied)
+	b.anomRows.Store(cp.AnomalyRows)
 }
 
 // Applied returns the last stream sequence applied for a bucket, and whether it has caught up with the

@@ -71,7 +71,7 @@ func (db *DB) TrimHistory(ctx context.Context, bucket string, horizon uint64, ho
 				}
 			}
 			if err == nil {
-				err = b.Commit(pebble.NoSync)
+				err = db.commit(b, pebble.NoSync)
 			}
 		}
 		b.Close()
@@ -201,7 +201,7 @@ func (t *trimmer) commit(m HistoryMarks) error {
 	if err := t.batch.Set(floorKey(nil, t.bucket), encodeFloor(m), nil); err != nil {
 		return err
 	}
-	if err := t.batch.Commit(pebble.NoSync); err != nil {
+	if err := t.db.commit(t.batch, pebble.NoSync); err != nil {
 		return fmt.Errorf("trim %s: commit: %w", t.bucket, err)
 	}
 	return nil
