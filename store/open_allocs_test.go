@@ -1,3 +1,8 @@
+// Not under the race detector: it builds Pebble with its invariants on (internal/invariants), whose
+// checks allocate and hold memory of their own at random, so the counts measure Pebble, not the store.
+
+//go:build !race
+
 package store_test
 
 import (
