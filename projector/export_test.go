@@ -14,3 +14,10 @@ func SetAfterParkRead(p *Projector, fn func(bucket string)) { p.afterParkRead = 
 // SetBeforeRun has fn called as a bucket's goroutine starts, before it does anything: a test holds it
 // there to stage what comes before it runs. Set it before Start.
 func SetBeforeRun(p *Projector, fn func(bucket string)) { p.beforeRun = fn }
+
+// SetBeforePending has fn called as the reader has handed a message over to the applier, before it
+// hands over the message's pending count: a test holds it there until the message's batch is applied.
+// Set it before Start.
+func SetBeforePending(p *Projector, fn func(bucket string, seq, pending uint64)) {
+	p.beforePending = fn
+}

@@ -125,9 +125,10 @@ type Projector struct {
 	firstListed chan struct{} // closed once discover's first pass has its listing, or has none (parkAtStart)
 	listedOnce  sync.Once
 
-	afterForget   func(bucket string) // tests: called as a forgotten bucket's forgetting has committed
-	afterParkRead func(bucket string) // tests: called as a parking bucket has read its stream's info
-	beforeRun     func(bucket string) // tests: called as a bucket's goroutine starts
+	afterForget   func(bucket string)                      // tests: called as a forgotten bucket's forgetting has committed
+	afterParkRead func(bucket string)                      // tests: called as a parking bucket has read its stream's info
+	beforeRun     func(bucket string)                      // tests: called as a bucket's goroutine starts
+	beforePending func(bucket string, seq, pending uint64) // tests: called between handing a message over and its pending count
 }
 
 // New returns a Projector; Start runs it.
@@ -491,6 +492,9 @@ func (p *Projector) read(ctx context.Context, it *streamread.Reader, bucket stri
 		if np == 0 {
 			atEnd.Store(m.Seq)
 		}
+		if p.beforePending != nil {
+			p.beforePending(bucket, m.Seq, np)
+		}
 		// Keep only the newest pending count.
 		select {
 		case <-pending:
@@ -521,6 +525,7 @@ func (p *Projector) applyLoop(ctx context.Context, bucket string, batchSize int,
 	defer poll.Stop()
 	bo := backoff{min: 50 * time.Millisecond, max: 5 * time.Second}
 	lastRead := time.Now() // when a message last came, for parking an idle composed-<node> bucket
+	endSynced := true      // the last batch was committed as the stream's end (synced), or none was
 	for {
 		batch = batch[:0]
 		select {
@@ -529,6 +534,21 @@ func (p *Projector) applyLoop(ctx context.Context, bucket string, batchSize int,
 				return nil
 			}
 			batch = append(batch, m)
+		case np := <-pending:
+			// The reader hands a message's pending count over after the message: the count that says
+			// the stream's end was read can come after its batch was applied, unsynced, as one of a
+			// catch-up. That batch is synced now and the bucket said synced, not at the next poll
+			// (a poll of a minute held a needs bucket unsynced that long on a loaded machine:
+			// TestProjector_NeedsDoNotWaitAPollForAMissingRegistry).
+			lastPending = np
+			if np == 0 && len(in) == 0 && !endSynced {
+				if err := p.db.Flush(); err == nil {
+					endSynced = true
+					p.caughtUp(bucket, atEnd, log)
+					p.markSynced(bucket, log, startSeq, start)
+				}
+			}
+			continue
 		case <-poll.C:
 			p.caughtUp(bucket, atEnd, log) // the end may have been read after its batch was applied
 			// So may the pending count that says the catch-up is over.
@@ -577,6 +597,7 @@ func (p *Projector) applyLoop(ctx context.Context, bucket string, batchSize int,
 		// WAL buffer, where neither a crash nor a reader of a copy of the state dir (replay --state)
 		// would find them. While catching up, batches follow each other and are not synced one by one.
 		atStreamEnd := lastPending == 0 && len(in) == 0
+		endSynced = atStreamEnd
 		p.db.CatchingUp(bucket, lastPending+uint64(len(in)))
 		for {
 			err := p.db.Apply(bucket, batch, created, atStreamEnd)

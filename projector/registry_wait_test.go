@@ -40,3 +40,51 @@ func TestProjector_NeedsDoNotWaitAPollForAMissingRegistry(t *testing.T) {
 		return nil
 	})
 }
+
+// TestProjector_SyncedWhenTheEndIsCountedAfterItsBatch: the reader hands a message over, then its
+// pending count. When the count that says the stream's end was read came after the applier had
+// committed that message's batch, the applier took the batch for one of a catch-up (unsynced) and
+// the bucket stayed unsynced until the next poll: a minute here (a loaded machine made
+// TestProjector_NeedsDoNotWaitAPollForAMissingRegistry fail so under the race detector). The test
+// holds the last message's count back until its batch is applied.
+func TestProjector_SyncedWhenTheEndIsCountedAfterItsBatch(t *testing.T) {
+	ns := natstest.RunServer(t)
+	_, js := natstest.Connect(t, ns.ClientURL())
+	ctx := context.Background()
+	needs := (fixtures.Mesh{Seed: 1, Nodes: 2, Modules: 3, NeedsPerModule: 2}).OpsOf(provisioner.BucketNeeds)
+	if err := fixtures.Load(ctx, js, needs, 0, nil); err != nil {
+		t.Fatal(err)
+	}
+	db, err := store.Open(t.TempDir(), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	p := projector.New(js, db, projector.Options{Buckets: []string{provisioner.BucketNeeds}, Poll: time.Minute})
+	last := uint64(len(needs))
+	held := make(chan struct{})
+	projector.SetBeforePending(p, func(bucket string, seq, pending uint64) {
+		if seq != last {
+			return
+		}
+		if pending != 0 {
+			t.Errorf("the last message had %d pending", pending)
+		}
+		defer close(held)
+		natstest.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+			if seq, _ := db.Applied(provisioner.BucketNeeds); seq < last {
+				return fmt.Errorf("applied %d of %d", seq, last)
+			}
+			return nil
+		})
+	})
+	p.Start(ctx)
+	defer p.Stop()
+	<-held
+	natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		if _, synced := db.Applied(provisioner.BucketNeeds); !synced {
+			return fmt.Errorf("all %d applied, not synced", last)
+		}
+		return nil
+	})
+}
