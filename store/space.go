@@ -115,11 +115,13 @@ func (s *space) room(then string) error {
 // for a stop: a write let through on a full disk would fail inside Pebble's commit pipeline, which
 // panics. A stop waits for room like the write (serve stops without it: cmd/mesh-provisioner).
 func (s *space) waitForRoom() {
-	s.held.Add(1)
-	defer s.held.Add(-1)
+	// The bucket is said not synced before the write counts as held: whoever sees it held (WritesHeld,
+	// a stop, the stats) sees the bucket behind too.
 	if f := s.onHold.Load(); f != nil {
 		(*f)()
 	}
+	s.held.Add(1)
+	defer s.held.Add(-1)
 	s.enter(fmt.Errorf("%w: a write to %s failed: %v", ErrNoSpace, s.dir, syscall.ENOSPC))
 	wait := 10 * time.Millisecond
 	for s.room("") != nil || s.probe() != nil {
