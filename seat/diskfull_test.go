@@ -12,6 +12,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
 	provisioner "github.com/novox/mesh-provisioner"
@@ -186,4 +187,84 @@ func TestSeat_StatsWhileAWriteWaitsForRoom(t *testing.T) {
 	require.False(t, got.Synced, "a bucket's batch waits for room")
 	require.False(t, got.Buckets[provisioner.BucketNeeds].Synced)
 	require.Equal(t, anomalyRows, got.Buckets[provisioner.BucketNeeds].AnomalyRows, "what is committed")
+}
+
+// TestSeat_RebuildWaitsForRoom: a rebuild fills its new generation through a store of its own, whose
+// writes a full disk holds like the current store's. WritesHeld said only whether the current store's
+// were, so serve, which stops without draining on a held write, went into a stop that waited for the
+// rebuild's. It covers the new generation too, naming it; the operator is told that generation is out
+// of room (the seat's logger, though Config.Store set none); and once there is room the rebuild goes
+// on and swaps in, answering as the buckets.
+func TestSeat_RebuildWaitsForRoom(t *testing.T) {
+	h := newHarness(t)
+	h.load(testMesh.Ops())
+
+	var logs natstest.LogBuffer
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	// The disk fills once the rebuild's new generation is open, for its store alone.
+	var full, room atomic.Bool
+	fs := errorfs.Wrap(vfs.Default, errorfs.InjectorFunc(func(op errorfs.Op) error {
+		if room.Load() || op.Kind.ReadOrWrite() != errorfs.OpIsWrite || op.Kind == errorfs.OpFileClose {
+			return nil
+		}
+		if !full.Load() && strings.Contains(logs.String(), "rebuild started") {
+			full.Store(true)
+		}
+		if full.Load() {
+			return syscall.ENOSPC
+		}
+		return nil
+	}))
+	t.Cleanup(func() { room.Store(true) })
+	db, err := store.OpenState(t.TempDir(), store.Options{})
+	require.NoError(t, err)
+	nc, js := natstest.Connect(t, h.url)
+	st, err := seat.Start(context.Background(), nc, js, db, seat.Config{Logger: log, WriteRegistry: true,
+		Projector: projector.Options{Poll: 50 * time.Millisecond, Verify: 200 * time.Millisecond},
+		Store:     store.Options{FS: fs, MinFreeBytes: 1 << 20}})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		room.Store(true) // a stop waits for room, as a write does
+		require.NoError(t, st.Stop())
+		require.NoError(t, db.Close())
+	})
+	h.waitCaughtUp(st)
+	_, held := st.WritesHeld()
+	require.False(t, held)
+
+	require.NoError(t, h.js.DeleteKeyValue(context.Background(), provisioner.BucketApplied))
+	_, err = h.js.CreateKeyValue(context.Background(), jetstream.KeyValueConfig{Bucket: provisioner.BucketApplied, History: 8})
+	require.NoError(t, err)
+	var fresh []fixtures.Op
+	for i := range 30 {
+		fresh = append(fresh, fixtures.Op{Bucket: provisioner.BucketApplied, Key: fmt.Sprintf("%s.mod-new%d", fixtures.NodeName(i%5), i), Op: provisioner.OpPut, Value: []byte{0x01}})
+	}
+	h.load(fresh)
+	var dir string
+	natstest.CheckFor(t, 20*time.Second, 10*time.Millisecond, func() error {
+		if dir, held = st.WritesHeld(); !held {
+			return fmt.Errorf("no write of the rebuild held for room yet")
+		}
+		return nil
+	})
+	require.NotEqual(t, db.Dir(), dir, "the held write is the new generation's")
+	require.False(t, db.WritesHeld())
+	out := logs.String()
+	require.Equal(t, 1, strings.Count(out, "the state dir is out of room"), out)
+	require.Contains(t, out[strings.Index(out, "the state dir is out of room"):], "state="+dir)
+
+	// Room again: the rebuild goes on and swaps in.
+	room.Store(true)
+	natstest.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error {
+		if st.Rebuilds() == 0 {
+			return fmt.Errorf("not rebuilt yet")
+		}
+		return nil
+	})
+	require.Equal(t, dir, st.Store().Dir())
+	h.waitCaughtUp(st)
+	h.checkAll()
+	_, held = st.WritesHeld()
+	require.False(t, held)
+	require.Contains(t, logs.String(), "the state dir has room again")
 }

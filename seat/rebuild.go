@@ -191,11 +191,11 @@ func (s *Seat) rebuildOnce(ctx context.Context) error {
 	s.log.Info("rebuild started", "generation", gen, "messages", total)
 	p.Start(s.ctx)
 	s.mu.Lock()
-	s.next = p
+	s.next, s.nextDB = p, ndb
 	s.mu.Unlock()
 	defer func() {
 		s.mu.Lock()
-		s.next = nil
+		s.next, s.nextDB = nil, nil
 		s.mu.Unlock()
 	}()
 	bar := progress.New(io.Discard, s.log, "rebuild", "messages", total)

@@ -48,7 +48,8 @@ type Config struct {
 	Observe func(what string, code int, d time.Duration)
 	// Retention, when set, trims the event log in the background.
 	Retention *store.RetentionOptions
-	// Store tunes a store the seat opens itself: the new generation of a rebuild.
+	// Store tunes a store the seat opens itself: the new generation of a rebuild. Its Logger defaults
+	// to the seat's, so that a new generation out of room says so (store/space.go).
 	Store store.Options
 	// Streams, when set, is the listing of every stream's info that the seat runs for its projectors'
 	// stream checks and shares with another reader, the lag metric (metrics.Options.Streams); nil: the
@@ -91,6 +92,7 @@ type Seat struct {
 	proj      *projector.Projector
 	retention *store.Retention
 	next      *projector.Projector // a rebuild's, until it is swapped in or given up
+	nextDB    *store.DB            // next's store, the new generation: its writes can be held for room too
 	owned     *store.DB            // a store a rebuild swapped in: the seat closes it at Stop
 	rebuildCh chan struct{}
 	rebuilds  int
@@ -113,6 +115,9 @@ func Start(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, db *store
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Store.Logger == nil {
+		cfg.Store.Logger = log
 	}
 	s := &Seat{DB: db, log: log, nc: nc, cfg: cfg, js: js, cur: db, reader: newSwapReader(db), rebuildCh: make(chan struct{}, 1)}
 	s.ctx, s.cancel = context.WithCancel(ctx)
@@ -266,6 +271,22 @@ func (s *Seat) Store() *store.DB {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.cur
+}
+
+// WritesHeld reports whether a write of one of the seat's stores is held until the state dir has room
+// (store.DB.WritesHeld), and that store's directory: the store it answers from, or the new generation
+// a rebuild fills, which has its own. Stop waits for the held write, and so for room.
+func (s *Seat) WritesHeld() (dir string, held bool) {
+	s.mu.Lock()
+	cur, next := s.cur, s.nextDB
+	s.mu.Unlock()
+	if cur.WritesHeld() {
+		return cur.Dir(), true
+	}
+	if next != nil && next.WritesHeld() {
+		return next.Dir(), true
+	}
+	return "", false
 }
 
 // Current is the projector in use.

@@ -230,19 +230,30 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 		}
 	}
 	retention := &store.RetentionOptions{MaxAge: c.historyRetention, MaxBytes: int64(c.historyMaxBytes)}
-	return runSeat(ctx, nc, js, db, seatConfig{log: log, registryInterval: c.registryInterval, registryReplicas: c.registryReplicas, writeRegistry: !c.noRegistry, stdout: c.Stdout, demo: c.demo, plans: c.plans,
+	err = runSeat(ctx, nc, js, db, seatConfig{log: log, registryInterval: c.registryInterval, registryReplicas: c.registryReplicas, writeRegistry: !c.noRegistry, stdout: c.Stdout, demo: c.demo, plans: c.plans,
 		retention: retention, ops: ops, streams: streams, started: func() {
 			if c.started != nil {
 				c.started(nc.ConnectedUrl(), ops.addr())
 			}
 		}})
+	if errors.Is(err, errNotDrained) {
+		// The seat was left running, a write held for room (runSeat): so is its store, to the exit.
+		db = nil
+	}
+	return err
 }
+
+// errNotDrained is what runSeat returns when a signal came while a write of the seat's was held for
+// room: the seat is left running, and its stores open, to the process's exit.
+var errNotDrained = errors.New("stopped without committing the last batch")
 
 // runSeat runs the seat until ctx ends, then stops it in the order that loses nothing.
 func runSeat(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, db *store.DB, cfg seatConfig) error {
 	log := cfg.log
+	rebuildStore := cfg.store // tests: a file system that fills
+	rebuildStore.Logger = log
 	st, err := seat.Start(ctx, nc, js, db, seat.Config{Version: Version, Logger: log, WriteRegistry: cfg.writeRegistry, RegistryInterval: cfg.registryInterval, RegistryReplicas: cfg.registryReplicas,
-		Plans: cfg.plans, Observe: cfg.ops.observe(), OnRebuild: cfg.ops.rebuilds().StartRebuild, Retention: cfg.retention, Store: store.Options{Logger: log},
+		Plans: cfg.plans, Observe: cfg.ops.observe(), OnRebuild: cfg.ops.rebuilds().StartRebuild, Retention: cfg.retention, Store: rebuildStore,
 		Streams: cfg.streams, ListEvery: cfg.ops.poll()})
 	if err != nil {
 		return err
@@ -275,14 +286,15 @@ func runSeat(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, db *sto
 	select {
 	case <-ctx.Done():
 		cfg.ops.setSeat(nil) // /readyz says 503 while the seat drains
-		if cur := st.Store(); cur.WritesHeld() {
+		if dir, ok := st.WritesHeld(); ok {
 			// The batch being committed waits for room in the state dir (store/space.go), and a
 			// clean stop would wait with it: stop as a kill would instead. Its checkpoint was not
-			// written with it, so the next start reads it again from the stream.
+			// written with it, so the next start reads it again from the stream. The store may be a
+			// rebuild's new generation (dir names it): the next start removes it and rebuilds.
 			held = true
-			log.Error("stopping without draining: the state dir is out of room and the last batch waits for it", "state", cur.Dir(),
+			log.Error("stopping without draining: the state dir is out of room and the last batch waits for it", "state", dir,
 				"fix", "free space on that disk (or give --state a larger one); the next start reads the batches not written again from the streams")
-			return fmt.Errorf("state dir %s out of room: stopped without committing the last batch: %w", cur.Dir(), ctx.Err())
+			return fmt.Errorf("state dir %s out of room: %w: %w", dir, errNotDrained, ctx.Err())
 		}
 	case <-db.Failed():
 		// A write failed for another reason than a full disk: Pebble takes no other (store/failed.go).
@@ -317,6 +329,7 @@ type seatConfig struct {
 	started          func()     // called once the seat answers
 	retention        *store.RetentionOptions
 	streams          *streaminfo.Poller // the stream info listing the seat runs and the metrics read
+	store            store.Options      // tests: the options of a rebuild's new generation (its Logger is log)
 }
 
 // loadDemo loads the demo mesh into an empty embedded server, with a progress bar when stderr is a
