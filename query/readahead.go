@@ -262,6 +262,18 @@ func (a *readAhead) dropStale(s *Server, now time.Time) {
 	a.pages = kept
 }
 
+// aheadReady reports whether the page a request asks for is written ahead already (not one still being
+// written): answering it is a copy (queue).
+func (s *Server) aheadReady(r *Request, format Format) bool {
+	if s.opts.NoReadAhead || r.After == "" || !readsAhead(r) {
+		return false
+	}
+	a := &s.ahead
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.find(keyOf(r, format)) >= 0
+}
+
 // takeAhead returns the page written ahead for a request, when it is the answer the request would be
 // given now; the caller puts the encoder back in the pool. A page still being written is waited for.
 func (s *Server) takeAhead(r *Request, format Format) *Encoder {

@@ -325,7 +325,9 @@ func (s *Server) queue(j job, wait bool) error {
 		return nil
 	}
 	j.size = j.r.size()
-	isWide := wide(&j.r)
+	// A page of a wide walk already written ahead is answered by copying it: not a wide answer, and
+	// not held behind the page after it that the read-ahead worker writes meanwhile in the wide slot.
+	isWide := wide(&j.r) && !s.aheadReady(&j.r, j.format)
 	if !wait && (s.queuedBytes.Load()+int64(j.size) > maxQueuedBytes || isWide && s.wideBytes.Load()+int64(j.size) > maxWideBytes) {
 		if isWide {
 			return s.busy(len(s.wideRoom))
