@@ -10,13 +10,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cockroachdb/pebble/v2/vfs"
-	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
 	provisioner "github.com/novox/mesh-provisioner"
 	"github.com/novox/mesh-provisioner/fixtures"
+	"github.com/novox/mesh-provisioner/internal/faultfs"
 	"github.com/novox/mesh-provisioner/internal/natstest"
 	"github.com/novox/mesh-provisioner/internal/verbcheck"
 	"github.com/novox/mesh-provisioner/projector"
@@ -37,13 +36,13 @@ func TestSeat_DiskFillsMidIngest(t *testing.T) {
 
 	var full atomic.Bool
 	var refused atomic.Int64
-	fs := errorfs.Wrap(vfs.Default, errorfs.InjectorFunc(func(op errorfs.Op) error {
-		if full.Load() && op.Kind.ReadOrWrite() == errorfs.OpIsWrite && op.Kind != errorfs.OpFileClose {
-			refused.Add(1)
-			return syscall.ENOSPC
+	fs := faultfs.Writes(func() bool {
+		if !full.Load() {
+			return false
 		}
-		return nil
-	}))
+		refused.Add(1)
+		return true
+	}, syscall.ENOSPC)
 	var logs natstest.LogBuffer
 	log := slog.New(slog.NewTextHandler(&logs, nil))
 	dir := t.TempDir()
@@ -140,12 +139,7 @@ func TestSeat_StatsWhileAWriteWaitsForRoom(t *testing.T) {
 	h.load(testMesh.Ops())
 
 	var full atomic.Bool
-	fs := errorfs.Wrap(vfs.Default, errorfs.InjectorFunc(func(op errorfs.Op) error {
-		if full.Load() && op.Kind.ReadOrWrite() == errorfs.OpIsWrite && op.Kind != errorfs.OpFileClose {
-			return syscall.ENOSPC
-		}
-		return nil
-	}))
+	fs := faultfs.Writes(full.Load, syscall.ENOSPC)
 	db, err := store.OpenState(t.TempDir(), store.Options{FS: fs, MinFreeBytes: 1 << 20})
 	require.NoError(t, err)
 	nc, js := natstest.Connect(t, h.url)
@@ -203,18 +197,15 @@ func TestSeat_RebuildWaitsForRoom(t *testing.T) {
 	log := slog.New(slog.NewTextHandler(&logs, nil))
 	// The disk fills once the rebuild's new generation is open, for its store alone.
 	var full, room atomic.Bool
-	fs := errorfs.Wrap(vfs.Default, errorfs.InjectorFunc(func(op errorfs.Op) error {
-		if room.Load() || op.Kind.ReadOrWrite() != errorfs.OpIsWrite || op.Kind == errorfs.OpFileClose {
-			return nil
+	fs := faultfs.Writes(func() bool {
+		if room.Load() {
+			return false
 		}
 		if !full.Load() && strings.Contains(logs.String(), "rebuild started") {
 			full.Store(true)
 		}
-		if full.Load() {
-			return syscall.ENOSPC
-		}
-		return nil
-	}))
+		return full.Load()
+	}, syscall.ENOSPC)
 	t.Cleanup(func() { room.Store(true) })
 	db, err := store.OpenState(t.TempDir(), store.Options{})
 	require.NoError(t, err)

@@ -13,10 +13,10 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
-	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
 	"github.com/stretchr/testify/require"
 
 	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/internal/faultfs"
 	"github.com/novox/mesh-provisioner/internal/natstest"
 	"github.com/novox/mesh-provisioner/store"
 )
@@ -29,13 +29,13 @@ type fullDisk struct {
 }
 
 func (d *fullDisk) fs() vfs.FS {
-	return errorfs.Wrap(vfs.Default, errorfs.InjectorFunc(func(op errorfs.Op) error {
-		if d.on.Load() && op.Kind.ReadOrWrite() == errorfs.OpIsWrite && op.Kind != errorfs.OpFileClose {
-			d.failed.Add(1)
-			return syscall.ENOSPC
+	return faultfs.Writes(func() bool {
+		if !d.on.Load() {
+			return false
 		}
-		return nil
-	}))
+		d.failed.Add(1)
+		return true
+	}, syscall.ENOSPC)
 }
 
 // TestDB_DiskFullWhileCommitting: a write of Pebble's finds the disk full although the reserve check
@@ -182,12 +182,7 @@ func TestDB_WriteFailsWithEIO(t *testing.T) {
 func testWriteFailsWithEIO(t *testing.T, sync bool) {
 	dir := t.TempDir()
 	var on atomic.Bool
-	fs := errorfs.Wrap(vfs.Default, errorfs.InjectorFunc(func(op errorfs.Op) error {
-		if on.Load() && op.Kind.ReadOrWrite() == errorfs.OpIsWrite && op.Kind != errorfs.OpFileClose {
-			return syscall.EIO
-		}
-		return nil
-	}))
+	fs := faultfs.Writes(on.Load, syscall.EIO)
 	var logs natstest.LogBuffer
 	db, err := store.Open(dir, store.Options{FS: fs, MinFreeBytes: 1 << 20, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	require.NoError(t, err)
@@ -264,12 +259,7 @@ func testWriteFailsWithEIO(t *testing.T, sync bool) {
 func TestDB_EveryWriteSaysAFailedDisk(t *testing.T) {
 	dir := t.TempDir()
 	var on atomic.Bool
-	fs := errorfs.Wrap(vfs.Default, errorfs.InjectorFunc(func(op errorfs.Op) error {
-		if on.Load() && op.Kind.ReadOrWrite() == errorfs.OpIsWrite && op.Kind != errorfs.OpFileClose {
-			return syscall.EIO
-		}
-		return nil
-	}))
+	fs := faultfs.Writes(on.Load, syscall.EIO)
 	db, err := store.Open(dir, store.Options{FS: fs, MinFreeBytes: 1 << 20})
 	require.NoError(t, err)
 	require.NoError(t, db.Apply(provisioner.BucketNeeds, []provisioner.Message{put(1, "n1.m.config.a", []byte{0x01})}, 0, true))

@@ -13,13 +13,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cockroachdb/pebble/v2/vfs"
-	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
 	provisioner "github.com/novox/mesh-provisioner"
 	"github.com/novox/mesh-provisioner/fixtures"
+	"github.com/novox/mesh-provisioner/internal/faultfs"
 	"github.com/novox/mesh-provisioner/internal/natstest"
 	"github.com/novox/mesh-provisioner/query"
 	"github.com/novox/mesh-provisioner/store"
@@ -43,18 +42,15 @@ func TestServe_SignalWhileARebuildWaitsForRoom(t *testing.T) {
 	// The disk fills once the rebuild's new generation is open: every write of its store fails with
 	// ENOSPC from then on, until room is set. The current generation is on the disk as it is.
 	var full, room atomic.Bool
-	fs := errorfs.Wrap(vfs.Default, errorfs.InjectorFunc(func(op errorfs.Op) error {
-		if room.Load() || op.Kind.ReadOrWrite() != errorfs.OpIsWrite || op.Kind == errorfs.OpFileClose {
-			return nil
+	fs := faultfs.Writes(func() bool {
+		if room.Load() {
+			return false
 		}
 		if !full.Load() && strings.Contains(logs.String(), "rebuild started") {
 			full.Store(true)
 		}
-		if full.Load() {
-			return syscall.ENOSPC
-		}
-		return nil
-	}))
+		return full.Load()
+	}, syscall.ENOSPC)
 	t.Cleanup(func() { room.Store(true) })
 	state := filepath.Join(t.TempDir(), "state")
 	db, err := store.OpenState(state, store.Options{Logger: log})

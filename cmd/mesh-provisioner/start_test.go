@@ -11,11 +11,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cockroachdb/pebble/v2/vfs"
-	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
 	"github.com/stretchr/testify/require"
 
 	"github.com/novox/mesh-provisioner/fixtures"
+	"github.com/novox/mesh-provisioner/internal/faultfs"
 	"github.com/novox/mesh-provisioner/internal/natstest"
 	"github.com/novox/mesh-provisioner/store"
 )
@@ -58,12 +57,7 @@ func TestServe_SignalWhileTheDiskIsFull(t *testing.T) {
 	require.NoError(t, fixtures.Load(context.Background(), js, mesh.Ops(), 256, nil))
 
 	var full atomic.Bool
-	fs := errorfs.Wrap(vfs.Default, errorfs.InjectorFunc(func(op errorfs.Op) error {
-		if full.Load() && op.Kind.ReadOrWrite() == errorfs.OpIsWrite && op.Kind != errorfs.OpFileClose {
-			return syscall.ENOSPC
-		}
-		return nil
-	}))
+	fs := faultfs.Writes(full.Load, syscall.ENOSPC)
 	var logs natstest.LogBuffer
 	log := slog.New(slog.NewTextHandler(&logs, nil))
 	state := filepath.Join(t.TempDir(), "state")
@@ -116,12 +110,7 @@ func TestServe_WriteFailsWithEIO(t *testing.T) {
 	require.NoError(t, fixtures.Load(context.Background(), js, mesh.Ops(), 256, nil))
 
 	var broken atomic.Bool
-	fs := errorfs.Wrap(vfs.Default, errorfs.InjectorFunc(func(op errorfs.Op) error {
-		if broken.Load() && op.Kind.ReadOrWrite() == errorfs.OpIsWrite && op.Kind != errorfs.OpFileClose {
-			return syscall.EIO
-		}
-		return nil
-	}))
+	fs := faultfs.Writes(broken.Load, syscall.EIO)
 	var logs natstest.LogBuffer
 	log := slog.New(slog.NewTextHandler(&logs, nil))
 	db, err := store.OpenState(filepath.Join(t.TempDir(), "state"), store.Options{FS: fs, MinFreeBytes: 1 << 20, Logger: log})
