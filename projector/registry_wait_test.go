@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	provisioner "github.com/novox/mesh-provisioner"
 	"github.com/novox/mesh-provisioner/fixtures"
 	"github.com/novox/mesh-provisioner/internal/natstest"
@@ -17,18 +19,8 @@ import (
 // the needs must follow at once rather than at the next poll. Before, a seat started ahead of its own
 // registry answered needs as empty and unsynced for a whole poll.
 func TestProjector_NeedsDoNotWaitAPollForAMissingRegistry(t *testing.T) {
-	ns := natstest.RunServer(t)
-	_, js := natstest.Connect(t, ns.ClientURL())
+	js, db, needs := twelveNeeds(t)
 	ctx := context.Background()
-	needs := (fixtures.Mesh{Seed: 1, Nodes: 2, Modules: 3, NeedsPerModule: 2}).OpsOf(provisioner.BucketNeeds)
-	if err := fixtures.Load(ctx, js, needs, 0, nil); err != nil {
-		t.Fatal(err)
-	}
-	db, err := store.Open(t.TempDir(), store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
 	const poll = time.Minute
 	p := projector.New(js, db, projector.Options{Buckets: []string{provisioner.BucketRegistry, provisioner.BucketNeeds}, Poll: poll})
 	p.Start(ctx)
@@ -48,18 +40,8 @@ func TestProjector_NeedsDoNotWaitAPollForAMissingRegistry(t *testing.T) {
 // TestProjector_NeedsDoNotWaitAPollForAMissingRegistry fail so under the race detector). The test
 // holds the last message's count back until its batch is applied.
 func TestProjector_SyncedWhenTheEndIsCountedAfterItsBatch(t *testing.T) {
-	ns := natstest.RunServer(t)
-	_, js := natstest.Connect(t, ns.ClientURL())
+	js, db, needs := twelveNeeds(t)
 	ctx := context.Background()
-	needs := (fixtures.Mesh{Seed: 1, Nodes: 2, Modules: 3, NeedsPerModule: 2}).OpsOf(provisioner.BucketNeeds)
-	if err := fixtures.Load(ctx, js, needs, 0, nil); err != nil {
-		t.Fatal(err)
-	}
-	db, err := store.Open(t.TempDir(), store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
 	p := projector.New(js, db, projector.Options{Buckets: []string{provisioner.BucketNeeds}, Poll: time.Minute})
 	last := uint64(len(needs))
 	held := make(chan struct{})
@@ -87,4 +69,22 @@ func TestProjector_SyncedWhenTheEndIsCountedAfterItsBatch(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// twelveNeeds loads twelve needs into a server of the test's and opens an empty store (closed at the
+// test's end).
+func twelveNeeds(t *testing.T) (jetstream.JetStream, *store.DB, []fixtures.Op) {
+	t.Helper()
+	ns := natstest.RunServer(t)
+	_, js := natstest.Connect(t, ns.ClientURL())
+	needs := (fixtures.Mesh{Seed: 1, Nodes: 2, Modules: 3, NeedsPerModule: 2}).OpsOf(provisioner.BucketNeeds)
+	if err := fixtures.Load(context.Background(), js, needs, 0, nil); err != nil {
+		t.Fatal(err)
+	}
+	db, err := store.Open(t.TempDir(), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return js, db, needs
 }

@@ -4,10 +4,12 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 
 	provisioner "github.com/novox/mesh-provisioner"
@@ -136,39 +138,16 @@ func TestServer_WideAnswersLeaveAWorkerToNodeLookups(t *testing.T) {
 // the workers, and four clients walking a module across the mesh kept both cores of a 2-core seat
 // busy, node lookups waiting for one.
 func TestServer_PageAheadOfAWideWalkWaitsForASlot(t *testing.T) {
-	db := smallStore(t)
-	for seq := uint64(1); seq <= 3; seq++ {
-		putNeed(t, db, seq)
-	}
-	db.SetSynced(provisioner.BucketNeeds, true)
-	ns := natstest.RunServer(t)
-	snc, _ := natstest.Connect(t, ns.ClientURL())
-	s := NewServer(StoreReader(db), Options{Workers: 2})
-	gate := make(chan struct{})
-	var held, aheadWhileHeld, ahead atomic.Int64
-	s.answering = func(r *Request) {
-		if r.Node == "" {
-			held.Add(1)
-			<-gate
-			held.Add(-1)
+	var aheadWhileHeld, ahead atomic.Int64
+	g := startGated(t, Options{}, func(r *Request) bool { return r.Node == "" }, func(g *gated) {
+		g.s.writingAhead = func(r *Request) {
+			ahead.Add(1)
+			if g.held.Load() > 0 {
+				aheadWhileHeld.Add(1)
+			}
 		}
-	}
-	s.writingAhead = func(r *Request) {
-		ahead.Add(1)
-		if held.Load() > 0 {
-			aheadWhileHeld.Add(1)
-		}
-	}
-	require.NoError(t, s.Start(snc, nil))
-	opened := false
-	open := func() {
-		if !opened {
-			opened = true
-			close(gate)
-		}
-	}
-	t.Cleanup(func() { open(); s.Stop() })
-	nc, _ := natstest.Connect(t, ns.ClientURL())
+	})
+	s, nc, held, open := g.s, g.nc, &g.held, g.open
 	got, inbox := collect(t, nc)
 
 	// A wide answer is under way, and a walk of the module asks for its second page ahead.
@@ -211,32 +190,8 @@ func TestServer_PageAheadOfAWideWalkWaitsForASlot(t *testing.T) {
 // leaves room for a node's lookup. Before, it could take all 32 MiB, and every node lookup was
 // answered busy until the wide requests had drained: the worker kept for lookups sat idle.
 func TestServer_WideRequestsLeaveQueueRoomToNodeLookups(t *testing.T) {
-	db := smallStore(t)
-	for seq := uint64(1); seq <= 3; seq++ {
-		putNeed(t, db, seq)
-	}
-	db.SetSynced(provisioner.BucketNeeds, true)
-	ns := natstest.RunServer(t)
-	snc, _ := natstest.Connect(t, ns.ClientURL())
-	s := NewServer(StoreReader(db), Options{Workers: 2, NoReadAhead: true})
-	gate := make(chan struct{})
-	var held atomic.Int64
-	s.answering = func(r *Request) {
-		if r.Node == "" {
-			held.Add(1)
-			<-gate
-		}
-	}
-	require.NoError(t, s.Start(snc, nil))
-	opened := false
-	open := func() {
-		if !opened {
-			opened = true
-			close(gate)
-		}
-	}
-	t.Cleanup(func() { open(); s.Stop() })
-	nc, _ := natstest.Connect(t, ns.ClientURL())
+	g := startGated(t, Options{NoReadAhead: true}, func(r *Request) bool { return r.Node == "" }, nil)
+	s, nc, held, open := g.s, g.nc, &g.held, g.open
 	got, inbox := collect(t, nc)
 	wideOf := func(module string) []byte { return []byte(`{"what":"needs","module":"` + module + `"}`) }
 	send := func(i int, body []byte) {
@@ -288,32 +243,8 @@ func TestServer_WideRequestsLeaveQueueRoomToNodeLookups(t *testing.T) {
 // that slot: a module walk's every page waited for the writing of the page after it, and the module
 // lookups of make bench went from about 23 to 26 ms.
 func TestServer_APageWrittenAheadIsNoWideAnswer(t *testing.T) {
-	db := smallStore(t)
-	for seq := uint64(1); seq <= 3; seq++ {
-		putNeed(t, db, seq)
-	}
-	db.SetSynced(provisioner.BucketNeeds, true)
-	ns := natstest.RunServer(t)
-	snc, _ := natstest.Connect(t, ns.ClientURL())
-	s := NewServer(StoreReader(db), Options{Workers: 2})
-	gate := make(chan struct{})
-	var held atomic.Int64
-	s.answering = func(r *Request) {
-		if r.At != "" {
-			held.Add(1)
-			<-gate
-		}
-	}
-	require.NoError(t, s.Start(snc, nil))
-	opened := false
-	open := func() {
-		if !opened {
-			opened = true
-			close(gate)
-		}
-	}
-	t.Cleanup(func() { open(); s.Stop() })
-	nc, _ := natstest.Connect(t, ns.ClientURL())
+	g := startGated(t, Options{}, func(r *Request) bool { return r.At != "" }, nil)
+	s, nc, held := g.s, g.nc, &g.held
 
 	// The first page of a module walk, one row a page: the next ones are written ahead.
 	first, _, err := natstest.Ask(nc, Subject, []byte(`{"what":"needs","module":"m","limit":1}`), false)
@@ -340,4 +271,44 @@ func TestServer_APageWrittenAheadIsNoWideAnswer(t *testing.T) {
 	require.NoError(t, err, "the page written ahead waited for the wide slot")
 	require.Len(t, second.Rows, 1)
 	require.Equal(t, "n2.m.config.a", second.Rows[0]["key"])
+}
+
+// gated is a Server of two workers over three needs (n1 to n3 of module m, synced), whose answers that
+// hold picks wait at a gate: a test holds wide answers in progress with it.
+type gated struct {
+	s    *Server
+	nc   *nats.Conn   // a client's connection
+	held atomic.Int64 // answers waiting at the gate now
+	open func()       // opens the gate, once; the test's cleanup opens it too, then stops the server
+}
+
+// startGated starts a gated Server with opts (two workers); hooks, when set, sets the server's other
+// test hooks before it starts.
+func startGated(t *testing.T, opts Options, hold func(r *Request) bool, hooks func(g *gated)) *gated {
+	db := smallStore(t)
+	for seq := uint64(1); seq <= 3; seq++ {
+		putNeed(t, db, seq)
+	}
+	db.SetSynced(provisioner.BucketNeeds, true)
+	ns := natstest.RunServer(t)
+	snc, _ := natstest.Connect(t, ns.ClientURL())
+	opts.Workers = 2
+	g := &gated{s: NewServer(StoreReader(db), opts)}
+	gate := make(chan struct{})
+	g.s.answering = func(r *Request) {
+		if hold(r) {
+			g.held.Add(1)
+			<-gate
+			g.held.Add(-1)
+		}
+	}
+	if hooks != nil {
+		hooks(g)
+	}
+	require.NoError(t, g.s.Start(snc, nil))
+	var once sync.Once
+	g.open = func() { once.Do(func() { close(gate) }) }
+	t.Cleanup(func() { g.open(); g.s.Stop() })
+	g.nc, _ = natstest.Connect(t, ns.ClientURL())
+	return g
 }
