@@ -196,17 +196,7 @@ func TestSeat_RebuildWaitsForRoom(t *testing.T) {
 	var logs natstest.LogBuffer
 	log := slog.New(slog.NewTextHandler(&logs, nil))
 	// The disk fills once the rebuild's new generation is open, for its store alone.
-	var full, room atomic.Bool
-	fs := faultfs.Writes(func() bool {
-		if room.Load() {
-			return false
-		}
-		if !full.Load() && strings.Contains(logs.String(), "rebuild started") {
-			full.Store(true)
-		}
-		return full.Load()
-	}, syscall.ENOSPC)
-	t.Cleanup(func() { room.Store(true) })
+	fs, room := faultfs.FullOnceLogged(t, &logs, "rebuild started")
 	db, err := store.OpenState(t.TempDir(), store.Options{})
 	require.NoError(t, err)
 	nc, js := natstest.Connect(t, h.url)

@@ -8,8 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -41,17 +39,7 @@ func TestServe_SignalWhileARebuildWaitsForRoom(t *testing.T) {
 	log := slog.New(slog.NewTextHandler(&logs, nil))
 	// The disk fills once the rebuild's new generation is open: every write of its store fails with
 	// ENOSPC from then on, until room is set. The current generation is on the disk as it is.
-	var full, room atomic.Bool
-	fs := faultfs.Writes(func() bool {
-		if room.Load() {
-			return false
-		}
-		if !full.Load() && strings.Contains(logs.String(), "rebuild started") {
-			full.Store(true)
-		}
-		return full.Load()
-	}, syscall.ENOSPC)
-	t.Cleanup(func() { room.Store(true) })
+	fs, room := faultfs.FullOnceLogged(t, &logs, "rebuild started")
 	state := filepath.Join(t.TempDir(), "state")
 	db, err := store.OpenState(state, store.Options{Logger: log})
 	require.NoError(t, err)

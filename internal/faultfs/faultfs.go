@@ -3,6 +3,12 @@
 package faultfs
 
 import (
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
 )
@@ -16,4 +22,22 @@ func Writes(fail func() bool, err error) vfs.FS {
 		}
 		return nil
 	}))
+}
+
+// FullOnceLogged wraps the disk so that, once log holds line (a test's log buffer, asked at each
+// write: "rebuild started" fills the disk under a rebuild's new generation), every write fails with
+// ENOSPC until room is set; the test's cleanup sets it, so that a stop that waits for room ends.
+func FullOnceLogged(t testing.TB, log fmt.Stringer, line string) (fs vfs.FS, room *atomic.Bool) {
+	var full atomic.Bool
+	room = new(atomic.Bool)
+	t.Cleanup(func() { room.Store(true) })
+	return Writes(func() bool {
+		if room.Load() {
+			return false
+		}
+		if !full.Load() && strings.Contains(log.String(), line) {
+			full.Store(true)
+		}
+		return full.Load()
+	}, syscall.ENOSPC), room
 }
