@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -47,13 +46,7 @@ func TestServe_SignalWhileARebuildWaitsForRoom(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	started := make(chan struct{})
-	done := make(chan error, 1)
-	go func() {
-		done <- runSeat(ctx, nc, js, db, seatConfig{log: log, registryInterval: time.Hour, registryReplicas: 1, writeRegistry: true,
-			stdout: io.Discard, started: func() { close(started) }, store: store.Options{FS: fs, MinFreeBytes: 1 << 20}})
-	}()
-	<-started
+	done := startSeat(ctx, nc, js, db, log, store.Options{FS: fs, MinFreeBytes: 1 << 20})
 	natstest.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error {
 		if seq, synced := db.Applied(provisioner.BucketApplied); !synced || seq == 0 {
 			return fmt.Errorf("applied not caught up yet")
@@ -85,15 +78,7 @@ func TestServe_SignalWhileARebuildWaitsForRoom(t *testing.T) {
 	require.Contains(t, out[strings.Index(out, "the state dir is out of room"):], "state="+gen, "the operator is told which dir is out of room")
 
 	cancel() // the first SIGTERM
-	var stopErr error
-	natstest.CheckFor(t, 20*time.Second, 10*time.Millisecond, func() error {
-		select {
-		case stopErr = <-done:
-			return nil
-		default:
-			return fmt.Errorf("the seat waits for room to stop")
-		}
-	})
+	stopErr := awaitRun(t, done, "the seat waits for room to stop")
 	require.ErrorIs(t, stopErr, context.Canceled, "main says: stopped by SIGTERM before it finished")
 	require.ErrorIs(t, stopErr, errNotDrained)
 	require.Contains(t, stopErr.Error(), gen)
@@ -118,13 +103,7 @@ func TestServe_SignalWhileARebuildWaitsForRoom(t *testing.T) {
 	require.NoError(t, err)
 	nc2, js2 := natstest.Connect(t, ns.ClientURL())
 	ctx2, cancel2 := context.WithCancel(context.Background())
-	started2 := make(chan struct{})
-	done2 := make(chan error, 1)
-	go func() {
-		done2 <- runSeat(ctx2, nc2, js2, db, seatConfig{log: log, registryInterval: time.Hour, registryReplicas: 1, writeRegistry: true,
-			stdout: io.Discard, started: func() { close(started2) }})
-	}()
-	<-started2
+	done2 := startSeat(ctx2, nc2, js2, db, log, store.Options{})
 	natstest.CheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
 		rows, a, err := natstest.AskAll(nc2, query.Subject, map[string]any{"what": "applied"}, false)
 		if err != nil {

@@ -67,13 +67,7 @@ func TestServe_SignalWhileTheDiskIsFull(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	started := make(chan struct{})
-	done := make(chan error, 1)
-	go func() {
-		done <- runSeat(ctx, nc, js, db, seatConfig{log: log, registryInterval: time.Hour, registryReplicas: 1, writeRegistry: true,
-			stdout: io.Discard, started: func() { close(started) }})
-	}()
-	<-started
+	done := startSeat(ctx, nc, js, db, log, store.Options{})
 	full.Store(true)
 	more := fixtures.Mesh{Seed: 4, Nodes: 12, Modules: 3, NeedsPerModule: 2, Collections: 2}.Ops()
 	require.NoError(t, fixtures.Load(context.Background(), js, more, 256, nil))
@@ -85,15 +79,7 @@ func TestServe_SignalWhileTheDiskIsFull(t *testing.T) {
 	})
 
 	cancel() // the first SIGTERM
-	var stopErr error
-	natstest.CheckFor(t, 20*time.Second, 10*time.Millisecond, func() error {
-		select {
-		case stopErr = <-done:
-			return nil
-		default:
-			return fmt.Errorf("the seat waits for room to stop")
-		}
-	})
+	stopErr := awaitRun(t, done, "the seat waits for room to stop")
 	require.ErrorIs(t, stopErr, context.Canceled, "main says: stopped by SIGTERM before it finished")
 	require.Contains(t, stopErr.Error(), "out of room")
 	require.Contains(t, logs.String(), "stopping without draining: the state dir is out of room")
@@ -118,26 +104,12 @@ func TestServe_WriteFailsWithEIO(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	started := make(chan struct{})
-	done := make(chan error, 1)
 	snc, sjs := natstest.Connect(t, ns.ClientURL()) // the seat's own: its stop drains it
-	go func() {
-		done <- runSeat(ctx, snc, sjs, db, seatConfig{log: log, registryInterval: time.Hour, registryReplicas: 1, writeRegistry: true,
-			stdout: io.Discard, started: func() { close(started) }})
-	}()
-	<-started
+	done := startSeat(ctx, snc, sjs, db, log, store.Options{})
 	broken.Store(true)
 	more := fixtures.Mesh{Seed: 4, Nodes: 12, Modules: 3, NeedsPerModule: 2, Collections: 2}.Ops()
 	require.NoError(t, fixtures.Load(context.Background(), js, more, 256, nil))
-	var runErr error
-	natstest.CheckFor(t, 20*time.Second, 10*time.Millisecond, func() error {
-		select {
-		case runErr = <-done:
-			return nil
-		default:
-			return fmt.Errorf("serve goes on with a state dir it cannot write")
-		}
-	})
+	runErr := awaitRun(t, done, "serve goes on with a state dir it cannot write")
 	require.ErrorIs(t, runErr, store.ErrWriteFailed)
 	require.Equal(t, exitFailure, exitCode(runErr, io.Discard))
 	require.Contains(t, runErr.Error(), "input/output error")

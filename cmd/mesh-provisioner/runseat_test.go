@@ -1,0 +1,46 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/novox/mesh-provisioner/internal/natstest"
+	"github.com/novox/mesh-provisioner/store"
+)
+
+// startSeat runs runSeat in the background, as serve does (the registry written, every hour, one
+// replica), with rebuild as the options of a rebuild's new generation, until ctx ends. It returns once
+// the seat answers, with the channel runSeat's result comes on.
+func startSeat(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, db *store.DB, log *slog.Logger, rebuild store.Options) <-chan error {
+	started := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		done <- runSeat(ctx, nc, js, db, seatConfig{log: log, registryInterval: time.Hour, registryReplicas: 1, writeRegistry: true,
+			stdout: io.Discard, started: func() { close(started) }, store: rebuild})
+	}()
+	<-started
+	return done
+}
+
+// awaitRun waits up to 20 s for runSeat's result and returns it; waiting says what the test waits for,
+// as the failure says when it does not come.
+func awaitRun(t *testing.T, done <-chan error, waiting string) error {
+	t.Helper()
+	var err error
+	natstest.CheckFor(t, 20*time.Second, 10*time.Millisecond, func() error {
+		select {
+		case err = <-done:
+			return nil
+		default:
+			return errors.New(waiting)
+		}
+	})
+	return err
+}
