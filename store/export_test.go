@@ -64,3 +64,10 @@ func StopLiveBelowAfter(n int, stop func()) (restore func()) {
 	}
 	return func() { liveBelowStep = nil }
 }
+
+// SetViewSnapshotHook sets what a View calls just before it snapshots the committed state.
+func SetViewSnapshotHook(f func()) (restore func()) {
+	old := viewSnapshotHook
+	viewSnapshotHook = f
+	return func() { viewSnapshotHook = old }
+}

@@ -38,17 +38,25 @@ func (db *DB) unpinViews() {
 	}
 }
 
-// pinnedRef returns the pinned state with a reference for the caller to release, or nil when none is
-// pinned.
-func (db *DB) pinnedRef() *pinnedState {
+// viewSnapshot returns the snapshot a View reads: the pinned state's, with a reference for the caller
+// to release, or a new snapshot of the committed state when none is pinned. The new snapshot is taken
+// under pinMu: taken after the check but outside it, a rollup could pin and commit parts in between,
+// and the view would read some of the removed keys gone under the as_of before the rollup.
+func (db *DB) viewSnapshot() (*pebble.Snapshot, *pinnedState) {
 	db.pinMu.Lock()
 	defer db.pinMu.Unlock()
-	if db.pin == nil {
-		return nil
+	if db.pin != nil {
+		db.pin.refs++
+		return db.pin.snap, db.pin
 	}
-	db.pin.refs++
-	return db.pin
+	if viewSnapshotHook != nil {
+		viewSnapshotHook()
+	}
+	return db.pdb.NewSnapshot(), nil
 }
+
+// viewSnapshotHook, when set (tests), is called just before a View snapshots the committed state.
+var viewSnapshotHook func()
 
 // release drops a reference to p, closing its snapshot with the last one.
 func (db *DB) release(p *pinnedState) {

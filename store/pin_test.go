@@ -6,6 +6,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -241,4 +242,62 @@ func TestDB_ARegistryRollupInPartsRaisesNeedsAtOnce(t *testing.T) {
 	a, total = anomalies(t, db, provisioner.BucketNeeds, "")
 	require.Len(t, a, len(entries), "every kind removed: every need unanswered")
 	require.EqualValues(t, len(entries), total)
+}
+
+// TestDB_AViewOpenedAsARollupPinsReadsOneSide: a View that found no pin and is about to snapshot the
+// committed state when a rollup in parts starts reads the state before the rollup or after it, never
+// a state with some parts committed under the as_of before it. The hook holds the View at that point
+// until the rollup has committed two parts (or, when the View holds the rollup off, for a while).
+func TestDB_AViewOpenedAsARollupPinsReadsOneSide(t *testing.T) {
+	b := provisioner.BucketNeeds
+	all := provisioner.Range{Bucket: b, Index: provisioner.IndexPrimary}
+	db, err := store.Open(t.TempDir(), store.Options{})
+	require.NoError(t, err)
+	defer db.Close()
+	var msgs []provisioner.Message
+	var before []string
+	for i := range 20 {
+		key := fmt.Sprintf("n1.m.config.a%02d", i)
+		msgs = append(msgs, put(uint64(i+1), key, []byte{0xc0}))
+		before = append(before, key)
+	}
+	require.NoError(t, db.Apply(b, msgs, 0, false))
+
+	twoParts := make(chan struct{})
+	release := make(chan struct{})
+	parts := 0
+	defer store.SetRollupPart(5, func(int) error {
+		if parts++; parts == 2 {
+			close(twoParts)
+			<-release
+		}
+		return nil
+	})()
+	applied := make(chan error, 1)
+	var once sync.Once
+	defer store.SetViewSnapshotHook(func() {
+		once.Do(func() {
+			go func() {
+				applied <- db.Apply(b, []provisioner.Message{rollup(put(21, "n1.>", []byte{0xc0}), provisioner.RollupSub)}, 0, false)
+			}()
+			select {
+			case <-twoParts: // the View did not hold the rollup off: it snapshots between parts
+			case <-time.After(500 * time.Millisecond): // it did: the rollup waits for the View's snapshot
+			}
+		})
+	})()
+	v, err := db.View()
+	require.NoError(t, err)
+	close(release)
+	var keys []string
+	require.NoError(t, v.Rows(all, func(row *provisioner.Row) bool {
+		keys = append(keys, string(row.Key))
+		return true
+	}))
+	cp, err := v.Checkpoint(b)
+	require.NoError(t, err)
+	require.NoError(t, v.Close())
+	require.NoError(t, <-applied)
+	require.EqualValues(t, 20, cp.Applied)
+	require.Equal(t, before, keys, "as of 20, every key of n1 is there")
 }

@@ -53,11 +53,8 @@ func (db *DB) View() (*View, error) {
 	if db.closed.Load() {
 		return nil, ErrClosed
 	}
-	if p := db.pinnedRef(); p != nil {
-		return &View{rows: rows{db: db, src: p.snap}, snap: p.snap, pinned: p}, nil
-	}
-	snap := db.pdb.NewSnapshot()
-	return &View{rows: rows{db: db, src: snap}, snap: snap}, nil
+	snap, p := db.viewSnapshot()
+	return &View{rows: rows{db: db, src: snap}, snap: snap, pinned: p}, nil
 }
 
 // Close releases the view.
