@@ -150,7 +150,7 @@ func TestProjector_ParkedBucketsListedInPages(t *testing.T) {
 	const n = 300
 	composedBuckets(t, js, n)
 	p, db := parking(t, ns.ClientURL(), 300*time.Millisecond, 300*time.Millisecond)
-	natstest.CheckFor(t, 30*time.Second, 50*time.Millisecond, func() error {
+	natstest.CheckFor(t, 60*time.Second, 50*time.Millisecond, func() error {
 		if c := p.ParkedCount(); c != n {
 			return fmt.Errorf("%d of %d parked", c, n)
 		}

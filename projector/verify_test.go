@@ -161,7 +161,7 @@ func tailComposed(t *testing.T, js jetstream.JetStream, n int, opts projector.Op
 		p.Stop()
 		db.Close()
 	})
-	natstest.CheckFor(t, 20*time.Second, 50*time.Millisecond, func() error {
+	natstest.CheckFor(t, 60*time.Second, 50*time.Millisecond, func() error {
 		for i := range n {
 			if seq, synced := db.Applied(fmt.Sprintf("composed-n%04d", i)); seq == 0 || !synced {
 				return fmt.Errorf("composed-n%04d: applied %d, synced %v", i, seq, synced)
