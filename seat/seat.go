@@ -289,6 +289,24 @@ func (s *Seat) WritesHeld() (dir string, held bool) {
 	return "", false
 }
 
+// OutOfRoom says why the seat's projection cannot be written for want of room (store.DB.RoomErr): the
+// store it answers from, or a rebuild's new generation, named as such; nil when both have room. It
+// answers meanwhile, from what it committed; /readyz and the micro stats say this.
+func (s *Seat) OutOfRoom() error {
+	s.mu.Lock()
+	cur, next := s.cur, s.nextDB
+	s.mu.Unlock()
+	if err := cur.RoomErr(); err != nil {
+		return err
+	}
+	if next != nil {
+		if err := next.RoomErr(); err != nil {
+			return fmt.Errorf("the rebuild's new generation: %w", err)
+		}
+	}
+	return nil
+}
+
 // Current is the projector in use.
 func (s *Seat) Current() *projector.Projector {
 	s.mu.Lock()

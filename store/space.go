@@ -68,6 +68,7 @@ type space struct {
 	mu    sync.Mutex
 	full  bool      // said out of room, not yet said room again
 	since time.Time // when it was said
+	why   error     // what was said: a batch refused, or a write found the disk full (RoomErr)
 }
 
 func newSpace(dir string, fs vfs.FS, minFree int64, log *slog.Logger) *space {
@@ -158,7 +159,7 @@ func (s *space) enter(err error) {
 	if s.full {
 		return
 	}
-	s.full, s.since = true, time.Now()
+	s.full, s.since, s.why = true, time.Now(), err
 	if s.log != nil {
 		s.log.Error("the state dir is out of room: applying paused, answering from what is committed", "state", s.dir, "err", err,
 			"fix", "free space on that disk (or give --state a larger one); applying resumes by itself")
@@ -199,6 +200,53 @@ func (db *DB) OutOfRoom() bool {
 	db.space.mu.Lock()
 	defer db.space.mu.Unlock()
 	return db.space.full
+}
+
+// RoomErr says why the store is out of room (OutOfRoom), an ErrNoSpace naming the state dir, how much
+// its disk has free against the reserve, and what to do; nil when it has room. It is what /readyz and
+// the micro stats say while applying is paused for room.
+func (db *DB) RoomErr() error {
+	s := db.space
+	if s.held.Load() > 0 {
+		return fmt.Errorf("%w: writes held: a write to %s found the disk full%s: free space on that disk (or give --state a larger one); applying resumes by itself",
+			ErrNoSpace, s.dir, s.freeSaid())
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.full {
+		return nil
+	}
+	return s.why
+}
+
+// freeSaid is what the state dir's file system has free against the reserve, as " (N MiB free, M MiB
+// needed)", or "" when statfs cannot say. A disk that shows the reserve free and still refuses writes
+// is a quota or a thin volume: said too.
+func (s *space) freeSaid() string {
+	free, ok := s.free()
+	switch {
+	case !ok || s.minFree < 0:
+		return ""
+	case free < s.minFree:
+		return fmt.Sprintf(" (%d MiB free, %d MiB needed)", free>>20, s.minFree>>20)
+	}
+	return fmt.Sprintf(" (%d MiB shows free, %d MiB needed, yet writes fail with %v: a quota or a thin volume?)", free>>20, s.minFree>>20, syscall.ENOSPC)
+}
+
+// free is what statfs says the state dir's file system has free for the seat.
+func (s *space) free() (int64, bool) {
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(s.dir, &st); err != nil {
+		return 0, false
+	}
+	return int64(st.Bavail) * int64(st.Bsize), true
+}
+
+// Room is what the state dir's file system has free (statfs) and the reserve the store keeps free on
+// it (Options.MinFreeBytes, or its default; negative: none); ok is false when statfs cannot say.
+func (db *DB) Room() (free, reserve int64, ok bool) {
+	free, ok = db.space.free()
+	return free, db.space.minFree, ok
 }
 
 // WritesHeld reports whether a write of Pebble's is held until the state dir has room: a Close, and a
