@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -248,4 +249,85 @@ func TestSeat_RebuildWaitsForRoom(t *testing.T) {
 	_, held = st.WritesHeld()
 	require.False(t, held)
 	require.Contains(t, logs.String(), "the state dir has room again")
+}
+
+// TestSeat_RebuildOpensOnAFullDisk: the disk is full when a rebuild opens its new generation (statfs
+// shows room, writes fail: another process fills it). Pebble's open wrote through the store's
+// disk-full wrapper and waited for room inside store.Open, before the seat knew of the new store:
+// WritesHeld said nothing was held, so serve's SIGTERM went into a clean stop that waited for the
+// open, for as long as the disk stayed full, and nothing said why the rebuild stood still. The open
+// now finds the disk full with a test write before Pebble writes anything and fails: the rebuild says
+// so (the generation, no room, what to do), leaves no half generation, the current generation keeps
+// answering, and once there is room a retry swaps in.
+func TestSeat_RebuildOpensOnAFullDisk(t *testing.T) {
+	h := newHarness(t)
+	h.load(testMesh.Ops())
+
+	var logs natstest.LogBuffer
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	// The disk fills for the rebuild's new generation as soon as a rebuild is asked for.
+	fs, room := faultfs.FullOnceLogged(t, &logs, "bucket cannot be resumed")
+	state := t.TempDir()
+	db, err := store.OpenState(state, store.Options{})
+	require.NoError(t, err)
+	nc, js := natstest.Connect(t, h.url)
+	st, err := seat.Start(context.Background(), nc, js, db, seat.Config{Logger: log, WriteRegistry: true,
+		Projector: projector.Options{Poll: 50 * time.Millisecond, Verify: 200 * time.Millisecond},
+		Store:     store.Options{FS: fs, MinFreeBytes: 1 << 20}})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		room.Store(true)
+		require.NoError(t, st.Stop())
+		require.NoError(t, db.Close())
+	})
+	h.waitCaughtUp(st)
+
+	require.NoError(t, h.js.DeleteKeyValue(context.Background(), provisioner.BucketApplied))
+	_, err = h.js.CreateKeyValue(context.Background(), jetstream.KeyValueConfig{Bucket: provisioner.BucketApplied, History: 8})
+	require.NoError(t, err)
+	h.load([]fixtures.Op{{Bucket: provisioner.BucketApplied, Key: "n1.mod-new", Op: provisioner.OpPut, Value: []byte{0x01}}})
+
+	natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		out := logs.String()
+		if !strings.Contains(out, "rebuild failed") {
+			return fmt.Errorf("the rebuild has not said it failed")
+		}
+		if _, held := st.WritesHeld(); held {
+			return fmt.Errorf("a write is held")
+		}
+		return nil
+	})
+	out := logs.String()
+	line := out[strings.Index(out, "rebuild failed"):]
+	line, _, _ = strings.Cut(line, "\n")
+	require.Contains(t, line, "no room to write in the state dir", line)
+	require.Contains(t, line, "free space on that disk", line)
+	require.Contains(t, line, "the current generation answers meanwhile", line)
+	require.Contains(t, line, state, "names the generation")
+	// No half generation is left between the tries, and the current one answers.
+	natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		gens, err := filepath.Glob(filepath.Join(state, "gen-*"))
+		if err != nil {
+			return err
+		}
+		if len(gens) != 1 || gens[0] != db.Dir() {
+			return fmt.Errorf("generations %v, want only %s", gens, db.Dir())
+		}
+		return nil
+	})
+	a, _, err := natstest.Ask(h.nc, query.Subject, []byte(`{"what":"needs","limit":1}`), false)
+	require.NoError(t, err)
+	require.Len(t, a.Rows, 1)
+	require.NotContains(t, logs.String(), "panic")
+
+	// Room again: a retry opens the new generation, fills it and swaps it in.
+	room.Store(true)
+	natstest.CheckFor(t, 40*time.Second, 20*time.Millisecond, func() error {
+		if st.Rebuilds() == 0 {
+			return fmt.Errorf("not rebuilt yet")
+		}
+		return nil
+	})
+	h.waitCaughtUp(st)
+	h.checkAll()
 }

@@ -148,7 +148,7 @@ func (s *Seat) rebuildOnce(ctx context.Context) error {
 	ndb, err := store.Open(gen, s.cfg.Store)
 	if err != nil {
 		os.RemoveAll(gen)
-		return err
+		return fmt.Errorf("open the new generation %s (the rebuild tries again by itself; the current generation answers meanwhile): %w", gen, err)
 	}
 	abandon := func() {
 		ndb.Close()

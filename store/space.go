@@ -253,11 +253,25 @@ func (db *DB) Room() (free, reserve int64, ok bool) {
 // batch being committed, wait for it.
 func (db *DB) WritesHeld() bool { return db.space.held.Load() > 0 }
 
-// roomToOpen refuses to open a Pebble directory on a file system with less than minFree free: opening
-// writes (a replayed log is flushed into a table, a new log and manifest are made), and on a full
-// disk Pebble retries that flush forever, neither opening nor failing.
-func roomToOpen(dir string, minFree int64) error {
-	return newSpace(dir, nil, minFree, nil).room("then start again")
+// roomToOpen refuses to open a Pebble directory on a file system with less than minFree free, or
+// that refuses a test write (probe) for want of room although statfs shows it: opening writes (a
+// replayed log is flushed into a table, a new log, manifest and schema version are made), and a write
+// of the open that finds the disk full waits for room (waitForRoom) where nothing can stop it, nor
+// say that it waits: the open of a rebuild's new generation held so, and a stop of the seat with it.
+// A probe that fails for another reason (the directory does not exist yet) is left to Pebble.
+func roomToOpen(dir string, fs vfs.FS, minFree int64) error {
+	s := newSpace(dir, fs, minFree, nil)
+	if err := s.room("then start again"); err != nil {
+		return err
+	}
+	if minFree < 0 {
+		return nil
+	}
+	if err := s.probe(); errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
+		return fmt.Errorf("%w: a test write to %s failed: %v%s: free space on that disk (or give --state a larger one), then start again",
+			ErrNoSpace, dir, err, s.freeSaid())
+	}
+	return nil
 }
 
 // openErr says why Pebble could not open a state dir: no room, not writable, or (anything else) a

@@ -301,3 +301,43 @@ func TestDB_EveryWriteSaysAFailedDisk(t *testing.T) {
 	require.ErrorIs(t, err, store.ErrWriteFailed)
 	require.NoError(t, returns("Close", db.Close))
 }
+
+// TestOpen_DiskFullRefusesTheOpen: a disk that shows room but refuses writes (another process filled
+// it since statfs; a quota) made the open's first write wait for room inside Pebble's open, where
+// nothing can stop it and no caller knows it waits. The open tries a write first and fails at once
+// with ErrNoSpace, naming the dir and what to do, with nothing written; with room it opens.
+func TestOpen_DiskFullRefusesTheOpen(t *testing.T) {
+	dir := t.TempDir()
+	var full atomic.Bool
+	full.Store(true)
+	t.Cleanup(func() { full.Store(false) })
+	fs := faultfs.Writes(full.Load, syscall.ENOSPC)
+	opened := make(chan error, 1)
+	go func() {
+		db, err := store.Open(dir, store.Options{FS: fs, MinFreeBytes: 1 << 20})
+		if err == nil {
+			db.Close()
+		}
+		opened <- err
+	}()
+	var err error
+	natstest.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		select {
+		case err = <-opened:
+			return nil
+		default:
+			return fmt.Errorf("the open waits on a full disk")
+		}
+	})
+	require.ErrorIs(t, err, store.ErrNoSpace)
+	require.Contains(t, err.Error(), dir)
+	require.Contains(t, err.Error(), "free space on that disk")
+	entries, rerr := os.ReadDir(dir)
+	require.NoError(t, rerr)
+	require.Empty(t, entries, "nothing written")
+
+	full.Store(false)
+	db, err := store.Open(dir, store.Options{FS: fs, MinFreeBytes: 1 << 20})
+	require.NoError(t, err)
+	require.NoError(t, db.Close())
+}
