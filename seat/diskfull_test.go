@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -330,4 +331,88 @@ func TestSeat_RebuildOpensOnAFullDisk(t *testing.T) {
 	})
 	h.waitCaughtUp(st)
 	h.checkAll()
+}
+
+// TestSeat_StopContextWhileAWriteWaitsForRoom: a library's Stop while a batch's write waits for room in
+// the state dir waited for room, for as long as the disk stayed full, with no way out (serve has its
+// own: it exits without draining). StopContext gives up when its context ends, saying the state dir
+// is out of room and that the last batch was not committed. Nothing is lost: what is on disk then (a
+// copy of the state dir, as a kill would leave it) holds the held bucket's checkpoint before the held
+// message, and a seat started on it reads that message again and answers as the buckets. Once there is
+// room, the stop that went on by itself ends, and a later Stop returns its result.
+func TestSeat_StopContextWhileAWriteWaitsForRoom(t *testing.T) {
+	h := newHarness(t)
+	h.load(testMesh.Ops())
+
+	var full atomic.Bool
+	fs := faultfs.Writes(full.Load, syscall.ENOSPC)
+	state := t.TempDir()
+	db, err := store.OpenState(state, store.Options{FS: fs, MinFreeBytes: 1 << 20})
+	require.NoError(t, err)
+	nc, js := natstest.Connect(t, h.url)
+	st, err := seat.Start(context.Background(), nc, js, db, seat.Config{WriteRegistry: true,
+		Projector: projector.Options{Poll: 50 * time.Millisecond, Verify: 200 * time.Millisecond}})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		full.Store(false)
+		require.NoError(t, st.Stop())
+		require.NoError(t, db.Close())
+	})
+	h.waitCaughtUp(st)
+	before, _ := db.Applied(provisioner.BucketNeeds)
+
+	// One message at the stream's end: its batch is synced, and waits for room in its commit.
+	full.Store(true)
+	kv, err := h.js.KeyValue(context.Background(), provisioner.BucketNeeds)
+	require.NoError(t, err)
+	heldSeq, err := kv.Put(context.Background(), "held.m.config.a", []byte{0x01})
+	require.NoError(t, err)
+	natstest.CheckFor(t, 20*time.Second, 10*time.Millisecond, func() error {
+		if !db.WritesHeld() {
+			return fmt.Errorf("no write held for room yet")
+		}
+		return nil
+	})
+
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	stopped := make(chan error, 1)
+	go func() { stopped <- st.StopContext(ctx) }()
+	var stopErr error
+	natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		select {
+		case stopErr = <-stopped:
+			return nil
+		default:
+			return fmt.Errorf("StopContext waits for room past its context")
+		}
+	})
+	require.ErrorIs(t, stopErr, seat.ErrNotDrained)
+	require.ErrorIs(t, stopErr, context.DeadlineExceeded)
+	require.Contains(t, stopErr.Error(), "out of room")
+	require.Contains(t, stopErr.Error(), db.Dir())
+	require.True(t, db.WritesHeld(), "the write still waits: nothing was let through")
+
+	// What is on disk now, as a kill would leave it: the held batch is not in it, and its checkpoint
+	// did not move.
+	crashed := filepath.Join(t.TempDir(), "state")
+	require.NoError(t, os.CopyFS(crashed, os.DirFS(state)))
+	cdb, err := store.OpenState(crashed, store.Options{})
+	require.NoError(t, err)
+	seq, _ := cdb.Applied(provisioner.BucketNeeds)
+	require.Equal(t, before, seq, "the checkpoint on disk is the last committed batch's")
+	require.Less(t, seq, heldSeq)
+	require.NoError(t, cdb.Close())
+	// A seat started on it reads the held message again and answers as the buckets.
+	st2, stop2 := h.startSeat(crashed)
+	h.waitCaughtUp(st2)
+	seq, _ = st2.Store().Applied(provisioner.BucketNeeds)
+	require.GreaterOrEqual(t, seq, heldSeq)
+	h.checkAll()
+	stop2()
+
+	// Room again: the stop that went on ends, and Stop says how.
+	full.Store(false)
+	require.NoError(t, st.Stop())
+	require.False(t, db.WritesHeld())
 }
