@@ -41,3 +41,18 @@ func FullOnceLogged(t testing.TB, log fmt.Stringer, line string) (fs vfs.FS, roo
 		return full.Load()
 	}, syscall.ENOSPC), room
 }
+
+// Syncs wraps the disk so that a sync of a file (Sync, SyncData, SyncTo) fails with err whenever fail,
+// asked at each sync, reports true; writes go through. A full disk that shows on fsync, not on write
+// (NFS, thin volumes).
+func Syncs(fail func() bool, err error) vfs.FS {
+	return errorfs.Wrap(vfs.Default, errorfs.InjectorFunc(func(op errorfs.Op) error {
+		switch op.Kind {
+		case errorfs.OpFileSync, errorfs.OpFileSyncData, errorfs.OpFileSyncTo:
+			if fail() {
+				return err
+			}
+		}
+		return nil
+	}))
+}
