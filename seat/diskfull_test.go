@@ -416,3 +416,61 @@ func TestSeat_StopContextWhileAWriteWaitsForRoom(t *testing.T) {
 	require.NoError(t, st.Stop())
 	require.False(t, db.WritesHeld())
 }
+
+// TestSeat_RebuildOpenWaitsForRoom: the disk fills after the open of a rebuild's new generation found
+// room (its test write went through) and before Pebble's first write, which waits for room inside
+// store.Open, before the seat holds the new store. WritesHeld said nothing was held, so serve's
+// SIGTERM went into a clean stop that waited for the open. It names the generation being opened; once
+// there is room the open goes on and the rebuild swaps in.
+func TestSeat_RebuildOpenWaitsForRoom(t *testing.T) {
+	h := newHarness(t)
+	h.load(testMesh.Ops())
+
+	var logs natstest.LogBuffer
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	fs, room := faultfs.FullOnceLoggedButProbe(t, &logs, "bucket cannot be resumed")
+	state := t.TempDir()
+	db, err := store.OpenState(state, store.Options{})
+	require.NoError(t, err)
+	nc, js := natstest.Connect(t, h.url)
+	st, err := seat.Start(context.Background(), nc, js, db, seat.Config{Logger: log, WriteRegistry: true,
+		Projector: projector.Options{Poll: 50 * time.Millisecond, Verify: 200 * time.Millisecond},
+		Store:     store.Options{FS: fs, MinFreeBytes: 1 << 20}})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		room.Store(true)
+		require.NoError(t, st.Stop())
+		require.NoError(t, db.Close())
+	})
+	h.waitCaughtUp(st)
+
+	require.NoError(t, h.js.DeleteKeyValue(context.Background(), provisioner.BucketApplied))
+	_, err = h.js.CreateKeyValue(context.Background(), jetstream.KeyValueConfig{Bucket: provisioner.BucketApplied, History: 8})
+	require.NoError(t, err)
+	h.load([]fixtures.Op{{Bucket: provisioner.BucketApplied, Key: "n1.mod-new", Op: provisioner.OpPut, Value: []byte{0x01}}})
+
+	var dir string
+	natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		var held bool
+		if dir, held = st.WritesHeld(); !held {
+			return fmt.Errorf("no write held for room (rebuild started: %v)", strings.Contains(logs.String(), "rebuild started"))
+		}
+		return nil
+	})
+	require.NotEqual(t, db.Dir(), dir)
+	require.Equal(t, state, filepath.Dir(dir), "a generation of the state dir")
+	require.NotContains(t, logs.String(), "rebuild started", "held in the open")
+	require.ErrorIs(t, st.OutOfRoom(), store.ErrNoSpace, "readyz and the stats say so")
+	require.Contains(t, st.OutOfRoom().Error(), dir)
+
+	room.Store(true)
+	natstest.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error {
+		if st.Rebuilds() == 0 {
+			return fmt.Errorf("not rebuilt yet")
+		}
+		return nil
+	})
+	require.Equal(t, dir, st.Store().Dir())
+	h.waitCaughtUp(st)
+	h.checkAll()
+}

@@ -97,6 +97,7 @@ type Seat struct {
 	retention *store.Retention
 	next      *projector.Projector // a rebuild's, until it is swapped in or given up
 	nextDB    *store.DB            // next's store, the new generation: its writes can be held for room too
+	opening   string               // the new generation a rebuild is opening, until Open returns
 	owned     *store.DB            // a store a rebuild swapped in: the seat closes it at Stop
 	rebuildCh chan struct{}
 	rebuilds  int
@@ -309,16 +310,20 @@ func (s *Seat) Store() *store.DB {
 
 // WritesHeld reports whether a write of one of the seat's stores is held until the state dir has room
 // (store.DB.WritesHeld), and that store's directory: the store it answers from, or the new generation
-// a rebuild fills, which has its own. Stop waits for the held write, and so for room.
+// a rebuild fills, which has its own, while it opens too (store.WritesHeldIn). Stop waits for the held
+// write, and so for room.
 func (s *Seat) WritesHeld() (dir string, held bool) {
 	s.mu.Lock()
-	cur, next := s.cur, s.nextDB
+	cur, next, opening := s.cur, s.nextDB, s.opening
 	s.mu.Unlock()
 	if cur.WritesHeld() {
 		return cur.Dir(), true
 	}
 	if next != nil && next.WritesHeld() {
 		return next.Dir(), true
+	}
+	if opening != "" && store.WritesHeldIn(opening) {
+		return opening, true // the open's own writes
 	}
 	return "", false
 }
@@ -328,7 +333,7 @@ func (s *Seat) WritesHeld() (dir string, held bool) {
 // answers meanwhile, from what it committed; /readyz and the micro stats say this.
 func (s *Seat) OutOfRoom() error {
 	s.mu.Lock()
-	cur, next := s.cur, s.nextDB
+	cur, next, opening := s.cur, s.nextDB, s.opening
 	s.mu.Unlock()
 	if err := cur.RoomErr(); err != nil {
 		return err
@@ -337,6 +342,10 @@ func (s *Seat) OutOfRoom() error {
 		if err := next.RoomErr(); err != nil {
 			return fmt.Errorf("the rebuild's new generation: %w", err)
 		}
+	}
+	if opening != "" && store.WritesHeldIn(opening) {
+		return fmt.Errorf("the rebuild's new generation: %w: writes held: opening %s found the disk full: free space on that disk (or give --state a larger one); the rebuild goes on by itself",
+			store.ErrNoSpace, opening)
 	}
 	return nil
 }

@@ -123,6 +123,8 @@ func (s *space) waitForRoom() {
 	}
 	s.held.Add(1)
 	defer s.held.Add(-1)
+	heldIn(s.dir, 1)
+	defer heldIn(s.dir, -1)
 	s.enter(fmt.Errorf("%w: a write to %s failed: %v", ErrNoSpace, s.dir, syscall.ENOSPC))
 	wait := 10 * time.Millisecond
 	for s.room("") != nil || s.probe() != nil {
@@ -130,6 +132,30 @@ func (s *space) waitForRoom() {
 		wait = min(2*wait, roomPollMax)
 	}
 	s.leave()
+}
+
+// heldDirs counts the writes of Pebble held in waitForRoom by directory, for a store that is still
+// opening, which no caller holds yet (WritesHeldIn).
+var heldDirs = struct {
+	sync.Mutex
+	n map[string]int
+}{n: map[string]int{}}
+
+func heldIn(dir string, d int) {
+	heldDirs.Lock()
+	defer heldDirs.Unlock()
+	if heldDirs.n[dir] += d; heldDirs.n[dir] <= 0 {
+		delete(heldDirs.n, dir)
+	}
+}
+
+// WritesHeldIn reports whether a write of a store on dir is held until there is room: DB.WritesHeld
+// for a store that is still opening (Open has not returned it), whose open waits for room as a batch
+// does. An open tries a write first (roomToOpen), so this is a disk that filled just after.
+func WritesHeldIn(dir string) bool {
+	heldDirs.Lock()
+	defer heldDirs.Unlock()
+	return heldDirs.n[dir] > 0
 }
 
 // probe writes a small file to the state dir, through the file system under Pebble's, and removes it.
