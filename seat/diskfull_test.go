@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -248,4 +250,227 @@ func TestSeat_RebuildWaitsForRoom(t *testing.T) {
 	_, held = st.WritesHeld()
 	require.False(t, held)
 	require.Contains(t, logs.String(), "the state dir has room again")
+}
+
+// TestSeat_RebuildOpensOnAFullDisk: the disk is full when a rebuild opens its new generation (statfs
+// shows room, writes fail: another process fills it). Pebble's open wrote through the store's
+// disk-full wrapper and waited for room inside store.Open, before the seat knew of the new store:
+// WritesHeld said nothing was held, so serve's SIGTERM went into a clean stop that waited for the
+// open, for as long as the disk stayed full, and nothing said why the rebuild stood still. The open
+// now finds the disk full with a test write before Pebble writes anything and fails: the rebuild says
+// so (the generation, no room, what to do), leaves no half generation, the current generation keeps
+// answering, and once there is room a retry swaps in.
+func TestSeat_RebuildOpensOnAFullDisk(t *testing.T) {
+	h := newHarness(t)
+	h.load(testMesh.Ops())
+
+	var logs natstest.LogBuffer
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	// The disk fills for the rebuild's new generation as soon as a rebuild is asked for.
+	fs, room := faultfs.FullOnceLogged(t, &logs, "bucket cannot be resumed")
+	state := t.TempDir()
+	db, err := store.OpenState(state, store.Options{})
+	require.NoError(t, err)
+	nc, js := natstest.Connect(t, h.url)
+	st, err := seat.Start(context.Background(), nc, js, db, seat.Config{Logger: log, WriteRegistry: true,
+		Projector: projector.Options{Poll: 50 * time.Millisecond, Verify: 200 * time.Millisecond},
+		Store:     store.Options{FS: fs, MinFreeBytes: 1 << 20}})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		room.Store(true)
+		require.NoError(t, st.Stop())
+		require.NoError(t, db.Close())
+	})
+	h.waitCaughtUp(st)
+
+	require.NoError(t, h.js.DeleteKeyValue(context.Background(), provisioner.BucketApplied))
+	_, err = h.js.CreateKeyValue(context.Background(), jetstream.KeyValueConfig{Bucket: provisioner.BucketApplied, History: 8})
+	require.NoError(t, err)
+	h.load([]fixtures.Op{{Bucket: provisioner.BucketApplied, Key: "n1.mod-new", Op: provisioner.OpPut, Value: []byte{0x01}}})
+
+	natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		out := logs.String()
+		if !strings.Contains(out, "rebuild failed") {
+			return fmt.Errorf("the rebuild has not said it failed")
+		}
+		if _, held := st.WritesHeld(); held {
+			return fmt.Errorf("a write is held")
+		}
+		return nil
+	})
+	out := logs.String()
+	line := out[strings.Index(out, "rebuild failed"):]
+	line, _, _ = strings.Cut(line, "\n")
+	require.Contains(t, line, "no room to write in the state dir", line)
+	require.Contains(t, line, "free space on that disk", line)
+	require.Contains(t, line, "the current generation answers meanwhile", line)
+	require.Contains(t, line, state, "names the generation")
+	// No half generation is left between the tries, and the current one answers.
+	natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		gens, err := filepath.Glob(filepath.Join(state, "gen-*"))
+		if err != nil {
+			return err
+		}
+		if len(gens) != 1 || gens[0] != db.Dir() {
+			return fmt.Errorf("generations %v, want only %s", gens, db.Dir())
+		}
+		return nil
+	})
+	a, _, err := natstest.Ask(h.nc, query.Subject, []byte(`{"what":"needs","limit":1}`), false)
+	require.NoError(t, err)
+	require.Len(t, a.Rows, 1)
+	require.NotContains(t, logs.String(), "panic")
+
+	// Room again: a retry opens the new generation, fills it and swaps it in.
+	room.Store(true)
+	natstest.CheckFor(t, 40*time.Second, 20*time.Millisecond, func() error {
+		if st.Rebuilds() == 0 {
+			return fmt.Errorf("not rebuilt yet")
+		}
+		return nil
+	})
+	h.waitCaughtUp(st)
+	h.checkAll()
+}
+
+// TestSeat_StopContextWhileAWriteWaitsForRoom: a library's Stop while a batch's write waits for room in
+// the state dir waited for room, for as long as the disk stayed full, with no way out (serve has its
+// own: it exits without draining). StopContext gives up when its context ends, saying the state dir
+// is out of room and that the last batch was not committed. Nothing is lost: what is on disk then (a
+// copy of the state dir, as a kill would leave it) holds the held bucket's checkpoint before the held
+// message, and a seat started on it reads that message again and answers as the buckets. Once there is
+// room, the stop that went on by itself ends, and a later Stop returns its result.
+func TestSeat_StopContextWhileAWriteWaitsForRoom(t *testing.T) {
+	h := newHarness(t)
+	h.load(testMesh.Ops())
+
+	var full atomic.Bool
+	fs := faultfs.Writes(full.Load, syscall.ENOSPC)
+	state := t.TempDir()
+	db, err := store.OpenState(state, store.Options{FS: fs, MinFreeBytes: 1 << 20})
+	require.NoError(t, err)
+	nc, js := natstest.Connect(t, h.url)
+	st, err := seat.Start(context.Background(), nc, js, db, seat.Config{WriteRegistry: true,
+		Projector: projector.Options{Poll: 50 * time.Millisecond, Verify: 200 * time.Millisecond}})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		full.Store(false)
+		require.NoError(t, st.Stop())
+		require.NoError(t, db.Close())
+	})
+	h.waitCaughtUp(st)
+	before, _ := db.Applied(provisioner.BucketNeeds)
+
+	// One message at the stream's end: its batch is synced, and waits for room in its commit.
+	full.Store(true)
+	kv, err := h.js.KeyValue(context.Background(), provisioner.BucketNeeds)
+	require.NoError(t, err)
+	heldSeq, err := kv.Put(context.Background(), "held.m.config.a", []byte{0x01})
+	require.NoError(t, err)
+	natstest.CheckFor(t, 20*time.Second, 10*time.Millisecond, func() error {
+		if !db.WritesHeld() {
+			return fmt.Errorf("no write held for room yet")
+		}
+		return nil
+	})
+
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	stopped := make(chan error, 1)
+	go func() { stopped <- st.StopContext(ctx) }()
+	var stopErr error
+	natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		select {
+		case stopErr = <-stopped:
+			return nil
+		default:
+			return fmt.Errorf("StopContext waits for room past its context")
+		}
+	})
+	require.ErrorIs(t, stopErr, seat.ErrNotDrained)
+	require.ErrorIs(t, stopErr, context.DeadlineExceeded)
+	require.Contains(t, stopErr.Error(), "out of room")
+	require.Contains(t, stopErr.Error(), db.Dir())
+	require.True(t, db.WritesHeld(), "the write still waits: nothing was let through")
+
+	// What is on disk now, as a kill would leave it: the held batch is not in it, and its checkpoint
+	// did not move.
+	crashed := filepath.Join(t.TempDir(), "state")
+	require.NoError(t, os.CopyFS(crashed, os.DirFS(state)))
+	cdb, err := store.OpenState(crashed, store.Options{})
+	require.NoError(t, err)
+	seq, _ := cdb.Applied(provisioner.BucketNeeds)
+	require.Equal(t, before, seq, "the checkpoint on disk is the last committed batch's")
+	require.Less(t, seq, heldSeq)
+	require.NoError(t, cdb.Close())
+	// A seat started on it reads the held message again and answers as the buckets.
+	st2, stop2 := h.startSeat(crashed)
+	h.waitCaughtUp(st2)
+	seq, _ = st2.Store().Applied(provisioner.BucketNeeds)
+	require.GreaterOrEqual(t, seq, heldSeq)
+	h.checkAll()
+	stop2()
+
+	// Room again: the stop that went on ends, and Stop says how.
+	full.Store(false)
+	require.NoError(t, st.Stop())
+	require.False(t, db.WritesHeld())
+}
+
+// TestSeat_RebuildOpenWaitsForRoom: the disk fills after the open of a rebuild's new generation found
+// room (its test write went through) and before Pebble's first write, which waits for room inside
+// store.Open, before the seat holds the new store. WritesHeld said nothing was held, so serve's
+// SIGTERM went into a clean stop that waited for the open. It names the generation being opened; once
+// there is room the open goes on and the rebuild swaps in.
+func TestSeat_RebuildOpenWaitsForRoom(t *testing.T) {
+	h := newHarness(t)
+	h.load(testMesh.Ops())
+
+	var logs natstest.LogBuffer
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	fs, room := faultfs.FullOnceLoggedButProbe(t, &logs, "bucket cannot be resumed")
+	state := t.TempDir()
+	db, err := store.OpenState(state, store.Options{})
+	require.NoError(t, err)
+	nc, js := natstest.Connect(t, h.url)
+	st, err := seat.Start(context.Background(), nc, js, db, seat.Config{Logger: log, WriteRegistry: true,
+		Projector: projector.Options{Poll: 50 * time.Millisecond, Verify: 200 * time.Millisecond},
+		Store:     store.Options{FS: fs, MinFreeBytes: 1 << 20}})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		room.Store(true)
+		require.NoError(t, st.Stop())
+		require.NoError(t, db.Close())
+	})
+	h.waitCaughtUp(st)
+
+	require.NoError(t, h.js.DeleteKeyValue(context.Background(), provisioner.BucketApplied))
+	_, err = h.js.CreateKeyValue(context.Background(), jetstream.KeyValueConfig{Bucket: provisioner.BucketApplied, History: 8})
+	require.NoError(t, err)
+	h.load([]fixtures.Op{{Bucket: provisioner.BucketApplied, Key: "n1.mod-new", Op: provisioner.OpPut, Value: []byte{0x01}}})
+
+	var dir string
+	natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		var held bool
+		if dir, held = st.WritesHeld(); !held {
+			return fmt.Errorf("no write held for room (rebuild started: %v)", strings.Contains(logs.String(), "rebuild started"))
+		}
+		return nil
+	})
+	require.NotEqual(t, db.Dir(), dir)
+	require.Equal(t, state, filepath.Dir(dir), "a generation of the state dir")
+	require.NotContains(t, logs.String(), "rebuild started", "held in the open")
+	require.ErrorIs(t, st.OutOfRoom(), store.ErrNoSpace, "readyz and the stats say so")
+	require.Contains(t, st.OutOfRoom().Error(), dir)
+
+	room.Store(true)
+	natstest.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error {
+		if st.Rebuilds() == 0 {
+			return fmt.Errorf("not rebuilt yet")
+		}
+		return nil
+	})
+	require.Equal(t, dir, st.Store().Dir())
+	h.waitCaughtUp(st)
+	h.checkAll()
 }

@@ -50,6 +50,9 @@ type Stats struct {
 	Schema int `json:"schema"`
 	// Synced is true once every bucket the projector tails has caught up with its stream (as /readyz).
 	Synced bool `json:"synced"`
+	// OutOfRoom, present while applying is paused for want of room in the state dir, says why and
+	// what to do (Seat.OutOfRoom, as /readyz).
+	OutOfRoom string `json:"out_of_room,omitempty"`
 	// MessagesApplied counts the stream messages applied since start.
 	MessagesApplied int64 `json:"messages_applied"`
 	// Buckets holds, per bucket, the as_of an answer would carry now: the provisioner's own buckets
@@ -79,6 +82,9 @@ func (s *Seat) Stats() Stats {
 	st := Stats{Schema: db.Schema(), MessagesApplied: s.MessagesApplied(), Buckets: map[string]BucketStats{},
 		AnswersByCode: s.Server.Answered(), BucketsParked: s.BucketsParked()}
 	st.Synced = len(s.Unsynced()) == 0
+	if err := s.OutOfRoom(); err != nil {
+		st.OutOfRoom = err.Error()
+	}
 	buckets := db.Buckets()
 	own := map[string]bool{}
 	for _, sh := range provisioner.ProvisionerShapes {

@@ -145,10 +145,16 @@ func (s *Seat) rebuildOnce(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	s.mu.Lock()
+	s.opening = gen // a disk that fills during the open holds it: WritesHeld says so
+	s.mu.Unlock()
 	ndb, err := store.Open(gen, s.cfg.Store)
+	s.mu.Lock()
+	s.opening = ""
+	s.mu.Unlock()
 	if err != nil {
 		os.RemoveAll(gen)
-		return err
+		return fmt.Errorf("open the new generation %s (the rebuild tries again by itself; the current generation answers meanwhile): %w", gen, err)
 	}
 	abandon := func() {
 		ndb.Close()

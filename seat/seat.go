@@ -74,9 +74,13 @@ type Seat struct {
 	Server    *query.Server
 	Registry  *registry.Writer // nil when the seat does not write the registry
 
-	log     *slog.Logger
-	nc      *nats.Conn // the verb's connection: Stop drains it
-	stopped bool
+	log *slog.Logger
+	nc  *nats.Conn // the verb's connection: Stop drains it
+	// stopOnce starts the stop once, on its own goroutine (StopContext); stopDone closes when it has
+	// returned stopErr.
+	stopOnce sync.Once
+	stopDone chan struct{}
+	stopErr  error
 
 	cfg     Config
 	js      jetstream.JetStream
@@ -93,6 +97,7 @@ type Seat struct {
 	retention *store.Retention
 	next      *projector.Projector // a rebuild's, until it is swapped in or given up
 	nextDB    *store.DB            // next's store, the new generation: its writes can be held for room too
+	opening   string               // the new generation a rebuild is opening, until Open returns
 	owned     *store.DB            // a store a rebuild swapped in: the seat closes it at Stop
 	rebuildCh chan struct{}
 	rebuilds  int
@@ -226,15 +231,45 @@ func (s *Seat) compactAfterCatchUp(ctx context.Context) {
 	}
 }
 
+// ErrNotDrained is what StopContext returns when its context ended while a write of the seat's waits
+// for room in the state dir (the error names it): the seat's last batch waits with it.
+var ErrNotDrained = errors.New("seat: stopped without committing the last batch")
+
 // Stop drains the verb, stops the registry writer and the projector (its last batch committed), and
 // syncs the store. It does not close the store given to Start (after a rebuild that one is closed
 // already); it closes a store a rebuild swapped in. It leaves the connection given to Start drained
-// and closed (drain.go).
-func (s *Seat) Stop() error {
-	if s.stopped {
-		return nil
+// and closed (drain.go). A write held until the state dir has room holds Stop as long (store/space.go):
+// StopContext bounds the wait.
+func (s *Seat) Stop() error { return s.StopContext(context.Background()) }
+
+// StopContext is Stop, given up when ctx ends first: it then returns an error wrapping ctx's error,
+// and ErrNotDrained with the state dir when a write waits for room there. The stop goes on
+// by itself (the seat's goroutines end once there is room: a write held cannot be let through without
+// Pebble panicking); a later Stop or StopContext waits for it again and returns its result. Until it
+// has returned, Close of the store given to Start waits for room too: a process that gives up now
+// should exit without it, which loses nothing. The batch held carries its checkpoint and was not
+// committed, so the next start reads it again from the stream.
+func (s *Seat) StopContext(ctx context.Context) error {
+	s.stopOnce.Do(func() {
+		s.stopDone = make(chan struct{})
+		go func() {
+			defer close(s.stopDone)
+			s.stopErr = s.stop()
+		}()
+	})
+	select {
+	case <-s.stopDone:
+		return s.stopErr
+	case <-ctx.Done():
 	}
-	s.stopped = true
+	if dir, held := s.WritesHeld(); held {
+		return fmt.Errorf("stop: state dir %s out of room: %w: %w", dir, ErrNotDrained, ctx.Err())
+	}
+	return fmt.Errorf("stop not finished: %w", ctx.Err())
+}
+
+// stop is Stop's work, run once.
+func (s *Seat) stop() error {
 	if s.Server != nil {
 		s.Server.Stop()
 	}
@@ -275,10 +310,11 @@ func (s *Seat) Store() *store.DB {
 
 // WritesHeld reports whether a write of one of the seat's stores is held until the state dir has room
 // (store.DB.WritesHeld), and that store's directory: the store it answers from, or the new generation
-// a rebuild fills, which has its own. Stop waits for the held write, and so for room.
+// a rebuild fills, which has its own, while it opens too (store.WritesHeldIn). Stop waits for the held
+// write, and so for room.
 func (s *Seat) WritesHeld() (dir string, held bool) {
 	s.mu.Lock()
-	cur, next := s.cur, s.nextDB
+	cur, next, opening := s.cur, s.nextDB, s.opening
 	s.mu.Unlock()
 	if cur.WritesHeld() {
 		return cur.Dir(), true
@@ -286,7 +322,32 @@ func (s *Seat) WritesHeld() (dir string, held bool) {
 	if next != nil && next.WritesHeld() {
 		return next.Dir(), true
 	}
+	if opening != "" && store.WritesHeldIn(opening) {
+		return opening, true // the open's own writes
+	}
 	return "", false
+}
+
+// OutOfRoom says why the seat's projection cannot be written for want of room (store.DB.RoomErr): the
+// store it answers from, or a rebuild's new generation, named as such; nil when both have room. It
+// answers meanwhile, from what it committed; /readyz and the micro stats say this.
+func (s *Seat) OutOfRoom() error {
+	s.mu.Lock()
+	cur, next, opening := s.cur, s.nextDB, s.opening
+	s.mu.Unlock()
+	if err := cur.RoomErr(); err != nil {
+		return err
+	}
+	if next != nil {
+		if err := next.RoomErr(); err != nil {
+			return fmt.Errorf("the rebuild's new generation: %w", err)
+		}
+	}
+	if opening != "" && store.WritesHeldIn(opening) {
+		return fmt.Errorf("the rebuild's new generation: %w: writes held: opening %s found the disk full: free space on that disk (or give --state a larger one); the rebuild goes on by itself",
+			store.ErrNoSpace, opening)
+	}
+	return nil
 }
 
 // Current is the projector in use.

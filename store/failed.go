@@ -4,7 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
+	"syscall"
 
 	"github.com/cockroachdb/pebble/v2"
 )
@@ -42,10 +44,16 @@ func newFailedState(log *slog.Logger) *failedState {
 // fail records a write failure (a panic Pebble raised in a commit) and returns it.
 func (f *failedState) fail(dir string, cause any) error {
 	f.once.Do(func() {
-		f.err = fmt.Errorf("%w: %s: %v: check the disk, then start again (the seat resumes from what it committed)", ErrWriteFailed, dir, cause)
+		fix := "check the disk"
+		if outOfRoom(cause) {
+			// A sync that found the disk full (NFS, thin volumes), or a second ENOSPC after the probe
+			// found room: Pebble cannot go on, but the disk is not failing, it is full.
+			fix = "the disk is full: free space on that disk (or give --state a larger one)"
+		}
+		f.err = fmt.Errorf("%w: %s: %v: %s, then start again (the seat resumes from what it committed)", ErrWriteFailed, dir, cause, fix)
 		if f.log != nil {
 			f.log.Error("the state dir cannot be written", "state", dir, "err", fmt.Sprint(cause),
-				"fix", "check the disk, then start again: the seat resumes from what it committed")
+				"fix", fix+", then start again: the seat resumes from what it committed")
 		}
 		close(f.ch)
 	})
@@ -102,4 +110,14 @@ func (db *DB) del(key []byte, opts *pebble.WriteOptions) error {
 		return err
 	}
 	return db.commit(b, opts)
+}
+
+// outOfRoom reports whether a failure Pebble raised is the disk being full: an ENOSPC or EDQUOT in
+// the error it panicked with, or in the text of its fatal log line.
+func outOfRoom(cause any) bool {
+	if err, ok := cause.(error); ok && (errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT)) {
+		return true
+	}
+	text := fmt.Sprint(cause)
+	return strings.Contains(text, syscall.ENOSPC.Error()) || strings.Contains(text, syscall.EDQUOT.Error())
 }

@@ -68,6 +68,7 @@ type space struct {
 	mu    sync.Mutex
 	full  bool      // said out of room, not yet said room again
 	since time.Time // when it was said
+	why   error     // what was said: a batch refused, or a write found the disk full (RoomErr)
 }
 
 func newSpace(dir string, fs vfs.FS, minFree int64, log *slog.Logger) *space {
@@ -122,6 +123,8 @@ func (s *space) waitForRoom() {
 	}
 	s.held.Add(1)
 	defer s.held.Add(-1)
+	heldIn(s.dir, 1)
+	defer heldIn(s.dir, -1)
 	s.enter(fmt.Errorf("%w: a write to %s failed: %v", ErrNoSpace, s.dir, syscall.ENOSPC))
 	wait := 10 * time.Millisecond
 	for s.room("") != nil || s.probe() != nil {
@@ -129,6 +132,30 @@ func (s *space) waitForRoom() {
 		wait = min(2*wait, roomPollMax)
 	}
 	s.leave()
+}
+
+// heldDirs counts the writes of Pebble held in waitForRoom by directory, for a store that is still
+// opening, which no caller holds yet (WritesHeldIn).
+var heldDirs = struct {
+	sync.Mutex
+	n map[string]int
+}{n: map[string]int{}}
+
+func heldIn(dir string, d int) {
+	heldDirs.Lock()
+	defer heldDirs.Unlock()
+	if heldDirs.n[dir] += d; heldDirs.n[dir] <= 0 {
+		delete(heldDirs.n, dir)
+	}
+}
+
+// WritesHeldIn reports whether a write of a store on dir is held until there is room: DB.WritesHeld
+// for a store that is still opening (Open has not returned it), whose open waits for room as a batch
+// does. An open tries a write first (roomToOpen), so this is a disk that filled just after.
+func WritesHeldIn(dir string) bool {
+	heldDirs.Lock()
+	defer heldDirs.Unlock()
+	return heldDirs.n[dir] > 0
 }
 
 // probe writes a small file to the state dir, through the file system under Pebble's, and removes it.
@@ -158,7 +185,7 @@ func (s *space) enter(err error) {
 	if s.full {
 		return
 	}
-	s.full, s.since = true, time.Now()
+	s.full, s.since, s.why = true, time.Now(), err
 	if s.log != nil {
 		s.log.Error("the state dir is out of room: applying paused, answering from what is committed", "state", s.dir, "err", err,
 			"fix", "free space on that disk (or give --state a larger one); applying resumes by itself")
@@ -201,15 +228,76 @@ func (db *DB) OutOfRoom() bool {
 	return db.space.full
 }
 
+// RoomErr says why the store is out of room (OutOfRoom), an ErrNoSpace naming the state dir, how much
+// its disk has free against the reserve, and what to do; nil when it has room. It is what /readyz and
+// the micro stats say while applying is paused for room.
+func (db *DB) RoomErr() error {
+	s := db.space
+	if s.held.Load() > 0 {
+		return fmt.Errorf("%w: writes held: a write to %s found the disk full%s: free space on that disk (or give --state a larger one); applying resumes by itself",
+			ErrNoSpace, s.dir, s.freeSaid())
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.full {
+		return nil
+	}
+	return s.why
+}
+
+// freeSaid is what the state dir's file system has free against the reserve, as " (N MiB free, M MiB
+// needed)", or "" when statfs cannot say. A disk that shows the reserve free and still refuses writes
+// is a quota or a thin volume: said too.
+func (s *space) freeSaid() string {
+	free, ok := s.free()
+	switch {
+	case !ok || s.minFree < 0:
+		return ""
+	case free < s.minFree:
+		return fmt.Sprintf(" (%d MiB free, %d MiB needed)", free>>20, s.minFree>>20)
+	}
+	return fmt.Sprintf(" (%d MiB shows free, %d MiB needed, yet writes fail with %v: a quota or a thin volume?)", free>>20, s.minFree>>20, syscall.ENOSPC)
+}
+
+// free is what statfs says the state dir's file system has free for the seat.
+func (s *space) free() (int64, bool) {
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(s.dir, &st); err != nil {
+		return 0, false
+	}
+	return int64(st.Bavail) * int64(st.Bsize), true
+}
+
+// Room is what the state dir's file system has free (statfs) and the reserve the store keeps free on
+// it (Options.MinFreeBytes, or its default; negative: none); ok is false when statfs cannot say.
+func (db *DB) Room() (free, reserve int64, ok bool) {
+	free, ok = db.space.free()
+	return free, db.space.minFree, ok
+}
+
 // WritesHeld reports whether a write of Pebble's is held until the state dir has room: a Close, and a
 // batch being committed, wait for it.
 func (db *DB) WritesHeld() bool { return db.space.held.Load() > 0 }
 
-// roomToOpen refuses to open a Pebble directory on a file system with less than minFree free: opening
-// writes (a replayed log is flushed into a table, a new log and manifest are made), and on a full
-// disk Pebble retries that flush forever, neither opening nor failing.
-func roomToOpen(dir string, minFree int64) error {
-	return newSpace(dir, nil, minFree, nil).room("then start again")
+// roomToOpen refuses to open a Pebble directory on a file system with less than minFree free, or
+// that refuses a test write (probe) for want of room although statfs shows it: opening writes (a
+// replayed log is flushed into a table, a new log, manifest and schema version are made), and a write
+// of the open that finds the disk full waits for room (waitForRoom) where nothing can stop it, nor
+// say that it waits: the open of a rebuild's new generation held so, and a stop of the seat with it.
+// A probe that fails for another reason (the directory does not exist yet) is left to Pebble.
+func roomToOpen(dir string, fs vfs.FS, minFree int64) error {
+	s := newSpace(dir, fs, minFree, nil)
+	if err := s.room("then start again"); err != nil {
+		return err
+	}
+	if minFree < 0 {
+		return nil
+	}
+	if err := s.probe(); errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
+		return fmt.Errorf("%w: a test write to %s failed: %v%s: free space on that disk (or give --state a larger one), then start again",
+			ErrNoSpace, dir, err, s.freeSaid())
+	}
+	return nil
 }
 
 // openErr says why Pebble could not open a state dir: no room, not writable, or (anything else) a

@@ -301,3 +301,105 @@ func TestDB_EveryWriteSaysAFailedDisk(t *testing.T) {
 	require.ErrorIs(t, err, store.ErrWriteFailed)
 	require.NoError(t, returns("Close", db.Close))
 }
+
+// TestOpen_DiskFullRefusesTheOpen: a disk that shows room but refuses writes (another process filled
+// it since statfs; a quota) made the open's first write wait for room inside Pebble's open, where
+// nothing can stop it and no caller knows it waits. The open tries a write first and fails at once
+// with ErrNoSpace, naming the dir and what to do, with nothing written; with room it opens.
+func TestOpen_DiskFullRefusesTheOpen(t *testing.T) {
+	dir := t.TempDir()
+	var full atomic.Bool
+	full.Store(true)
+	t.Cleanup(func() { full.Store(false) })
+	fs := faultfs.Writes(full.Load, syscall.ENOSPC)
+	opened := make(chan error, 1)
+	go func() {
+		db, err := store.Open(dir, store.Options{FS: fs, MinFreeBytes: 1 << 20})
+		if err == nil {
+			db.Close()
+		}
+		opened <- err
+	}()
+	var err error
+	natstest.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		select {
+		case err = <-opened:
+			return nil
+		default:
+			return fmt.Errorf("the open waits on a full disk")
+		}
+	})
+	require.ErrorIs(t, err, store.ErrNoSpace)
+	require.Contains(t, err.Error(), dir)
+	require.Contains(t, err.Error(), "free space on that disk")
+	entries, rerr := os.ReadDir(dir)
+	require.NoError(t, rerr)
+	require.Empty(t, entries, "nothing written")
+
+	full.Store(false)
+	db, err := store.Open(dir, store.Options{FS: fs, MinFreeBytes: 1 << 20})
+	require.NoError(t, err)
+	require.NoError(t, db.Close())
+}
+
+// TestDB_SyncFindsTheDiskFull: a sync that fails with ENOSPC (NFS, a thin volume: the disk fills on
+// fsync, not on write) is not retried (the unsynced pages may be gone), so Pebble's commit fails and
+// the store stops taking writes (serve exits 1). The error said "check the disk" as for a failing one;
+// it says the disk is full and to free space on it. A start after room is back resumes from what the
+// log kept, the checkpoint with it.
+func TestDB_SyncFindsTheDiskFull(t *testing.T) {
+	dir := t.TempDir()
+	var on atomic.Bool
+	fs := faultfs.Syncs(on.Load, syscall.ENOSPC)
+	var logs natstest.LogBuffer
+	db, err := store.Open(dir, store.Options{FS: fs, MinFreeBytes: 1 << 20, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	require.NoError(t, err)
+	t.Cleanup(func() { on.Store(false) })
+	require.NoError(t, db.Apply(provisioner.BucketNeeds, []provisioner.Message{put(1, "n1.m.config.a", []byte{0x01})}, 0, true))
+
+	on.Store(true)
+	applied := make(chan error, 1)
+	go func() {
+		applied <- db.Apply(provisioner.BucketNeeds, []provisioner.Message{put(2, "n2.m.config.a", []byte{0x01})}, 0, true)
+	}()
+	// The sync waits for room (the disk-full wrapper), or fails at once (a sync it does not wrap).
+	var applyErr error
+	natstest.CheckFor(t, 20*time.Second, 5*time.Millisecond, func() error {
+		select {
+		case applyErr = <-applied:
+			return nil
+		default:
+		}
+		if db.WritesHeld() {
+			on.Store(false) // room again: the failed sync is not retried all the same
+		}
+		return fmt.Errorf("the synced batch has not returned")
+	})
+	require.ErrorIs(t, applyErr, store.ErrWriteFailed)
+	require.Contains(t, applyErr.Error(), dir)
+	require.Contains(t, applyErr.Error(), "free space on that disk", "says what to do about a full disk")
+	require.NotContains(t, applyErr.Error(), "check the disk")
+	require.Contains(t, logs.String(), "the state dir cannot be written")
+	require.NoError(t, db.Close())
+
+	// The next start, room back: the files as they are on disk (this process's Pebble keeps its lock).
+	on.Store(false)
+	next := t.TempDir()
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	for _, e := range entries {
+		if e.Name() == "LOCK" {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		require.NoError(t, err)
+		require.NoError(t, writeFile(filepath.Join(next, e.Name()), b))
+	}
+	db, err = store.Open(next, store.Options{MinFreeBytes: 1 << 20})
+	require.NoError(t, err)
+	defer db.Close()
+	seq := db.Checkpoint(provisioner.BucketNeeds).Applied
+	require.GreaterOrEqual(t, seq, uint64(1), "what was committed before is there")
+	require.Len(t, rows(t, db, provisioner.Range{Bucket: provisioner.BucketNeeds, Index: provisioner.IndexPrimary}), int(seq), "rows and checkpoint together")
+	require.NoError(t, db.Apply(provisioner.BucketNeeds, []provisioner.Message{put(seq+1, "n3.m.config.a", []byte{0x01})}, 0, true), "it takes writes again")
+}

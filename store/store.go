@@ -279,12 +279,12 @@ func OpenContext(ctx context.Context, dir string, opts Options) (*DB, error) {
 	if minFree == 0 {
 		minFree = defaultMinFree(opts.MemTableSize)
 	}
-	if err := roomToOpen(dir, minFree); err != nil {
-		return nil, err
-	}
 	fs := opts.FS
 	if fs == nil {
 		fs = vfs.Default
+	}
+	if err := roomToOpen(dir, fs, minFree); err != nil {
+		return nil, err
 	}
 	// A write that finds the disk full waits for room instead of failing inside Pebble (space.go).
 	space := newSpace(dir, fs, minFree, opts.Logger)

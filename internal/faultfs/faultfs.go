@@ -4,6 +4,7 @@ package faultfs
 
 import (
 	"fmt"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -28,16 +29,52 @@ func Writes(fail func() bool, err error) vfs.FS {
 // write: "rebuild started" fills the disk under a rebuild's new generation), every write fails with
 // ENOSPC until room is set; the test's cleanup sets it, so that a stop that waits for room ends.
 func FullOnceLogged(t testing.TB, log fmt.Stringer, line string) (fs vfs.FS, room *atomic.Bool) {
-	var full atomic.Bool
-	room = new(atomic.Bool)
+	return fullOnceLogged(t, log, line, false)
+}
+
+// FullOnceLoggedButProbe is FullOnceLogged, but the store's test writes (its ROOM-PROBE file) go
+// through until a write of another file has failed: the disk fills between the store's look before
+// an open and Pebble's first write.
+func FullOnceLoggedButProbe(t testing.TB, log fmt.Stringer, line string) (fs vfs.FS, room *atomic.Bool) {
+	return fullOnceLogged(t, log, line, true)
+}
+
+func fullOnceLogged(t testing.TB, log fmt.Stringer, line string, probe bool) (vfs.FS, *atomic.Bool) {
+	var full, refused atomic.Bool
+	room := new(atomic.Bool)
 	t.Cleanup(func() { room.Store(true) })
-	return Writes(func() bool {
-		if room.Load() {
-			return false
+	return errorfs.Wrap(vfs.Default, errorfs.InjectorFunc(func(op errorfs.Op) error {
+		if op.Kind.ReadOrWrite() != errorfs.OpIsWrite || op.Kind == errorfs.OpFileClose || room.Load() {
+			return nil
+		}
+		isProbe := filepath.Base(op.Path) == "ROOM-PROBE"
+		if probe && isProbe && !refused.Load() {
+			return nil
 		}
 		if !full.Load() && strings.Contains(log.String(), line) {
 			full.Store(true)
 		}
-		return full.Load()
-	}, syscall.ENOSPC), room
+		if !full.Load() {
+			return nil
+		}
+		if !isProbe {
+			refused.Store(true)
+		}
+		return syscall.ENOSPC
+	})), room
+}
+
+// Syncs wraps the disk so that a sync of a file (Sync, SyncData, SyncTo) fails with err whenever fail,
+// asked at each sync, reports true; writes go through. A full disk that shows on fsync, not on write
+// (NFS, thin volumes).
+func Syncs(fail func() bool, err error) vfs.FS {
+	return errorfs.Wrap(vfs.Default, errorfs.InjectorFunc(func(op errorfs.Op) error {
+		switch op.Kind {
+		case errorfs.OpFileSync, errorfs.OpFileSyncData, errorfs.OpFileSyncTo:
+			if fail() {
+				return err
+			}
+		}
+		return nil
+	}))
 }

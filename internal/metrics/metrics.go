@@ -56,6 +56,12 @@ type Parker interface {
 	BucketsParked() int
 }
 
+// RoomSource is a Source that says when its state dir is out of room (a seat, seat.Seat.OutOfRoom):
+// /readyz is 503 with that in its body, and mesh_provisioner_state_out_of_room is 1.
+type RoomSource interface {
+	OutOfRoom() error
+}
+
 // Options configure Metrics. The zero value is usable (no stream polling).
 type Options struct {
 	Version string
@@ -255,20 +261,30 @@ func (m *Metrics) Stop() {
 }
 
 // Ready says whether the seat answers from projections that have caught up: nil when every bucket is
-// synced, else what is not.
+// synced and the state dir has room to apply what comes, else why not (out of room first: the buckets
+// behind follow from it).
 func (m *Metrics) Ready() error {
 	src := m.source()
 	if src == nil {
 		return errors.New("the seat is not running")
 	}
+	var why []string
+	if r, ok := src.(RoomSource); ok {
+		if err := r.OutOfRoom(); err != nil {
+			why = append(why, err.Error())
+		}
+	}
 	if u := src.Unsynced(); len(u) > 0 {
-		return fmt.Errorf("not synced yet: %s", strings.Join(u, ", "))
+		why = append(why, "not synced yet: "+strings.Join(u, ", "))
+	}
+	if len(why) > 0 {
+		return errors.New(strings.Join(why, "\n"))
 	}
 	return nil
 }
 
 // Handler serves /metrics, /healthz (the process is up) and /readyz (200 once every bucket is synced,
-// 503 before, with what is missing in the body).
+// 503 before and while the state dir is out of room, with why in the body).
 func (m *Metrics) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{ErrorLog: slogErrorLog{m.log}}))
@@ -365,6 +381,12 @@ var (
 		"Anomaly rows the projection holds (keys out of shape, values not MessagePack, ...), by bucket and reason code.", []string{"bucket", "reason"}, nil)
 	descApplyCount = prometheus.NewDesc("mesh_provisioner_messages_applied_total",
 		"Stream messages the projector applied since it started (repeats skipped).", nil, nil)
+	descOutOfRoom = prometheus.NewDesc("mesh_provisioner_state_out_of_room",
+		"1 while applying is paused for want of room in the state dir (a write held until there is room, or batches refused below the reserve): /readyz says why.", nil, nil)
+	descStateFree = prometheus.NewDesc("mesh_provisioner_state_free_bytes",
+		"Bytes free for the seat on the state dir's file system (statfs).", nil, nil)
+	descStateReserve = prometheus.NewDesc("mesh_provisioner_state_reserve_bytes",
+		"Bytes the store keeps free on the state dir's file system: below it, applying pauses until there is room.", nil, nil)
 	descParked = prometheus.NewDesc("mesh_provisioner_buckets_parked",
 		"composed-<node> buckets idle without a consumer, waiting for the stream listing to report a change.", nil, nil)
 
@@ -396,7 +418,7 @@ var (
 
 func (c seatCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descBuildInfo, descStateSchema, descReady, descSynced, descApplied, descStreamLast, descStreamAge, descLag,
-		descAnomalies, descApplyCount, descParked, descPebbleDisk, descPebbleCompactions, descPebbleCompactDebt, descPebbleCompacting,
+		descAnomalies, descApplyCount, descParked, descOutOfRoom, descStateFree, descStateReserve, descPebbleDisk, descPebbleCompactions, descPebbleCompactDebt, descPebbleCompacting,
 		descPebbleHeld, descPebbleFlushes, descPebbleCacheHits, descPebbleCacheMisses, descPebbleCacheSize, descPebbleReadAmp,
 		descPebbleL0Files, descPebbleMemtable} {
 		ch <- d
@@ -443,6 +465,15 @@ func (c seatCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(descApplyCount, float64(src.MessagesApplied()))
 	if p, ok := src.(Parker); ok {
 		gauge(descParked, float64(p.BucketsParked()))
+	}
+	if r, ok := src.(RoomSource); ok {
+		gauge(descOutOfRoom, b2f(r.OutOfRoom() != nil))
+	}
+	if free, reserve, ok := db.Room(); ok {
+		gauge(descStateFree, float64(free))
+		if reserve >= 0 {
+			gauge(descStateReserve, float64(reserve))
+		}
 	}
 
 	pm, err := db.PebbleMetrics()
