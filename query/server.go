@@ -86,6 +86,7 @@ type Options struct {
 	// NoReadAhead turns off writing the next page of a paged answer ahead (readahead.go).
 	NoReadAhead bool
 	// MaxWaiting is how many requests may wait for their min_seq at once; 0 means DefaultMaxWaiting.
+	// The wide requests (wide) may take half of them (at least one).
 	MaxWaiting int
 	// MaxQueued is how many requests may wait for a worker; 0 means DefaultMaxQueued. The wide
 	// requests (wide) wait in a queue of their own, of the same bound.
@@ -98,9 +99,11 @@ type Options struct {
 // Bounds of the requests that wait for min_seq (docs/decisions.md, Serving). A waiting request holds
 // its decoded fields (not its body), parked on its bucket (waiters.go), until its sequence comes or
 // wait_ms passes; past either bound a request that would wait is answered 504 at once.
+// The wide requests (wide) may take half of either, so that the rest is always left to node lookups.
 const (
-	DefaultMaxWaiting = 4096
-	maxWaitingBytes   = 32 << 20 // of the waiting requests' fields
+	DefaultMaxWaiting   = 4096
+	maxWaitingBytes     = 32 << 20 // of the waiting requests' fields
+	maxWideWaitingBytes = maxWaitingBytes / 2
 )
 
 // Bounds of the requests queued for the workers (docs/decisions.md, Serving): past either, a request
@@ -135,7 +138,10 @@ type Server struct {
 	waiters      map[string]*bucketWaiters
 	waiting      int
 	waitingBytes int
-	waitClosed   bool // Stop waits for the waiters: no more start
+	// Of those, the wide requests': at most half of MaxWaiting, and maxWideWaitingBytes.
+	wideWaiting      int
+	wideWaitingBytes int
+	waitClosed       bool // Stop waits for the waiters: no more start
 
 	jobsMu      sync.RWMutex // held to read by a sender, to write by Stop closing jobs and wide
 	jobs        chan job
