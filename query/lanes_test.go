@@ -14,6 +14,7 @@ import (
 
 	provisioner "github.com/novox/mesh-provisioner"
 	"github.com/novox/mesh-provisioner/internal/natstest"
+	"github.com/novox/mesh-provisioner/store"
 )
 
 // TestServer_WideAnswersLeaveAWorkerToNodeLookups: docs/decisions.md (Serving), the wide requests
@@ -277,6 +278,7 @@ func TestServer_APageWrittenAheadIsNoWideAnswer(t *testing.T) {
 // hold picks wait at a gate: a test holds wide answers in progress with it.
 type gated struct {
 	s    *Server
+	db   *store.DB    // the store it serves
 	nc   *nats.Conn   // a client's connection
 	held atomic.Int64 // answers waiting at the gate now
 	open func()       // opens the gate, once; the test's cleanup opens it too, then stops the server
@@ -293,7 +295,7 @@ func startGated(t *testing.T, opts Options, hold func(r *Request) bool, hooks fu
 	ns := natstest.RunServer(t)
 	snc, _ := natstest.Connect(t, ns.ClientURL())
 	opts.Workers = 2
-	g := &gated{s: NewServer(StoreReader(db), opts)}
+	g := &gated{s: NewServer(StoreReader(db), opts), db: db}
 	gate := make(chan struct{})
 	g.s.answering = func(r *Request) {
 		if hold(r) {

@@ -192,21 +192,32 @@ func (s *Server) watch(bucket string, bw *bucketWaiters) {
 			s.answerError(w.j.req, &w.j.r, w.j.format, s.timedOut(&w.j.r, have), w.j.start, false)
 			s.unwait(w)
 		}
-		var full []*waiter
-		for i, w := range ready {
+		var full [2][]*waiter // of the two queues: the node lookups' and the others', the wide ones'
+		for _, w := range ready {
 			// Reached: a worker answers, as any other request, so that a sequence that many wait for
 			// does not set them all writing answers at once. Until it has a place it counts as waiting.
-			if err := s.queue(w.j, false); errors.Is(err, errBusy) {
-				full = append(full, ready[i:]...)
-				break
+			// Once one finds its queue full, those after it of the same queue wait behind it, in
+			// order; those of the other queue do not.
+			lane := 0
+			if wide(&w.j.r) {
+				lane = 1
 			}
-			s.unwait(w)
+			if len(full[lane]) == 0 {
+				if err := s.queue(w.j, false); !errors.Is(err, errBusy) {
+					s.unwait(w)
+					continue
+				}
+			}
+			full[lane] = append(full[lane], w)
 		}
-		if len(full) > 0 {
-			// The queue is full: they wait for a place in a goroutine of their own, so that the
-			// watcher goes on answering the bucket's other waiters when their wait_ms passes.
-			s.wg.Add(1)
-			go s.queueWhenRoom(full)
+		for _, ws := range full {
+			if len(ws) > 0 {
+				// Their queue is full: they wait for a place in a goroutine of their own, so that the
+				// watcher goes on answering the bucket's other waiters when their wait_ms passes, and
+				// a node lookup never waits for a place among the wide requests.
+				s.wg.Add(1)
+				go s.queueWhenRoom(ws)
+			}
 		}
 		clear(ready)
 		clear(expired)
