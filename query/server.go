@@ -148,7 +148,11 @@ type Server struct {
 	jobsClosed  bool
 	queuedBytes atomic.Int64 // of the fields of the requests in jobs and wide
 	wideBytes   atomic.Int64 // of those in wide alone: at most maxWideBytes
-	workers     sync.WaitGroup
+	// wideFreed (on wideMu) is signalled as the workers take wide requests: a wide request that has
+	// waited for its min_seq waits on it for room in wideBytes (waitWideBytes).
+	wideMu    sync.Mutex
+	wideFreed *sync.Cond
+	workers   sync.WaitGroup
 	// The wide requests' lane (wide): queued in wide, handed to the workers by one dispatcher that
 	// takes one of wideSlots (max(1, workers-1)) for each, so that they never take every worker; the
 	// read-ahead worker takes one for each page of a wide walk it writes.
@@ -176,6 +180,7 @@ func NewServer(r Reader, opts Options) *Server {
 	}
 	s := &Server{r: r, opts: opts, log: log}
 	s.pool.New = func() any { return &Encoder{} }
+	s.wideFreed = sync.NewCond(&s.wideMu)
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	return s
 }
@@ -344,15 +349,16 @@ func (s *Server) queue(j job, wait bool) error {
 		// A place first: the dispatcher may hold one request taken from the channel already.
 		if wait {
 			s.wideRoom <- struct{}{}
+			s.waitWideBytes(j.size)
 		} else {
 			select {
 			case s.wideRoom <- struct{}{}:
 			default:
 				return s.busy(len(s.wideRoom))
 			}
+			s.wideBytes.Add(int64(j.size))
 		}
 		s.queuedBytes.Add(int64(j.size))
-		s.wideBytes.Add(int64(j.size))
 		s.wide <- j // never blocks: it has a place
 		return nil
 	}
@@ -368,6 +374,19 @@ func (s *Server) queue(j job, wait bool) error {
 		s.queuedBytes.Add(-int64(j.size))
 		return s.busy(len(s.jobs))
 	}
+}
+
+// waitWideBytes waits until the wide requests' share of the queued bytes has room for n more, or holds
+// none (a request alone always fits), and counts them in: a wide request that has waited for its
+// min_seq waits for its room in bytes as for its place, rather than taking the bytes left to the
+// others. The workers make room as they take wide requests.
+func (s *Server) waitWideBytes(n int) {
+	s.wideMu.Lock()
+	defer s.wideMu.Unlock()
+	for b := s.wideBytes.Load(); b > 0 && b+int64(n) > maxWideBytes; b = s.wideBytes.Load() {
+		s.wideFreed.Wait()
+	}
+	s.wideBytes.Add(int64(n))
 }
 
 // busy is the error of a request that finds its queue full, n requests in it.
@@ -493,6 +512,9 @@ func (s *Server) startWorkers() {
 					}
 					s.queuedBytes.Add(-int64(j.size))
 					s.wideBytes.Add(-int64(j.size))
+					s.wideMu.Lock()
+					s.wideFreed.Broadcast() // room for a wide request that has waited for its min_seq
+					s.wideMu.Unlock()
 					<-s.wideRoom
 					s.respond(j)
 					<-s.wideSlots

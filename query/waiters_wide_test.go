@@ -136,3 +136,102 @@ func waitingServer(t *testing.T, maxWaiting int) (*Server, *nats.Conn, *store.DB
 	nc, _ := natstest.Connect(t, ns.ClientURL())
 	return s, nc, db
 }
+
+// TestServer_ReachedWideWaitersKeepToTheirShareOfTheQueue: the wide requests whose min_seq came wait
+// for room in their share of the queued bytes (half), as they wait for a place. The wide requests'
+// queue holds its half of the bytes behind a wide answer under way, and wide requests with long fields
+// wait for a sequence that then comes: a node's lookup is still answered. Before, a request that had
+// waited for its min_seq was queued past the bytes' bounds, and the wide ones took the whole 32 MiB:
+// every node lookup was answered busy while the worker kept for them was free.
+func TestServer_ReachedWideWaitersKeepToTheirShareOfTheQueue(t *testing.T) {
+	g := startGated(t, Options{NoReadAhead: true}, func(r *Request) bool { return r.Node == "" }, nil)
+	s, nc, held, open := g.s, g.nc, &g.held, g.open
+	got, inbox := collect(t, nc)
+	const most = 900 << 10
+	i := 0
+	// send sends a request and waits until it is counted: in the wide bytes queued, held, waiting, or
+	// answered.
+	send := func(body string) {
+		t.Helper()
+		i++
+		state := func() string {
+			return fmt.Sprint(got.get("500"), got.get("504"), s.wideBytes.Load(), held.Load(), s.Waiting())
+		}
+		before := state()
+		require.NoError(t, nc.PublishRequest(Subject, fmt.Sprintf("%s.%d", inbox, i), []byte(body)))
+		natstest.CheckFor(t, 10*time.Second, 2*time.Millisecond, func() error {
+			if state() != before {
+				return nil
+			}
+			return fmt.Errorf("request %d neither queued, waiting nor answered", i)
+		})
+	}
+	// fill sends requests of module fields as long as room (the bytes its bound has left) allows, up
+	// to 900 KiB, until one is refused (code) or the bound is full to the byte.
+	overhead := (&Request{What: "needs"}).size()
+	fill := func(code string, body func(module string) string, room func() int) {
+		t.Helper()
+		for refused := got.get(code); got.get(code) == refused; {
+			rest := room() - overhead
+			if rest <= 0 {
+				return
+			}
+			require.Less(t, i, 200, "the bound took every request")
+			send(body(strings.Repeat("m", min(rest, most))))
+		}
+	}
+	// A wide answer is held; wide requests fill their share of the queue behind it.
+	send(`{"what":"needs","module":"m"}`)
+	natstest.CheckFor(t, 10*time.Second, 2*time.Millisecond, func() error {
+		if held.Load() != 1 {
+			return fmt.Errorf("the wide answer is not held yet")
+		}
+		return nil
+	})
+	fill("500", func(m string) string { return `{"what":"needs","module":"` + m + `"}` },
+		func() int { return maxWideBytes - int(s.wideBytes.Load()) })
+	queued := s.Queued()
+	// Wide requests of as long fields wait for sequence 4, as many as their share of the waiters.
+	fill("504", func(m string) string { return `{"what":"needs","module":"` + m + `","min_seq":4,"wait_ms":10000}` },
+		func() int {
+			s.waitMu.Lock()
+			defer s.waitMu.Unlock()
+			return maxWideWaitingBytes - s.waitingBytes
+		})
+	waiting := s.Waiting()
+	require.Positive(t, waiting)
+	putNeed(t, g.db, 4)
+	// Their sequence has come: each is handed to the wide requests' queue, or waits for room there.
+	natstest.CheckFor(t, 10*time.Second, 2*time.Millisecond, func() error {
+		s.waitMu.Lock()
+		watched := len(s.waiters)
+		s.waitMu.Unlock()
+		w, q := s.Waiting(), s.Queued()
+		switch {
+		case watched != 0:
+		case w == waiting && q == queued+1: // each waits for room, the first of them with a place
+			return nil
+		case w == 0 && q == queued+waiting: // (before) each was queued
+			return nil
+		}
+		return fmt.Errorf("%d waiting, %d queued, %d buckets watched", w, q, watched)
+	})
+
+	// A node's lookup is answered.
+	a, _, err := natstest.Ask(nc, Subject, []byte(`{"what":"needs","node":"n1"}`), false)
+	require.NoError(t, err, "%d queued, %d bytes of fields", s.Queued(), s.queuedBytes.Load())
+	require.Len(t, a.Rows, 1)
+	require.LessOrEqual(t, s.wideBytes.Load(), int64(maxWideBytes))
+
+	// Once the wide answers go on, the waiters are answered too.
+	open()
+	natstest.CheckFor(t, 10*time.Second, 2*time.Millisecond, func() error {
+		if n := got.get("200"); n != 1+queued+waiting {
+			return fmt.Errorf("%d of %d answered", n, 1+queued+waiting)
+		}
+		return nil
+	})
+	require.Zero(t, s.Waiting())
+	require.Zero(t, s.queuedBytes.Load())
+	require.Zero(t, s.wideBytes.Load())
+}
