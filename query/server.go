@@ -338,7 +338,10 @@ func (s *Server) queue(j job, wait bool) error {
 	j.size = j.r.size()
 	// A page of a wide walk already written ahead is answered by copying it: not a wide answer, and
 	// not held behind the page after it that the read-ahead worker writes meanwhile in the wide slot.
-	isWide := wide(&j.r) && !s.aheadReady(&j.r, j.format)
+	isWide := wide(&j.r)
+	if isWide && s.aheadReady(&j.r, j.format) {
+		isWide, j.ahead = false, true
+	}
 	if !wait && (s.queuedBytes.Load()+int64(j.size) > maxQueuedBytes || isWide && s.wideBytes.Load()+int64(j.size) > maxWideBytes) {
 		if isWide {
 			return s.busy(len(s.wideRoom))
@@ -387,6 +390,35 @@ func (s *Server) waitWideBytes(n int) {
 		s.wideFreed.Wait()
 	}
 	s.wideBytes.Add(int64(n))
+}
+
+// requeueWide hands a request queued for a page written ahead (job.ahead), whose page went stale before
+// a worker took it (a commit), to the wide requests' queue: its answer is a wide one to write, which
+// the worker kept for node lookups must not write. It reports whether it did, or the busy error of a
+// full wide queue; any other request, or one while the server stops, is answered where it is. It never
+// waits: a worker must not wait for jobsMu, which Stop may be waiting to take while a request that
+// waited for its min_seq holds it to wait for a place that only the workers make.
+func (s *Server) requeueWide(j job) (bool, error) {
+	if !j.ahead || !s.jobsMu.TryRLock() {
+		return false, nil
+	}
+	defer s.jobsMu.RUnlock()
+	if s.jobsClosed {
+		return false, nil
+	}
+	j.ahead = false
+	if s.queuedBytes.Load()+int64(j.size) > maxQueuedBytes || s.wideBytes.Load()+int64(j.size) > maxWideBytes {
+		return false, s.busy(len(s.wideRoom))
+	}
+	select {
+	case s.wideRoom <- struct{}{}:
+	default:
+		return false, s.busy(len(s.wideRoom))
+	}
+	s.wideBytes.Add(int64(j.size))
+	s.queuedBytes.Add(int64(j.size))
+	s.wide <- j // never blocks: it has a place
+	return true, nil
 }
 
 // busy is the error of a request that finds its queue full, n requests in it.
@@ -457,6 +489,9 @@ type job struct {
 	// for it again (waiters.go).
 	deadline time.Time
 	size     int // of its fields, counted in queuedBytes
+	// ahead is set on a wide request queued to the workers' queue for a page written ahead: should
+	// the page be stale once a worker takes it, the request goes to the wide requests' queue.
+	ahead bool
 }
 
 // startWorkers starts the workers that answer; Stop ends them once the service no longer takes requests.
@@ -544,6 +579,11 @@ func (s *Server) respond(j job) {
 	if page := s.takeAhead(r, format); page != nil {
 		s.pool.Put(e)
 		e = page
+	} else if handed, werr := s.requeueWide(j); handed || werr != nil {
+		if werr != nil {
+			s.answerError(req, r, format, werr, start, false)
+		}
+		return
 	} else {
 		err = s.Answer(s.ctx, r, format, e)
 		if err == nil && max > 0 && len(e.Bytes()) > max {
