@@ -142,7 +142,8 @@ func waitingServer(t *testing.T, maxWaiting int) (*Server, *nats.Conn, *store.DB
 // queue holds its half of the bytes behind a wide answer under way, and wide requests with long fields
 // wait for a sequence that then comes: a node's lookup is still answered. Before, a request that had
 // waited for its min_seq was queued past the bytes' bounds, and the wide ones took the whole 32 MiB:
-// every node lookup was answered busy while the worker kept for them was free.
+// every node lookup was answered busy while the worker kept for them was free. Stop, while they wait
+// for room, answers them all.
 func TestServer_ReachedWideWaitersKeepToTheirShareOfTheQueue(t *testing.T) {
 	g := startGated(t, Options{NoReadAhead: true}, func(r *Request) bool { return r.Node == "" }, nil)
 	s, nc, held, open := g.s, g.nc, &g.held, g.open
@@ -223,9 +224,27 @@ func TestServer_ReachedWideWaitersKeepToTheirShareOfTheQueue(t *testing.T) {
 	require.Len(t, a.Rows, 1)
 	require.LessOrEqual(t, s.wideBytes.Load(), int64(maxWideBytes))
 
-	// Once the wide answers go on, the waiters are answered too.
+	// Stop, called while they wait for room, returns once the wide answers go on, and the waiters are
+	// answered too.
+	stopped := make(chan struct{})
+	go func() {
+		s.Stop()
+		close(stopped)
+	}()
+	natstest.CheckFor(t, 10*time.Second, 2*time.Millisecond, func() error {
+		if s.jobsMu.TryRLock() {
+			s.jobsMu.RUnlock()
+			return fmt.Errorf("Stop is not yet waiting for the queue")
+		}
+		return nil
+	})
 	open()
 	natstest.CheckFor(t, 10*time.Second, 2*time.Millisecond, func() error {
+		select {
+		case <-stopped:
+		default:
+			return fmt.Errorf("Stop has not returned: %d queued, %d waiting", s.Queued(), s.Waiting())
+		}
 		if n := got.get("200"); n != 1+queued+waiting {
 			return fmt.Errorf("%d of %d answered", n, 1+queued+waiting)
 		}
