@@ -336,8 +336,10 @@ func (s *Server) queue(j job, wait bool) error {
 		return nil
 	}
 	j.size = j.r.size()
-	// A page of a wide walk already written ahead is answered by copying it: not a wide answer, and
-	// not held behind the page after it that the read-ahead worker writes meanwhile in the wide slot.
+	// A page of a wide walk already written ahead, and still the answer, is answered by copying it: not
+	// a wide answer, and not held behind the page after it that the read-ahead worker writes meanwhile
+	// in the wide slot. Should it go stale before a worker takes it, the worker hands the request on to
+	// the wide requests' queue (requeueWide).
 	isWide := wide(&j.r)
 	if isWide && s.aheadReady(&j.r, j.format) {
 		isWide, j.ahead = false, true

@@ -192,7 +192,7 @@ func (s *Server) watch(bucket string, bw *bucketWaiters) {
 			s.answerError(w.j.req, &w.j.r, w.j.format, s.timedOut(&w.j.r, have), w.j.start, false)
 			s.unwait(w)
 		}
-		var full [2][]*waiter // of the two queues: the node lookups' and the others', the wide ones'
+		var full [2][]*waiter // by the queue they wait for: the workers' (0), the wide requests' (1)
 		for _, w := range ready {
 			// Reached: a worker answers, as any other request, so that a sequence that many wait for
 			// does not set them all writing answers at once. Until it has a place it counts as waiting.
