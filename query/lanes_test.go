@@ -14,6 +14,7 @@ import (
 
 	provisioner "github.com/novox/mesh-provisioner"
 	"github.com/novox/mesh-provisioner/internal/natstest"
+	"github.com/novox/mesh-provisioner/store"
 )
 
 // TestServer_WideAnswersLeaveAWorkerToNodeLookups: docs/decisions.md (Serving), the wide requests
@@ -277,6 +278,7 @@ func TestServer_APageWrittenAheadIsNoWideAnswer(t *testing.T) {
 // hold picks wait at a gate: a test holds wide answers in progress with it.
 type gated struct {
 	s    *Server
+	db   *store.DB    // the store it serves
 	nc   *nats.Conn   // a client's connection
 	held atomic.Int64 // answers waiting at the gate now
 	open func()       // opens the gate, once; the test's cleanup opens it too, then stops the server
@@ -293,7 +295,7 @@ func startGated(t *testing.T, opts Options, hold func(r *Request) bool, hooks fu
 	ns := natstest.RunServer(t)
 	snc, _ := natstest.Connect(t, ns.ClientURL())
 	opts.Workers = 2
-	g := &gated{s: NewServer(StoreReader(db), opts)}
+	g := &gated{s: NewServer(StoreReader(db), opts), db: db}
 	gate := make(chan struct{})
 	g.s.answering = func(r *Request) {
 		if hold(r) {
@@ -311,4 +313,70 @@ func startGated(t *testing.T, opts Options, hold func(r *Request) bool, hooks fu
 	t.Cleanup(func() { g.open(); g.s.Stop() })
 	g.nc, _ = natstest.Connect(t, ns.ClientURL())
 	return g
+}
+
+// TestServer_AStalePageWrittenAheadIsAWideAnswer: a walk's page written ahead is answered as a copy
+// outside the wide requests' lane only while it is the answer the request would be given; once a
+// commit has made it stale, the page is a wide answer to write, and waits for the wide slot, held here
+// by an at answer: two wide answers are never written at once with two workers. Before, the request
+// went to the workers' queue because a page was kept for it, and the worker kept for node lookups
+// wrote the whole page when it found it stale: on a mesh whose needs bucket commits all the time,
+// every page of a walk across the mesh was written beside the wide answers.
+func TestServer_AStalePageWrittenAheadIsAWideAnswer(t *testing.T) {
+	for _, when := range []string{"before it is queued", "once a worker takes it"} {
+		t.Run(when, func(t *testing.T) {
+			var commit atomic.Pointer[func()]
+			g := startGated(t, Options{}, func(r *Request) bool {
+				if r.After != "" {
+					if fn := commit.Swap(nil); fn != nil {
+						(*fn)()
+					}
+				}
+				return r.At != ""
+			}, nil)
+			s, nc, held, open := g.s, g.nc, &g.held, g.open
+
+			first, _, err := natstest.Ask(nc, Subject, []byte(`{"what":"needs","module":"m","limit":1}`), false)
+			require.NoError(t, err)
+			require.NotEmpty(t, first.Next)
+			natstest.CheckFor(t, 10*time.Second, 2*time.Millisecond, func() error {
+				if n := s.Ahead(); n < 2 {
+					return fmt.Errorf("%d pages written ahead", n)
+				}
+				return nil
+			})
+			got, inbox := collect(t, nc)
+			require.NoError(t, nc.PublishRequest(Subject, inbox+".at", []byte(`{"what":"needs","at":"seq:3","limit":10000}`)))
+			natstest.CheckFor(t, 10*time.Second, 2*time.Millisecond, func() error {
+				if held.Load() != 1 {
+					return fmt.Errorf("the wide answer is not held yet")
+				}
+				return nil
+			})
+			// A need of module m is committed: the page kept for the walk's second page is stale.
+			put := func() { putNeed(t, g.db, 4) }
+			if when == "before it is queued" {
+				put()
+			} else {
+				commit.Store(&put)
+			}
+			body := fmt.Sprintf(`{"what":"needs","module":"m","limit":1,"after":%q}`, first.Next)
+			require.NoError(t, nc.PublishRequest(Subject, inbox+".second", []byte(body)))
+
+			// A node lookup is answered by the other worker; the second page waits for the wide slot.
+			a, _, err := natstest.Ask(nc, Subject, []byte(`{"what":"needs","node":"n1"}`), false)
+			require.NoError(t, err)
+			require.Len(t, a.Rows, 1)
+			require.Nil(t, commit.Load(), "the commit was made")
+			require.Equal(t, 1, s.Queued(), "the stale page's request is not in the wide requests' queue")
+
+			open()
+			natstest.CheckFor(t, 10*time.Second, 2*time.Millisecond, func() error {
+				if n := got.get("200"); n != 1 {
+					return fmt.Errorf("%d answered", n)
+				}
+				return nil
+			})
+		})
+	}
 }

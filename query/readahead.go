@@ -263,15 +263,28 @@ func (a *readAhead) dropStale(s *Server, now time.Time) {
 }
 
 // aheadReady reports whether the page a request asks for is written ahead already (not one still being
-// written): answering it is a copy (queue).
+// written), and is the answer it would be given now, as takeAhead checks it: answering it is a copy
+// (queue). A stale page is a page to write again, a wide answer for a walk across the mesh.
 func (s *Server) aheadReady(r *Request, format Format) bool {
 	if s.opts.NoReadAhead || r.After == "" || !readsAhead(r) {
 		return false
 	}
 	a := &s.ahead
 	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.find(keyOf(r, format)) >= 0
+	i := a.find(keyOf(r, format))
+	var p aheadPage
+	if i >= 0 {
+		p = a.pages[i]
+	}
+	a.mu.Unlock()
+	return i >= 0 && s.fresh(&p, r)
+}
+
+// fresh reports whether a page written ahead is the answer a request would be given now: not older
+// than aheadTTL, nothing it reads changed since, and min_seq reached.
+func (s *Server) fresh(p *aheadPage, r *Request) bool {
+	shape, _ := provisioner.ShapeOfWhat(provisioner.What(r.What))
+	return time.Since(p.made) <= aheadTTL && s.aheadState(shape.Bucket) == p.state && p.state.seq >= uint64(max(r.MinSeq, 0))
 }
 
 // takeAhead returns the page written ahead for a request, when it is the answer the request would be
@@ -300,8 +313,7 @@ func (s *Server) takeAhead(r *Request, format Format) *Encoder {
 	p := a.pages[i]
 	a.pages = slices.Delete(a.pages, i, i+1)
 	a.mu.Unlock()
-	shape, _ := provisioner.ShapeOfWhat(provisioner.What(r.What))
-	if time.Since(p.made) > aheadTTL || s.aheadState(shape.Bucket) != p.state || p.state.seq < uint64(max(r.MinSeq, 0)) {
+	if !s.fresh(&p, r) {
 		s.pool.Put(p.e)
 		return nil
 	}

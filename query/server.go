@@ -86,6 +86,7 @@ type Options struct {
 	// NoReadAhead turns off writing the next page of a paged answer ahead (readahead.go).
 	NoReadAhead bool
 	// MaxWaiting is how many requests may wait for their min_seq at once; 0 means DefaultMaxWaiting.
+	// The wide requests (wide) may take half of them (at least one).
 	MaxWaiting int
 	// MaxQueued is how many requests may wait for a worker; 0 means DefaultMaxQueued. The wide
 	// requests (wide) wait in a queue of their own, of the same bound.
@@ -98,9 +99,11 @@ type Options struct {
 // Bounds of the requests that wait for min_seq (docs/decisions.md, Serving). A waiting request holds
 // its decoded fields (not its body), parked on its bucket (waiters.go), until its sequence comes or
 // wait_ms passes; past either bound a request that would wait is answered 504 at once.
+// The wide requests (wide) may take half of either, so that the rest is always left to node lookups.
 const (
-	DefaultMaxWaiting = 4096
-	maxWaitingBytes   = 32 << 20 // of the waiting requests' fields
+	DefaultMaxWaiting   = 4096
+	maxWaitingBytes     = 32 << 20 // of the waiting requests' fields
+	maxWideWaitingBytes = maxWaitingBytes / 2
 )
 
 // Bounds of the requests queued for the workers (docs/decisions.md, Serving): past either, a request
@@ -135,14 +138,21 @@ type Server struct {
 	waiters      map[string]*bucketWaiters
 	waiting      int
 	waitingBytes int
-	waitClosed   bool // Stop waits for the waiters: no more start
+	// Of those, the wide requests': at most half of MaxWaiting, and maxWideWaitingBytes.
+	wideWaiting      int
+	wideWaitingBytes int
+	waitClosed       bool // Stop waits for the waiters: no more start
 
 	jobsMu      sync.RWMutex // held to read by a sender, to write by Stop closing jobs and wide
 	jobs        chan job
 	jobsClosed  bool
 	queuedBytes atomic.Int64 // of the fields of the requests in jobs and wide
 	wideBytes   atomic.Int64 // of those in wide alone: at most maxWideBytes
-	workers     sync.WaitGroup
+	// wideFreed (on wideMu) is signalled as the workers take wide requests: a wide request that has
+	// waited for its min_seq waits on it for room in wideBytes (waitWideBytes).
+	wideMu    sync.Mutex
+	wideFreed *sync.Cond
+	workers   sync.WaitGroup
 	// The wide requests' lane (wide): queued in wide, handed to the workers by one dispatcher that
 	// takes one of wideSlots (max(1, workers-1)) for each, so that they never take every worker; the
 	// read-ahead worker takes one for each page of a wide walk it writes.
@@ -170,6 +180,7 @@ func NewServer(r Reader, opts Options) *Server {
 	}
 	s := &Server{r: r, opts: opts, log: log}
 	s.pool.New = func() any { return &Encoder{} }
+	s.wideFreed = sync.NewCond(&s.wideMu)
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	return s
 }
@@ -325,9 +336,14 @@ func (s *Server) queue(j job, wait bool) error {
 		return nil
 	}
 	j.size = j.r.size()
-	// A page of a wide walk already written ahead is answered by copying it: not a wide answer, and
-	// not held behind the page after it that the read-ahead worker writes meanwhile in the wide slot.
-	isWide := wide(&j.r) && !s.aheadReady(&j.r, j.format)
+	// A page of a wide walk already written ahead, and still the answer, is answered by copying it: not
+	// a wide answer, and not held behind the page after it that the read-ahead worker writes meanwhile
+	// in the wide slot. Should it go stale before a worker takes it, the worker hands the request on to
+	// the wide requests' queue (requeueWide).
+	isWide := wide(&j.r)
+	if isWide && s.aheadReady(&j.r, j.format) {
+		isWide, j.ahead = false, true
+	}
 	if !wait && (s.queuedBytes.Load()+int64(j.size) > maxQueuedBytes || isWide && s.wideBytes.Load()+int64(j.size) > maxWideBytes) {
 		if isWide {
 			return s.busy(len(s.wideRoom))
@@ -338,15 +354,16 @@ func (s *Server) queue(j job, wait bool) error {
 		// A place first: the dispatcher may hold one request taken from the channel already.
 		if wait {
 			s.wideRoom <- struct{}{}
+			s.waitWideBytes(j.size)
 		} else {
 			select {
 			case s.wideRoom <- struct{}{}:
 			default:
 				return s.busy(len(s.wideRoom))
 			}
+			s.wideBytes.Add(int64(j.size))
 		}
 		s.queuedBytes.Add(int64(j.size))
-		s.wideBytes.Add(int64(j.size))
 		s.wide <- j // never blocks: it has a place
 		return nil
 	}
@@ -362,6 +379,48 @@ func (s *Server) queue(j job, wait bool) error {
 		s.queuedBytes.Add(-int64(j.size))
 		return s.busy(len(s.jobs))
 	}
+}
+
+// waitWideBytes waits until the wide requests' share of the queued bytes has room for n more, or holds
+// none (a request alone always fits), and counts them in: a wide request that has waited for its
+// min_seq waits for its room in bytes as for its place, rather than taking the bytes left to the
+// others. The workers make room as they take wide requests.
+func (s *Server) waitWideBytes(n int) {
+	s.wideMu.Lock()
+	defer s.wideMu.Unlock()
+	for b := s.wideBytes.Load(); b > 0 && b+int64(n) > maxWideBytes; b = s.wideBytes.Load() {
+		s.wideFreed.Wait()
+	}
+	s.wideBytes.Add(int64(n))
+}
+
+// requeueWide hands a request queued for a page written ahead (job.ahead), whose page went stale before
+// a worker took it (a commit), to the wide requests' queue: its answer is a wide one to write, which
+// the worker kept for node lookups must not write. It reports whether it did, or the busy error of a
+// full wide queue; any other request, or one while the server stops, is answered where it is. It never
+// waits: a worker must not wait for jobsMu, which Stop may be waiting to take while a request that
+// waited for its min_seq holds it to wait for a place that only the workers make.
+func (s *Server) requeueWide(j job) (bool, error) {
+	if !j.ahead || !s.jobsMu.TryRLock() {
+		return false, nil
+	}
+	defer s.jobsMu.RUnlock()
+	if s.jobsClosed {
+		return false, nil
+	}
+	j.ahead = false
+	if s.queuedBytes.Load()+int64(j.size) > maxQueuedBytes || s.wideBytes.Load()+int64(j.size) > maxWideBytes {
+		return false, s.busy(len(s.wideRoom))
+	}
+	select {
+	case s.wideRoom <- struct{}{}:
+	default:
+		return false, s.busy(len(s.wideRoom))
+	}
+	s.wideBytes.Add(int64(j.size))
+	s.queuedBytes.Add(int64(j.size))
+	s.wide <- j // never blocks: it has a place
+	return true, nil
 }
 
 // busy is the error of a request that finds its queue full, n requests in it.
@@ -432,6 +491,9 @@ type job struct {
 	// for it again (waiters.go).
 	deadline time.Time
 	size     int // of its fields, counted in queuedBytes
+	// ahead is set on a wide request queued to the workers' queue for a page written ahead: should
+	// the page be stale once a worker takes it, the request goes to the wide requests' queue.
+	ahead bool
 }
 
 // startWorkers starts the workers that answer; Stop ends them once the service no longer takes requests.
@@ -487,6 +549,9 @@ func (s *Server) startWorkers() {
 					}
 					s.queuedBytes.Add(-int64(j.size))
 					s.wideBytes.Add(-int64(j.size))
+					s.wideMu.Lock()
+					s.wideFreed.Broadcast() // room for a wide request that has waited for its min_seq
+					s.wideMu.Unlock()
 					<-s.wideRoom
 					s.respond(j)
 					<-s.wideSlots
@@ -516,6 +581,11 @@ func (s *Server) respond(j job) {
 	if page := s.takeAhead(r, format); page != nil {
 		s.pool.Put(e)
 		e = page
+	} else if handed, werr := s.requeueWide(j); handed || werr != nil {
+		if werr != nil {
+			s.answerError(req, r, format, werr, start, false)
+		}
+		return
 	} else {
 		err = s.Answer(s.ctx, r, format, e)
 		if err == nil && max > 0 && len(e.Bytes()) > max {

@@ -30,8 +30,9 @@ import (
 type waiter struct {
 	j      job
 	seq    uint64
-	size   int // of its fields, counted in waitingBytes
-	bySeq  int // its index in its bucket's heaps
+	size   int  // of its fields, counted in waitingBytes
+	wide   bool // a wide request (server.go, wide), counted in wideWaiting and wideWaitingBytes too
+	bySeq  int  // its index in its bucket's heaps
 	byTime int
 }
 
@@ -134,8 +135,21 @@ func (s *Server) park(j job, bucket string) (bool, error) {
 		s.waitMu.Unlock()
 		return false, fmt.Errorf("%w: min_seq %d not reached (applied %d), and %d requests wait for theirs already, as many as this seat holds: ask again", errTimeout, j.r.MinSeq, appliedSeq(s.r, bucket), n)
 	}
+	// A wide request may take half of the places and of the bytes: the rest is the node lookups'
+	// (read-your-writes of the mesh's node clients), which a flood of requests across the mesh waiting
+	// for a sequence far ahead must not have answered 504 at once.
+	isWide := wide(&j.r)
+	if isWide && (s.wideWaiting >= max(1, limit/2) || s.wideWaitingBytes+size > maxWideWaitingBytes) {
+		n := s.wideWaiting
+		s.waitMu.Unlock()
+		return false, fmt.Errorf("%w: min_seq %d not reached (applied %d), and %d requests not narrowed by node wait for theirs already, as many as this seat holds of them: ask again", errTimeout, j.r.MinSeq, appliedSeq(s.r, bucket), n)
+	}
 	s.waiting++
 	s.waitingBytes += size
+	if isWide {
+		s.wideWaiting++
+		s.wideWaitingBytes += size
+	}
 	bw := s.waiters[bucket]
 	if bw == nil {
 		if s.waiters == nil {
@@ -146,7 +160,7 @@ func (s *Server) park(j job, bucket string) (bool, error) {
 		s.wg.Add(1)
 		go s.watch(bucket, bw)
 	}
-	w := &waiter{j: j, seq: uint64(j.r.MinSeq), size: size}
+	w := &waiter{j: j, seq: uint64(j.r.MinSeq), size: size, wide: isWide}
 	heap.Push(&bw.bySeq, w)
 	heap.Push(&bw.byTime, w)
 	select {
@@ -178,21 +192,32 @@ func (s *Server) watch(bucket string, bw *bucketWaiters) {
 			s.answerError(w.j.req, &w.j.r, w.j.format, s.timedOut(&w.j.r, have), w.j.start, false)
 			s.unwait(w)
 		}
-		var full []*waiter
-		for i, w := range ready {
+		var full [2][]*waiter // by the queue they wait for: the workers' (0), the wide requests' (1)
+		for _, w := range ready {
 			// Reached: a worker answers, as any other request, so that a sequence that many wait for
 			// does not set them all writing answers at once. Until it has a place it counts as waiting.
-			if err := s.queue(w.j, false); errors.Is(err, errBusy) {
-				full = append(full, ready[i:]...)
-				break
+			// Once one finds its queue full, those after it of the same queue wait behind it, in
+			// order; those of the other queue do not.
+			lane := 0
+			if wide(&w.j.r) {
+				lane = 1
 			}
-			s.unwait(w)
+			if len(full[lane]) == 0 {
+				if err := s.queue(w.j, false); !errors.Is(err, errBusy) {
+					s.unwait(w)
+					continue
+				}
+			}
+			full[lane] = append(full[lane], w)
 		}
-		if len(full) > 0 {
-			// The queue is full: they wait for a place in a goroutine of their own, so that the
-			// watcher goes on answering the bucket's other waiters when their wait_ms passes.
-			s.wg.Add(1)
-			go s.queueWhenRoom(full)
+		for _, ws := range full {
+			if len(ws) > 0 {
+				// Their queue is full: they wait for a place in a goroutine of their own, so that the
+				// watcher goes on answering the bucket's other waiters when their wait_ms passes, and
+				// a node lookup never waits for a place among the wide requests.
+				s.wg.Add(1)
+				go s.queueWhenRoom(ws)
+			}
 		}
 		clear(ready)
 		clear(expired)
@@ -262,6 +287,10 @@ func (s *Server) unwait(w *waiter) {
 	s.waitMu.Lock()
 	s.waiting--
 	s.waitingBytes -= w.size
+	if w.wide {
+		s.wideWaiting--
+		s.wideWaitingBytes -= w.size
+	}
 	s.waitMu.Unlock()
 }
 

@@ -90,3 +90,67 @@ func TestServer_WaiterTimesOutWhileTheQueueIsFull(t *testing.T) {
 	})
 	require.Equal(t, 1, got.get("504"))
 }
+
+// TestServer_ReachedNodeLookupNotHeldBehindAFullWideQueue: docs/decisions.md (Serving), a request
+// whose min_seq came is handed to its own queue. A wide request (no node) and a node's lookup wait on
+// the bucket, and one commit reaches both while the wide requests' queue is full behind a wide answer
+// under way: the node lookup is answered at once by the worker kept for it. Before, the bucket's
+// watcher handed them over in min_seq order and, once the wide one found its queue full, made the node
+// lookup wait behind it for a place in the wide requests' queue, which only the wide answers free (a
+// node client reading its own write waited for every answer across the mesh queued before it).
+func TestServer_ReachedNodeLookupNotHeldBehindAFullWideQueue(t *testing.T) {
+	g := startGated(t, Options{MaxQueued: 1, NoReadAhead: true}, func(r *Request) bool { return r.Node == "" }, nil)
+	s, nc, held, open := g.s, g.nc, &g.held, g.open
+	got, inbox := collect(t, nc)
+
+	// A wide answer is under way, held, and one more waits in the wide requests' queue: it is full.
+	require.NoError(t, nc.PublishRequest(Subject, inbox+".held", []byte(`{"what":"needs"}`)))
+	natstest.CheckFor(t, 10*time.Second, 2*time.Millisecond, func() error {
+		if held.Load() != 1 {
+			return fmt.Errorf("the wide answer is not held yet")
+		}
+		return nil
+	})
+	require.NoError(t, nc.PublishRequest(Subject, inbox+".queued", []byte(`{"what":"needs"}`)))
+	natstest.CheckFor(t, 10*time.Second, 2*time.Millisecond, func() error {
+		if q := s.Queued(); q != 1 {
+			return fmt.Errorf("%d queued", q)
+		}
+		return nil
+	})
+
+	// A wide request and a node lookup wait, the wide one for the lower sequence.
+	require.NoError(t, nc.PublishRequest(Subject, inbox+".wide", []byte(`{"what":"needs","min_seq":4,"wait_ms":10000}`)))
+	require.NoError(t, nc.PublishRequest(Subject, inbox+".node", []byte(`{"what":"needs","node":"n1","min_seq":5,"wait_ms":10000}`)))
+	natstest.CheckFor(t, 10*time.Second, 2*time.Millisecond, func() error {
+		if w := s.Waiting(); w != 2 {
+			return fmt.Errorf("%d waiting", w)
+		}
+		return nil
+	})
+	// One commit reaches both.
+	db := g.db
+	require.NoError(t, db.Apply(provisioner.BucketNeeds, []provisioner.Message{
+		{Seq: 4, Time: 4, Key: "n4.m.config.a", Op: provisioner.OpPut, Value: []byte{0x80}},
+		{Seq: 5, Time: 5, Key: "n5.m.config.a", Op: provisioner.OpPut, Value: []byte{0x80}},
+	}, 0, true))
+	natstest.CheckFor(t, 10*time.Second, 2*time.Millisecond, func() error {
+		if n := got.get("200"); n != 1 {
+			return fmt.Errorf("%d answered (%d waiting, %d queued)", n, s.Waiting(), s.Queued())
+		}
+		return nil
+	})
+	require.Equal(t, 1, s.Waiting(), "the wide request waits for a place in its queue")
+
+	// Once the wide answers go on, the rest are answered.
+	open()
+	natstest.CheckFor(t, 10*time.Second, 2*time.Millisecond, func() error {
+		if n := got.get("200"); n != 4 {
+			return fmt.Errorf("%d answered", n)
+		}
+		return nil
+	})
+	require.Zero(t, s.Waiting())
+	require.Zero(t, got.get("504"))
+	require.Zero(t, got.get("500"))
+}

@@ -84,10 +84,10 @@ func flood(t *testing.T, nc *nats.Conn, n int, body []byte) *replies {
 }
 
 // TestSeat_MinSeqFloodIsBounded: CONTRACT section 3, a request waits for min_seq at most wait_ms and
-// is then answered 504; docs/decisions.md (Serving) bounds how many wait at once. A flood of requests
-// for a sequence far ahead, past that bound, is answered 504 at once for each request past it, holds
-// no more goroutines than the bound, and the seat answers every other client meanwhile. When the
-// seat stops, every waiting request is answered.
+// is then answered 504; docs/decisions.md (Serving) bounds how many wait at once, and requests across
+// the mesh (no node) half of them. A flood of requests for a sequence far ahead, past that bound, is
+// answered 504 at once for each request past it, holds no more goroutines than the bound, and the seat
+// answers every other client meanwhile. When the seat stops, every waiting request is answered.
 func TestSeat_MinSeqFloodIsBounded(t *testing.T) {
 	h := newHarness(t)
 	h.load(testMesh.Ops())
@@ -97,19 +97,26 @@ func TestSeat_MinSeqFloodIsBounded(t *testing.T) {
 
 	base := runtime.NumGoroutine()
 	const over = 300
-	n := query.DefaultMaxWaiting + over
-	body := []byte(fmt.Sprintf(`{"what":"needs","min_seq":%d,"wait_ms":10000}`, applied+1_000_000))
+	half := query.DefaultMaxWaiting / 2
 	flooder, _ := natstest.Connect(t, h.url)
-	got := flood(t, flooder, n, body)
-
-	// The requests past the bound are answered at once, 504, saying why; the others wait.
+	// Across the mesh first, then a node's: each kind is answered past its bound, the node's past the
+	// whole one.
+	wide := flood(t, flooder, half+over, []byte(fmt.Sprintf(`{"what":"needs","min_seq":%d,"wait_ms":10000}`, applied+1_000_000)))
 	natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
-		if c := got.count("504", "wait for theirs already"); c < over {
+		if c := wide.count("504", "not narrowed by node wait for theirs already"); c < over {
 			return fmt.Errorf("%d answered as past the bound, want %d", c, over)
 		}
 		return nil
 	})
-	require.Equal(t, over, got.total(), "only the requests past the bound are answered while the others wait")
+	node := flood(t, flooder, half+over, []byte(fmt.Sprintf(`{"what":"needs","node":%q,"min_seq":%d,"wait_ms":10000}`, fixtures.NodeName(0), applied+1_000_000)))
+	natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		if c := node.count("504", "wait for theirs already"); c < over {
+			return fmt.Errorf("%d answered as past the bound, want %d", c, over)
+		}
+		return nil
+	})
+	require.Equal(t, over, wide.total(), "only the requests past the bound are answered while the others wait")
+	require.Equal(t, over, node.total(), "only the requests past the bound are answered while the others wait")
 	require.Equal(t, query.DefaultMaxWaiting, st.Server.Waiting())
 	require.LessOrEqual(t, runtime.NumGoroutine()-base, query.DefaultMaxWaiting+50, "goroutines held by the waiting requests")
 
@@ -126,14 +133,16 @@ func TestSeat_MinSeqFloodIsBounded(t *testing.T) {
 
 	// Stopping answers every waiting request (504, the server stopped) and ends their goroutines.
 	stop()
-	natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
-		if got.total() < n {
-			return fmt.Errorf("%d of %d answered", got.total(), n)
-		}
-		return nil
-	})
-	require.Equal(t, n, got.count("504", ""))
-	require.Equal(t, query.DefaultMaxWaiting, got.count("504", "before the server stopped"))
+	for _, got := range []*replies{wide, node} {
+		natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+			if got.total() < half+over {
+				return fmt.Errorf("%d of %d answered", got.total(), half+over)
+			}
+			return nil
+		})
+		require.Equal(t, half+over, got.count("504", ""))
+		require.Equal(t, half, got.count("504", "before the server stopped"))
+	}
 }
 
 // TestSeat_WaitingRequestsHoldNoBody: a request waiting for min_seq keeps its decoded fields, not the
