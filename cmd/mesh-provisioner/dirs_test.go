@@ -213,3 +213,59 @@ func TestServe_EmbeddedFlagsWithNATSAreSaidIgnored(t *testing.T) {
 	require.Contains(t, stderr, "its flags are ignored")
 	require.Contains(t, stderr, "--embedded-listen --embedded-store")
 }
+
+// TestServe_StateOfAnotherProgram: a --state that is another program's database directory (LevelDB,
+// RocksDB and older Pebble keep a CURRENT and a LOCK too, CURRENT naming a MANIFEST) is refused before
+// anything is written in it, by every command. The CURRENT and LOCK made it pass for a state dir:
+// serve took it for a broken one and started it over, rewriting CURRENT to a generation of its own
+// (the other program's database no longer opened), rebuild did the same, and replay and export told
+// the operator to run rebuild there.
+func TestServe_StateOfAnotherProgram(t *testing.T) {
+	t.Setenv("NATS_URL", "")
+	dir := t.TempDir()
+	other := filepath.Join(dir, "leveldb")
+	files := map[string]string{"CURRENT": "MANIFEST-000005\n", "LOCK": "", "MANIFEST-000005": "manifest", "000003.ldb": "table", "LOG": "log"}
+	require.NoError(t, os.Mkdir(other, 0o755))
+	for name, body := range files {
+		require.NoError(t, os.WriteFile(filepath.Join(other, name), []byte(body), 0o644))
+	}
+	unchanged := func(what string) {
+		t.Helper()
+		entries, err := os.ReadDir(other)
+		require.NoError(t, err)
+		require.Len(t, entries, len(files), "%s: nothing written in the other program's directory", what)
+		for name, body := range files {
+			b, err := os.ReadFile(filepath.Join(other, name))
+			require.NoError(t, err)
+			require.Equal(t, body, string(b), "%s: %s as it was", what, name)
+		}
+	}
+
+	store := filepath.Join(dir, "nats")
+	code, stderr := serveOnce(t, "--state", other, "--embedded-store", store)
+	require.Equal(t, exitUsage, code, stderr)
+	require.Contains(t, stderr, "another program's directory")
+	unchanged("serve")
+	require.NoDirExists(t, store, "no embedded server started")
+
+	for _, args := range [][]string{
+		{"rebuild", "--nats", "nats://127.0.0.1:1", "--state", other},
+		{"replay", "state", "needs", "--at", "seq:1", "--state", other},
+		{"export", "--state", other, "--out", filepath.Join(dir, "x.mph")},
+	} {
+		code, _, stderr := run(t, args...)
+		require.NotEqual(t, exitOK, code, "%v", args)
+		require.Contains(t, stderr, "another program's directory", "%v", args)
+		require.NotContains(t, stderr, "run `mesh-provisioner rebuild`", "%v: rebuild would break it", args)
+		unchanged(args[0])
+	}
+
+	// A state dir of this program's whose CURRENT is broken is still one: serve starts it over.
+	state := filepath.Join(dir, "state")
+	code, stderr = serveOnce(t, "--state", state, "--embedded-store", store)
+	require.Equal(t, exitOK, code, stderr)
+	require.NoError(t, os.WriteFile(filepath.Join(state, "CURRENT"), []byte("MANIFEST-000005\n"), 0o644))
+	code, stderr = serveOnce(t, "--state", state, "--embedded-store", store)
+	require.Equal(t, exitOK, code, stderr)
+	require.Contains(t, stderr, "the state dir cannot be used; rebuilding it from the streams")
+}
