@@ -327,6 +327,29 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 	return nil
 }
 
+// parseInterleaved parses a subcommand's flags with its positional arguments before, between or after
+// them (`query --node n7 needs --json`), and returns the positional ones in order. The flag package
+// stops at the first argument that is not a flag, so the flags after it were taken for positional
+// arguments: `query --node n7 needs --json` said "query takes one WHAT, got ["" "needs" "--json"]". An
+// argument after "--" is positional even when it starts with "-" (a key may: replay history needs --
+// -n1.mod.config.x).
+func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := parseFlags(fs, args); err != nil {
+			return nil, err
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			return pos, nil
+		}
+		if n := len(args) - len(rest); n > 0 && args[n-1] == "--" {
+			return append(pos, rest...), nil
+		}
+		pos, args = append(pos, rest[0]), rest[1:]
+	}
+}
+
 // parseNoArgs parses the flags of a subcommand that takes no positional arguments.
 func parseNoArgs(fs *flag.FlagSet, args []string) error {
 	if err := parseFlags(fs, args); err != nil {

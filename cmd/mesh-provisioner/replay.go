@@ -148,16 +148,11 @@ func (c *ReplayCommand) Run(ctx context.Context, args []string) error {
 		return &usageError{msg: "replay wants a question: state, history or diff"}
 	}
 	question := args[0]
-	// Positional arguments may come before or after the flags.
-	var pos []string
-	rest := args[1:]
-	for len(rest) > 0 && !strings.HasPrefix(rest[0], "-") {
-		pos, rest = append(pos, rest[0]), rest[1:]
-	}
-	if err := parseFlags(fs, rest); err != nil {
+	// Positional arguments may come before, between or after the flags.
+	pos, err := parseInterleaved(fs, args[1:])
+	if err != nil {
 		return err
 	}
-	pos = append(pos, fs.Args()...)
 	switch question {
 	case "state":
 		if len(pos) > 1 {
