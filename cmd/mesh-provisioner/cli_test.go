@@ -267,3 +267,25 @@ func TestMain_FlagsAroundWhat(t *testing.T) {
 	require.Equal(t, exitUsage, code, stderr)
 	require.Contains(t, stderr, `replay state takes one WHAT, got ["needs" "applied"]`)
 }
+
+// TestServe_DemoSaysCommandsThatReachIt: the commands serve --demo prints to try reach this seat. On
+// an --embedded-listen other than the default they named no server, so they asked
+// nats://127.0.0.1:4222, where nothing answers, or another seat does.
+func TestServe_DemoSaysCommandsThatReachIt(t *testing.T) {
+	s := demoSeat(t)
+	s.waitReady(t)
+	t.Setenv("NATS_URL", "")
+	var tried int
+	for _, line := range strings.Split(s.stdout.String(), "\n") {
+		args, ok := strings.CutPrefix(strings.TrimSpace(line), "go run ./cmd/mesh-provisioner ")
+		if !ok {
+			continue
+		}
+		tried++
+		code, out, stderr := run(t, strings.Fields(args)...)
+		require.Equal(t, exitOK, code, "%s: %s", line, stderr)
+		require.NotContains(t, out, "\n0 rows", line)
+	}
+	require.Equal(t, 3, tried, "the commands to try:\n%s", s.stdout.String())
+	require.Contains(t, s.stdout.String(), "nats --server "+s.natsURL+" req mesh-provisioner.provisioning")
+}

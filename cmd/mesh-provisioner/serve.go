@@ -245,6 +245,9 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 
 // errNotDrained is what runSeat returns when a signal came while a write of the seat's was held for
 // room: the seat is left running, and its stores open, to the process's exit.
+// natsDefaultURL is where query and the other commands ask without --nats or NATS_URL.
+const natsDefaultURL = nats.DefaultURL
+
 var errNotDrained = errors.New("stopped without committing the last batch")
 
 // runSeat runs the seat until ctx ends, then stops it in the order that loses nothing.
@@ -270,12 +273,18 @@ func runSeat(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, db *sto
 	// request sent on any connection now reaches the seat, as "answering" says.
 	log.Info("answering", "subject", query.Subject, "service", query.ServiceName)
 	if cfg.demo {
+		// The commands to try name the server when it is not the one they ask by default: on another
+		// --embedded-listen they asked nats://127.0.0.1:4222, where nothing, or another seat, answers.
+		natsFlag, natsCLI := "", "nats"
+		if url := nc.ConnectedUrl(); url != natsDefaultURL {
+			natsFlag, natsCLI = " --nats "+url, "nats --server "+url
+		}
 		fmt.Fprintf(cfg.stdout, "\nmesh-provisioner is serving the demo mesh on %s. Try, in another terminal:\n"+
-			"  go run ./cmd/mesh-provisioner query needs --node %s\n"+
-			"  go run ./cmd/mesh-provisioner query collect --collection shell:zsh:normal\n"+
-			"  go run ./cmd/mesh-provisioner query plans --node edge-1\n"+
-			"  nats req mesh-provisioner.provisioning '{\"what\":\"applied\",\"node\":\"%s\"}'\n\n",
-			nc.ConnectedUrl(), fixtures.NodeName(7), fixtures.NodeName(7))
+			"  go run ./cmd/mesh-provisioner query needs --node %s%s\n"+
+			"  go run ./cmd/mesh-provisioner query collect --collection shell:zsh:normal%s\n"+
+			"  go run ./cmd/mesh-provisioner query plans --node edge-1%s\n"+
+			"  %s req mesh-provisioner.provisioning '{\"what\":\"applied\",\"node\":\"%s\"}'\n\n",
+			nc.ConnectedUrl(), fixtures.NodeName(7), natsFlag, natsFlag, natsFlag, natsCLI, fixtures.NodeName(7))
 		if addr := cfg.ops.addr(); addr != "" {
 			fmt.Fprintf(cfg.stdout, "Metrics: curl -s http://%s/metrics | grep mesh_provisioner_bucket_lag\n\n", addr)
 		}
