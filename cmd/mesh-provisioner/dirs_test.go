@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/fixtures"
 	"github.com/novox/mesh-provisioner/internal/natstest"
 )
 
@@ -268,4 +269,40 @@ func TestServe_StateOfAnotherProgram(t *testing.T) {
 	code, stderr = serveOnce(t, "--state", state, "--embedded-store", store)
 	require.Equal(t, exitOK, code, stderr)
 	require.Contains(t, stderr, "the state dir cannot be used; rebuilding it from the streams")
+}
+
+// TestServe_DemoStoppedPartWayLoadsWholeNextTime: a serve --demo stopped while it loads the demo
+// (Ctrl-C during the start) removes what it wrote, and the next start loads the demo whole. The part
+// was left: the next start found a server that holds data and served that part for good.
+func TestServe_DemoStoppedPartWayLoadsWholeNextTime(t *testing.T) {
+	t.Setenv("NATS_URL", "")
+	dir := t.TempDir()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	demoLoaded = func(done int) { cancel() } // after its first window of publishes
+	t.Cleanup(func() { demoLoaded = nil })
+	var errb natstest.LogBuffer
+	cmd := &ServeCommand{Stdout: &natstest.LogBuffer{}, Stderr: &errb, started: func(string, string) { t.Error("served a demo stopped part way") }}
+	err := cmd.Run(ctx, []string{"--demo", "--state", filepath.Join(dir, "state"), "--embedded-listen", "127.0.0.1:-1", "--embedded-store", filepath.Join(dir, "nats")})
+	require.ErrorIs(t, err, context.Canceled, errb.String())
+	require.Contains(t, errb.String(), "what it wrote is removed")
+	demoLoaded = nil
+
+	s, err := startServe(dir, "--demo")
+	require.NoError(t, err)
+	defer func() { require.NoError(t, s.stop()) }()
+	require.Contains(t, s.stderr.String(), "demo mesh loaded")
+	require.NotContains(t, s.stderr.String(), "already holds data")
+	_, js := natstest.Connect(t, s.natsURL)
+	want := 0
+	for _, op := range fixtures.Demo().Ops() {
+		if op.Bucket == provisioner.BucketNeeds {
+			want++
+		}
+	}
+	st, err := js.Stream(context.Background(), provisioner.StreamName(provisioner.BucketNeeds))
+	require.NoError(t, err)
+	info := st.CachedInfo().State
+	require.Equal(t, uint64(1), info.FirstSeq)
+	require.Equal(t, uint64(want), info.LastSeq, "the demo's needs, each once")
 }

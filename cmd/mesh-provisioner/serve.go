@@ -347,7 +347,9 @@ type seatConfig struct {
 // loaded by an earlier start, or data of its own, which synthetic keys must not be mixed into.
 func loadDemo(ctx context.Context, js jetstream.JetStream, log *slog.Logger, stderr io.Writer, plans bool) error {
 	streams := js.ListStreams(ctx)
+	before := map[string]bool{} // the streams there before the load, all empty but the registry's
 	for info := range streams.Info() {
+		before[info.Config.Name] = true
 		if info.Config.Name != provisioner.StreamName(provisioner.BucketRegistry) && info.State.Msgs > 0 {
 			log.Info("demo: the embedded server already holds data; serving it as it is, not loading the demo mesh",
 				"stream", info.Config.Name, "messages", info.State.Msgs)
@@ -364,12 +366,57 @@ func loadDemo(ctx context.Context, js jetstream.JetStream, log *slog.Logger, std
 		ops = append(append(ops, sc.Before...), sc.After...)
 	}
 	bar := progress.New(stderr, nil, "demo: loading", "ops", int64(len(ops)))
-	if err := fixtures.Load(ctx, js, ops, 0, func(done int) { bar.Set(int64(done)) }); err != nil {
+	if err := fixtures.Load(ctx, js, ops, 0, func(done int) {
+		bar.Set(int64(done))
+		if demoLoaded != nil {
+			demoLoaded(done)
+		}
+	}); err != nil {
+		removeDemo(js, ops, before, log)
 		return fmt.Errorf("demo: %w", err)
 	}
 	bar.Done()
 	log.Info("demo mesh loaded", "ops", len(ops), "took", time.Since(start).Round(time.Millisecond))
 	return nil
+}
+
+// demoLoaded, when set (tests), is told how many of the demo's ops are loaded, as the progress bar is.
+var demoLoaded func(done int)
+
+// removeDemo removes what a demo load that stopped part way (a Ctrl-C during the start) wrote: left,
+// the next start found a server that holds data and served that part of the demo for good, with
+// neither the plans' examples nor most of the mesh. The streams it loaded held no message before it
+// (loadDemo's check): those it created are deleted, the others purged. A second signal or a kill
+// during the load still leaves a part: remove --embedded-store then.
+func removeDemo(js jetstream.JetStream, ops []fixtures.Op, before map[string]bool, log *slog.Logger) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second) // the command's has ended
+	defer cancel()
+	select { // the publishes still out land first, so none comes after the purge
+	case <-js.PublishAsyncComplete():
+	case <-ctx.Done():
+	}
+	done := map[string]bool{}
+	for _, op := range ops {
+		name := provisioner.StreamName(op.Bucket)
+		if done[name] || name == provisioner.StreamName(provisioner.BucketRegistry) {
+			continue
+		}
+		done[name] = true
+		var err error
+		if before[name] {
+			var st jetstream.Stream
+			if st, err = js.Stream(ctx, name); err == nil {
+				err = st.Purge(ctx)
+			}
+		} else {
+			err = js.DeleteStream(ctx, name)
+		}
+		if err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+			log.Warn("demo: the load stopped part way, and what it wrote could not be removed; remove --embedded-store before the next start", "stream", name, "err", err)
+			return
+		}
+	}
+	log.Info("demo: the load stopped part way; what it wrote is removed, so the next start loads the demo mesh whole")
 }
 
 // lockEmbeddedStore takes the embedded server's store dir for this process until unlock, without
