@@ -61,6 +61,10 @@ var offlineOptions = store.Options{CacheSize: 32 << 20, MemTableSize: 64 << 20}
 // OpenState opens a private copy of a state dir's current generation (store.CopyCurrent): it never
 // takes the state dir's lock, so it reads a running seat's log as well as a stopped one's.
 func OpenState(stateDir string) (*Log, error) {
+	if _, err := os.Stat(stateDir); errors.Is(err, os.ErrNotExist) {
+		// Said as such: "holds no projection yet" read as if the directory were there, empty.
+		return nil, fmt.Errorf("store: %s does not exist: give the seat's state dir (serve's --state)", stateDir)
+	}
 	if err := store.CheckStateDir(stateDir); err != nil {
 		return nil, err
 	}

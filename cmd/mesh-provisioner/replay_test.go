@@ -143,7 +143,19 @@ func TestReplayCommand_Errors(t *testing.T) {
 		_, _, code := runCmd(t, tc.args...)
 		require.Equal(t, tc.code, code, "%v", tc.args)
 	}
+	// A --state that does not exist (a typo) is said as such, and not created; it said "holds no
+	// projection yet", as if the directory were there, empty.
 	dir := filepath.Join(t.TempDir(), "none")
+	for _, args := range [][]string{
+		{"replay", "state", "needs", "--at", "seq:1", "--state", dir},
+		{"export", "--state", dir, "--out", filepath.Join(t.TempDir(), "x.mph")},
+	} {
+		_, errOut, code := runCmd(t, args...)
+		require.Equal(t, exitFailure, code, errOut)
+		require.Contains(t, errOut, dir+" does not exist", "%v", args)
+		require.NoDirExists(t, dir)
+	}
+	require.NoError(t, os.Mkdir(dir, 0o755))
 	_, errOut, code := runCmd(t, "replay", "state", "needs", "--at", "seq:1", "--state", dir)
 	require.Equal(t, exitFailure, code, errOut)
 	require.Contains(t, errOut, "no projection yet")
