@@ -58,7 +58,8 @@ those too, or a bucket's full name.
 
   state    the table as of a point, narrowed like query (--node, --module, --collection, --kind)
   history  every revision of one key: time, sequence, operation, value. The key is raw, as stored:
-           a collection in =XX escapes (n17.shell=3Azsh=3Anormal.mod-web), no wildcards
+           a collection in =XX escapes (n17.shell=3Azsh=3Anormal.mod-web), read as written and
+           not as a pattern (n17.> is the key a rollup of n17's keys was written on)
   diff     rows added, changed and removed between two points, and anomalies that appeared or cleared
 
 Sources (one of):
