@@ -306,3 +306,17 @@ func TestServe_DemoStoppedPartWayLoadsWholeNextTime(t *testing.T) {
 	require.Equal(t, uint64(1), info.FirstSeq)
 	require.Equal(t, uint64(want), info.LastSeq, "the demo's needs, each once")
 }
+
+// TestServe_EmbeddedListenPortZeroIsAFreePort: --embedded-listen host:0 listens on a free port, as
+// :0 does for any Go or Unix listener. nats-server reads port 0 as its default, so the embedded
+// server listened on 4222, the port of the NATS the operator gave :0 to keep clear of (or waited 10 s
+// to say it did not start, when that one ran).
+func TestServe_EmbeddedListenPortZeroIsAFreePort(t *testing.T) {
+	t.Setenv("NATS_URL", "")
+	s, err := startServe(t.TempDir(), "--embedded-listen", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer func() { require.NoError(t, s.stop()) }()
+	require.True(t, strings.HasPrefix(s.natsURL, "nats://127.0.0.1:"), s.natsURL)
+	require.NotEqual(t, "nats://127.0.0.1:4222", s.natsURL, "not nats-server's default port")
+	require.Contains(t, s.stderr.String(), `msg="embedded NATS server started" url=`+s.natsURL)
+}

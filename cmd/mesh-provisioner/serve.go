@@ -57,7 +57,7 @@ func (c *ServeCommand) flags() *flag.FlagSet {
 	c.logs.register(fs)
 	c.ops.register(fs)
 	fs.StringVar(&c.state, "state", "./data/state", "state dir: the projection, the program's alone")
-	fs.StringVar(&c.embeddedListen, "embedded-listen", "127.0.0.1:4222", "with no --nats: where the embedded NATS server listens")
+	fs.StringVar(&c.embeddedListen, "embedded-listen", "127.0.0.1:4222", "with no --nats: where the embedded NATS server listens (port 0: a free one, which the log says)")
 	fs.StringVar(&c.embeddedStore, "embedded-store", "./data/nats", "with no --nats: the embedded server's JetStream store (apart from --state: neither inside the other)")
 	fs.StringVar(&c.embeddedConfig, "embedded-config", "", "with no --nats: a nats-server config file for the embedded server (accounts)")
 	fs.BoolVar(&c.demo, "demo", false, "load a synthetic mesh into an empty embedded server")
