@@ -46,7 +46,7 @@ func (l *Log) Close() error {
 	l.plans.close()
 	err := l.DB.Close()
 	if l.dir != "" {
-		if rerr := os.RemoveAll(l.dir); err == nil {
+		if rerr := store.RemoveCopy(l.dir); err == nil {
 			err = rerr
 		}
 	}
@@ -74,7 +74,7 @@ func OpenState(stateDir string) (*Log, error) {
 	}
 	db, err := store.Open(dir, offlineOptions)
 	if err != nil {
-		os.RemoveAll(dir)
+		store.RemoveCopy(dir)
 		return nil, fmt.Errorf("open the copy of %s: %w", stateDir, err)
 	}
 	markSynced(db)

@@ -214,8 +214,9 @@ func (s *StateDir) Swap(dir string) error {
 }
 
 // RemoveOthers removes every generation but keep: leftovers of a rebuild that did not finish, and
-// generations a swap replaced.
+// generations a swap replaced; and the copies of killed readers (removeStaleCopies).
 func (s *StateDir) RemoveOthers(keep string) error {
+	removeStaleCopies(s.path)
 	entries, err := os.ReadDir(s.path)
 	if err != nil {
 		return fmt.Errorf("list state dir: %w", err)

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -706,4 +707,45 @@ func TestReplay_QuestionBucketsAnswerAsEveryBucket(t *testing.T) {
 		}
 	}
 	require.Positive(t, unanswered, "no state of n-x's needs carried the kind unanswered before the registry answered it")
+}
+
+// TestReplayCommand_KilledReadersCopyIsRemoved: the copy of the state dir a replay or export --state
+// reads from (.replay-* in the state dir) is removed by the next replay, and by serve's start, once
+// the reader that made it is gone (killed by a second Ctrl-C, a kill, an OOM, before it removed it),
+// never while it runs. Left, each such copy kept hard links to tables the seat later compacted away,
+// and copies of its WALs, on the state dir's disk for good.
+func TestReplayCommand_KilledReadersCopyIsRemoved(t *testing.T) {
+	url, _ := smallMesh(t)
+	dir := filepath.Join(t.TempDir(), "state")
+	_, errOut, code := runCmd(t, "rebuild", "--nats", url, "--state", dir)
+	require.Zero(t, code, errOut)
+	killed := func() string {
+		d, err := os.MkdirTemp(dir, ".replay-")
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(filepath.Join(d, "000004.log"), []byte("a WAL copied"), 0o644))
+		return d
+	}
+	// A reader still running holds its copy (another process's flock; here another descriptor's).
+	running, err := os.MkdirTemp(dir, ".replay-")
+	require.NoError(t, err)
+	f, err := os.Open(running)
+	require.NoError(t, err)
+	defer f.Close()
+	require.NoError(t, syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB))
+
+	stale := killed()
+	out, errOut, code := runCmd(t, "replay", "state", "needs", "--at", "seq:1", "--state", dir)
+	require.Zero(t, code, errOut)
+	require.Contains(t, out, "as of sequence 1")
+	require.NoDirExists(t, stale, "a killed reader's copy")
+	require.DirExists(t, running, "a running reader's copy")
+	copies, err := filepath.Glob(filepath.Join(dir, ".replay-*"))
+	require.NoError(t, err)
+	require.Equal(t, []string{running}, copies, "replay removed its own copy")
+
+	stale = killed()
+	code, stderr := serveOnce(t, "--state", dir, "--nats", url)
+	require.Equal(t, exitOK, code, stderr)
+	require.NoDirExists(t, stale, "serve's start removes it too")
+	require.DirExists(t, running)
 }
