@@ -368,7 +368,7 @@ func TestReplayCommand_FlagsTheQuestionDoesNotRead(t *testing.T) {
 	} {
 		_, errOut, code := runCmd(t, append(args, "--state", dir)...)
 		require.Equal(t, exitFailure, code, "%v: %s", args, errOut)
-		require.Contains(t, errOut, "no projection yet", args)
+		require.Contains(t, errOut, dir+" does not exist", args)
 	}
 }
 
@@ -388,7 +388,7 @@ func TestReplayCommand_OneSource(t *testing.T) {
 	t.Setenv("NATS_URL", "nats://127.0.0.1:1")
 	_, errOut, code := runCmd(t, "replay", "state", "needs", "--at", "seq:1", "--state", filepath.Join(dir, "none"))
 	require.Equal(t, exitFailure, code)
-	require.Contains(t, errOut, "no projection yet", "--state is read, NATS_URL is not a second source")
+	require.Contains(t, errOut, filepath.Join(dir, "none")+" does not exist", "--state is read, NATS_URL is not a second source")
 }
 
 // export --out is checked before anything is read: an archive already there is evidence and is not
