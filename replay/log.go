@@ -46,7 +46,7 @@ func (l *Log) Close() error {
 	l.plans.close()
 	err := l.DB.Close()
 	if l.dir != "" {
-		if rerr := os.RemoveAll(l.dir); err == nil {
+		if rerr := store.RemoveCopy(l.dir); err == nil {
 			err = rerr
 		}
 	}
@@ -61,6 +61,10 @@ var offlineOptions = store.Options{CacheSize: 32 << 20, MemTableSize: 64 << 20}
 // OpenState opens a private copy of a state dir's current generation (store.CopyCurrent): it never
 // takes the state dir's lock, so it reads a running seat's log as well as a stopped one's.
 func OpenState(stateDir string) (*Log, error) {
+	if _, err := os.Stat(stateDir); errors.Is(err, os.ErrNotExist) {
+		// Said as such: "holds no projection yet" read as if the directory were there, empty.
+		return nil, fmt.Errorf("store: %s does not exist: give the seat's state dir (serve's --state)", stateDir)
+	}
 	if err := store.CheckStateDir(stateDir); err != nil {
 		return nil, err
 	}
@@ -70,7 +74,7 @@ func OpenState(stateDir string) (*Log, error) {
 	}
 	db, err := store.Open(dir, offlineOptions)
 	if err != nil {
-		os.RemoveAll(dir)
+		store.RemoveCopy(dir)
 		return nil, fmt.Errorf("open the copy of %s: %w", stateDir, err)
 	}
 	markSynced(db)

@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
+	"syscall"
 )
 
 // CopyCurrent makes a private copy of a state dir's current generation that Open can open, without
@@ -99,15 +101,19 @@ func copyGeneration(stateDir, gen string) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	removeStaleCopies(stateDir)
 	tmp, err := os.MkdirTemp(stateDir, ".replay-")
 	link := err == nil
+	if link {
+		lockCopy(tmp)
+	}
 	if err != nil {
 		if tmp, err = os.MkdirTemp("", "mesh-provisioner-replay-"); err != nil {
 			return "", fmt.Errorf("copy state: %w", err)
 		}
 	}
 	fail := func(err error) (string, error) {
-		os.RemoveAll(tmp)
+		RemoveCopy(tmp)
 		return "", err
 	}
 	entries, err := os.ReadDir(gen)
@@ -173,4 +179,64 @@ func copyFile(src, dst string) error {
 		return err
 	}
 	return out.Close()
+}
+
+// copyLocks hold a flock on each copy this process made in a state dir, for as long as it is used:
+// a copy nobody holds is a leftover of a reader that was killed (a second Ctrl-C, a kill, an OOM),
+// and removeStaleCopies removes it. Left, each kept hard links to tables the seat has since
+// compacted away, and copies of its WALs, on the state dir's disk for good.
+var copyLocks = struct {
+	sync.Mutex
+	m map[string]*os.File
+}{m: map[string]*os.File{}}
+
+// lockCopy takes the flock that says dir, a copy, is in use by this process.
+func lockCopy(dir string) {
+	f, err := os.Open(dir)
+	if err != nil {
+		return
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		return
+	}
+	copyLocks.Lock()
+	copyLocks.m[dir] = f
+	copyLocks.Unlock()
+}
+
+// RemoveCopy removes a copy CopyCurrent made, and releases its lock.
+func RemoveCopy(dir string) error {
+	err := os.RemoveAll(dir)
+	copyLocks.Lock()
+	f := copyLocks.m[dir]
+	delete(copyLocks.m, dir)
+	copyLocks.Unlock()
+	if f != nil {
+		f.Close()
+	}
+	return err
+}
+
+// removeStaleCopies removes the copies in stateDir that no process holds (lockCopy): those of readers
+// that were killed before they removed them. A copy held by a reader still running is left alone.
+func removeStaleCopies(stateDir string) {
+	entries, err := os.ReadDir(stateDir)
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		if !e.IsDir() || !strings.HasPrefix(e.Name(), ".replay-") {
+			continue
+		}
+		dir := filepath.Join(stateDir, e.Name())
+		f, err := os.Open(dir)
+		if err != nil {
+			continue
+		}
+		if syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) == nil {
+			os.RemoveAll(dir)
+		}
+		f.Close()
+	}
 }

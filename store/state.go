@@ -57,11 +57,14 @@ func LockState(path string) (*StateDir, error) {
 // of the one meant.
 var ErrNotStateDir = errors.New("store: not a state dir")
 
-// CheckStateDir refuses a file, and a directory that holds other files and no state dir (no CURRENT,
-// LOCK or generation), before anything is written in it: a rebuild or a serve there fills a second
-// state dir beside the seat's. A state dir that does not exist yet, an empty one, and one holding only
-// lost+found (the root of a volume of its own) are fine. When a subdirectory is a state dir, the error
-// names it.
+// CheckStateDir refuses a file, and a directory that holds other files and no state dir, before anything
+// is written in it: a rebuild or a serve there fills a second state dir beside the seat's. A state dir is
+// known by a generation (gen-*) or a CURRENT that names one; a CURRENT or LOCK alone is not enough, since
+// LevelDB, RocksDB and older Pebble directories hold both, and the start over of a state dir this binary
+// cannot read rewrote that CURRENT, breaking the other program's database. A state dir that does not
+// exist yet, an empty one, one holding only lost+found (the root of a volume of its own), and one
+// holding only what a first start writes before its generation (LOCK, CURRENT) are fine. When a
+// subdirectory is a state dir, the error names it.
 func CheckStateDir(path string) error {
 	if fi, err := os.Stat(path); err == nil && !fi.IsDir() {
 		return fmt.Errorf("%w: %s is a file, not a directory: give the state dir", ErrNotStateDir, path)
@@ -71,16 +74,28 @@ func CheckStateDir(path string) error {
 		return nil // missing: created; unreadable: LockState says why
 	}
 	var other []string
+	current, hasCurrent := "", false
 	for _, e := range entries {
 		switch name := e.Name(); {
-		case name == lockName || name == currentName || strings.HasPrefix(name, genPrefix):
+		case strings.HasPrefix(name, genPrefix):
 			return nil
-		case name != "lost+found":
+		case name == currentName:
+			b, err := os.ReadFile(filepath.Join(path, name))
+			if err != nil || strings.HasPrefix(strings.TrimSpace(string(b)), genPrefix) {
+				return nil // unreadable: opening it says why
+			}
+			current, hasCurrent = strings.TrimSpace(string(b)), true
+		case name == lockName || name == currentName+".tmp" || name == "lost+found" || strings.HasPrefix(name, ".replay-"):
+			// the state dir's own, or a replay's copy (copy.go): no sign of another program's
+		default:
 			other = append(other, name)
 		}
 	}
 	if len(other) == 0 {
 		return nil
+	}
+	if hasCurrent {
+		return fmt.Errorf("%w: %s holds %s and a %s naming %q, not a generation of this program's: it is another program's directory; give the seat's state dir, or a new one%s", ErrNotStateDir, path, strings.Join(other[:min(3, len(other))], ", "), currentName, current, StateDirHint(path))
 	}
 	return fmt.Errorf("%w: %s holds %s and no %s%s", ErrNotStateDir, path, strings.Join(other[:min(3, len(other))], ", "), currentName, StateDirHint(path))
 }
@@ -199,8 +214,9 @@ func (s *StateDir) Swap(dir string) error {
 }
 
 // RemoveOthers removes every generation but keep: leftovers of a rebuild that did not finish, and
-// generations a swap replaced.
+// generations a swap replaced; and the copies of killed readers (removeStaleCopies).
 func (s *StateDir) RemoveOthers(keep string) error {
+	removeStaleCopies(s.path)
 	entries, err := os.ReadDir(s.path)
 	if err != nil {
 		return fmt.Errorf("list state dir: %w", err)

@@ -120,3 +120,30 @@ func TestAccounts_QueryRefusedInboxSaysSo(t *testing.T) {
 		return nil
 	})
 }
+
+// TestAccounts_RefusedCredentialsAreNamed: a NATS that refuses the connection says which credentials
+// it refused, and where they came from, for every command. It said "nats: Authorization Violation"
+// alone, whether none were given (the runbook's env file not loaded) or the password was wrong.
+func TestAccounts_RefusedCredentialsAreNamed(t *testing.T) {
+	dir := t.TempDir()
+	url := docsAccountsServer(t, dir)
+	for _, c := range []struct {
+		creds []string
+		says  string
+	}{
+		{nil, "no credentials were given"},
+		{[]string{"--user", "mesh-provisioner", "--password", "wrong"}, "the server refused user mesh-provisioner"},
+	} {
+		for _, args := range [][]string{
+			{"query", "registry"},
+			{"export", "--out", filepath.Join(dir, "x.mph")},
+			{"replay", "history", "needs", "n1.web.config.listen"},
+			{"rebuild", "--state", filepath.Join(dir, "state")},
+		} {
+			code, _, stderr := run(t, append(append(args, "--nats", url), c.creds...)...)
+			require.Equal(t, exitFailure, code, "%v: %s", args, stderr)
+			require.Contains(t, stderr, "Authorization Violation", "%v", args)
+			require.Contains(t, stderr, c.says, "%v", args)
+		}
+	}
+}

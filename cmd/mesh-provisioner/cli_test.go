@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"path/filepath"
 	"sort"
 	"strings"
 	"sync/atomic"
@@ -226,4 +227,65 @@ func TestServe_DemoLoadQuietWithoutTerminal(t *testing.T) {
 	require.NotContains(t, logs, "\r", "no bar redrawn in place")
 	require.NotContains(t, logs, "demo: loading")
 	require.Contains(t, logs, `"demo mesh loaded"`)
+}
+
+// TestMain_FlagsAroundWhat: query's WHAT and replay's question arguments may come before, between or
+// after the flags, and answer as in the documented order. The flag package stops at the first
+// argument that is not a flag, so `query --node n7 needs --json` took needs and --json for WHATs and
+// said `query takes one WHAT, got ["" "needs" "--json"]` (exit 2); replay did the same with its flags
+// after WHAT or KEY.
+func TestMain_FlagsAroundWhat(t *testing.T) {
+	s := demoSeat(t)
+	s.waitReady(t)
+	t.Setenv("NATS_URL", s.natsURL)
+	node := fixtures.NodeName(7)
+	state := filepath.Join(s.dir, "state")
+	key := node + ".mod-003.secret.need-03"
+	for _, c := range []struct{ documented, around []string }{
+		{[]string{"query", "needs", "--node", node, "--json"}, []string{"query", "--node", node, "needs", "--json"}},
+		{[]string{"query", "needs", "--node", node}, []string{"query", "--node", node, "needs"}},
+		{[]string{"replay", "state", "needs", "--at", "seq:300", "--node", node, "--state", state, "--json"},
+			[]string{"replay", "state", "--at", "seq:300", "needs", "--node", node, "--state", state, "--json"}},
+		{[]string{"replay", "history", "needs", key, "--state", state, "--json"},
+			[]string{"replay", "history", "--state", state, "needs", "--json", key}},
+		{[]string{"replay", "history", "needs", key, "--state", state, "--json"},
+			[]string{"replay", "history", "--state", state, "--json", "--", "needs", key}},
+	} {
+		t.Run(strings.Join(c.around, " "), func(t *testing.T) {
+			code, want, stderr := run(t, c.documented...)
+			require.Equal(t, exitOK, code, stderr)
+			code, got, stderr := run(t, c.around...)
+			require.Equal(t, exitOK, code, stderr)
+			require.Equal(t, want, got)
+		})
+	}
+	// Two WHATs are still one too many, wherever they are.
+	code, _, stderr := run(t, "query", "--node", node, "needs", "applied")
+	require.Equal(t, exitUsage, code, stderr)
+	require.Contains(t, stderr, `query takes one WHAT, got ["needs" "applied"]`)
+	code, _, stderr = run(t, "replay", "state", "--at", "seq:1", "needs", "--node", node, "applied", "--state", state)
+	require.Equal(t, exitUsage, code, stderr)
+	require.Contains(t, stderr, `replay state takes one WHAT, got ["needs" "applied"]`)
+}
+
+// TestServe_DemoSaysCommandsThatReachIt: the commands serve --demo prints to try reach this seat. On
+// an --embedded-listen other than the default they named no server, so they asked
+// nats://127.0.0.1:4222, where nothing answers, or another seat does.
+func TestServe_DemoSaysCommandsThatReachIt(t *testing.T) {
+	s := demoSeat(t)
+	s.waitReady(t)
+	t.Setenv("NATS_URL", "")
+	var tried int
+	for _, line := range strings.Split(s.stdout.String(), "\n") {
+		args, ok := strings.CutPrefix(strings.TrimSpace(line), "go run ./cmd/mesh-provisioner ")
+		if !ok {
+			continue
+		}
+		tried++
+		code, out, stderr := run(t, strings.Fields(args)...)
+		require.Equal(t, exitOK, code, "%s: %s", line, stderr)
+		require.NotContains(t, out, "\n0 rows", line)
+	}
+	require.Equal(t, 3, tried, "the commands to try:\n%s", s.stdout.String())
+	require.Contains(t, s.stdout.String(), "nats --server "+s.natsURL+" req mesh-provisioner.provisioning")
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/fixtures"
 	"github.com/novox/mesh-provisioner/internal/natstest"
 )
 
@@ -212,4 +213,110 @@ func TestServe_EmbeddedFlagsWithNATSAreSaidIgnored(t *testing.T) {
 	_, stderr := serveOnce(t, "--state", filepath.Join(t.TempDir(), "state"), "--embedded-store", filepath.Join(t.TempDir(), "nats"))
 	require.Contains(t, stderr, "its flags are ignored")
 	require.Contains(t, stderr, "--embedded-listen --embedded-store")
+}
+
+// TestServe_StateOfAnotherProgram: a --state that is another program's database directory (LevelDB,
+// RocksDB and older Pebble keep a CURRENT and a LOCK too, CURRENT naming a MANIFEST) is refused before
+// anything is written in it, by every command. The CURRENT and LOCK made it pass for a state dir:
+// serve took it for a broken one and started it over, rewriting CURRENT to a generation of its own
+// (the other program's database no longer opened), rebuild did the same, and replay and export told
+// the operator to run rebuild there.
+func TestServe_StateOfAnotherProgram(t *testing.T) {
+	t.Setenv("NATS_URL", "")
+	dir := t.TempDir()
+	other := filepath.Join(dir, "leveldb")
+	files := map[string]string{"CURRENT": "MANIFEST-000005\n", "LOCK": "", "MANIFEST-000005": "manifest", "000003.ldb": "table", "LOG": "log"}
+	require.NoError(t, os.Mkdir(other, 0o755))
+	for name, body := range files {
+		require.NoError(t, os.WriteFile(filepath.Join(other, name), []byte(body), 0o644))
+	}
+	unchanged := func(what string) {
+		t.Helper()
+		entries, err := os.ReadDir(other)
+		require.NoError(t, err)
+		require.Len(t, entries, len(files), "%s: nothing written in the other program's directory", what)
+		for name, body := range files {
+			b, err := os.ReadFile(filepath.Join(other, name))
+			require.NoError(t, err)
+			require.Equal(t, body, string(b), "%s: %s as it was", what, name)
+		}
+	}
+
+	store := filepath.Join(dir, "nats")
+	code, stderr := serveOnce(t, "--state", other, "--embedded-store", store)
+	require.Equal(t, exitUsage, code, stderr)
+	require.Contains(t, stderr, "another program's directory")
+	unchanged("serve")
+	require.NoDirExists(t, store, "no embedded server started")
+
+	for _, args := range [][]string{
+		{"rebuild", "--nats", "nats://127.0.0.1:1", "--state", other},
+		{"replay", "state", "needs", "--at", "seq:1", "--state", other},
+		{"export", "--state", other, "--out", filepath.Join(dir, "x.mph")},
+	} {
+		code, _, stderr := run(t, args...)
+		require.NotEqual(t, exitOK, code, "%v", args)
+		require.Contains(t, stderr, "another program's directory", "%v", args)
+		require.NotContains(t, stderr, "run `mesh-provisioner rebuild`", "%v: rebuild would break it", args)
+		unchanged(args[0])
+	}
+
+	// A state dir of this program's whose CURRENT is broken is still one: serve starts it over.
+	state := filepath.Join(dir, "state")
+	code, stderr = serveOnce(t, "--state", state, "--embedded-store", store)
+	require.Equal(t, exitOK, code, stderr)
+	require.NoError(t, os.WriteFile(filepath.Join(state, "CURRENT"), []byte("MANIFEST-000005\n"), 0o644))
+	code, stderr = serveOnce(t, "--state", state, "--embedded-store", store)
+	require.Equal(t, exitOK, code, stderr)
+	require.Contains(t, stderr, "the state dir cannot be used; rebuilding it from the streams")
+}
+
+// TestServe_DemoStoppedPartWayLoadsWholeNextTime: a serve --demo stopped while it loads the demo
+// (Ctrl-C during the start) removes what it wrote, and the next start loads the demo whole. The part
+// was left: the next start found a server that holds data and served that part for good.
+func TestServe_DemoStoppedPartWayLoadsWholeNextTime(t *testing.T) {
+	t.Setenv("NATS_URL", "")
+	dir := t.TempDir()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	demoLoaded = func(done int) { cancel() } // after its first window of publishes
+	t.Cleanup(func() { demoLoaded = nil })
+	var errb natstest.LogBuffer
+	cmd := &ServeCommand{Stdout: &natstest.LogBuffer{}, Stderr: &errb, started: func(string, string) { t.Error("served a demo stopped part way") }}
+	err := cmd.Run(ctx, []string{"--demo", "--state", filepath.Join(dir, "state"), "--embedded-listen", "127.0.0.1:-1", "--embedded-store", filepath.Join(dir, "nats")})
+	require.ErrorIs(t, err, context.Canceled, errb.String())
+	require.Contains(t, errb.String(), "what it wrote is removed")
+	demoLoaded = nil
+
+	s, err := startServe(dir, "--demo")
+	require.NoError(t, err)
+	defer func() { require.NoError(t, s.stop()) }()
+	require.Contains(t, s.stderr.String(), "demo mesh loaded")
+	require.NotContains(t, s.stderr.String(), "already holds data")
+	_, js := natstest.Connect(t, s.natsURL)
+	want := 0
+	for _, op := range fixtures.Demo().Ops() {
+		if op.Bucket == provisioner.BucketNeeds {
+			want++
+		}
+	}
+	st, err := js.Stream(context.Background(), provisioner.StreamName(provisioner.BucketNeeds))
+	require.NoError(t, err)
+	info := st.CachedInfo().State
+	require.Equal(t, uint64(1), info.FirstSeq)
+	require.Equal(t, uint64(want), info.LastSeq, "the demo's needs, each once")
+}
+
+// TestServe_EmbeddedListenPortZeroIsAFreePort: --embedded-listen host:0 listens on a free port, as
+// :0 does for any Go or Unix listener. nats-server reads port 0 as its default, so the embedded
+// server listened on 4222, the port of the NATS the operator gave :0 to keep clear of (or waited 10 s
+// to say it did not start, when that one ran).
+func TestServe_EmbeddedListenPortZeroIsAFreePort(t *testing.T) {
+	t.Setenv("NATS_URL", "")
+	s, err := startServe(t.TempDir(), "--embedded-listen", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer func() { require.NoError(t, s.stop()) }()
+	require.True(t, strings.HasPrefix(s.natsURL, "nats://127.0.0.1:"), s.natsURL)
+	require.NotEqual(t, "nats://127.0.0.1:4222", s.natsURL, "not nats-server's default port")
+	require.Contains(t, s.stderr.String(), `msg="embedded NATS server started" url=`+s.natsURL)
 }

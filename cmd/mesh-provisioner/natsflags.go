@@ -112,10 +112,25 @@ func (f *natsFlags) connect(url, name string, log *slog.Logger) (*nats.Conn, err
 		opts = append(opts, nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { f.deny(f.permissionError(err)) }))
 	}
 	nc, err := nats.Connect(url, opts...)
+	if errors.Is(err, nats.ErrAuthorization) {
+		return nil, fmt.Errorf("connect to NATS at %s: %w: %s", redact(url), err, f.refusedWho())
+	}
 	if err != nil {
 		return nil, fmt.Errorf("connect to NATS at %s: %w", redact(url), err)
 	}
 	return nc, nil
+}
+
+// refusedWho says which credentials the server refused, and where they came from: "Authorization
+// Violation" alone did not say whether none were given (a runbook's env file not loaded), or which.
+func (f *natsFlags) refusedWho() string {
+	switch {
+	case f.creds != "":
+		return fmt.Sprintf("the server refused the credentials file %s (--creds, env NATS_CREDS): is it a user of this NATS? (docs/accounts.md)", f.creds)
+	case f.user != "":
+		return fmt.Sprintf("the server refused user %s with the password given (--user, --password, env NATS_USER, NATS_PASSWORD)", f.user)
+	}
+	return "no credentials were given, and this NATS wants them: give --creds FILE, or --user and --password (env NATS_CREDS, NATS_USER, NATS_PASSWORD; docs/accounts.md)"
 }
 
 // deny tells denied of a permissions violation the command cannot do without; pe nil is none.
@@ -325,6 +340,29 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 		return &usageError{msg: err.Error()}
 	}
 	return nil
+}
+
+// parseInterleaved parses a subcommand's flags with its positional arguments before, between or after
+// them (`query --node n7 needs --json`), and returns the positional ones in order. The flag package
+// stops at the first argument that is not a flag, so the flags after it were taken for positional
+// arguments: `query --node n7 needs --json` said "query takes one WHAT, got ["" "needs" "--json"]". An
+// argument after "--" is positional even when it starts with "-" (a key may: replay history needs --
+// -n1.mod.config.x).
+func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := parseFlags(fs, args); err != nil {
+			return nil, err
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			return pos, nil
+		}
+		if n := len(args) - len(rest); n > 0 && args[n-1] == "--" {
+			return append(pos, rest...), nil
+		}
+		pos, args = append(pos, rest[0]), rest[1:]
+	}
 }
 
 // parseNoArgs parses the flags of a subcommand that takes no positional arguments.

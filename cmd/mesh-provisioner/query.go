@@ -86,19 +86,17 @@ Flags:
 // Run asks and prints.
 func (c *QueryCommand) Run(ctx context.Context, args []string) (err error) {
 	fs := c.flags()
-	// WHAT may come before the flags.
-	what := ""
-	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
-		what, args = args[0], args[1:]
-	}
-	if err := parseFlags(fs, args); err != nil {
+	// WHAT may come before, between or after the flags.
+	pos, err := parseInterleaved(fs, args)
+	if err != nil {
 		return err
 	}
-	if fs.NArg() > 0 {
-		if what != "" || fs.NArg() > 1 {
-			return &usageError{msg: fmt.Sprintf("query takes one WHAT, got %q", append([]string{what}, fs.Args()...))}
-		}
-		what = fs.Arg(0)
+	if len(pos) > 1 {
+		return &usageError{msg: fmt.Sprintf("query takes one WHAT, got %q", pos)}
+	}
+	what := ""
+	if len(pos) == 1 {
+		what = pos[0]
 	}
 	if what == "" {
 		what = "registry"

@@ -58,7 +58,8 @@ those too, or a bucket's full name.
 
   state    the table as of a point, narrowed like query (--node, --module, --collection, --kind)
   history  every revision of one key: time, sequence, operation, value. The key is raw, as stored:
-           a collection in =XX escapes (n17.shell=3Azsh=3Anormal.mod-web), no wildcards
+           a collection in =XX escapes (n17.shell=3Azsh=3Anormal.mod-web), read as written and
+           not as a pattern (n17.> is the key a rollup of n17's keys was written on)
   diff     rows added, changed and removed between two points, and anomalies that appeared or cleared
 
 Sources (one of):
@@ -148,16 +149,11 @@ func (c *ReplayCommand) Run(ctx context.Context, args []string) error {
 		return &usageError{msg: "replay wants a question: state, history or diff"}
 	}
 	question := args[0]
-	// Positional arguments may come before or after the flags.
-	var pos []string
-	rest := args[1:]
-	for len(rest) > 0 && !strings.HasPrefix(rest[0], "-") {
-		pos, rest = append(pos, rest[0]), rest[1:]
-	}
-	if err := parseFlags(fs, rest); err != nil {
+	// Positional arguments may come before, between or after the flags.
+	pos, err := parseInterleaved(fs, args[1:])
+	if err != nil {
 		return err
 	}
-	pos = append(pos, fs.Args()...)
 	switch question {
 	case "state":
 		if len(pos) > 1 {

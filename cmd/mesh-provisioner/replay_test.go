@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -143,7 +144,19 @@ func TestReplayCommand_Errors(t *testing.T) {
 		_, _, code := runCmd(t, tc.args...)
 		require.Equal(t, tc.code, code, "%v", tc.args)
 	}
+	// A --state that does not exist (a typo) is said as such, and not created; it said "holds no
+	// projection yet", as if the directory were there, empty.
 	dir := filepath.Join(t.TempDir(), "none")
+	for _, args := range [][]string{
+		{"replay", "state", "needs", "--at", "seq:1", "--state", dir},
+		{"export", "--state", dir, "--out", filepath.Join(t.TempDir(), "x.mph")},
+	} {
+		_, errOut, code := runCmd(t, args...)
+		require.Equal(t, exitFailure, code, errOut)
+		require.Contains(t, errOut, dir+" does not exist", "%v", args)
+		require.NoDirExists(t, dir)
+	}
+	require.NoError(t, os.Mkdir(dir, 0o755))
 	_, errOut, code := runCmd(t, "replay", "state", "needs", "--at", "seq:1", "--state", dir)
 	require.Equal(t, exitFailure, code, errOut)
 	require.Contains(t, errOut, "no projection yet")
@@ -355,7 +368,7 @@ func TestReplayCommand_FlagsTheQuestionDoesNotRead(t *testing.T) {
 	} {
 		_, errOut, code := runCmd(t, append(args, "--state", dir)...)
 		require.Equal(t, exitFailure, code, "%v: %s", args, errOut)
-		require.Contains(t, errOut, "no projection yet", args)
+		require.Contains(t, errOut, dir+" does not exist", args)
 	}
 }
 
@@ -375,7 +388,7 @@ func TestReplayCommand_OneSource(t *testing.T) {
 	t.Setenv("NATS_URL", "nats://127.0.0.1:1")
 	_, errOut, code := runCmd(t, "replay", "state", "needs", "--at", "seq:1", "--state", filepath.Join(dir, "none"))
 	require.Equal(t, exitFailure, code)
-	require.Contains(t, errOut, "no projection yet", "--state is read, NATS_URL is not a second source")
+	require.Contains(t, errOut, filepath.Join(dir, "none")+" does not exist", "--state is read, NATS_URL is not a second source")
 }
 
 // export --out is checked before anything is read: an archive already there is evidence and is not
@@ -694,4 +707,45 @@ func TestReplay_QuestionBucketsAnswerAsEveryBucket(t *testing.T) {
 		}
 	}
 	require.Positive(t, unanswered, "no state of n-x's needs carried the kind unanswered before the registry answered it")
+}
+
+// TestReplayCommand_KilledReadersCopyIsRemoved: the copy of the state dir a replay or export --state
+// reads from (.replay-* in the state dir) is removed by the next replay, and by serve's start, once
+// the reader that made it is gone (killed by a second Ctrl-C, a kill, an OOM, before it removed it),
+// never while it runs. Left, each such copy kept hard links to tables the seat later compacted away,
+// and copies of its WALs, on the state dir's disk for good.
+func TestReplayCommand_KilledReadersCopyIsRemoved(t *testing.T) {
+	url, _ := smallMesh(t)
+	dir := filepath.Join(t.TempDir(), "state")
+	_, errOut, code := runCmd(t, "rebuild", "--nats", url, "--state", dir)
+	require.Zero(t, code, errOut)
+	killed := func() string {
+		d, err := os.MkdirTemp(dir, ".replay-")
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(filepath.Join(d, "000004.log"), []byte("a WAL copied"), 0o644))
+		return d
+	}
+	// A reader still running holds its copy (another process's flock; here another descriptor's).
+	running, err := os.MkdirTemp(dir, ".replay-")
+	require.NoError(t, err)
+	f, err := os.Open(running)
+	require.NoError(t, err)
+	defer f.Close()
+	require.NoError(t, syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB))
+
+	stale := killed()
+	out, errOut, code := runCmd(t, "replay", "state", "needs", "--at", "seq:1", "--state", dir)
+	require.Zero(t, code, errOut)
+	require.Contains(t, out, "as of sequence 1")
+	require.NoDirExists(t, stale, "a killed reader's copy")
+	require.DirExists(t, running, "a running reader's copy")
+	copies, err := filepath.Glob(filepath.Join(dir, ".replay-*"))
+	require.NoError(t, err)
+	require.Equal(t, []string{running}, copies, "replay removed its own copy")
+
+	stale = killed()
+	code, stderr := serveOnce(t, "--state", dir, "--nats", url)
+	require.Equal(t, exitOK, code, stderr)
+	require.NoDirExists(t, stale, "serve's start removes it too")
+	require.DirExists(t, running)
 }

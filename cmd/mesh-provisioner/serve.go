@@ -57,7 +57,7 @@ func (c *ServeCommand) flags() *flag.FlagSet {
 	c.logs.register(fs)
 	c.ops.register(fs)
 	fs.StringVar(&c.state, "state", "./data/state", "state dir: the projection, the program's alone")
-	fs.StringVar(&c.embeddedListen, "embedded-listen", "127.0.0.1:4222", "with no --nats: where the embedded NATS server listens")
+	fs.StringVar(&c.embeddedListen, "embedded-listen", "127.0.0.1:4222", "with no --nats: where the embedded NATS server listens (port 0: a free one, which the log says)")
 	fs.StringVar(&c.embeddedStore, "embedded-store", "./data/nats", "with no --nats: the embedded server's JetStream store (apart from --state: neither inside the other)")
 	fs.StringVar(&c.embeddedConfig, "embedded-config", "", "with no --nats: a nats-server config file for the embedded server (accounts)")
 	fs.BoolVar(&c.demo, "demo", false, "load a synthetic mesh into an empty embedded server")
@@ -245,6 +245,9 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 
 // errNotDrained is what runSeat returns when a signal came while a write of the seat's was held for
 // room: the seat is left running, and its stores open, to the process's exit.
+// natsDefaultURL is where query and the other commands ask without --nats or NATS_URL.
+const natsDefaultURL = nats.DefaultURL
+
 var errNotDrained = errors.New("stopped without committing the last batch")
 
 // runSeat runs the seat until ctx ends, then stops it in the order that loses nothing.
@@ -270,12 +273,18 @@ func runSeat(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, db *sto
 	// request sent on any connection now reaches the seat, as "answering" says.
 	log.Info("answering", "subject", query.Subject, "service", query.ServiceName)
 	if cfg.demo {
+		// The commands to try name the server when it is not the one they ask by default: on another
+		// --embedded-listen they asked nats://127.0.0.1:4222, where nothing, or another seat, answers.
+		natsFlag, natsCLI := "", "nats"
+		if url := nc.ConnectedUrl(); url != natsDefaultURL {
+			natsFlag, natsCLI = " --nats "+url, "nats --server "+url
+		}
 		fmt.Fprintf(cfg.stdout, "\nmesh-provisioner is serving the demo mesh on %s. Try, in another terminal:\n"+
-			"  go run ./cmd/mesh-provisioner query needs --node %s\n"+
-			"  go run ./cmd/mesh-provisioner query collect --collection shell:zsh:normal\n"+
-			"  go run ./cmd/mesh-provisioner query plans --node edge-1\n"+
-			"  nats req mesh-provisioner.provisioning '{\"what\":\"applied\",\"node\":\"%s\"}'\n\n",
-			nc.ConnectedUrl(), fixtures.NodeName(7), fixtures.NodeName(7))
+			"  go run ./cmd/mesh-provisioner query needs --node %s%s\n"+
+			"  go run ./cmd/mesh-provisioner query collect --collection shell:zsh:normal%s\n"+
+			"  go run ./cmd/mesh-provisioner query plans --node edge-1%s\n"+
+			"  %s req mesh-provisioner.provisioning '{\"what\":\"applied\",\"node\":\"%s\"}'\n\n",
+			nc.ConnectedUrl(), fixtures.NodeName(7), natsFlag, natsFlag, natsFlag, natsCLI, fixtures.NodeName(7))
 		if addr := cfg.ops.addr(); addr != "" {
 			fmt.Fprintf(cfg.stdout, "Metrics: curl -s http://%s/metrics | grep mesh_provisioner_bucket_lag\n\n", addr)
 		}
@@ -338,7 +347,9 @@ type seatConfig struct {
 // loaded by an earlier start, or data of its own, which synthetic keys must not be mixed into.
 func loadDemo(ctx context.Context, js jetstream.JetStream, log *slog.Logger, stderr io.Writer, plans bool) error {
 	streams := js.ListStreams(ctx)
+	before := map[string]bool{} // the streams there before the load, all empty but the registry's
 	for info := range streams.Info() {
+		before[info.Config.Name] = true
 		if info.Config.Name != provisioner.StreamName(provisioner.BucketRegistry) && info.State.Msgs > 0 {
 			log.Info("demo: the embedded server already holds data; serving it as it is, not loading the demo mesh",
 				"stream", info.Config.Name, "messages", info.State.Msgs)
@@ -355,12 +366,57 @@ func loadDemo(ctx context.Context, js jetstream.JetStream, log *slog.Logger, std
 		ops = append(append(ops, sc.Before...), sc.After...)
 	}
 	bar := progress.New(stderr, nil, "demo: loading", "ops", int64(len(ops)))
-	if err := fixtures.Load(ctx, js, ops, 0, func(done int) { bar.Set(int64(done)) }); err != nil {
+	if err := fixtures.Load(ctx, js, ops, 0, func(done int) {
+		bar.Set(int64(done))
+		if demoLoaded != nil {
+			demoLoaded(done)
+		}
+	}); err != nil {
+		removeDemo(js, ops, before, log)
 		return fmt.Errorf("demo: %w", err)
 	}
 	bar.Done()
 	log.Info("demo mesh loaded", "ops", len(ops), "took", time.Since(start).Round(time.Millisecond))
 	return nil
+}
+
+// demoLoaded, when set (tests), is told how many of the demo's ops are loaded, as the progress bar is.
+var demoLoaded func(done int)
+
+// removeDemo removes what a demo load that stopped part way (a Ctrl-C during the start) wrote: left,
+// the next start found a server that holds data and served that part of the demo for good, with
+// neither the plans' examples nor most of the mesh. The streams it loaded held no message before it
+// (loadDemo's check): those it created are deleted, the others purged. A second signal or a kill
+// during the load still leaves a part: remove --embedded-store then.
+func removeDemo(js jetstream.JetStream, ops []fixtures.Op, before map[string]bool, log *slog.Logger) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second) // the command's has ended
+	defer cancel()
+	select { // the publishes still out land first, so none comes after the purge
+	case <-js.PublishAsyncComplete():
+	case <-ctx.Done():
+	}
+	done := map[string]bool{}
+	for _, op := range ops {
+		name := provisioner.StreamName(op.Bucket)
+		if done[name] || name == provisioner.StreamName(provisioner.BucketRegistry) {
+			continue
+		}
+		done[name] = true
+		var err error
+		if before[name] {
+			var st jetstream.Stream
+			if st, err = js.Stream(ctx, name); err == nil {
+				err = st.Purge(ctx)
+			}
+		} else {
+			err = js.DeleteStream(ctx, name)
+		}
+		if err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+			log.Warn("demo: the load stopped part way, and what it wrote could not be removed; remove --embedded-store before the next start", "stream", name, "err", err)
+			return
+		}
+	}
+	log.Info("demo: the load stopped part way; what it wrote is removed, so the next start loads the demo mesh whole")
 }
 
 // lockEmbeddedStore takes the embedded server's store dir for this process until unlock, without

@@ -18,7 +18,7 @@ var ErrListen = errors.New("embedded nats-server cannot listen")
 
 // Config of an embedded server.
 type Config struct {
-	// Listen is host:port; port -1 picks a free one.
+	// Listen is host:port; port 0 or -1 picks a free one.
 	Listen string
 	// StoreDir is JetStream's storage directory.
 	StoreDir string
@@ -83,6 +83,12 @@ func splitListen(listen string) (string, int, error) {
 	port, err := strconv.Atoi(p)
 	if err != nil {
 		return "", 0, fmt.Errorf("listen %q: port: %w", listen, err)
+	}
+	if port == 0 {
+		// A free port, as net.Listen reads :0. nats-server reads 0 as its default, 4222: the
+		// embedded server took the port of the NATS an operator asked to stay clear of, or waited
+		// 10 s to say it could not start when that one ran.
+		port = -1
 	}
 	return host, port, nil
 }
