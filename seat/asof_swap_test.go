@@ -282,18 +282,25 @@ func TestSeat_RebuildSwapDoesNotWaitForARemovedTail(t *testing.T) {
 	cfg.AllowMsgTTL, cfg.SubjectDeleteMarkerTTL = true, time.Second
 	_, err = h.js.UpdateStream(ctx, cfg)
 	require.NoError(t, err)
+	var lastPut uint64
 	for _, k := range []string{"n-tail.mod.config.a", "n-tail.mod.config.b"} {
 		msg := nats.NewMsg(provisioner.SubjectPrefix(provisioner.BucketNeeds) + k)
 		msg.Data = []byte{0x01}
 		msg.Header.Set("Nats-TTL", "1s")
-		_, err := h.js.PublishMsg(ctx, msg)
+		ack, err := h.js.PublishMsg(ctx, msg)
 		require.NoError(t, err)
+		lastPut = ack.Sequence
 	}
 	// Each expires, its marker comes, and the markers expire too: the stream's last messages are gone.
+	// Both markers must have come: the puts may expire before their markers are written, and the
+	// stream's last message then is the second put, already gone.
 	natstest.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error {
 		info, err := stream.Info(ctx)
 		if err != nil {
 			return err
+		}
+		if info.State.LastSeq < lastPut+2 {
+			return fmt.Errorf("the markers have not both come: last sequence %d, puts up to %d", info.State.LastSeq, lastPut)
 		}
 		if _, err := stream.GetMsg(ctx, info.State.LastSeq); !errors.Is(err, jetstream.ErrMsgNotFound) {
 			return fmt.Errorf("the stream still holds its last message %d (%v)", info.State.LastSeq, err)

@@ -72,10 +72,17 @@ func (h *harness) startSeat(dir string) (*seat.Seat, func()) {
 	return st, stop
 }
 
-// waitCaughtUp waits until every provisioner bucket's projection has applied its stream's last sequence.
+// waitCaughtUp waits until every provisioner bucket's projection has applied its stream's last
+// sequence, after the seat's registry writer (if it has one) finished its first pass: before that the
+// registry stream's end moves on, and with it the needs' unanswered-kind anomalies.
 func (h *harness) waitCaughtUp(st *seat.Seat) {
 	h.t.Helper()
 	natstest.CheckFor(h.t, 20*time.Second, 20*time.Millisecond, func() error {
+		if st.Registry != nil {
+			if passes, _ := st.Registry.Stats(); passes == 0 {
+				return fmt.Errorf("registry not written yet")
+			}
+		}
 		for _, s := range provisioner.ProvisionerShapes {
 			stream, err := h.js.Stream(context.Background(), provisioner.StreamName(s.Bucket))
 			if err != nil {
