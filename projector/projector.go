@@ -72,9 +72,10 @@ type Options struct {
 	// $JS.API.STREAM.LIST): at most this many a second, so that thousands of buckets do not mean
 	// hundreds of requests a second; 0 means DefaultAskPerSecond. The other buckets always ask.
 	AskPerSecond int
-	// ParkAfter is how long a composed-<node> bucket stays idle (synced, nothing new read) before it
-	// gives its consumer up and waits on the stream listing for its stream to change (park.go); 0
-	// means DefaultParkAfter, negative never.
+	// ParkAfter is how long a composed-<node> bucket stays idle (synced, nothing new read, or its
+	// stream taking no message) before it gives its consumer up and waits on the stream listing for
+	// its stream to change (park.go): a bucket read from a stream quiet that long already parks once
+	// it has read it. 0 means DefaultParkAfter, negative never.
 	ParkAfter time.Duration
 }
 
