@@ -1,5 +1,7 @@
 package projector
 
+import "time"
+
 // SetAfterForget has fn called each time a deleted bucket's forgetting has committed, before the
 // bucket leaves the tailed ones (forget.go): where a stream created again at that instant used to be
 // lost. Set it before Start.
@@ -21,3 +23,13 @@ func SetBeforeRun(p *Projector, fn func(bucket string)) { p.beforeRun = fn }
 func SetBeforePending(p *Projector, fn func(bucket string, seq, pending uint64)) {
 	p.beforePending = fn
 }
+
+// SetBeforeParkRead has fn called each time an idle bucket that parks has registered as parked,
+// before it reads its stream's info (park.go): a message written there is in that info. Set it before
+// Start.
+func SetBeforeParkRead(p *Projector, fn func(bucket string)) { p.beforeParkRead = fn }
+
+// SetAged has fn's duration added to how long each bucket's stream has taken no message, as its tail
+// reads it (park.go, quietSince): a test of a stream quiet for longer than a long ParkAfter does not
+// wait for it. Set it before Start.
+func SetAged(p *Projector, fn func(bucket string) time.Duration) { p.aged = fn }

@@ -40,11 +40,7 @@ func (r restartable) start(afterParkRead func(p *projector.Projector, bucket str
 	poller := streaminfo.New(pjs)
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		poller.Run(ctx, r.every, nil)
-	}()
+	poller.Go(ctx, &wg, r.every, nil) // running before the projector looks, as a seat's
 	db, err := store.OpenState(r.dir, store.Options{})
 	require.NoError(r.t, err)
 	p := projector.New(pjs, db, projector.Options{Buckets: []string{}, Composed: true, Poll: 20 * time.Millisecond,

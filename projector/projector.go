@@ -72,9 +72,10 @@ type Options struct {
 	// $JS.API.STREAM.LIST): at most this many a second, so that thousands of buckets do not mean
 	// hundreds of requests a second; 0 means DefaultAskPerSecond. The other buckets always ask.
 	AskPerSecond int
-	// ParkAfter is how long a composed-<node> bucket stays idle (synced, nothing new read) before it
-	// gives its consumer up and waits on the stream listing for its stream to change (park.go); 0
-	// means DefaultParkAfter, negative never.
+	// ParkAfter is how long a composed-<node> bucket stays idle (synced, nothing new read, or its
+	// stream taking no message) before it gives its consumer up and waits on the stream listing for
+	// its stream to change (park.go): a bucket read from a stream quiet that long already parks once
+	// it has read it. 0 means DefaultParkAfter, negative never.
 	ParkAfter time.Duration
 }
 
@@ -125,10 +126,12 @@ type Projector struct {
 	firstListed chan struct{} // closed once discover's first pass has its listing, or has none (parkAtStart)
 	listedOnce  sync.Once
 
-	afterForget   func(bucket string)                      // tests: called as a forgotten bucket's forgetting has committed
-	afterParkRead func(bucket string)                      // tests: called as a parking bucket has read its stream's info
-	beforeRun     func(bucket string)                      // tests: called as a bucket's goroutine starts
-	beforePending func(bucket string, seq, pending uint64) // tests: called between handing a message over and its pending count
+	afterForget    func(bucket string)                      // tests: called as a forgotten bucket's forgetting has committed
+	afterParkRead  func(bucket string)                      // tests: called as a parking bucket has read its stream's info
+	beforeParkRead func(bucket string)                      // tests: called as a parking bucket is registered, before it reads that info
+	aged           func(bucket string) time.Duration        // tests: added to how long a bucket's stream has been quiet (quietSince)
+	beforeRun      func(bucket string)                      // tests: called as a bucket's goroutine starts
+	beforePending  func(bucket string, seq, pending uint64) // tests: called between handing a message over and its pending count
 }
 
 // New returns a Projector; Start runs it.
@@ -255,12 +258,12 @@ func (p *Projector) runBucket(ctx context.Context, bucket string, starting *park
 	created, stopWaiting := p.waitCreated(bucket) // stream-created advisories of its stream (awaitStream)
 	defer stopWaiting()
 	failing := false
-	var behind streamEnd // the stream's end past the checkpoint that park last tailed again for (park.go)
+	var parks parking // what one parking leaves the next (park.go)
 	if !p.parkAtStart(ctx, bucket, log, created, starting) {
 		return
 	}
 	for ctx.Err() == nil {
-		err := p.tail(ctx, bucket, log, func() {
+		err := p.tail(ctx, bucket, log, !parks.again, func() {
 			if failing {
 				log.Info("recovered")
 				failing = false
@@ -278,7 +281,7 @@ func (p *Projector) runBucket(ctx context.Context, bucket string, starting *park
 			return
 		}
 		if errors.Is(err, errParked) {
-			if !p.park(ctx, bucket, log, &behind) {
+			if !p.park(ctx, bucket, log, &parks) {
 				return
 			}
 			continue
@@ -340,8 +343,10 @@ func (p *Projector) runBucket(ctx context.Context, bucket string, starting *park
 	}
 }
 
-// tail follows one bucket's stream from the checkpoint until ctx ends or the consumer fails.
-func (p *Projector) tail(ctx context.Context, bucket string, log *slog.Logger, ok func()) error {
+// tail follows one bucket's stream from the checkpoint until ctx ends or the consumer fails. early:
+// it may park as soon as its stream is found quiet for ParkAfter (park.go), not ParkAfter after it
+// last read.
+func (p *Projector) tail(ctx context.Context, bucket string, log *slog.Logger, early bool, ok func()) error {
 	if err := p.awaitRegistry(ctx, bucket); err != nil {
 		return err
 	}
@@ -366,6 +371,10 @@ func (p *Projector) tail(ctx context.Context, bucket string, log *slog.Logger, o
 	}
 	p.streamFound(bucket)
 	info := stream.CachedInfo()
+	var quiet time.Time // when the stream last took a message, for parking as soon as it is read (park.go)
+	if early {
+		quiet = p.quietSince(bucket, info)
+	}
 	cp := p.db.Checkpoint(bucket)
 	created := info.Created.UnixNano()
 	ver := &verifier{last: time.Now()}
@@ -418,7 +427,8 @@ func (p *Projector) tail(ctx context.Context, bucket string, log *slog.Logger, o
 		readErr <- p.read(rctx, it, bucket, in, pending, &atEnd, log)
 	}()
 
-	applyErr := p.applyLoop(ctx, bucket, batchSize, created, in, pending, &atEnd, verify, cons, log, startSeq, start)
+	idle := idleSince{read: start, quiet: quiet, end: info.State.LastSeq}
+	applyErr := p.applyLoop(ctx, bucket, batchSize, created, in, pending, &atEnd, verify, cons, log, startSeq, idle)
 	rcancel()
 	rwg.Wait()
 	if ctx.Err() == nil {
@@ -515,7 +525,8 @@ func convert(msg jetstream.Msg, md *jetstream.MsgMetadata, prefix string) (provi
 // applyLoop takes what the reader has produced, as much as is there up to BatchSize, and commits it as
 // one batch; it retries a failed commit of the same batch with backoff.
 func (p *Projector) applyLoop(ctx context.Context, bucket string, batchSize int, created int64, in <-chan provisioner.Message, pending <-chan uint64,
-	atEnd *atomic.Uint64, verify func() error, cons jetstream.Consumer, log *slog.Logger, startSeq uint64, start time.Time) error {
+	atEnd *atomic.Uint64, verify func() error, cons jetstream.Consumer, log *slog.Logger, startSeq uint64, idle idleSince) error {
+	start := idle.read
 	batch := make([]provisioner.Message, 0, batchSize)
 	var lastPending uint64 = 1
 	// A bucket far behind its stream holds the store's compactions back until it catches up
@@ -524,8 +535,7 @@ func (p *Projector) applyLoop(ctx context.Context, bucket string, batchSize int,
 	poll := time.NewTicker(p.opts.Poll)
 	defer poll.Stop()
 	bo := backoff{min: 50 * time.Millisecond, max: 5 * time.Second}
-	lastRead := time.Now() // when a message last came, for parking an idle composed-<node> bucket
-	endSynced := true      // the last batch was committed as the stream's end (synced), or none was
+	endSynced := true // the last batch was committed as the stream's end (synced), or none was
 	for {
 		batch = batch[:0]
 		select {
@@ -565,7 +575,7 @@ func (p *Projector) applyLoop(ctx context.Context, bucket string, batchSize int,
 				return err
 			}
 			// Idle: park.go asks the stream whether anything is left to read before it parks.
-			if synced && len(in) == 0 && time.Since(lastRead) >= p.opts.ParkAfter && p.mayPark(bucket) {
+			if synced && len(in) == 0 && p.idle(bucket, idle) && p.mayPark(bucket) {
 				return errParked
 			}
 			continue
@@ -587,7 +597,7 @@ func (p *Projector) applyLoop(ctx context.Context, bucket string, batchSize int,
 		if len(batch) == 0 {
 			return nil
 		}
-		lastRead = time.Now()
+		idle.read = time.Now()
 		select {
 		case lastPending = <-pending:
 		default:
@@ -635,6 +645,25 @@ func (p *Projector) applyLoop(ctx context.Context, bucket string, batchSize int,
 			return nil
 		}
 	}
+}
+
+// idleSince is how long a tail has been idle (park.go): read is when it last applied a batch (or
+// started); quiet, when its stream last took a message as its info said when the tail started (zero:
+// not known, or not to be used), and end that info's last sequence.
+type idleSince struct {
+	read  time.Time
+	quiet time.Time
+	end   uint64
+}
+
+// idle reports whether a tail has been idle for ParkAfter: it has read nothing for that long, or its
+// stream had taken nothing for that long when the tail started and the tail has read nothing past it
+// (a message after the info, read, makes the bucket one written just now).
+func (p *Projector) idle(bucket string, idle idleSince) bool {
+	if time.Since(idle.read) >= p.opts.ParkAfter {
+		return true
+	}
+	return !idle.quiet.IsZero() && time.Since(idle.quiet) >= p.opts.ParkAfter && p.db.Checkpoint(bucket).Applied == idle.end
 }
 
 // caughtUp tells the store the newest message read as the stream's last: it closes any history gap

@@ -130,11 +130,8 @@ func Start(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, db *store
 	if s.streams == nil {
 		s.streams = streaminfo.New(js)
 	}
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		s.streams.Run(s.ctx, s.listEvery(), log.With("component", "stream-infos"))
-	}()
+	// Running before the projector looks (streaminfo.Poller.Go), so its buckets may start parked.
+	s.streams.Go(s.ctx, &s.wg, s.listEvery(), log.With("component", "stream-infos"))
 	if cfg.WriteRegistry {
 		s.Registry = registry.New(js, provisioner.Registry, cfg.RegistryInterval, log)
 		s.Registry.Replicas = cfg.RegistryReplicas

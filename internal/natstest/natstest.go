@@ -261,11 +261,7 @@ func RunPoller(tb testing.TB, p *streaminfo.Poller, every time.Duration) {
 	tb.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		p.Run(ctx, every, nil)
-	}()
+	p.Go(ctx, &wg, every, nil) // running as RunPoller returns, as a seat's
 	tb.Cleanup(func() {
 		cancel()
 		wg.Wait()

@@ -257,6 +257,20 @@ func (p *Poller) Every() time.Duration { return time.Duration(p.every.Load()) }
 // or the JetStream API does not answer.
 func (p *Poller) Unanswered() bool { return p.unanswered.Load() }
 
+// Go runs Run on a goroutine of its own, counted in wg, and says it runs (Every) before it returns: a
+// reader started just after (a projector's discovery, whose first listing lets the buckets the store
+// left caught up start parked) finds the listing running, not a Poller that nothing runs. Run on a
+// goroutine started by its owner sets Every only once that goroutine runs, which a loaded process
+// can leave later than the reader's look: every such bucket then tailed with a consumer of its own.
+func (p *Poller) Go(ctx context.Context, wg *sync.WaitGroup, every time.Duration, log *slog.Logger) {
+	p.every.Store(int64(every))
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		p.Run(ctx, every, log)
+	}()
+}
+
 // Run lists the streams now and every `every` until ctx ends. The first failure is logged, and
 // "recovered" once a listing works again; in between the infos get older, and their readers ask each
 // stream themselves (Read). A listing that got no answer (ErrUnanswered: denied, most likely) is

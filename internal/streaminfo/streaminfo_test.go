@@ -161,3 +161,26 @@ func TestPoller_DeniedListingFailsAtOnce(t *testing.T) {
 	})
 	require.False(t, p.Unanswered())
 }
+
+// TestPoller_GoSaysItRunsAtOnce: a Poller started with Go says it runs (Every) as Go returns, before
+// its goroutine has listed, so a reader that looks at once (a projector's discovery, which lets the
+// buckets left caught up start parked only on a running listing) does not take it for one nothing
+// runs; it lists, and stops with its context, counted in the owner's WaitGroup.
+func TestPoller_GoSaysItRunsAtOnce(t *testing.T) {
+	ns := natstest.RunServer(t)
+	_, js := natstest.Connect(t, ns.ClientURL())
+	p := streaminfo.New(js)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	p.Go(ctx, &wg, time.Hour, nil)
+	require.Equal(t, time.Hour, p.Every())
+	natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		if p.Listed().IsZero() {
+			return errors.New("not listed yet")
+		}
+		return nil
+	})
+	cancel()
+	wg.Wait()
+	require.Zero(t, p.Every(), "stopped")
+}

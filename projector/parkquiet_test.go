@@ -1,0 +1,212 @@
+package projector_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/require"
+
+	"github.com/novox/mesh-provisioner/internal/natstest"
+	"github.com/novox/mesh-provisioner/internal/streaminfo"
+	"github.com/novox/mesh-provisioner/projector"
+	"github.com/novox/mesh-provisioner/store"
+)
+
+// quietFor is how long the tests below take a stream's last message to be older than the server
+// says (projector.SetAged): far past their ParkAfter of an hour.
+const quietFor = 2 * time.Hour
+
+// parkingQuiet runs a projector of the composed-<node> buckets only, parking after an hour, on a
+// listing every 100 ms read through poller's JetStream (nil: pjs), with the streams of the buckets
+// in aged taken for quiet for quietFor; setup sets hooks before Start. Its debug log goes to the
+// returned buffer. It stops as the test ends.
+func parkingQuiet(t *testing.T, pjs, listing jetstream.JetStream, aged []string, setup func(p *projector.Projector)) (*projector.Projector, *store.DB, *natstest.LogBuffer) {
+	t.Helper()
+	if listing == nil {
+		listing = pjs
+	}
+	poller := streaminfo.New(listing)
+	natstest.RunPoller(t, poller, 100*time.Millisecond)
+	db, err := store.Open(t.TempDir(), store.Options{})
+	require.NoError(t, err)
+	logs := &natstest.LogBuffer{}
+	p := projector.New(pjs, db, projector.Options{Buckets: []string{}, Composed: true, Poll: 20 * time.Millisecond,
+		Verify: time.Hour, DiscoverEvery: time.Hour, ParkAfter: time.Hour, Streams: poller,
+		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+	projector.SetAged(p, func(bucket string) time.Duration {
+		for _, b := range aged {
+			if b == bucket {
+				return quietFor
+			}
+		}
+		return 0
+	})
+	if setup != nil {
+		setup(p)
+	}
+	p.Start(context.Background())
+	t.Cleanup(func() {
+		p.Stop()
+		db.Close()
+	})
+	return p, db, logs
+}
+
+// stillTailing asserts that a bucket is not parked and keeps its one consumer while its tail runs a
+// good many Poll ticks (20 ms each): a bucket that could park would have by then.
+func stillTailing(t *testing.T, p *projector.Projector, js jetstream.JetStream, buckets ...string) {
+	t.Helper()
+	time.Sleep(300 * time.Millisecond)
+	for _, b := range buckets {
+		require.False(t, p.Parked(b), "%s parked", b)
+		require.Equal(t, 1, consumers(t, js, b), "%s keeps its consumer", b)
+	}
+}
+
+// TestProjector_QuietStreamParksOnceRead: on a fresh store (a first start, a rebuild), a bucket whose
+// stream has taken no message for longer than ParkAfter parks as soon as it has read it, with one
+// consumer created, rather than keep that consumer idle for ParkAfter more (an hour here). A bucket
+// written just now keeps its consumer, and so does a quiet one written as its tail starts: the write
+// read makes it a bucket written just now.
+func TestProjector_QuietStreamParksOnceRead(t *testing.T) {
+	ns := natstest.RunServer(t)
+	nc, js := natstest.Connect(t, ns.ClientURL())
+	ctx := context.Background()
+	composedBuckets(t, js, 3)
+	const quiet, fresh, written = "composed-n0000", "composed-n0001", "composed-n0002"
+	kv, err := js.KeyValue(ctx, written)
+	require.NoError(t, err)
+	creates := countConsumerCreates(t, nc)
+	_, pjs := natstest.Connect(t, ns.ClientURL())
+	var once sync.Once
+	p, db, _ := parkingQuiet(t, pjs, nil, []string{quiet, written}, func(p *projector.Projector) {
+		// Called as a tail has its stream's info, before its consumer is created: a write now is read by
+		// the consumer, past that info.
+		projector.SetAged(p, func(bucket string) time.Duration {
+			switch bucket {
+			case quiet:
+				return quietFor
+			case written:
+				once.Do(func() {
+					if _, err := kv.Put(ctx, "web.2", []byte{0x80}); err != nil {
+						t.Error(err)
+					}
+				})
+				return quietFor
+			}
+			return 0
+		})
+	})
+	waitApplied(t, db, quiet, 1)
+	waitParked(t, p, js, quiet)
+	require.Equal(t, 1, creates.of(quiet))
+
+	waitApplied(t, db, fresh, 1)
+	waitApplied(t, db, written, 2)
+	stillTailing(t, p, js, fresh, written)
+}
+
+// TestProjector_WriteRacingAQuietParking: a quiet bucket parks as soon as it has read its stream, and
+// a message written meanwhile is read: one written after the tail had nothing more to read and
+// before the parking read its stream's info is in that info, and the bucket tails again; one written
+// after that info was read is reported by the next listing, which wakes the bucket.
+func TestProjector_WriteRacingAQuietParking(t *testing.T) {
+	ns := natstest.RunServer(t)
+	_, js := natstest.Connect(t, ns.ClientURL())
+	ctx := context.Background()
+	composedBuckets(t, js, 2)
+	const before, after = "composed-n0000", "composed-n0001"
+	put := func(bucket, key string) { // on the projector's goroutine
+		kv, err := js.KeyValue(ctx, bucket)
+		if err == nil {
+			_, err = kv.Put(ctx, key, []byte{0x80})
+		}
+		if err != nil {
+			t.Error(err)
+		}
+	}
+	var onceBefore, onceAfter sync.Once
+	var parkedBefore, parkedAfter atomic.Bool
+	_, pjs := natstest.Connect(t, ns.ClientURL())
+	p, db, _ := parkingQuiet(t, pjs, nil, []string{before, after}, func(p *projector.Projector) {
+		projector.SetBeforeParkRead(p, func(bucket string) {
+			if bucket == before {
+				onceBefore.Do(func() {
+					parkedBefore.Store(true)
+					put(before, "web.2")
+				})
+			}
+		})
+		projector.SetAfterParkRead(p, func(bucket string) {
+			if bucket == after {
+				onceAfter.Do(func() {
+					parkedAfter.Store(true)
+					put(after, "web.2")
+				})
+			}
+		})
+	})
+	natstest.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error {
+		if !parkedBefore.Load() || !parkedAfter.Load() {
+			return errors.New("the quiet buckets did not park once read")
+		}
+		return nil
+	})
+	waitApplied(t, db, before, 2)
+	waitApplied(t, db, after, 2)
+	// Woken by the listing, the bucket written after the info it parked on finds its stream quiet
+	// (for the test) and parks again once it has read it.
+	waitParked(t, p, js, after)
+}
+
+// failingInfo is a JetStream whose STREAM.INFO requests fail while fail is set, as they do on a
+// JetStream API too loaded to answer within the request's bound; its listings answer.
+type failingInfo struct {
+	jetstream.JetStream
+	fail  *atomic.Bool
+	asked *atomic.Int64
+}
+
+func (j failingInfo) Stream(ctx context.Context, name string) (jetstream.Stream, error) {
+	if j.fail.Load() {
+		j.asked.Add(1)
+		return nil, fmt.Errorf("stream %s: %w", name, context.DeadlineExceeded)
+	}
+	return j.JetStream.Stream(ctx, name)
+}
+
+// TestProjector_ParkingWhoseInfoFails: a parking bucket whose own STREAM.INFO fails tails again with
+// a new consumer, and says why; and the tail after it waits ParkAfter before it parks again, however
+// quiet its stream: a parking that keeps failing costs a consumer per ParkAfter, not one per Poll.
+func TestProjector_ParkingWhoseInfoFails(t *testing.T) {
+	ns := natstest.RunServer(t)
+	nc, js := natstest.Connect(t, ns.ClientURL())
+	composedBuckets(t, js, 1)
+	const b = "composed-n0000"
+	creates := countConsumerCreates(t, nc)
+	_, pjs := natstest.Connect(t, ns.ClientURL())
+	var fail atomic.Bool
+	var asked atomic.Int64
+	fail.Store(true)
+	// The parking reads its stream's info through the listing's Poller; the tail asks its own.
+	p, db, logs := parkingQuiet(t, pjs, failingInfo{JetStream: pjs, fail: &fail, asked: &asked}, []string{b}, nil)
+	waitApplied(t, db, b, 1)
+	natstest.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error {
+		if creates.of(b) < 2 {
+			return fmt.Errorf("%d consumers created, %d infos failed", creates.of(b), asked.Load())
+		}
+		return nil
+	})
+	stillTailing(t, p, js, b)
+	require.Equal(t, 2, creates.of(b), "one consumer again, not one per Poll")
+	require.Equal(t, int64(1), asked.Load(), "one parking tried")
+	require.True(t, strings.Contains(logs.String(), "not parked: its stream's info could not be read"), "logs:\n%s", logs.String())
+}
