@@ -238,11 +238,18 @@ func (db *DB) RoomErr() error {
 			ErrNoSpace, s.dir, s.freeSaid())
 	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	if !s.full {
+	full, why := s.full, s.why
+	s.mu.Unlock()
+	if !full {
 		return nil
 	}
-	return s.why
+	if _, ok := s.free(); !ok {
+		return why
+	}
+	// Batches were refused below the reserve: what the disk has free now, not when the first one
+	// was, which an operator freeing space would read unchanged; nothing once there is room, though
+	// the next batch has not come to say so yet.
+	return s.room("applying resumes by itself")
 }
 
 // freeSaid is what the state dir's file system has free against the reserve, as " (N MiB free, M MiB

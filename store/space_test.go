@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -402,4 +404,75 @@ func TestDB_SyncFindsTheDiskFull(t *testing.T) {
 	require.GreaterOrEqual(t, seq, uint64(1), "what was committed before is there")
 	require.Len(t, rows(t, db, provisioner.Range{Bucket: provisioner.BucketNeeds, Index: provisioner.IndexPrimary}), int(seq), "rows and checkpoint together")
 	require.NoError(t, db.Apply(provisioner.BucketNeeds, []provisioner.Message{put(seq+1, "n3.m.config.a", []byte{0x01})}, 0, true), "it takes writes again")
+}
+
+// TestDB_RoomErrSaysWhatIsFreeNow: below the reserve, RoomErr (what /readyz, the micro stats and
+// mesh_provisioner_state_out_of_room read) said what the disk had free when the first batch was
+// refused, for the whole episode: an operator who freed space, or watched another process fill it,
+// read the same figure again and was misled. It says what statfs says now, and nothing once there is
+// room again.
+func TestDB_RoomErrSaysWhatIsFreeNow(t *testing.T) {
+	dir := t.TempDir()
+	free := func() int64 {
+		var st syscall.Statfs_t
+		require.NoError(t, syscall.Statfs(dir, &st))
+		return int64(st.Bavail) * int64(st.Bsize)
+	}
+	said := func(err error) int64 {
+		t.Helper()
+		require.ErrorIs(t, err, store.ErrNoSpace)
+		m := regexp.MustCompile(`(\d+) MiB free`).FindStringSubmatch(err.Error())
+		require.NotNil(t, m, err.Error())
+		mib, perr := strconv.ParseInt(m[1], 10, 64)
+		require.NoError(t, perr)
+		return mib << 20
+	}
+	// Another process takes size bytes of the disk, at once (fallocate).
+	other := t.TempDir()
+	take := func(name string, size int64) {
+		f, err := os.Create(filepath.Join(other, name))
+		require.NoError(t, err)
+		defer f.Close()
+		if err := syscall.Fallocate(int(f.Fd()), 0, 0, size); err != nil {
+			t.Skipf("fallocate: %v", err)
+		}
+	}
+	const step = 256 << 20
+	db, err := store.Open(dir, store.Options{MinFreeBytes: free() - step/2})
+	require.NoError(t, err)
+	defer db.Close()
+	require.NoError(t, db.RoomErr())
+
+	take("a", step)
+	require.ErrorIs(t, db.Apply(provisioner.BucketNeeds, []provisioner.Message{put(1, "n1.m.config.a", []byte{0x01})}, 0, true), store.ErrNoSpace)
+	require.InDelta(t, free(), said(db.RoomErr()), step/4)
+	take("b", step) // the disk fills on
+	require.InDelta(t, free(), said(db.RoomErr()), step/4, "what is free now, not when the batch was refused")
+
+	// Room again: nothing to say, and the batch goes in.
+	require.NoError(t, os.RemoveAll(other))
+	require.NoError(t, db.RoomErr())
+	require.NoError(t, db.Apply(provisioner.BucketNeeds, []provisioner.Message{put(1, "n1.m.config.a", []byte{0x01})}, 0, true))
+	require.NoError(t, db.RoomErr())
+}
+
+// TestOpenState_FirstStartOnAFullDiskLeavesNoGeneration: a first start (no CURRENT) on a disk below
+// the reserve made a generation directory, failed to open it, and left it: under systemd, which starts
+// the seat again every 5 s, one empty gen-* a try, each taking a block and an inode of the full disk
+// and a generation number. The try leaves nothing, and the start once there is room makes the first
+// generation.
+func TestOpenState_FirstStartOnAFullDiskLeavesNoGeneration(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "state")
+	for range 3 {
+		_, err := store.OpenState(dir, store.Options{MinFreeBytes: 1 << 62})
+		require.ErrorIs(t, err, store.ErrNoSpace)
+	}
+	gens, err := filepath.Glob(filepath.Join(dir, "gen-*"))
+	require.NoError(t, err)
+	require.Empty(t, gens, "no generation left by the tries")
+
+	db, err := store.OpenState(dir, store.Options{})
+	require.NoError(t, err)
+	defer db.Close()
+	require.Equal(t, "gen-000001", filepath.Base(db.Dir()))
 }

@@ -193,6 +193,7 @@ func OpenStateContext(ctx context.Context, path string, opts Options) (*DB, erro
 		}
 		db, err := OpenContext(ctx, cur, opts)
 		if err != nil {
+			os.RemoveAll(cur) // CURRENT does not name it: a start that tries again makes its own
 			s.Close()
 			return nil, err
 		}

@@ -35,6 +35,8 @@ type RebuildCommand struct {
 	logs  logFlags
 	state string
 	plans bool
+
+	opts store.Options // the new generation's store (tests: a disk without room); its Logger is set
 }
 
 func (c *RebuildCommand) flags() *flag.FlagSet {
@@ -118,11 +120,18 @@ func (c *RebuildCommand) Run(ctx context.Context, args []string) error {
 		} else {
 			log.Info("rebuilding", "generation", gen)
 		}
-		db, err := store.Open(gen, store.Options{Logger: log})
-		if err != nil && resumed {
+		opts := c.opts
+		opts.Logger = log
+		db, err := store.Open(gen, opts)
+		if err != nil && resumed && store.NeedsRebuild(err) {
 			log.Warn("the unfinished rebuild does not open; starting over", "err", err)
 			os.RemoveAll(gen)
 			continue
+		}
+		if err != nil && resumed {
+			// No room (or no write access) is no fault of the generation: removing it would throw its
+			// fill away, and the new one would fail alike.
+			return fmt.Errorf("resume the unfinished rebuild in %s (it is kept: run rebuild again to resume it): %w", gen, err)
 		}
 		if err != nil {
 			return err

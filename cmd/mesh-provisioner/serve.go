@@ -319,11 +319,60 @@ func runSeat(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, db *sto
 		return db.BrokenErr()
 	}
 	log.Info("stopping: draining the verb, committing the last batch")
-	if err := st.Stop(); err != nil {
+	dir, err := stopUnlessHeld(st)
+	if dir != "" {
+		// The disk filled after the signal: the last batch, or the final sync, waits for room, and the
+		// stop with it. Left to the exit as above.
+		held = true
+		log.Error("stopping without draining: the state dir is out of room and the last batch waits for it", "state", dir,
+			"fix", "free space on that disk (or give --state a larger one); the next start reads the batches not written again from the streams")
+		return fmt.Errorf("state dir %s out of room: %w: %w", dir, errNotDrained, ctx.Err())
+	}
+	if err != nil {
 		return err
 	}
 	log.Info("stopped cleanly")
 	return nil
+}
+
+// heldPoll is how often a clean stop looks whether a write of the seat's waits for room.
+const heldPoll = 50 * time.Millisecond
+
+// stopUnlessHeld stops the seat, and gives up when a write of the seat's waits for room in the state
+// dir meanwhile (a disk that filled after the signal), returning that store's directory; the stop
+// goes on by itself (seat.StopContext) and ends once there is room.
+func stopUnlessHeld(st *seat.Seat) (dir string, err error) {
+	for {
+		ctx, cancel := context.WithCancel(context.Background())
+		watched := make(chan string, 1)
+		go func() { // watches for a write held; ends with ctx
+			defer close(watched)
+			tick := time.NewTicker(heldPoll)
+			defer tick.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-tick.C:
+				}
+				if d, held := st.WritesHeld(); held {
+					watched <- d
+					cancel()
+					return
+				}
+			}
+		}()
+		err := st.StopContext(ctx)
+		cancel()
+		d := <-watched
+		switch {
+		case d == "":
+			return "", err // the stop ended
+		case errors.Is(err, seat.ErrNotDrained):
+			return d, err
+		}
+		// Room came back between the look and the give-up: the stop goes on; wait for it again.
+	}
 }
 
 type seatConfig struct {
