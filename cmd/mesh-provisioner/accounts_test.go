@@ -147,3 +147,31 @@ func TestAccounts_RefusedCredentialsAreNamed(t *testing.T) {
 		}
 	}
 }
+
+// TestAccounts_URLCredentialsNeverPrinted: credentials written in the URL (NATS_URL of a cluster, a
+// user and password in each server's URL, or a token) are never printed, and a NATS that refuses
+// them is said to have refused the URL's, not that none were given. The URL was redacted up to its
+// first "@" only, so a second server's password was printed whole, and a URL without a scheme was
+// printed as it was; and the refusal said "no credentials were given" (the env file not loaded)
+// for credentials that were.
+func TestAccounts_URLCredentialsNeverPrinted(t *testing.T) {
+	dir := t.TempDir()
+	hostport := strings.TrimPrefix(docsAccountsServer(t, dir), "nats://")
+	const secret = "s3cret-pw-not-printed"
+	for _, c := range []struct{ url, says string }{
+		{"nats://mesh-provisioner:" + secret + "@" + hostport + ",nats://mesh-provisioner:" + secret + "@" + hostport, "the server refused user mesh-provisioner given in the URL"},
+		{"mesh-provisioner:" + secret + "@" + hostport, "the server refused user mesh-provisioner given in the URL"},
+		{"nats://" + secret + "@" + hostport, "the server refused the token given in the URL"},
+	} {
+		for _, args := range [][]string{
+			{"query", "registry"},
+			{"rebuild", "--state", filepath.Join(dir, "state")},
+		} {
+			code, stdout, stderr := run(t, append(args, "--nats", c.url)...)
+			require.Equal(t, exitFailure, code, "%v: %s", args, stderr)
+			require.Contains(t, stderr, "Authorization Violation", "%v", args)
+			require.NotContains(t, stderr+stdout, secret, "%v: a password or token printed", args)
+			require.Contains(t, stderr, c.says, "%v", args)
+		}
+	}
+}
