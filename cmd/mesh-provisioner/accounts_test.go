@@ -175,3 +175,27 @@ func TestAccounts_URLCredentialsNeverPrinted(t *testing.T) {
 		}
 	}
 }
+
+// TestAccounts_UsageNeverPrintsSecrets: the usage every command prints, for --help and for a wrong
+// flag (a typo in a unit file: the usage goes to the journal), never prints NATS_PASSWORD nor the
+// credentials in NATS_URL. The flags took them as their defaults, and the usage said
+// `(default "the-password")`.
+func TestAccounts_UsageNeverPrintsSecrets(t *testing.T) {
+	const pw, urlpw = "env-pw-not-printed", "url-pw-not-printed"
+	t.Setenv("NATS_USER", "mesh-provisioner")
+	t.Setenv("NATS_PASSWORD", pw)
+	t.Setenv("NATS_URL", "nats://mesh-provisioner:"+urlpw+"@127.0.0.1:1,nats://mesh-provisioner:"+urlpw+"@127.0.0.1:2")
+	for _, cmd := range []string{"serve", "query", "rebuild", "replay", "export"} {
+		args := []string{cmd, "--no-such-flag"}
+		if cmd == "replay" {
+			args = []string{cmd, "state", "--no-such-flag"}
+		}
+		for _, a := range [][]string{args, append(args[:len(args)-1:len(args)-1], "--help")} {
+			_, stdout, stderr := run(t, a...)
+			require.Contains(t, stderr, "-password", "%v: the usage is printed", a)
+			require.NotContains(t, stdout+stderr, pw, "%v", a)
+			require.NotContains(t, stdout+stderr, urlpw, "%v", a)
+			require.Contains(t, stderr, "nats://***@127.0.0.1:1,nats://***@127.0.0.1:2", "%v: the default URL said, redacted", a)
+		}
+	}
+}

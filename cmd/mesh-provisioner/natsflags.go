@@ -48,6 +48,10 @@ func (f *natsFlags) register(fs *flag.FlagSet, defaultURL string) {
 		inbox = defaultInboxPrefix
 	}
 	fs.StringVar(&f.inbox, "inbox-prefix", inbox, "subject prefix of reply inboxes, which the NATS user must be allowed to subscribe to (env NATS_INBOX_PREFIX)")
+	// The usage (--help, and a wrong flag, which a unit file's typo sends to the journal) prints each
+	// flag's default: the environment's password and a URL's credentials are not said there.
+	fs.Lookup("password").DefValue = ""
+	fs.Lookup("nats").DefValue = redact(defaultURL)
 }
 
 // validate reports flags that cannot be used together.
