@@ -132,7 +132,9 @@ func TestAccounts_RefusedCredentialsAreNamed(t *testing.T) {
 		says  string
 	}{
 		{nil, "no credentials were given"},
-		{[]string{"--user", "mesh-provisioner", "--password", "wrong"}, "the server refused user mesh-provisioner"},
+		{[]string{"--user", "mesh-provisioner", "--password", "wrong"}, "the server refused user mesh-provisioner with the password given"},
+		// NATS_USER in the env file, NATS_PASSWORD missing from it: no password was given.
+		{[]string{"--user", "mesh-provisioner"}, "the server refused user mesh-provisioner, given without a password"},
 	} {
 		for _, args := range [][]string{
 			{"query", "registry"},

@@ -134,6 +134,8 @@ func (f *natsFlags) refusedWho(servers string) string {
 	switch {
 	case f.creds != "":
 		return fmt.Sprintf("the server refused the credentials file %s (--creds, env NATS_CREDS): is it a user of this NATS? (docs/accounts.md)", f.creds)
+	case f.user != "" && f.password == "":
+		return fmt.Sprintf("the server refused user %s, given without a password: give --password (env NATS_PASSWORD)", f.user)
 	case f.user != "":
 		return fmt.Sprintf("the server refused user %s with the password given (--user, --password, env NATS_USER, NATS_PASSWORD)", f.user)
 	}
