@@ -65,3 +65,18 @@ func TestCheckStateDir_EveryLayoutThisBinaryLeaves(t *testing.T) {
 	require.NoError(t, os.WriteFile(file, nil, 0o644))
 	require.ErrorIs(t, CheckStateDir(file), ErrNotStateDir)
 }
+
+// TestCheckStateDir_GenerationSaysItsStateDir: a generation given as --state (the directory an
+// operator finds on the disk) is refused with the state dir to give instead.
+func TestCheckStateDir_GenerationSaysItsStateDir(t *testing.T) {
+	state := filepath.Join(t.TempDir(), "state")
+	db, err := OpenState(state, Options{})
+	require.NoError(t, err)
+	require.NoError(t, db.Close())
+	gens, err := filepath.Glob(filepath.Join(state, "gen-*"))
+	require.NoError(t, err)
+	require.Len(t, gens, 1)
+	err = CheckStateDir(gens[0])
+	require.ErrorIs(t, err, ErrNotStateDir)
+	require.Contains(t, err.Error(), "did you mean --state "+state+"?")
+}
