@@ -23,8 +23,9 @@ import (
 // compared before and after and the copy made again when it moved.
 //
 // The copy lives in <state>/.replay-* (same filesystem, so links work), or in the system's temporary
-// directory with the .sst files copied when the state dir is not writable. The caller removes it
-// (os.RemoveAll) when done.
+// directory with the .sst files copied when the state dir is not writable. A copy in the state dir is
+// held with a flock from before anything is written in it (lockCopy). The caller removes it
+// (RemoveCopy, which lets the flock go) when done.
 func CopyCurrent(stateDir string) (string, error) {
 	var lastErr error
 	for attempt := 0; attempt < 20; attempt++ {
@@ -56,7 +57,7 @@ func CopyCurrent(stateDir string) (string, error) {
 				}
 			}
 		}
-		if !errors.Is(err, errCopyMoved) && !errors.Is(err, os.ErrNotExist) {
+		if !errors.Is(err, errCopyMoved) && !errors.Is(err, errCopyTaken) && !errors.Is(err, os.ErrNotExist) {
 			return "", err
 		}
 	}
@@ -64,6 +65,9 @@ func CopyCurrent(stateDir string) (string, error) {
 }
 
 var errCopyMoved = errors.New("store: files changed while copying")
+
+// errCopyTaken: a remover of stale copies took the copy's directory as it was made (lockCopy).
+var errCopyTaken = errors.New("store: the copy's directory was taken by a remover of stale copies")
 
 // readCurrent is the generation dir CURRENT names, read without the lock.
 func readCurrent(stateDir string) (string, error) {
@@ -105,7 +109,14 @@ func copyGeneration(stateDir, gen string) (string, error) {
 	tmp, err := os.MkdirTemp(stateDir, ".replay-")
 	link := err == nil
 	if link {
-		lockCopy(tmp)
+		if copyDirMade != nil {
+			copyDirMade(tmp)
+		}
+		if err := lockCopy(tmp); err != nil {
+			// Another process's remover took it between the mkdir and the flock: it is the
+			// remover's to remove. Nothing was written in it; another one is made.
+			return "", err
+		}
 	}
 	if err != nil {
 		if tmp, err = os.MkdirTemp("", "mesh-provisioner-replay-"); err != nil {
@@ -190,19 +201,31 @@ var copyLocks = struct {
 	m map[string]*os.File
 }{m: map[string]*os.File{}}
 
-// lockCopy takes the flock that says dir, a copy, is in use by this process.
-func lockCopy(dir string) {
+// copyDirMade, when set (tests), is called with each copy's directory once made, before it is held.
+var copyDirMade func(dir string)
+
+// lockCopy takes the flock that says dir, a copy, is in use by this process, before anything is
+// written in it. A remover (removeStaleCopies) may take a new copy's flock in the moment after its
+// mkdir: the copy is then the remover's, and lockCopy says errCopyTaken (or os.ErrNotExist once
+// removed), for CopyCurrent to make another; without the lock the copy was read unheld, removed under
+// its reader by the next remover, or emptied file by file as it was made by the one holding it. A
+// file system without flock leaves the copy unheld: no remover can take it there either.
+func lockCopy(dir string) error {
 	f, err := os.Open(dir)
 	if err != nil {
-		return
+		return fmt.Errorf("copy state: %w", err)
 	}
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
 		f.Close()
-		return
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return errCopyTaken
+		}
+		return nil
 	}
 	copyLocks.Lock()
 	copyLocks.m[dir] = f
 	copyLocks.Unlock()
+	return nil
 }
 
 // RemoveCopy removes a copy CopyCurrent made, and releases its lock.

@@ -123,9 +123,14 @@ func EnclosingStateDir(path string) (string, bool) {
 	}
 }
 
-// StateDirHint names a subdirectory of path that is a state dir (it holds CURRENT), as
-// ": did you mean --state <it>?", or is "".
+// StateDirHint names a subdirectory of path that is a state dir (it holds CURRENT), or the state dir
+// path is a generation of, as ": did you mean --state <it>?", or is "".
 func StateDirHint(path string) string {
+	if parent := filepath.Dir(filepath.Clean(path)); strings.HasPrefix(filepath.Base(filepath.Clean(path)), genPrefix) {
+		if _, err := os.Stat(filepath.Join(parent, currentName)); err == nil {
+			return fmt.Sprintf(": it is a generation of a state dir: did you mean --state %s?", parent)
+		}
+	}
 	entries, err := os.ReadDir(path)
 	if err != nil {
 		return ""

@@ -132,7 +132,9 @@ func TestAccounts_RefusedCredentialsAreNamed(t *testing.T) {
 		says  string
 	}{
 		{nil, "no credentials were given"},
-		{[]string{"--user", "mesh-provisioner", "--password", "wrong"}, "the server refused user mesh-provisioner"},
+		{[]string{"--user", "mesh-provisioner", "--password", "wrong"}, "the server refused user mesh-provisioner with the password given"},
+		// NATS_USER in the env file, NATS_PASSWORD missing from it: no password was given.
+		{[]string{"--user", "mesh-provisioner"}, "the server refused user mesh-provisioner, given without a password"},
 	} {
 		for _, args := range [][]string{
 			{"query", "registry"},
@@ -144,6 +146,58 @@ func TestAccounts_RefusedCredentialsAreNamed(t *testing.T) {
 			require.Equal(t, exitFailure, code, "%v: %s", args, stderr)
 			require.Contains(t, stderr, "Authorization Violation", "%v", args)
 			require.Contains(t, stderr, c.says, "%v", args)
+		}
+	}
+}
+
+// TestAccounts_URLCredentialsNeverPrinted: credentials written in the URL (NATS_URL of a cluster, a
+// user and password in each server's URL, or a token) are never printed, and a NATS that refuses
+// them is said to have refused the URL's, not that none were given. The URL was redacted up to its
+// first "@" only, so a second server's password was printed whole, and a URL without a scheme was
+// printed as it was; and the refusal said "no credentials were given" (the env file not loaded)
+// for credentials that were.
+func TestAccounts_URLCredentialsNeverPrinted(t *testing.T) {
+	dir := t.TempDir()
+	hostport := strings.TrimPrefix(docsAccountsServer(t, dir), "nats://")
+	const secret = "s3cret-pw-not-printed"
+	for _, c := range []struct{ url, says string }{
+		{"nats://mesh-provisioner:" + secret + "@" + hostport + ",nats://mesh-provisioner:" + secret + "@" + hostport, "the server refused user mesh-provisioner given in the URL"},
+		{"mesh-provisioner:" + secret + "@" + hostport, "the server refused user mesh-provisioner given in the URL"},
+		{"nats://" + secret + "@" + hostport, "the server refused the token given in the URL"},
+	} {
+		for _, args := range [][]string{
+			{"query", "registry"},
+			{"rebuild", "--state", filepath.Join(dir, "state")},
+		} {
+			code, stdout, stderr := run(t, append(args, "--nats", c.url)...)
+			require.Equal(t, exitFailure, code, "%v: %s", args, stderr)
+			require.Contains(t, stderr, "Authorization Violation", "%v", args)
+			require.NotContains(t, stderr+stdout, secret, "%v: a password or token printed", args)
+			require.Contains(t, stderr, c.says, "%v", args)
+		}
+	}
+}
+
+// TestAccounts_UsageNeverPrintsSecrets: the usage every command prints, for --help and for a wrong
+// flag (a typo in a unit file: the usage goes to the journal), never prints NATS_PASSWORD nor the
+// credentials in NATS_URL. The flags took them as their defaults, and the usage said
+// `(default "the-password")`.
+func TestAccounts_UsageNeverPrintsSecrets(t *testing.T) {
+	const pw, urlpw = "env-pw-not-printed", "url-pw-not-printed"
+	t.Setenv("NATS_USER", "mesh-provisioner")
+	t.Setenv("NATS_PASSWORD", pw)
+	t.Setenv("NATS_URL", "nats://mesh-provisioner:"+urlpw+"@127.0.0.1:1,nats://mesh-provisioner:"+urlpw+"@127.0.0.1:2")
+	for _, cmd := range []string{"serve", "query", "rebuild", "replay", "export"} {
+		args := []string{cmd, "--no-such-flag"}
+		if cmd == "replay" {
+			args = []string{cmd, "state", "--no-such-flag"}
+		}
+		for _, a := range [][]string{args, append(args[:len(args)-1:len(args)-1], "--help")} {
+			_, stdout, stderr := run(t, a...)
+			require.Contains(t, stderr, "-password", "%v: the usage is printed", a)
+			require.NotContains(t, stdout+stderr, pw, "%v", a)
+			require.NotContains(t, stdout+stderr, urlpw, "%v", a)
+			require.Contains(t, stderr, "nats://***@127.0.0.1:1,nats://***@127.0.0.1:2", "%v: the default URL said, redacted", a)
 		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	neturl "net/url"
 	"os"
 	"regexp"
 	"strings"
@@ -47,6 +48,10 @@ func (f *natsFlags) register(fs *flag.FlagSet, defaultURL string) {
 		inbox = defaultInboxPrefix
 	}
 	fs.StringVar(&f.inbox, "inbox-prefix", inbox, "subject prefix of reply inboxes, which the NATS user must be allowed to subscribe to (env NATS_INBOX_PREFIX)")
+	// The usage (--help, and a wrong flag, which a unit file's typo sends to the journal) prints each
+	// flag's default: the environment's password and a URL's credentials are not said there.
+	fs.Lookup("password").DefValue = ""
+	fs.Lookup("nats").DefValue = redact(defaultURL)
 }
 
 // validate reports flags that cannot be used together.
@@ -87,7 +92,7 @@ func (f *natsFlags) connect(url, name string, log *slog.Logger) (*nats.Conn, err
 					log.Warn("disconnected from NATS", "err", err)
 				}
 			}),
-			nats.ReconnectHandler(func(nc *nats.Conn) { log.Info("reconnected to NATS", "url", nc.ConnectedUrl()) }),
+			nats.ReconnectHandler(func(nc *nats.Conn) { log.Info("reconnected to NATS", "url", redact(nc.ConnectedUrl())) }),
 			nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
 				pe := f.permissionError(err)
 				f.deny(pe)
@@ -113,7 +118,7 @@ func (f *natsFlags) connect(url, name string, log *slog.Logger) (*nats.Conn, err
 	}
 	nc, err := nats.Connect(url, opts...)
 	if errors.Is(err, nats.ErrAuthorization) {
-		return nil, fmt.Errorf("connect to NATS at %s: %w: %s", redact(url), err, f.refusedWho())
+		return nil, fmt.Errorf("connect to NATS at %s: %w: %s", redact(url), err, f.refusedWho(url))
 	}
 	if err != nil {
 		return nil, fmt.Errorf("connect to NATS at %s: %w", redact(url), err)
@@ -123,12 +128,30 @@ func (f *natsFlags) connect(url, name string, log *slog.Logger) (*nats.Conn, err
 
 // refusedWho says which credentials the server refused, and where they came from: "Authorization
 // Violation" alone did not say whether none were given (a runbook's env file not loaded), or which.
-func (f *natsFlags) refusedWho() string {
+// Credentials written in the URL count as given (nats.go sends them when no --user is given); a
+// password or token is never said.
+func (f *natsFlags) refusedWho(servers string) string {
 	switch {
 	case f.creds != "":
 		return fmt.Sprintf("the server refused the credentials file %s (--creds, env NATS_CREDS): is it a user of this NATS? (docs/accounts.md)", f.creds)
+	case f.user != "" && f.password == "":
+		return fmt.Sprintf("the server refused user %s, given without a password: give --password (env NATS_PASSWORD)", f.user)
 	case f.user != "":
 		return fmt.Sprintf("the server refused user %s with the password given (--user, --password, env NATS_USER, NATS_PASSWORD)", f.user)
+	}
+	for _, s := range strings.Split(servers, ",") {
+		s = strings.TrimSpace(s)
+		if !strings.Contains(s, "://") {
+			s = "nats://" + s // as nats.go reads a server without a scheme
+		}
+		u, err := neturl.Parse(s)
+		if err != nil || u.User == nil {
+			continue
+		}
+		if _, ok := u.User.Password(); ok {
+			return fmt.Sprintf("the server refused user %s given in the URL, with its password (--nats, env NATS_URL)", u.User.Username())
+		}
+		return "the server refused the token given in the URL (--nats, env NATS_URL)"
 	}
 	return "no credentials were given, and this NATS wants them: give --creds FILE, or --user and --password (env NATS_CREDS, NATS_USER, NATS_PASSWORD; docs/accounts.md)"
 }
@@ -286,14 +309,25 @@ func (v *violationLog) say(grant string, now time.Time) (repeated int, ok bool) 
 	return repeated, true
 }
 
-// redact hides a password in a URL for messages.
+// redact hides the credentials (user and password, or a token) of every server in a URL, for messages.
 func redact(url string) string {
-	if i := strings.Index(url, "@"); i >= 0 {
-		if j := strings.Index(url, "://"); j >= 0 && j < i {
-			return url[:j+3] + "***" + url[i:]
+	servers := strings.Split(url, ",")
+	for i, s := range servers {
+		at := strings.LastIndex(s, "@")
+		if at < 0 {
+			continue
 		}
+		// What comes before the host is credentials (user:password, or a token), in each server
+		// of a list, with a scheme or without (nats.go reads "user:pw@host:4222" too).
+		start := 0
+		if j := strings.Index(s, "://"); j >= 0 && j < at {
+			start = j + 3
+		} else {
+			start = len(s) - len(strings.TrimLeft(s, " "))
+		}
+		servers[i] = s[:start] + "***" + s[at:]
 	}
-	return url
+	return strings.Join(servers, ",")
 }
 
 // logFlags set up log/slog.

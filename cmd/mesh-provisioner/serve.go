@@ -243,11 +243,11 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 	return err
 }
 
-// errNotDrained is what runSeat returns when a signal came while a write of the seat's was held for
-// room: the seat is left running, and its stores open, to the process's exit.
 // natsDefaultURL is where query and the other commands ask without --nats or NATS_URL.
 const natsDefaultURL = nats.DefaultURL
 
+// errNotDrained is what runSeat returns when a signal came while a write of the seat's was held for
+// room: the seat is left running, and its stores open, to the process's exit.
 var errNotDrained = errors.New("stopped without committing the last batch")
 
 // runSeat runs the seat until ctx ends, then stops it in the order that loses nothing.
