@@ -73,13 +73,14 @@ func (h *harness) startSeat(dir string) (*seat.Seat, func()) {
 }
 
 // waitCaughtUp waits until every provisioner bucket's projection has applied its stream's last
-// sequence, after the seat's registry writer (if it has one) finished its first pass: before that the
+// sequence, after the seat's registry writer (if it has one) ended its first pass: before that the
 // registry stream's end moves on, and with it the needs' unanswered-kind anomalies.
 func (h *harness) waitCaughtUp(st *seat.Seat) {
 	h.t.Helper()
 	natstest.CheckFor(h.t, 20*time.Second, 20*time.Millisecond, func() error {
 		if st.Registry != nil {
-			if passes, _ := st.Registry.Stats(); passes == 0 {
+			// Ended: written, or failed (a writer that cannot write fails every pass, and writes nothing).
+			if passes, _ := st.Registry.Stats(); passes == 0 && st.Registry.Failures() == 0 {
 				return fmt.Errorf("registry not written yet")
 			}
 		}
