@@ -135,6 +135,11 @@ func (p *Projector) listingRuns() bool {
 func (p *Projector) park(ctx context.Context, bucket string, log *slog.Logger, st *parking) bool {
 	pk, unpark := p.registerParked(bucket, time.Now(), false)
 	defer unpark()
+	if p.askedRecently(bucket) {
+		// A request came after the tail found it idle and before it was registered here, when a Wake
+		// reaches it: it tails again as soon as it has parked, and waits ParkAfter (Wake).
+		notify(pk.wake)
+	}
 	if p.beforeParkRead != nil {
 		p.beforeParkRead(bucket)
 	}
@@ -235,14 +240,44 @@ func (p *Projector) removedUnread(ctx context.Context, bucket string, info *jets
 	return true, nil
 }
 
-// Wake makes a parked bucket tail again now (a request waits for its min_seq). A bucket not parked is
-// left alone.
+// Wake makes a parked bucket tail again now (a request waits for its min_seq), and keeps a
+// composed-<node> bucket from parking for ParkAfter from now, parked or not: the write the request
+// waits for may come later, within its wait_ms, and a bucket that parked again on its stream's quiet
+// as soon as it had read what there was left that write to the next listing (answered 504 when that
+// came after the wait). A bucket woken by a request tailed ParkAfter before it parked again anyway
+// before quiet streams parked once read; a bucket reading when the request came parked without
+// reading the write the same way.
 func (p *Projector) Wake(bucket string) {
 	p.parkMu.Lock()
 	defer p.parkMu.Unlock()
+	if p.opts.Composed && p.opts.ParkAfter > 0 && provisioner.IsComposedBucket(bucket) {
+		now := time.Now()
+		if p.asked == nil {
+			p.asked = map[string]time.Time{}
+		}
+		if len(p.asked) >= p.pruneAt {
+			// Requests may name any node: keep only those of the last ParkAfter.
+			for b, at := range p.asked {
+				if now.Sub(at) >= p.opts.ParkAfter {
+					delete(p.asked, b)
+				}
+			}
+			p.pruneAt = max(64, 2*len(p.asked))
+		}
+		p.asked[bucket] = now
+	}
 	if pk := p.parked[bucket]; pk != nil {
 		notify(pk.wake)
 	}
+}
+
+// askedRecently reports whether a request waited on a bucket (Wake) within ParkAfter: it does not
+// park yet.
+func (p *Projector) askedRecently(bucket string) bool {
+	p.parkMu.Lock()
+	defer p.parkMu.Unlock()
+	at, ok := p.asked[bucket]
+	return ok && time.Since(at) < p.opts.ParkAfter
 }
 
 // notify wakes the waiter on a channel of capacity 1, or leaves the wake-up already waiting there.

@@ -30,11 +30,17 @@ const quietFor = 2 * time.Hour
 // returned buffer. It stops as the test ends.
 func parkingQuiet(t *testing.T, pjs, listing jetstream.JetStream, aged []string, setup func(p *projector.Projector)) (*projector.Projector, *store.DB, *natstest.LogBuffer) {
 	t.Helper()
+	return parkingQuietEvery(t, pjs, listing, 100*time.Millisecond, aged, setup)
+}
+
+// parkingQuietEvery is parkingQuiet with the listing every `every`.
+func parkingQuietEvery(t *testing.T, pjs, listing jetstream.JetStream, every time.Duration, aged []string, setup func(p *projector.Projector)) (*projector.Projector, *store.DB, *natstest.LogBuffer) {
+	t.Helper()
 	if listing == nil {
 		listing = pjs
 	}
 	poller := streaminfo.New(listing)
-	natstest.RunPoller(t, poller, 100*time.Millisecond)
+	natstest.RunPoller(t, poller, every)
 	db, err := store.Open(t.TempDir(), store.Options{})
 	require.NoError(t, err)
 	logs := &natstest.LogBuffer{}
@@ -209,4 +215,69 @@ func TestProjector_ParkingWhoseInfoFails(t *testing.T) {
 	require.Equal(t, 2, creates.of(b), "one consumer again, not one per Poll")
 	require.Equal(t, int64(1), asked.Load(), "one parking tried")
 	require.True(t, strings.Contains(logs.String(), "not parked: its stream's info could not be read"), "logs:\n%s", logs.String())
+}
+
+// TestProjector_RequestKeepsAQuietBucketReading: a request waiting for its min_seq wakes a parked
+// bucket (Wake), or finds it reading; either way the bucket must read the write the request waits
+// for when it comes within the request's wait, not park again on its stream's quiet as soon as it
+// has read what there is and leave that write to a listing (an hour away here: the request would be
+// answered 504). A bucket a request asked for waits ParkAfter after the request before it parks, as
+// a bucket woken by one always did before quiet streams parked once read.
+func TestProjector_RequestKeepsAQuietBucketReading(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		parked bool // the request comes while the bucket is parked; else while its first tail reads
+	}{{"woken from parked", true}, {"asked while reading", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			ns := natstest.RunServer(t)
+			nc, js := natstest.Connect(t, ns.ClientURL())
+			ctx := context.Background()
+			composedBuckets(t, js, 1)
+			const b = "composed-n0000"
+			kv, err := js.KeyValue(ctx, b)
+			require.NoError(t, err)
+			creates := countConsumerCreates(t, nc)
+			var once sync.Once
+			put := func() { // the write the request waits for (min_seq 2)
+				once.Do(func() {
+					if _, err := kv.Put(ctx, "web.2", []byte{0x80}); err != nil {
+						t.Error(err)
+					}
+				})
+			}
+			var parkings atomic.Int64
+			_, pjs := natstest.Connect(t, ns.ClientURL())
+			var p *projector.Projector
+			p, db, _ := parkingQuietEvery(t, pjs, nil, time.Hour, []string{b}, func(pp *projector.Projector) {
+				projector.SetAfterParkRead(pp, func(bucket string) {
+					// A parking after the request: the write comes after the info it parks on, so
+					// only the listing, an hour away, would wake it.
+					if n := parkings.Add(1); (tc.parked && n == 2) || (!tc.parked && n == 1) {
+						put()
+					}
+				})
+				if !tc.parked {
+					projector.SetBeforePending(pp, func(bucket string, seq, pending uint64) {
+						pp.Wake(bucket) // a request asks for the bucket as its first tail reads
+					})
+				}
+			})
+			if tc.parked {
+				waitApplied(t, db, b, 1)
+				waitParked(t, p, js, b)
+				p.Wake(b) // a request waits for min_seq 2
+				natstest.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error {
+					if n := creates.of(b); n != 2 {
+						return fmt.Errorf("%d consumers created", n)
+					}
+					return nil
+				})
+			} else {
+				waitApplied(t, db, b, 1)
+			}
+			stillTailing(t, p, js, b)
+			put()
+			waitApplied(t, db, b, 2)
+		})
+	}
 }

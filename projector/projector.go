@@ -119,8 +119,10 @@ type Projector struct {
 
 	missing sync.Map // bucket -> when its stream was first found missing, not found since (forget.go)
 
-	parkMu sync.Mutex
-	parked map[string]*parkedBucket // idle composed-<node> buckets without a consumer (park.go)
+	parkMu  sync.Mutex
+	parked  map[string]*parkedBucket // idle composed-<node> buckets without a consumer (park.go)
+	asked   map[string]time.Time     // when a request last waited on a composed-<node> bucket (Wake): it parks ParkAfter after
+	pruneAt int                      // asked is pruned of requests older than ParkAfter once it holds this many
 
 	started     time.Time     // when Start ran: a listing started after it shows each stream since start
 	firstListed chan struct{} // closed once discover's first pass has its listing, or has none (parkAtStart)
@@ -658,12 +660,14 @@ type idleSince struct {
 
 // idle reports whether a tail has been idle for ParkAfter: it has read nothing for that long, or its
 // stream had taken nothing for that long when the tail started and the tail has read nothing past it
-// (a message after the info, read, makes the bucket one written just now).
+// (a message after the info, read, makes the bucket one written just now); and no request has waited
+// on the bucket for that long either (Wake).
 func (p *Projector) idle(bucket string, idle idleSince) bool {
-	if time.Since(idle.read) >= p.opts.ParkAfter {
-		return true
+	if time.Since(idle.read) < p.opts.ParkAfter &&
+		(idle.quiet.IsZero() || time.Since(idle.quiet) < p.opts.ParkAfter || p.db.Checkpoint(bucket).Applied != idle.end) {
+		return false
 	}
-	return !idle.quiet.IsZero() && time.Since(idle.quiet) >= p.opts.ParkAfter && p.db.Checkpoint(bucket).Applied == idle.end
+	return !p.askedRecently(bucket) // a request waits on it, maybe for a write still to come (Wake)
 }
 
 // caughtUp tells the store the newest message read as the stream's last: it closes any history gap
