@@ -152,7 +152,10 @@ type Server struct {
 	// waited for its min_seq waits on it for room in wideBytes (waitWideBytes).
 	wideMu    sync.Mutex
 	wideFreed *sync.Cond
-	workers   sync.WaitGroup
+	// wideWanted is the bytes those waiting on wideFreed wait for: kept for them, so that a new wide
+	// request does not take the room they wait for (as a place goes to a request waiting for it first).
+	wideWanted atomic.Int64
+	workers    sync.WaitGroup
 	// The wide requests' lane (wide): queued in wide, handed to the workers by one dispatcher that
 	// takes one of wideSlots (max(1, workers-1)) for each, so that they never take every worker; the
 	// read-ahead worker takes one for each page of a wide walk it writes.
@@ -344,7 +347,7 @@ func (s *Server) queue(j job, wait bool) error {
 	if isWide && s.aheadReady(&j.r, j.format) {
 		isWide, j.ahead = false, true
 	}
-	if !wait && (s.queuedBytes.Load()+int64(j.size) > maxQueuedBytes || isWide && s.wideBytes.Load()+int64(j.size) > maxWideBytes) {
+	if !wait && (s.queuedBytes.Load()+int64(j.size) > maxQueuedBytes || isWide && !s.wideFits(j.size)) {
 		if isWide {
 			return s.busy(len(s.wideRoom))
 		}
@@ -385,13 +388,28 @@ func (s *Server) queue(j job, wait bool) error {
 // none (a request alone always fits), and counts them in: a wide request that has waited for its
 // min_seq waits for its room in bytes as for its place, rather than taking the bytes left to the
 // others. The workers make room as they take wide requests.
+// While it waits, the room it waits for is kept for it (wideWanted): new wide requests are answered
+// busy rather than take the bytes each answer frees, which would keep a request with longer fields
+// than theirs waiting for as long as they came.
 func (s *Server) waitWideBytes(n int) {
 	s.wideMu.Lock()
 	defer s.wideMu.Unlock()
-	for b := s.wideBytes.Load(); b > 0 && b+int64(n) > maxWideBytes; b = s.wideBytes.Load() {
-		s.wideFreed.Wait()
+	if b := s.wideBytes.Load(); b > 0 && b+int64(n) > maxWideBytes {
+		s.wideWanted.Add(int64(n))
+		for b := s.wideBytes.Load(); b > 0 && b+int64(n) > maxWideBytes; b = s.wideBytes.Load() {
+			s.wideFreed.Wait()
+		}
+		s.wideBytes.Add(int64(n)) // before its room is given up, so that no new request takes it between
+		s.wideWanted.Add(-int64(n))
+		return
 	}
 	s.wideBytes.Add(int64(n))
+}
+
+// wideFits reports whether a wide request of n bytes of fields fits in the wide requests' share of the
+// queued bytes, beside those queued and the room kept for the reached requests waiting for it.
+func (s *Server) wideFits(n int) bool {
+	return s.wideBytes.Load()+s.wideWanted.Load()+int64(n) <= maxWideBytes
 }
 
 // requeueWide hands a request queued for a page written ahead (job.ahead), whose page went stale before
@@ -409,7 +427,7 @@ func (s *Server) requeueWide(j job) (bool, error) {
 		return false, nil
 	}
 	j.ahead = false
-	if s.queuedBytes.Load()+int64(j.size) > maxQueuedBytes || s.wideBytes.Load()+int64(j.size) > maxWideBytes {
+	if s.queuedBytes.Load()+int64(j.size) > maxQueuedBytes || !s.wideFits(j.size) {
 		return false, s.busy(len(s.wideRoom))
 	}
 	select {

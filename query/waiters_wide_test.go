@@ -3,6 +3,8 @@ package query
 import (
 	"fmt"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -251,6 +253,125 @@ func TestServer_ReachedWideWaitersKeepToTheirShareOfTheQueue(t *testing.T) {
 		return nil
 	})
 	require.Zero(t, s.Waiting())
+	require.Zero(t, s.queuedBytes.Load())
+	require.Zero(t, s.wideBytes.Load())
+}
+
+// TestServer_ReachedWideWaiterIsNotOvertakenForRoom: a wide request whose min_seq came and that waits
+// for room in the wide requests' bytes is given that room before new wide requests take it, as a
+// reached request waiting for a place is given the place before a new request. The wide requests'
+// queue is full to its bytes behind a held wide answer, with requests of 400 KiB of fields, and a
+// reached request of 900 KiB waits for room; each time an answer goes on, a new wide request of 400
+// KiB arrives. Before, each new one took the 400 KiB just freed, and the reached request, 900 KiB,
+// never found room for as long as new ones came: its asker, who had waited for its sequence already,
+// got no answer at all while the seat answered the wide requests that came after it.
+func TestServer_ReachedWideWaiterIsNotOvertakenForRoom(t *testing.T) {
+	db := smallStore(t)
+	for seq := uint64(1); seq <= 3; seq++ {
+		putNeed(t, db, seq)
+	}
+	db.SetSynced(provisioner.BucketNeeds, true)
+	ns := natstest.RunServer(t)
+	snc, _ := natstest.Connect(t, ns.ClientURL())
+	s := NewServer(StoreReader(db), Options{Workers: 2, NoReadAhead: true})
+	// The wide answers are held at a gate that lets one through for each token.
+	tokens, done := make(chan struct{}), make(chan struct{})
+	var held atomic.Int64
+	s.answering = func(r *Request) {
+		if r.Node == "" {
+			held.Add(1)
+			select {
+			case <-tokens:
+			case <-done:
+			}
+			held.Add(-1)
+		}
+	}
+	require.NoError(t, s.Start(snc, nil))
+	var once sync.Once
+	open := func() { once.Do(func() { close(done) }) }
+	t.Cleanup(func() { open(); s.Stop() })
+	nc, _ := natstest.Connect(t, ns.ClientURL())
+	got, inbox := collect(t, nc)
+
+	i := 0
+	state := func() string {
+		return fmt.Sprint(got.get("200"), got.get("500"), got.get("504"), s.wideBytes.Load(), held.Load(), s.Waiting())
+	}
+	// send sends a request and waits until it is counted: queued, held, waiting or answered.
+	send := func(body string) {
+		t.Helper()
+		i++
+		before := state()
+		require.NoError(t, nc.PublishRequest(Subject, fmt.Sprintf("%s.%d", inbox, i), []byte(body)))
+		natstest.CheckFor(t, 10*time.Second, 2*time.Millisecond, func() error {
+			if state() != before {
+				return nil
+			}
+			return fmt.Errorf("request %d neither queued, waiting nor answered", i)
+		})
+	}
+	wideOf := func(n int) string { return `{"what":"needs","module":"` + strings.Repeat("m", n) + `"}` }
+	const fill, big = 400 << 10, 900 << 10
+
+	// A wide answer is held, and the wide requests' bytes are full behind it.
+	send(`{"what":"needs","module":"m"}`)
+	natstest.CheckFor(t, 10*time.Second, 2*time.Millisecond, func() error {
+		if held.Load() != 1 {
+			return fmt.Errorf("the wide answer is not held yet")
+		}
+		return nil
+	})
+	for got.get("500") == 0 {
+		require.Less(t, i, 100, "the wide requests' bytes took every request")
+		send(wideOf(fill))
+	}
+	queued := s.Queued()
+
+	// A wide request of 900 KiB waits for sequence 4, which comes: it waits for room in the bytes.
+	send(`{"what":"needs","module":"` + strings.Repeat("m", big) + `","min_seq":4,"wait_ms":10000}`)
+	require.Equal(t, 1, s.Waiting())
+	putNeed(t, db, 4)
+	natstest.CheckFor(t, 10*time.Second, 2*time.Millisecond, func() error {
+		s.waitMu.Lock()
+		watched := len(s.waiters)
+		s.waitMu.Unlock()
+		if watched != 0 || s.Queued() != queued+1 {
+			return fmt.Errorf("%d buckets watched, %d queued", watched, s.Queued())
+		}
+		return nil
+	})
+	require.Equal(t, 1, s.Waiting(), "the reached request waits for room")
+
+	// Answers go on one by one, and after each a new wide request of 400 KiB comes. The 1.6 MiB that
+	// four answers free are more than the reached request needs: it has its room by then.
+	for round := 1; round <= 4; round++ {
+		tokens <- struct{}{}
+		natstest.CheckFor(t, 10*time.Second, 2*time.Millisecond, func() error {
+			if n := got.get("200"); n != round || held.Load() != 1 {
+				return fmt.Errorf("%d answered, %d held", n, held.Load())
+			}
+			return nil
+		})
+		send(wideOf(fill))
+	}
+	natstest.CheckFor(t, 10*time.Second, 2*time.Millisecond, func() error {
+		if w := s.Waiting(); w != 0 {
+			return fmt.Errorf("the reached request still waits for room: %d bytes of the wide requests queued", s.wideBytes.Load())
+		}
+		return nil
+	})
+	require.LessOrEqual(t, s.wideBytes.Load(), int64(maxWideBytes))
+
+	// Every request is answered once the gate opens, and nothing is left counted.
+	open()
+	natstest.CheckFor(t, 10*time.Second, 2*time.Millisecond, func() error {
+		if n := got.get("200") + got.get("500") + got.get("504"); n != i {
+			return fmt.Errorf("%d of %d answered", n, i)
+		}
+		return nil
+	})
+	require.Zero(t, s.Queued())
 	require.Zero(t, s.queuedBytes.Load())
 	require.Zero(t, s.wideBytes.Load())
 }
