@@ -152,7 +152,14 @@ type Server struct {
 	// waited for its min_seq waits on it for room in wideBytes (waitWideBytes).
 	wideMu    sync.Mutex
 	wideFreed *sync.Cond
-	workers   sync.WaitGroup
+	// wideWanted is the bytes those waiting on wideFreed wait for: kept for them, so that a new wide
+	// request does not take the room they wait for (as a place goes to a request waiting for it first).
+	// They take it in turn (wideTurn, wideNext: the turn being served and the next one given, under
+	// wideMu), so that one that came later does not take it either.
+	wideWanted atomic.Int64
+	wideTurn   uint64
+	wideNext   uint64
+	workers    sync.WaitGroup
 	// The wide requests' lane (wide): queued in wide, handed to the workers by one dispatcher that
 	// takes one of wideSlots (max(1, workers-1)) for each, so that they never take every worker; the
 	// read-ahead worker takes one for each page of a wide walk it writes.
@@ -344,7 +351,7 @@ func (s *Server) queue(j job, wait bool) error {
 	if isWide && s.aheadReady(&j.r, j.format) {
 		isWide, j.ahead = false, true
 	}
-	if !wait && (s.queuedBytes.Load()+int64(j.size) > maxQueuedBytes || isWide && s.wideBytes.Load()+int64(j.size) > maxWideBytes) {
+	if !wait && (s.queuedBytes.Load()+int64(j.size) > maxQueuedBytes || isWide && !s.wideFits(j.size)) {
 		if isWide {
 			return s.busy(len(s.wideRoom))
 		}
@@ -385,13 +392,34 @@ func (s *Server) queue(j job, wait bool) error {
 // none (a request alone always fits), and counts them in: a wide request that has waited for its
 // min_seq waits for its room in bytes as for its place, rather than taking the bytes left to the
 // others. The workers make room as they take wide requests.
+// While it waits, the room it waits for is kept for it (wideWanted): new wide requests are answered
+// busy rather than take the bytes each answer frees, and those that wait so take the room in the turn
+// they came, which would otherwise keep a request with longer fields than the others' waiting for as
+// long as they came.
 func (s *Server) waitWideBytes(n int) {
 	s.wideMu.Lock()
 	defer s.wideMu.Unlock()
-	for b := s.wideBytes.Load(); b > 0 && b+int64(n) > maxWideBytes; b = s.wideBytes.Load() {
+	fits := func() bool { b := s.wideBytes.Load(); return b == 0 || b+int64(n) <= maxWideBytes }
+	if s.wideTurn == s.wideNext && fits() {
+		s.wideBytes.Add(int64(n))
+		return
+	}
+	turn := s.wideNext
+	s.wideNext++
+	s.wideWanted.Add(int64(n))
+	for s.wideTurn != turn || !fits() {
 		s.wideFreed.Wait()
 	}
-	s.wideBytes.Add(int64(n))
+	s.wideBytes.Add(int64(n)) // before its room is given up, so that no new request takes it between
+	s.wideWanted.Add(-int64(n))
+	s.wideTurn++
+	s.wideFreed.Broadcast() // the next in turn may fit too
+}
+
+// wideFits reports whether a wide request of n bytes of fields fits in the wide requests' share of the
+// queued bytes, beside those queued and the room kept for the reached requests waiting for it.
+func (s *Server) wideFits(n int) bool {
+	return s.wideBytes.Load()+s.wideWanted.Load()+int64(n) <= maxWideBytes
 }
 
 // requeueWide hands a request queued for a page written ahead (job.ahead), whose page went stale before
@@ -409,7 +437,7 @@ func (s *Server) requeueWide(j job) (bool, error) {
 		return false, nil
 	}
 	j.ahead = false
-	if s.queuedBytes.Load()+int64(j.size) > maxQueuedBytes || s.wideBytes.Load()+int64(j.size) > maxWideBytes {
+	if s.queuedBytes.Load()+int64(j.size) > maxQueuedBytes || !s.wideFits(j.size) {
 		return false, s.busy(len(s.wideRoom))
 	}
 	select {

@@ -2,7 +2,10 @@ package query
 
 import (
 	"fmt"
+	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -253,4 +256,153 @@ func TestServer_ReachedWideWaitersKeepToTheirShareOfTheQueue(t *testing.T) {
 	require.Zero(t, s.Waiting())
 	require.Zero(t, s.queuedBytes.Load())
 	require.Zero(t, s.wideBytes.Load())
+}
+
+// TestServer_ReachedWideWaiterIsNotOvertakenForRoom: a wide request whose min_seq came and that waits
+// for room in the wide requests' bytes is given that room before the wide requests that come after
+// it, as a reached request waiting for a place is given the place before a new request. The wide
+// requests' queue is full to its bytes behind a held wide answer, with requests of 400 KiB of fields,
+// and a reached request of 900 KiB waits for room; each time an answer goes on, another wide request
+// of 400 KiB comes: a new one, or one whose min_seq a commit then reaches. Each of those is answered
+// after the one that waited before it. Before, each took the 400 KiB just freed, and the reached
+// request, 900 KiB, never found room for as long as they came: its asker, who had waited for its
+// sequence already, got no answer at all while the seat answered the wide requests that came after.
+func TestServer_ReachedWideWaiterIsNotOvertakenForRoom(t *testing.T) {
+	for _, after := range []string{"new", "reached"} {
+		t.Run(after, func(t *testing.T) {
+			db := smallStore(t)
+			for seq := uint64(1); seq <= 3; seq++ {
+				putNeed(t, db, seq)
+			}
+			db.SetSynced(provisioner.BucketNeeds, true)
+			ns := natstest.RunServer(t)
+			snc, _ := natstest.Connect(t, ns.ClientURL())
+			s := NewServer(StoreReader(db), Options{Workers: 2, NoReadAhead: true})
+			const fill, big, later = 400 << 10, 900 << 10, 400<<10 + 1 // module lengths
+			// The wide answers are held at a gate that lets one through for each token; the order
+			// they start in is kept, by the length of their module.
+			tokens, done := make(chan struct{}), make(chan struct{})
+			var held atomic.Int64
+			var mu sync.Mutex
+			var started []int
+			s.answering = func(r *Request) {
+				if r.Node == "" {
+					mu.Lock()
+					started = append(started, len(r.Module))
+					mu.Unlock()
+					held.Add(1)
+					select {
+					case <-tokens:
+					case <-done:
+					}
+					held.Add(-1)
+				}
+			}
+			require.NoError(t, s.Start(snc, nil))
+			var once sync.Once
+			open := func() { once.Do(func() { close(done) }) }
+			t.Cleanup(func() { open(); s.Stop() })
+			nc, _ := natstest.Connect(t, ns.ClientURL())
+			got, inbox := collect(t, nc)
+
+			i := 0
+			state := func() string {
+				return fmt.Sprint(got.get("200"), got.get("500"), got.get("504"), s.wideBytes.Load(), held.Load(), s.Waiting())
+			}
+			// send sends a request and waits until it is counted: queued, held, waiting or answered.
+			send := func(body string) {
+				t.Helper()
+				i++
+				before := state()
+				require.NoError(t, nc.PublishRequest(Subject, fmt.Sprintf("%s.%d", inbox, i), []byte(body)))
+				natstest.CheckFor(t, 10*time.Second, 2*time.Millisecond, func() error {
+					if state() != before {
+						return nil
+					}
+					return fmt.Errorf("request %d neither queued, waiting nor answered", i)
+				})
+			}
+			wideOf := func(n int, more string) string {
+				return `{"what":"needs","module":"` + strings.Repeat("m", n) + `"` + more + `}`
+			}
+			seq := uint64(3)
+			// reach commits the next sequence, and waits until the watcher has handed over the
+			// requests it reaches.
+			reach := func() {
+				t.Helper()
+				seq++
+				putNeed(t, db, seq)
+				natstest.CheckFor(t, 10*time.Second, 2*time.Millisecond, func() error {
+					s.waitMu.Lock()
+					defer s.waitMu.Unlock()
+					if len(s.waiters) != 0 {
+						return fmt.Errorf("sequence %d not yet handed over", seq)
+					}
+					return nil
+				})
+			}
+
+			// A wide answer is held, and the wide requests' bytes are full behind it.
+			send(`{"what":"needs","module":"m"}`)
+			natstest.CheckFor(t, 10*time.Second, 2*time.Millisecond, func() error {
+				if held.Load() != 1 {
+					return fmt.Errorf("the wide answer is not held yet")
+				}
+				return nil
+			})
+			for got.get("500") == 0 {
+				require.Less(t, i, 100, "the wide requests' bytes took every request")
+				send(wideOf(fill, ""))
+			}
+			queued := s.Queued()
+
+			// A wide request of 900 KiB waits for the next sequence, which comes: it waits for room.
+			send(wideOf(big, fmt.Sprintf(`,"min_seq":%d,"wait_ms":10000`, seq+1)))
+			require.Equal(t, 1, s.Waiting())
+			reach()
+			require.Equal(t, queued+1, s.Queued(), "the reached request has its place")
+			require.Equal(t, 1, s.Waiting(), "the reached request waits for room")
+
+			// Answers go on one by one, and after each another wide request of 400 KiB comes.
+			for round := 1; round <= 4; round++ {
+				tokens <- struct{}{}
+				natstest.CheckFor(t, 10*time.Second, 2*time.Millisecond, func() error {
+					if n := got.get("200"); n != round || held.Load() != 1 {
+						return fmt.Errorf("%d answered, %d held", n, held.Load())
+					}
+					return nil
+				})
+				if after == "new" {
+					send(wideOf(later, ""))
+				} else {
+					send(wideOf(later, fmt.Sprintf(`,"min_seq":%d,"wait_ms":10000`, seq+1)))
+					reach()
+				}
+			}
+			require.LessOrEqual(t, s.wideBytes.Load(), int64(maxWideBytes))
+
+			// Every request is answered once the gate opens, the reached one before those that came
+			// after it, and nothing is left counted.
+			open()
+			natstest.CheckFor(t, 10*time.Second, 2*time.Millisecond, func() error {
+				if n := got.get("200") + got.get("500") + got.get("504"); n != i {
+					return fmt.Errorf("%d of %d answered", n, i)
+				}
+				return nil
+			})
+			mu.Lock()
+			order := slices.Index(started, big)
+			first := slices.Index(started, later)
+			mu.Unlock()
+			require.GreaterOrEqual(t, order, 0, "the reached request is answered")
+			if first >= 0 {
+				require.Less(t, order, first, "the reached request is answered after a wide request that came after it")
+			}
+			require.Zero(t, s.Waiting())
+			require.Zero(t, s.Queued())
+			require.Zero(t, s.queuedBytes.Load())
+			require.Zero(t, s.wideBytes.Load())
+			require.Zero(t, s.wideWanted.Load())
+		})
+	}
 }
