@@ -77,6 +77,7 @@ func OpenState(stateDir string) (*Log, error) {
 	// on a disk below it, telling the reader to give --state a larger one.
 	opts := offlineOptions
 	opts.MinFreeBytes = -1
+	opts.MemTableSize = store.CopyMemTableSize
 	db, err := store.Open(dir, opts)
 	if err != nil {
 		store.RemoveCopy(dir)

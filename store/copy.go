@@ -28,6 +28,11 @@ import (
 // (RemoveCopy, which lets the flock go) when done.
 func CopyCurrent(stateDir string) (string, error) { return CopyCurrentKeeping(stateDir, SeatReserve) }
 
+// CopyMemTableSize is the memtable a copy is to be opened with (replay.OpenState): it is read, not
+// written, and Pebble preallocates the WAL an open makes to 110% of it, which the copy's cost counts
+// (copyCost); with the seat's 64 MiB memtables that was 70 MiB more on a nearly full disk.
+const CopyMemTableSize = 4 << 20
+
 // SeatReserve is the room a seat keeps free on its state dir's disk: serve opens its store with the
 // default reserve of its 64 MiB memtables (defaultMinFree).
 const SeatReserve = 2*64<<20 + 32<<20
@@ -198,8 +203,8 @@ var errNoRoomHere = errors.New("store: no room for the copy in the state dir")
 // copyCost is what a copy of the generation gen costs on disk, opened: linked beside the state dir
 // (its tables hard-linked), whole elsewhere (its tables copied). What is copied besides the tables
 // (WALs, up to two memtables, MANIFEST, OPTIONS) counts twice, since opening the copy flushes the WALs
-// it replays into a table and writes a new manifest, and 4 MiB more are counted for the new WAL and
-// what else the open writes.
+// it replays into a table and writes a new manifest; and the new WAL the open makes, which Pebble
+// preallocates to 110% of the memtable (db.go walPreallocateSize), with 1 MiB for what else it writes.
 func copyCost(gen string) (linked, whole int64, err error) {
 	entries, err := os.ReadDir(gen)
 	if err != nil {
@@ -223,7 +228,7 @@ func copyCost(gen string) (linked, whole int64, err error) {
 			rest += info.Size()
 		}
 	}
-	linked = 2*rest + 4<<20
+	linked = 2*rest + CopyMemTableSize + CopyMemTableSize/10 + 1<<20
 	return linked, linked + tables, nil
 }
 

@@ -2,8 +2,10 @@ package store
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -110,4 +112,56 @@ func TestCopyCurrent_BesideTheStateWithRoom(t *testing.T) {
 	require.Equal(t, state, filepath.Dir(cp))
 	_, err = os.Stat(cp)
 	require.NoError(t, err)
+}
+
+// TestCopyCurrent_CostCountsWhatTheCopyTakes: what copyCost counts for a copy beside the state dir
+// covers the disk blocks the copy takes once opened as a reader opens it (replay.OpenState: no
+// reserve, CopyMemTableSize): its WALs copied, then replayed and flushed, a new manifest, and the new
+// WAL Pebble preallocates. Only the blocks of files not linked to the state dir's count.
+func TestCopyCurrent_CostCountsWhatTheCopyTakes(t *testing.T) {
+	state := t.TempDir()
+	db, err := OpenState(state, Options{})
+	require.NoError(t, err)
+	defer db.Close()
+	var msgs []provisioner.Message
+	for i := 0; i < 20000; i++ {
+		msgs = append(msgs, provisioner.Message{Seq: uint64(i + 1), Time: int64(i + 1), Key: fmt.Sprintf("n%05d.mod.nokind.x", i), Op: provisioner.OpPut, Value: []byte{0x01, 0x02, 0x03, 0x04}})
+	}
+	require.NoError(t, db.Apply(provisioner.BucketNeeds, msgs, 1, true))
+
+	gen, err := readCurrent(state)
+	require.NoError(t, err)
+	linked, _, err := copyCost(gen)
+	require.NoError(t, err)
+	cp, err := CopyCurrent(state) // beside the seat, which has the state dir open
+	require.NoError(t, err)
+	defer RemoveCopy(cp)
+	logs, err := filepath.Glob(filepath.Join(cp, "*.log"))
+	require.NoError(t, err)
+	require.NotEmpty(t, logs, "the copy has no WAL to replay: the test measures nothing")
+
+	rdb, err := Open(cp, Options{MinFreeBytes: -1, MemTableSize: CopyMemTableSize})
+	require.NoError(t, err)
+	taken := func() int64 {
+		var n int64
+		require.NoError(t, filepath.WalkDir(cp, func(path string, d os.DirEntry, err error) error {
+			if err != nil || d.IsDir() {
+				return err
+			}
+			var st syscall.Stat_t
+			if err := syscall.Stat(path, &st); err != nil {
+				return err
+			}
+			if st.Nlink == 1 {
+				n += st.Blocks * 512
+			}
+			return nil
+		}))
+		return n
+	}
+	opened := taken()
+	require.NoError(t, rdb.Close())
+	used := max(opened, taken())
+	t.Logf("copy: %d bytes counted, %d taken", linked, used)
+	require.LessOrEqual(t, used, linked, "the copy takes more of the state dir's disk than counted")
 }
