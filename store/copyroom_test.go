@@ -165,3 +165,13 @@ func TestCopyCurrent_CostCountsWhatTheCopyTakes(t *testing.T) {
 	t.Logf("copy: %d bytes counted, %d taken", linked, used)
 	require.LessOrEqual(t, used, linked, "the copy takes more of the state dir's disk than counted")
 }
+
+// TestSeatReserve_IsServes: the reserve a copy leaves on the state dir's disk is the one serve keeps
+// (its store options leave MinFreeBytes and MemTableSize at their defaults).
+func TestSeatReserve_IsServes(t *testing.T) {
+	db, err := OpenState(t.TempDir(), Options{})
+	require.NoError(t, err)
+	defer db.Close()
+	_, reserve, _ := db.Room()
+	require.Equal(t, int64(SeatReserve), reserve)
+}
