@@ -273,8 +273,12 @@ func tempFits(stateDir string, linked, whole, reserve int64, stateHadRoom bool) 
 		}
 	}
 	if free < need {
-		return fmt.Errorf("%w: a copy of %s to read it needs %d MiB in %s, which has %d MiB free: free space there, or point TMPDIR at another disk with %d MiB free",
-			ErrNoSpace, stateDir, mib(need), tmp, mib(free), mib(whole))
+		why := "it is not writable"
+		if !stateHadRoom {
+			why = fmt.Sprintf("it would take its disk below the %d MiB the seat keeps free there", mib(reserve))
+		}
+		return fmt.Errorf("%w: a copy of %s to read it cannot go beside it (%s) and needs %d MiB in %s, which has %d MiB free: free space there, or point TMPDIR at another disk with %d MiB free",
+			ErrNoSpace, stateDir, why, mib(need), tmp, mib(free), mib(whole))
 	}
 	return nil
 }

@@ -99,6 +99,7 @@ func TestCopyCurrent_GoesToAnotherDisk(t *testing.T) {
 	require.True(t, errors.Is(err, ErrNoSpace), "%v", err)
 	require.Contains(t, err.Error(), "needs")
 	require.Contains(t, err.Error(), tmp)
+	require.Contains(t, err.Error(), "below the 160 MiB the seat keeps free")
 }
 
 // TestCopyCurrent_BesideTheStateWithRoom: with room for the copy above the reserve, it is made beside
