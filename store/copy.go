@@ -23,7 +23,8 @@ import (
 // compared before and after and the copy made again when it moved.
 //
 // The copy lives in <state>/.replay-* (same filesystem, so links work), or in the system's temporary
-// directory with the .sst files copied when the state dir is not writable. A copy in the state dir is
+// directory with the .sst files copied when the state dir is not writable, or when the copy would take
+// its disk below the seat's reserve (CopyCurrentKeeping). A copy in the state dir is
 // held with a flock from before anything is written in it (lockCopy). The caller removes it
 // (RemoveCopy, which lets the flock go) when done.
 func CopyCurrent(stateDir string) (string, error) { return CopyCurrentKeeping(stateDir, SeatReserve) }
