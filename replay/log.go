@@ -72,7 +72,13 @@ func OpenState(stateDir string) (*Log, error) {
 	if err != nil {
 		return nil, err
 	}
-	db, err := store.Open(dir, offlineOptions)
+	// A reader keeps no reserve: CopyCurrent placed the copy where what it costs fits, leaving the
+	// seat's reserve on the state dir's disk; the seat's own reserve on the copy refused every replay
+	// on a disk below it, telling the reader to give --state a larger one.
+	opts := offlineOptions
+	opts.MinFreeBytes = -1
+	opts.MemTableSize = store.CopyMemTableSize
+	db, err := store.Open(dir, opts)
 	if err != nil {
 		store.RemoveCopy(dir)
 		return nil, fmt.Errorf("open the copy of %s: %w", stateDir, err)

@@ -23,10 +23,29 @@ import (
 // compared before and after and the copy made again when it moved.
 //
 // The copy lives in <state>/.replay-* (same filesystem, so links work), or in the system's temporary
-// directory with the .sst files copied when the state dir is not writable. A copy in the state dir is
+// directory with the .sst files copied when the state dir is not writable, or when the copy would take
+// its disk below the seat's reserve (CopyCurrentKeeping). A copy in the state dir is
 // held with a flock from before anything is written in it (lockCopy). The caller removes it
 // (RemoveCopy, which lets the flock go) when done.
-func CopyCurrent(stateDir string) (string, error) {
+func CopyCurrent(stateDir string) (string, error) { return CopyCurrentKeeping(stateDir, SeatReserve) }
+
+// CopyMemTableSize is the memtable a copy is to be opened with (replay.OpenState): it is read, not
+// written, and Pebble preallocates the WAL an open makes to 110% of it, which the copy's cost counts
+// (copyCost); with the seat's 64 MiB memtables that was 70 MiB more on a nearly full disk.
+const CopyMemTableSize = 4 << 20
+
+// SeatReserve is the room a seat keeps free on its state dir's disk: serve opens its store with the
+// default reserve of its 64 MiB memtables (defaultMinFree).
+const SeatReserve = 2*64<<20 + 32<<20
+
+// CopyCurrentKeeping is CopyCurrent leaving reserve bytes free on the state dir's disk for the seat
+// that may be running on it. A copy in the state dir costs its WALs, MANIFEST and OPTIONS copied,
+// and as much again when the copy is opened (the WALs replayed are flushed into a table, a new
+// manifest is written): copyCost. When that would take the state dir's disk below reserve, the copy
+// goes to the system's temporary directory instead if that is on another disk with room for all of
+// it (its tables copied too, since links cannot cross disks), and is refused otherwise, saying how
+// much it needs and where: a reader's copy never makes the seat hold its writes.
+func CopyCurrentKeeping(stateDir string, reserve int64) (string, error) {
 	var lastErr error
 	for attempt := 0; attempt < 20; attempt++ {
 		gen, err := readCurrent(stateDir)
@@ -43,7 +62,7 @@ func CopyCurrent(stateDir string) (string, error) {
 			}
 			return "", fmt.Errorf("store: %s holds no projection yet (no %s)%s", stateDir, currentName, hint)
 		}
-		dir, err := copyGeneration(stateDir, gen)
+		dir, err := copyGeneration(stateDir, gen, reserve)
 		if err == nil {
 			return dir, nil
 		}
@@ -100,13 +119,25 @@ func signature(dir string) ([]string, error) {
 	return sig, nil
 }
 
-func copyGeneration(stateDir, gen string) (string, error) {
+func copyGeneration(stateDir, gen string, reserve int64) (string, error) {
 	before, err := signature(gen)
 	if err != nil {
 		return "", err
 	}
 	removeStaleCopies(stateDir)
-	tmp, err := os.MkdirTemp(stateDir, ".replay-")
+	linked, whole, err := copyCost(gen)
+	if err != nil {
+		return "", fmt.Errorf("copy state: %w", err)
+	}
+	inState, err := copyFits(stateDir, linked, reserve)
+	if err != nil {
+		return "", err
+	}
+	var tmp string
+	err = errNoRoomHere
+	if inState {
+		tmp, err = os.MkdirTemp(stateDir, ".replay-")
+	}
 	link := err == nil
 	if link {
 		if copyDirMade != nil {
@@ -119,6 +150,9 @@ func copyGeneration(stateDir, gen string) (string, error) {
 		}
 	}
 	if err != nil {
+		if err := tempFits(stateDir, linked, whole, reserve, inState); err != nil {
+			return "", err
+		}
 		if tmp, err = os.MkdirTemp("", "mesh-provisioner-replay-"); err != nil {
 			return "", fmt.Errorf("copy state: %w", err)
 		}
@@ -164,6 +198,94 @@ func copyGeneration(stateDir, gen string) (string, error) {
 	}
 	return tmp, nil
 }
+
+var errNoRoomHere = errors.New("store: no room for the copy in the state dir")
+
+// copyCost is what a copy of the generation gen costs on disk, opened: linked beside the state dir
+// (its tables hard-linked), whole elsewhere (its tables copied). What is copied besides the tables
+// (WALs, up to two memtables, MANIFEST, OPTIONS) counts twice, since opening the copy flushes the WALs
+// it replays into a table and writes a new manifest; and the new WAL the open makes, which Pebble
+// preallocates to 110% of the memtable (db.go walPreallocateSize), with 1 MiB for what else it writes.
+func copyCost(gen string) (linked, whole int64, err error) {
+	entries, err := os.ReadDir(gen)
+	if err != nil {
+		return 0, 0, err
+	}
+	var tables, rest int64
+	for _, e := range entries {
+		if e.Name() == "LOCK" || e.Name() == probeName || e.IsDir() {
+			continue
+		}
+		info, err := e.Info()
+		if errors.Is(err, os.ErrNotExist) {
+			continue // removed by a compaction: the signature check makes the copy again
+		}
+		if err != nil {
+			return 0, 0, err
+		}
+		if strings.HasSuffix(e.Name(), ".sst") {
+			tables += info.Size()
+		} else {
+			rest += info.Size()
+		}
+	}
+	linked = 2*rest + CopyMemTableSize + CopyMemTableSize/10 + 1<<20
+	return linked, linked + tables, nil
+}
+
+// diskFree is what statfs says dir's file system has free, and its device; ok is false when it
+// cannot say.
+var diskFree = func(dir string) (free int64, dev uint64, ok bool) {
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(dir, &st); err != nil {
+		return 0, 0, false
+	}
+	var fi syscall.Stat_t
+	if err := syscall.Stat(dir, &fi); err != nil {
+		return 0, 0, false
+	}
+	return int64(st.Bavail) * int64(st.Bsize), uint64(fi.Dev), true
+}
+
+// copyFits says whether a copy costing cost fits in the state dir leaving reserve free. A state dir
+// that is not writable is left to MkdirTemp to find out (the copy goes to the temporary directory).
+func copyFits(stateDir string, cost, reserve int64) (bool, error) {
+	free, _, ok := diskFree(stateDir)
+	if !ok || reserve < 0 {
+		return true, nil
+	}
+	return free-cost >= reserve, nil
+}
+
+// tempFits says why the system's temporary directory cannot take a whole copy, or nil when it can:
+// on the state dir's disk it must leave the seat's reserve free too.
+func tempFits(stateDir string, linked, whole, reserve int64, stateHadRoom bool) error {
+	tmp := os.TempDir()
+	free, dev, ok := diskFree(tmp)
+	if !ok {
+		return nil
+	}
+	need := whole
+	if sfree, sdev, sok := diskFree(stateDir); sok && sdev == dev && reserve > 0 {
+		need += reserve
+		if !stateHadRoom {
+			return fmt.Errorf("%w: a copy of %s to read it needs %d MiB (its WALs and manifest, copied and replayed) and its disk has %d MiB free, below the %d MiB the seat keeps free there, and %s is on the same disk: free space on that disk, or point TMPDIR at another disk with %d MiB free (the copy's tables are copied there too)",
+				ErrNoSpace, stateDir, mib(linked), mib(sfree), mib(reserve), tmp, mib(whole))
+		}
+	}
+	if free < need {
+		why := "it is not writable"
+		if !stateHadRoom {
+			why = fmt.Sprintf("it would take its disk below the %d MiB the seat keeps free there", mib(reserve))
+		}
+		return fmt.Errorf("%w: a copy of %s to read it cannot go beside it (%s) and needs %d MiB in %s, which has %d MiB free: free space there, or point TMPDIR at another disk with %d MiB free",
+			ErrNoSpace, stateDir, why, mib(need), tmp, mib(free), mib(whole))
+	}
+	return nil
+}
+
+// mib rounds up to whole MiB, so that a need is never said as 0.
+func mib(n int64) int64 { return (n + 1<<20 - 1) >> 20 }
 
 func copyOrder(name string) int {
 	switch {

@@ -1,0 +1,29 @@
+package replay_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/replay"
+	"github.com/novox/mesh-provisioner/store"
+)
+
+// TestOpenState_ReaderKeepsNoReserve: the copy a replay or export --state reads was opened with the
+// seat's reserve (160 MiB), so on a disk below it every replay was refused ("free space on that disk
+// (or give --state a larger one)"), just when an operator in an incident needed it. A reader keeps no
+// reserve: where its copy goes already leaves the seat's (store.CopyCurrent).
+func TestOpenState_ReaderKeepsNoReserve(t *testing.T) {
+	dir := t.TempDir()
+	db, err := store.OpenState(dir, store.Options{})
+	require.NoError(t, err)
+	require.NoError(t, db.Apply(provisioner.BucketNeeds, []provisioner.Message{{Seq: 1, Time: 1, Key: "n1.mod.nokind.x", Op: provisioner.OpPut, Value: []byte{0x01}}}, 1, false))
+	require.NoError(t, db.Close())
+
+	l, err := replay.OpenState(dir)
+	require.NoError(t, err)
+	defer l.Close()
+	_, reserve, _ := l.DB.Room()
+	require.Negative(t, reserve, "the copy is opened keeping a writer's reserve of %d bytes", reserve)
+}
