@@ -185,11 +185,19 @@ func TestServer_FullQueueAnswersBusy(t *testing.T) {
 
 	nc, _ := natstest.Connect(t, ns.ClientURL())
 	got, inbox := collect(t, nc)
-	for i := 0; i < n; i++ {
+	// The worker is held in its first answer (sent alone: in a burst the rest could fill the queue
+	// before the worker took the first from it), then the queue fills, and every other request is
+	// answered busy at once.
+	require.NoError(t, nc.PublishRequest(Subject, inbox+".0", []byte(`{"what":"needs"}`)))
+	natstest.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		if g.open.Load() != 1 {
+			return fmt.Errorf("the worker is not in its first answer yet")
+		}
+		return nil
+	})
+	for i := 1; i < n; i++ {
 		require.NoError(t, nc.PublishRequest(Subject, fmt.Sprintf("%s.%d", inbox, i), []byte(`{"what":"needs"}`)))
 	}
-	// The worker is held in its first answer: the queue fills, and every other request is answered
-	// busy at once.
 	natstest.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
 		if b := got.get("500"); b < n-workers-queued {
 			return fmt.Errorf("%d answered busy", b)
