@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
@@ -196,33 +197,17 @@ func TestSeat_RebuildWaitsForRoom(t *testing.T) {
 	h.load(testMesh.Ops())
 
 	var logs natstest.LogBuffer
-	log := slog.New(slog.NewTextHandler(&logs, nil))
 	// The disk fills once the rebuild's new generation is open, for its store alone.
 	fs, room := faultfs.FullOnceLogged(t, &logs, "rebuild started")
-	db, err := store.OpenState(t.TempDir(), store.Options{})
-	require.NoError(t, err)
-	nc, js := natstest.Connect(t, h.url)
-	st, err := seat.Start(context.Background(), nc, js, db, seat.Config{Logger: log, WriteRegistry: true,
-		Projector: projector.Options{Poll: 50 * time.Millisecond, Verify: 200 * time.Millisecond},
-		Store:     store.Options{FS: fs, MinFreeBytes: 1 << 20}})
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		room.Store(true) // a stop waits for room, as a write does
-		require.NoError(t, st.Stop())
-		require.NoError(t, db.Close())
-	})
-	h.waitCaughtUp(st)
+	st, db, _ := h.rebuildOnFullDiskSeat(fs, room, &logs)
 	_, held := st.WritesHeld()
 	require.False(t, held)
 
-	require.NoError(t, h.js.DeleteKeyValue(context.Background(), provisioner.BucketApplied))
-	_, err = h.js.CreateKeyValue(context.Background(), jetstream.KeyValueConfig{Bucket: provisioner.BucketApplied, History: 8})
-	require.NoError(t, err)
 	var fresh []fixtures.Op
 	for i := range 30 {
 		fresh = append(fresh, fixtures.Op{Bucket: provisioner.BucketApplied, Key: fmt.Sprintf("%s.mod-new%d", fixtures.NodeName(i%5), i), Op: provisioner.OpPut, Value: []byte{0x01}})
 	}
-	h.load(fresh)
+	h.recreateApplied(fresh...)
 	var dir string
 	natstest.CheckFor(t, 20*time.Second, 10*time.Millisecond, func() error {
 		if dir, held = st.WritesHeld(); !held {
@@ -265,28 +250,10 @@ func TestSeat_RebuildOpensOnAFullDisk(t *testing.T) {
 	h.load(testMesh.Ops())
 
 	var logs natstest.LogBuffer
-	log := slog.New(slog.NewTextHandler(&logs, nil))
 	// The disk fills for the rebuild's new generation as soon as a rebuild is asked for.
 	fs, room := faultfs.FullOnceLogged(t, &logs, "bucket cannot be resumed")
-	state := t.TempDir()
-	db, err := store.OpenState(state, store.Options{})
-	require.NoError(t, err)
-	nc, js := natstest.Connect(t, h.url)
-	st, err := seat.Start(context.Background(), nc, js, db, seat.Config{Logger: log, WriteRegistry: true,
-		Projector: projector.Options{Poll: 50 * time.Millisecond, Verify: 200 * time.Millisecond},
-		Store:     store.Options{FS: fs, MinFreeBytes: 1 << 20}})
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		room.Store(true)
-		require.NoError(t, st.Stop())
-		require.NoError(t, db.Close())
-	})
-	h.waitCaughtUp(st)
-
-	require.NoError(t, h.js.DeleteKeyValue(context.Background(), provisioner.BucketApplied))
-	_, err = h.js.CreateKeyValue(context.Background(), jetstream.KeyValueConfig{Bucket: provisioner.BucketApplied, History: 8})
-	require.NoError(t, err)
-	h.load([]fixtures.Op{{Bucket: provisioner.BucketApplied, Key: "n1.mod-new", Op: provisioner.OpPut, Value: []byte{0x01}}})
+	st, db, state := h.rebuildOnFullDiskSeat(fs, room, &logs)
+	h.recreateApplied()
 
 	natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
 		out := logs.String()
@@ -427,27 +394,9 @@ func TestSeat_RebuildOpenWaitsForRoom(t *testing.T) {
 	h.load(testMesh.Ops())
 
 	var logs natstest.LogBuffer
-	log := slog.New(slog.NewTextHandler(&logs, nil))
 	fs, room := faultfs.FullOnceLoggedButProbe(t, &logs, "bucket cannot be resumed")
-	state := t.TempDir()
-	db, err := store.OpenState(state, store.Options{})
-	require.NoError(t, err)
-	nc, js := natstest.Connect(t, h.url)
-	st, err := seat.Start(context.Background(), nc, js, db, seat.Config{Logger: log, WriteRegistry: true,
-		Projector: projector.Options{Poll: 50 * time.Millisecond, Verify: 200 * time.Millisecond},
-		Store:     store.Options{FS: fs, MinFreeBytes: 1 << 20}})
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		room.Store(true)
-		require.NoError(t, st.Stop())
-		require.NoError(t, db.Close())
-	})
-	h.waitCaughtUp(st)
-
-	require.NoError(t, h.js.DeleteKeyValue(context.Background(), provisioner.BucketApplied))
-	_, err = h.js.CreateKeyValue(context.Background(), jetstream.KeyValueConfig{Bucket: provisioner.BucketApplied, History: 8})
-	require.NoError(t, err)
-	h.load([]fixtures.Op{{Bucket: provisioner.BucketApplied, Key: "n1.mod-new", Op: provisioner.OpPut, Value: []byte{0x01}}})
+	st, db, state := h.rebuildOnFullDiskSeat(fs, room, &logs)
+	h.recreateApplied()
 
 	var dir string
 	natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
@@ -473,4 +422,40 @@ func TestSeat_RebuildOpenWaitsForRoom(t *testing.T) {
 	require.Equal(t, dir, st.Store().Dir())
 	h.waitCaughtUp(st)
 	h.checkAll()
+}
+
+// rebuildOnFullDiskSeat starts a seat on a state dir of its own whose rebuilds open their new
+// generations on fs (a disk that fills: faultfs), logging to logs, caught up with the harness's mesh;
+// room is set before it stops, since a stop waits for room as a write does.
+func (h *harness) rebuildOnFullDiskSeat(fs vfs.FS, room *atomic.Bool, logs *natstest.LogBuffer) (st *seat.Seat, db *store.DB, state string) {
+	t := h.t
+	t.Helper()
+	state = t.TempDir()
+	db, err := store.OpenState(state, store.Options{})
+	require.NoError(t, err)
+	nc, js := natstest.Connect(t, h.url)
+	st, err = seat.Start(context.Background(), nc, js, db, seat.Config{Logger: slog.New(slog.NewTextHandler(logs, nil)), WriteRegistry: true,
+		Projector: projector.Options{Poll: 50 * time.Millisecond, Verify: 200 * time.Millisecond},
+		Store:     store.Options{FS: fs, MinFreeBytes: 1 << 20}})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		room.Store(true)
+		require.NoError(t, st.Stop())
+		require.NoError(t, db.Close())
+	})
+	h.waitCaughtUp(st)
+	return st, db, state
+}
+
+// recreateApplied deletes the applied bucket and creates it again holding ops (one key when none),
+// which a seat rebuilds on.
+func (h *harness) recreateApplied(ops ...fixtures.Op) {
+	h.t.Helper()
+	require.NoError(h.t, h.js.DeleteKeyValue(context.Background(), provisioner.BucketApplied))
+	_, err := h.js.CreateKeyValue(context.Background(), jetstream.KeyValueConfig{Bucket: provisioner.BucketApplied, History: 8})
+	require.NoError(h.t, err)
+	if len(ops) == 0 {
+		ops = []fixtures.Op{{Bucket: provisioner.BucketApplied, Key: "n1.mod-new", Op: provisioner.OpPut, Value: []byte{0x01}}}
+	}
+	h.load(ops)
 }
