@@ -29,10 +29,7 @@ import (
 // instead, naming the new generation; the operator was told it is out of room; and the next start
 // opens the state dir, removes the generation left behind and rebuilds: nothing is lost.
 func TestServe_SignalWhileARebuildWaitsForRoom(t *testing.T) {
-	ns := natstest.RunServer(t)
-	nc, js := natstest.Connect(t, ns.ClientURL())
-	mesh := fixtures.Mesh{Seed: 3, Nodes: 12, Modules: 3, NeedsPerModule: 2, Collections: 2}
-	require.NoError(t, fixtures.Load(context.Background(), js, mesh.Ops(), 256, nil))
+	ns, nc, js := smallMeshServer(t)
 
 	var logs natstest.LogBuffer
 	log := slog.New(slog.NewTextHandler(&logs, nil))

@@ -33,10 +33,7 @@ import (
 // mesh_provisioner_state_out_of_room is 1; the micro stats carry out_of_room. Once there is room, all
 // three clear and /readyz is 200 again.
 func TestServe_ReadyzSaysTheDiskIsFull(t *testing.T) {
-	ns := natstest.RunServer(t)
-	nc, js := natstest.Connect(t, ns.ClientURL())
-	mesh := fixtures.Mesh{Seed: 3, Nodes: 12, Modules: 3, NeedsPerModule: 2, Collections: 2}
-	require.NoError(t, fixtures.Load(context.Background(), js, mesh.Ops(), 256, nil))
+	ns, nc, js := smallMeshServer(t)
 
 	var full atomic.Bool
 	fs := faultfs.Writes(full.Load, syscall.ENOSPC)

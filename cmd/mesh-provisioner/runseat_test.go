@@ -8,9 +8,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/require"
 
+	"github.com/novox/mesh-provisioner/fixtures"
 	"github.com/novox/mesh-provisioner/internal/natstest"
 	"github.com/novox/mesh-provisioner/store"
 )
@@ -43,4 +46,15 @@ func awaitRun(t *testing.T, done <-chan error, waiting string) error {
 		}
 	})
 	return err
+}
+
+// smallMeshServer starts a NATS server holding a small mesh (12 nodes, 3 modules), for the tests of
+// serve's faults, and connects to it.
+func smallMeshServer(t *testing.T) (*server.Server, *nats.Conn, jetstream.JetStream) {
+	t.Helper()
+	ns := natstest.RunServer(t)
+	nc, js := natstest.Connect(t, ns.ClientURL())
+	mesh := fixtures.Mesh{Seed: 3, Nodes: 12, Modules: 3, NeedsPerModule: 2, Collections: 2}
+	require.NoError(t, fixtures.Load(context.Background(), js, mesh.Ops(), 256, nil))
+	return ns, nc, js
 }

@@ -51,10 +51,7 @@ func TestServe_SignalDuringStartStopsIt(t *testing.T) {
 // commits its last batch. It stops as a kill would instead, saying so, and the next start reads
 // what was not written again from the streams.
 func TestServe_SignalWhileTheDiskIsFull(t *testing.T) {
-	ns := natstest.RunServer(t)
-	nc, js := natstest.Connect(t, ns.ClientURL())
-	mesh := fixtures.Mesh{Seed: 3, Nodes: 12, Modules: 3, NeedsPerModule: 2, Collections: 2}
-	require.NoError(t, fixtures.Load(context.Background(), js, mesh.Ops(), 256, nil))
+	_, nc, js := smallMeshServer(t)
 
 	var full atomic.Bool
 	fs := faultfs.Writes(full.Load, syscall.ENOSPC)
@@ -90,10 +87,7 @@ func TestServe_SignalWhileTheDiskIsFull(t *testing.T) {
 // Pebble panic and serve die with a stack trace. Now serve stops by itself, saying the state dir
 // cannot be written and what to do, and returns store.ErrWriteFailed (exit 1).
 func TestServe_WriteFailsWithEIO(t *testing.T) {
-	ns := natstest.RunServer(t)
-	_, js := natstest.Connect(t, ns.ClientURL())
-	mesh := fixtures.Mesh{Seed: 3, Nodes: 12, Modules: 3, NeedsPerModule: 2, Collections: 2}
-	require.NoError(t, fixtures.Load(context.Background(), js, mesh.Ops(), 256, nil))
+	ns, _, js := smallMeshServer(t)
 
 	var broken atomic.Bool
 	fs := faultfs.Writes(broken.Load, syscall.EIO)

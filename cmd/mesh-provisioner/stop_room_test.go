@@ -12,7 +12,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	provisioner "github.com/novox/mesh-provisioner"
-	"github.com/novox/mesh-provisioner/fixtures"
 	"github.com/novox/mesh-provisioner/internal/faultfs"
 	"github.com/novox/mesh-provisioner/internal/natstest"
 	"github.com/novox/mesh-provisioner/store"
@@ -24,10 +23,7 @@ import (
 // without draining as soon as a write is held, naming the state dir, as for a signal that finds one
 // held; nothing is lost, and the next start reads on from what was committed.
 func TestServe_DiskFillsDuringTheStop(t *testing.T) {
-	ns := natstest.RunServer(t)
-	nc, js := natstest.Connect(t, ns.ClientURL())
-	mesh := fixtures.Mesh{Seed: 3, Nodes: 12, Modules: 3, NeedsPerModule: 2, Collections: 2}
-	require.NoError(t, fixtures.Load(context.Background(), js, mesh.Ops(), 256, nil))
+	_, nc, js := smallMeshServer(t)
 
 	var logs natstest.LogBuffer
 	log := slog.New(slog.NewTextHandler(&logs, nil))
