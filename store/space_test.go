@@ -228,18 +228,7 @@ func testWriteFailsWithEIO(t *testing.T, sync bool) {
 	// The next process: Pebble's lock is held by this one's abandoned open, so the files are copied as
 	// they are on disk and opened there.
 	on.Store(false)
-	next := t.TempDir()
-	entries, err := os.ReadDir(dir)
-	require.NoError(t, err)
-	for _, e := range entries {
-		if e.Name() == "LOCK" {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
-		require.NoError(t, err)
-		require.NoError(t, writeFile(filepath.Join(next, e.Name()), b))
-	}
-	db, err = store.Open(next, store.Options{MinFreeBytes: 1 << 20})
+	db, err = store.Open(copyAsOnDisk(t, dir), store.Options{MinFreeBytes: 1 << 20})
 	require.NoError(t, err)
 	defer db.Close()
 	// What the log kept, and the checkpoint with it: one row per message up to the checkpoint.
@@ -386,18 +375,7 @@ func TestDB_SyncFindsTheDiskFull(t *testing.T) {
 
 	// The next start, room back: the files as they are on disk (this process's Pebble keeps its lock).
 	on.Store(false)
-	next := t.TempDir()
-	entries, err := os.ReadDir(dir)
-	require.NoError(t, err)
-	for _, e := range entries {
-		if e.Name() == "LOCK" {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
-		require.NoError(t, err)
-		require.NoError(t, writeFile(filepath.Join(next, e.Name()), b))
-	}
-	db, err = store.Open(next, store.Options{MinFreeBytes: 1 << 20})
+	db, err = store.Open(copyAsOnDisk(t, dir), store.Options{MinFreeBytes: 1 << 20})
 	require.NoError(t, err)
 	defer db.Close()
 	seq := db.Checkpoint(provisioner.BucketNeeds).Applied
@@ -475,4 +453,22 @@ func TestOpenState_FirstStartOnAFullDiskLeavesNoGeneration(t *testing.T) {
 	require.NoError(t, err)
 	defer db.Close()
 	require.Equal(t, "gen-000001", filepath.Base(db.Dir()))
+}
+
+// copyAsOnDisk copies a store's files as they are on disk, but its LOCK (held by this process's
+// Pebble), to a new directory, for the next process to open, and returns that directory.
+func copyAsOnDisk(t *testing.T, dir string) string {
+	t.Helper()
+	next := t.TempDir()
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	for _, e := range entries {
+		if e.Name() == "LOCK" {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		require.NoError(t, err)
+		require.NoError(t, writeFile(filepath.Join(next, e.Name()), b))
+	}
+	return next
 }
