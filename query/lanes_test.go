@@ -245,27 +245,13 @@ func TestServer_WideRequestsLeaveQueueRoomToNodeLookups(t *testing.T) {
 // lookups of make bench went from about 23 to 26 ms.
 func TestServer_APageWrittenAheadIsNoWideAnswer(t *testing.T) {
 	g := startGated(t, Options{}, func(r *Request) bool { return r.At != "" }, nil)
-	s, nc, held := g.s, g.nc, &g.held
+	nc := g.nc
 
 	// The first page of a module walk, one row a page: the next ones are written ahead.
-	first, _, err := natstest.Ask(nc, Subject, []byte(`{"what":"needs","module":"m","limit":1}`), false)
-	require.NoError(t, err)
-	require.NotEmpty(t, first.Next)
-	natstest.CheckFor(t, 10*time.Second, 2*time.Millisecond, func() error {
-		if n := s.Ahead(); n < 2 {
-			return fmt.Errorf("%d pages written ahead", n)
-		}
-		return nil
-	})
+	first := g.firstPageOfAWalk(t, 2)
 	// A wide answer takes the one slot and is held there.
 	_, inbox := collect(t, nc)
-	require.NoError(t, nc.PublishRequest(Subject, inbox+".at", []byte(`{"what":"needs","at":"seq:3","limit":10000}`)))
-	natstest.CheckFor(t, 10*time.Second, 2*time.Millisecond, func() error {
-		if held.Load() != 1 {
-			return fmt.Errorf("the wide answer is not held yet")
-		}
-		return nil
-	})
+	g.holdAWideAnswer(t, inbox)
 	// The walk's second page is answered from the page written ahead all the same.
 	body := fmt.Sprintf(`{"what":"needs","module":"m","limit":1,"after":%q}`, first.Next)
 	second, _, err := natstest.Ask(nc, Subject, []byte(body), false)
@@ -282,6 +268,35 @@ type gated struct {
 	nc   *nats.Conn   // a client's connection
 	held atomic.Int64 // answers waiting at the gate now
 	open func()       // opens the gate, once; the test's cleanup opens it too, then stops the server
+}
+
+// firstPageOfAWalk asks the first page of a walk of module m, one row a page, and waits until at
+// least n pages after it are written ahead; it returns that first answer.
+func (g *gated) firstPageOfAWalk(t *testing.T, n int) natstest.Answer {
+	t.Helper()
+	first, _, err := natstest.Ask(g.nc, Subject, []byte(`{"what":"needs","module":"m","limit":1}`), false)
+	require.NoError(t, err)
+	require.NotEmpty(t, first.Next)
+	natstest.CheckFor(t, 10*time.Second, 2*time.Millisecond, func() error {
+		if ahead := g.s.Ahead(); ahead < n {
+			return fmt.Errorf("%d pages written ahead", ahead)
+		}
+		return nil
+	})
+	return first
+}
+
+// holdAWideAnswer sends an at request (a wide answer, answered on inbox.at) and waits until the gate
+// holds it, the one held.
+func (g *gated) holdAWideAnswer(t *testing.T, inbox string) {
+	t.Helper()
+	require.NoError(t, g.nc.PublishRequest(Subject, inbox+".at", []byte(`{"what":"needs","at":"seq:3","limit":10000}`)))
+	natstest.CheckFor(t, 10*time.Second, 2*time.Millisecond, func() error {
+		if g.held.Load() != 1 {
+			return fmt.Errorf("the wide answer is not held yet")
+		}
+		return nil
+	})
 }
 
 // startGated starts a gated Server with opts (two workers); hooks, when set, sets the server's other
@@ -334,25 +349,11 @@ func TestServer_AStalePageWrittenAheadIsAWideAnswer(t *testing.T) {
 				}
 				return r.At != ""
 			}, nil)
-			s, nc, held, open := g.s, g.nc, &g.held, g.open
+			s, nc, open := g.s, g.nc, g.open
 
-			first, _, err := natstest.Ask(nc, Subject, []byte(`{"what":"needs","module":"m","limit":1}`), false)
-			require.NoError(t, err)
-			require.NotEmpty(t, first.Next)
-			natstest.CheckFor(t, 10*time.Second, 2*time.Millisecond, func() error {
-				if n := s.Ahead(); n < 2 {
-					return fmt.Errorf("%d pages written ahead", n)
-				}
-				return nil
-			})
+			first := g.firstPageOfAWalk(t, 2)
 			got, inbox := collect(t, nc)
-			require.NoError(t, nc.PublishRequest(Subject, inbox+".at", []byte(`{"what":"needs","at":"seq:3","limit":10000}`)))
-			natstest.CheckFor(t, 10*time.Second, 2*time.Millisecond, func() error {
-				if held.Load() != 1 {
-					return fmt.Errorf("the wide answer is not held yet")
-				}
-				return nil
-			})
+			g.holdAWideAnswer(t, inbox)
 			// A need of module m is committed: the page kept for the walk's second page is stale.
 			put := func() { putNeed(t, g.db, 4) }
 			if when == "before it is queued" {
