@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 
 	provisioner "github.com/novox/mesh-provisioner"
@@ -38,20 +39,7 @@ func TestServer_WaiterTimesOutWhileTheQueueIsFull(t *testing.T) {
 	got, inbox := collect(t, nc)
 
 	// The one worker is held by an answer, and the queue's one place is taken.
-	require.NoError(t, nc.PublishRequest(Subject, inbox+".held", []byte(`{"what":"needs"}`)))
-	natstest.CheckFor(t, 10*time.Second, 2*time.Millisecond, func() error {
-		if gr.open.Load() != 1 {
-			return fmt.Errorf("the worker is not held yet")
-		}
-		return nil
-	})
-	require.NoError(t, nc.PublishRequest(Subject, inbox+".queued", []byte(`{"what":"needs"}`)))
-	natstest.CheckFor(t, 10*time.Second, 2*time.Millisecond, func() error {
-		if q := s.Queued(); q != 1 {
-			return fmt.Errorf("%d queued", q)
-		}
-		return nil
-	})
+	holdOneQueueOne(t, s, nc, inbox, gr.open.Load)
 
 	// Two requests wait on the bucket: one whose sequence comes next, and one far ahead with a short wait.
 	require.NoError(t, nc.PublishRequest(Subject, inbox+".near", []byte(`{"what":"needs","min_seq":2,"wait_ms":10000}`)))
@@ -104,20 +92,7 @@ func TestServer_ReachedNodeLookupNotHeldBehindAFullWideQueue(t *testing.T) {
 	got, inbox := collect(t, nc)
 
 	// A wide answer is under way, held, and one more waits in the wide requests' queue: it is full.
-	require.NoError(t, nc.PublishRequest(Subject, inbox+".held", []byte(`{"what":"needs"}`)))
-	natstest.CheckFor(t, 10*time.Second, 2*time.Millisecond, func() error {
-		if held.Load() != 1 {
-			return fmt.Errorf("the wide answer is not held yet")
-		}
-		return nil
-	})
-	require.NoError(t, nc.PublishRequest(Subject, inbox+".queued", []byte(`{"what":"needs"}`)))
-	natstest.CheckFor(t, 10*time.Second, 2*time.Millisecond, func() error {
-		if q := s.Queued(); q != 1 {
-			return fmt.Errorf("%d queued", q)
-		}
-		return nil
-	})
+	holdOneQueueOne(t, s, nc, inbox, held.Load)
 
 	// A wide request and a node lookup wait, the wide one for the lower sequence.
 	require.NoError(t, nc.PublishRequest(Subject, inbox+".wide", []byte(`{"what":"needs","min_seq":4,"wait_ms":10000}`)))
@@ -153,4 +128,24 @@ func TestServer_ReachedNodeLookupNotHeldBehindAFullWideQueue(t *testing.T) {
 	require.Zero(t, s.Waiting())
 	require.Zero(t, got.get("504"))
 	require.Zero(t, got.get("500"))
+}
+
+// holdOneQueueOne sends a wide request that the server's one slot holds (answered on inbox.held; held
+// says how many are held), then one that waits in the queue (inbox.queued): its one place is taken.
+func holdOneQueueOne(t *testing.T, s *Server, nc *nats.Conn, inbox string, held func() int64) {
+	t.Helper()
+	require.NoError(t, nc.PublishRequest(Subject, inbox+".held", []byte(`{"what":"needs"}`)))
+	natstest.CheckFor(t, 10*time.Second, 2*time.Millisecond, func() error {
+		if held() != 1 {
+			return fmt.Errorf("the answer is not held yet")
+		}
+		return nil
+	})
+	require.NoError(t, nc.PublishRequest(Subject, inbox+".queued", []byte(`{"what":"needs"}`)))
+	natstest.CheckFor(t, 10*time.Second, 2*time.Millisecond, func() error {
+		if q := s.Queued(); q != 1 {
+			return fmt.Errorf("%d queued", q)
+		}
+		return nil
+	})
 }
