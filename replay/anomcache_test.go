@@ -233,6 +233,9 @@ func TestLog_AskPagesDeriveAnomaliesOnce(t *testing.T) {
 		after = next(got)
 		require.NotEmpty(t, after)
 	}
+	if raceEnabled {
+		t.Skip("allocation counts under the race build measure Pebble's invariant checks (1,523 against 1,500 once)")
+	}
 	allocs := testing.AllocsPerRun(5, func() { ask(after) })
 	require.Less(t, allocs, float64(keys/2), "allocations of a later page with the anomalies kept")
 	require.Greater(t, testing.AllocsPerRun(2, func() { fresh(after) }), float64(keys), "allocations of deriving them")
