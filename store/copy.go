@@ -34,6 +34,17 @@ func CopyCurrent(stateDir string) (string, error) { return CopyCurrentKeeping(st
 // (copyCost); with the seat's 64 MiB memtables that was 70 MiB more on a nearly full disk.
 const CopyMemTableSize = 4 << 20
 
+// CopyOptions are base made fit to open a copy CopyCurrent made: no reserve (where the copy went
+// left the seat's), CopyMemTableSize memtables, and compactions held (BulkLoad): a catching-up seat
+// holds its L0 back, and a copy compacting it would write all of it again on the live disk, which
+// copyCost does not count.
+func CopyOptions(base Options) Options {
+	base.MinFreeBytes = -1
+	base.MemTableSize = CopyMemTableSize
+	base.BulkLoad = true
+	return base
+}
+
 // SeatReserve is the room a seat keeps free on its state dir's disk: serve opens its store with the
 // default reserve of its 64 MiB memtables (defaultMinFree).
 const SeatReserve = 2*64<<20 + 32<<20
