@@ -164,8 +164,15 @@ func copyGeneration(stateDir, gen string, reserve int64) (string, error) {
 		if err := tempFits(stateDir, linked, whole, reserve, inState); err != nil {
 			return "", err
 		}
-		if tmp, err = os.MkdirTemp("", "mesh-provisioner-replay-"); err != nil {
+		if tmp, err = os.MkdirTemp("", tempCopyPrefix); err != nil {
 			return "", fmt.Errorf("copy state: %w", err)
+		}
+		if copyDirMade != nil {
+			copyDirMade(tmp)
+		}
+		// Held as a copy beside the state dir is: a killed reader's is removed by the next one.
+		if err := lockCopy(tmp); err != nil {
+			return "", err
 		}
 	}
 	fail := func(err error) (string, error) {
@@ -374,18 +381,29 @@ func RemoveCopy(dir string) error {
 	return err
 }
 
-// removeStaleCopies removes the copies in stateDir that no process holds (lockCopy): those of readers
-// that were killed before they removed them. A copy held by a reader still running is left alone.
+// tempCopyPrefix names a copy in the system's temporary directory; it is not the prefix of the stores
+// replay fills from the streams (mesh-provisioner-replay-), which hold no flock.
+const tempCopyPrefix = "mesh-provisioner-copy-"
+
+// removeStaleCopies removes the copies in stateDir, and in the system's temporary directory, that no
+// process holds (lockCopy): those of readers that were killed before they removed them. A copy held
+// by a reader still running, of this state dir or another sharing the temporary directory, is left
+// alone.
 func removeStaleCopies(stateDir string) {
-	entries, err := os.ReadDir(stateDir)
+	removeStale(stateDir, ".replay-")
+	removeStale(os.TempDir(), tempCopyPrefix)
+}
+
+func removeStale(parent, prefix string) {
+	entries, err := os.ReadDir(parent)
 	if err != nil {
 		return
 	}
 	for _, e := range entries {
-		if !e.IsDir() || !strings.HasPrefix(e.Name(), ".replay-") {
+		if !e.IsDir() || !strings.HasPrefix(e.Name(), prefix) {
 			continue
 		}
-		dir := filepath.Join(stateDir, e.Name())
+		dir := filepath.Join(parent, e.Name())
 		f, err := os.Open(dir)
 		if err != nil {
 			continue

@@ -71,7 +71,7 @@ func TestCopyCurrent_KeepsTheSeatsReserve(t *testing.T) {
 	}
 	require.NotContains(t, err.Error(), "give --state a larger one")
 	require.Empty(t, replayCopies(t, state, ".replay-*"))
-	require.Empty(t, replayCopies(t, tmp, "mesh-provisioner-replay-*"))
+	require.Empty(t, replayCopies(t, tmp, tempCopyPrefix+"*"))
 }
 
 // TestCopyCurrent_GoesToAnotherDisk: when the copy does not fit beside the state dir above the seat's
