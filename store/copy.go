@@ -165,7 +165,9 @@ func copyGeneration(stateDir, gen string, reserve int64) (string, error) {
 			return "", err
 		}
 		if tmp, err = os.MkdirTemp("", tempCopyPrefix); err != nil {
-			return "", fmt.Errorf("copy state: %w", err)
+			// Not wrapped: a TMPDIR that does not exist is not a generation removed by a swap, to be
+			// retried as if the store moved.
+			return "", fmt.Errorf("copy state: the copy of %s cannot go beside it, and TMPDIR %s cannot take it (%v): point TMPDIR at a writable directory on another disk", stateDir, os.TempDir(), err)
 		}
 		if copyDirMade != nil {
 			copyDirMade(tmp)

@@ -228,3 +228,24 @@ func TestCopyCurrent_CopyOfHeldL0DoesNotCompact(t *testing.T) {
 	t.Logf("tables linked %d bytes, written by the copy %d bytes", linked, written)
 	require.Less(t, written, linked/2, "the copy compacted the seat's tables into new ones on the live disk")
 }
+
+// TestCopyCurrent_TMPDIRMissingSaysSo: a copy that must go to $TMPDIR (the state dir's disk nearly
+// full) with TMPDIR naming a directory that does not exist was retried as if the store moved under it,
+// and refused with "the store kept changing under the copy": the operator was sent after the seat
+// instead of TMPDIR.
+func TestCopyCurrent_TMPDIRMissingSaysSo(t *testing.T) {
+	state := stateWithWAL(t)
+	tmp := filepath.Join(t.TempDir(), "missing")
+	t.Setenv("TMPDIR", tmp)
+	fakeDisks(t, map[string]int64{state: SeatReserve - 1<<20}, map[string]uint64{state: 7})
+
+	cp, err := CopyCurrent(state)
+	if err == nil {
+		RemoveCopy(cp)
+	}
+	require.Error(t, err, "the copy was made at %s", cp)
+	require.NotContains(t, err.Error(), "kept changing")
+	require.Contains(t, err.Error(), tmp)
+	require.Contains(t, err.Error(), "TMPDIR")
+	require.Empty(t, replayCopies(t, state, ".replay-*"))
+}
