@@ -75,10 +75,8 @@ func OpenState(stateDir string) (*Log, error) {
 	// A reader keeps no reserve: CopyCurrent placed the copy where what it costs fits, leaving the
 	// seat's reserve on the state dir's disk; the seat's own reserve on the copy refused every replay
 	// on a disk below it, telling the reader to give --state a larger one.
-	opts := offlineOptions
-	opts.MinFreeBytes = -1
-	opts.MemTableSize = store.CopyMemTableSize
-	db, err := store.Open(dir, opts)
+	// Compactions are held too (store.CopyOptions).
+	db, err := store.Open(dir, store.CopyOptions(offlineOptions))
 	if err != nil {
 		store.RemoveCopy(dir)
 		return nil, fmt.Errorf("open the copy of %s: %w", stateDir, err)

@@ -27,3 +27,19 @@ func TestOpenState_ReaderKeepsNoReserve(t *testing.T) {
 	_, reserve, _ := l.DB.Room()
 	require.Negative(t, reserve, "the copy is opened keeping a writer's reserve of %d bytes", reserve)
 }
+
+// TestOpenState_CopyHoldsCompactions: a seat catching up holds its compactions back, and a replay
+// --state in that incident opened a copy that compacted the held L0 at once, writing it all again on
+// the live disk, which the copy's cost did not count and with no reserve kept. The copy only reads.
+func TestOpenState_CopyHoldsCompactions(t *testing.T) {
+	dir := t.TempDir()
+	db, err := store.OpenState(dir, store.Options{})
+	require.NoError(t, err)
+	require.NoError(t, db.Apply(provisioner.BucketNeeds, []provisioner.Message{{Seq: 1, Time: 1, Key: "n1.mod.nokind.x", Op: provisioner.OpPut, Value: []byte{0x01}}}, 1, false))
+	require.NoError(t, db.Close())
+
+	l, err := replay.OpenState(dir)
+	require.NoError(t, err)
+	defer l.Close()
+	require.True(t, l.DB.CompactionsHeld(), "the copy compacts what the seat held back")
+}

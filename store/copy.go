@@ -34,6 +34,17 @@ func CopyCurrent(stateDir string) (string, error) { return CopyCurrentKeeping(st
 // (copyCost); with the seat's 64 MiB memtables that was 70 MiB more on a nearly full disk.
 const CopyMemTableSize = 4 << 20
 
+// CopyOptions are base made fit to open a copy CopyCurrent made: no reserve (where the copy went
+// left the seat's), CopyMemTableSize memtables, and compactions held (BulkLoad): a catching-up seat
+// holds its L0 back, and a copy compacting it would write all of it again on the live disk, which
+// copyCost does not count.
+func CopyOptions(base Options) Options {
+	base.MinFreeBytes = -1
+	base.MemTableSize = CopyMemTableSize
+	base.BulkLoad = true
+	return base
+}
+
 // SeatReserve is the room a seat keeps free on its state dir's disk: serve opens its store with the
 // default reserve of its 64 MiB memtables (defaultMinFree).
 const SeatReserve = 2*64<<20 + 32<<20
@@ -153,8 +164,17 @@ func copyGeneration(stateDir, gen string, reserve int64) (string, error) {
 		if err := tempFits(stateDir, linked, whole, reserve, inState); err != nil {
 			return "", err
 		}
-		if tmp, err = os.MkdirTemp("", "mesh-provisioner-replay-"); err != nil {
-			return "", fmt.Errorf("copy state: %w", err)
+		if tmp, err = os.MkdirTemp("", tempCopyPrefix); err != nil {
+			// Not wrapped: a TMPDIR that does not exist is not a generation removed by a swap, to be
+			// retried as if the store moved.
+			return "", fmt.Errorf("copy state: the copy of %s cannot go beside it, and TMPDIR %s cannot take it (%v): point TMPDIR at a writable directory on another disk", stateDir, os.TempDir(), err)
+		}
+		if copyDirMade != nil {
+			copyDirMade(tmp)
+		}
+		// Held as a copy beside the state dir is: a killed reader's is removed by the next one.
+		if err := lockCopy(tmp); err != nil {
+			return "", err
 		}
 	}
 	fail := func(err error) (string, error) {
@@ -363,18 +383,29 @@ func RemoveCopy(dir string) error {
 	return err
 }
 
-// removeStaleCopies removes the copies in stateDir that no process holds (lockCopy): those of readers
-// that were killed before they removed them. A copy held by a reader still running is left alone.
+// tempCopyPrefix names a copy in the system's temporary directory; it is not the prefix of the stores
+// replay fills from the streams (mesh-provisioner-replay-), which hold no flock.
+const tempCopyPrefix = "mesh-provisioner-copy-"
+
+// removeStaleCopies removes the copies in stateDir, and in the system's temporary directory, that no
+// process holds (lockCopy): those of readers that were killed before they removed them. A copy held
+// by a reader still running, of this state dir or another sharing the temporary directory, is left
+// alone.
 func removeStaleCopies(stateDir string) {
-	entries, err := os.ReadDir(stateDir)
+	removeStale(stateDir, ".replay-")
+	removeStale(os.TempDir(), tempCopyPrefix)
+}
+
+func removeStale(parent, prefix string) {
+	entries, err := os.ReadDir(parent)
 	if err != nil {
 		return
 	}
 	for _, e := range entries {
-		if !e.IsDir() || !strings.HasPrefix(e.Name(), ".replay-") {
+		if !e.IsDir() || !strings.HasPrefix(e.Name(), prefix) {
 			continue
 		}
-		dir := filepath.Join(stateDir, e.Name())
+		dir := filepath.Join(parent, e.Name())
 		f, err := os.Open(dir)
 		if err != nil {
 			continue

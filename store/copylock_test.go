@@ -48,3 +48,34 @@ func TestCopyCurrent_CopyIsHeldFromItsStart(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []string{cp}, copies, "the directory the remover held is left to it, and removed as stale")
 }
+
+// TestCopyCurrent_StaleCopyInTMPDIRIsRemoved: a copy in $TMPDIR (the state dir's disk nearly full, or
+// not writable) holds the whole store, its tables copied. A reader killed while reading left it there
+// for good: the removers only looked beside the state dir. It is held like a copy beside the state
+// dir, and the next reader (or serve's start) removes it when no reader holds it, while one a reader
+// still holds (of any seat sharing $TMPDIR) is left alone.
+func TestCopyCurrent_StaleCopyInTMPDIRIsRemoved(t *testing.T) {
+	state := stateWithWAL(t)
+	tmp := t.TempDir()
+	t.Setenv("TMPDIR", tmp)
+	fakeDisks(t, map[string]int64{state: SeatReserve - 1<<20, tmp: 1 << 30}, map[string]uint64{state: 7, tmp: 8})
+
+	killed, err := CopyCurrent(state)
+	require.NoError(t, err)
+	require.Equal(t, tmp, filepath.Dir(killed))
+	// The reader is killed: its flock goes with it, its copy stays.
+	copyLocks.Lock()
+	f := copyLocks.m[killed]
+	delete(copyLocks.m, killed)
+	copyLocks.Unlock()
+	require.NotNil(t, f, "the copy in TMPDIR is not held while it is read")
+	f.Close()
+
+	reading, err := CopyCurrent(state) // the next reader
+	require.NoError(t, err)
+	defer RemoveCopy(reading)
+	require.NoDirExists(t, killed, "the killed reader's copy in TMPDIR was left behind")
+
+	removeStaleCopies(t.TempDir()) // serve's start, of another seat sharing TMPDIR
+	require.DirExists(t, reading, "a copy being read was removed")
+}

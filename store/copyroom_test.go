@@ -71,7 +71,7 @@ func TestCopyCurrent_KeepsTheSeatsReserve(t *testing.T) {
 	}
 	require.NotContains(t, err.Error(), "give --state a larger one")
 	require.Empty(t, replayCopies(t, state, ".replay-*"))
-	require.Empty(t, replayCopies(t, tmp, "mesh-provisioner-replay-*"))
+	require.Empty(t, replayCopies(t, tmp, tempCopyPrefix+"*"))
 }
 
 // TestCopyCurrent_GoesToAnotherDisk: when the copy does not fit beside the state dir above the seat's
@@ -175,4 +175,77 @@ func TestSeatReserve_IsServes(t *testing.T) {
 	defer db.Close()
 	_, reserve, _ := db.Room()
 	require.Equal(t, int64(SeatReserve), reserve)
+}
+
+// TestCopyCurrent_CopyOfHeldL0DoesNotCompact: a seat catching up holds its compactions, so its L0
+// holds many tables; a copy of it read by replay must not compact them, which writes them all again
+// on the live disk (the links keep the seat's), outside what copyCost counts, with no reserve kept.
+func TestCopyCurrent_CopyOfHeldL0DoesNotCompact(t *testing.T) {
+	state := t.TempDir()
+	db, err := OpenState(state, Options{MemTableSize: 1 << 20})
+	require.NoError(t, err)
+	defer db.Close()
+	db.BulkLoad() // as a catch-up holds them: L0 fills
+	seq := uint64(0)
+	for f := 0; f < 10; f++ {
+		var msgs []provisioner.Message
+		for i := 0; i < 4000; i++ {
+			seq++
+			msgs = append(msgs, provisioner.Message{Seq: seq, Time: int64(seq), Key: fmt.Sprintf("n%05d.mod%d.nokind.x", i, f), Op: provisioner.OpPut, Value: make([]byte, 200)})
+		}
+		require.NoError(t, db.Apply(provisioner.BucketNeeds, msgs, 1, false))
+		require.NoError(t, db.Flush())
+	}
+	cp, err := CopyCurrent(state)
+	require.NoError(t, err)
+	defer RemoveCopy(cp)
+	tables, err := filepath.Glob(filepath.Join(cp, "*.sst"))
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, len(tables), 8, "the copy's L0 is below the compaction threshold: the test measures nothing")
+
+	// A copy writes as tables the flush of what its WALs hold, which the seat flushed already; a
+	// compaction of the held L0 writes it all again.
+	var linked int64
+	for _, table := range tables {
+		info, err := os.Stat(table)
+		require.NoError(t, err)
+		linked += info.Size()
+	}
+
+	rdb, err := Open(cp, CopyOptions(Options{}))
+	require.NoError(t, err)
+	require.NoError(t, rdb.Close())
+	var written int64
+	after, err := filepath.Glob(filepath.Join(cp, "*.sst"))
+	require.NoError(t, err)
+	for _, table := range after {
+		var st syscall.Stat_t
+		require.NoError(t, syscall.Stat(table, &st))
+		if st.Nlink == 1 {
+			written += st.Size
+		}
+	}
+	t.Logf("tables linked %d bytes, written by the copy %d bytes", linked, written)
+	require.Less(t, written, linked/2, "the copy compacted the seat's tables into new ones on the live disk")
+}
+
+// TestCopyCurrent_TMPDIRMissingSaysSo: a copy that must go to $TMPDIR (the state dir's disk nearly
+// full) with TMPDIR naming a directory that does not exist was retried as if the store moved under it,
+// and refused with "the store kept changing under the copy": the operator was sent after the seat
+// instead of TMPDIR.
+func TestCopyCurrent_TMPDIRMissingSaysSo(t *testing.T) {
+	state := stateWithWAL(t)
+	tmp := filepath.Join(t.TempDir(), "missing")
+	t.Setenv("TMPDIR", tmp)
+	fakeDisks(t, map[string]int64{state: SeatReserve - 1<<20}, map[string]uint64{state: 7})
+
+	cp, err := CopyCurrent(state)
+	if err == nil {
+		RemoveCopy(cp)
+	}
+	require.Error(t, err, "the copy was made at %s", cp)
+	require.NotContains(t, err.Error(), "kept changing")
+	require.Contains(t, err.Error(), tmp)
+	require.Contains(t, err.Error(), "TMPDIR")
+	require.Empty(t, replayCopies(t, state, ".replay-*"))
 }

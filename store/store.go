@@ -65,6 +65,10 @@ type Options struct {
 	// FS is the file system Pebble writes through; nil is the disk (vfs.Default). Tests wrap the disk
 	// to make writes fail (pebble's vfs/errorfs) while Pebble and the files stay real.
 	FS vfs.FS
+	// BulkLoad holds compactions from the open on, as DB.BulkLoad does after it: for a store that is
+	// filled once or only read (a reader's copy of a state dir, which would otherwise compact the L0 a
+	// catching-up seat held back, writing it all again on the live disk).
+	BulkLoad bool
 }
 
 // Checkpoint is a bucket's position, committed in the same batch as the rows it produced.
@@ -272,6 +276,10 @@ func OpenContext(ctx context.Context, dir string, opts Options) (*DB, error) {
 	}
 	broken := newBrokenState(opts.Logger)
 	catchUp := newCatchUp()
+	if opts.BulkLoad {
+		catchUp.bulk = true
+		catchUp.update()
+	}
 	listener := pebble.TeeEventListener(*broken.listener(), *catchUp.listener())
 	po.EventListener = &listener
 	po.Experimental.CompactionScheduler = catchUp.sched
