@@ -360,7 +360,13 @@ func TestServer_ReachedWideWaiterIsNotOvertakenForRoom(t *testing.T) {
 			send(wideOf(big, fmt.Sprintf(`,"min_seq":%d,"wait_ms":10000`, seq+1)))
 			require.Equal(t, 1, s.Waiting())
 			reach()
-			require.Equal(t, queued+1, s.Queued(), "the reached request has its place")
+			// Handed over, it takes its place on a goroutine of its own (queueWhenRoom): polled for.
+			natstest.CheckFor(t, 10*time.Second, 2*time.Millisecond, func() error {
+				if q := s.Queued(); q != queued+1 {
+					return fmt.Errorf("%d queued, want %d: the reached request has no place yet", q, queued+1)
+				}
+				return nil
+			})
 			require.Equal(t, 1, s.Waiting(), "the reached request waits for room")
 
 			// Answers go on one by one, and after each another wide request of 400 KiB comes.
