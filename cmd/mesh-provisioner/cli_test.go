@@ -169,6 +169,8 @@ func TestMain_ExitCodes(t *testing.T) {
 	}{
 		{[]string{"query", "registry"}, 0},
 		{[]string{"version"}, 0},
+		{[]string{"--version"}, 0},
+		{[]string{"version", "extra"}, 2},
 		{[]string{"query", "--help"}, 0},
 		{[]string{}, 2},
 		{[]string{"frobnicate"}, 2},

@@ -94,7 +94,11 @@ func (m *Main) Run(ctx context.Context, args []string) error {
 		return (&ServeCommand{Stdout: m.Stdout, Stderr: m.Stderr}).Run(ctx, rest)
 	case "query":
 		return (&QueryCommand{Stdout: m.Stdout, Stderr: m.Stderr}).Run(ctx, rest)
-	case "version":
+	case "version", "--version", "-version":
+		// --version too: the flag an operator types first, which was an unknown command.
+		if len(rest) > 0 {
+			return &usageError{msg: fmt.Sprintf("version takes no arguments, got %q", rest)}
+		}
 		fmt.Fprintln(m.Stdout, "mesh-provisioner", Version)
 		return nil
 	case "help", "-h", "--help":
