@@ -197,7 +197,7 @@ func TestDocs_FlagTables(t *testing.T) {
 			tables[spans[0]] = tbl
 		}
 	}
-	known := map[string]bool{"help": true} // the flag package answers -h and --help
+	known := map[string]bool{"help": true, "version": true} // the flag package answers -h and --help; main, --version
 	for _, cmd := range commands {
 		t.Run(cmd, func(t *testing.T) {
 			help := helpFlags(t, cmd)
