@@ -275,16 +275,7 @@ func TestFromNATS_CancelWhileConsumerCreatesGoUnanswered(t *testing.T) {
 func endsOnCancel(t *testing.T, cancel context.CancelFunc, done <-chan error, what string) error {
 	t.Helper()
 	cancel()
-	var err error
-	natstest.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
-		select {
-		case err = <-done:
-			return nil
-		default:
-			return fmt.Errorf("%s still runs after its context was cancelled", what)
-		}
-	})
-	return err
+	return natstest.Receive(t, done, 5*time.Second, what+" still runs after its context was cancelled")
 }
 
 // replay --nats (and rebuild) read until every stream is caught up; a stream that cannot be read (here
@@ -312,15 +303,7 @@ func TestFromNATS_AStreamThatCannotBeReadIsSaid(t *testing.T) {
 		}
 		done <- err
 	}()
-	var ferr error
-	natstest.CheckFor(t, 20*time.Second, 10*time.Millisecond, func() error {
-		select {
-		case ferr = <-done:
-			return nil
-		default:
-			return errors.New("replay still waits on a stream it cannot read")
-		}
-	})
+	ferr := natstest.Receive(t, done, 20*time.Second, "replay still waits on a stream it cannot read")
 	require.Error(t, ferr)
 	require.Contains(t, ferr.Error(), "maximum consumers limit reached")
 	require.Contains(t, ferr.Error(), provisioner.BucketNeeds)

@@ -172,15 +172,7 @@ func TestSeat_StatsWhileAWriteWaitsForRoom(t *testing.T) {
 
 	stats := make(chan seat.Stats, 1)
 	go func() { stats <- st.Stats() }()
-	var got seat.Stats
-	natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
-		select {
-		case got = <-stats:
-			return nil
-		default:
-			return fmt.Errorf("the stats wait for the write held for room")
-		}
-	})
+	got := natstest.Receive(t, stats, 10*time.Second, "the stats wait for the write held for room")
 	require.False(t, got.Synced, "a bucket's batch waits for room")
 	require.False(t, got.Buckets[provisioner.BucketNeeds].Synced)
 	require.Equal(t, anomalyRows, got.Buckets[provisioner.BucketNeeds].AnomalyRows, "what is committed")
@@ -223,12 +215,7 @@ func TestSeat_RebuildWaitsForRoom(t *testing.T) {
 
 	// Room again: the rebuild goes on and swaps in.
 	room.Store(true)
-	natstest.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error {
-		if st.Rebuilds() == 0 {
-			return fmt.Errorf("not rebuilt yet")
-		}
-		return nil
-	})
+	awaitRebuilt(t, st)
 	require.Equal(t, dir, st.Store().Dir())
 	h.waitCaughtUp(st)
 	h.checkAll()
@@ -345,15 +332,7 @@ func TestSeat_StopContextWhileAWriteWaitsForRoom(t *testing.T) {
 	defer cancel()
 	stopped := make(chan error, 1)
 	go func() { stopped <- st.StopContext(ctx) }()
-	var stopErr error
-	natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
-		select {
-		case stopErr = <-stopped:
-			return nil
-		default:
-			return fmt.Errorf("StopContext waits for room past its context")
-		}
-	})
+	stopErr := natstest.Receive(t, stopped, 10*time.Second, "StopContext waits for room past its context")
 	require.ErrorIs(t, stopErr, seat.ErrNotDrained)
 	require.ErrorIs(t, stopErr, context.DeadlineExceeded)
 	require.Contains(t, stopErr.Error(), "out of room")
@@ -413,12 +392,7 @@ func TestSeat_RebuildOpenWaitsForRoom(t *testing.T) {
 	require.Contains(t, st.OutOfRoom().Error(), dir)
 
 	room.Store(true)
-	natstest.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error {
-		if st.Rebuilds() == 0 {
-			return fmt.Errorf("not rebuilt yet")
-		}
-		return nil
-	})
+	awaitRebuilt(t, st)
 	require.Equal(t, dir, st.Store().Dir())
 	h.waitCaughtUp(st)
 	h.checkAll()

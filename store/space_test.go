@@ -267,16 +267,7 @@ func TestDB_EveryWriteSaysAFailedDisk(t *testing.T) {
 			}()
 			done <- f()
 		}()
-		var err error
-		natstest.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
-			select {
-			case err = <-done:
-				return nil
-			default:
-				return fmt.Errorf("%s waits on Pebble's failed commit pipeline", what)
-			}
-		})
-		return err
+		return natstest.Receive(t, done, 10*time.Second, what+" waits on Pebble's failed commit pipeline")
 	}
 	// The write that finds the failure (a synced one: its log sync fails in its own commit).
 	err = returns("SetHistoryMarks", func() error { return db.SetHistoryMarks(provisioner.BucketNeeds, store.HistoryMarks{}) })
@@ -311,15 +302,7 @@ func TestOpen_DiskFullRefusesTheOpen(t *testing.T) {
 		}
 		opened <- err
 	}()
-	var err error
-	natstest.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
-		select {
-		case err = <-opened:
-			return nil
-		default:
-			return fmt.Errorf("the open waits on a full disk")
-		}
-	})
+	err := natstest.Receive(t, opened, 10*time.Second, "the open waits on a full disk")
 	require.ErrorIs(t, err, store.ErrNoSpace)
 	require.Contains(t, err.Error(), dir)
 	require.Contains(t, err.Error(), "free space on that disk")

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"io"
 	"log/slog"
 	"testing"
@@ -36,16 +35,7 @@ func startSeat(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, db *s
 // as the failure says when it does not come.
 func awaitRun(t *testing.T, done <-chan error, waiting string) error {
 	t.Helper()
-	var err error
-	natstest.CheckFor(t, 20*time.Second, 10*time.Millisecond, func() error {
-		select {
-		case err = <-done:
-			return nil
-		default:
-			return errors.New(waiting)
-		}
-	})
-	return err
+	return natstest.Receive(t, done, 20*time.Second, waiting)
 }
 
 // smallMeshServer starts a NATS server holding a small mesh (12 nodes, 3 modules), for the tests of

@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -171,6 +172,22 @@ func CheckFor(tb testing.TB, timeout, interval time.Duration, fn func() error) {
 		time.Sleep(interval)
 	}
 	tb.Fatalf("condition not met within %v: %v", timeout, err)
+}
+
+// Receive waits up to timeout for a value on ch and returns it, and fails the test saying waiting when
+// none comes: what a test waits for from a goroutine that may hang (a stop, an open, a held write).
+func Receive[T any](tb testing.TB, ch <-chan T, timeout time.Duration, waiting string) T {
+	tb.Helper()
+	var v T
+	CheckFor(tb, timeout, 5*time.Millisecond, func() error {
+		select {
+		case v = <-ch:
+			return nil
+		default:
+			return errors.New(waiting)
+		}
+	})
+	return v
 }
 
 // Answer is a decoded answer of the verb.
