@@ -15,15 +15,7 @@ import (
 // (or give --state a larger one)"), just when an operator in an incident needed it. A reader keeps no
 // reserve: where its copy goes already leaves the seat's (store.CopyCurrent).
 func TestOpenState_ReaderKeepsNoReserve(t *testing.T) {
-	dir := t.TempDir()
-	db, err := store.OpenState(dir, store.Options{})
-	require.NoError(t, err)
-	require.NoError(t, db.Apply(provisioner.BucketNeeds, []provisioner.Message{{Seq: 1, Time: 1, Key: "n1.mod.nokind.x", Op: provisioner.OpPut, Value: []byte{0x01}}}, 1, false))
-	require.NoError(t, db.Close())
-
-	l, err := replay.OpenState(dir)
-	require.NoError(t, err)
-	defer l.Close()
+	l := openStateOfOneNeed(t)
 	_, reserve, _ := l.DB.Room()
 	require.Negative(t, reserve, "the copy is opened keeping a writer's reserve of %d bytes", reserve)
 }
@@ -32,14 +24,20 @@ func TestOpenState_ReaderKeepsNoReserve(t *testing.T) {
 // --state in that incident opened a copy that compacted the held L0 at once, writing it all again on
 // the live disk, which the copy's cost did not count and with no reserve kept. The copy only reads.
 func TestOpenState_CopyHoldsCompactions(t *testing.T) {
+	l := openStateOfOneNeed(t)
+	require.True(t, l.DB.CompactionsHeld(), "the copy compacts what the seat held back")
+}
+
+// openStateOfOneNeed opens, as replay --state does, a state dir holding one need, closed after the test.
+func openStateOfOneNeed(t *testing.T) *replay.Log {
+	t.Helper()
 	dir := t.TempDir()
 	db, err := store.OpenState(dir, store.Options{})
 	require.NoError(t, err)
 	require.NoError(t, db.Apply(provisioner.BucketNeeds, []provisioner.Message{{Seq: 1, Time: 1, Key: "n1.mod.nokind.x", Op: provisioner.OpPut, Value: []byte{0x01}}}, 1, false))
 	require.NoError(t, db.Close())
-
 	l, err := replay.OpenState(dir)
 	require.NoError(t, err)
-	defer l.Close()
-	require.True(t, l.DB.CompactionsHeld(), "the copy compacts what the seat held back")
+	t.Cleanup(func() { l.Close() })
+	return l
 }
