@@ -4,11 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"log/slog"
 	"net/http"
-	"path/filepath"
 	"strings"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -18,12 +15,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/novox/mesh-provisioner/fixtures"
-	"github.com/novox/mesh-provisioner/internal/faultfs"
 	"github.com/novox/mesh-provisioner/internal/metrics/metricstest"
 	"github.com/novox/mesh-provisioner/internal/natstest"
 	"github.com/novox/mesh-provisioner/internal/streaminfo"
 	"github.com/novox/mesh-provisioner/query"
-	"github.com/novox/mesh-provisioner/store"
 )
 
 // TestServe_ReadyzSaysTheDiskIsFull: while a write of the state dir waits for room, /readyz was 503
@@ -35,14 +30,7 @@ import (
 func TestServe_ReadyzSaysTheDiskIsFull(t *testing.T) {
 	ns, nc, js := smallMeshServer(t)
 
-	var full atomic.Bool
-	fs := faultfs.Writes(full.Load, syscall.ENOSPC)
-	var logs natstest.LogBuffer
-	log := slog.New(slog.NewTextHandler(&logs, nil))
-	state := filepath.Join(t.TempDir(), "state")
-	db, err := store.OpenState(state, store.Options{FS: fs, MinFreeBytes: 1 << 20, Logger: log})
-	require.NoError(t, err)
-	t.Cleanup(func() { full.Store(false) })
+	db, full, _, log, _ := stateOnAFailingDisk(t, syscall.ENOSPC)
 
 	snc, sjs := natstest.Connect(t, ns.ClientURL()) // the seat's own: its stop drains it
 	streams := streaminfo.New(sjs)

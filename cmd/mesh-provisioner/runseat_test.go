@@ -4,6 +4,9 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"path/filepath"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -13,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/novox/mesh-provisioner/fixtures"
+	"github.com/novox/mesh-provisioner/internal/faultfs"
 	"github.com/novox/mesh-provisioner/internal/natstest"
 	"github.com/novox/mesh-provisioner/store"
 )
@@ -47,4 +51,17 @@ func smallMeshServer(t *testing.T) (*server.Server, *nats.Conn, jetstream.JetStr
 	mesh := fixtures.Mesh{Seed: 3, Nodes: 12, Modules: 3, NeedsPerModule: 2, Collections: 2}
 	require.NoError(t, fixtures.Load(context.Background(), js, mesh.Ops(), 256, nil))
 	return ns, nc, js
+}
+
+// stateOnAFailingDisk opens a state dir (state, under the test's temp dir) whose every write fails
+// with errno while fail is set; the test's cleanup clears it. The store logs to logs through log.
+func stateOnAFailingDisk(t *testing.T, errno syscall.Errno) (db *store.DB, fail *atomic.Bool, logs *natstest.LogBuffer, log *slog.Logger, state string) {
+	t.Helper()
+	fail, logs = new(atomic.Bool), new(natstest.LogBuffer)
+	log = slog.New(slog.NewTextHandler(logs, nil))
+	state = filepath.Join(t.TempDir(), "state")
+	db, err := store.OpenState(state, store.Options{FS: faultfs.Writes(fail.Load, errno), MinFreeBytes: 1 << 20, Logger: log})
+	require.NoError(t, err)
+	t.Cleanup(func() { fail.Store(false) })
+	return db, fail, logs, log, state
 }

@@ -4,9 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"log/slog"
 	"path/filepath"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -14,7 +12,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/novox/mesh-provisioner/fixtures"
-	"github.com/novox/mesh-provisioner/internal/faultfs"
 	"github.com/novox/mesh-provisioner/internal/natstest"
 	"github.com/novox/mesh-provisioner/store"
 )
@@ -53,14 +50,7 @@ func TestServe_SignalDuringStartStopsIt(t *testing.T) {
 func TestServe_SignalWhileTheDiskIsFull(t *testing.T) {
 	_, nc, js := smallMeshServer(t)
 
-	var full atomic.Bool
-	fs := faultfs.Writes(full.Load, syscall.ENOSPC)
-	var logs natstest.LogBuffer
-	log := slog.New(slog.NewTextHandler(&logs, nil))
-	state := filepath.Join(t.TempDir(), "state")
-	db, err := store.OpenState(state, store.Options{FS: fs, MinFreeBytes: 1 << 20, Logger: log})
-	require.NoError(t, err)
-	t.Cleanup(func() { full.Store(false) })
+	db, full, logs, log, _ := stateOnAFailingDisk(t, syscall.ENOSPC)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -89,12 +79,7 @@ func TestServe_SignalWhileTheDiskIsFull(t *testing.T) {
 func TestServe_WriteFailsWithEIO(t *testing.T) {
 	ns, _, js := smallMeshServer(t)
 
-	var broken atomic.Bool
-	fs := faultfs.Writes(broken.Load, syscall.EIO)
-	var logs natstest.LogBuffer
-	log := slog.New(slog.NewTextHandler(&logs, nil))
-	db, err := store.OpenState(filepath.Join(t.TempDir(), "state"), store.Options{FS: fs, MinFreeBytes: 1 << 20, Logger: log})
-	require.NoError(t, err)
+	db, broken, logs, log, _ := stateOnAFailingDisk(t, syscall.EIO)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

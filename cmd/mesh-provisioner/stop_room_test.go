@@ -27,7 +27,7 @@ func TestServe_DiskFillsDuringTheStop(t *testing.T) {
 
 	var logs natstest.LogBuffer
 	log := slog.New(slog.NewTextHandler(&logs, nil))
-	// The disk fills as the clean stop begins: its final sync finds it full.
+	// The disk fills as the clean stop begins: its last writes find it full.
 	fs, room := faultfs.FullOnceLogged(t, &logs, "stopping: draining the verb")
 	state := filepath.Join(t.TempDir(), "state")
 	db, err := store.OpenState(state, store.Options{FS: fs, MinFreeBytes: 1 << 20, Logger: log})
