@@ -37,11 +37,7 @@ func TestServer_WideAnswersLeaveAWorkerToNodeLookups(t *testing.T) {
 	ns := natstest.RunServer(t)
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			db := smallStore(t)
-			for seq := uint64(1); seq <= 3; seq++ {
-				putNeed(t, db, seq)
-			}
-			db.SetSynced(provisioner.BucketNeeds, true)
+			db := syncedStoreOfThreeNeeds(t)
 			// at and plans answer from the live projection here: what matters is that they are held.
 			answerLive := func(_ context.Context, r *Request, e *Encoder) error {
 				v, err := StoreReader(db).View()
@@ -299,14 +295,21 @@ func (g *gated) holdAWideAnswer(t *testing.T, inbox string) {
 	})
 }
 
-// startGated starts a gated Server with opts (two workers); hooks, when set, sets the server's other
-// test hooks before it starts.
-func startGated(t *testing.T, opts Options, hold func(r *Request) bool, hooks func(g *gated)) *gated {
+// syncedStoreOfThreeNeeds is a small store holding needs of sequences 1 to 3, synced.
+func syncedStoreOfThreeNeeds(t *testing.T) *store.DB {
+	t.Helper()
 	db := smallStore(t)
 	for seq := uint64(1); seq <= 3; seq++ {
 		putNeed(t, db, seq)
 	}
 	db.SetSynced(provisioner.BucketNeeds, true)
+	return db
+}
+
+// startGated starts a gated Server with opts (two workers); hooks, when set, sets the server's other
+// test hooks before it starts.
+func startGated(t *testing.T, opts Options, hold func(r *Request) bool, hooks func(g *gated)) *gated {
+	db := syncedStoreOfThreeNeeds(t)
 	ns := natstest.RunServer(t)
 	snc, _ := natstest.Connect(t, ns.ClientURL())
 	opts.Workers = 2

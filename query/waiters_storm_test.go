@@ -27,11 +27,7 @@ func TestServer_LanesStorm(t *testing.T) {
 	for _, seed := range []uint64{1, 2} { // held until Stop, and answered as they come
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(seed, 62))
-			db := smallStore(t)
-			for seq := uint64(1); seq <= 3; seq++ {
-				putNeed(t, db, seq)
-			}
-			db.SetSynced(provisioner.BucketNeeds, true)
+			db := syncedStoreOfThreeNeeds(t)
 			ns := natstest.RunServer(t)
 			snc, _ := natstest.Connect(t, ns.ClientURL())
 			nc, _ := natstest.Connect(t, ns.ClientURL())

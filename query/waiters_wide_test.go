@@ -270,11 +270,7 @@ func TestServer_ReachedWideWaitersKeepToTheirShareOfTheQueue(t *testing.T) {
 func TestServer_ReachedWideWaiterIsNotOvertakenForRoom(t *testing.T) {
 	for _, after := range []string{"new", "reached"} {
 		t.Run(after, func(t *testing.T) {
-			db := smallStore(t)
-			for seq := uint64(1); seq <= 3; seq++ {
-				putNeed(t, db, seq)
-			}
-			db.SetSynced(provisioner.BucketNeeds, true)
+			db := syncedStoreOfThreeNeeds(t)
 			ns := natstest.RunServer(t)
 			snc, _ := natstest.Connect(t, ns.ClientURL())
 			s := NewServer(StoreReader(db), Options{Workers: 2, NoReadAhead: true})
