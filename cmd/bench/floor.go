@@ -110,12 +110,12 @@ func (b *bench) replyFloor(size int) (time.Duration, time.Duration, error) {
 	return percentile(times, 0.5), percentile(times, 0.99), nil
 }
 
-// wideFloor measures what NATS, two processes and the client's reading alone cost a module lookup: the
-// seat's own MessagePack pages of one module, answered in turn by a bare endpoint in another process
-// and walked as the module lookups are (each page read for its rows and next before the next
-// request). Dividing the direct watch's median by it gives the largest module-lookup ratio the machine
-// allows.
-func (b *bench) wideFloor(req map[string]any, direct time.Duration) error {
+// wideFloor measures what NATS, two processes and the client's reading alone cost a wide lookup (a
+// module's or a collection's, which names what): the seat's own MessagePack pages of req, answered in
+// turn by a bare endpoint in another process and walked as the wide lookups are (each page read for
+// its rows and next before the next request). Dividing the direct watch's median by it gives the
+// largest ratio the machine allows for that lookup.
+func (b *bench) wideFloor(figure, what string, req map[string]any, direct time.Duration) error {
 	var pages [][]byte
 	rows, _, err := b.walk(query.Subject, req, false, func(p []byte) { pages = append(pages, append([]byte(nil), p...)) })
 	if err != nil {
@@ -147,10 +147,10 @@ func (b *bench) wideFloor(req map[string]any, direct time.Duration) error {
 		times = append(times, t)
 	}
 	m := percentile(times, 0.5)
-	b.add("wide reply floor", fmt.Sprintf("%s median; so a module lookup can be at most %.1f× faster than the direct watch here",
-		ms(m), float64(direct)/float64(m)),
-		fmt.Sprintf("a bare micro endpoint in another process answering the seat's own MessagePack pages of one module (pages: %d, rows: %d, %.1f MB), walked as the module lookups are, %d times: what NATS, two processes and the client's reading alone cost",
-			len(pages), rows, float64(size)/1e6, walks))
+	b.add(figure, fmt.Sprintf("%s median; so a %s lookup can be at most %.1f× faster than the direct watch here",
+		ms(m), what, float64(direct)/float64(m)),
+		fmt.Sprintf("a bare micro endpoint in another process answering the seat's own MessagePack pages of one %s (pages: %d, rows: %d, %.2f MB), walked as the %s lookups are, %d times: what NATS, two processes and the client's reading alone cost",
+			what, len(pages), rows, float64(size)/1e6, what, walks))
 	return nil
 }
 

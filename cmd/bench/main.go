@@ -499,7 +499,7 @@ func (b *bench) moduleLookups(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	return b.wideFloor(cases[0].req, direct)
+	return b.wideFloor("wide reply floor", "module", cases[0].req, direct)
 }
 
 func (b *bench) collectionLookups(ctx context.Context) error {
@@ -507,9 +507,12 @@ func (b *bench) collectionLookups(ctx context.Context) error {
 	for _, c := range []string{"shell:zsh:normal", "environment", "path with space"} {
 		cases = append(cases, lookupCase{req: map[string]any{"what": "collect", "collection": c}, filter: "*." + provisioner.EncodeCollection(c) + ".*"})
 	}
-	_, err := b.wideLookups(ctx, "collection lookup", provisioner.BucketCollect, cases,
+	direct, err := b.wideLookups(ctx, "collection lookup", provisioner.BucketCollect, cases,
 		"one collection across all nodes, about %d rows, timed as the module lookup; median of 3 collections × %d rounds; direct: KV watch of *.<escaped>.*")
-	return err
+	if err != nil {
+		return err
+	}
+	return b.wideFloor("collection reply floor", "collection", cases[0].req, direct)
 }
 
 // lookupCase is one wide lookup: the verb's request, and the KV watch filter that reads the same keys.
