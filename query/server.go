@@ -522,6 +522,9 @@ type job struct {
 	// ahead is set on a wide request queued to the workers' queue for a page written ahead: should
 	// the page be stale once a worker takes it, the request goes to the wide requests' queue.
 	ahead bool
+	// reached is set on a request that waited for its min_seq, which came: it waits for a place in
+	// its queue rather than be answered busy, also when its page written ahead goes stale (respond).
+	reached bool
 }
 
 // startWorkers starts the workers that answer; Stop ends them once the service no longer takes requests.
@@ -610,6 +613,17 @@ func (s *Server) respond(j job) {
 		s.pool.Put(e)
 		e = page
 	} else if handed, werr := s.requeueWide(j); handed || werr != nil {
+		if werr != nil && j.reached {
+			// It waited for its min_seq: it waits for a place in the wide requests' queue, in a
+			// goroutine of its own, since a worker must not wait for the places the workers make.
+			j.ahead = false
+			s.wg.Add(1)
+			go func() {
+				defer s.wg.Done()
+				_ = s.queue(j, true)
+			}()
+			return
+		}
 		if werr != nil {
 			s.answerError(req, r, format, werr, start, false)
 		}

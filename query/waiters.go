@@ -194,6 +194,7 @@ func (s *Server) watch(bucket string, bw *bucketWaiters) {
 		}
 		var full [2][]*waiter // by the queue they wait for: the workers' (0), the wide requests' (1)
 		for _, w := range ready {
+			w.j.reached = true
 			// Reached: a worker answers, as any other request, so that a sequence that many wait for
 			// does not set them all writing answers at once. Until it has a place it counts as waiting.
 			// Once one finds its queue full, those after it of the same queue wait behind it, in
