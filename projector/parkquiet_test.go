@@ -281,3 +281,36 @@ func TestProjector_RequestKeepsAQuietBucketReading(t *testing.T) {
 		})
 	}
 }
+
+// TestProjector_QuietStreamWhoseLastMessageIsGoneParksOnceRead: a quiet stream whose last sequence is
+// no message any more (purged here; a TTL or a rollup leaves the same) parks as soon as its bucket
+// has read what is left, with one consumer created, like any quiet stream. Before, the early park
+// waited for the checkpoint to reach the info's last sequence, which no message carries: the bucket
+// kept its consumer for ParkAfter (an hour here), then tailed again once more for ParkAfter, as if a
+// message had come after it read the end.
+func TestProjector_QuietStreamWhoseLastMessageIsGoneParksOnceRead(t *testing.T) {
+	ns := natstest.RunServer(t)
+	nc, js := natstest.Connect(t, ns.ClientURL())
+	ctx := context.Background()
+	composedBuckets(t, js, 1)
+	const bucket = "composed-n0000"
+	kv, err := js.KeyValue(ctx, bucket)
+	require.NoError(t, err)
+	_, err = kv.Put(ctx, "web.2", []byte{0x80})
+	require.NoError(t, err)
+	stream, err := js.Stream(ctx, "KV_"+bucket)
+	require.NoError(t, err)
+	// The stream's last sequence, 2, is no message once its subject is purged (a stream purge, no marker).
+	require.NoError(t, stream.Purge(ctx, jetstream.WithPurgeSubject("$KV."+bucket+".web.2")))
+	info, err := stream.Info(ctx)
+	require.NoError(t, err)
+	require.Equal(t, uint64(2), info.State.LastSeq)
+	require.Equal(t, uint64(1), info.State.Msgs)
+
+	creates := countConsumerCreates(t, nc)
+	_, pjs := natstest.Connect(t, ns.ClientURL())
+	p, db, _ := parkingQuiet(t, pjs, nil, []string{bucket}, nil)
+	waitApplied(t, db, bucket, 1)
+	waitParked(t, p, js, bucket)
+	require.Equal(t, 1, creates.of(bucket), "one consumer created for the bucket")
+}

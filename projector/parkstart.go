@@ -20,8 +20,10 @@ import (
 //
 //   - the checkpoint knows the stream's creation time, and the listing shows the same one: not a
 //     stream created again (a checkpoint without it, or one of a bucket never read, tails as before);
-//   - the stream's last sequence is the checkpoint: nothing to read, and, the listing having started
-//     after Start, nothing written since start either, so the bucket is synced as the contract says;
+//   - the stream's last sequence is the checkpoint, or the end past it whose messages the store was
+//     told were removed unread (store.DB.RemovedEnd: a bucket parked on a stream whose last sequence is
+//     no message): nothing to read, and, the listing having started after Start, nothing written since
+//     start either, so the bucket is synced as the contract says;
 //   - the checks a tail starts with (verify.go: its first sequence not past the checkpoint + 1, no
 //     message the projection rests on below it, purged unread) pass on that info, every sequence of
 //     them (a tail checks a million at a time, and its later checks go on; here there are none);
@@ -108,8 +110,21 @@ func (p *Projector) unchangedSinceRead(ctx context.Context, bucket string) (*jet
 		return nil, time.Time{}, false
 	}
 	cp := p.db.Checkpoint(bucket)
-	if cp.StreamCreated == 0 || info.Created.UnixNano() != cp.StreamCreated || info.State.LastSeq != cp.Applied {
+	if cp.StreamCreated == 0 || info.Created.UnixNano() != cp.StreamCreated {
 		return nil, time.Time{}, false
+	}
+	checked := info
+	if info.State.LastSeq != cp.Applied {
+		// A stream whose last messages were removed before they were read ends past the checkpoint
+		// for good: unchanged when it ends where the store was told it did (park, removedUnread). It
+		// is checked as read to its end, which it is: what lies past the checkpoint is gone (a copy:
+		// the listing's info is shared, and the bucket parks on its real end).
+		if end, ok := p.db.RemovedEnd(bucket); !ok || end != info.State.LastSeq {
+			return nil, time.Time{}, false
+		}
+		c := *info
+		c.State.LastSeq = cp.Applied
+		checked = &c
 	}
 	// A few store reads: bounded as the tails' setting up is, thousands of buckets start at once.
 	select {
@@ -122,7 +137,7 @@ func (p *Projector) unchangedSinceRead(ctx context.Context, bucket string) (*jet
 	below := min(info.State.FirstSeq, cp.Applied+1) // check looks for live messages below this
 	for v.checkedBelow < below {
 		from := v.checkedBelow
-		if err := p.check(ctx, info, bucket, v); err != nil || v.checkedBelow == from {
+		if err := p.check(ctx, checked, bucket, v); err != nil || v.checkedBelow == from {
 			return nil, time.Time{}, false // the tail finds what failed, or checks what could not be read
 		}
 	}

@@ -437,3 +437,54 @@ func TestProjector_WakeBeforeTheBucketRuns(t *testing.T) {
 	close(release)
 	waitApplied(t, db, b, 2)
 }
+
+// TestProjector_StartsParkedWhenItsRemovedEndIsUnchanged: a bucket whose stream's last sequence is no
+// message (purged here) parked once read, and restarted with the stream as it was, starts parked like
+// any unchanged bucket: no consumer is created for it. Before, its checkpoint, short of that last
+// sequence for good, took it for a stream written while the projector was down, and every start set a
+// consumer up for it again.
+func TestProjector_StartsParkedWhenItsRemovedEndIsUnchanged(t *testing.T) {
+	ns := natstest.RunServer(t)
+	nc, js := natstest.Connect(t, ns.ClientURL())
+	ctx := context.Background()
+	composedBuckets(t, js, 1)
+	const bucket = "composed-n0000"
+	kv, err := js.KeyValue(ctx, bucket)
+	require.NoError(t, err)
+	_, err = kv.Put(ctx, "web.2", []byte{0x80})
+	require.NoError(t, err)
+	stream, err := js.Stream(ctx, "KV_"+bucket)
+	require.NoError(t, err)
+	require.NoError(t, stream.Purge(ctx, jetstream.WithPurgeSubject("$KV."+bucket+".web.2")))
+
+	info, err := stream.Info(ctx)
+	require.NoError(t, err)
+
+	r := restartable{t: t, url: ns.ClientURL(), dir: t.TempDir(), every: 100 * time.Millisecond, verify: time.Hour}
+	r.runToSynced([]string{bucket}, 1)
+	// What parking it told the store (TestProjector_QuietStreamWhoseLastMessageIsGoneParksOnceRead):
+	// its stream ends at 2, removed unread.
+	db, err := store.OpenState(r.dir, store.Options{})
+	require.NoError(t, err)
+	require.NoError(t, db.TailRemoved(bucket, info.State.LastSeq, info.Created.UnixNano()))
+	end, ok := db.RemovedEnd(bucket)
+	require.True(t, ok)
+	require.Equal(t, uint64(2), end)
+	require.NoError(t, db.Close())
+
+	creates := countConsumerCreates(t, nc)
+	p, db, _ := r.start(nil)
+	natstest.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error {
+		if !p.Parked(bucket) {
+			return fmt.Errorf("%s not parked", bucket)
+		}
+		return nil
+	})
+	waitApplied(t, db, bucket, 1)
+	require.Zero(t, creates.of(bucket), "a consumer created for the bucket")
+
+	// Written to, it is woken by the listing and reads the write.
+	_, err = kv.Put(ctx, "web.3", []byte{0x80})
+	require.NoError(t, err)
+	waitApplied(t, db, bucket, 3)
+}

@@ -265,7 +265,7 @@ func (p *Projector) runBucket(ctx context.Context, bucket string, starting *park
 		return
 	}
 	for ctx.Err() == nil {
-		err := p.tail(ctx, bucket, log, !parks.again, func() {
+		err := p.tail(ctx, bucket, log, &parks, func() {
 			if failing {
 				log.Info("recovered")
 				failing = false
@@ -345,10 +345,12 @@ func (p *Projector) runBucket(ctx context.Context, bucket string, starting *park
 	}
 }
 
-// tail follows one bucket's stream from the checkpoint until ctx ends or the consumer fails. early:
-// it may park as soon as its stream is found quiet for ParkAfter (park.go), not ParkAfter after it
-// last read.
-func (p *Projector) tail(ctx context.Context, bucket string, log *slog.Logger, early bool, ok func()) error {
+// tail follows one bucket's stream from the checkpoint until ctx ends or the consumer fails. Unless
+// st.again, it may park as soon as its stream is found quiet for ParkAfter (park.go), not ParkAfter
+// after it last read; a tail that parks having read its stream to the end its info said (the end
+// itself may be no message: removed) sets st.behind to it (park).
+func (p *Projector) tail(ctx context.Context, bucket string, log *slog.Logger, st *parking, ok func()) error {
+	early := !st.again
 	if err := p.awaitRegistry(ctx, bucket); err != nil {
 		return err
 	}
@@ -398,6 +400,9 @@ func (p *Projector) tail(ctx context.Context, bucket string, log *slog.Logger, e
 	}
 	release()
 	ok()
+	// Nothing past the checkpoint when the consumer was created, after the info was read: the tail is
+	// at the info's end already, whatever the sequences between were (idleSince.reachedEnd).
+	emptyAtStart := cons.CachedInfo().NumPending == 0
 
 	start := time.Now()
 	startSeq := cp.Applied
@@ -429,10 +434,15 @@ func (p *Projector) tail(ctx context.Context, bucket string, log *slog.Logger, e
 		readErr <- p.read(rctx, it, bucket, in, pending, &atEnd, log)
 	}()
 
-	idle := idleSince{read: start, quiet: quiet, end: info.State.LastSeq}
+	idle := idleSince{read: start, quiet: quiet, end: info.State.LastSeq, start: startSeq, emptyAtStart: emptyAtStart}
 	applyErr := p.applyLoop(ctx, bucket, batchSize, created, in, pending, &atEnd, verify, cons, log, startSeq, idle)
 	rcancel()
 	rwg.Wait()
+	if errors.Is(applyErr, errParked) && idle.reachedEnd(p.db.Checkpoint(bucket).Applied, atEnd.Load()) {
+		// What lies between the checkpoint and the info's end was gone before this tail's consumer
+		// could deliver it: park need not tail again to find that out.
+		st.behind = streamEnd{last: info.State.LastSeq, created: created}
+	}
 	if ctx.Err() == nil {
 		// Given up on, not stopped (a stop leaves it to its inactive threshold): the next is made afresh.
 		p.dropConsumer(ctx, stream, cons)
@@ -577,7 +587,7 @@ func (p *Projector) applyLoop(ctx context.Context, bucket string, batchSize int,
 				return err
 			}
 			// Idle: park.go asks the stream whether anything is left to read before it parks.
-			if synced && len(in) == 0 && p.idle(bucket, idle) && p.mayPark(bucket) {
+			if synced && len(in) == 0 && p.idle(bucket, idle, atEnd.Load()) && p.mayPark(bucket) {
 				return errParked
 			}
 			continue
@@ -651,20 +661,40 @@ func (p *Projector) applyLoop(ctx context.Context, bucket string, batchSize int,
 
 // idleSince is how long a tail has been idle (park.go): read is when it last applied a batch (or
 // started); quiet, when its stream last took a message as its info said when the tail started (zero:
-// not known, or not to be used), and end that info's last sequence.
+// not known, or not to be used), and end that info's last sequence; start is the checkpoint the tail
+// started from, and emptyAtStart says its consumer had nothing to deliver past it when created.
 type idleSince struct {
-	read  time.Time
-	quiet time.Time
-	end   uint64
+	read         time.Time
+	quiet        time.Time
+	end          uint64
+	start        uint64
+	emptyAtStart bool
+}
+
+// reachedEnd reports whether a tail that has applied up to applied has read its stream up to the end
+// its info said, and nothing past it. The end itself need not be a message (its last message deleted,
+// purged, expired by its TTL or removed by a rollup): the tail is at it once it has applied a message
+// the consumer said had nothing pending after it (atEnd, the newest such), or applied nothing while its
+// consumer had nothing to deliver from its creation, as long as that is not past the end. Before, only
+// a checkpoint at the end's sequence itself counted, which such a stream never gives.
+func (idle idleSince) reachedEnd(applied, atEnd uint64) bool {
+	if applied == idle.end {
+		return true
+	}
+	caught, ok := atEnd, atEnd != 0
+	if !ok && idle.emptyAtStart {
+		caught, ok = idle.start, true
+	}
+	return ok && applied == caught && caught <= idle.end
 }
 
 // idle reports whether a tail has been idle for ParkAfter: it has read nothing for that long, or its
 // stream had taken nothing for that long when the tail started and the tail has read nothing past it
 // (a message after the info, read, makes the bucket one written just now); and no request has waited
 // on the bucket for that long either (Wake).
-func (p *Projector) idle(bucket string, idle idleSince) bool {
+func (p *Projector) idle(bucket string, idle idleSince, atEnd uint64) bool {
 	if time.Since(idle.read) < p.opts.ParkAfter &&
-		(idle.quiet.IsZero() || time.Since(idle.quiet) < p.opts.ParkAfter || p.db.Checkpoint(bucket).Applied != idle.end) {
+		(idle.quiet.IsZero() || time.Since(idle.quiet) < p.opts.ParkAfter || !idle.reachedEnd(p.db.Checkpoint(bucket).Applied, atEnd)) {
 		return false
 	}
 	return !p.askedRecently(bucket) // a request waits on it, maybe for a write still to come (Wake)

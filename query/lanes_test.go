@@ -3,6 +3,7 @@ package query
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -383,4 +384,121 @@ func TestServer_AStalePageWrittenAheadIsAWideAnswer(t *testing.T) {
 			})
 		})
 	}
+}
+
+// heldChanges is a Reader whose needs bucket's commits wake no waiter until release is closed: a test
+// commits what a waiter waits for and sets the server up around it before the waiter is handed over.
+type heldChanges struct {
+	Reader
+	held    atomic.Bool
+	release chan struct{}
+}
+
+func (h *heldChanges) Changed(bucket string) <-chan struct{} {
+	if bucket == provisioner.BucketNeeds && h.held.Load() {
+		return h.release
+	}
+	return h.Reader.Changed(bucket)
+}
+
+// TestServer_AReachedRequestWhosePageGoesStaleIsNotBusy: a request that waited for its min_seq is
+// handed to the workers' queue for a page written ahead for it (a copy); a commit makes the page stale
+// before a worker takes it, and the wide requests' queue it is handed on to is full. It waits for a
+// place there and is answered, as a reached request is (docs/decisions.md, Serving). Before, the worker
+// answered it busy: its asker, having waited for its sequence, got "ask again".
+func TestServer_AReachedRequestWhosePageGoesStaleIsNotBusy(t *testing.T) {
+	var commit atomic.Pointer[func()]
+	hc := &heldChanges{release: make(chan struct{})}
+	hc.held.Store(true)
+	g := startGated(t, Options{MaxQueued: 1}, func(r *Request) bool {
+		if r.MinSeq > 0 {
+			if fn := commit.Swap(nil); fn != nil {
+				(*fn)()
+			}
+		}
+		return r.At != ""
+	}, func(g *gated) {
+		hc.Reader = g.s.r
+		g.s.r = hc
+	})
+	s, nc, db := g.s, g.nc, g.db
+	got, inbox := collectBy(t, nc)
+	codesOf := func(tok string) []string {
+		got.mu.Lock()
+		defer got.mu.Unlock()
+		return slices.Clone(got.by[tok])
+	}
+	other := func(seq uint64) {
+		t.Helper()
+		require.NoError(t, db.Apply(provisioner.BucketNeeds, []provisioner.Message{
+			{Seq: seq, Time: int64(seq), Key: fmt.Sprintf("n%d.x.config.a", seq), Op: provisioner.OpPut, Value: []byte{0x80}},
+		}, 0, true))
+	}
+
+	// The third page of a walk of module m, one row a page, waits for sequence 4, which comes; the
+	// waiter is not told yet.
+	third := `{"what":"needs","module":"m","limit":1,"after":"n2.m.config.a","min_seq":4,"wait_ms":10000}`
+	require.NoError(t, nc.PublishRequest(Subject, inbox+".reached", []byte(third)))
+	natstest.CheckFor(t, 10*time.Second, 2*time.Millisecond, func() error {
+		if w := s.Waiting(); w != 1 {
+			return fmt.Errorf("%d waiting", w)
+		}
+		return nil
+	})
+	other(4)
+	// The walk's second page is asked: the third is written ahead, at sequence 4.
+	second, _, err := natstest.Ask(nc, Subject, []byte(`{"what":"needs","module":"m","limit":1,"after":"n1.m.config.a"}`), false)
+	require.NoError(t, err)
+	require.Equal(t, "n2.m.config.a", second.Next)
+	natstest.CheckFor(t, 10*time.Second, 2*time.Millisecond, func() error {
+		one := int64(1)
+		if !s.aheadReady(&Request{What: "needs", Module: "m", Limit: &one, After: "n2.m.config.a"}, FormatJSON) {
+			return fmt.Errorf("the third page is not written ahead")
+		}
+		return nil
+	})
+	// A wide answer holds the one slot, and the wide requests' queue is full behind it.
+	g.holdAWideAnswer(t, inbox)
+	require.NoError(t, nc.PublishRequest(Subject, inbox+".queued", []byte(`{"what":"needs"}`)))
+	natstest.CheckFor(t, 10*time.Second, 2*time.Millisecond, func() error {
+		if q := s.Queued(); q != 1 {
+			return fmt.Errorf("%d queued", q)
+		}
+		return nil
+	})
+
+	// The waiter is handed over with its page fresh; a commit as a worker takes it makes it stale.
+	put := func() { other(5) }
+	commit.Store(&put)
+	hc.held.Store(false)
+	close(hc.release)
+	natstest.CheckFor(t, 10*time.Second, 2*time.Millisecond, func() error {
+		if commit.Load() != nil {
+			return fmt.Errorf("no worker has taken the reached request yet")
+		}
+		if s.Waiting() != 0 {
+			return fmt.Errorf("%d waiting", s.Waiting())
+		}
+		return nil
+	})
+	a, _, err := natstest.Ask(nc, Subject, []byte(`{"what":"needs","node":"n1"}`), false)
+	require.NoError(t, err, "a node lookup is answered meanwhile")
+	require.Len(t, a.Rows, 1)
+	require.Empty(t, codesOf("reached"), "the reached request was answered before a place freed")
+
+	g.open()
+	natstest.CheckFor(t, 10*time.Second, 2*time.Millisecond, func() error {
+		if c := codesOf("reached"); len(c) == 0 {
+			return fmt.Errorf("the reached request is not answered")
+		}
+		return nil
+	})
+	require.Equal(t, []string{"200"}, codesOf("reached"))
+	natstest.CheckFor(t, 10*time.Second, 2*time.Millisecond, func() error {
+		if c := codesOf("queued"); len(c) == 0 {
+			return fmt.Errorf("the queued request is not answered")
+		}
+		return nil
+	})
+	require.Equal(t, []string{"200"}, codesOf("queued"))
 }

@@ -86,7 +86,8 @@ type Options struct {
 	// NoReadAhead turns off writing the next page of a paged answer ahead (readahead.go).
 	NoReadAhead bool
 	// MaxWaiting is how many requests may wait for their min_seq at once; 0 means DefaultMaxWaiting.
-	// The wide requests (wide) may take half of them (at least one).
+	// The wide requests (wide) may take half of them (at least one), one node's requests an eighth
+	// (at least one).
 	MaxWaiting int
 	// MaxQueued is how many requests may wait for a worker; 0 means DefaultMaxQueued. The wide
 	// requests (wide) wait in a queue of their own, of the same bound.
@@ -99,11 +100,14 @@ type Options struct {
 // Bounds of the requests that wait for min_seq (docs/decisions.md, Serving). A waiting request holds
 // its decoded fields (not its body), parked on its bucket (waiters.go), until its sequence comes or
 // wait_ms passes; past either bound a request that would wait is answered 504 at once.
-// The wide requests (wide) may take half of either, so that the rest is always left to node lookups.
+// The wide requests (wide) may take half of either, so that the rest is always left to node lookups,
+// and the lookups of one node (or the registry's) an eighth, so that one node's flood leaves the rest
+// to the others.
 const (
 	DefaultMaxWaiting   = 4096
 	maxWaitingBytes     = 32 << 20 // of the waiting requests' fields
 	maxWideWaitingBytes = maxWaitingBytes / 2
+	maxNodeWaitingBytes = maxWaitingBytes / 8 // of one node's (not wide) requests, the registry's as one
 )
 
 // Bounds of the requests queued for the workers (docs/decisions.md, Serving): past either, a request
@@ -141,7 +145,10 @@ type Server struct {
 	// Of those, the wide requests': at most half of MaxWaiting, and maxWideWaitingBytes.
 	wideWaiting      int
 	wideWaitingBytes int
-	waitClosed       bool // Stop waits for the waiters: no more start
+	// And the others', by the node they narrow by: each at most an eighth of MaxWaiting, and
+	// maxNodeWaitingBytes.
+	byNode     map[string]*nodeWaiting
+	waitClosed bool // Stop waits for the waiters: no more start
 
 	jobsMu      sync.RWMutex // held to read by a sender, to write by Stop closing jobs and wide
 	jobs        chan job
@@ -522,6 +529,9 @@ type job struct {
 	// ahead is set on a wide request queued to the workers' queue for a page written ahead: should
 	// the page be stale once a worker takes it, the request goes to the wide requests' queue.
 	ahead bool
+	// reached is set on a request that waited for its min_seq, which came: it waits for a place in
+	// its queue rather than be answered busy, also when its page written ahead goes stale (respond).
+	reached bool
 }
 
 // startWorkers starts the workers that answer; Stop ends them once the service no longer takes requests.
@@ -610,6 +620,17 @@ func (s *Server) respond(j job) {
 		s.pool.Put(e)
 		e = page
 	} else if handed, werr := s.requeueWide(j); handed || werr != nil {
+		if werr != nil && j.reached {
+			// It waited for its min_seq: it waits for a place in the wide requests' queue, in a
+			// goroutine of its own, since a worker must not wait for the places the workers make.
+			j.ahead = false
+			s.wg.Add(1)
+			go func() {
+				defer s.wg.Done()
+				_ = s.queue(j, true)
+			}()
+			return
+		}
 		if werr != nil {
 			s.answerError(req, r, format, werr, start, false)
 		}

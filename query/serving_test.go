@@ -151,10 +151,11 @@ func TestServer_RequestWithoutReplyIsNotAnswered(t *testing.T) {
 	require.Len(t, a.Rows, 1)
 	require.Zero(t, s.Waiting())
 	require.Equal(t, map[string]int64{"200": 1}, s.Answered())
-	// The waiters' places are free for those who ask (node lookups, which may take them all).
+	// The waiters' places are free for those who ask (node lookups of ten nodes, which may take them
+	// all; one node may take an eighth).
 	got, inbox := collect(t, nc)
 	for i := 0; i < 10; i++ {
-		require.NoError(t, nc.PublishRequest(Subject, fmt.Sprintf("%s.%d", inbox, i), []byte(`{"what":"needs","node":"n1","min_seq":5,"wait_ms":10000}`)))
+		require.NoError(t, nc.PublishRequest(Subject, fmt.Sprintf("%s.%d", inbox, i), []byte(fmt.Sprintf(`{"what":"needs","node":"n%d","min_seq":5,"wait_ms":10000}`, i))))
 	}
 	natstest.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
 		if w := s.Waiting(); w < 10 {

@@ -28,11 +28,14 @@ import (
 
 // waiter is a request waiting for its min_seq on a bucket.
 type waiter struct {
-	j      job
-	seq    uint64
-	size   int  // of its fields, counted in waitingBytes
-	wide   bool // a wide request (server.go, wide), counted in wideWaiting and wideWaitingBytes too
-	bySeq  int  // its index in its bucket's heaps
+	j    job
+	seq  uint64
+	size int  // of its fields, counted in waitingBytes
+	wide bool // a wide request (server.go, wide), counted in wideWaiting and wideWaitingBytes too
+	// node is the node a request that is not wide narrows by ("" for the registry's), counted in
+	// Server.byNode; unset on a wide request.
+	node   string
+	bySeq  int // its index in its bucket's heaps
 	byTime int
 }
 
@@ -144,6 +147,27 @@ func (s *Server) park(j job, bucket string) (bool, error) {
 		s.waitMu.Unlock()
 		return false, fmt.Errorf("%w: min_seq %d not reached (applied %d), and %d requests not narrowed by node wait for theirs already, as many as this seat holds of them: ask again", errTimeout, j.r.MinSeq, appliedSeq(s.r, bucket), n)
 	}
+	// And one node (or the registry's requests) may take an eighth of them (at least one): a client
+	// flooding its node's lookups with min_seq far ahead must not have every other node's answered
+	// 504 at once.
+	var nw *nodeWaiting
+	if !isWide {
+		nw = s.byNode[j.r.Node]
+		if nw != nil && (nw.n >= max(1, limit/8) || nw.bytes+size > maxNodeWaitingBytes) {
+			n := nw.n
+			s.waitMu.Unlock()
+			return false, fmt.Errorf("%w: min_seq %d not reached (applied %d), and %d requests %s wait for theirs already, as many as this seat holds for one node: ask again", errTimeout, j.r.MinSeq, appliedSeq(s.r, bucket), n, ofNode(j.r.Node))
+		}
+		if nw == nil {
+			if s.byNode == nil {
+				s.byNode = map[string]*nodeWaiting{}
+			}
+			nw = &nodeWaiting{}
+			s.byNode[j.r.Node] = nw
+		}
+		nw.n++
+		nw.bytes += size
+	}
 	s.waiting++
 	s.waitingBytes += size
 	if isWide {
@@ -160,7 +184,7 @@ func (s *Server) park(j job, bucket string) (bool, error) {
 		s.wg.Add(1)
 		go s.watch(bucket, bw)
 	}
-	w := &waiter{j: j, seq: uint64(j.r.MinSeq), size: size, wide: isWide}
+	w := &waiter{j: j, seq: uint64(j.r.MinSeq), size: size, wide: isWide, node: j.r.Node}
 	heap.Push(&bw.bySeq, w)
 	heap.Push(&bw.byTime, w)
 	select {
@@ -194,6 +218,7 @@ func (s *Server) watch(bucket string, bw *bucketWaiters) {
 		}
 		var full [2][]*waiter // by the queue they wait for: the workers' (0), the wide requests' (1)
 		for _, w := range ready {
+			w.j.reached = true
 			// Reached: a worker answers, as any other request, so that a sequence that many wait for
 			// does not set them all writing answers at once. Until it has a place it counts as waiting.
 			// Once one finds its queue full, those after it of the same queue wait behind it, in
@@ -290,8 +315,27 @@ func (s *Server) unwait(w *waiter) {
 	if w.wide {
 		s.wideWaiting--
 		s.wideWaitingBytes -= w.size
+	} else if nw := s.byNode[w.node]; nw != nil {
+		nw.n--
+		nw.bytes -= w.size
+		if nw.n == 0 {
+			delete(s.byNode, w.node)
+		}
 	}
 	s.waitMu.Unlock()
+}
+
+// nodeWaiting is how many requests of one node (not wide) wait for their min_seq, and their bytes.
+type nodeWaiting struct {
+	n, bytes int
+}
+
+// ofNode names the requests of a node in an answer: those of the registry when it is "".
+func ofNode(node string) string {
+	if node == "" {
+		return "for the registry"
+	}
+	return fmt.Sprintf("for node %q", node)
 }
 
 // Waiting is how many requests wait for their min_seq now.

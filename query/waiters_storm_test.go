@@ -180,6 +180,7 @@ func TestServer_LanesStorm(t *testing.T) {
 
 			s.waitMu.Lock()
 			require.Empty(t, s.waiters, "buckets still watched")
+			require.Empty(t, s.byNode, "nodes still counted")
 			counts := []int{s.waiting, s.waitingBytes, s.wideWaiting, s.wideWaitingBytes}
 			s.waitMu.Unlock()
 			require.Equal(t, []int{0, 0, 0, 0}, counts, "waiting, their bytes, the wide ones, their bytes")

@@ -28,7 +28,10 @@ func TestServer_WideWaitersLeaveRoomToNodeLookups(t *testing.T) {
 	wideOf := func(module string) []byte {
 		return []byte(`{"what":"needs","module":"` + module + `",` + far + `}`)
 	}
-	node := []byte(`{"what":"needs","node":"n1","min_seq":2,"wait_ms":10000}`)
+	nodeOf := func(i int) []byte {
+		return []byte(fmt.Sprintf(`{"what":"needs","node":"n%d","min_seq":2,"wait_ms":10000}`, i))
+	}
+	node := nodeOf(1)
 
 	t.Run("places", func(t *testing.T) {
 		const places = 4
@@ -51,9 +54,10 @@ func TestServer_WideWaitersLeaveRoomToNodeLookups(t *testing.T) {
 		require.Equal(t, 504, ve.Code)
 		require.Equal(t, "timeout: min_seq 1000000 not reached (applied 1), and 2 requests not narrowed by node wait for theirs already, as many as this seat holds of them: ask again", ve.Description)
 
-		// The node lookups wait in the other half, and are answered when their sequence comes.
+		// The node lookups (of nodes of their own) wait in the other half, and are answered when their
+		// sequence comes.
 		for i := 0; i < places/2; i++ {
-			require.NoError(t, nc.PublishRequest(Subject, fmt.Sprintf("%s.n%d", inbox, i), node))
+			require.NoError(t, nc.PublishRequest(Subject, fmt.Sprintf("%s.n%d", inbox, i), nodeOf(i)))
 		}
 		natstest.CheckFor(t, 10*time.Second, 2*time.Millisecond, func() error {
 			if w, c := s.Waiting(), got.get("504"); w+c != places+places/2 {
@@ -122,6 +126,64 @@ func TestServer_WideWaitersLeaveRoomToNodeLookups(t *testing.T) {
 		require.Equal(t, waiting+1, s.Waiting())
 		require.LessOrEqual(t, wide, maxWideWaitingBytes, "bytes of the wide requests waiting")
 	})
+}
+
+// TestServer_OneNodesWaitersLeaveRoomToOtherNodes: docs/decisions.md (Serving), the requests of one
+// node waiting for min_seq take at most an eighth of the waiters' places (and of their bytes), the
+// registry's as one node. A client flooding its node's lookups with a min_seq far ahead is answered
+// 504 at once past its share, saying so, and another node's lookup with min_seq still waits, and is
+// answered once its sequence comes. Before, the flood took every place, and every other node's
+// client reading its own write was answered 504 at once.
+func TestServer_OneNodesWaitersLeaveRoomToOtherNodes(t *testing.T) {
+	for _, flood := range []string{`"what":"needs","node":"n1"`, `"what":"registry"`} {
+		t.Run(flood, func(t *testing.T) {
+			const places = 16
+			s, nc, db := waitingServer(t, places)
+			got, inbox := collect(t, nc)
+			far := []byte(`{` + flood + `,"min_seq":1000000,"wait_ms":10000}`)
+			for i := 0; i < places; i++ {
+				require.NoError(t, nc.PublishRequest(Subject, fmt.Sprintf("%s.f%d", inbox, i), far))
+			}
+			natstest.CheckFor(t, 10*time.Second, 2*time.Millisecond, func() error {
+				if w, c := s.Waiting(), got.get("504"); w+c != places {
+					return fmt.Errorf("%d waiting, %d answered 504", w, c)
+				}
+				return nil
+			})
+			require.Equal(t, places/8, s.Waiting(), "the flood's requests waiting")
+			_, _, err := natstest.Ask(nc, Subject, far, false)
+			var ve *natstest.VerbError
+			require.ErrorAs(t, err, &ve)
+			require.Equal(t, 504, ve.Code)
+			require.Contains(t, ve.Description, "as many as this seat holds for one node: ask again")
+
+			// The other nodes' lookups wait, up to their share each, and are answered when their
+			// sequence comes.
+			refused := got.get("504")
+			for i := 2; i < 2+places/2; i++ {
+				body := fmt.Sprintf(`{"what":"needs","node":"n%d","min_seq":2,"wait_ms":10000}`, i)
+				require.NoError(t, nc.PublishRequest(Subject, fmt.Sprintf("%s.n%d", inbox, i), []byte(body)))
+			}
+			natstest.CheckFor(t, 10*time.Second, 2*time.Millisecond, func() error {
+				if w := s.Waiting(); w != places/8+places/2 {
+					return fmt.Errorf("%d waiting, %d answered 504", w, got.get("504"))
+				}
+				return nil
+			})
+			require.Equal(t, refused, got.get("504"), "other nodes' lookups answered 504 at once")
+			putNeed(t, db, 2)
+			natstest.CheckFor(t, 10*time.Second, 2*time.Millisecond, func() error {
+				if n := got.get("200"); n != places/2 {
+					return fmt.Errorf("%d node lookups answered", n)
+				}
+				return nil
+			})
+			require.Equal(t, places/8, s.Waiting(), "the flood's requests still wait")
+			s.waitMu.Lock()
+			require.Len(t, s.byNode, 1, "nodes counted")
+			s.waitMu.Unlock()
+		})
+	}
 }
 
 // waitingServer serves a store holding need 1, synced, with two workers, no read-ahead and the given

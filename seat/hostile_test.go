@@ -70,6 +70,12 @@ func (r *replies) total() int {
 // flood sends n requests of body on nc without waiting for their answers, which r collects.
 func flood(t *testing.T, nc *nats.Conn, n int, body []byte) *replies {
 	t.Helper()
+	return floodOf(t, nc, n, func(int) []byte { return body })
+}
+
+// floodOf is flood with the body of each request i made by body.
+func floodOf(t *testing.T, nc *nats.Conn, n int, body func(i int) []byte) *replies {
+	t.Helper()
 	r := &replies{codes: map[string]int{}}
 	inbox := nats.NewInbox()
 	sub, err := nc.Subscribe(inbox+".*", r.add)
@@ -77,7 +83,7 @@ func flood(t *testing.T, nc *nats.Conn, n int, body []byte) *replies {
 	require.NoError(t, sub.SetPendingLimits(-1, -1))
 	t.Cleanup(func() { _ = sub.Unsubscribe() })
 	for i := 0; i < n; i++ {
-		require.NoError(t, nc.PublishRequest(query.Subject, fmt.Sprintf("%s.%d", inbox, i), body))
+		require.NoError(t, nc.PublishRequest(query.Subject, fmt.Sprintf("%s.%d", inbox, i), body(i)))
 	}
 	require.NoError(t, nc.Flush())
 	return r
@@ -85,7 +91,8 @@ func flood(t *testing.T, nc *nats.Conn, n int, body []byte) *replies {
 
 // TestSeat_MinSeqFloodIsBounded: CONTRACT section 3, a request waits for min_seq at most wait_ms and
 // is then answered 504; docs/decisions.md (Serving) bounds how many wait at once, and requests across
-// the mesh (no node) half of them. A flood of requests for a sequence far ahead, past that bound, is
+// the mesh (no node) half of them, one node's an eighth. A flood of requests for a sequence far ahead
+// (of eight nodes for the node lookups, each within its share), past that bound, is
 // answered 504 at once for each request past it, holds no more goroutines than the bound, and the seat
 // answers every other client meanwhile. When the seat stops, every waiting request is answered.
 func TestSeat_MinSeqFloodIsBounded(t *testing.T) {
@@ -96,7 +103,7 @@ func TestSeat_MinSeqFloodIsBounded(t *testing.T) {
 	applied, _ := st.Store().Applied(provisioner.BucketNeeds)
 
 	base := runtime.NumGoroutine()
-	const over = 300
+	const over, nodes = 304, 8
 	half := query.DefaultMaxWaiting / 2
 	flooder, _ := natstest.Connect(t, h.url)
 	// Across the mesh first, then a node's: each kind is answered past its bound, the node's past the
@@ -108,7 +115,9 @@ func TestSeat_MinSeqFloodIsBounded(t *testing.T) {
 		}
 		return nil
 	})
-	node := flood(t, flooder, half+over, []byte(fmt.Sprintf(`{"what":"needs","node":%q,"min_seq":%d,"wait_ms":10000}`, fixtures.NodeName(0), applied+1_000_000)))
+	node := floodOf(t, flooder, half+over, func(i int) []byte {
+		return []byte(fmt.Sprintf(`{"what":"needs","node":%q,"min_seq":%d,"wait_ms":10000}`, fixtures.NodeName(i%nodes), applied+1_000_000))
+	})
 	natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
 		if c := node.count("504", "wait for theirs already"); c < over {
 			return fmt.Errorf("%d answered as past the bound, want %d", c, over)

@@ -286,6 +286,20 @@ func (db *DB) TailRemoved(bucket string, lastSeq uint64, streamCreated int64) er
 	return nil
 }
 
+// RemovedEnd returns the stream's last sequence that TailRemoved was told of past the checkpoint, when
+// nothing has been read since: the stream ends there, every message past the applied one removed
+// before it was read. ok is false when none is recorded.
+func (db *DB) RemovedEnd(bucket string) (last uint64, ok bool) {
+	db.applyMu.Lock()
+	defer db.applyMu.Unlock()
+	g, open := db.openGaps[bucket]
+	b := db.lookup(bucket)
+	if !open || b == nil || g.From != b.cp.Applied+1 || g.OpenedAt <= g.From {
+		return 0, false
+	}
+	return g.OpenedAt - 1, true
+}
+
 // SetHistoryMarks replaces a bucket's marks: an archive loaded into a temporary store carries the marks
 // of the log it was written from.
 func (db *DB) SetHistoryMarks(bucket string, m HistoryMarks) error {
