@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -319,4 +320,39 @@ func TestServe_EmbeddedListenPortZeroIsAFreePort(t *testing.T) {
 	require.True(t, strings.HasPrefix(s.natsURL, "nats://127.0.0.1:"), s.natsURL)
 	require.NotEqual(t, "nats://127.0.0.1:4222", s.natsURL, "not nats-server's default port")
 	require.Contains(t, s.stderr.String(), `msg="embedded NATS server started" url=`+s.natsURL)
+}
+
+// TestCommands_UnreachableNATSLeavesTheStateDirAsItWas: a mistyped --nats (nothing listens there)
+// leaves --state exactly as it was, absent or a seat's: rebuild locked it first (making the directory
+// and its LOCK), and serve --nats opened it (a new state dir made whole, Pebble's files and all).
+func TestCommands_UnreachableNATSLeavesTheStateDirAsItWas(t *testing.T) {
+	t.Setenv("NATS_URL", "")
+	dir := t.TempDir()
+	seat := filepath.Join(dir, "seat")
+	code, stderr := serveOnce(t, "--state", seat, "--embedded-store", filepath.Join(dir, "nats"))
+	require.Equal(t, exitOK, code, stderr)
+	snapshot := func(root string) map[string]string { // path -> size and mtime, or "" for no such dir
+		files := map[string]string{}
+		err := filepath.Walk(root, func(p string, fi os.FileInfo, err error) error {
+			if err != nil {
+				return err
+			}
+			files[p] = fmt.Sprint(fi.Size(), fi.ModTime().UnixNano(), fi.Mode())
+			return nil
+		})
+		if errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		require.NoError(t, err)
+		return files
+	}
+	for _, state := range []string{filepath.Join(dir, "new"), seat} {
+		before := snapshot(state)
+		for _, cmd := range []string{"rebuild", "serve"} {
+			code, _, stderr := run(t, cmd, "--nats", "nats://127.0.0.1:1", "--state", state)
+			require.Equal(t, exitFailure, code, "%s %s: %s", cmd, state, stderr)
+			require.Contains(t, stderr, "connect to NATS", cmd)
+			require.Equal(t, before, snapshot(state), "%s --state %s: left as it was", cmd, state)
+		}
+	}
 }

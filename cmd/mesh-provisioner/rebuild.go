@@ -82,19 +82,12 @@ func (c *RebuildCommand) Run(ctx context.Context, args []string) error {
 	if err := store.CheckStateDir(c.state); err != nil {
 		return &usageError{msg: err.Error()}
 	}
-	sd, err := store.LockState(c.state)
-	if errors.Is(err, store.ErrLocked) {
-		return fmt.Errorf("%w\na running serve rebuilds by itself when a stream cannot be resumed; stop it to rebuild by hand", err)
-	}
-	if err != nil {
-		return err
-	}
-	defer sd.Close()
-
 	// A permission the user lacks ends the rebuild at once, naming it; the generation is kept, and
 	// nothing is swapped in.
 	ctx, stop := c.nats.stopOnDenied(ctx)
 	defer stop()
+	// NATS is reached before the state dir is touched: a mistyped --nats leaves it exactly as it was
+	// (locking it made the directory and its LOCK).
 	nc, err := c.nats.connect(c.nats.url, "mesh-provisioner rebuild", log)
 	if err != nil {
 		return err
@@ -104,6 +97,14 @@ func (c *RebuildCommand) Run(ctx context.Context, args []string) error {
 	if err != nil {
 		return fmt.Errorf("jetstream: %w", err)
 	}
+	sd, err := store.LockState(c.state)
+	if errors.Is(err, store.ErrLocked) {
+		return fmt.Errorf("%w\na running serve rebuilds by itself when a stream cannot be resumed; stop it to rebuild by hand", err)
+	}
+	if err != nil {
+		return err
+	}
+	defer sd.Close()
 
 	if err := checkRebuildSource(ctx, js, sd, c.nats.url); err != nil {
 		return refused(ctx, err)

@@ -135,9 +135,19 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 		return &usageError{msg: err.Error()}
 	}
 
-	// The state dir is opened before anything else starts: a second serve on it stops here, before it
-	// starts an embedded server on the first one's store. One this binary cannot read is started over
-	// only once NATS is reached (below): a serve that cannot reach it leaves it as it was.
+	// With --nats, NATS is reached before the state dir is touched: a mistyped --nats leaves it exactly
+	// as it was (a new one was made whole, Pebble's files and all, and left behind). With the embedded
+	// server the state dir is opened before anything else starts: a second serve on it stops here,
+	// before it starts an embedded server on the first one's store (docs/decisions.md). One this binary
+	// cannot read is started over only once NATS is reached (below): a serve that cannot reach it
+	// leaves it as it was.
+	var nc *nats.Conn
+	if url != "" {
+		if nc, err = c.nats.connect(url, "mesh-provisioner", log); err != nil {
+			return err
+		}
+		defer nc.Close()
+	}
 	var db *store.DB
 	defer func() {
 		// A store whose write waits for room would hold Close until there is (runSeat): left to the
@@ -183,11 +193,12 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 		log.Info("embedded NATS server started", "url", url, "store", c.embeddedStore)
 	}
 
-	nc, err := c.nats.connect(url, "mesh-provisioner", log)
-	if err != nil {
-		return err
+	if nc == nil {
+		if nc, err = c.nats.connect(url, "mesh-provisioner", log); err != nil {
+			return err
+		}
+		defer nc.Close()
 	}
-	defer nc.Close()
 	if err := ctx.Err(); err != nil {
 		return err
 	}
