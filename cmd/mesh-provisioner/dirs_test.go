@@ -7,11 +7,14 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
@@ -289,6 +292,13 @@ func TestServe_DemoStoppedPartWayLoadsWholeNextTime(t *testing.T) {
 	require.Contains(t, errb.String(), "what it wrote is removed")
 	demoLoaded = nil
 
+	requireDemoLoadsWhole(t, dir)
+}
+
+// requireDemoLoadsWhole starts serve --demo on dir, as TestServe_DemoStoppedPartWayLoadsWholeNextTime
+// left it, and requires the demo loaded whole: each of its needs once, in a stream made anew.
+func requireDemoLoadsWhole(t *testing.T, dir string) {
+	t.Helper()
 	s, err := startServe(dir, "--demo")
 	require.NoError(t, err)
 	defer func() { require.NoError(t, s.stop()) }()
@@ -354,5 +364,63 @@ func TestCommands_UnreachableNATSLeavesTheStateDirAsItWas(t *testing.T) {
 			require.Contains(t, stderr, "connect to NATS", cmd)
 			require.Equal(t, before, snapshot(state), "%s --state %s: left as it was", cmd, state)
 		}
+	}
+}
+
+// TestServe_DemoStoppedHardPartWayLoadsWholeNextTime: a second Ctrl-C during serve --demo's load (it
+// stops at once, 130) left part of the demo in the embedded server, and every later start found a
+// server that holds data and served that part for good. The load marks itself under way in
+// --embedded-store until it has finished; the next start finds the mark, removes the part and loads
+// the demo whole.
+func TestServe_DemoStoppedHardPartWayLoadsWholeNextTime(t *testing.T) {
+	t.Setenv("NATS_URL", "")
+	bin := buildBinary(t, t.TempDir())
+	for attempt := 1; ; attempt++ {
+		dir := t.TempDir()
+		listen := fmt.Sprintf("127.0.0.1:%d", natstest.FreePort(t))
+		cmd := exec.Command(bin, "serve", "--demo", "--state", filepath.Join(dir, "state"), "--embedded-listen", listen,
+			"--embedded-store", filepath.Join(dir, "nats"))
+		var stderr natstest.LogBuffer
+		cmd.Stderr = &stderr
+		require.NoError(t, cmd.Start())
+		exited := make(chan error, 1)
+		go func() { exited <- cmd.Wait() }()
+		t.Cleanup(func() { _ = cmd.Process.Kill() })
+		// Part of the demo is in: the needs stream holds messages.
+		natstest.CheckFor(t, 60*time.Second, 5*time.Millisecond, func() error {
+			nc, err := nats.Connect("nats://" + listen)
+			if err != nil {
+				return err
+			}
+			defer nc.Close()
+			js, err := jetstream.New(nc)
+			if err != nil {
+				return err
+			}
+			st, err := js.Stream(context.Background(), provisioner.StreamName(provisioner.BucketNeeds))
+			if err != nil {
+				return err
+			}
+			if st.CachedInfo().State.Msgs == 0 {
+				return fmt.Errorf("no need loaded yet")
+			}
+			return nil
+		})
+		// Two signals: a SIGINT and a SIGTERM, since a second SIGINT sent at once merges with the first
+		// while that one is pending (main takes any second signal for "stop now").
+		require.NoError(t, cmd.Process.Signal(syscall.SIGINT))
+		require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+		err := natstest.Receive(t, exited, 30*time.Second, "serve stops")
+		var ee *exec.ExitError
+		require.True(t, errors.As(err, &ee), "%v: %s", err, stderr.String())
+		require.Equal(t, 130, ee.ExitCode(), stderr.String())
+		out := stderr.String()
+		if strings.Contains(out, "demo mesh loaded") || strings.Contains(out, "what it wrote is removed") || !strings.Contains(out, "second signal") {
+			// The load ended, or its removal did, before the second signal: no part left to find.
+			require.Less(t, attempt, 10, "the load never stopped part way:\n%s", out)
+			continue
+		}
+		requireDemoLoadsWhole(t, dir)
+		return
 	}
 }
