@@ -5,11 +5,13 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/novox/mesh-provisioner/fixtures"
 	"github.com/novox/mesh-provisioner/internal/faultfs"
 	"github.com/novox/mesh-provisioner/internal/natstest"
 )
@@ -41,4 +43,29 @@ func TestReplay_FromNATSWithTooLittleTempRoom(t *testing.T) {
 		require.NoError(t, rerr)
 		require.Len(t, entries, 1, "only the other file is left in TMPDIR")
 	}
+}
+
+// TestExport_OutOnAFullDisk: export --nats whose --out is on a full disk took the failed write of its
+// spool for a lost consumer and read the stream again, and again, a message further each time (the
+// one the failed write held counted as read): it went on for many minutes, saying nothing. It fails
+// at once, naming the write and the disk's error, and leaves nothing beside --out.
+func TestExport_OutOnAFullDisk(t *testing.T) {
+	ns := natstest.RunServer(t)
+	_, js := natstest.Connect(t, ns.ClientURL())
+	require.NoError(t, fixtures.Load(context.Background(), js, fixtures.Demo().Ops(), 0, nil))
+	dir := faultfs.Tmpfs(t, 4<<20)
+	faultfs.FillTo(t, filepath.Join(dir, "other"), 0)
+
+	done := make(chan error, 1)
+	var out, errb bytes.Buffer
+	go func() {
+		done <- NewMain(&out, &errb).Run(context.Background(), []string{"export", "--nats", ns.ClientURL(), "--out", filepath.Join(dir, "incident.mph")})
+	}()
+	err := natstest.Receive(t, done, 60*time.Second, "export to a full disk")
+	require.Equal(t, exitFailure, exitCode(err, &errb), errb.String())
+	require.ErrorIs(t, err, syscall.ENOSPC)
+	require.ErrorContains(t, err, "write the archive beside "+filepath.Join(dir, "incident.mph"))
+	entries, rerr := os.ReadDir(dir)
+	require.NoError(t, rerr)
+	require.Len(t, entries, 1, "only the other file is left beside --out")
 }
