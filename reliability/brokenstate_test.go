@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/novox/mesh-provisioner/fixtures"
+	"github.com/novox/mesh-provisioner/internal/faultfs"
 	"github.com/novox/mesh-provisioner/internal/natstest"
 	"github.com/novox/mesh-provisioner/internal/verbcheck"
 	"github.com/novox/mesh-provisioner/query"
@@ -313,18 +314,7 @@ func TestBrokenState_DiskFills(t *testing.T) {
 
 // mountTmpfs mounts a tmpfs of size bytes on a new directory, unmounted at cleanup; it skips the test
 // when this process may not mount.
-func mountTmpfs(t *testing.T, size int) string {
-	dir := t.TempDir()
-	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, fmt.Sprintf("size=%d", size)); err != nil {
-		t.Skipf("cannot mount a tmpfs here (%v): this case needs mount privileges", err)
-	}
-	t.Cleanup(func() {
-		if err := syscall.Unmount(dir, syscall.MNT_DETACH); err != nil {
-			t.Errorf("unmount %s: %v", dir, err)
-		}
-	})
-	return dir
-}
+func mountTmpfs(t *testing.T, size int) string { return faultfs.Tmpfs(t, size) }
 
 // remount makes a tmpfs read-only or writable again.
 func remount(t *testing.T, dir string, readOnly bool) {
@@ -336,24 +326,7 @@ func remount(t *testing.T, dir string, readOnly bool) {
 }
 
 // fill writes a file until the disk has at most leave bytes free.
-func fill(t *testing.T, path string, leave int64) {
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	require.NoError(t, err)
-	defer f.Close()
-	buf := bytes.Repeat([]byte{0xab}, 1<<20)
-	for {
-		var st syscall.Statfs_t
-		require.NoError(t, syscall.Statfs(filepath.Dir(path), &st))
-		free := int64(st.Bavail) * st.Bsize
-		if free <= leave {
-			return
-		}
-		n := min(int64(len(buf)), free-leave)
-		if _, err := f.Write(buf[:n]); err != nil {
-			return // full
-		}
-	}
-}
+func fill(t *testing.T, path string, leave int64) { faultfs.FillTo(t, path, leave) }
 
 // genFiles lists the files of the state dir's current generation whose names contain part.
 func genFiles(t *testing.T, state, part string) []string {

@@ -398,6 +398,11 @@ func exportStream(ctx context.Context, w *archiveWriter, s jetstream.Stream, inf
 		if errors.Is(err, jetstream.ErrStreamNotFound) {
 			return fmt.Errorf("read %s: the stream was deleted while exporting: %w", name, err)
 		}
+		if errors.Is(err, errArchiveWrite) {
+			// The disk of --out (full, say), not the consumer: reading again would not help, and the
+			// message the failed write held counted as read.
+			return err
+		}
 		if e.prev > from || failing.IsZero() {
 			failing, wait = time.Now(), exportRetryMin
 		} else if time.Since(failing) > exportRetryFor {
@@ -432,6 +437,9 @@ func exportStream(ctx context.Context, w *archiveWriter, s jetstream.Stream, inf
 	w.header.Buckets[index].Gaps = gapsOut(e.gaps)
 	return nil
 }
+
+// errArchiveWrite marks a write of the archive's spool that failed: the export ends at once.
+var errArchiveWrite = errors.New("write the archive")
 
 // How export retries a stream whose consumer was lost: after 100 ms, doubling up to 5 s, for at most a
 // minute without a message read (a server restart, a leader moving), then it fails rather than wait
@@ -565,7 +573,7 @@ func (e *streamExport) add(msg jetstream.Msg, md *jetstream.MsgMetadata) (bool, 
 		rec.Headers = map[string][]string(h)
 	}
 	if err := e.w.record(&rec); err != nil {
-		return false, err
+		return false, fmt.Errorf("%w beside %s: %w", errArchiveWrite, e.w.out, err)
 	}
 	e.tick()
 	if md.NumPending == 0 {

@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -103,6 +105,10 @@ func newTemp(source string) (*Log, error) {
 		return nil, fmt.Errorf("temporary store: %w", err)
 	}
 	db, err := store.Open(dir, offlineOptions)
+	if errors.Is(err, store.ErrNoSpace) {
+		os.RemoveAll(dir)
+		return nil, tempRoomErr(filepath.Dir(dir))
+	}
 	if err != nil {
 		os.RemoveAll(dir)
 		return nil, err
@@ -131,12 +137,34 @@ func FromNATS(ctx context.Context, js jetstream.JetStream, buckets []string, sou
 		opts.Buckets = append(provisionerBuckets(), provisioner.BucketHostModules, provisioner.BucketIndexerBuilds)
 		opts.Composed = true
 	}
-	if err := Fill(ctx, js, l.DB, opts, progress); err != nil {
+	if err := fill(ctx, js, l.DB, opts, progress, true); err != nil {
+		if errors.Is(err, store.ErrNoSpace) {
+			err = tempRoomErr(filepath.Dir(l.dir)) // what is free with the store still there
+		}
 		l.Close()
 		return nil, err
 	}
 	return l, nil
 }
+
+// tempRoomErr says the disk of the system's temporary directory (dir) has too little room for a
+// temporary store, and what to do: the store's own words name --state, which is not where it is, and
+// giving a command --state changes what it reads.
+func tempRoomErr(dir string) error {
+	free := ""
+	var st syscall.Statfs_t
+	if syscall.Statfs(dir, &st) == nil {
+		free = fmt.Sprintf("%d MiB free, ", int64(st.Bavail)*int64(st.Bsize)>>20)
+	}
+	return noTempRoom(fmt.Sprintf("no room for the temporary store that reads the streams, in %s (%sthe data plus %d MiB kept free needed): free space there, or set TMPDIR to a larger disk",
+		dir, free, offlineOptions.Reserve()>>20))
+}
+
+// noTempRoom is store.ErrNoSpace in its own words, which name no state dir.
+type noTempRoom string
+
+func (e noTempRoom) Error() string { return string(e) }
+func (e noTempRoom) Unwrap() error { return store.ErrNoSpace }
 
 // fillGiveUp is how long Fill waits while reading a stream keeps failing (a consumer that cannot be
 // created or read) and no message is applied, before it gives up with the failure.
@@ -147,6 +175,13 @@ var fillGiveUp = time.Minute
 // projector.ErrCannotResume; a stream whose reading keeps failing for fillGiveUp with no message
 // applied meanwhile is an error with the failure (a user denied consumers, NATS unreachable).
 func Fill(ctx context.Context, js jetstream.JetStream, db *store.DB, opts projector.Options, progress Progress) error {
+	return fill(ctx, js, db, opts, progress, false)
+}
+
+// fill is Fill; with roomOrFail, a store out of room (a batch refused for want of it) ends the fill
+// with the store's ErrNoSpace, where a seat's or a rebuild's waits for room: a temporary store of a
+// command waited without a word, its progress at 0 for as long as the disk stayed full.
+func fill(ctx context.Context, js jetstream.JetStream, db *store.DB, opts projector.Options, progress Progress, roomOrFail bool) error {
 	if opts.Buckets == nil {
 		for _, s := range provisioner.ProvisionerShapes {
 			opts.Buckets = append(opts.Buckets, s.Bucket)
@@ -206,6 +241,9 @@ func Fill(ctx context.Context, js jetstream.JetStream, db *store.DB, opts projec
 			err = fmt.Errorf("no message read for %s while reading the streams kept failing: %w", fillGiveUp, tailErr)
 		}
 		mu.Unlock()
+		if err == nil && roomOrFail && db.OutOfRoom() {
+			err = db.RoomErr()
+		}
 		if err != nil {
 			return err
 		}

@@ -45,6 +45,19 @@ const stRdonly = 0x1
 // one out while the next fills, and the log holds as much) and room for a compaction's output.
 func defaultMinFree(memTable uint64) int64 { return 2*int64(memTable) + 32<<20 }
 
+// Reserve is the room a store opened with o keeps free on its file system: MinFreeBytes, or its
+// default for the memtable size; negative: none.
+func (o Options) Reserve() int64 {
+	if o.MinFreeBytes != 0 {
+		return o.MinFreeBytes
+	}
+	mt := o.MemTableSize
+	if mt == 0 {
+		mt = 64 << 20
+	}
+	return defaultMinFree(mt)
+}
+
 // probeName is the file waitForRoom writes to learn whether the state dir takes writes again. Pebble
 // leaves files it does not know alone.
 const probeName = "ROOM-PROBE"

@@ -284,10 +284,7 @@ func OpenContext(ctx context.Context, dir string, opts Options) (*DB, error) {
 	po.EventListener = &listener
 	po.Experimental.CompactionScheduler = catchUp.sched
 
-	minFree := opts.MinFreeBytes
-	if minFree == 0 {
-		minFree = defaultMinFree(opts.MemTableSize)
-	}
+	minFree := opts.Reserve()
 	fs := opts.FS
 	if fs == nil {
 		fs = vfs.Default

@@ -3,14 +3,18 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
@@ -288,6 +292,13 @@ func TestServe_DemoStoppedPartWayLoadsWholeNextTime(t *testing.T) {
 	require.Contains(t, errb.String(), "what it wrote is removed")
 	demoLoaded = nil
 
+	requireDemoLoadsWhole(t, dir)
+}
+
+// requireDemoLoadsWhole starts serve --demo on dir, as TestServe_DemoStoppedPartWayLoadsWholeNextTime
+// left it, and requires the demo loaded whole: each of its needs once, in a stream made anew.
+func requireDemoLoadsWhole(t *testing.T, dir string) {
+	t.Helper()
 	s, err := startServe(dir, "--demo")
 	require.NoError(t, err)
 	defer func() { require.NoError(t, s.stop()) }()
@@ -319,4 +330,97 @@ func TestServe_EmbeddedListenPortZeroIsAFreePort(t *testing.T) {
 	require.True(t, strings.HasPrefix(s.natsURL, "nats://127.0.0.1:"), s.natsURL)
 	require.NotEqual(t, "nats://127.0.0.1:4222", s.natsURL, "not nats-server's default port")
 	require.Contains(t, s.stderr.String(), `msg="embedded NATS server started" url=`+s.natsURL)
+}
+
+// TestCommands_UnreachableNATSLeavesTheStateDirAsItWas: a mistyped --nats (nothing listens there)
+// leaves --state exactly as it was, absent or a seat's: rebuild locked it first (making the directory
+// and its LOCK), and serve --nats opened it (a new state dir made whole, Pebble's files and all).
+func TestCommands_UnreachableNATSLeavesTheStateDirAsItWas(t *testing.T) {
+	t.Setenv("NATS_URL", "")
+	dir := t.TempDir()
+	seat := filepath.Join(dir, "seat")
+	code, stderr := serveOnce(t, "--state", seat, "--embedded-store", filepath.Join(dir, "nats"))
+	require.Equal(t, exitOK, code, stderr)
+	snapshot := func(root string) map[string]string { // path -> size and mtime, or "" for no such dir
+		files := map[string]string{}
+		err := filepath.Walk(root, func(p string, fi os.FileInfo, err error) error {
+			if err != nil {
+				return err
+			}
+			files[p] = fmt.Sprint(fi.Size(), fi.ModTime().UnixNano(), fi.Mode())
+			return nil
+		})
+		if errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		require.NoError(t, err)
+		return files
+	}
+	for _, state := range []string{filepath.Join(dir, "new"), seat} {
+		before := snapshot(state)
+		for _, cmd := range []string{"rebuild", "serve"} {
+			code, _, stderr := run(t, cmd, "--nats", "nats://127.0.0.1:1", "--state", state)
+			require.Equal(t, exitFailure, code, "%s %s: %s", cmd, state, stderr)
+			require.Contains(t, stderr, "connect to NATS", cmd)
+			require.Equal(t, before, snapshot(state), "%s --state %s: left as it was", cmd, state)
+		}
+	}
+}
+
+// TestServe_DemoStoppedHardPartWayLoadsWholeNextTime: a second Ctrl-C during serve --demo's load (it
+// stops at once, 130) left part of the demo in the embedded server, and every later start found a
+// server that holds data and served that part for good. The load marks itself under way in
+// --embedded-store until it has finished; the next start finds the mark, removes the part and loads
+// the demo whole.
+func TestServe_DemoStoppedHardPartWayLoadsWholeNextTime(t *testing.T) {
+	t.Setenv("NATS_URL", "")
+	bin := buildBinary(t, t.TempDir())
+	for attempt := 1; ; attempt++ {
+		dir := t.TempDir()
+		listen := fmt.Sprintf("127.0.0.1:%d", natstest.FreePort(t))
+		cmd := exec.Command(bin, "serve", "--demo", "--state", filepath.Join(dir, "state"), "--embedded-listen", listen,
+			"--embedded-store", filepath.Join(dir, "nats"))
+		var stderr natstest.LogBuffer
+		cmd.Stderr = &stderr
+		require.NoError(t, cmd.Start())
+		exited := make(chan error, 1)
+		go func() { exited <- cmd.Wait() }()
+		t.Cleanup(func() { _ = cmd.Process.Kill() })
+		// Part of the demo is in: the needs stream holds messages.
+		natstest.CheckFor(t, 60*time.Second, 5*time.Millisecond, func() error {
+			nc, err := nats.Connect("nats://" + listen)
+			if err != nil {
+				return err
+			}
+			defer nc.Close()
+			js, err := jetstream.New(nc)
+			if err != nil {
+				return err
+			}
+			st, err := js.Stream(context.Background(), provisioner.StreamName(provisioner.BucketNeeds))
+			if err != nil {
+				return err
+			}
+			if st.CachedInfo().State.Msgs == 0 {
+				return fmt.Errorf("no need loaded yet")
+			}
+			return nil
+		})
+		// Two signals: a SIGINT and a SIGTERM, since a second SIGINT sent at once merges with the first
+		// while that one is pending (main takes any second signal for "stop now").
+		require.NoError(t, cmd.Process.Signal(syscall.SIGINT))
+		require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+		err := natstest.Receive(t, exited, 30*time.Second, "serve stops")
+		var ee *exec.ExitError
+		require.True(t, errors.As(err, &ee), "%v: %s", err, stderr.String())
+		require.Equal(t, 130, ee.ExitCode(), stderr.String())
+		out := stderr.String()
+		if strings.Contains(out, "demo mesh loaded") || strings.Contains(out, "what it wrote is removed") || !strings.Contains(out, "second signal") {
+			// The load ended, or its removal did, before the second signal: no part left to find.
+			require.Less(t, attempt, 10, "the load never stopped part way:\n%s", out)
+			continue
+		}
+		requireDemoLoadsWhole(t, dir)
+		return
+	}
 }

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -82,19 +83,12 @@ func (c *RebuildCommand) Run(ctx context.Context, args []string) error {
 	if err := store.CheckStateDir(c.state); err != nil {
 		return &usageError{msg: err.Error()}
 	}
-	sd, err := store.LockState(c.state)
-	if errors.Is(err, store.ErrLocked) {
-		return fmt.Errorf("%w\na running serve rebuilds by itself when a stream cannot be resumed; stop it to rebuild by hand", err)
-	}
-	if err != nil {
-		return err
-	}
-	defer sd.Close()
-
 	// A permission the user lacks ends the rebuild at once, naming it; the generation is kept, and
 	// nothing is swapped in.
 	ctx, stop := c.nats.stopOnDenied(ctx)
 	defer stop()
+	// NATS is reached before the state dir is touched: a mistyped --nats leaves it exactly as it was
+	// (locking it made the directory and its LOCK).
 	nc, err := c.nats.connect(c.nats.url, "mesh-provisioner rebuild", log)
 	if err != nil {
 		return err
@@ -104,17 +98,87 @@ func (c *RebuildCommand) Run(ctx context.Context, args []string) error {
 	if err != nil {
 		return fmt.Errorf("jetstream: %w", err)
 	}
+	sd, err := store.LockState(c.state)
+	if errors.Is(err, store.ErrLocked) {
+		return fmt.Errorf("%w\na running serve rebuilds by itself when a stream cannot be resumed; stop it to rebuild by hand", err)
+	}
+	if err != nil {
+		return err
+	}
+	keep := false // a write held for room: the lock is the fill's, left to the exit (below)
+	defer func() {
+		if !keep {
+			sd.Close()
+		}
+	}()
 
 	if err := checkRebuildSource(ctx, js, sd, c.nats.url); err != nil {
 		return refused(ctx, err)
 	}
 
+	// The generation is opened and filled by a goroutine of its own: a write of its store that finds
+	// the disk full waits for room (store/space.go), and no stop reaches it there, so a first signal
+	// did nothing until the disk had room again, and only a second one stopped the rebuild. A signal
+	// that finds such a write held (now, or while the stop goes on) stops at once instead, as a kill
+	// would: the goroutine, the generation's store and the state dir's lock are left to the process's
+	// exit, and the generation keeps every batch committed, which the next rebuild resumes.
+	var filling atomic.Pointer[string] // the generation being opened or filled
+	done := make(chan error, 1)
+	go func() { done <- c.fill(ctx, js, sd, log, &filling) }()
+	gen, err := awaitUnlessHeld(ctx, done, func() (string, bool) {
+		g := filling.Load()
+		return deref(g), g != nil && store.WritesHeldIn(*g)
+	})
+	if gen == "" {
+		return err
+	}
+	keep = true
+	go func() { <-done; sd.Close() }() // the lock goes with the fill; the process's exit comes first
+	log.Error("stopping without waiting: the state dir is out of room and a write of the rebuild waits for it", "generation", gen,
+		"fix", "free space on that disk (or give --state a larger one), then run rebuild again: it resumes this generation")
+	return fmt.Errorf("rebuild stopped while %s was out of room (the generation is kept; free space, then run rebuild again to resume): %w", gen, ctx.Err())
+}
+
+// awaitUnlessHeld returns what done says, or, once ctx has ended, the directory held names as soon as
+// it reports a write held for room there (polled every heldPoll): the work sending on done waits for
+// that room, however long, and is left to the process's exit.
+func awaitUnlessHeld(ctx context.Context, done <-chan error, held func() (string, bool)) (string, error) {
+	select {
+	case err := <-done:
+		return "", err
+	case <-ctx.Done():
+	}
+	tick := time.NewTicker(heldPoll)
+	defer tick.Stop()
+	for {
+		if dir, ok := held(); ok {
+			return dir, nil
+		}
+		select {
+		case err := <-done:
+			return "", err
+		case <-tick.C:
+		}
+	}
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
+
+// fill opens the generation to rebuild into (rebuildGeneration), fills it from the streams and swaps
+// it in, saying which one it works on in filling.
+func (c *RebuildCommand) fill(ctx context.Context, js jetstream.JetStream, sd *store.StateDir, log *slog.Logger, filling *atomic.Pointer[string]) error {
 	start := time.Now()
 	for attempt := 0; ; attempt++ {
 		gen, resumed, err := rebuildGeneration(sd, log)
 		if err != nil {
 			return err
 		}
+		filling.Store(&gen)
 		if resumed {
 			log.Info("resuming a rebuild that did not finish", "generation", gen)
 		} else {
@@ -122,7 +186,7 @@ func (c *RebuildCommand) Run(ctx context.Context, args []string) error {
 		}
 		opts := c.opts
 		opts.Logger = log
-		db, err := store.Open(gen, opts)
+		db, err := store.OpenContext(ctx, gen, opts)
 		if err != nil && resumed && store.NeedsRebuild(err) {
 			log.Warn("the unfinished rebuild does not open; starting over", "err", err)
 			os.RemoveAll(gen)

@@ -3,12 +3,18 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
+	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
 	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/fixtures"
+	"github.com/novox/mesh-provisioner/internal/faultfs"
+	"github.com/novox/mesh-provisioner/internal/natstest"
 	"github.com/novox/mesh-provisioner/store"
 )
 
@@ -53,4 +59,93 @@ func TestRebuild_FullDiskKeepsTheUnfinishedRebuild(t *testing.T) {
 	require.Zero(t, code, errOut)
 	require.Contains(t, errOut+stdout, "resuming a rebuild that did not finish")
 	checkState(t, dir, last)
+}
+
+// walGrown is "full" once the WALs of the state dir's generations hold min bytes, "" before: the
+// line faultfs.FullOnceLogged waits for, so that the disk fills in the middle of a rebuild's fill.
+type walGrown struct {
+	state string
+	min   int64
+}
+
+func (w walGrown) String() string {
+	logs, _ := filepath.Glob(filepath.Join(w.state, "gen-*", "*.log"))
+	var n int64
+	for _, l := range logs {
+		if fi, err := os.Stat(l); err == nil {
+			n += fi.Size()
+		}
+	}
+	if n >= w.min {
+		return "full"
+	}
+	return ""
+}
+
+// TestRebuild_SignalWhileAWriteWaitsForRoom: the disk fills in the middle of a rebuild's fill, and a
+// write of the new generation waits for room (store/space.go), which no stop reaches. A first
+// SIGINT did nothing then, for as long as the disk stayed full; only a second one stopped the
+// rebuild (exit 130, "stopping now"). The first one stops it at once, says which generation is out
+// of room, exits as stopped by the signal, and keeps the generation: the next rebuild, room back,
+// resumes it and finishes.
+func TestRebuild_SignalWhileAWriteWaitsForRoom(t *testing.T) {
+	ns := natstest.RunServer(t)
+	_, js := natstest.Connect(t, ns.ClientURL())
+	mesh := fixtures.Mesh{Seed: 5, Nodes: 60, Modules: 4, NeedsPerModule: 4, Collections: 3}
+	require.NoError(t, fixtures.Load(context.Background(), js, mesh.Ops(), 256, nil))
+	last := map[string]uint64{}
+	for _, s := range provisioner.ProvisionerShapes[1:] {
+		st, err := js.Stream(context.Background(), provisioner.StreamName(s.Bucket))
+		require.NoError(t, err)
+		last[s.Bucket] = st.CachedInfo().State.LastSeq
+	}
+
+	state := filepath.Join(t.TempDir(), "state")
+	fs, room := faultfs.FullOnceLogged(t, walGrown{state: state, min: 32 << 10}, "full")
+	var out, errBuf natstest.LogBuffer
+	cmd := &RebuildCommand{Stdout: &out, Stderr: &errBuf, opts: store.Options{FS: fs, MinFreeBytes: 1 << 20}}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- cmd.Run(ctx, []string{"--nats", ns.ClientURL(), "--state", state}) }()
+	var gen string
+	natstest.CheckFor(t, 30*time.Second, 10*time.Millisecond, func() error {
+		gens, _ := filepath.Glob(filepath.Join(state, "gen-*"))
+		for _, g := range gens {
+			if store.WritesHeldIn(g) {
+				gen = g
+				return nil
+			}
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("the rebuild ended before the disk filled: %v\n%s", err, errBuf.String())
+		default:
+		}
+		return fmt.Errorf("no write of the rebuild waits for room yet")
+	})
+
+	cancel() // the first SIGINT
+	err := awaitRun(t, done, "the rebuild waits for room to stop")
+	require.ErrorIs(t, err, context.Canceled, "main says: stopped by SIGINT before it finished")
+	require.Contains(t, err.Error(), gen, "names the generation out of room")
+	require.Contains(t, err.Error(), "run rebuild again to resume")
+	require.Contains(t, errBuf.String(), "the state dir is out of room")
+	require.NotContains(t, out.String(), "rebuilt")
+
+	// The process exits here; in the test room comes back, and the fill left running ends, stopped by
+	// the signal, releasing the state dir. The generation is kept, and the next rebuild resumes it.
+	room.Store(true)
+	natstest.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error {
+		sd, err := store.LockState(state)
+		if err != nil {
+			return err
+		}
+		return sd.Close()
+	})
+	require.Equal(t, []string{gen}, globGens(t, state), "the generation is kept")
+	stdout, errOut, code := runCmd(t, "rebuild", "--nats", ns.ClientURL(), "--state", state)
+	require.Zero(t, code, errOut)
+	require.Contains(t, errOut+stdout, "resuming a rebuild that did not finish")
+	checkState(t, state, last)
 }

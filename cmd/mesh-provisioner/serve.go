@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -135,9 +136,19 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 		return &usageError{msg: err.Error()}
 	}
 
-	// The state dir is opened before anything else starts: a second serve on it stops here, before it
-	// starts an embedded server on the first one's store. One this binary cannot read is started over
-	// only once NATS is reached (below): a serve that cannot reach it leaves it as it was.
+	// With --nats, NATS is reached before the state dir is touched: a mistyped --nats leaves it exactly
+	// as it was (a new one was made whole, Pebble's files and all, and left behind). With the embedded
+	// server the state dir is opened before anything else starts: a second serve on it stops here,
+	// before it starts an embedded server on the first one's store (docs/decisions.md). One this binary
+	// cannot read is started over only once NATS is reached (below): a serve that cannot reach it
+	// leaves it as it was.
+	var nc *nats.Conn
+	if url != "" {
+		if nc, err = c.nats.connect(url, "mesh-provisioner", log); err != nil {
+			return err
+		}
+		defer nc.Close()
+	}
 	var db *store.DB
 	defer func() {
 		// A store whose write waits for room would hold Close until there is (runSeat): left to the
@@ -181,13 +192,17 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 		}()
 		url = ns.ClientURL()
 		log.Info("embedded NATS server started", "url", url, "store", c.embeddedStore)
+		if _, err := os.Stat(filepath.Join(c.embeddedStore, demoMarker)); err == nil && !c.demo {
+			log.Warn("the embedded server holds part of a demo load that did not finish; serve --demo removes it and loads the demo mesh whole (or remove --embedded-store)", "store", c.embeddedStore)
+		}
 	}
 
-	nc, err := c.nats.connect(url, "mesh-provisioner", log)
-	if err != nil {
-		return err
+	if nc == nil {
+		if nc, err = c.nats.connect(url, "mesh-provisioner", log); err != nil {
+			return err
+		}
+		defer nc.Close()
 	}
-	defer nc.Close()
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -225,7 +240,7 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 	defer ops.stop(log) // before the store closes
 
 	if c.demo {
-		if err := loadDemo(ctx, js, log, c.Stderr, c.plans); err != nil {
+		if err := loadDemo(ctx, js, log, c.Stderr, c.plans, c.embeddedStore); err != nil {
 			return err
 		}
 	}
@@ -394,7 +409,26 @@ type seatConfig struct {
 // terminal; with plans, the plans' scenario of the golden tests too (fixtures.Plans). A server whose
 // streams hold messages (the registry's aside, which the seat writes) is served as it is: the demo
 // loaded by an earlier start, or data of its own, which synthetic keys must not be mixed into.
-func loadDemo(ctx context.Context, js jetstream.JetStream, log *slog.Logger, stderr io.Writer, plans bool) error {
+func loadDemo(ctx context.Context, js jetstream.JetStream, log *slog.Logger, stderr io.Writer, plans bool, storeDir string) error {
+	ops := fixtures.Demo().Ops()
+	if plans {
+		sc := fixtures.Plans()
+		ops = append(append(ops, sc.Before...), sc.After...)
+	}
+	marker := filepath.Join(storeDir, demoMarker)
+	if before, ok, err := readDemoMarker(marker); err != nil {
+		return err
+	} else if ok {
+		// A load a second signal or a kill ended part way: what it wrote is removed, and the demo
+		// loaded whole below, as after a first signal.
+		log.Warn("demo: an earlier load did not finish (a second signal or a kill stopped it); removing what it wrote to load the demo mesh whole")
+		if !removeDemo(js, demoOps(ops, plans), before, log) {
+			return fmt.Errorf("demo: the part of the demo an earlier load left could not be removed: remove --embedded-store %s and start again", storeDir)
+		}
+		if err := os.Remove(marker); err != nil {
+			return fmt.Errorf("demo: %w", err)
+		}
+	}
 	streams := js.ListStreams(ctx)
 	before := map[string]bool{} // the streams there before the load, all empty but the registry's
 	for info := range streams.Info() {
@@ -408,12 +442,12 @@ func loadDemo(ctx context.Context, js jetstream.JetStream, log *slog.Logger, std
 	if err := streams.Err(); err != nil {
 		return fmt.Errorf("demo: %w", err)
 	}
-	start := time.Now()
-	ops := fixtures.Demo().Ops()
-	if plans {
-		sc := fixtures.Plans()
-		ops = append(append(ops, sc.Before...), sc.After...)
+	// The marker says a load is under way until it has finished, or what it wrote is removed: a second
+	// signal (which exits at once) or a kill leaves it, and the next start finds it above.
+	if err := writeDemoMarker(marker, before); err != nil {
+		return err
 	}
+	start := time.Now()
 	bar := progress.New(stderr, nil, "demo: loading", "ops", int64(len(ops)))
 	if err := fixtures.Load(ctx, js, ops, 0, func(done int) {
 		bar.Set(int64(done))
@@ -421,12 +455,94 @@ func loadDemo(ctx context.Context, js jetstream.JetStream, log *slog.Logger, std
 			demoLoaded(done)
 		}
 	}); err != nil {
-		removeDemo(js, ops, before, log)
+		if removeDemo(js, ops, before, log) {
+			_ = os.Remove(marker)
+		}
 		return fmt.Errorf("demo: %w", err)
 	}
 	bar.Done()
+	if err := os.Remove(marker); err != nil {
+		return fmt.Errorf("demo: %w", err)
+	}
 	log.Info("demo mesh loaded", "ops", len(ops), "took", time.Since(start).Round(time.Millisecond))
 	return nil
+}
+
+// demoOps is ops: the buckets a demo load writes are the same whichever --plans the earlier start had,
+// but for the plans' inputs, which are added for removal alike.
+func demoOps(ops []fixtures.Op, plans bool) []fixtures.Op {
+	if plans {
+		return ops
+	}
+	sc := fixtures.Plans()
+	return append(append(ops[:len(ops):len(ops)], sc.Before...), sc.After...)
+}
+
+// demoMarker is the file, at the top of --embedded-store (beside nats-server's jetstream/), that says a
+// demo load is under way, with the streams that were there before it (JSON, a list of names).
+const demoMarker = "mesh-provisioner-demo-loading"
+
+func writeDemoMarker(path string, before map[string]bool) error {
+	names := make([]string, 0, len(before))
+	for n := range before {
+		names = append(names, n)
+	}
+	b, err := json.Marshal(names)
+	if err == nil {
+		err = writeFileSync(path, b)
+	}
+	if err != nil {
+		return fmt.Errorf("demo: mark the load under way: %w", err)
+	}
+	return nil
+}
+
+// writeFileSync writes path whole and syncs it and its directory: a kill right after finds it.
+func writeFileSync(path string, b []byte) error {
+	tmp := path + ".tmp"
+	f, err := os.Create(tmp)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(b)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		return err
+	}
+	d, err := os.Open(filepath.Dir(path))
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+// readDemoMarker reads the marker of a demo load under way: ok is false when there is none.
+func readDemoMarker(path string) (before map[string]bool, ok bool, err error) {
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, false, nil
+	}
+	var names []string
+	if err == nil {
+		err = json.Unmarshal(b, &names)
+	}
+	if err != nil {
+		return nil, false, fmt.Errorf("demo: read %s, which marks a demo load that did not finish: %w: remove --embedded-store and start again", path, err)
+	}
+	before = map[string]bool{}
+	for _, n := range names {
+		before[n] = true
+	}
+	return before, true, nil
 }
 
 // demoLoaded, when set (tests), is told how many of the demo's ops are loaded, as the progress bar is.
@@ -436,8 +552,9 @@ var demoLoaded func(done int)
 // the next start found a server that holds data and served that part of the demo for good, with
 // neither the plans' examples nor most of the mesh. The streams it loaded held no message before it
 // (loadDemo's check): those it created are deleted, the others purged. A second signal or a kill
-// during the load still leaves a part: remove --embedded-store then.
-func removeDemo(js jetstream.JetStream, ops []fixtures.Op, before map[string]bool, log *slog.Logger) {
+// during the load leaves a part, and the load's marker: the next start removes it then. It reports
+// whether it removed everything.
+func removeDemo(js jetstream.JetStream, ops []fixtures.Op, before map[string]bool, log *slog.Logger) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second) // the command's has ended
 	defer cancel()
 	select { // the publishes still out land first, so none comes after the purge
@@ -461,11 +578,12 @@ func removeDemo(js jetstream.JetStream, ops []fixtures.Op, before map[string]boo
 			err = js.DeleteStream(ctx, name)
 		}
 		if err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
-			log.Warn("demo: the load stopped part way, and what it wrote could not be removed; remove --embedded-store before the next start", "stream", name, "err", err)
-			return
+			log.Warn("demo: the load stopped part way, and what it wrote could not be removed; the next start with --demo tries again (else remove --embedded-store)", "stream", name, "err", err)
+			return false
 		}
 	}
 	log.Info("demo: the load stopped part way; what it wrote is removed, so the next start loads the demo mesh whole")
+	return true
 }
 
 // lockEmbeddedStore takes the embedded server's store dir for this process until unlock, without

@@ -4,6 +4,7 @@ package faultfs
 
 import (
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -81,4 +82,43 @@ func Syncs(fail func() bool, err error) vfs.FS {
 // isSync reports whether op is a sync of a file.
 func isSync(k errorfs.OpKind) bool {
 	return k == errorfs.OpFileSync || k == errorfs.OpFileSyncData || k == errorfs.OpFileSyncTo
+}
+
+// Tmpfs mounts a tmpfs of size bytes on a new directory, unmounted at cleanup; it skips the test when
+// this process may not mount. A disk whose room statfs says truly: the store's reserve checks read it.
+func Tmpfs(t testing.TB, size int) string {
+	dir := t.TempDir()
+	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, fmt.Sprintf("size=%d", size)); err != nil {
+		t.Skipf("cannot mount a tmpfs here (%v): this case needs mount privileges", err)
+	}
+	t.Cleanup(func() {
+		if err := syscall.Unmount(dir, syscall.MNT_DETACH); err != nil {
+			t.Errorf("unmount %s: %v", dir, err)
+		}
+	})
+	return dir
+}
+
+// FillTo writes the file path until its disk has at most leave bytes free.
+func FillTo(t testing.TB, path string, leave int64) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	buf := make([]byte, 1<<20)
+	for {
+		var st syscall.Statfs_t
+		if err := syscall.Statfs(filepath.Dir(path), &st); err != nil {
+			t.Fatal(err)
+		}
+		free := int64(st.Bavail) * st.Bsize
+		if free <= leave {
+			return
+		}
+		if _, err := f.Write(buf[:min(int64(len(buf)), free-leave)]); err != nil {
+			return // full
+		}
+	}
 }
