@@ -199,6 +199,17 @@ func TestConformance_Verb(t *testing.T) {
 		_, err := h.js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: b, History: 10, LimitMarkerTTL: time.Minute})
 		require.NoError(t, err)
 	}
+	// The registry holds what the seat's writer must put right at start: a kind not in the table, keys
+	// out of shape, a kind with another value, one not MessagePack, one deleted.
+	R := provisioner.BucketRegistry
+	_, err := h.js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: R, History: 10})
+	require.NoError(t, err)
+	h.rawMsg(R, "stray", nil, mp(t, map[string]any{"kind": "stray", "module": "x", "verb": "x.y"}))
+	h.rawMsg(R, "two.tokens", nil, mp(t, 1))
+	h.rawMsg(R, "config", nil, mp(t, map[string]any{"kind": "config", "module": "another"}))
+	h.rawMsg(R, "secret", nil, []byte{0xc1})
+	h.rawMsg(R, "port", nil, mp(t, "x"))
+	h.rawMsg(R, "port", nats.Header{"KV-Operation": {"DEL"}}, nil)
 	var m wireMesh
 	put := func(bucket, key string, v []byte) uint64 { return h.rawMsg(bucket, key, nil, v) }
 	N, A, C := provisioner.BucketNeeds, provisioner.BucketApplied, provisioner.BucketCollect
@@ -244,6 +255,11 @@ func TestConformance_Verb(t *testing.T) {
 		"c1.=E6=97=A5=E6=9C=AC.modA":     "日本",
 		"c1.a=3D3Ab.modA":                "a=3Ab", // the decoded name holds what looks like an escape
 		"c2.shell=3Azsh=3Anormal.modA":   "shell:zsh:normal",
+		"c3.=73hell.modB":                "shell", // an escape of a byte a token holds
+		"c3.=73=68=65=6C=6c.modC":        "shell",
+		"c3.SHELL.modA":                  "SHELL",
+		"c3.=c3=A9.modA":                 "é",
+		"c3.shell=3A.modA":               "shell:",
 		"c2.shell=3Azsh=3Anormal.mod-_/": "shell:zsh:normal",
 	}
 	for k := range m.collectRows {
@@ -446,13 +462,15 @@ func TestConformance_Verb(t *testing.T) {
 			// Filtering by the decoded name.
 			for name, keys := range map[string][]string{
 				"shell:zsh:normal":     {"c1.shell=3Azsh=3Anormal.modA", "c1.shell=3azsh=3anormal.modB", "c2.shell=3Azsh=3Anormal.mod-_/", "c2.shell=3Azsh=3Anormal.modA"},
-				"é":                    {"c1.=C3=A9.modA", "c1.=c3=a9.modB"},
+				"é":                    {"c1.=C3=A9.modA", "c1.=c3=a9.modB", "c3.=c3=A9.modA"},
 				"a=b":                  {"c1.a=3Db.modA"},
 				"a=3Ab":                {"c1.a=3D3Ab.modA"},
 				"ports.http":           {"c1.ports=2Ehttp.modA"},
 				"path with space":      {"c1.path=20with=20space.modA"},
 				"日本":                   {"c1.=E6=97=A5=E6=9C=AC.modA"},
-				"shell":                {"c1.shell.modA"},
+				"shell":                {"c1.shell.modA", "c3.=73=68=65=6C=6c.modC", "c3.=73hell.modB"},
+				"SHELL":                {"c3.SHELL.modA"},
+				"shell:":               {"c3.shell=3A.modA"},
 				"shell=3Azsh=3Anormal": nil, // the raw token is not the name
 				"a:b":                  nil,
 			} {
@@ -462,9 +480,9 @@ func TestConformance_Verb(t *testing.T) {
 			w = wireOK(t, nc, map[string]any{"what": "collect", "collection": "shell:zsh:normal", "node": "c2", "module": "mod-_/"}, f.msgpack)
 			require.Equal(t, []string{"c2.shell=3Azsh=3Anormal.mod-_/"}, wireKeys(t, w.body["rows"]), f.name)
 			w = wireOK(t, nc, map[string]any{"what": "collect", "contributor": "modB"}, f.msgpack)
-			require.Equal(t, []string{"c1.=c3=a9.modB", "c1.shell=3azsh=3anormal.modB"}, wireKeys(t, w.body["rows"]), "%s: contributor is module", f.name)
+			require.Equal(t, []string{"c1.=c3=a9.modB", "c1.shell=3azsh=3anormal.modB", "c3.=73hell.modB"}, wireKeys(t, w.body["rows"]), "%s: contributor is module", f.name)
 			w = wireOK(t, nc, map[string]any{"what": "collect", "contributor": "modB", "module": "modB"}, f.msgpack)
-			require.Len(t, wireRows(w), 2, f.name)
+			require.Len(t, wireRows(w), 3, f.name)
 		}
 	})
 
@@ -637,7 +655,8 @@ func TestConformance_Verb(t *testing.T) {
 		for _, f := range wireFormats {
 			w := wireOK(t, nc, map[string]any{}, f.msgpack)
 			rows := wireRows(w)
-			require.Len(t, rows, len(want), f.name)
+			require.Len(t, rows, len(want), "%s: the table's kinds, and no other key", f.name)
+			require.Empty(t, w.body["anomalies"], "%s: the keys out of shape were deleted", f.name)
 			for _, r := range rows {
 				kind := r["key"].(string)
 				e, known := want[kind]
@@ -663,6 +682,8 @@ func TestConformance_Verb(t *testing.T) {
 			w = wireOK(t, nc, map[string]any{"what": "registry", "module": "mesh-controller"}, f.msgpack)
 			require.Equal(t, []string{"access", "dir", "machine", "port", "seat"}, wireKeys(t, w.body["rows"]), f.name)
 			w = wireOK(t, nc, map[string]any{"what": "registry", "kind": "bound"}, f.msgpack)
+			require.Equal(t, []string{"bound"}, wireKeys(t, w.body["rows"]), f.name)
+			w = wireOK(t, nc, map[string]any{"what": "registry", "module": "<provider-module>"}, f.msgpack)
 			require.Equal(t, []string{"bound"}, wireKeys(t, w.body["rows"]), f.name)
 		}
 	})
