@@ -904,6 +904,23 @@ func TestConformance_Verb(t *testing.T) {
 				w := wireOK(t, nc, map[string]any{"what": "needs", "at": at}, f.msgpack)
 				require.Empty(t, wireRows(w), "%s: at %s", f.name, at)
 			}
+			// A row's created, sent back as at (in any offset), holds that row at that revision.
+			live := wireRows(wireOK(t, nc, map[string]any{"what": "needs", "node": "ord"}, false))
+			for _, r := range live[:3] {
+				created, err := time.Parse(time.RFC3339Nano, r["created"].(string))
+				require.NoError(t, err)
+				for _, at := range []string{r["created"].(string), created.In(east).Format(time.RFC3339Nano)} {
+					w := wireOK(t, nc, map[string]any{"what": "needs", "node": "ord", "at": at}, f.msgpack)
+					var found bool
+					for _, got := range wireRows(w) {
+						if got["key"] == r["key"] {
+							found = true
+							require.Equal(t, wireUint(t, r["revision"]), wireUint(t, got["revision"]), "%s: at %s", f.name, at)
+						}
+					}
+					require.True(t, found, "%s: %s at its own created %s", f.name, r["key"], at)
+				}
+			}
 			// Fractional seconds are read: a time one microsecond after the second message's holds two.
 			w := wireOK(t, nc, map[string]any{"what": "needs", "at": second.Time.UTC().Truncate(time.Microsecond).Add(time.Microsecond).Format("2006-01-02T15:04:05.999999Z07:00")}, f.msgpack)
 			require.GreaterOrEqual(t, len(wireRows(w)), 2, f.name)
