@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"math"
 	"sort"
 	"strconv"
 	"strings"
@@ -185,6 +186,33 @@ func wireWalk(t testing.TB, nc *nats.Conn, req map[string]any, asMsgpack bool, b
 	return nil
 }
 
+// withoutNaN is v with each NaN written "NaN", so that two answers holding the same NaN compare equal.
+func withoutNaN(v any) any {
+	switch v := v.(type) {
+	case float64:
+		if math.IsNaN(v) {
+			return "NaN"
+		}
+	case float32:
+		if v != v {
+			return "NaN"
+		}
+	case []any:
+		out := make([]any, len(v))
+		for i, e := range v {
+			out[i] = withoutNaN(e)
+		}
+		return out
+	case map[string]any:
+		out := make(map[string]any, len(v))
+		for k, e := range v {
+			out[k] = withoutNaN(e)
+		}
+		return out
+	}
+	return v
+}
+
 // wireMesh is what the suite's one seat holds before it starts.
 type wireMesh struct {
 	ordKeys     []string // needs of node ord, modules whose bytes sort oddly
@@ -236,6 +264,13 @@ func TestConformance_Verb(t *testing.T) {
 	put(N, "del.bad", mp(t, "out of shape, deleted"))
 	h.rawMsg(N, "del.m.config.deleted", nats.Header{"KV-Operation": {"DEL"}}, nil)
 	purge := h.rawMsg(N, "del.m.config.purged", nats.Header{"KV-Operation": {"PURGE"}, "Nats-Rollup": {"sub"}}, nil)
+	// Values that are MessagePack and have no JSON form: NaN and infinities.
+	nan, inf := mp(t, math.NaN()), mp(t, map[string]any{"limit": math.Inf(1)})
+	ninf := []byte{0xca, 0xff, 0x80, 0, 0} // float 32 -Inf
+	put(N, "val.m.config.nan", nan)
+	put(N, "val.m.config.inf", inf)
+	put(N, "val.m.config.ninf", ninf)
+	put(N, "val.m.config.ok", mp(t, map[string]any{"limit": 1.5}))
 	// A need of a kind the registry held until the writer deleted it at start.
 	put(N, "uk.m.stray.x", mp(t, "stray"))
 	put(N, "uk.m.config.x", mp(t, "config"))
@@ -628,6 +663,34 @@ func TestConformance_Verb(t *testing.T) {
 		}
 	})
 
+	t.Run("values JSON cannot show", func(t *testing.T) {
+		// CONTRACT section 3: value is the decoded value, null (with value_raw) only when it is not
+		// MessagePack. JSON has no NaN or infinity: a JSON answer gives their bytes as value_raw, the
+		// way it gives any value it cannot show, rather than null, which is another value.
+		want := map[string][]byte{"val.m.config.inf": inf, "val.m.config.nan": nan, "val.m.config.ninf": ninf}
+		w := wireOK(t, nc, map[string]any{"what": "needs", "node": "val"}, false)
+		rows := wireRows(w)
+		require.Equal(t, []string{"val.m.config.inf", "val.m.config.nan", "val.m.config.ninf", "val.m.config.ok"}, wireKeys(t, w.body["rows"]))
+		for _, r := range rows[:3] {
+			k := r["key"].(string)
+			require.Contains(t, r, "value", k)
+			require.Nil(t, r["value"], k)
+			require.Equal(t, base64.StdEncoding.EncodeToString(want[k]), r["value_raw"], "%s: the bytes as written", k)
+		}
+		require.Equal(t, map[string]any{"limit": json.Number("1.5")}, rows[3]["value"])
+		require.NotContains(t, rows[3], "value_raw")
+		require.EqualValues(t, 0, wireUint(t, w.body["anomalies_total"]), "MessagePack values: no anomaly")
+
+		w = wireOK(t, nc, map[string]any{"what": "needs", "node": "val"}, true)
+		rows = wireRows(w)
+		require.True(t, math.IsInf(rows[0]["value"].(map[string]any)["limit"].(float64), 1))
+		require.True(t, math.IsNaN(rows[1]["value"].(float64)))
+		require.True(t, math.IsInf(float64(rows[2]["value"].(float32)), -1))
+		for _, r := range rows {
+			require.NotContains(t, r, "value_raw", "MessagePack carries %s as it is", r["key"])
+		}
+	})
+
 	t.Run("unanswered kind", func(t *testing.T) {
 		for _, f := range wireFormats {
 			w := wireOK(t, nc, map[string]any{"what": "needs", "node": "uk"}, f.msgpack)
@@ -861,7 +924,7 @@ func TestConformance_Verb(t *testing.T) {
 					}
 					then := wireOK(t, nc, at, f.msgpack)
 					for _, field := range []string{"what", "rows", "anomalies", "anomalies_total", "as_of", "next"} {
-						require.Equal(t, live.body[field], then.body[field], "%s %v page %d: %s", f.name, req, page, field)
+						require.Equal(t, withoutNaN(live.body[field]), withoutNaN(then.body[field]), "%s %v page %d: %s", f.name, req, page, field)
 					}
 					next, more := live.body["next"]
 					if !more {
