@@ -866,8 +866,9 @@ func TestConformance_Verb(t *testing.T) {
 			wireOK(t, nc, map[string]any{"what": "needs", "node": "ord", "min_seq": 1, "wait_ms": 10000}, f.msgpack)
 			// A write that lands while the request waits answers it.
 			done := make(chan wire, 1)
+			body := wireBody(t, map[string]any{"what": "needs", "node": "late", "min_seq": last + 1, "wait_ms": 10000}, f.msgpack)
 			go func() {
-				msg, err := nc.Request(verbSubject, wireBody(t, map[string]any{"what": "needs", "node": "late", "min_seq": last + 1, "wait_ms": 10000}, f.msgpack), 20*time.Second)
+				msg, err := nc.Request(verbSubject, body, 20*time.Second)
 				if err != nil {
 					done <- wire{code: -1, errText: err.Error()}
 					return
