@@ -306,7 +306,8 @@ func (e *Encoder) planEntry(p *provisioner.PlanEntry) {
 		case p.From.Plan == nil:
 			e.null()
 		case !e.msgpack(p.From.Plan):
-			// Only JSON can fail (keys nested too deep), and only JSON has no count to keep.
+			// Only JSON can fail (keys nested too deep, a NaN or infinite float), and only JSON has
+			// no count to keep.
 			e.null()
 			e.key("plan_raw")
 			e.bin(p.From.Plan)

@@ -206,7 +206,8 @@ func (e *Encoder) rowJSON(row *provisioner.Row, parts []field) {
 		mark := len(b)
 		out, _, err := mpk.AppendJSON(b, row.Value)
 		if err != nil {
-			// Valid MessagePack that JSON cannot render (keys nested too deep): say it as raw bytes.
+			// Valid MessagePack that JSON cannot render (keys nested too deep, a NaN or infinite
+			// float): say it as raw bytes, not as a value it is not.
 			b, raw = b[:mark], true
 		} else {
 			b = out

@@ -39,9 +39,7 @@ func ParsePoint(s string) (Point, error) {
 		}
 		return Point{Seq: n}, nil
 	}
-	// RFC 3339 allows a lower-case t and z (section 5.6); Go's layout takes upper case only, and a
-	// time has no other letters.
-	t, err := time.Parse(time.RFC3339Nano, strings.ToUpper(s))
+	t, err := parseRFC3339(s)
 	if err != nil {
 		return Point{}, fmt.Errorf("point %q: want an RFC 3339 time (2026-11-02T03:12:00Z) or seq:<n>", s)
 	}
@@ -49,6 +47,65 @@ func ParsePoint(s string) (Point, error) {
 		t = t.Add(time.Nanosecond) // the zero time is no point; one nanosecond later answers the same
 	}
 	return Point{Time: t}, nil
+}
+
+// parseRFC3339 reads s as RFC 3339 section 5.6 writes a date-time, and nothing else. Go's
+// time.Parse alone is both wider and narrower than the grammar: it takes a comma before the fraction
+// and an offset of +24:00, which are no RFC 3339 times, and refuses the lower-case t and z and the
+// leap second 60, which are. A leap second (23:59:60, with or without a fraction) reads as the last
+// instant of the second before it: the clocks that stamp messages (Unix time) repeat or smear that
+// second, so every message stamped during it is at or before it.
+func parseRFC3339(s string) (time.Time, error) {
+	bad := errors.New("not an RFC 3339 date-time")
+	digits := func(s string) bool {
+		for i := 0; i < len(s); i++ {
+			if s[i] < '0' || s[i] > '9' {
+				return false
+			}
+		}
+		return s != ""
+	}
+	// full-date "T" partial-time: YYYY-MM-DDTHH:MM:SS, then an optional fraction, then the offset.
+	if len(s) < 20 || !digits(s[0:4]) || s[4] != '-' || !digits(s[5:7]) || s[7] != '-' || !digits(s[8:10]) ||
+		(s[10] != 'T' && s[10] != 't') || !digits(s[11:13]) || s[13] != ':' || !digits(s[14:16]) || s[16] != ':' ||
+		!digits(s[17:19]) {
+		return time.Time{}, bad
+	}
+	rest := s[19:]
+	frac := ""
+	if rest[0] == '.' {
+		i := 1
+		for i < len(rest) && rest[i] >= '0' && rest[i] <= '9' {
+			i++
+		}
+		if i == 1 {
+			return time.Time{}, bad
+		}
+		frac, rest = rest[:i], rest[i:]
+	}
+	switch {
+	case rest == "Z" || rest == "z":
+		rest = "Z"
+	case len(rest) == 6 && (rest[0] == '+' || rest[0] == '-') && digits(rest[1:3]) && rest[3] == ':' && digits(rest[4:6]):
+		if rest[1:3] > "23" || rest[4:6] > "59" {
+			return time.Time{}, bad
+		}
+	default:
+		return time.Time{}, bad
+	}
+	leap := s[17:19] == "60"
+	sec := s[17:19]
+	if leap {
+		sec, frac = "59", ""
+	}
+	t, err := time.Parse(time.RFC3339Nano, s[:10]+"T"+s[11:17]+sec+frac+rest)
+	if err != nil {
+		return time.Time{}, err
+	}
+	if leap {
+		t = t.Add(time.Second - time.Nanosecond)
+	}
+	return t, nil
 }
 
 // Resolved is a point resolved against a bucket's log: the sequence to answer as of, and the moment

@@ -203,10 +203,15 @@ func appendScalar(dst, src []byte, p int) ([]byte, int, error) {
 			dst = strconv.AppendInt(dst, int64(int32(binary.BigEndian.Uint32(b))), 10)
 		case 0xd3:
 			dst = strconv.AppendInt(dst, int64(binary.BigEndian.Uint64(b)), 10)
-		case 0xca:
-			dst = appendJSONFloat(dst, float64(math.Float32frombits(binary.BigEndian.Uint32(b))), 32)
-		case 0xcb:
-			dst = appendJSONFloat(dst, math.Float64frombits(binary.BigEndian.Uint64(b)), 64)
+		case 0xca, 0xcb:
+			f, bits := float64(math.Float32frombits(binary.BigEndian.Uint32(b))), 32
+			if c == 0xcb {
+				f, bits = math.Float64frombits(binary.BigEndian.Uint64(b)), 64
+			}
+			if math.IsNaN(f) || math.IsInf(f, 0) {
+				return dst, 0, ErrNoJSON
+			}
+			dst = appendJSONFloat(dst, f, bits)
 		}
 		return dst, p + size, nil
 	}
@@ -286,13 +291,9 @@ func appendExt(dst, src []byte, p, h, n int) ([]byte, int, error) {
 	return dst, p + h + n, nil
 }
 
-// appendJSONFloat formats f as encoding/json does: shortest representation,
-// exponent form only for very small or large magnitudes. NaN and ±Inf,
-// which JSON cannot represent, become null.
+// appendJSONFloat formats a finite f as encoding/json does: shortest
+// representation, exponent form only for very small or large magnitudes.
 func appendJSONFloat(dst []byte, f float64, bits int) []byte {
-	if math.IsNaN(f) || math.IsInf(f, 0) {
-		return append(dst, "null"...)
-	}
 	fmt := byte('f')
 	if abs := math.Abs(f); abs != 0 {
 		if bits == 64 && (abs < 1e-6 || abs >= 1e21) ||

@@ -2,7 +2,9 @@ package mpk
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"math"
 	"math/rand"
 	"strconv"
@@ -44,12 +46,7 @@ func TestAppendJSON_Scalars(t *testing.T) {
 		{"floatAboveSmall", AppendFloat64(nil, 1e-6), `0.000001`},
 		{"floatMax", AppendFloat64(nil, math.MaxFloat64), `1.7976931348623157e+308`},
 		{"floatTiny", AppendFloat64(nil, 5e-324), `5e-324`},
-		{"NaN", AppendFloat64(nil, math.NaN()), `null`},
-		{"Inf", AppendFloat64(nil, math.Inf(1)), `null`},
-		{"-Inf", AppendFloat64(nil, math.Inf(-1)), `null`},
 		{"float32", []byte{0xca, 0x3d, 0xcc, 0xcc, 0xcd}, `0.1`},
-		{"float32NaN", []byte{0xca, 0x7f, 0xc0, 0, 0}, `null`},
-		{"float32Inf", []byte{0xca, 0xff, 0x80, 0, 0}, `null`},
 		{"float32Small", []byte{0xca, 0x33, 0xd6, 0xbf, 0x95}, `1e-7`},
 		{"emptyStr", AppendString(nil, ""), `""`},
 		{"str", AppendString(nil, "héllo 日本"), `"héllo 日本"`},
@@ -114,7 +111,7 @@ func TestAppendJSON_Containers(t *testing.T) {
 		{"keyUint64", mp(mh(1), AppendUint(nil, math.MaxUint64), i(0)), `{"18446744073709551615":0}`},
 		{"keyBool", mp(mh(2), AppendBool(nil, true), i(1), AppendBool(nil, false), i(0)), `{"true":1,"false":0}`},
 		{"keyNil", mp(mh(1), AppendNil(nil), i(1)), `{"null":1}`},
-		{"keyFloat", mp(mh(2), AppendFloat64(nil, 1.5), i(1), AppendFloat64(nil, math.NaN()), i(2)), `{"1.5":1,"null":2}`},
+		{"keyFloat", mp(mh(2), AppendFloat64(nil, 1.5), i(1), AppendFloat64(nil, -0.25), i(2)), `{"1.5":1,"-0.25":2}`},
 		{"keyArray", mp(mh(1), mp(arr(2), i(1), str("a")), i(1)), `{"[1,\"a\"]":1}`},
 		{"keyEmptyArray", mp(mh(1), arr(0), i(1)), `{"[]":1}`},
 		{"keyMap", mp(mh(1), mp(mh(1), str("k"), str("v")), i(1)), `{"{\"k\":\"v\"}":1}`},
@@ -218,6 +215,15 @@ func TestAppendJSON_Errors(t *testing.T) {
 		{"c1", []byte{0xc1}, ErrInvalid},
 		{"mapMissingValue", []byte{0x81, 0xa0}, ErrTruncated},
 		{"keyArrayTruncated", []byte{0x81, 0x92, 0x01}, ErrTruncated},
+		// JSON has no NaN or infinity: null would say another value.
+		{"NaN", AppendFloat64(nil, math.NaN()), ErrNoJSON},
+		{"Inf", AppendFloat64(nil, math.Inf(1)), ErrNoJSON},
+		{"-Inf", AppendFloat64(nil, math.Inf(-1)), ErrNoJSON},
+		{"float32NaN", []byte{0xca, 0x7f, 0xc0, 0, 0}, ErrNoJSON},
+		{"float32Inf", []byte{0xca, 0xff, 0x80, 0, 0}, ErrNoJSON},
+		{"NaNInMap", append([]byte{0x82, 0xa1, 'a', 0x01, 0xa1, 'b'}, AppendFloat64(nil, math.NaN())...), ErrNoJSON},
+		{"InfInArray", append([]byte{0x92, 0x01}, AppendFloat64(nil, math.Inf(-1))...), ErrNoJSON},
+		{"NaNKey", append(append([]byte{0x81}, AppendFloat64(nil, math.NaN())...), 0x02), ErrNoJSON},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -284,6 +290,10 @@ func TestAppendJSON_Random(t *testing.T) {
 		var err error
 		var n int
 		out, n, err = AppendJSON(out[:0], b)
+		if errors.Is(err, ErrNoJSON) {
+			require.True(t, nonFinite(b), "ErrNoJSON without a NaN or infinite float: % x", b)
+			continue
+		}
 		require.NoError(t, err, "% x", b)
 		require.Equal(t, len(b), n)
 		require.True(t, json.Valid(out), "%s", out)
@@ -370,4 +380,22 @@ func TestAppendJSON_NoAllocs(t *testing.T) {
 		_ = AppendJSONString(dst[:0], "a\"b\x00\xff\u2028")
 	})
 	require.Zero(t, allocs)
+}
+
+// nonFinite reports whether b holds the encoding of a NaN or infinite float 32 or 64 somewhere (it
+// may find one inside a string too: it is what an ErrNoJSON must have, not proof of one).
+func nonFinite(b []byte) bool {
+	for i, c := range b {
+		switch {
+		case c == 0xca && i+4 < len(b):
+			if f := math.Float32frombits(binary.BigEndian.Uint32(b[i+1:])); f != f || math.IsInf(float64(f), 0) {
+				return true
+			}
+		case c == 0xcb && i+8 < len(b):
+			if f := math.Float64frombits(binary.BigEndian.Uint64(b[i+1:])); math.IsNaN(f) || math.IsInf(f, 0) {
+				return true
+			}
+		}
+	}
+	return false
 }

@@ -581,7 +581,8 @@ func validTimestamp(b []byte) bool {
 const OmitAtLeast = 64 << 10
 
 // jsonCanCarry reports whether a MessagePack value has a JSON form: no extension types (a timestamp
-// that is not one, an application's own) and no map keys that are not strings.
+// that is not one, an application's own), no map keys that are not strings, and no float that is
+// NaN or infinite.
 func jsonCanCarry(b []byte) bool {
 	rd := bytes.NewReader(b)
 	dec := msgpack.NewDecoder(rd)
@@ -592,6 +593,9 @@ func jsonCanCarry(b []byte) bool {
 			return false
 		}
 		switch {
+		case c == msgpcode.Float || c == msgpcode.Double:
+			f, err := dec.DecodeFloat64()
+			return err == nil && !math.IsNaN(f) && !math.IsInf(f, 0) // JSON has no NaN or infinity
 		case msgpcode.IsExt(c):
 			return validTimestamp(b[len(b)-rd.Len():]) && dec.Skip() == nil
 		case msgpcode.IsFixedArray(c) || c == msgpcode.Array16 || c == msgpcode.Array32:
