@@ -433,10 +433,8 @@ func (p *Projector) tail(ctx context.Context, bucket string, log *slog.Logger, e
 	applyErr := p.applyLoop(ctx, bucket, batchSize, created, in, pending, &atEnd, verify, cons, log, startSeq, idle)
 	rcancel()
 	rwg.Wait()
-	if ctx.Err() == nil {
-		// Given up on, not stopped (a stop leaves it to its inactive threshold): the next is made afresh.
-		p.dropConsumer(ctx, stream, cons)
-	}
+	// Given up on (the next is made afresh) or stopped: deleted either way (dropConsumer).
+	p.dropConsumer(ctx, stream, cons)
 	if applyErr != nil {
 		return applyErr
 	}
@@ -447,18 +445,30 @@ func (p *Projector) tail(ctx context.Context, bucket string, log *slog.Logger, e
 }
 
 // dropConsumer deletes a consumer the bucket no longer reads, in the background (its server may be
-// the one that is gone) and owned by the Projector, so a stop does not wait for it; one it could not
-// delete goes after its inactive threshold.
+// the one that is gone), owned by the Projector: for at most 5 s, or stopDropTimeout once ctx has
+// ended (Stop waits that long at most, whatever the number of consumers). One it could not delete goes
+// after its inactive threshold (5 minutes). A stop used to leave every consumer to that threshold: a
+// seat stopped, or a rebuild abandoned or swapped, while thousands of composed-<node> buckets were
+// still reading (a first read, before they park) left the server as many consumers for 5 minutes, and
+// a rebuild started again set as many up beside them.
 func (p *Projector) dropConsumer(ctx context.Context, stream jetstream.Stream, cons jetstream.Consumer) {
 	name := cons.CachedInfo().Name
+	timeout := 5 * time.Second
+	if ctx.Err() != nil {
+		ctx, timeout = context.WithoutCancel(ctx), stopDropTimeout
+	}
 	p.wg.Add(1)
 	go func() {
 		defer p.wg.Done()
-		dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		dctx, cancel := context.WithTimeout(ctx, timeout)
 		defer cancel()
 		_ = stream.DeleteConsumer(dctx, name)
 	}()
 }
+
+// stopDropTimeout bounds the deletion of a consumer as its Projector stops (dropConsumer): a stop
+// with the server gone waits no longer than this for it.
+const stopDropTimeout = time.Second
 
 func (p *Projector) markSynced(bucket string, log *slog.Logger, from uint64, start time.Time) {
 	if _, synced := p.db.Applied(bucket); synced {
