@@ -369,12 +369,11 @@ func (p *Projector) tail(ctx context.Context, bucket string, log *slog.Logger, s
 		}
 	}
 	defer release()
-	stream, err := p.js.Stream(ctx, provisioner.StreamName(bucket))
+	stream, info, err := p.openStream(ctx, bucket)
 	if err != nil {
 		return err
 	}
 	p.streamFound(bucket)
-	info := stream.CachedInfo()
 	var quiet time.Time // when the stream last took a message, for parking as soon as it is read (park.go)
 	if early {
 		quiet = p.quietSince(bucket, info)
@@ -443,10 +442,8 @@ func (p *Projector) tail(ctx context.Context, bucket string, log *slog.Logger, s
 		// could deliver it: park need not tail again to find that out.
 		st.behind = streamEnd{last: info.State.LastSeq, created: created}
 	}
-	if ctx.Err() == nil {
-		// Given up on, not stopped (a stop leaves it to its inactive threshold): the next is made afresh.
-		p.dropConsumer(ctx, stream, cons)
-	}
+	// Given up on (the next is made afresh) or stopped: deleted either way (dropConsumer).
+	p.dropConsumer(ctx, stream, cons)
 	if applyErr != nil {
 		return applyErr
 	}
@@ -457,17 +454,73 @@ func (p *Projector) tail(ctx context.Context, bucket string, log *slog.Logger, s
 }
 
 // dropConsumer deletes a consumer the bucket no longer reads, in the background (its server may be
-// the one that is gone) and owned by the Projector, so a stop does not wait for it; one it could not
-// delete goes after its inactive threshold.
-func (p *Projector) dropConsumer(ctx context.Context, stream jetstream.Stream, cons jetstream.Consumer) {
+// the one that is gone), owned by the Projector: for at most 5 s, or stopDropTimeout once ctx has
+// ended (Stop waits that long at most, whatever the number of consumers). One it could not delete goes
+// after its inactive threshold (5 minutes). A stop used to leave every consumer to that threshold: a
+// seat stopped, or a rebuild abandoned or swapped, while thousands of composed-<node> buckets were
+// still reading (a first read, before they park) left the server as many consumers for 5 minutes, and
+// a rebuild started again set as many up beside them.
+func (p *Projector) dropConsumer(ctx context.Context, stream consumerHost, cons jetstream.Consumer) {
 	name := cons.CachedInfo().Name
+	timeout := 5 * time.Second
+	if ctx.Err() != nil {
+		ctx, timeout = context.WithoutCancel(ctx), stopDropTimeout
+	}
 	p.wg.Add(1)
 	go func() {
 		defer p.wg.Done()
-		dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		dctx, cancel := context.WithTimeout(ctx, timeout)
 		defer cancel()
 		_ = stream.DeleteConsumer(dctx, name)
 	}()
+}
+
+// stopDropTimeout bounds the deletion of a consumer as its Projector stops (dropConsumer): a stop
+// with the server gone waits no longer than this for it.
+const stopDropTimeout = time.Second
+
+// consumerHost is the stream a tail creates its consumer on and deletes it from.
+type consumerHost interface {
+	streamread.Stream
+	DeleteConsumer(ctx context.Context, name string) error
+}
+
+// namedStream is a stream known by its name alone: its consumers are created and deleted through the
+// JetStream context, with no STREAM.INFO asked for a handle.
+type namedStream struct {
+	js   jetstream.JetStream
+	name string
+}
+
+func (s namedStream) CreateConsumer(ctx context.Context, cfg jetstream.ConsumerConfig) (jetstream.Consumer, error) {
+	return s.js.CreateConsumer(ctx, s.name, cfg)
+}
+
+func (s namedStream) DeleteConsumer(ctx context.Context, name string) error {
+	return s.js.DeleteConsumer(ctx, s.name, name)
+}
+
+// openStream returns the stream a bucket's tail reads, and its info. A composed-<node> bucket takes
+// the info the stream listing (or a request of another reader) kept, when one was read since Start and
+// ends at or past the checkpoint (as verify takes it), and creates its consumer by the stream's name:
+// a first read of thousands of composed-<node> buckets asked each stream for its info right after the
+// listing that found it had read it, and so did every parked bucket a listing woke: one STREAM.INFO in
+// five of a first read's requests. The listed info may be a listing interval old: a stream deleted
+// since fails the consumer's creation as not found, as the request did; one purged or created again
+// since is found by the bucket's next check, on the next listing (verify.go), as one changed just after
+// the request was. The seat's fixed buckets, which a recreation sends to a rebuild, ask as before.
+func (p *Projector) openStream(ctx context.Context, bucket string) (consumerHost, *jetstream.StreamInfo, error) {
+	name := provisioner.StreamName(bucket)
+	if provisioner.IsComposedBucket(bucket) {
+		if info, read, ok := p.streams.Info(name); ok && !read.Before(p.started) && info.State.LastSeq >= p.db.Checkpoint(bucket).Applied {
+			return namedStream{js: p.js, name: name}, info, nil
+		}
+	}
+	stream, err := p.js.Stream(ctx, name)
+	if err != nil {
+		return nil, nil, err
+	}
+	return stream, stream.CachedInfo(), nil
 }
 
 func (p *Projector) markSynced(bucket string, log *slog.Logger, from uint64, start time.Time) {

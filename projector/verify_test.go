@@ -29,9 +29,13 @@ func TestProjector_VerifyListsStreamsNotEachBucket(t *testing.T) {
 	ctx := context.Background()
 	composedBuckets(t, js, buckets)
 	infos, lists := countRequests(t, nc, "$JS.API.STREAM.INFO.>"), countRequests(t, nc, "$JS.API.STREAM.LIST")
+	creates := countRequests(t, nc, "$JS.API.CONSUMER.CREATE.>")
 	_, pjs := natstest.Connect(t, ns.ClientURL())
 	reset, db := tailComposed(t, pjs, buckets, projector.Options{Poll: 50 * time.Millisecond, Verify: verify})
-	require.Positive(t, infos.Load(), "the subscriber sees the API requests: each bucket's setup asks its stream's info once")
+	require.Positive(t, creates.Load(), "the subscriber sees the API requests: each bucket's setup creates a consumer")
+	// Each bucket was found by a listing that read its stream's info just before: its setup takes that
+	// info rather than ask the stream again (a bucket checked late on a loaded machine may ask).
+	require.LessOrEqual(t, infos.Load(), int64(buckets/10), "no stream info per bucket set up: the setups read the listing")
 
 	// Steady state: count the requests over a few verify intervals.
 	const intervals = 5

@@ -118,6 +118,7 @@ func TestQuery_NoSeatOrNoAnswerSaysWhatToCheck(t *testing.T) {
 	sub, err := nc.SubscribeSync(query.Subject) // takes requests, never answers
 	require.NoError(t, err)
 	defer sub.Unsubscribe()
+	require.NoError(t, nc.Flush()) // the server has the subscription before the query's request comes
 	code, _, stderr = run(t, "query", "needs", "--nats", url, "--timeout", "200ms")
 	require.Equal(t, exitFailure, code, stderr)
 	require.Contains(t, stderr, "no answer within 200ms")

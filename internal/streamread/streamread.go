@@ -41,8 +41,14 @@ func Config(after uint64) jetstream.ConsumerConfig {
 	return cfg
 }
 
+// Stream is what Create creates a consumer on: a jetstream.Stream, or a stream known by its name alone
+// (the projector's, when the stream listing holds a fresh enough info of it: no STREAM.INFO asked).
+type Stream interface {
+	CreateConsumer(ctx context.Context, cfg jetstream.ConsumerConfig) (jetstream.Consumer, error)
+}
+
 // Create creates the consumer (Config) on s under ctx.
-func Create(ctx context.Context, s jetstream.Stream, after uint64) (jetstream.Consumer, error) {
+func Create(ctx context.Context, s Stream, after uint64) (jetstream.Consumer, error) {
 	cons, err := s.CreateConsumer(ctx, Config(after))
 	if err != nil {
 		return nil, fmt.Errorf("create consumer: %w", err)
