@@ -87,16 +87,26 @@ func isSync(k errorfs.OpKind) bool {
 // Tmpfs mounts a tmpfs of size bytes on a new directory, unmounted at cleanup; it skips the test when
 // this process may not mount. A disk whose room statfs says truly: the store's reserve checks read it.
 func Tmpfs(t testing.TB, size int) string {
+	dir, err := TryTmpfs(t, size)
+	if err != nil {
+		t.Skipf("cannot mount a tmpfs here (%v): this case needs mount privileges", err)
+	}
+	return dir
+}
+
+// TryTmpfs is Tmpfs for a test that can also run on the shared disk, less steadily: when this process
+// may not mount, it returns a new directory there and the mount's error.
+func TryTmpfs(t testing.TB, size int) (string, error) {
 	dir := t.TempDir()
 	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, fmt.Sprintf("size=%d", size)); err != nil {
-		t.Skipf("cannot mount a tmpfs here (%v): this case needs mount privileges", err)
+		return dir, err
 	}
 	t.Cleanup(func() {
 		if err := syscall.Unmount(dir, syscall.MNT_DETACH); err != nil {
 			t.Errorf("unmount %s: %v", dir, err)
 		}
 	})
-	return dir
+	return dir, nil
 }
 
 // FillTo writes the file path until its disk has at most leave bytes free.
