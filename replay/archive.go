@@ -474,10 +474,13 @@ func (e *streamExport) read(ctx context.Context, s jetstream.Stream) (err error)
 		return err
 	}
 	defer func() {
-		if ctx.Err() != nil {
-			return // left to its inactive threshold: a cancelled export does not wait for the server
-		}
+		// Deleted when cancelled too, for at most a second then (a cancelled export barely waits for
+		// a server that is gone): left to its inactive threshold, each Ctrl-C kept a consumer on the
+		// server for five minutes.
 		dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		if ctx.Err() != nil {
+			dctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		}
 		defer cancel()
 		_ = s.DeleteConsumer(dctx, cons.CachedInfo().Name)
 	}()

@@ -308,3 +308,30 @@ func TestFromNATS_AStreamThatCannotBeReadIsSaid(t *testing.T) {
 	require.Contains(t, ferr.Error(), "maximum consumers limit reached")
 	require.Contains(t, ferr.Error(), provisioner.BucketNeeds)
 }
+
+// A cancelled export deletes the consumer it was reading through: it was left to its inactive
+// threshold, five minutes on the server for each Ctrl-C.
+func TestExport_CancelDeletesItsConsumer(t *testing.T) {
+	ns := natstest.RunServer(t)
+	_, js := natstest.Connect(t, ns.ClientURL())
+	s := needsWithHistory(t, js, 24000)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	out := filepath.Join(t.TempDir(), "cancelled.mph")
+	_, err := replay.ExportNATS(ctx, js, []string{provisioner.BucketNeeds}, out, "test", func(done, total int64) {
+		if done > 0 && done < total {
+			cancel() // mid-read, its consumer created
+		}
+	})
+	require.ErrorIs(t, err, context.Canceled)
+	natstest.CheckFor(t, 3*time.Second, 50*time.Millisecond, func() error {
+		var names []string
+		for name := range s.ConsumerNames(context.Background()).Name() {
+			names = append(names, name)
+		}
+		if len(names) > 0 {
+			return fmt.Errorf("consumers left on the stream: %v", names)
+		}
+		return nil
+	})
+}
