@@ -833,6 +833,16 @@ func (p *Projector) EachBucket(fn func(bucket string) bool) bool {
 	return true
 }
 
+// Listed returns the number of messages the stream listing found in a bucket's stream; ok is false
+// when no listing or request has returned it (yet).
+func (p *Projector) Listed(bucket string) (msgs uint64, ok bool) {
+	info, _, ok := p.streams.Info(provisioner.StreamName(bucket))
+	if !ok {
+		return 0, false
+	}
+	return info.State.Msgs, true
+}
+
 // Tails reports whether the Projector has a consumer for a bucket.
 func (p *Projector) Tails(bucket string) bool {
 	p.mu.Lock()

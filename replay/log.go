@@ -223,6 +223,7 @@ func fill(ctx context.Context, js jetstream.JetStream, db *store.DB, opts projec
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
 	applied := int64(-1)
+	listed := false // the composed buckets' messages are counted in total
 	for {
 		if n := p.Applied(); n != applied {
 			applied = n
@@ -249,6 +250,17 @@ func fill(ctx context.Context, js jetstream.JetStream, db *store.DB, opts projec
 		}
 		// With Composed, the composed-<node> buckets found by listing count too, once listed.
 		done := !opts.Composed || p.Discovered()
+		if opts.Composed && done && !listed {
+			// Their messages count in the total from then on: a rebuild's progress went past it
+			// ("12973/12948 messages"), counted before the projector listed them.
+			listed = true
+			p.EachBucket(func(b string) bool {
+				if n, ok := p.Listed(b); ok && provisioner.IsComposedBucket(b) {
+					total += int64(n)
+				}
+				return true
+			})
+		}
 		for _, b := range p.Buckets() {
 			if _, synced := db.Applied(b); !synced {
 				done = false
@@ -256,6 +268,9 @@ func fill(ctx context.Context, js jetstream.JetStream, db *store.DB, opts projec
 			}
 		}
 		if done {
+			if progress != nil {
+				progress(p.Applied(), total) // the last word: what the fill read in all
+			}
 			return nil
 		}
 		select {
