@@ -513,7 +513,9 @@ func (a *applier) apply(shape provisioner.Shape, m *provisioner.Message) error {
 	key, op := logForm(m)
 	a.buf = historyKey(a.buf[:0], bucket, key, m.Seq)
 	var rollup provisioner.Rollup
-	if m.RemovesOthers() {
+	if m.RemovesOthers() || m.Rollup != provisioner.RollupNone && m.Op != provisioner.OpPurge && provisioner.IsComposedBucket(bucket) {
+		// A composed-<node> put or delete that rolled its own key up forgets its build's last plan
+		// kept (BuildRecord.Fold): the log keeps the rollup so that a fold of it does too.
 		rollup = m.Rollup
 		if a.db.schema.Load() < schemaRollup && !a.schemaRollup {
 			// The first rollup the log keeps: the state dir is now one older binaries misread.

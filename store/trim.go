@@ -247,8 +247,16 @@ func (t *trimmer) event(key string, seq uint64) (int, error) {
 			return 0, err
 		}
 	}
+	// A put or a delete of a composed-<node> key that rolled its own key up forgets the build's
+	// history as a marker does (provisioner.BuildRecord.Fold).
+	rolled := plans && m.Rollup != provisioner.RollupNone && m.Op != provisioner.OpPurge && m.Op != provisioner.OpExpire
 	var next keptEvents
 	switch {
+	case rolled:
+		next = keptEvents{newest: seq, purge: seq}
+		if published {
+			next.published = seq
+		}
 	case m.Op == provisioner.OpPut:
 		next = keptEvents{newest: seq, published: k.published, purge: k.purge}
 		if published {
@@ -350,7 +358,7 @@ func (t *trimmer) keptBefore(key string, start []byte, plans bool) (keptEvents, 
 		if err != nil {
 			return k, deleted, err
 		}
-		marker := plans && m.Op != provisioner.OpPut && m.Op != provisioner.OpDelete
+		marker := plans && (m.Op != provisioner.OpPut && m.Op != provisioner.OpDelete || m.Rollup != provisioner.RollupNone)
 		switch published := plans && provisioner.PublishesPlan(&m); {
 		case k.newest == 0:
 			k.newest = m.Seq
@@ -362,6 +370,9 @@ func (t *trimmer) keptBefore(key string, start []byte, plans bool) (keptEvents, 
 			}
 		case k.purge == 0 && k.published == 0 && published:
 			k.published = m.Seq
+			if marker {
+				k.purge = m.Seq
+			}
 		case k.purge == 0 && marker:
 			k.purge = m.Seq
 		default:
