@@ -133,7 +133,20 @@ type trimmer struct {
 	hist     *pebble.Iterator
 	kept     map[string]keptEvents
 	keptOld  map[string]keptEvents // the generation before kept (begin)
+	pinned   map[uint64]bool       // rollups that removed other keys, never dropped (pin)
 	buf      []byte
+}
+
+// pin keeps the event at seq whatever comes after it: a rollup that removed other keys. The log names
+// a sequence by the rollup's own key alone, so the purges it wrote under the keys it removed (at its
+// sequence, doc.go) are never walked: those keys keep their events from before it, and a fill of the
+// log by sequence (Events: plans as of a point) removes them again only through the rollup. Dropped,
+// even for a later event of its own key, the keys it removed came back there.
+func (t *trimmer) pin(seq uint64) {
+	if t.pinned == nil {
+		t.pinned = map[uint64]bool{}
+	}
+	t.pinned[seq] = true
 }
 
 // keptEvents is what a trim keeps of one key at or below the horizon: its newest event, and, of a
@@ -284,10 +297,13 @@ func (t *trimmer) event(key string, seq uint64) (int, error) {
 		}
 	}
 	t.kept[key] = next
+	if m.RemovesOthers() {
+		t.pin(seq)
+	}
 	var dropped [4]uint64
 	for i, s := range [...]uint64{k.newest, k.published, k.purge, seq} {
-		if s == 0 || s == next.newest || s == next.published || s == next.purge || slices.Contains(dropped[:i], s) {
-			continue // nothing, kept, or dropped already
+		if s == 0 || s == next.newest || s == next.published || s == next.purge || slices.Contains(dropped[:i], s) || t.pinned[s] {
+			continue // nothing, kept, dropped already, or a rollup that removed other keys
 		}
 		dropped[i] = s
 		// The walked event, and the newest this trim kept of a key it met, are named by their
@@ -375,6 +391,8 @@ func (t *trimmer) keptBefore(key string, start []byte, plans bool) (keptEvents, 
 			}
 		case k.purge == 0 && marker:
 			k.purge = m.Seq
+		case m.RemovesOthers():
+			t.pin(m.Seq)
 		default:
 			if err := t.drop(start, key, m.Seq, false); err != nil {
 				return k, deleted, err
