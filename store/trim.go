@@ -152,7 +152,10 @@ func (t *trimmer) pin(seq uint64) {
 // keptEvents is what a trim keeps of one key at or below the horizon: its newest event, and, of a
 // composed-<node> key, its newest published composition since its last purge or TTL marker and that
 // marker (provisioner.PublishesPlan says why). Each is a sequence, 0 for none; they may be one event.
-type keptEvents struct{ newest, published, purge uint64 }
+type keptEvents struct {
+	newest, published, purge uint64
+	pin                      bool // the key keeps a rollup that removed other keys (trimmer.pin)
+}
 
 func newTrimmer(db *DB, bucket string) *trimmer {
 	t := &trimmer{db: db, bucket: bucket}
@@ -296,10 +299,16 @@ func (t *trimmer) event(key string, seq uint64) (int, error) {
 			next = keptEvents{newest: seq, purge: seq}
 		}
 	}
-	t.kept[key] = next
 	if m.RemovesOthers() {
 		t.pin(seq)
+		next.pin = true
 	}
+	if next.pin = next.pin || k.pin; next.pin {
+		// The key keeps a rollup that removed other keys (pin), which may be a put of it: its newest
+		// event stays beside it, whatever it is, so that the rollup is not its state.
+		next.newest = seq
+	}
+	t.kept[key] = next
 	var dropped [4]uint64
 	for i, s := range [...]uint64{k.newest, k.published, k.purge, seq} {
 		if s == 0 || s == next.newest || s == next.published || s == next.purge || slices.Contains(dropped[:i], s) || t.pinned[s] {
@@ -375,6 +384,10 @@ func (t *trimmer) keptBefore(key string, start []byte, plans bool) (keptEvents, 
 			return k, deleted, err
 		}
 		marker := plans && (m.Op != provisioner.OpPut && m.Op != provisioner.OpDelete || m.Rollup != provisioner.RollupNone)
+		if m.RemovesOthers() {
+			t.pin(m.Seq) // never dropped, whichever of the three it is
+			k.pin = true
+		}
 		switch published := plans && provisioner.PublishesPlan(&m); {
 		case k.newest == 0:
 			k.newest = m.Seq
@@ -391,8 +404,7 @@ func (t *trimmer) keptBefore(key string, start []byte, plans bool) (keptEvents, 
 			}
 		case k.purge == 0 && marker:
 			k.purge = m.Seq
-		case m.RemovesOthers():
-			t.pin(m.Seq)
+		case t.pinned[m.Seq]:
 		default:
 			if err := t.drop(start, key, m.Seq, false); err != nil {
 				return k, deleted, err
