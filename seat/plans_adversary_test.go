@@ -182,6 +182,8 @@ func (a *adversary) step(composedNodes []string) string {
 		m = w.write(bucket, g.composedKey(), op, val)
 	case x < 63: // the host's keys of a node purged at once
 		m = w.writeRollup(provisioner.BucketHostModules, g.pick(g.nodes)+".*", "purge", "sub", nil)
+	case x < 65: // a put that rolls the host's whole bucket up
+		m = w.writeRollup(provisioner.BucketHostModules, g.hostKey(), "put", "all", g.buildsValue("want", "have"))
 	case x < 85:
 		op := g.op()
 		var val []byte
@@ -189,13 +191,19 @@ func (a *adversary) step(composedNodes []string) string {
 			val = g.buildsValue("want", "have")
 		}
 		m = w.write(provisioner.BucketHostModules, g.hostKey(), op, val)
-	default:
+	case x < 98:
 		op := g.op()
 		var val []byte
 		if op == "put" {
 			val = g.buildsValue("newest")
 		}
 		m = w.write(provisioner.BucketIndexerBuilds, g.indexerKey(), op, val)
+	default: // the indexer's keys purged at once, or its whole bucket rolled up by a put
+		if r.Intn(2) == 0 {
+			m = w.writeRollup(provisioner.BucketIndexerBuilds, "*", "purge", "sub", nil)
+		} else {
+			m = w.writeRollup(provisioner.BucketIndexerBuilds, g.indexerKey(), "put", "all", g.buildsValue("newest"))
+		}
 	}
 	b := bucket
 	switch {
@@ -241,7 +249,7 @@ func TestPlans_Adversary(t *testing.T) {
 		require.NoError(t, err)
 	}
 	t.Logf("seed %d (PLANS_ADVERSARY_SEED), %d steps (PLANS_ADVERSARY_STEPS)", seed, steps)
-	g := &modelGen{r: rand.New(rand.NewSource(seed)), nodes: []string{"n1", "n2", "n3", "n10"}, modules: []string{"a", "b"}}
+	g := &modelGen{r: rand.New(rand.NewSource(seed)), nodes: []string{"n1", "n2", "n3", "n10", "n/x=1"}, modules: []string{"a", "b"}}
 	a := &adversary{g: g, w: w}
 	mc := &modelCheck{h: h, model: model, nodes: g.nodes, mods: g.modules, seen: map[string]int{}}
 	c := func(node string) string { return provisioner.ComposedPrefix + node }
@@ -358,11 +366,14 @@ func TestPlans_RollupForgetsThePlanItRemoved(t *testing.T) {
 		{"n7", []msg{{"a.2", "pub", ""}, {"host n7.*", "purge", "sub"}}},
 		// A later rollup of the same key: the first still removed what the second did not see.
 		{"n8", []msg{{"a.2", "pub", ""}, {"a.*", "purge", "sub"}, {"a.*", "purge", "sub"}}},
+		// A put that rolled the indexer's bucket up, then deleted: the trim keeps the rollup, and
+		// the delete beside it.
+		{"n11", []msg{{"idx a", "newest", "all"}, {"idx a", "del", ""}}},
 	}
 	want := map[string]string{
 		"n1.a": "held/missing | -", "n2.a": "held/missing | -", "n3.a": "held/refused | -",
 		"n4.a": "held/missing | -", "n5.a": "held/missing | -", "n6.a": "held/missing | -",
-		"n8.a": "held/missing | -",
+		"n8.a": "held/missing | -", "n11.a": "held/missing | -",
 	}
 	po := projector.Options{Poll: 50 * time.Millisecond, DiscoverEvery: time.Hour, Verify: 200 * time.Millisecond, ParkAfter: -1}
 	st, _ := h.startPlansSeatWith(t.TempDir(), po)
@@ -384,9 +395,15 @@ func TestPlans_RollupForgetsThePlanItRemoved(t *testing.T) {
 				w.writeRollup(bucket, m.key, "put", m.rollup, pub)
 			case "refused":
 				w.writeRollup(bucket, m.key, "put", m.rollup, refused)
+			case "newest":
+				w.writeRollup(provisioner.BucketIndexerBuilds, strings.TrimPrefix(m.key, "idx "), "put", m.rollup, msgpackOf(t, map[string]any{"newest": 5}))
 			default:
 				if key, ok := strings.CutPrefix(m.key, "host "); ok {
 					w.writeRollup(provisioner.BucketHostModules, key, m.op, m.rollup, nil)
+					continue
+				}
+				if key, ok := strings.CutPrefix(m.key, "idx "); ok {
+					w.writeRollup(provisioner.BucketIndexerBuilds, key, m.op, m.rollup, nil)
 					continue
 				}
 				w.writeRollup(bucket, m.key, m.op, m.rollup, nil)
