@@ -259,7 +259,7 @@ func TestPlans_Adversary(t *testing.T) {
 	composedNodes := []string{"n1", "n10"}
 
 	po := projector.Options{Poll: 50 * time.Millisecond, DiscoverEvery: time.Hour, Verify: 200 * time.Millisecond, ParkAfter: -1}
-	st, _ := h.startPlansSeatWith(t.TempDir(), po)
+	st, stop := h.startPlansSeatWith(t.TempDir(), po)
 	caughtUp := func() { h.waitPlansCaughtUp(st) }
 
 	type point struct {
@@ -329,7 +329,9 @@ func TestPlans_Adversary(t *testing.T) {
 	ac.at(st, "the horizon, trimmed", horizon, nil, floors)
 	ac.at(st, "past the horizon, trimmed", end, nil, floors)
 
-	// Rebuilt from the streams: the same last plans kept.
+	// Rebuilt from the streams: the same last plans kept (the live seat stopped, so that the fresh
+	// one alone answers).
+	stop()
 	fresh, _ := h.startPlansSeatWith(t.TempDir(), po)
 	ac.live(fresh, "rebuilt", func() { h.waitPlansCaughtUp(fresh) })
 	t.Logf("kinds of entries compared: %v", mc.seen)
@@ -376,7 +378,7 @@ func TestPlans_RollupForgetsThePlanItRemoved(t *testing.T) {
 		"n8.a": "held/missing | -", "n11.a": "held/missing | -",
 	}
 	po := projector.Options{Poll: 50 * time.Millisecond, DiscoverEvery: time.Hour, Verify: 200 * time.Millisecond, ParkAfter: -1}
-	st, _ := h.startPlansSeatWith(t.TempDir(), po)
+	st, stop := h.startPlansSeatWith(t.TempDir(), po)
 	for _, c := range cases {
 		w.create(provisioner.ComposedPrefix + c.node)
 		w.write(provisioner.BucketHostModules, c.node+".a", "put", msgpackOf(t, map[string]any{"want": 2}))
@@ -434,6 +436,7 @@ func TestPlans_RollupForgetsThePlanItRemoved(t *testing.T) {
 	want["n9.a"] = "held/missing | -"
 	atNow("as of now, trimmed")
 
+	stop() // the rebuilt seat alone answers
 	fresh, _ := h.startPlansSeatWith(t.TempDir(), po)
 	h.expectPlans(fresh, want)
 }
