@@ -391,8 +391,13 @@ type BuildRecord struct {
 // keep. A put of a composition sets the status, and a published one becomes the most recently
 // published revision; a put out of shape, or a delete, leaves the build missing but keeps its last
 // published revision, which the stream's history still holds; a purge or a TTL marker removes that
-// history from the stream, and so forgets the build.
+// history from the stream, and so forgets the build. A put or a delete with a Nats-Rollup (sub on its
+// own key, or all) made the stream remove every earlier message of its key: it forgets the build as a
+// purge does, then is folded as itself.
 func (r *BuildRecord) Fold(m *Message, build uint64) (keep bool) {
+	if m.Rollup != RollupNone {
+		*r = BuildRecord{}
+	}
 	switch m.Op {
 	case OpPut:
 		c, err := DecodeComposition(m.Value)

@@ -51,6 +51,8 @@ type mMsg struct {
 	key string
 	op  string // put, del, purge, marker
 	val []byte
+	// rollup is the message's Nats-Rollup ("sub", "all"), "" for none (plans_adversary_test.go).
+	rollup string
 }
 
 // planModel holds the history of the plans' input buckets: for each, the messages of its current
@@ -59,6 +61,9 @@ type mMsg struct {
 type planModel struct {
 	hist    map[string][]mMsg
 	created map[string]int64 // when each bucket's stream was created, Unix ns
+	// rolledAway are the messages of each bucket a later rollup removed from the stream
+	// (plans_adversary_test.go).
+	rolledAway map[string]map[uint64]bool
 }
 
 func newPlanModel() *planModel {
@@ -488,6 +493,13 @@ func (w *modelWriter) deleteBucket(bucket string) {
 
 func (w *modelWriter) write(bucket, key, op string, val []byte) mMsg {
 	w.h.t.Helper()
+	return w.writeRollup(bucket, key, op, "", val)
+}
+
+// writeRollup writes a message as write does, with a Nats-Rollup header when rollup is set (a purge
+// has "sub" whatever rollup says).
+func (w *modelWriter) writeRollup(bucket, key, op, rollup string, val []byte) mMsg {
+	w.h.t.Helper()
 	ctx := context.Background()
 	msg := nats.NewMsg(provisioner.SubjectPrefix(bucket) + key)
 	switch op {
@@ -501,6 +513,12 @@ func (w *modelWriter) write(bucket, key, op string, val []byte) mMsg {
 	case "marker":
 		msg.Header.Set(jetstream.MarkerReasonHeader, "MaxAge")
 	}
+	if op == "purge" {
+		rollup = "sub"
+	}
+	if rollup != "" {
+		msg.Header.Set("Nats-Rollup", rollup)
+	}
 	ack, err := w.h.js.PublishMsg(ctx, msg)
 	require.NoError(w.h.t, err, "%s %s %s", op, bucket, key)
 	s, ok := w.streams[bucket]
@@ -511,7 +529,7 @@ func (w *modelWriter) write(bucket, key, op string, val []byte) mMsg {
 	}
 	raw, err := s.GetMsg(ctx, ack.Sequence)
 	require.NoError(w.h.t, err)
-	m := mMsg{seq: ack.Sequence, at: raw.Time.UnixNano(), key: key, op: op, val: val}
+	m := mMsg{seq: ack.Sequence, at: raw.Time.UnixNano(), key: key, op: op, val: val, rollup: rollup}
 	w.model.hist[bucket] = append(w.model.hist[bucket], m)
 	return m
 }
@@ -887,6 +905,9 @@ func (mc *modelCheck) minSeq(name, node string) {
 // removed reports whether the stream removed the message at seq of a bucket: a later purge of its
 // key took it, or more later messages of its key than the bucket's history keeps.
 func (p *planModel) removed(bucket string, seq uint64) bool {
+	if p.rolledAway[bucket][seq] {
+		return true
+	}
 	hist := p.hist[bucket]
 	for i, m := range hist {
 		if m.seq != seq {

@@ -513,7 +513,9 @@ func (a *applier) apply(shape provisioner.Shape, m *provisioner.Message) error {
 	key, op := logForm(m)
 	a.buf = historyKey(a.buf[:0], bucket, key, m.Seq)
 	var rollup provisioner.Rollup
-	if m.RemovesOthers() {
+	if m.RemovesOthers() || m.Rollup != provisioner.RollupNone && m.Op != provisioner.OpPurge && provisioner.IsComposedBucket(bucket) {
+		// A composed-<node> put or delete that rolled its own key up forgets its build's last plan
+		// kept (BuildRecord.Fold): the log keeps the rollup so that a fold of it does too.
 		rollup = m.Rollup
 		if a.db.schema.Load() < schemaRollup && !a.schemaRollup {
 			// The first rollup the log keeps: the state dir is now one older binaries misread.
@@ -641,6 +643,16 @@ func (a *applier) rollup(shape provisioner.Shape, m *provisioner.Message, from s
 		rollupPartOddRead(oddRead)
 	}
 	keys := append(rows, odd...)
+	if provisioner.IsComposedBucket(bucket) {
+		// A composed key whose last message is a delete has no row and no anomaly, and its build
+		// record still keeps its last published revision (BuildRecord.Fold); the rollup removed that
+		// revision from the stream, so it is forgotten as a purge forgets it, as a rebuild finds it.
+		deleted, err := a.rollupDeletedScan(bucket, prefix, from, upTo, limit, match)
+		if err != nil {
+			return "", 0, err
+		}
+		keys = append(keys, deleted...)
+	}
 	sort.Strings(keys)
 	keys = slices.Compact(keys)
 	if limit > 0 && len(keys) > limit {
@@ -705,6 +717,50 @@ func (a *applier) rollupScan(bucket string, p byte, prefix, from, upTo string, l
 		return nil, 0, err
 	}
 	return keys, read, nil
+}
+
+// rollupDeletedScan lists, in key order, at most limit (0: any number) raw keys of a bucket's event
+// log whose newest event is a delete, that start with prefix, come after from and, with upTo, not
+// after it, and match: the keys a rollup removes that have neither a row nor an anomaly row.
+func (a *applier) rollupDeletedScan(bucket, prefix, from, upTo string, limit int, match func(string) bool) ([]string, error) {
+	base := bucketPrefix(nil, prefixHistory, bucket)
+	lo := appendEsc(append([]byte(nil), base...), prefix)
+	it, err := a.db.pdb.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: prefixEnd(lo)})
+	if err != nil {
+		return nil, err
+	}
+	var keys []string
+	var valid bool
+	if from != "" {
+		valid = it.SeekGE(prefixEnd(appendComp(append([]byte(nil), base...), from)))
+	} else {
+		valid = it.First()
+	}
+	for valid && (limit <= 0 || len(keys) < limit) {
+		k := it.Key()
+		if len(k) < len(base)+10 {
+			it.Close()
+			return nil, fmt.Errorf("%w: history key %q", ErrCorrupt, k)
+		}
+		comp := append([]byte(nil), k[:len(k)-8]...) // the key's prefix: base, escaped key, terminator
+		key := string(unesc(nil, comp[len(base):len(comp)-2]))
+		if upTo != "" && key > upTo {
+			break
+		}
+		end := prefixEnd(comp)
+		// The key's newest event: the last one under its prefix.
+		if !it.SeekLT(end) {
+			break
+		}
+		if key != from && match(key) && len(it.Value()) > 0 && eventOp(it.Value()[0]) == provisioner.OpDelete {
+			keys = append(keys, key)
+		}
+		valid = it.SeekGE(end)
+	}
+	if err := it.Close(); err != nil {
+		return nil, err
+	}
+	return keys, nil
 }
 
 func (a *applier) registryKind(kind string, present bool) {

@@ -135,7 +135,14 @@
 //     spellings that can exist (leading zeros) only for a delete or marker it would otherwise drop. So
 //     a key keeps at most three events. What earlier batches or trims kept of a key is read back from
 //     the log, so a resumed trim keeps the same. The other buckets, the plans' other inputs among them,
-//     keep the rule above.
+//     keep the rule above. A put or a delete that rolled its own key up (Nats-Rollup) forgets the
+//     build before it is folded, so it is kept as a marker is.
+//   - A rollup that removed other keys (a wildcard or Nats-Rollup: all) is never trimmed, whatever
+//     comes after it: the purges it wrote under the keys it removed have no entry by sequence, so the
+//     walk never meets them and those keys keep their events from before it; a fill by sequence
+//     (plans as of a point) removes them again through the rollup alone. Its own key then keeps its
+//     newest event beside it, whatever it is (a rollup that is a put of the key, deleted since, is not
+//     the key's state), so such a key keeps more than three events.
 //   - A gap is a range of messages the stream removed before the projector read them: Apply sees the
 //     next sequence jump past applied + 1 (a KV bucket's history limit or a purge removed superseded
 //     revisions while the projector was behind, or a fresh projection starts on a stream whose first

@@ -21,7 +21,9 @@ type Event struct {
 	Op    provisioner.Op
 	Value []byte
 	// Rollup is kept only for a message whose rollup removed other keys (each of those has an event
-	// of its own at the same sequence, a purge, under its key alone); RollupNone otherwise.
+	// of its own at the same sequence, a purge, under its key alone), and for a composed-<node> put
+	// or delete that rolled its own key up (it forgets its build's last plan kept); RollupNone
+	// otherwise.
 	Rollup provisioner.Rollup
 }
 

@@ -133,13 +133,29 @@ type trimmer struct {
 	hist     *pebble.Iterator
 	kept     map[string]keptEvents
 	keptOld  map[string]keptEvents // the generation before kept (begin)
+	pinned   map[uint64]bool       // rollups that removed other keys, never dropped (pin)
 	buf      []byte
+}
+
+// pin keeps the event at seq whatever comes after it: a rollup that removed other keys. The log names
+// a sequence by the rollup's own key alone, so the purges it wrote under the keys it removed (at its
+// sequence, doc.go) are never walked: those keys keep their events from before it, and a fill of the
+// log by sequence (Events: plans as of a point) removes them again only through the rollup. Dropped,
+// even for a later event of its own key, the keys it removed came back there.
+func (t *trimmer) pin(seq uint64) {
+	if t.pinned == nil {
+		t.pinned = map[uint64]bool{}
+	}
+	t.pinned[seq] = true
 }
 
 // keptEvents is what a trim keeps of one key at or below the horizon: its newest event, and, of a
 // composed-<node> key, its newest published composition since its last purge or TTL marker and that
 // marker (provisioner.PublishesPlan says why). Each is a sequence, 0 for none; they may be one event.
-type keptEvents struct{ newest, published, purge uint64 }
+type keptEvents struct {
+	newest, published, purge uint64
+	pin                      bool // the key keeps a rollup that removed other keys (trimmer.pin)
+}
 
 func newTrimmer(db *DB, bucket string) *trimmer {
 	t := &trimmer{db: db, bucket: bucket}
@@ -247,8 +263,16 @@ func (t *trimmer) event(key string, seq uint64) (int, error) {
 			return 0, err
 		}
 	}
+	// A put or a delete of a composed-<node> key that rolled its own key up forgets the build's
+	// history as a marker does (provisioner.BuildRecord.Fold).
+	rolled := plans && m.Rollup != provisioner.RollupNone && m.Op != provisioner.OpPurge && m.Op != provisioner.OpExpire
 	var next keptEvents
 	switch {
+	case rolled:
+		next = keptEvents{newest: seq, purge: seq}
+		if published {
+			next.published = seq
+		}
 	case m.Op == provisioner.OpPut:
 		next = keptEvents{newest: seq, published: k.published, purge: k.purge}
 		if published {
@@ -275,11 +299,20 @@ func (t *trimmer) event(key string, seq uint64) (int, error) {
 			next = keptEvents{newest: seq, purge: seq}
 		}
 	}
+	if m.RemovesOthers() {
+		t.pin(seq)
+		next.pin = true
+	}
+	if next.pin = next.pin || k.pin; next.pin {
+		// The key keeps a rollup that removed other keys (pin), which may be a put of it: its newest
+		// event stays beside it, whatever it is, so that the rollup is not its state.
+		next.newest = seq
+	}
 	t.kept[key] = next
 	var dropped [4]uint64
 	for i, s := range [...]uint64{k.newest, k.published, k.purge, seq} {
-		if s == 0 || s == next.newest || s == next.published || s == next.purge || slices.Contains(dropped[:i], s) {
-			continue // nothing, kept, or dropped already
+		if s == 0 || s == next.newest || s == next.published || s == next.purge || slices.Contains(dropped[:i], s) || t.pinned[s] {
+			continue // nothing, kept, dropped already, or a rollup that removed other keys
 		}
 		dropped[i] = s
 		// The walked event, and the newest this trim kept of a key it met, are named by their
@@ -350,7 +383,11 @@ func (t *trimmer) keptBefore(key string, start []byte, plans bool) (keptEvents, 
 		if err != nil {
 			return k, deleted, err
 		}
-		marker := plans && m.Op != provisioner.OpPut && m.Op != provisioner.OpDelete
+		marker := plans && (m.Op != provisioner.OpPut && m.Op != provisioner.OpDelete || m.Rollup != provisioner.RollupNone)
+		if m.RemovesOthers() {
+			t.pin(m.Seq) // never dropped, whichever of the three it is
+			k.pin = true
+		}
 		switch published := plans && provisioner.PublishesPlan(&m); {
 		case k.newest == 0:
 			k.newest = m.Seq
@@ -362,8 +399,12 @@ func (t *trimmer) keptBefore(key string, start []byte, plans bool) (keptEvents, 
 			}
 		case k.purge == 0 && k.published == 0 && published:
 			k.published = m.Seq
+			if marker {
+				k.purge = m.Seq
+			}
 		case k.purge == 0 && marker:
 			k.purge = m.Seq
+		case t.pinned[m.Seq]:
 		default:
 			if err := t.drop(start, key, m.Seq, false); err != nil {
 				return k, deleted, err
