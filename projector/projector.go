@@ -556,9 +556,19 @@ func (p *Projector) applyLoop(ctx context.Context, bucket string, batchSize int,
 	p.mu.Lock()
 	asked := p.asks[bucket]
 	p.mu.Unlock()
-	var skipUntil time.Time // a request waits on the bucket: skipRemoved is tried until then, or until it moves
 	caught := func() bool {
 		return lastPending == 0 || idle.emptyAtStart && p.db.Checkpoint(bucket).Applied == startSeq
+	}
+	// A request waits on the bucket: skipRemoved is tried until skipUntil, or until it is done, at
+	// most once a Poll (skipped: the last try), so that a flood of requests costs the stream no more.
+	var skipUntil, skipped time.Time
+	trySkip := func() {
+		if time.Now().Before(skipUntil) && time.Since(skipped) >= p.opts.Poll && len(in) == 0 && caught() {
+			skipped = time.Now()
+			if skip() {
+				skipUntil = time.Time{}
+			}
+		}
 	}
 	for {
 		batch = batch[:0]
@@ -588,14 +598,10 @@ func (p *Projector) applyLoop(ctx context.Context, bucket string, batchSize int,
 			// consumer had nothing to deliver from its creation): while catching up, what is read
 			// answers the request, and the applier does not wait on the stream's answers.
 			skipUntil = time.Now().Add(askedFor)
-			if len(in) == 0 && caught() && skip() {
-				skipUntil = time.Time{}
-			}
+			trySkip()
 			continue
 		case <-poll.C:
-			if time.Now().Before(skipUntil) && len(in) == 0 && caught() && skip() {
-				skipUntil = time.Time{}
-			}
+			trySkip()
 			p.caughtUp(bucket, atEnd, log) // the end may have been read after its batch was applied
 			// So may the pending count that says the catch-up is over.
 			select {
@@ -696,14 +702,19 @@ const askedFor = 10 * time.Second
 // delivered handed to the applier and applied (in is empty: the caller is the applier, between
 // batches). No message is ever added below a stream's last sequence, so those up to the first answer's
 // that the consumer did not deliver were gone: the projection has applied the stream up to there, and
-// store.DB.SkipRemoved records so, with the log's gap. It reports whether the checkpoint moved.
+// store.DB.SkipRemoved records so, with the log's gap. It reports whether it is done: the checkpoint
+// moved, or the stream ends at it already (a request waits then for a message still to come, which
+// the tail reads as any other).
 func (p *Projector) skipRemoved(ctx context.Context, bucket string, created int64, stream jetstream.Stream, cons jetstream.Consumer, in chan provisioner.Message, handed *atomic.Uint64, log *slog.Logger) bool {
 	// A second for each answer: the applier waits for them (a caught-up one: nothing is left to apply).
 	ictx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
 	info, err := stream.Info(ictx)
-	if err != nil || info.Created.UnixNano() != created || info.State.LastSeq <= p.db.Checkpoint(bucket).Applied {
+	if err != nil || info.Created.UnixNano() != created {
 		return false
+	}
+	if info.State.LastSeq <= p.db.Checkpoint(bucket).Applied {
+		return true
 	}
 	cctx, ccancel := context.WithTimeout(ctx, time.Second)
 	defer ccancel()
