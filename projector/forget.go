@@ -105,6 +105,7 @@ func (p *Projector) leave(ctx context.Context, bucket string, created <-chan str
 	announced := false
 	p.mu.Lock()
 	delete(p.tailed, bucket)
+	delete(p.asks, bucket)
 	if p.waiting[bucket] == created {
 		delete(p.waiting, bucket)
 	}

@@ -247,7 +247,15 @@ func (p *Projector) removedUnread(ctx context.Context, bucket string, info *jets
 // came after the wait). A bucket woken by a request tailed ParkAfter before it parked again anyway
 // before quiet streams parked once read; a bucket reading when the request came parked without
 // reading the write the same way.
+//
+// A tailed bucket's tail is also told (any bucket): it looks whether its stream removed messages past
+// the checkpoint before they were read, which the request may wait for (skipRemoved).
 func (p *Projector) Wake(bucket string) {
+	p.mu.Lock() // before parkMu, never under it (Add takes parkMu under mu)
+	if ch := p.asks[bucket]; ch != nil {
+		notify(ch)
+	}
+	p.mu.Unlock()
 	p.parkMu.Lock()
 	defer p.parkMu.Unlock()
 	if p.opts.Composed && p.opts.ParkAfter > 0 && provisioner.IsComposedBucket(bucket) {

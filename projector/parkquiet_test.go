@@ -314,3 +314,43 @@ func TestProjector_QuietStreamWhoseLastMessageIsGoneParksOnceRead(t *testing.T) 
 	waitParked(t, p, js, bucket)
 	require.Equal(t, 1, creates.of(bucket), "one consumer created for the bucket")
 }
+
+// TestProjector_WakeSkipsMessagesRemovedUnread: a request waiting for a sequence of a parked bucket
+// whose stream's last messages were removed before they were read (purged here; a TTL without a
+// marker leaves the same) wakes it (Wake), and the tail, finding nothing left up to the stream's last
+// sequence, moves the checkpoint there (docs/decisions.md, "min_seq of a message removed unread"), so
+// that the request is answered. Before, the checkpoint stayed at the last message read for good.
+func TestProjector_WakeSkipsMessagesRemovedUnread(t *testing.T) {
+	ns := natstest.RunServer(t)
+	_, js := natstest.Connect(t, ns.ClientURL())
+	ctx := context.Background()
+	composedBuckets(t, js, 1)
+	const bucket = "composed-n0000"
+	kv, err := js.KeyValue(ctx, bucket)
+	require.NoError(t, err)
+	_, err = kv.Put(ctx, "web.2", []byte{0x80})
+	require.NoError(t, err)
+	stream, err := js.Stream(ctx, "KV_"+bucket)
+	require.NoError(t, err)
+	require.NoError(t, stream.Purge(ctx, jetstream.WithPurgeSubject("$KV."+bucket+".web.2")))
+
+	_, pjs := natstest.Connect(t, ns.ClientURL())
+	p, db, _ := parkingQuiet(t, pjs, nil, []string{bucket}, nil)
+	waitApplied(t, db, bucket, 1)
+	waitParked(t, p, js, bucket)
+
+	p.Wake(bucket)
+	waitApplied(t, db, bucket, 2)
+	v, err := db.View()
+	require.NoError(t, err)
+	m, err := v.HistoryMarks(bucket)
+	v.Close()
+	require.NoError(t, err)
+	require.ErrorIs(t, m.Check(2), store.ErrGap, "the removed message's point is not rebuilt")
+
+	// The next write is read as any other.
+	_, err = kv.Put(ctx, "web.3", []byte{0x80})
+	require.NoError(t, err)
+	p.Wake(bucket)
+	waitApplied(t, db, bucket, 3)
+}

@@ -106,6 +106,7 @@ type Projector struct {
 
 	mu         sync.Mutex
 	tailed     map[string]bool          // buckets with a consumer, so Add starts each once
+	asks       map[string]chan struct{} // of each tailed bucket, capacity 1: a request waits on it (Wake, skipRemoved)
 	waiting    map[string]chan struct{} // missing buckets, woken by a stream-created advisory (missing.go)
 	found      chan string              // streams created, from the advisories, for discover
 	discovered atomic.Bool              // the streams were listed once (always true without Composed)
@@ -168,7 +169,7 @@ func New(js jetstream.JetStream, db *store.DB, opts Options) *Projector {
 	if opts.ParkAfter == 0 {
 		opts.ParkAfter = DefaultParkAfter
 	}
-	p := &Projector{js: js, db: db, opts: opts, log: log, tailed: map[string]bool{}, setup: make(chan struct{}, maxSettingUp),
+	p := &Projector{js: js, db: db, opts: opts, log: log, tailed: map[string]bool{}, asks: map[string]chan struct{}{}, setup: make(chan struct{}, maxSettingUp),
 		streams: opts.Streams, waiting: map[string]chan struct{}{}, found: make(chan string, 256), parked: map[string]*parkedBucket{},
 		firstListed: make(chan struct{})}
 	if p.streams == nil {
@@ -229,6 +230,7 @@ func (p *Projector) Add(ctx context.Context, bucket string) {
 		return
 	}
 	p.tailed[bucket] = true
+	p.asks[bucket] = make(chan struct{}, 1)
 	// Registered here, not on its goroutine: the verb answers once Start returns, and a Wake that
 	// comes before the goroutine runs must be kept (parkstart.go).
 	starting := p.startsParked(bucket)
@@ -421,6 +423,7 @@ func (p *Projector) tail(ctx context.Context, bucket string, log *slog.Logger, s
 	in := make(chan provisioner.Message, batchSize*2)
 	pending := make(chan uint64, 1) // NumPending after the newest message read
 	var atEnd atomic.Uint64         // the newest sequence read with NumPending 0: it closes history gaps
+	var handed atomic.Uint64        // the consumer's sequence of the newest message handed to the applier
 	readErr := make(chan error, 1)
 	rctx, rcancel := context.WithCancel(ctx)
 	defer rcancel()
@@ -430,11 +433,12 @@ func (p *Projector) tail(ctx context.Context, bucket string, log *slog.Logger, s
 		defer rwg.Done()
 		defer close(in)
 		defer it.Stop() // lock-free in nats.go: ends its pulls at once
-		readErr <- p.read(rctx, it, bucket, in, pending, &atEnd, log)
+		readErr <- p.read(rctx, it, bucket, in, pending, &atEnd, &handed, log)
 	}()
 
 	idle := idleSince{read: start, quiet: quiet, end: info.State.LastSeq, start: startSeq, emptyAtStart: emptyAtStart}
-	applyErr := p.applyLoop(ctx, bucket, batchSize, created, in, pending, &atEnd, verify, cons, log, startSeq, idle)
+	skip := func() bool { return p.skipRemoved(ctx, bucket, created, stream, cons, in, &handed, log) }
+	applyErr := p.applyLoop(ctx, bucket, batchSize, created, in, pending, &atEnd, verify, skip, cons, log, startSeq, idle)
 	rcancel()
 	rwg.Wait()
 	if errors.Is(applyErr, errParked) && idle.reachedEnd(p.db.Checkpoint(bucket).Applied, atEnd.Load()) {
@@ -534,7 +538,7 @@ func (p *Projector) markSynced(bucket string, log *slog.Logger, from uint64, sta
 
 // read moves messages from the consumer into in until the consumer stops; a consumer lost (no
 // heartbeat, deleted) or out of order ends it with an error.
-func (p *Projector) read(ctx context.Context, it *streamread.Reader, bucket string, in chan<- provisioner.Message, pending chan uint64, atEnd *atomic.Uint64, log *slog.Logger) error {
+func (p *Projector) read(ctx context.Context, it *streamread.Reader, bucket string, in chan<- provisioner.Message, pending chan uint64, atEnd, handed *atomic.Uint64, log *slog.Logger) error {
 	prefix := provisioner.SubjectPrefix(bucket)
 	saidForeign := false // said once per tail
 	for {
@@ -564,6 +568,7 @@ func (p *Projector) read(ctx context.Context, it *streamread.Reader, bucket stri
 		case <-ctx.Done():
 			return nil
 		}
+		handed.Store(md.Sequence.Consumer)
 		if np == 0 {
 			atEnd.Store(m.Seq)
 		}
@@ -590,7 +595,7 @@ func convert(msg jetstream.Msg, md *jetstream.MsgMetadata, prefix string) (provi
 // applyLoop takes what the reader has produced, as much as is there up to BatchSize, and commits it as
 // one batch; it retries a failed commit of the same batch with backoff.
 func (p *Projector) applyLoop(ctx context.Context, bucket string, batchSize int, created int64, in <-chan provisioner.Message, pending <-chan uint64,
-	atEnd *atomic.Uint64, verify func() error, cons jetstream.Consumer, log *slog.Logger, startSeq uint64, idle idleSince) error {
+	atEnd *atomic.Uint64, verify func() error, skip func() bool, cons jetstream.Consumer, log *slog.Logger, startSeq uint64, idle idleSince) error {
 	start := idle.read
 	batch := make([]provisioner.Message, 0, batchSize)
 	var lastPending uint64 = 1
@@ -601,6 +606,23 @@ func (p *Projector) applyLoop(ctx context.Context, bucket string, batchSize int,
 	defer poll.Stop()
 	bo := backoff{min: 50 * time.Millisecond, max: 5 * time.Second}
 	endSynced := true // the last batch was committed as the stream's end (synced), or none was
+	p.mu.Lock()
+	asked := p.asks[bucket]
+	p.mu.Unlock()
+	caught := func() bool {
+		return lastPending == 0 || idle.emptyAtStart && p.db.Checkpoint(bucket).Applied == startSeq
+	}
+	// A request waits on the bucket: skipRemoved is tried until skipUntil, or until it is done, at
+	// most once a Poll (skipped: the last try), so that a flood of requests costs the stream no more.
+	var skipUntil, skipped time.Time
+	trySkip := func() {
+		if time.Now().Before(skipUntil) && time.Since(skipped) >= p.opts.Poll && len(in) == 0 && caught() {
+			skipped = time.Now()
+			if skip() {
+				skipUntil = time.Time{}
+			}
+		}
+	}
 	for {
 		batch = batch[:0]
 		select {
@@ -624,7 +646,15 @@ func (p *Projector) applyLoop(ctx context.Context, bucket string, batchSize int,
 				}
 			}
 			continue
+		case <-asked:
+			// Only once caught up (the newest message read had nothing pending after it, or the
+			// consumer had nothing to deliver from its creation): while catching up, what is read
+			// answers the request, and the applier does not wait on the stream's answers.
+			skipUntil = time.Now().Add(askedFor)
+			trySkip()
+			continue
 		case <-poll.C:
+			trySkip()
 			p.caughtUp(bucket, atEnd, log) // the end may have been read after its batch was applied
 			// So may the pending count that says the catch-up is over.
 			select {
@@ -710,6 +740,55 @@ func (p *Projector) applyLoop(ctx context.Context, bucket string, batchSize int,
 			return nil
 		}
 	}
+}
+
+// askedFor is how long a request waiting on a bucket (Wake) has the tail look for messages removed
+// before they were read (skipRemoved): the longest wait_ms a request may ask for.
+const askedFor = 10 * time.Second
+
+// skipRemoved moves the bucket's checkpoint over the messages its stream removed before they were read
+// (a subject purged, a TTL without a marker, while the seat was down or the bucket parked), when a
+// request waits on it (Wake): without it, a request for the sequence of such a message, which no
+// message will ever bring, waited its whole wait_ms for a projection as current as the stream and
+// was answered 504. The stream says which, in two answers in this order: its info, the last sequence
+// it took; then the consumer's, nothing pending past what it delivered, and every message it
+// delivered handed to the applier and applied (in is empty: the caller is the applier, between
+// batches). No message is ever added below a stream's last sequence, so those up to the first answer's
+// that the consumer did not deliver were gone: the projection has applied the stream up to there, and
+// store.DB.SkipRemoved records so, with the log's gap. It reports whether it is done: the checkpoint
+// moved, or the stream ends at it already (a request waits then for a message still to come, which
+// the tail reads as any other).
+func (p *Projector) skipRemoved(ctx context.Context, bucket string, created int64, stream jetstream.Stream, cons jetstream.Consumer, in chan provisioner.Message, handed *atomic.Uint64, log *slog.Logger) bool {
+	// A second for each answer: the applier waits for them (a caught-up one: nothing is left to apply).
+	ictx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	info, err := stream.Info(ictx)
+	if err != nil || info.Created.UnixNano() != created {
+		return false
+	}
+	if info.State.LastSeq <= p.db.Checkpoint(bucket).Applied {
+		return true
+	}
+	cctx, ccancel := context.WithTimeout(ctx, time.Second)
+	defer ccancel()
+	ci, err := cons.Info(cctx)
+	// The consumer's info first, then what was handed over and is left to apply: a message delivered
+	// after the info is past its delivered sequence.
+	if err != nil || ci.NumPending != 0 || ci.Delivered.Consumer != handed.Load() || len(in) != 0 {
+		return false
+	}
+	last := info.State.LastSeq
+	moved, err := p.db.SkipRemoved(bucket, last, created)
+	if err != nil {
+		if !errors.Is(err, store.ErrClosed) {
+			log.Warn("recording the messages removed before they were read failed", "err", err, "last_seq", last)
+		}
+		return false
+	}
+	if moved {
+		log.Debug("the stream's messages past the checkpoint were removed before they were read: applied up to its end", "applied_seq", last)
+	}
+	return moved
 }
 
 // idleSince is how long a tail has been idle (park.go): read is when it last applied a batch (or

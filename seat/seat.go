@@ -162,10 +162,11 @@ func Start(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, db *store
 		_, synced := s.reader.Applied(bucket)
 		return synced
 	})
-	qo := query.Options{Version: cfg.Version, Logger: log, Metadata: s.metadata(), Observe: cfg.Observe, At: s.at.Answer}
+	// A request waiting for a sequence wakes its bucket: a parked composed-<node> bucket tails again,
+	// and any bucket's tail looks for messages removed before they were read (projector.Wake).
+	qo := query.Options{Version: cfg.Version, Logger: log, Metadata: s.metadata(), Observe: cfg.Observe, At: s.at.Answer, Wake: s.wake}
 	if cfg.Plans {
 		qo.Plans = query.Plans(s.reader, s.PlansSynced, s.wake)
-		qo.Wake = s.wake // a request waiting for a composed-<node> sequence wakes its bucket
 	}
 	s.Server = query.NewServer(s.reader, qo)
 	// $SRV.STATS carries where each bucket stands (see ops.go).

@@ -288,6 +288,56 @@ func (db *DB) TailRemoved(bucket string, lastSeq uint64, streamCreated int64) er
 	return nil
 }
 
+// SkipRemoved tells the store that nothing is left in its bucket's stream past the applied sequence up
+// to seq: the stream removed those messages before they were read (the subject purged, a TTL without
+// a marker), and its consumer, having looked past seq, delivered every message left there, all
+// applied. The checkpoint moves to seq, as a message at seq would move it, and the log holds an open
+// gap from the old applied + 1, as TailRemoved records: a request for min_seq seq is answered, the
+// projection being as current as the stream up to it, while no point among the removed messages is
+// rebuilt as if they had never been. It reports whether the checkpoint moved.
+func (db *DB) SkipRemoved(bucket string, seq uint64, streamCreated int64) (bool, error) {
+	if db.closed.Load() {
+		return false, ErrClosed
+	}
+	db.applyMu.Lock()
+	defer db.applyMu.Unlock()
+	if db.closed.Load() {
+		return false, ErrClosed
+	}
+	b := db.known(bucket)
+	cp := b.cp
+	if seq <= cp.Applied || cp.StreamCreated != 0 && streamCreated != 0 && cp.StreamCreated != streamCreated {
+		return false, nil
+	}
+	if err := db.checkRoom(); err != nil {
+		return false, err
+	}
+	g, ok := db.openGaps[bucket]
+	if !ok {
+		g = Gap{From: cp.Applied + 1}
+	}
+	g.OpenedAt = max(g.OpenedAt, seq+1)
+	if cp.StreamCreated == 0 {
+		cp.StreamCreated = streamCreated
+	}
+	cp.Applied = seq
+	batch := db.pdb.NewBatch()
+	defer batch.Close()
+	if err := batch.Set(gapKey(nil, bucket, g.From), encodeGap(g), nil); err != nil {
+		return false, err
+	}
+	if err := batch.Set(checkpointKey(bucket), cp.encode(nil), nil); err != nil {
+		return false, err
+	}
+	if err := db.commit(batch, pebble.NoSync); err != nil {
+		return false, fmt.Errorf("record the removed messages of %s up to %d: %w", bucket, seq, err)
+	}
+	db.openGaps[bucket] = g
+	b.setCheckpoint(cp)
+	b.wake()
+	return true, nil
+}
+
 // RemovedEnd returns the stream's last sequence that TailRemoved was told of past the checkpoint, when
 // nothing has been read since: the stream ends there, every message past the applied one removed
 // before it was read. ok is false when none is recorded.

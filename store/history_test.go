@@ -351,3 +351,45 @@ func TestDB_TailRemoved(t *testing.T) {
 	require.Equal(t, int64(42), fresh.Checkpoint(b).StreamCreated)
 	require.Equal(t, []store.Gap{{From: 1, OpenedAt: 101}}, marks(t, fresh, b).Gaps)
 }
+
+// A stream that removed its last messages before they were read, and has nothing left up to seq,
+// moves the checkpoint to seq (a request for it is answered: the projection is as current as the
+// stream there), with the log's open gap from the old applied sequence on, as TailRemoved records;
+// it wakes what waits on Changed, survives a reopen, and leaves a checkpoint of another stream alone.
+func TestDB_SkipRemoved(t *testing.T) {
+	dir := t.TempDir()
+	db, err := store.OpenState(dir, store.Options{})
+	require.NoError(t, err)
+	b := provisioner.BucketNeeds
+	require.NoError(t, db.Apply(b, []provisioner.Message{put(1, "n1.m.config.a", []byte{1}), put(2, "n1.m.config.b", []byte{2})}, 7, false))
+	moved, err := db.SkipRemoved(b, 2, 7)
+	require.NoError(t, err)
+	require.False(t, moved, "nothing removed past the applied sequence")
+	moved, err = db.SkipRemoved(b, 10, 8)
+	require.NoError(t, err)
+	require.False(t, moved, "another stream's sequence")
+	require.Empty(t, marks(t, db, b).Gaps)
+
+	changed := db.Changed(b)
+	moved, err = db.SkipRemoved(b, 10, 7)
+	require.NoError(t, err)
+	require.True(t, moved)
+	<-changed
+	seq, _ := db.Applied(b)
+	require.EqualValues(t, 10, seq)
+	require.Equal(t, []store.Gap{{From: 3, OpenedAt: 11}}, marks(t, db, b).Gaps)
+	require.ErrorIs(t, marks(t, db, b).Check(10), store.ErrGap)
+	require.NoError(t, db.Close())
+
+	db, err = store.OpenState(dir, store.Options{})
+	require.NoError(t, err)
+	defer db.Close()
+	require.EqualValues(t, 10, db.Checkpoint(b).Applied)
+	require.EqualValues(t, 7, db.Checkpoint(b).StreamCreated)
+	require.NoError(t, db.Apply(b, []provisioner.Message{put(11, "n1.m.config.c", []byte{3})}, 7, false))
+	require.NoError(t, db.CaughtUp(b, 11))
+	m := marks(t, db, b)
+	require.Equal(t, []store.Gap{{From: 3, To: 11, OpenedAt: 11}}, m.Gaps)
+	require.ErrorIs(t, m.Check(10), store.ErrGap)
+	require.NoError(t, m.Check(11))
+}
