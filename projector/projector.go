@@ -437,7 +437,7 @@ func (p *Projector) tail(ctx context.Context, bucket string, log *slog.Logger, s
 	}()
 
 	idle := idleSince{read: start, quiet: quiet, end: info.State.LastSeq, start: startSeq, emptyAtStart: emptyAtStart}
-	skip := func() bool { return p.skipRemoved(ctx, bucket, created, stream, cons, in, &handed, log) }
+	skip := func() bool { return p.skipRemoved(ctx, bucket, created, cons, in, &handed, log) }
 	applyErr := p.applyLoop(ctx, bucket, batchSize, created, in, pending, &atEnd, verify, skip, cons, log, startSeq, idle)
 	rcancel()
 	rwg.Wait()
@@ -758,12 +758,17 @@ const askedFor = 10 * time.Second
 // store.DB.SkipRemoved records so, with the log's gap. It reports whether it is done: the checkpoint
 // moved, or the stream ends at it already (a request waits then for a message still to come, which
 // the tail reads as any other).
-func (p *Projector) skipRemoved(ctx context.Context, bucket string, created int64, stream jetstream.Stream, cons jetstream.Consumer, in chan provisioner.Message, handed *atomic.Uint64, log *slog.Logger) bool {
+func (p *Projector) skipRemoved(ctx context.Context, bucket string, created int64, cons jetstream.Consumer, in chan provisioner.Message, handed *atomic.Uint64, log *slog.Logger) bool {
 	// A second for each answer: the applier waits for them (a caught-up one: nothing is left to apply).
+	// The stream is asked by its name (the tail may know it by its name alone: openStream).
 	ictx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
-	info, err := stream.Info(ictx)
-	if err != nil || info.Created.UnixNano() != created {
+	stream, err := p.js.Stream(ictx, provisioner.StreamName(bucket))
+	if err != nil {
+		return false
+	}
+	info := stream.CachedInfo()
+	if info.Created.UnixNano() != created {
 		return false
 	}
 	if info.State.LastSeq <= p.db.Checkpoint(bucket).Applied {
