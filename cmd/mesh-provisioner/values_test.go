@@ -23,7 +23,8 @@ import (
 // TestTables_ValuesJSONCannotShow: a value that is MessagePack but has no JSON form (a NaN, a string
 // not UTF-8) is a value like any other (CONTRACT section 1: no anomaly), so the tables of query and
 // replay do not call it "not MessagePack", which is what a value-not-msgpack anomaly says; the bytes
-// that are not MessagePack still are.
+// that are not MessagePack still are. Their JSON (query --json, replay state, diff and history
+// --json) gives the bytes as value_raw.
 func TestTables_ValuesJSONCannotShow(t *testing.T) {
 	ns := natstest.RunServer(t)
 	url := ns.ClientURL()
@@ -114,4 +115,30 @@ func TestTables_ValuesJSONCannotShow(t *testing.T) {
 		history += strings.Replace(lineOf(o, " PUT "), " PUT ", " PUT n1.m.config."+k+" ", 1) + "\n"
 	}
 	check("replay history", history)
+
+	// And their JSON: value null (diff, state) or absent (history), and the bytes as value_raw.
+	o, errOut, code = runCmd(t, "replay", "diff", "needs", "--from", "seq:0", "--to", "seq:3", "--nats", url, "--json")
+	require.Zero(t, code, errOut)
+	var d struct{ Added []map[string]any }
+	require.NoError(t, json.Unmarshal([]byte(o), &d), o)
+	o, errOut, code = runCmd(t, "replay", "state", "needs", "--at", "seq:3", "--nats", url, "--json")
+	require.Zero(t, code, errOut)
+	var s struct{ Rows []map[string]any }
+	require.NoError(t, json.Unmarshal([]byte(o), &s), o)
+	for what, rows := range map[string][]map[string]any{"diff": d.Added, "state": s.Rows} {
+		require.Len(t, rows, 3, what)
+		for i, want := range [][]byte{latin1, nan, raw} {
+			require.Nil(t, rows[i]["value"], "%s %v", what, rows[i]["key"])
+			require.Equal(t, base64.StdEncoding.EncodeToString(want), rows[i]["value_raw"], "%s %v", what, rows[i]["key"])
+		}
+	}
+	for k, want := range map[string][]byte{"nan": nan, "latin1": latin1, "raw": raw} {
+		o, errOut, code := runCmd(t, "replay", "history", "needs", "n1.m.config."+k, "--nats", url, "--json")
+		require.Zero(t, code, errOut)
+		var h struct{ Revisions []map[string]any }
+		require.NoError(t, json.Unmarshal([]byte(o), &h), o)
+		require.Len(t, h.Revisions, 1)
+		require.NotContains(t, h.Revisions[0], "value", k)
+		require.Equal(t, base64.StdEncoding.EncodeToString(want), h.Revisions[0]["value_raw"], k)
+	}
 }
