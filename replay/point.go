@@ -54,7 +54,10 @@ func ParsePoint(s string) (Point, error) {
 // and an offset of +24:00, which are no RFC 3339 times, and refuses the lower-case t and z and the
 // leap second 60, which are. A leap second (23:59:60, with or without a fraction) reads as the last
 // instant of the second before it: the clocks that stamp messages (Unix time) repeat or smear that
-// second, so every message stamped during it is at or before it.
+// second, so every message stamped during it is at or before it. Section 5.7 allows the second 60
+// only where a leap second can fall, the last second of a month in UTC (shifted by the offset:
+// 15:59:60-08:00 on December 31); anywhere else it is no time (03:12:60Z would read as a moment
+// the writer did not mean, most likely 03:13:00).
 func parseRFC3339(s string) (time.Time, error) {
 	bad := errors.New("not an RFC 3339 date-time")
 	digits := func(s string) bool {
@@ -103,6 +106,9 @@ func parseRFC3339(s string) (time.Time, error) {
 		return time.Time{}, err
 	}
 	if leap {
+		if end := t.Add(time.Second).UTC(); end.Day() != 1 || end.Hour() != 0 || end.Minute() != 0 || end.Second() != 0 {
+			return time.Time{}, bad // not the last second of a month in UTC: no leap second falls there
+		}
 		t = t.Add(time.Second - time.Nanosecond)
 	}
 	return t, nil

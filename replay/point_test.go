@@ -37,6 +37,18 @@ func TestParsePoint(t *testing.T) {
 		{"2016-12-31T23:59:60Z", replay.Point{Time: utc("2016-12-31T23:59:59.999999999Z")}},
 		{"2016-12-31T23:59:60.5Z", replay.Point{Time: utc("2016-12-31T23:59:59.999999999Z")}},
 		{"2017-01-01T00:59:60+01:00", replay.Point{Time: utc("2016-12-31T23:59:59.999999999Z")}},
+		{"2016-12-31T15:59:60-08:00", replay.Point{Time: utc("2016-12-31T23:59:59.999999999Z")}},
+		{"2015-06-30T23:59:60z", replay.Point{Time: utc("2015-06-30T23:59:59.999999999Z")}},
+		{"2026-02-28T23:59:60Z", replay.Point{Time: utc("2026-02-28T23:59:59.999999999Z")}}, // any month's end
+		{"9999-12-31T23:59:60Z", replay.Point{Time: utc("9999-12-31T23:59:59.999999999Z")}},
+		// The edges of the grammar: -00:00 (UTC, local offset unknown), the widest offsets, years
+		// 0000 and 9999, February 29 of leap years.
+		{"2026-11-02T03:12:00-23:59", replay.Point{Time: utc("2026-11-03T03:11:00Z")}},
+		{"0000-01-01T00:00:00Z", replay.Point{Time: utc("0000-01-01T00:00:00Z")}},
+		{"9999-12-31T23:59:59.999999999Z", replay.Point{Time: utc("9999-12-31T23:59:59.999999999Z")}},
+		{"2024-02-29T00:00:00Z", replay.Point{Time: utc("2024-02-29T00:00:00Z")}},
+		{"2000-02-29T00:00:00Z", replay.Point{Time: utc("2000-02-29T00:00:00Z")}},
+		{"2026-11-02T03:12:00.9999999999Z", replay.Point{Time: utc("2026-11-02T03:12:00.999999999Z")}}, // cut, not rounded
 	}
 	for _, tc := range good {
 		p, err := replay.ParsePoint(tc.in)
@@ -55,6 +67,13 @@ func TestParsePoint(t *testing.T) {
 		"+2026-11-02T03:12:00Z", "20260-11-02T03:12:00Z", "226-11-02T03:12:00Z",
 		"2026-13-02T03:12:00Z", "2026-02-30T03:12:00Z", "2026-11-02T24:00:00Z", "2026-11-02T03:60:00Z", "2026-11-02T03:12:61Z",
 		"２026-11-02T03:12:00Z", // a full-width digit
+		// The second 60 where no leap second can fall (RFC 3339 section 5.7): not the last minute
+		// of a month in UTC.
+		"2026-11-02T03:12:60Z", "2026-11-02T23:59:60Z", "2016-12-31T23:58:60Z", "2016-12-31T23:59:60+01:00",
+		"2016-12-31T23:59:60.5-00:01", "2026-11-02T03:59:60+04:00", "2016-12-31T23:59:61Z",
+		"2026-04-31T00:00:00Z", "2026-02-29T00:00:00Z", "1900-02-29T00:00:00Z", "2026-00-01T00:00:00Z",
+		"2026-01-00T00:00:00Z", "2026-11-02T03:12:00Z\n", "\t2026-11-02T03:12:00Z", "2026-11-02T03:12:00.5\u00a0Z",
+		"2026-11-02T03:12:00+23:60", "2026-11-02T03:12:00-24:00",
 	} {
 		_, err := replay.ParsePoint(in)
 		require.Error(t, err, "%q is no point", in)

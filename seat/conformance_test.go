@@ -68,16 +68,10 @@ func askWire(t testing.TB, nc *nats.Conn, body []byte) wire {
 	return w
 }
 
-// encode writes a request in one format: JSON, or MessagePack.
+// wireBody writes a request in one format: JSON, or MessagePack.
 func wireBody(t testing.TB, req map[string]any, asMsgpack bool) []byte {
 	t.Helper()
-	var b []byte
-	var err error
-	if asMsgpack {
-		b, err = msgpack.Marshal(req)
-	} else {
-		b, err = json.Marshal(req)
-	}
+	b, err := natstest.Body(req, asMsgpack)
 	require.NoError(t, err)
 	return b
 }
@@ -87,7 +81,7 @@ var wireFormats = []struct {
 	msgpack bool
 }{{"json", false}, {"msgpack", true}}
 
-// ok asks and requires a successful answer in the request's format.
+// wireOK asks and requires a successful answer in the request's format.
 func wireOK(t testing.TB, nc *nats.Conn, req map[string]any, asMsgpack bool) wire {
 	t.Helper()
 	w := askWire(t, nc, wireBody(t, req, asMsgpack))
@@ -96,7 +90,7 @@ func wireOK(t testing.TB, nc *nats.Conn, req map[string]any, asMsgpack bool) wir
 	return w
 }
 
-// fails asks and requires an error of code, said in the headers and again in the body, in the
+// wireFails asks and requires an error of code, said in the headers and again in the body, in the
 // request's format.
 func wireFails(t testing.TB, nc *nats.Conn, body []byte, asMsgpack bool, code int) wire {
 	t.Helper()
@@ -108,28 +102,27 @@ func wireFails(t testing.TB, nc *nats.Conn, body []byte, asMsgpack bool, code in
 	return w
 }
 
-func wireKeys(t testing.TB, rows any) []string {
+// wireKeys is the keys of an answer's rows, in order.
+func wireKeys(t testing.TB, w wire) []string {
 	t.Helper()
-	if rows == nil {
-		return nil
-	}
-	if l, isList := rows.([]any); isList && len(l) == 0 {
-		return nil
-	}
-	list, isList := rows.([]any)
-	require.True(t, isList, "rows is a list: %T", rows)
-	keys := make([]string, len(list))
-	for i, r := range list {
-		keys[i] = r.(map[string]any)["key"].(string)
+	var keys []string
+	for _, r := range wireRows(t, w) {
+		k, isStr := r["key"].(string)
+		require.True(t, isStr, "a row's key is a string: %v", r)
+		keys = append(keys, k)
 	}
 	return keys
 }
 
-func wireRows(w wire) []map[string]any {
-	list, _ := w.body["rows"].([]any)
+// wireRows is an answer's rows; the answer must have them, a list (empty or not) of maps.
+func wireRows(t testing.TB, w wire) []map[string]any {
+	t.Helper()
+	list, isList := w.body["rows"].([]any)
+	require.True(t, isList, "rows is a list: %s", w)
 	rows := make([]map[string]any, len(list))
 	for i, r := range list {
-		rows[i] = r.(map[string]any)
+		rows[i], isList = r.(map[string]any)
+		require.True(t, isList, "a row is a map: %v", r)
 	}
 	return rows
 }
@@ -150,7 +143,7 @@ func wireUint(t testing.TB, v any) uint64 {
 	return 0
 }
 
-// sortedBytes reports whether keys are in strictly increasing byte order.
+// inByteOrder reports whether keys are in strictly increasing byte order.
 func inByteOrder(keys []string) bool {
 	for i := 1; i < len(keys); i++ {
 		if keys[i-1] >= keys[i] {
@@ -160,7 +153,7 @@ func inByteOrder(keys []string) bool {
 	return true
 }
 
-// walk pages through a request to its end, limit rows a page, and calls between after each page.
+// wireWalk pages through a request to its end, limit rows a page, and calls between after each page.
 func wireWalk(t testing.TB, nc *nats.Conn, req map[string]any, asMsgpack bool, between func(page int)) []string {
 	t.Helper()
 	r := map[string]any{}
@@ -170,7 +163,7 @@ func wireWalk(t testing.TB, nc *nats.Conn, req map[string]any, asMsgpack bool, b
 	var keys []string
 	for page := 0; page < 10000; page++ {
 		w := wireOK(t, nc, r, asMsgpack)
-		keys = append(keys, wireKeys(t, w.body["rows"])...)
+		keys = append(keys, wireKeys(t, w)...)
 		next, more := w.body["next"]
 		if !more {
 			return keys
@@ -264,13 +257,21 @@ func TestConformance_Verb(t *testing.T) {
 	put(N, "del.bad", mp(t, "out of shape, deleted"))
 	h.rawMsg(N, "del.m.config.deleted", nats.Header{"KV-Operation": {"DEL"}}, nil)
 	purge := h.rawMsg(N, "del.m.config.purged", nats.Header{"KV-Operation": {"PURGE"}, "Nats-Rollup": {"sub"}}, nil)
-	// Values that are MessagePack and have no JSON form: NaN and infinities.
-	nan, inf := mp(t, math.NaN()), mp(t, map[string]any{"limit": math.Inf(1)})
-	ninf := []byte{0xca, 0xff, 0x80, 0, 0} // float 32 -Inf
-	put(N, "val.m.config.nan", nan)
-	put(N, "val.m.config.inf", inf)
-	put(N, "val.m.config.ninf", ninf)
-	put(N, "val.m.config.ok", mp(t, map[string]any{"limit": 1.5}))
+	// Values that are MessagePack and have no JSON form: NaN and infinities, strings (and map keys)
+	// that are not UTF-8, anywhere in the value.
+	noJSON := map[string][]byte{
+		"val.m.config.nan":    mp(t, math.NaN()),
+		"val.m.config.inf":    mp(t, map[string]any{"limit": math.Inf(1)}),
+		"val.m.config.ninf":   {0xca, 0xff, 0x80, 0, 0}, // float 32 -Inf
+		"val.m.config.nan32":  {0x91, 0xca, 0x7f, 0xc0, 0, 0},
+		"val.m.config.deep":   mp(t, map[string]any{"a": []any{1, map[string]any{"b": []any{"x", math.NaN()}}}}),
+		"val.m.config.latin1": mp(t, map[string]any{"motd": "caf\xe9"}),
+		"val.m.config.badkey": mp(t, map[string]any{"k\xff": 1}),
+	}
+	for k, v := range noJSON {
+		put(N, k, v)
+	}
+	put(N, "val.m.config.ok", mp(t, map[string]any{"limit": 1.5, "motd": "café"}))
 	// A need of a kind the registry held until the writer deleted it at start.
 	put(N, "uk.m.stray.x", mp(t, "stray"))
 	put(N, "uk.m.config.x", mp(t, "config"))
@@ -368,17 +369,17 @@ func TestConformance_Verb(t *testing.T) {
 			collect := map[string]any{"what": "collect", "node": "c1", "module": "modA", "contributor": "modA",
 				"collection": "shell:zsh:normal", "limit": 10, "after": "", "min_seq": seq, "wait_ms": 1000}
 			w := wireOK(t, nc, collect, f.msgpack)
-			require.Equal(t, []string{"c1.shell=3Azsh=3Anormal.modA"}, wireKeys(t, w.body["rows"]), f.name)
+			require.Equal(t, []string{"c1.shell=3Azsh=3Anormal.modA"}, wireKeys(t, w), f.name)
 			needs := map[string]any{"what": "needs", "node": "ord", "module": "a", "kind": "config",
 				"limit": 10000, "min_seq": 1, "wait_ms": 0}
 			w = wireOK(t, nc, needs, f.msgpack)
-			require.Equal(t, []string{"ord.a.config.x"}, wireKeys(t, w.body["rows"]), f.name)
+			require.Equal(t, []string{"ord.a.config.x"}, wireKeys(t, w), f.name)
 			reg := map[string]any{"what": "registry", "module": "mesh-vault", "kind": "secret", "limit": 1}
 			w = wireOK(t, nc, reg, f.msgpack)
-			require.Equal(t, []string{"secret"}, wireKeys(t, w.body["rows"]), f.name)
+			require.Equal(t, []string{"secret"}, wireKeys(t, w), f.name)
 			at := map[string]any{"what": "applied", "node": "ap", "module": "m1", "at": "seq:999999"}
 			w = wireOK(t, nc, at, f.msgpack)
-			require.Equal(t, []string{"ap.m1"}, wireKeys(t, w.body["rows"]), f.name)
+			require.Equal(t, []string{"ap.m1"}, wireKeys(t, w), f.name)
 		}
 	})
 
@@ -459,7 +460,7 @@ func TestConformance_Verb(t *testing.T) {
 			}
 			for _, l := range []int{1, 10000} {
 				w := wireOK(t, nc, map[string]any{"what": "needs", "node": "ord", "limit": l}, f.msgpack)
-				require.Len(t, wireRows(w), min(l, len(m.ordKeys)), f.name)
+				require.Len(t, wireRows(t, w), min(l, len(m.ordKeys)), f.name)
 			}
 		}
 		wireFails(t, nc, []byte(`{"what":"needs","limit":2.5}`), false, 400)
@@ -467,11 +468,11 @@ func TestConformance_Verb(t *testing.T) {
 		for _, f := range wireFormats {
 			// The default is 1000 rows, with next; at most 10000 takes the rest.
 			w := wireOK(t, nc, map[string]any{"what": "applied"}, f.msgpack)
-			keys := wireKeys(t, w.body["rows"])
+			keys := wireKeys(t, w)
 			require.Len(t, keys, 1000, f.name)
 			require.Equal(t, keys[999], w.body["next"], f.name)
 			w = wireOK(t, nc, map[string]any{"what": "applied", "limit": 10000}, f.msgpack)
-			require.Len(t, wireRows(w), 1003, f.name)
+			require.Len(t, wireRows(t, w), 1003, f.name)
 			require.NotContains(t, w.body, "next", "%s: no next on the last page", f.name)
 			w = wireOK(t, nc, map[string]any{"what": "applied", "limit": 1003}, f.msgpack)
 			require.NotContains(t, w.body, "next", "%s: a page that ends on the last row has no next", f.name)
@@ -481,30 +482,30 @@ func TestConformance_Verb(t *testing.T) {
 	t.Run("byte order of raw keys", func(t *testing.T) {
 		for _, f := range wireFormats {
 			w := wireOK(t, nc, map[string]any{"what": "needs", "node": "ord"}, f.msgpack)
-			require.Equal(t, m.ordKeys, wireKeys(t, w.body["rows"]), f.name)
+			require.Equal(t, m.ordKeys, wireKeys(t, w), f.name)
 			for _, limit := range []int{1, 2, 5} {
 				got := wireWalk(t, nc, map[string]any{"what": "needs", "node": "ord", "limit": limit}, f.msgpack, nil)
 				require.Equal(t, m.ordKeys, got, "%s: pages of %d", f.name, limit)
 			}
 			w = wireOK(t, nc, map[string]any{"what": "needs"}, f.msgpack)
-			require.True(t, inByteOrder(wireKeys(t, w.body["rows"])), "%s: every need in byte order", f.name)
+			require.True(t, inByteOrder(wireKeys(t, w)), "%s: every need in byte order", f.name)
 			w = wireOK(t, nc, map[string]any{"what": "collect"}, f.msgpack)
-			require.True(t, inByteOrder(wireKeys(t, w.body["rows"])), f.name)
+			require.True(t, inByteOrder(wireKeys(t, w)), f.name)
 			w = wireOK(t, nc, map[string]any{"what": "registry"}, f.msgpack)
-			require.True(t, inByteOrder(wireKeys(t, w.body["rows"])), f.name)
+			require.True(t, inByteOrder(wireKeys(t, w)), f.name)
 		}
 	})
 
 	t.Run("collections", func(t *testing.T) {
 		for _, f := range wireFormats {
 			w := wireOK(t, nc, map[string]any{"what": "collect"}, f.msgpack)
-			rows := wireRows(w)
+			rows := wireRows(t, w)
 			var want []string
 			for k := range m.collectRows {
 				want = append(want, k)
 			}
 			sort.Strings(want)
-			require.Equal(t, want, wireKeys(t, w.body["rows"]), "%s: every well-shaped key has a row, no other", f.name)
+			require.Equal(t, want, wireKeys(t, w), "%s: every well-shaped key has a row, no other", f.name)
 			for _, r := range rows {
 				k := r["key"].(string)
 				parts := strings.Split(k, ".")
@@ -542,14 +543,14 @@ func TestConformance_Verb(t *testing.T) {
 				"a:b":                  nil,
 			} {
 				w := wireOK(t, nc, map[string]any{"what": "collect", "collection": name}, f.msgpack)
-				require.Equal(t, keys, wireKeys(t, w.body["rows"]), "%s: collection %q", f.name, name)
+				require.Equal(t, keys, wireKeys(t, w), "%s: collection %q", f.name, name)
 			}
 			w = wireOK(t, nc, map[string]any{"what": "collect", "collection": "shell:zsh:normal", "node": "c2", "module": "mod-_/"}, f.msgpack)
-			require.Equal(t, []string{"c2.shell=3Azsh=3Anormal.mod-_/"}, wireKeys(t, w.body["rows"]), f.name)
+			require.Equal(t, []string{"c2.shell=3Azsh=3Anormal.mod-_/"}, wireKeys(t, w), f.name)
 			w = wireOK(t, nc, map[string]any{"what": "collect", "contributor": "modB"}, f.msgpack)
-			require.Equal(t, []string{"c1.=c3=a9.modB", "c1.shell=3azsh=3anormal.modB", "c3.=73hell.modB"}, wireKeys(t, w.body["rows"]), "%s: contributor is module", f.name)
+			require.Equal(t, []string{"c1.=c3=a9.modB", "c1.shell=3azsh=3anormal.modB", "c3.=73hell.modB"}, wireKeys(t, w), "%s: contributor is module", f.name)
 			w = wireOK(t, nc, map[string]any{"what": "collect", "contributor": "modB", "module": "modB"}, f.msgpack)
-			require.Len(t, wireRows(w), 3, f.name)
+			require.Len(t, wireRows(t, w), 3, f.name)
 		}
 	})
 
@@ -568,7 +569,7 @@ func TestConformance_Verb(t *testing.T) {
 			{"registry", map[string]string{"module": "module", "kind": "kind"}},
 		} {
 			for _, f := range wireFormats {
-				all := wireRows(wireOK(t, nc, map[string]any{"what": n.what, "limit": 10000}, f.msgpack))
+				all := wireRows(t, wireOK(t, nc, map[string]any{"what": n.what, "limit": 10000}, f.msgpack))
 				values := map[string]map[string]bool{}
 				for _, r := range all {
 					for rf, row := range n.fields {
@@ -611,7 +612,7 @@ func TestConformance_Verb(t *testing.T) {
 							require.NotEmpty(t, want, "%s %v", f.name, req)
 							req["limit"] = 10000
 							w := wireOK(t, nc, req, f.msgpack)
-							require.Equal(t, want, wireKeys(t, w.body["rows"]), "%s %v", f.name, req)
+							require.Equal(t, want, wireKeys(t, w), "%s %v", f.name, req)
 							limits := []int{1, 3}
 							if len(want) > 60 {
 								limits = []int{97}
@@ -630,7 +631,7 @@ func TestConformance_Verb(t *testing.T) {
 	t.Run("anomalies by node", func(t *testing.T) {
 		for _, f := range wireFormats {
 			w := wireOK(t, nc, map[string]any{"what": "needs", "node": "n1"}, f.msgpack)
-			require.Equal(t, []string{"n1.m.config.ok", "n1.m.config.raw", "n1.m.nosuchkind.x"}, wireKeys(t, w.body["rows"]), f.name)
+			require.Equal(t, []string{"n1.m.config.ok", "n1.m.config.raw", "n1.m.nosuchkind.x"}, wireKeys(t, w), f.name)
 			var keys, reasons []string
 			for _, a := range w.body["anomalies"].([]any) {
 				an := a.(map[string]any)
@@ -642,12 +643,12 @@ func TestConformance_Verb(t *testing.T) {
 			require.EqualValues(t, 4, wireUint(t, w.body["anomalies_total"]))
 			// module and kind narrow rows, not anomalies.
 			w = wireOK(t, nc, map[string]any{"what": "needs", "node": "n1", "module": "zz", "kind": "config"}, f.msgpack)
-			require.Empty(t, wireRows(w))
+			require.Empty(t, wireRows(t, w))
 			require.EqualValues(t, 4, wireUint(t, w.body["anomalies_total"]), f.name)
 
 			// The row whose value is not MessagePack: value null and value_raw.
 			w = wireOK(t, nc, map[string]any{"what": "needs", "node": "n1", "module": "m", "kind": "config"}, f.msgpack)
-			raw := wireRows(w)[1]
+			raw := wireRows(t, w)[1]
 			require.Equal(t, "n1.m.config.raw", raw["key"])
 			require.Contains(t, raw, "value")
 			require.Nil(t, raw["value"])
@@ -657,44 +658,57 @@ func TestConformance_Verb(t *testing.T) {
 				require.Equal(t, base64.StdEncoding.EncodeToString([]byte{0xc1, 'r', 'a', 'w'}), raw["value_raw"])
 			}
 			w = wireOK(t, nc, map[string]any{"what": "applied", "node": "ap"}, f.msgpack)
-			require.Equal(t, []string{"ap.m1", "ap.m2"}, wireKeys(t, w.body["rows"]))
-			require.Nil(t, wireRows(w)[1]["value"])
+			require.Equal(t, []string{"ap.m1", "ap.m2"}, wireKeys(t, w))
+			require.Nil(t, wireRows(t, w)[1]["value"])
 			require.EqualValues(t, 1, wireUint(t, w.body["anomalies_total"]))
 		}
 	})
 
 	t.Run("values JSON cannot show", func(t *testing.T) {
 		// CONTRACT section 3: value is the decoded value, null (with value_raw) only when it is not
-		// MessagePack. JSON has no NaN or infinity: a JSON answer gives their bytes as value_raw, the
-		// way it gives any value it cannot show, rather than null, which is another value.
-		want := map[string][]byte{"val.m.config.inf": inf, "val.m.config.nan": nan, "val.m.config.ninf": ninf}
+		// MessagePack. JSON has no NaN or infinity, and no string that is not UTF-8: a JSON answer
+		// gives their bytes as value_raw, the way it gives any value it cannot show, rather than null
+		// or U+FFFD, which are other values.
 		w := wireOK(t, nc, map[string]any{"what": "needs", "node": "val"}, false)
-		rows := wireRows(w)
-		require.Equal(t, []string{"val.m.config.inf", "val.m.config.nan", "val.m.config.ninf", "val.m.config.ok"}, wireKeys(t, w.body["rows"]))
-		for _, r := range rows[:3] {
+		rows := wireRows(t, w)
+		want := []string{"val.m.config.ok"}
+		for k := range noJSON {
+			want = append(want, k)
+		}
+		sort.Strings(want)
+		require.Equal(t, want, wireKeys(t, w))
+		for _, r := range rows {
 			k := r["key"].(string)
+			if k == "val.m.config.ok" {
+				require.Equal(t, map[string]any{"limit": json.Number("1.5"), "motd": "café"}, r["value"])
+				require.NotContains(t, r, "value_raw")
+				continue
+			}
 			require.Contains(t, r, "value", k)
 			require.Nil(t, r["value"], k)
-			require.Equal(t, base64.StdEncoding.EncodeToString(want[k]), r["value_raw"], "%s: the bytes as written", k)
+			require.Equal(t, base64.StdEncoding.EncodeToString(noJSON[k]), r["value_raw"], "%s: the bytes as written", k)
 		}
-		require.Equal(t, map[string]any{"limit": json.Number("1.5")}, rows[3]["value"])
-		require.NotContains(t, rows[3], "value_raw")
 		require.EqualValues(t, 0, wireUint(t, w.body["anomalies_total"]), "MessagePack values: no anomaly")
 
+		// MessagePack carries each value as it is, byte for byte.
 		w = wireOK(t, nc, map[string]any{"what": "needs", "node": "val"}, true)
-		rows = wireRows(w)
-		require.True(t, math.IsInf(rows[0]["value"].(map[string]any)["limit"].(float64), 1))
-		require.True(t, math.IsNaN(rows[1]["value"].(float64)))
-		require.True(t, math.IsInf(float64(rows[2]["value"].(float32)), -1))
-		for _, r := range rows {
-			require.NotContains(t, r, "value_raw", "MessagePack carries %s as it is", r["key"])
+		var a struct {
+			Rows []map[string]msgpack.RawMessage `msgpack:"rows"`
+		}
+		require.NoError(t, msgpack.Unmarshal(w.raw, &a))
+		require.Len(t, a.Rows, len(want))
+		for i, r := range a.Rows {
+			require.NotContains(t, r, "value_raw", "MessagePack carries %s as it is", want[i])
+			if v, ok := noJSON[want[i]]; ok {
+				require.Equal(t, msgpack.RawMessage(v), r["value"], want[i])
+			}
 		}
 	})
 
 	t.Run("unanswered kind", func(t *testing.T) {
 		for _, f := range wireFormats {
 			w := wireOK(t, nc, map[string]any{"what": "needs", "node": "uk"}, f.msgpack)
-			require.Equal(t, []string{"uk.m.config.x", "uk.m.stray.x"}, wireKeys(t, w.body["rows"]), "%s: the key still answers", f.name)
+			require.Equal(t, []string{"uk.m.config.x", "uk.m.stray.x"}, wireKeys(t, w), "%s: the key still answers", f.name)
 			anoms := w.body["anomalies"].([]any)
 			require.Len(t, anoms, 1, f.name)
 			an := anoms[0].(map[string]any)
@@ -729,7 +743,7 @@ func TestConformance_Verb(t *testing.T) {
 				require.Equal(t, true, w.body["synced"], "%s %s", f.name, b.what)
 			}
 			w := wireOK(t, nc, map[string]any{"what": "needs", "node": "ord", "module": "a"}, f.msgpack)
-			r := wireRows(w)[0]
+			r := wireRows(t, w)[0]
 			for _, field := range []string{"key", "revision", "created", "value", "node", "module", "kind", "name"} {
 				require.Contains(t, r, field, f.name)
 			}
@@ -741,12 +755,18 @@ func TestConformance_Verb(t *testing.T) {
 			if f.msgpack {
 				require.True(t, msg.Time.Equal(r["created"].(time.Time)), "%s: created %v, want %v", f.name, r["created"], msg.Time)
 			} else {
-				require.Equal(t, msg.Time.UTC().Format(time.RFC3339Nano), r["created"])
+				// The message's time to the nanosecond, in RFC 3339 and UTC (docs/protocol.md).
+				s, isStr := r["created"].(string)
+				require.True(t, isStr, "created is a string: %v", r["created"])
+				created, err := time.Parse(time.RFC3339Nano, s)
+				require.NoError(t, err)
+				require.True(t, msg.Time.Equal(created), "created %s, want %v", s, msg.Time)
+				require.True(t, strings.HasSuffix(s, "Z"), "created %s in UTC", s)
 			}
 			require.Equal(t, "ord.a.config.x", r["value"])
 			require.Equal(t, []any{"ord", "a", "config", "x"}, []any{r["node"], r["module"], r["kind"], r["name"]})
 			w = wireOK(t, nc, map[string]any{"what": "applied", "node": "ap", "module": "m1"}, f.msgpack)
-			r = wireRows(w)[0]
+			r = wireRows(t, w)[0]
 			require.Equal(t, []any{"ap", "m1"}, []any{r["node"], r["module"]})
 		}
 	})
@@ -768,9 +788,11 @@ func TestConformance_Verb(t *testing.T) {
 		}
 		for _, f := range wireFormats {
 			w := wireOK(t, nc, map[string]any{}, f.msgpack)
-			rows := wireRows(w)
+			rows := wireRows(t, w)
 			require.Len(t, rows, len(want), "%s: the table's kinds, and no other key", f.name)
+			require.IsType(t, []any{}, w.body["anomalies"], "%s: anomalies is a list", f.name)
 			require.Empty(t, w.body["anomalies"], "%s: the keys out of shape were deleted", f.name)
+			require.EqualValues(t, 0, wireUint(t, w.body["anomalies_total"]), f.name)
 			for _, r := range rows {
 				kind := r["key"].(string)
 				e, known := want[kind]
@@ -794,11 +816,11 @@ func TestConformance_Verb(t *testing.T) {
 				}
 			}
 			w = wireOK(t, nc, map[string]any{"what": "registry", "module": "mesh-controller"}, f.msgpack)
-			require.Equal(t, []string{"access", "dir", "machine", "port", "seat"}, wireKeys(t, w.body["rows"]), f.name)
+			require.Equal(t, []string{"access", "dir", "machine", "port", "seat"}, wireKeys(t, w), f.name)
 			w = wireOK(t, nc, map[string]any{"what": "registry", "kind": "bound"}, f.msgpack)
-			require.Equal(t, []string{"bound"}, wireKeys(t, w.body["rows"]), f.name)
+			require.Equal(t, []string{"bound"}, wireKeys(t, w), f.name)
 			w = wireOK(t, nc, map[string]any{"what": "registry", "module": "<provider-module>"}, f.msgpack)
-			require.Equal(t, []string{"bound"}, wireKeys(t, w.body["rows"]), f.name)
+			require.Equal(t, []string{"bound"}, wireKeys(t, w), f.name)
 		}
 	})
 
@@ -817,7 +839,7 @@ func TestConformance_Verb(t *testing.T) {
 				wireFails(t, nc, wireBody(t, req, f.msgpack), f.msgpack, 404)
 			}
 			w = wireOK(t, nc, map[string]any{"what": "needs", "node": "ord", "after": next}, f.msgpack)
-			require.Equal(t, m.ordKeys[2:], wireKeys(t, w.body["rows"]), f.name)
+			require.Equal(t, m.ordKeys[2:], wireKeys(t, w), f.name)
 		}
 	})
 
@@ -864,22 +886,39 @@ func TestConformance_Verb(t *testing.T) {
 				wireFails(t, nc, wireBody(t, bad, f.msgpack), f.msgpack, 400)
 			}
 			wireOK(t, nc, map[string]any{"what": "needs", "node": "ord", "min_seq": 1, "wait_ms": 10000}, f.msgpack)
-			// A write that lands while the request waits answers it.
-			done := make(chan wire, 1)
+			// A write that lands while the request waits answers it: the write is made once the
+			// request waits (else it would prove no wait), and the answer holds it.
+			type answered struct {
+				msg *nats.Msg
+				err error
+			}
+			done := make(chan answered, 1)
 			body := wireBody(t, map[string]any{"what": "needs", "node": "late", "min_seq": last + 1, "wait_ms": 10000}, f.msgpack)
 			go func() {
 				msg, err := nc.Request(verbSubject, body, 20*time.Second)
-				if err != nil {
-					done <- wire{code: -1, errText: err.Error()}
-					return
-				}
-				done <- wire{code: 200, errText: msg.Header.Get("Nats-Service-Error-Code"), raw: msg.Data}
+				done <- answered{msg, err}
 			}()
-			put(N, "late.m.config.x", mp(t, "late"))
+			natstest.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+				if n := st.Server.Waiting(); n != 1 {
+					return fmt.Errorf("%d requests wait for min_seq, want the one", n)
+				}
+				return nil
+			})
+			seq := put(N, "late.m.config.x", mp(t, "late"))
 			got := natstest.Receive(t, done, 20*time.Second, "the waiting request's answer")
-			require.Equal(t, 200, got.code, got.errText)
-			require.Empty(t, got.errText, "%s: %q", f.name, got.raw)
-			require.Contains(t, string(got.raw), "late.m.config.x")
+			require.NoError(t, got.err)
+			require.Empty(t, got.msg.Header.Get("Nats-Service-Error-Code"), "%s: %q", f.name, got.msg.Data)
+			var a map[string]any
+			if f.msgpack {
+				require.NoError(t, msgpack.Unmarshal(got.msg.Data, &a))
+			} else {
+				dec := json.NewDecoder(bytes.NewReader(got.msg.Data))
+				dec.UseNumber()
+				require.NoError(t, dec.Decode(&a))
+			}
+			lateAnswer := wire{body: a, raw: got.msg.Data, msgpack: f.msgpack}
+			require.Equal(t, []string{"late.m.config.x"}, wireKeys(t, lateAnswer), f.name)
+			require.GreaterOrEqual(t, wireUint(t, a["as_of"]), seq, f.name)
 			h.rawMsg(N, "late.m.config.x", nats.Header{"KV-Operation": {"PURGE"}, "Nats-Rollup": {"sub"}}, nil)
 			h.waitCaughtUp(st)
 		}
@@ -888,7 +927,7 @@ func TestConformance_Verb(t *testing.T) {
 	t.Run("deletes", func(t *testing.T) {
 		for _, f := range wireFormats {
 			w := wireOK(t, nc, map[string]any{"what": "needs", "node": "del"}, f.msgpack)
-			require.Equal(t, []string{"del.m.config.kept"}, wireKeys(t, w.body["rows"]), f.name)
+			require.Equal(t, []string{"del.m.config.kept"}, wireKeys(t, w), f.name)
 			require.EqualValues(t, 0, wireUint(t, w.body["anomalies_total"]), "%s: the deleted out-of-shape key's anomaly went", f.name)
 		}
 		// A TTL marker as the server writes one when a key ages out (the header set, any value).
@@ -899,7 +938,7 @@ func TestConformance_Verb(t *testing.T) {
 		h.waitCaughtUp(st)
 		for _, f := range wireFormats {
 			w := wireOK(t, nc, map[string]any{"what": "applied", "node": "ttl"}, f.msgpack)
-			require.Empty(t, wireRows(w), "%s: the TTL marker removed the key", f.name)
+			require.Empty(t, wireRows(t, w), "%s: the TTL marker removed the key", f.name)
 			require.EqualValues(t, 0, wireUint(t, w.body["anomalies_total"]), "%s: and its anomaly", f.name)
 		}
 	})
@@ -960,23 +999,23 @@ func TestConformance_Verb(t *testing.T) {
 				t1.Format("2006-01-02T15:04:05.000000000Z07:00"),
 			} {
 				w := wireOK(t, nc, map[string]any{"what": "needs", "at": at}, f.msgpack)
-				require.Equal(t, []string{first.Subject[len(provisioner.SubjectPrefix(N)):]}, wireKeys(t, w.body["rows"]), "%s: at %s", f.name, at)
+				require.Equal(t, []string{first.Subject[len(provisioner.SubjectPrefix(N)):]}, wireKeys(t, w), "%s: at %s", f.name, at)
 				require.EqualValues(t, 1, wireUint(t, w.body["as_of"]), "%s: at %s", f.name, at)
 			}
 			// Before the first message, with nothing trimmed: empty.
 			for _, at := range []string{"seq:0", t1.Add(-time.Nanosecond).Format(time.RFC3339Nano), "2000-01-01T00:00:00Z", "2000-01-01T00:00:00.5+01:00", "2016-12-31T23:59:60Z"} {
 				w := wireOK(t, nc, map[string]any{"what": "needs", "at": at}, f.msgpack)
-				require.Empty(t, wireRows(w), "%s: at %s", f.name, at)
+				require.Empty(t, wireRows(t, w), "%s: at %s", f.name, at)
 			}
 			// A row's created, sent back as at (in any offset), holds that row at that revision.
-			live := wireRows(wireOK(t, nc, map[string]any{"what": "needs", "node": "ord"}, false))
+			live := wireRows(t, wireOK(t, nc, map[string]any{"what": "needs", "node": "ord"}, false))
 			for _, r := range live[:3] {
 				created, err := time.Parse(time.RFC3339Nano, r["created"].(string))
 				require.NoError(t, err)
 				for _, at := range []string{r["created"].(string), created.In(east).Format(time.RFC3339Nano)} {
 					w := wireOK(t, nc, map[string]any{"what": "needs", "node": "ord", "at": at}, f.msgpack)
 					var found bool
-					for _, got := range wireRows(w) {
+					for _, got := range wireRows(t, w) {
 						if got["key"] == r["key"] {
 							found = true
 							require.Equal(t, wireUint(t, r["revision"]), wireUint(t, got["revision"]), "%s: at %s", f.name, at)
@@ -987,11 +1026,12 @@ func TestConformance_Verb(t *testing.T) {
 			}
 			// Fractional seconds are read: a time one microsecond after the second message's holds two.
 			w := wireOK(t, nc, map[string]any{"what": "needs", "at": second.Time.UTC().Truncate(time.Microsecond).Add(time.Microsecond).Format("2006-01-02T15:04:05.999999Z07:00")}, f.msgpack)
-			require.GreaterOrEqual(t, len(wireRows(w)), 2, f.name)
+			require.GreaterOrEqual(t, len(wireRows(t, w)), 2, f.name)
 			// Bad forms.
 			for _, at := range []string{"seq:", "seq:-1", "seq:x", "seq:1.5", "seq: 1", "SEQ:1", "yesterday", "2026-11-01",
 				"2026-11-01T12:00:00", "2026-11-01 12:00:00Z", "2026-13-01T12:00:00Z", "1700000000", "2026-11-01T12:00:00+2",
-				"2026-11-01T12:00:00,5Z", "2026-11-01T12:00:00+24:00", "2026-11-01T12:00:00.Z", "2026-11-01T12:00Z"} {
+				"2026-11-01T12:00:00,5Z", "2026-11-01T12:00:00+24:00", "2026-11-01T12:00:00.Z", "2026-11-01T12:00Z",
+				"2026-11-01T12:00:60Z", "2026-04-31T12:00:00Z", " 2026-11-01T12:00:00Z"} {
 				wireFails(t, nc, wireBody(t, map[string]any{"what": "needs", "at": at}, f.msgpack), f.msgpack, 400)
 			}
 			wireFails(t, nc, wireBody(t, map[string]any{"what": "needs", "at": "seq:1", "min_seq": 1}, f.msgpack), f.msgpack, 400)
@@ -1005,9 +1045,9 @@ func TestConformance_Verb(t *testing.T) {
 				wireFails(t, nc, wireBody(t, map[string]any{"what": "needs", "node": "del", "at": fmt.Sprintf("seq:%d", seq)}, f.msgpack), f.msgpack, 410)
 			}
 			w := wireOK(t, nc, map[string]any{"what": "needs", "node": "del", "at": fmt.Sprintf("seq:%d", purgedPut-1)}, f.msgpack)
-			require.Equal(t, []string{"del.m.config.deleted"}, wireKeys(t, w.body["rows"]), f.name)
+			require.Equal(t, []string{"del.m.config.deleted"}, wireKeys(t, w), f.name)
 			w = wireOK(t, nc, map[string]any{"what": "needs", "node": "del", "at": fmt.Sprintf("seq:%d", h.lastMsg(N).Sequence)}, f.msgpack)
-			require.Equal(t, []string{"del.m.config.kept"}, wireKeys(t, w.body["rows"]), f.name)
+			require.Equal(t, []string{"del.m.config.kept"}, wireKeys(t, w), f.name)
 		}
 		// Trimmed past a point: 410, in both formats.
 		end, _ := st.Store().Applied(C)
@@ -1017,7 +1057,7 @@ func TestConformance_Verb(t *testing.T) {
 		for _, f := range wireFormats {
 			wireFails(t, nc, wireBody(t, map[string]any{"what": "collect", "at": "seq:1"}, f.msgpack), f.msgpack, 410)
 			w := wireOK(t, nc, map[string]any{"what": "collect", "at": fmt.Sprintf("seq:%d", end)}, f.msgpack)
-			require.NotEmpty(t, wireRows(w))
+			require.NotEmpty(t, wireRows(t, w))
 		}
 	})
 }

@@ -9,6 +9,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -854,4 +855,62 @@ func TestPlans_MinSeqWakesAParkedBucket(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, json.Number(fmt.Sprint(seq)), a["as_of"].(map[string]any)[bucket])
 	require.Equal(t, json.Number("3005"), planRow(t, a, "edge-1.db")["current"].(map[string]any)["build"])
+}
+
+// TestPlans_PlanJSONCannotShow: a plan that is MessagePack JSON has no form for (a NaN deep in it, a
+// string not UTF-8) answers in JSON as plan null and plan_raw, its bytes as published, live and as of
+// a time; never as null alone, nor with U+FFFD for its bad bytes, which would say another plan.
+// MessagePack answers carry it as it is.
+func TestPlans_PlanJSONCannotShow(t *testing.T) {
+	h := newHarness(t)
+	plans := map[string]any{
+		"nan":    map[string]any{"steps": []any{1, map[string]any{"limit": math.NaN()}}},
+		"latin1": map[string]any{"motd": "caf\xe9"},
+		"key":    map[string]any{"k\xff": 1},
+		"ok":     map[string]any{"steps": []any{1, "café"}},
+	}
+	var ops []fixtures.Op
+	for mod, plan := range plans {
+		ops = append(ops,
+			fixtures.Op{Bucket: provisioner.ComposedPrefix + "e1", Key: mod + ".100", Op: provisioner.OpPut, Value: mp(t, map[string]any{"status": "published", "plan": plan})},
+			fixtures.Op{Bucket: provisioner.BucketHostModules, Key: "e1." + mod, Op: provisioner.OpPut, Value: mp(t, map[string]any{"want": 100})})
+	}
+	h.load(ops)
+	st, _ := h.startPlansSeat(t.TempDir())
+	h.waitPlansCaughtUp(st)
+	at := time.Now().UTC().Format(time.RFC3339Nano)
+	for _, req := range []map[string]any{{"what": "plans", "node": "e1"}, {"what": "plans", "node": "e1", "at": at}} {
+		a, err := h.askPlans(req, false)
+		require.NoError(t, err)
+		for mod, plan := range plans {
+			cur := planRow(t, a, "e1."+mod)["current"].(map[string]any)
+			require.Equal(t, "published", cur["status"], "%v %s", req, mod)
+			if mod == "ok" {
+				require.Equal(t, map[string]any{"steps": []any{json.Number("1"), "café"}}, cur["plan"], req)
+				require.NotContains(t, cur, "plan_raw", req)
+				continue
+			}
+			require.Contains(t, cur, "plan", "%v %s", req, mod)
+			require.Nil(t, cur["plan"], "%v %s", req, mod)
+			require.Equal(t, base64.StdEncoding.EncodeToString(mp(t, plan)), cur["plan_raw"], "%v %s: the plan's bytes as published", req, mod)
+		}
+		// MessagePack: the plan as it is.
+		body, err := natstest.Body(req, true)
+		require.NoError(t, err)
+		msg, err := h.nc.Request(query.Subject, body, 10*time.Second)
+		require.NoError(t, err)
+		var ans struct {
+			Rows []struct {
+				Key     string                        `msgpack:"key"`
+				Current map[string]msgpack.RawMessage `msgpack:"current"`
+			} `msgpack:"rows"`
+		}
+		require.NoError(t, msgpack.Unmarshal(msg.Data, &ans), "%v", req)
+		require.Len(t, ans.Rows, len(plans))
+		for _, r := range ans.Rows {
+			mod := strings.TrimPrefix(r.Key, "e1.")
+			require.Equal(t, msgpack.RawMessage(mp(t, plans[mod])), r.Current["plan"], "%v %s", req, mod)
+			require.NotContains(t, r.Current, "plan_raw", "%v %s", req, mod)
+		}
+	}
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -300,7 +301,11 @@ func cell(what, col string, row map[string]any) string {
 		return planCell(row[col])
 	case col == "value":
 		if raw, ok := row["value_raw"]; ok && row["value"] == nil {
-			return fmt.Sprintf("(not MessagePack: %v)", raw)
+			s, _ := raw.(string)
+			if b, err := base64.StdEncoding.DecodeString(s); err == nil {
+				return rawCell(b)
+			}
+			return fmt.Sprintf("(value_raw: %v)", raw)
 		}
 		b, _ := json.Marshal(row["value"])
 		s := string(b)

@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/internal/mpk"
 	"github.com/novox/mesh-provisioner/internal/progress"
 	"github.com/novox/mesh-provisioner/query"
 	"github.com/novox/mesh-provisioner/replay"
@@ -556,16 +557,27 @@ func (c *ReplayCommand) runDiff(ctx context.Context, l *replay.Log, req query.Re
 	return w.Flush()
 }
 
-// valueCell is a value for a table cell: its JSON, cut to a line, or what it is when not MessagePack.
+// valueCell is a value for a table cell: its JSON, cut to a line, or what it is when JSON cannot
+// show it.
 func valueCell(v []byte) string {
 	s, ok := replay.ValueJSON(v)
 	if !ok {
-		return fmt.Sprintf("(not MessagePack: %s)", base64.StdEncoding.EncodeToString(v))
+		return rawCell(v)
 	}
 	if len(s) > 72 {
 		s = s[:69] + "..."
 	}
 	return s
+}
+
+// rawCell is a table cell of a value JSON does not show, its bytes in base64, saying why: not
+// MessagePack at all, or MessagePack JSON has no form for (a NaN or infinite float, a string not
+// UTF-8, map keys nested too deep), which is a value all the same and no anomaly.
+func rawCell(v []byte) string {
+	if mpk.Valid(v) {
+		return fmt.Sprintf("(MessagePack with no JSON form: %s)", base64.StdEncoding.EncodeToString(v))
+	}
+	return fmt.Sprintf("(not MessagePack: %s)", base64.StdEncoding.EncodeToString(v))
 }
 
 // bucketName reads a bucket given by its full name or by what it answers (needs).

@@ -36,11 +36,14 @@
 //     consumed equals what Skip returns for the same input.
 //
 // JSON rendering follows encoding/json where the two overlap: strings are
-// escaped the same way (without HTML escaping; invalid UTF-8 becomes \ufffd;
-// U+2028 and U+2029 are escaped), and floats use the same shortest
-// formatting. NaN and ±Inf, which JSON cannot represent, are ErrNoJSON, as
-// encoding/json refuses them: writing null would say another value (a
-// caller shows the bytes instead).
+// escaped the same way (without HTML escaping; U+2028 and U+2029 are
+// escaped), and floats use the same shortest formatting. NaN and ±Inf, which
+// JSON cannot represent, are ErrNoJSON, as encoding/json refuses them:
+// writing null would say another value (a caller shows the bytes instead).
+// A str that is not UTF-8 (a key's or a value's) is ErrNoJSON too, where
+// encoding/json writes \ufffd for each bad byte: that too is another value,
+// and two values that differ only there would answer the same.
+// AppendJSONString, for text the caller made, still writes \ufffd.
 // Map keys that are strings are written as they are. Any other key is
 // rendered as JSON and that text is then written as a JSON string, so the key
 // 1 becomes "1" and the key [1,"a"] becomes "[1,\"a\"]". Since each such

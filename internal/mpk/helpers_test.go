@@ -17,7 +17,8 @@ import (
 // genOpts selects which kinds of value gen may produce.
 type genOpts struct {
 	// jsonSafe restricts values to those encoding/json renders the same way
-	// AppendJSON does: no bin, ext, time, non-string keys, NaN or ±Inf.
+	// AppendJSON does: no bin, ext, time, non-string keys, NaN or ±Inf,
+	// strings that are not UTF-8.
 	jsonSafe bool
 	// raw allows hand-built, non-canonical encodings (msgpack.RawMessage).
 	raw bool
@@ -25,6 +26,13 @@ type genOpts struct {
 
 // gen returns a random value that vmihailenco/msgpack can encode.
 func gen(r *rand.Rand, depth int, o genOpts) any {
+	genString := func(r *rand.Rand) string {
+		s := genString(r)
+		if o.jsonSafe {
+			s = strings.ToValidUTF8(s, "\uFFFD") // JSON has no other strings
+		}
+		return s
+	}
 	k := r.Intn(16)
 	if depth <= 0 && k >= 13 {
 		k = r.Intn(13)

@@ -156,7 +156,7 @@ func appendScalar(dst, src []byte, p int) ([]byte, int, error) {
 		if 1+n > rest {
 			return dst, 0, ErrTruncated
 		}
-		return AppendJSONStringBytes(dst, src[p+1:p+1+n]), p + 1 + n, nil
+		return appendValueString(dst, src[p+1:p+1+n], p+1+n)
 	}
 
 	// Fixed-size objects.
@@ -243,7 +243,7 @@ func appendScalar(dst, src []byte, p int) ([]byte, int, error) {
 	}
 	b := src[p+1+w : p+1+w+int(n)]
 	if c >= 0xd9 {
-		dst = AppendJSONStringBytes(dst, b)
+		return appendValueString(dst, b, p+1+w+int(n))
 	} else {
 		dst = append(dst, '"')
 		dst = base64.StdEncoding.AppendEncode(dst, b)
@@ -313,6 +313,16 @@ func appendJSONFloat(dst []byte, f float64, bits int) []byte {
 	return dst
 }
 
+// appendValueString renders a MessagePack str of a value, which ends at end: a string that is not
+// UTF-8 is ErrNoJSON, as JSON text holds no other (U+FFFD in its place would say another value).
+func appendValueString(dst, b []byte, end int) ([]byte, int, error) {
+	dst, ok := appendJSONString(dst, bstr(b), true)
+	if !ok {
+		return dst, 0, ErrNoJSON
+	}
+	return dst, end, nil
+}
+
 // AppendJSONStringBytes is AppendJSONString for a byte slice.
 func AppendJSONStringBytes(dst []byte, s []byte) []byte {
 	return AppendJSONString(dst, bstr(s))
@@ -323,6 +333,13 @@ func AppendJSONStringBytes(dst []byte, s []byte) []byte {
 // invalid UTF-8 becomes \ufffd. Unlike encoding/json, <, > and & are not
 // escaped.
 func AppendJSONString(dst []byte, s string) []byte {
+	dst, _ = appendJSONString(dst, s, false)
+	return dst
+}
+
+// appendJSONString is AppendJSONString; when strict, it stops at the first byte of invalid UTF-8 and
+// reports false.
+func appendJSONString(dst []byte, s string, strict bool) ([]byte, bool) {
 	dst = append(dst, '"')
 	start := 0
 	for i := 0; i < len(s); {
@@ -356,6 +373,9 @@ func AppendJSONString(dst []byte, s string) []byte {
 		r, size := utf8.DecodeRuneInString(s[i:])
 		switch {
 		case r == utf8.RuneError && size == 1:
+			if strict {
+				return dst, false
+			}
 			dst = append(dst, s[start:i]...)
 			dst = append(dst, `\ufffd`...)
 		case r == '\u2028' || r == '\u2029':
@@ -369,7 +389,7 @@ func AppendJSONString(dst []byte, s string) []byte {
 		start = i
 	}
 	dst = append(dst, s[start:]...)
-	return append(dst, '"')
+	return append(dst, '"'), true
 }
 
 const hex = "0123456789abcdef"

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/stretchr/testify/require"
 	"github.com/vmihailenco/msgpack/v5"
@@ -53,8 +54,6 @@ func TestAppendJSON_Scalars(t *testing.T) {
 		{"strEscapes", AppendString(nil, "q\"b\\n\nr\rt\tb\bf\f\x00\x1f\x7f"), `"q\"b\\n\nr\rt\tb\bf\f\u0000\u001f` + "\x7f" + `"`},
 		{"strNoHTML", AppendString(nil, "<a href='x'>&</a>"), `"<a href='x'>&</a>"`},
 		{"strLineSep", AppendString(nil, "a\u2028b\u2029c"), `"a\u2028b\u2029c"`},
-		{"strInvalidUTF8", AppendString(nil, "a\xffb\xc3"), `"a\ufffdb\ufffd"`},
-		{"strSurrogate", AppendString(nil, "\xed\xa0\x80"), `"\ufffd\ufffd\ufffd"`},
 		{"str8", []byte{0xd9, 1, 'x'}, `"x"`},
 		{"str32", []byte{0xdb, 0, 0, 0, 1, 'x'}, `"x"`},
 		{"bin", AppendBin(nil, []byte{0, 1, 2, 0xff}), `"AAEC/w=="`},
@@ -224,6 +223,15 @@ func TestAppendJSON_Errors(t *testing.T) {
 		{"NaNInMap", append([]byte{0x82, 0xa1, 'a', 0x01, 0xa1, 'b'}, AppendFloat64(nil, math.NaN())...), ErrNoJSON},
 		{"InfInArray", append([]byte{0x92, 0x01}, AppendFloat64(nil, math.Inf(-1))...), ErrNoJSON},
 		{"NaNKey", append(append([]byte{0x81}, AppendFloat64(nil, math.NaN())...), 0x02), ErrNoJSON},
+		// Nor a string that is not UTF-8: U+FFFD in its place would say another string.
+		{"strInvalidUTF8", AppendString(nil, "a\xffb\xc3"), ErrNoJSON},
+		{"strSurrogate", AppendString(nil, "\xed\xa0\x80"), ErrNoJSON},
+		{"str8InvalidUTF8", AppendString(nil, strings.Repeat("x", 40)+"\xc3"), ErrNoJSON},
+		{"invalidUTF8InArray", append([]byte{0x92, 0xa1, 'a'}, AppendString(nil, "\xff")...), ErrNoJSON},
+		{"invalidUTF8Key", append(append([]byte{0x81}, AppendString(nil, "k\xff")...), 0x01), ErrNoJSON},
+		{"invalidUTF8InArrayKey", append(append([]byte{0x81, 0x91}, AppendString(nil, "\xe2\x82")...), 0x01), ErrNoJSON},
+		{"float32NaNKey", []byte{0x81, 0xca, 0x7f, 0xc0, 0, 0, 0x01}, ErrNoJSON},
+		{"NaNDeep", append(append(bytes.Repeat([]byte{0x91}, 100), 0x81, 0xa1, 'k'), AppendFloat64(nil, math.NaN())...), ErrNoJSON},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -291,7 +299,7 @@ func TestAppendJSON_Random(t *testing.T) {
 		var n int
 		out, n, err = AppendJSON(out[:0], b)
 		if errors.Is(err, ErrNoJSON) {
-			require.True(t, nonFinite(b), "ErrNoJSON without a NaN or infinite float: % x", b)
+			require.True(t, nonFinite(b) || badUTF8(b), "ErrNoJSON without a NaN or infinite float or a string not UTF-8: % x", b)
 			continue
 		}
 		require.NoError(t, err, "% x", b)
@@ -362,7 +370,8 @@ func TestAppendJSONString_MatchesEncodingJSON(t *testing.T) {
 func TestAppendJSON_NoAllocs(t *testing.T) {
 	var parts [][]byte
 	parts = append(parts, benchValue())
-	parts = append(parts, mustMarshal(map[any]any{int64(1): []any{"x\"\n\xff", 1.5}, true: nil}))
+	parts = append(parts, mustMarshal(map[any]any{int64(1): []any{"x\"\n\u2028", 1.5}, true: nil}))
+	parts = append(parts, mustMarshal([]any{"x", "y\xff"}), mustMarshal([]any{1, math.NaN()})) // ErrNoJSON
 	parts = append(parts, AppendTime(nil, time.Unix(1700000000, 5)))
 	parts = append(parts, AppendBin(nil, []byte("binary")))
 	parts = append(parts, []byte{0xd4, 3, 0})
@@ -373,7 +382,7 @@ func TestAppendJSON_NoAllocs(t *testing.T) {
 	dst := make([]byte, 0, 1<<16)
 	allocs := testing.AllocsPerRun(100, func() {
 		for _, p := range parts {
-			if _, _, err := AppendJSON(dst[:0], p); err != nil {
+			if _, _, err := AppendJSON(dst[:0], p); err != nil && err != ErrNoJSON {
 				panic(err)
 			}
 		}
@@ -395,6 +404,30 @@ func nonFinite(b []byte) bool {
 			if f := math.Float64frombits(binary.BigEndian.Uint64(b[i+1:])); math.IsNaN(f) || math.IsInf(f, 0) {
 				return true
 			}
+		}
+	}
+	return false
+}
+
+// badUTF8 reports whether b holds, somewhere, what reads as a MessagePack str whose bytes are not
+// UTF-8 (like nonFinite, what an ErrNoJSON must have, not proof of one).
+func badUTF8(b []byte) bool {
+	for i, c := range b {
+		var n, h int
+		switch {
+		case c >= 0xa0 && c <= 0xbf:
+			n, h = int(c&0x1f), 1
+		case c == 0xd9 && i+1 < len(b):
+			n, h = int(b[i+1]), 2
+		case c == 0xda && i+2 < len(b):
+			n, h = int(binary.BigEndian.Uint16(b[i+1:])), 3
+		case c == 0xdb && i+4 < len(b):
+			n, h = int(binary.BigEndian.Uint32(b[i+1:])), 5
+		default:
+			continue
+		}
+		if i+h+n <= len(b) && !utf8.Valid(b[i+h:i+h+n]) {
+			return true
 		}
 	}
 	return false

@@ -14,8 +14,8 @@ var (
 	// ErrTooDeep is returned when arrays and maps nest beyond MaxDepth.
 	ErrTooDeep = errors.New("mpk: nested too deep")
 	// ErrNoJSON is returned by AppendJSON for a well-formed object that JSON has no form for: a float
-	// that is NaN or ±Inf.
-	ErrNoJSON = errors.New("mpk: a NaN or infinite float has no JSON form")
+	// that is NaN or ±Inf, a string that is not UTF-8.
+	ErrNoJSON = errors.New("mpk: a NaN or infinite float, or a string not UTF-8, has no JSON form")
 )
 
 // MaxDepth is the maximum number of arrays and maps that may be open at once.

@@ -22,6 +22,7 @@ import (
 	"sort"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -581,8 +582,8 @@ func validTimestamp(b []byte) bool {
 const OmitAtLeast = 64 << 10
 
 // jsonCanCarry reports whether a MessagePack value has a JSON form: no extension types (a timestamp
-// that is not one, an application's own), no map keys that are not strings, and no float that is
-// NaN or infinite.
+// that is not one, an application's own), no map keys that are not strings, no float that is NaN or
+// infinite, and no string (a key's or a value's) that is not UTF-8.
 func jsonCanCarry(b []byte) bool {
 	rd := bytes.NewReader(b)
 	dec := msgpack.NewDecoder(rd)
@@ -596,6 +597,9 @@ func jsonCanCarry(b []byte) bool {
 		case c == msgpcode.Float || c == msgpcode.Double:
 			f, err := dec.DecodeFloat64()
 			return err == nil && !math.IsNaN(f) && !math.IsInf(f, 0) // JSON has no NaN or infinity
+		case msgpcode.IsFixedString(c) || c == msgpcode.Str8 || c == msgpcode.Str16 || c == msgpcode.Str32:
+			s, err := dec.DecodeBytes()
+			return err == nil && utf8.Valid(s) // JSON text holds no other string
 		case msgpcode.IsExt(c):
 			return validTimestamp(b[len(b)-rd.Len():]) && dec.Skip() == nil
 		case msgpcode.IsFixedArray(c) || c == msgpcode.Array16 || c == msgpcode.Array32:
@@ -619,7 +623,7 @@ func jsonCanCarry(b []byte) bool {
 				if err != nil || !(msgpcode.IsFixedString(k) || k == msgpcode.Str8 || k == msgpcode.Str16 || k == msgpcode.Str32) {
 					return false
 				}
-				if dec.Skip() != nil || !walk() {
+				if !walk() || !walk() {
 					return false
 				}
 			}
