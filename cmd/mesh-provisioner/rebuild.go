@@ -238,6 +238,12 @@ func (c *RebuildCommand) fill(ctx context.Context, js jetstream.JetStream, sd *s
 		if err := db.Close(); err != nil {
 			return err
 		}
+		if err := ctx.Err(); err != nil {
+			// A signal came while the close waited for room: the command may have stopped without
+			// waiting, saying the generation is kept to resume, and no longer owns the state dir's
+			// CURRENT nor its output. Nothing is swapped in; the next rebuild resumes the generation.
+			return fmt.Errorf("rebuild (the generation is kept; run rebuild again to resume): %w", err)
+		}
 		if err := sd.Swap(gen); err != nil {
 			return err
 		}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"testing"
 	"time"
 
@@ -89,6 +90,37 @@ func (w walGrown) String() string {
 // of room, exits as stopped by the signal, and keeps the generation: the next rebuild, room back,
 // resumes it and finishes.
 func TestRebuild_SignalWhileAWriteWaitsForRoom(t *testing.T) {
+	requireHeldRebuildResumes(t, func(state string, _ fmt.Stringer) fmt.Stringer { return walGrown{state: state, min: 32 << 10} })
+}
+
+// finalBarLogged is "full" once the rebuild's log holds the last line of its progress bar ("... in
+// 1.2s"): the fill has caught up, and what is left is the generation's close, then the swap.
+type finalBarLogged struct{ log fmt.Stringer }
+
+var finalBarLine = regexp.MustCompile(`msg="rebuild \[#+\] 100% [^"]* in [0-9]`)
+
+func (f finalBarLogged) String() string {
+	if finalBarLine.MatchString(f.log.String()) {
+		return "full"
+	}
+	return ""
+}
+
+// TestRebuild_SignalWhileTheCloseWaitsForRoom: the disk fills once the fill has caught up, and the
+// close of the new generation waits for room. A signal stops the rebuild at once, saying the
+// generation is kept, to resume; but once there was room, the fill left running closed the generation
+// and swapped it in all the same, printing "rebuilt" after the command had returned (a library caller
+// or a test reading the output raced it; a process exiting in that moment had swapped or not). A fill
+// whose command has stopped swaps nothing: the next rebuild resumes the generation.
+func TestRebuild_SignalWhileTheCloseWaitsForRoom(t *testing.T) {
+	requireHeldRebuildResumes(t, func(_ string, log fmt.Stringer) fmt.Stringer { return finalBarLogged{log: log} })
+}
+
+// requireHeldRebuildResumes runs a rebuild whose disk fills once full (given the state dir and the
+// rebuild's log) says "full", stops it with a first signal while a write of its generation waits for
+// room, and requires it stopped at once, the generation kept once there is room, and the next rebuild
+// resuming it.
+func requireHeldRebuildResumes(t *testing.T, full func(state string, log fmt.Stringer) fmt.Stringer) {
 	ns := natstest.RunServer(t)
 	_, js := natstest.Connect(t, ns.ClientURL())
 	mesh := fixtures.Mesh{Seed: 5, Nodes: 60, Modules: 4, NeedsPerModule: 4, Collections: 3}
@@ -101,8 +133,8 @@ func TestRebuild_SignalWhileAWriteWaitsForRoom(t *testing.T) {
 	}
 
 	state := filepath.Join(t.TempDir(), "state")
-	fs, room := faultfs.FullOnceLogged(t, walGrown{state: state, min: 32 << 10}, "full")
 	var out, errBuf natstest.LogBuffer
+	fs, room := faultfs.FullOnceLogged(t, full(state, &errBuf), "full")
 	cmd := &RebuildCommand{Stdout: &out, Stderr: &errBuf, opts: store.Options{FS: fs, MinFreeBytes: 1 << 20}}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -143,6 +175,8 @@ func TestRebuild_SignalWhileAWriteWaitsForRoom(t *testing.T) {
 		}
 		return sd.Close()
 	})
+	require.NotContains(t, out.String(), "rebuilt", "the fill of a stopped rebuild swapped its generation in")
+	require.NoFileExists(t, filepath.Join(state, "CURRENT"), "the fill of a stopped rebuild swapped its generation in")
 	require.Equal(t, []string{gen}, globGens(t, state), "the generation is kept")
 	stdout, errOut, code := runCmd(t, "rebuild", "--nats", ns.ClientURL(), "--state", state)
 	require.Zero(t, code, errOut)
