@@ -625,8 +625,12 @@ func FromArchiveBuckets(ctx context.Context, path string, buckets []string, prog
 	if err != nil {
 		return nil, err
 	}
+	wait := func() {} // the Apply a write held for room left running (applyUnlessHeld)
 	fail := func(err error) (*Log, error) {
-		l.Close()
+		if errors.Is(err, store.ErrNoSpace) {
+			err = tempRoomErr(filepath.Dir(l.dir))
+		}
+		l.closeUnlessHeld(wait)
 		return nil, err
 	}
 	var total int64
@@ -656,7 +660,8 @@ func FromArchiveBuckets(ctx context.Context, path string, buckets []string, prog
 		if !b.StreamCreated.IsZero() {
 			created = b.StreamCreated.UnixNano()
 		}
-		err := l.DB.Apply(b.Name, batch, created, false)
+		var err error
+		wait, err = applyUnlessHeld(l.DB, func() error { return l.DB.Apply(b.Name, batch, created, false) })
 		batch = batch[:0]
 		return err
 	}

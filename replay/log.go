@@ -155,6 +155,26 @@ func openUnlessHeld(dir string) (*store.DB, error) {
 	}
 }
 
+// applyUnlessHeld runs apply, a write of db, or, as soon as a write of db is held until there is room
+// (store/space.go), returns ErrNoSpace at once, leaving apply to run on: wait waits for it, which a
+// close of db must (closeUnlessHeld).
+func applyUnlessHeld(db *store.DB, apply func() error) (wait func(), err error) {
+	done := make(chan error, 1)
+	go func() { done <- apply() }()
+	tick := time.NewTicker(heldPoll)
+	defer tick.Stop()
+	for {
+		select {
+		case err := <-done:
+			return func() {}, err
+		case <-tick.C:
+			if db.WritesHeld() {
+				return func() { <-done }, fmt.Errorf("%w: a write of the temporary store found the disk full", store.ErrNoSpace)
+			}
+		}
+	}
+}
+
 // Progress is told how many messages are done out of how many (0 when not known yet).
 type Progress func(done, total int64)
 

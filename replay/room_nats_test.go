@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
 	"github.com/novox/mesh-provisioner/fixtures"
@@ -57,15 +56,24 @@ func TestFromNATS_AWriteHeldForRoomEndsTheRead(t *testing.T) {
 	_, js := natstest.Connect(t, ns.ClientURL())
 	mesh := fixtures.Mesh{Seed: 5, Nodes: 60, Modules: 4, NeedsPerModule: 4, Collections: 3}
 	require.NoError(t, fixtures.Load(context.Background(), js, mesh.Ops(), 256, nil))
+	fromNATS := func() (*replay.Log, error) { return replay.FromNATS(context.Background(), js, nil, "nats", nil) }
 	for name, full := range map[string]func(tmp string) fmt.Stringer{
 		"in the fill": func(tmp string) fmt.Stringer { return tempWALGrown{tmp: tmp, min: 32 << 10} },
 		"in the open": func(string) fmt.Stringer { return fullNow{} },
 	} {
-		t.Run(name, func(t *testing.T) { requireHeldWriteEndsTheRead(t, js, full) })
+		t.Run(name, func(t *testing.T) { requireHeldWriteEndsTheRead(t, fromNATS, full) })
 	}
+	// replay --archive reads into a temporary store alike, applying in its own goroutine: it hung too.
+	archive := filepath.Join(t.TempDir(), "incident.mph")
+	_, err := replay.ExportNATS(context.Background(), js, nil, archive, "test", nil)
+	require.NoError(t, err)
+	t.Run("from an archive", func(t *testing.T) {
+		requireHeldWriteEndsTheRead(t, func() (*replay.Log, error) { return replay.FromArchive(context.Background(), archive, nil) },
+			func(tmp string) fmt.Stringer { return tempWALGrown{tmp: tmp, min: 32 << 10} })
+	})
 }
 
-func requireHeldWriteEndsTheRead(t *testing.T, js jetstream.JetStream, full func(tmp string) fmt.Stringer) {
+func requireHeldWriteEndsTheRead(t *testing.T, read func() (*replay.Log, error), full func(tmp string) fmt.Stringer) {
 	tmp := t.TempDir()
 	t.Setenv("TMPDIR", tmp)
 	fs, room := faultfs.FullOnceLoggedButProbe(t, full(tmp), "full")
@@ -73,13 +81,13 @@ func requireHeldWriteEndsTheRead(t *testing.T, js jetstream.JetStream, full func
 
 	done := make(chan error, 1)
 	go func() {
-		l, err := replay.FromNATS(context.Background(), js, nil, "nats", nil)
+		l, err := read()
 		if err == nil {
 			l.Close()
 		}
 		done <- err
 	}()
-	err := natstest.Receive(t, done, 60*time.Second, "replay --nats still waits for room in TMPDIR")
+	err := natstest.Receive(t, done, 60*time.Second, "the read still waits for room in TMPDIR")
 	require.ErrorIs(t, err, store.ErrNoSpace)
 	require.ErrorContains(t, err, "no room for the temporary store that reads the streams, in "+tmp)
 	require.ErrorContains(t, err, "set TMPDIR to a larger disk")
