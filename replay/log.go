@@ -201,7 +201,20 @@ func FromNATS(ctx context.Context, js jetstream.JetStream, buckets []string, sou
 		l.closeUnlessHeld(stop)
 		return nil, err
 	}
-	stop()
+	// The projector stopped, then all that was written synced, through applyUnlessHeld: Pebble writes
+	// its log behind the batches, so a write that finds the disk full may be held only now, and held in
+	// a Close later (the command's, once it has answered) it hung the command.
+	wait, err := applyUnlessHeld(l.DB, func() error {
+		stop()
+		return l.DB.Flush()
+	})
+	if err != nil {
+		if errors.Is(err, store.ErrNoSpace) {
+			err = tempRoomErr(filepath.Dir(l.dir))
+		}
+		l.closeUnlessHeld(wait)
+		return nil, err
+	}
 	return l, nil
 }
 

@@ -5,12 +5,14 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	provisioner "github.com/novox/mesh-provisioner"
 	"github.com/novox/mesh-provisioner/fixtures"
 	"github.com/novox/mesh-provisioner/internal/faultfs"
 	"github.com/novox/mesh-provisioner/internal/natstest"
@@ -63,14 +65,40 @@ func TestFromNATS_AWriteHeldForRoomEndsTheRead(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) { requireHeldWriteEndsTheRead(t, fromNATS, full) })
 	}
-	// replay --archive reads into a temporary store alike, applying in its own goroutine: it hung too.
+	// replay --archive reads into a temporary store alike: it hung too, in the read or in the close
+	// after it. The disk fills once every record is read (4096 of them: the last progress of the loop),
+	// before the last batch is written: Pebble writes its log behind it, so the write held may be the
+	// store's close, once the read has returned.
+	_, js = natstest.Connect(t, natstest.RunServer(t).ClientURL())
+	var ops []fixtures.Op
+	for i := range 4096 {
+		ops = append(ops, fixtures.Op{Bucket: provisioner.BucketNeeds, Key: fmt.Sprintf("n%d.mod.config.x", i), Value: []byte{0x80}, Op: provisioner.OpPut})
+	}
+	require.NoError(t, fixtures.Load(context.Background(), js, ops, 0, nil))
 	archive := filepath.Join(t.TempDir(), "incident.mph")
-	_, err := replay.ExportNATS(context.Background(), js, nil, archive, "test", nil)
+	h, err := replay.ExportNATS(context.Background(), js, []string{provisioner.BucketNeeds}, archive, "test", nil)
 	require.NoError(t, err)
+	require.Equal(t, uint64(4096), h.Buckets[0].Messages)
+	var read atomic.Bool
+	readAll := func(done, total int64) {
+		if done == total {
+			read.Store(true)
+		}
+	}
 	t.Run("from an archive", func(t *testing.T) {
-		requireHeldWriteEndsTheRead(t, func() (*replay.Log, error) { return replay.FromArchive(context.Background(), archive, nil) },
-			func(tmp string) fmt.Stringer { return tempWALGrown{tmp: tmp, min: 32 << 10} })
+		requireHeldWriteEndsTheRead(t, func() (*replay.Log, error) { return replay.FromArchive(context.Background(), archive, readAll) },
+			func(string) fmt.Stringer { return flagged{&read} })
 	})
+}
+
+// flagged is "full" once its flag is set.
+type flagged struct{ full *atomic.Bool }
+
+func (f flagged) String() string {
+	if f.full.Load() {
+		return "full"
+	}
+	return ""
 }
 
 func requireHeldWriteEndsTheRead(t *testing.T, read func() (*replay.Log, error), full func(tmp string) fmt.Stringer) {
