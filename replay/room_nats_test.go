@@ -47,13 +47,13 @@ type fullNow struct{}
 
 func (fullNow) String() string { return "full" }
 
-// TestFromNATS_AWriteHeldForRoomEndsTheRead: another process fills TMPDIR after the temporary
+// TestTempStore_AWriteHeldForRoomEndsTheRead: another process fills TMPDIR after the temporary
 // store's look at its room, and a write of the store waits for room (store/space.go), which no stop
 // reaches. replay --nats hung there, a first Ctrl-C too (the read stopped its projector and closed
 // the store, both waiting for that write), for as long as the disk stayed full; in the open, the
 // same. The read ends at once, naming TMPDIR; the store is left to a goroutine that removes it once
 // there is room.
-func TestFromNATS_AWriteHeldForRoomEndsTheRead(t *testing.T) {
+func TestTempStore_AWriteHeldForRoomEndsTheRead(t *testing.T) {
 	ns := natstest.RunServer(t)
 	_, js := natstest.Connect(t, ns.ClientURL())
 	mesh := fixtures.Mesh{Seed: 5, Nodes: 60, Modules: 4, NeedsPerModule: 4, Collections: 3}
