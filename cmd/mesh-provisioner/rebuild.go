@@ -136,7 +136,8 @@ func (c *RebuildCommand) Run(ctx context.Context, args []string) error {
 	go func() { <-done; sd.Close() }() // the lock goes with the fill; the process's exit comes first
 	log.Error("stopping without waiting: the state dir is out of room and a write of the rebuild waits for it", "generation", gen,
 		"fix", "free space on that disk (or give --state a larger one), then run rebuild again: it resumes this generation")
-	return fmt.Errorf("rebuild stopped while %s was out of room (the generation is kept; free space, then run rebuild again to resume): %w", gen, ctx.Err())
+	// A permission NATS refused ends ctx too (stopOnDenied): said as such, not as a stop.
+	return fmt.Errorf("rebuild stopped while %s was out of room (the generation is kept; free space, then run rebuild again to resume): %w", gen, refused(ctx, ctx.Err()))
 }
 
 // awaitUnlessHeld returns what done says, or, once ctx has ended, the directory held names as soon as

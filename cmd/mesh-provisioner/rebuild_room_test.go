@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 
 	provisioner "github.com/novox/mesh-provisioner"
@@ -90,7 +91,7 @@ func (w walGrown) String() string {
 // of room, exits as stopped by the signal, and keeps the generation: the next rebuild, room back,
 // resumes it and finishes.
 func TestRebuild_SignalWhileAWriteWaitsForRoom(t *testing.T) {
-	requireHeldRebuildResumes(t, func(state string, _ fmt.Stringer) fmt.Stringer { return walGrown{state: state, min: 32 << 10} })
+	requireHeldRebuildResumes(t, func(state string, _ fmt.Stringer) fmt.Stringer { return walGrown{state: state, min: 32 << 10} }, bySignal)
 }
 
 // finalBarLogged is "full" once the rebuild's log holds the last line of its progress bar ("... in
@@ -113,14 +114,43 @@ func (f finalBarLogged) String() string {
 // or a test reading the output raced it; a process exiting in that moment had swapped or not). A fill
 // whose command has stopped swaps nothing: the next rebuild resumes the generation.
 func TestRebuild_SignalWhileTheCloseWaitsForRoom(t *testing.T) {
-	requireHeldRebuildResumes(t, func(_ string, log fmt.Stringer) fmt.Stringer { return finalBarLogged{log: log} })
+	requireHeldRebuildResumes(t, func(_ string, log fmt.Stringer) fmt.Stringer { return finalBarLogged{log: log} }, bySignal)
+}
+
+// bySignal stops a held rebuild with a first SIGINT, and requires it said so.
+func bySignal(t *testing.T, _ *RebuildCommand, cancel context.CancelFunc) func(err error) {
+	cancel()
+	return func(err error) {
+		require.ErrorIs(t, err, context.Canceled, "main says: stopped by SIGINT before it finished")
+		require.Contains(t, err.Error(), "run rebuild again to resume")
+	}
+}
+
+// TestRebuild_DeniedWhileAWriteWaitsForRoom: a permission NATS refuses ends a rebuild as a signal does
+// (stopOnDenied), and while a write of its generation waited for room it ended "context canceled",
+// neither naming what was refused nor what to grant. It says the refusal, and keeps the generation.
+func TestRebuild_DeniedWhileAWriteWaitsForRoom(t *testing.T) {
+	requireHeldRebuildResumes(t, func(state string, _ fmt.Stringer) fmt.Stringer { return walGrown{state: state, min: 32 << 10} },
+		func(t *testing.T, cmd *RebuildCommand, _ context.CancelFunc) func(err error) {
+			// What the connection's error handler does on a violation (natsflags.go); cmd.nats.denied
+			// was set before the fill started, whose held write the caller saw.
+			cmd.nats.deny(cmd.nats.permissionError(fmt.Errorf("%w: Permissions Violation for Publish to \"$JS.API.CONSUMER.CREATE.KV_mesh-provisioner_needs\"", nats.ErrPermissionViolation)))
+			return func(err error) {
+				var pe *permissionError
+				require.ErrorAs(t, err, &pe, "says what NATS refused")
+				require.NotErrorIs(t, err, context.Canceled)
+				require.Contains(t, err.Error(), "grant this NATS user")
+				require.Contains(t, err.Error(), "run rebuild again to resume")
+			}
+		})
 }
 
 // requireHeldRebuildResumes runs a rebuild whose disk fills once full (given the state dir and the
 // rebuild's log) says "full", stops it with a first signal while a write of its generation waits for
 // room, and requires it stopped at once, the generation kept once there is room, and the next rebuild
 // resuming it.
-func requireHeldRebuildResumes(t *testing.T, full func(state string, log fmt.Stringer) fmt.Stringer) {
+func requireHeldRebuildResumes(t *testing.T, full func(state string, log fmt.Stringer) fmt.Stringer,
+	stop func(t *testing.T, cmd *RebuildCommand, cancel context.CancelFunc) (check func(err error))) {
 	ns := natstest.RunServer(t)
 	_, js := natstest.Connect(t, ns.ClientURL())
 	mesh := fixtures.Mesh{Seed: 5, Nodes: 60, Modules: 4, NeedsPerModule: 4, Collections: 3}
@@ -157,11 +187,10 @@ func requireHeldRebuildResumes(t *testing.T, full func(state string, log fmt.Str
 		return fmt.Errorf("no write of the rebuild waits for room yet")
 	})
 
-	cancel() // the first SIGINT
+	check := stop(t, cmd, cancel)
 	err := awaitRun(t, done, "the rebuild waits for room to stop")
-	require.ErrorIs(t, err, context.Canceled, "main says: stopped by SIGINT before it finished")
+	check(err)
 	require.Contains(t, err.Error(), gen, "names the generation out of room")
-	require.Contains(t, err.Error(), "run rebuild again to resume")
 	require.Contains(t, errBuf.String(), "the state dir is out of room")
 	require.NotContains(t, out.String(), "rebuilt")
 
