@@ -628,8 +628,12 @@ func FromArchiveBuckets(ctx context.Context, path string, buckets []string, prog
 	if err != nil {
 		return nil, err
 	}
+	wait := func() {} // the Apply a write held for room left running (applyUnlessHeld)
 	fail := func(err error) (*Log, error) {
-		l.Close()
+		if errors.Is(err, store.ErrNoSpace) {
+			err = tempRoomErr(filepath.Dir(l.dir))
+		}
+		l.closeUnlessHeld(wait)
 		return nil, err
 	}
 	var total int64
@@ -659,7 +663,8 @@ func FromArchiveBuckets(ctx context.Context, path string, buckets []string, prog
 		if !b.StreamCreated.IsZero() {
 			created = b.StreamCreated.UnixNano()
 		}
-		err := l.DB.Apply(b.Name, batch, created, false)
+		var err error
+		wait, err = applyUnlessHeld(l.DB, func() error { return l.DB.Apply(b.Name, batch, created, false) })
 		batch = batch[:0]
 		return err
 	}
@@ -722,28 +727,37 @@ func FromArchiveBuckets(ctx context.Context, path string, buckets []string, prog
 	if err := flush(); err != nil {
 		return fail(err)
 	}
-	for i, b := range h.Buckets {
-		if !keep[i] {
-			continue
-		}
-		if b.Messages == 0 && !b.StreamCreated.IsZero() {
-			// No record brought the stream's creation time: a time before it still answers empty.
-			if err := l.DB.Apply(b.Name, nil, b.StreamCreated.UnixNano(), false); err != nil {
-				return fail(err)
+	// The marks, then a sync of all that was written, through applyUnlessHeld: Pebble writes its log
+	// behind the batches, so a write that finds the disk full may be held only now, and held in a
+	// Close later (the command's, once it has answered) it hung the command.
+	wait, err = applyUnlessHeld(l.DB, func() error {
+		for i, b := range h.Buckets {
+			if !keep[i] {
+				continue
+			}
+			if b.Messages == 0 && !b.StreamCreated.IsZero() {
+				// No record brought the stream's creation time: a time before it still answers empty.
+				if err := l.DB.Apply(b.Name, nil, b.StreamCreated.UnixNano(), false); err != nil {
+					return err
+				}
+			}
+			m := store.HistoryMarks{Floor: b.Floor, FloorTime: b.FloorTime, Trimmed: b.Floor}
+			for _, g := range b.Gaps {
+				m.Gaps = append(m.Gaps, store.Gap{From: g.From, To: g.To, OpenedAt: g.OpenedAt})
+			}
+			if err := l.DB.SetHistoryMarks(b.Name, m); err != nil {
+				return err
 			}
 		}
-		m := store.HistoryMarks{Floor: b.Floor, FloorTime: b.FloorTime, Trimmed: b.Floor}
-		for _, g := range b.Gaps {
-			m.Gaps = append(m.Gaps, store.Gap{From: g.From, To: g.To, OpenedAt: g.OpenedAt})
+		for _, f := range h.Forgotten {
+			if err := l.DB.SetForgottenAt(f.Bucket, f.At); err != nil {
+				return err
+			}
 		}
-		if err := l.DB.SetHistoryMarks(b.Name, m); err != nil {
-			return fail(err)
-		}
-	}
-	for _, f := range h.Forgotten {
-		if err := l.DB.SetForgottenAt(f.Bucket, f.At); err != nil {
-			return fail(err)
-		}
+		return l.DB.Flush()
+	})
+	if err != nil {
+		return fail(err)
 	}
 	markSynced(l.DB)
 	if progress != nil {

@@ -1,6 +1,10 @@
 package replay
 
-import "time"
+import (
+	"time"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+)
 
 // SetFillGiveUp sets how long Fill waits on a stream it cannot read, and returns the undo.
 func SetFillGiveUp(d time.Duration) func() {
@@ -13,3 +17,11 @@ func SetFillGiveUp(d time.Duration) func() {
 // tests that make a Log of a store they go on using (it would otherwise stay in the system's
 // temporary directory). The Log keeps none from then on.
 func DropPlans(l *Log) { l.plans.close() }
+
+// SetOfflineFS makes the temporary stores of FromNATS and FromArchive write through fs, and returns
+// the undo.
+func SetOfflineFS(fs vfs.FS) func() {
+	old := offlineOptions.FS
+	offlineOptions.FS = fs
+	return func() { offlineOptions.FS = old }
+}

@@ -100,23 +100,79 @@ func markSynced(db *store.DB) {
 
 // newTemp opens an empty store in a temporary directory.
 func newTemp(source string) (*Log, error) {
-	dir, err := os.MkdirTemp("", "mesh-provisioner-replay-")
+	dir, err := store.MakeTempStore()
 	if err != nil {
-		return nil, fmt.Errorf("temporary store: %w", err)
+		return nil, err
 	}
-	db, err := store.Open(dir, offlineOptions)
+	db, err := openUnlessHeld(dir)
 	if errors.Is(err, store.ErrNoSpace) {
-		os.RemoveAll(dir)
 		return nil, tempRoomErr(filepath.Dir(dir))
 	}
 	if err != nil {
-		os.RemoveAll(dir)
+		store.RemoveCopy(dir)
 		return nil, err
 	}
 	// Filled once, read by a few questions, then removed: compacting it would be work for nothing
 	// (bounded as for a rebuild, store/catchup.go).
 	db.BulkLoad()
 	return &Log{DB: db, Source: source, dir: dir}, nil
+}
+
+// openUnlessHeld opens a temporary store in dir, or, as soon as a write of the open is held until
+// there is room (the disk filled after the store's look at its room, store/space.go), returns
+// ErrNoSpace at once, leaving the open to a goroutine that closes and removes the store once there is
+// room (closeUnlessHeld). dir is removed when the open fails.
+func openUnlessHeld(dir string) (*store.DB, error) {
+	type opened struct {
+		db  *store.DB
+		err error
+	}
+	done := make(chan opened, 1)
+	go func() {
+		db, err := store.Open(dir, offlineOptions)
+		done <- opened{db, err}
+	}()
+	tick := time.NewTicker(heldPoll)
+	defer tick.Stop()
+	for {
+		select {
+		case o := <-done:
+			if o.err != nil {
+				store.RemoveCopy(dir)
+			}
+			return o.db, o.err
+		case <-tick.C:
+			if store.WritesHeldIn(dir) {
+				go func() {
+					if o := <-done; o.err == nil {
+						o.db.Close()
+					}
+					store.RemoveCopy(dir)
+				}()
+				return nil, fmt.Errorf("%w: a write to %s found the disk full", store.ErrNoSpace, dir)
+			}
+		}
+	}
+}
+
+// applyUnlessHeld runs apply, a write of db, or, as soon as a write of db is held until there is room
+// (store/space.go), returns ErrNoSpace at once, leaving apply to run on: wait waits for it, which a
+// close of db must (closeUnlessHeld).
+func applyUnlessHeld(db *store.DB, apply func() error) (wait func(), err error) {
+	done := make(chan error, 1)
+	go func() { done <- apply() }()
+	tick := time.NewTicker(heldPoll)
+	defer tick.Stop()
+	for {
+		select {
+		case err := <-done:
+			return func() {}, err
+		case <-tick.C:
+			if db.WritesHeld() {
+				return func() { <-done }, fmt.Errorf("%w: a write of the temporary store found the disk full", store.ErrNoSpace)
+			}
+		}
+	}
 }
 
 // Progress is told how many messages are done out of how many (0 when not known yet).
@@ -137,14 +193,59 @@ func FromNATS(ctx context.Context, js jetstream.JetStream, buckets []string, sou
 		opts.Buckets = append(provisionerBuckets(), provisioner.BucketHostModules, provisioner.BucketIndexerBuilds)
 		opts.Composed = true
 	}
-	if err := fill(ctx, js, l.DB, opts, progress, true); err != nil {
+	stop, err := fill(ctx, js, l.DB, opts, progress, true)
+	if err != nil {
 		if errors.Is(err, store.ErrNoSpace) {
 			err = tempRoomErr(filepath.Dir(l.dir)) // what is free with the store still there
 		}
-		l.Close()
+		l.closeUnlessHeld(stop)
+		return nil, err
+	}
+	// The projector stopped, then all that was written synced, through applyUnlessHeld: Pebble writes
+	// its log behind the batches, so a write that finds the disk full may be held only now, and held in
+	// a Close later (the command's, once it has answered) it hung the command.
+	wait, err := applyUnlessHeld(l.DB, func() error {
+		stop()
+		return l.DB.Flush()
+	})
+	if err != nil {
+		if errors.Is(err, store.ErrNoSpace) {
+			err = tempRoomErr(filepath.Dir(l.dir))
+		}
+		l.closeUnlessHeld(wait)
 		return nil, err
 	}
 	return l, nil
+}
+
+// heldPoll is how often closeUnlessHeld looks whether a write of the store waits for room.
+const heldPoll = 20 * time.Millisecond
+
+// closeUnlessHeld stops the fill (stop) and closes the temporary store, or returns as soon as a write
+// of the store is held until there is room (store/space.go): the stop and the close wait for that
+// write, which nothing else ends, and a command that has failed on a full disk has no one to wait for.
+// They are then left to a goroutine of their own, which removes the store once there is room; in a
+// command the process's exit comes first, and the store is left in the temporary directory, where the
+// next read of the streams removes it (newTemp).
+func (l *Log) closeUnlessHeld(stop func()) {
+	closed := make(chan struct{})
+	go func() {
+		defer close(closed)
+		stop()
+		l.Close()
+	}()
+	tick := time.NewTicker(heldPoll)
+	defer tick.Stop()
+	for {
+		select {
+		case <-closed:
+			return
+		case <-tick.C:
+			if l.DB.WritesHeld() {
+				return
+			}
+		}
+	}
 }
 
 // tempRoomErr says the disk of the system's temporary directory (dir) has too little room for a
@@ -175,13 +276,18 @@ var fillGiveUp = time.Minute
 // projector.ErrCannotResume; a stream whose reading keeps failing for fillGiveUp with no message
 // applied meanwhile is an error with the failure (a user denied consumers, NATS unreachable).
 func Fill(ctx context.Context, js jetstream.JetStream, db *store.DB, opts projector.Options, progress Progress) error {
-	return fill(ctx, js, db, opts, progress, false)
+	stop, err := fill(ctx, js, db, opts, progress, false)
+	stop()
+	return err
 }
 
-// fill is Fill; with roomOrFail, a store out of room (a batch refused for want of it) ends the fill
-// with the store's ErrNoSpace, where a seat's or a rebuild's waits for room: a temporary store of a
-// command waited without a word, its progress at 0 for as long as the disk stayed full.
-func fill(ctx context.Context, js jetstream.JetStream, db *store.DB, opts projector.Options, progress Progress, roomOrFail bool) error {
+// fill is Fill, but leaves the projector's stop to the caller (stop): it waits for a batch being
+// committed, which a write held for room holds. With roomOrFail, a store out of room (a batch
+// refused for want of it, or a write held) ends the fill with the store's ErrNoSpace, where a seat's
+// or a rebuild's waits for room: a temporary store of a command waited without a word, its progress
+// at 0 for as long as the disk stayed full.
+func fill(ctx context.Context, js jetstream.JetStream, db *store.DB, opts projector.Options, progress Progress, roomOrFail bool) (stop func(), err error) {
+	stop = func() {}
 	if opts.Buckets == nil {
 		for _, s := range provisioner.ProvisionerShapes {
 			opts.Buckets = append(opts.Buckets, s.Bucket)
@@ -194,7 +300,7 @@ func fill(ctx context.Context, js jetstream.JetStream, db *store.DB, opts projec
 			continue
 		}
 		if err != nil {
-			return fmt.Errorf("stream of %s: %w", b, err)
+			return stop, fmt.Errorf("stream of %s: %w", b, err)
 		}
 		total += int64(s.CachedInfo().State.Msgs)
 	}
@@ -219,7 +325,7 @@ func fill(ctx context.Context, js jetstream.JetStream, db *store.DB, opts projec
 	}
 	p := projector.New(js, db, opts)
 	p.Start(ctx)
-	defer p.Stop()
+	stop = p.Stop
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
 	applied := int64(-1)
@@ -246,7 +352,7 @@ func fill(ctx context.Context, js jetstream.JetStream, db *store.DB, opts projec
 			err = db.RoomErr()
 		}
 		if err != nil {
-			return err
+			return stop, err
 		}
 		// With Composed, the composed-<node> buckets found by listing count too, once listed.
 		done := !opts.Composed || p.Discovered()
@@ -271,11 +377,11 @@ func fill(ctx context.Context, js jetstream.JetStream, db *store.DB, opts projec
 			if progress != nil {
 				progress(p.Applied(), total) // the last word: what the fill read in all
 			}
-			return nil
+			return stop, nil
 		}
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
+			return stop, ctx.Err()
 		case <-tick.C:
 		}
 	}

@@ -384,8 +384,34 @@ func RemoveCopy(dir string) error {
 }
 
 // tempCopyPrefix names a copy in the system's temporary directory; it is not the prefix of the stores
-// replay fills from the streams (mesh-provisioner-replay-), which hold no flock.
+// replay fills from the streams (tempStorePrefix), which MakeTempStore holds and removes alike.
 const tempCopyPrefix = "mesh-provisioner-copy-"
+
+// tempStorePrefix names a temporary store replay fills from the streams or an archive (MakeTempStore).
+const tempStorePrefix = "mesh-provisioner-replay-"
+
+// MakeTempStore makes an empty directory for a temporary store in the system's temporary directory,
+// held by this process as a copy is (lockCopy) until RemoveCopy. It first removes the ones no process
+// holds: left by a reader that was killed, or that stopped while a write of its store waited for room
+// (replay's closeUnlessHeld), each of them on a disk that may be full.
+func MakeTempStore() (string, error) {
+	removeStale(os.TempDir(), tempStorePrefix)
+	for {
+		dir, err := os.MkdirTemp("", tempStorePrefix)
+		if err != nil {
+			return "", fmt.Errorf("temporary store: %w", err)
+		}
+		err = lockCopy(dir)
+		if errors.Is(err, errCopyTaken) || errors.Is(err, os.ErrNotExist) {
+			continue // another reader's removal took it as it was made: it removes it
+		}
+		if err != nil {
+			os.RemoveAll(dir)
+			return "", fmt.Errorf("temporary store: %w", err)
+		}
+		return dir, nil
+	}
+}
 
 // removeStaleCopies removes the copies in stateDir, and in the system's temporary directory, that no
 // process holds (lockCopy): those of readers that were killed before they removed them. A copy held

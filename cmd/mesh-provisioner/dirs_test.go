@@ -424,3 +424,41 @@ func TestServe_DemoStoppedHardPartWayLoadsWholeNextTime(t *testing.T) {
 		return
 	}
 }
+
+// TestServe_DemoMarkerNeverRemovesOthersData: a serve --demo killed part way leaves its marker; a
+// plain serve on that store (it only warns) has clients write data of their own into the streams the
+// demo created. The next serve --demo deleted those streams, the data with them, since they were not
+// there before the load. It removes what the load left only when the streams hold the demo's messages
+// alone: here it removes nothing, serves the store as it is, and the marker is gone.
+func TestServe_DemoMarkerNeverRemovesOthersData(t *testing.T) {
+	t.Setenv("NATS_URL", "")
+	dir := t.TempDir()
+	s, err := startServe(dir, "--demo")
+	require.NoError(t, err)
+	require.NoError(t, s.stop())
+	// As a kill between the load's last publish and the marker's removal leaves it: the streams hold
+	// the demo whole, and the marker says none was there before.
+	marker := filepath.Join(dir, "nats", demoMarker)
+	require.NoError(t, writeDemoMarker(marker, map[string]bool{}))
+
+	s, err = startServe(dir)
+	require.NoError(t, err)
+	require.Contains(t, s.stderr.String(), "holds part of a demo load that did not finish")
+	_, js := natstest.Connect(t, s.natsURL)
+	ours := provisioner.SubjectPrefix(provisioner.BucketNeeds) + "realnode.mod.config.x"
+	_, err = js.Publish(context.Background(), ours, []byte{0x80})
+	require.NoError(t, err)
+	require.NoError(t, s.stop())
+
+	s, err = startServe(dir, "--demo")
+	require.NoError(t, err)
+	defer func() { require.NoError(t, s.stop()) }()
+	require.Contains(t, s.stderr.String(), "the embedded server holds data the demo does not write since; removing nothing")
+	require.NotContains(t, s.stderr.String(), "what it wrote is removed")
+	_, js = natstest.Connect(t, s.natsURL)
+	st, err := js.Stream(context.Background(), provisioner.StreamName(provisioner.BucketNeeds))
+	require.NoError(t, err)
+	_, err = st.GetLastMsgForSubject(context.Background(), ours)
+	require.NoError(t, err, "the need a client wrote is kept")
+	require.NoFileExists(t, marker)
+}

@@ -136,7 +136,8 @@ func (c *RebuildCommand) Run(ctx context.Context, args []string) error {
 	go func() { <-done; sd.Close() }() // the lock goes with the fill; the process's exit comes first
 	log.Error("stopping without waiting: the state dir is out of room and a write of the rebuild waits for it", "generation", gen,
 		"fix", "free space on that disk (or give --state a larger one), then run rebuild again: it resumes this generation")
-	return fmt.Errorf("rebuild stopped while %s was out of room (the generation is kept; free space, then run rebuild again to resume): %w", gen, ctx.Err())
+	// A permission NATS refused ends ctx too (stopOnDenied): said as such, not as a stop.
+	return fmt.Errorf("rebuild stopped while %s was out of room (the generation is kept; free space, then run rebuild again to resume): %w", gen, refused(ctx, ctx.Err()))
 }
 
 // awaitUnlessHeld returns what done says, or, once ctx has ended, the directory held names as soon as
@@ -237,6 +238,12 @@ func (c *RebuildCommand) fill(ctx context.Context, js jetstream.JetStream, sd *s
 		}
 		if err := db.Close(); err != nil {
 			return err
+		}
+		if err := ctx.Err(); err != nil {
+			// A signal came while the close waited for room: the command may have stopped without
+			// waiting, saying the generation is kept to resume, and no longer owns the state dir's
+			// CURRENT nor its output. Nothing is swapped in; the next rebuild resumes the generation.
+			return fmt.Errorf("rebuild (the generation is kept; run rebuild again to resume): %w", err)
 		}
 		if err := sd.Swap(gen); err != nil {
 			return err

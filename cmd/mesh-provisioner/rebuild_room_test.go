@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 
 	provisioner "github.com/novox/mesh-provisioner"
@@ -89,6 +91,66 @@ func (w walGrown) String() string {
 // of room, exits as stopped by the signal, and keeps the generation: the next rebuild, room back,
 // resumes it and finishes.
 func TestRebuild_SignalWhileAWriteWaitsForRoom(t *testing.T) {
+	requireHeldRebuildResumes(t, func(state string, _ fmt.Stringer) fmt.Stringer { return walGrown{state: state, min: 32 << 10} }, bySignal)
+}
+
+// finalBarLogged is "full" once the rebuild's log holds the last line of its progress bar ("... in
+// 1.2s"): the fill has caught up, and what is left is the generation's close, then the swap.
+type finalBarLogged struct{ log fmt.Stringer }
+
+var finalBarLine = regexp.MustCompile(`msg="rebuild \[#+\] 100% [^"]* in [0-9]`)
+
+func (f finalBarLogged) String() string {
+	if finalBarLine.MatchString(f.log.String()) {
+		return "full"
+	}
+	return ""
+}
+
+// TestRebuild_SignalWhileTheCloseWaitsForRoom: the disk fills once the fill has caught up, and the
+// close of the new generation waits for room. A signal stops the rebuild at once, saying the
+// generation is kept, to resume; but once there was room, the fill left running closed the generation
+// and swapped it in all the same, printing "rebuilt" after the command had returned (a library caller
+// or a test reading the output raced it; a process exiting in that moment had swapped or not). A fill
+// whose command has stopped swaps nothing: the next rebuild resumes the generation.
+func TestRebuild_SignalWhileTheCloseWaitsForRoom(t *testing.T) {
+	requireHeldRebuildResumes(t, func(_ string, log fmt.Stringer) fmt.Stringer { return finalBarLogged{log: log} }, bySignal)
+}
+
+// bySignal stops a held rebuild with a first SIGINT, and requires it said so.
+func bySignal(t *testing.T, _ *RebuildCommand, cancel context.CancelFunc) func(err error) {
+	cancel()
+	return func(err error) {
+		require.ErrorIs(t, err, context.Canceled, "main says: stopped by SIGINT before it finished")
+		require.Contains(t, err.Error(), "run rebuild again to resume")
+	}
+}
+
+// TestRebuild_DeniedWhileAWriteWaitsForRoom: a permission NATS refuses ends a rebuild as a signal does
+// (stopOnDenied), and while a write of its generation waited for room it ended "context canceled",
+// neither naming what was refused nor what to grant. It says the refusal, and keeps the generation.
+func TestRebuild_DeniedWhileAWriteWaitsForRoom(t *testing.T) {
+	requireHeldRebuildResumes(t, func(state string, _ fmt.Stringer) fmt.Stringer { return walGrown{state: state, min: 32 << 10} },
+		func(t *testing.T, cmd *RebuildCommand, _ context.CancelFunc) func(err error) {
+			// What the connection's error handler does on a violation (natsflags.go); cmd.nats.denied
+			// was set before the fill started, whose held write the caller saw.
+			cmd.nats.deny(cmd.nats.permissionError(fmt.Errorf("%w: Permissions Violation for Publish to \"$JS.API.CONSUMER.CREATE.KV_mesh-provisioner_needs\"", nats.ErrPermissionViolation)))
+			return func(err error) {
+				var pe *permissionError
+				require.ErrorAs(t, err, &pe, "says what NATS refused")
+				require.NotErrorIs(t, err, context.Canceled)
+				require.Contains(t, err.Error(), "grant this NATS user")
+				require.Contains(t, err.Error(), "run rebuild again to resume")
+			}
+		})
+}
+
+// requireHeldRebuildResumes runs a rebuild whose disk fills once full (given the state dir and the
+// rebuild's log) says "full", stops it with a first signal while a write of its generation waits for
+// room, and requires it stopped at once, the generation kept once there is room, and the next rebuild
+// resuming it.
+func requireHeldRebuildResumes(t *testing.T, full func(state string, log fmt.Stringer) fmt.Stringer,
+	stop func(t *testing.T, cmd *RebuildCommand, cancel context.CancelFunc) (check func(err error))) {
 	ns := natstest.RunServer(t)
 	_, js := natstest.Connect(t, ns.ClientURL())
 	mesh := fixtures.Mesh{Seed: 5, Nodes: 60, Modules: 4, NeedsPerModule: 4, Collections: 3}
@@ -101,8 +163,8 @@ func TestRebuild_SignalWhileAWriteWaitsForRoom(t *testing.T) {
 	}
 
 	state := filepath.Join(t.TempDir(), "state")
-	fs, room := faultfs.FullOnceLogged(t, walGrown{state: state, min: 32 << 10}, "full")
 	var out, errBuf natstest.LogBuffer
+	fs, room := faultfs.FullOnceLogged(t, full(state, &errBuf), "full")
 	cmd := &RebuildCommand{Stdout: &out, Stderr: &errBuf, opts: store.Options{FS: fs, MinFreeBytes: 1 << 20}}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -125,11 +187,10 @@ func TestRebuild_SignalWhileAWriteWaitsForRoom(t *testing.T) {
 		return fmt.Errorf("no write of the rebuild waits for room yet")
 	})
 
-	cancel() // the first SIGINT
+	check := stop(t, cmd, cancel)
 	err := awaitRun(t, done, "the rebuild waits for room to stop")
-	require.ErrorIs(t, err, context.Canceled, "main says: stopped by SIGINT before it finished")
+	check(err)
 	require.Contains(t, err.Error(), gen, "names the generation out of room")
-	require.Contains(t, err.Error(), "run rebuild again to resume")
 	require.Contains(t, errBuf.String(), "the state dir is out of room")
 	require.NotContains(t, out.String(), "rebuilt")
 
@@ -143,6 +204,8 @@ func TestRebuild_SignalWhileAWriteWaitsForRoom(t *testing.T) {
 		}
 		return sd.Close()
 	})
+	require.NotContains(t, out.String(), "rebuilt", "the fill of a stopped rebuild swapped its generation in")
+	require.NoFileExists(t, filepath.Join(state, "CURRENT"), "the fill of a stopped rebuild swapped its generation in")
 	require.Equal(t, []string{gen}, globGens(t, state), "the generation is kept")
 	stdout, errOut, code := runCmd(t, "rebuild", "--nats", ns.ClientURL(), "--state", state)
 	require.Zero(t, code, errOut)

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -420,10 +421,20 @@ func loadDemo(ctx context.Context, js jetstream.JetStream, log *slog.Logger, std
 		return err
 	} else if ok {
 		// A load a second signal or a kill ended part way: what it wrote is removed, and the demo
-		// loaded whole below, as after a first signal.
-		log.Warn("demo: an earlier load did not finish (a second signal or a kill stopped it); removing what it wrote to load the demo mesh whole")
-		if !removeDemo(js, demoOps(ops, plans), before, log) {
-			return fmt.Errorf("demo: the part of the demo an earlier load left could not be removed: remove --embedded-store %s and start again", storeDir)
+		// loaded whole below, as after a first signal. Only while the streams it loaded hold nothing
+		// but the demo's messages: a plain serve may have run on the store since, and its clients
+		// written data of their own there, which is served as it is (below), never removed.
+		foreign, err := othersData(ctx, js, demoOps(ops, plans))
+		if err != nil {
+			return fmt.Errorf("demo: %w", err)
+		}
+		if foreign != nil {
+			log.Warn("demo: an earlier load did not finish, but the embedded server holds data the demo does not write since; removing nothing", "stream", foreign.stream, "seq", foreign.seq, "subject", foreign.subject)
+		} else {
+			log.Warn("demo: an earlier load did not finish (a second signal or a kill stopped it); removing what it wrote to load the demo mesh whole")
+			if !removeDemo(js, demoOps(ops, plans), before, log) {
+				return fmt.Errorf("demo: the part of the demo an earlier load left could not be removed: remove --embedded-store %s and start again", storeDir)
+			}
 		}
 		if err := os.Remove(marker); err != nil {
 			return fmt.Errorf("demo: %w", err)
@@ -466,6 +477,77 @@ func loadDemo(ctx context.Context, js jetstream.JetStream, log *slog.Logger, std
 	}
 	log.Info("demo mesh loaded", "ops", len(ops), "took", time.Since(start).Round(time.Millisecond))
 	return nil
+}
+
+// foreignMsg is a message of a stream the demo loads that none of the demo's ops publishes.
+type foreignMsg struct {
+	stream, subject string
+	seq             uint64
+}
+
+// othersData returns the first message of the streams ops load (the registry's aside, which the seat
+// writes) that is not one of theirs (subject, operation and value), or nil when there is none: what
+// an unfinished load left is removed only when it is provably the demo's alone.
+func othersData(ctx context.Context, js jetstream.JetStream, ops []fixtures.Op) (*foreignMsg, error) {
+	ours := map[string]bool{}
+	var streams []string
+	for _, op := range ops {
+		name := provisioner.StreamName(op.Bucket)
+		if name == provisioner.StreamName(provisioner.BucketRegistry) {
+			continue
+		}
+		if !slices.Contains(streams, name) {
+			streams = append(streams, name)
+		}
+		ours[demoMsgKey(fixtures.OpMsg(op))] = true
+	}
+	for _, name := range streams {
+		st, err := js.Stream(ctx, name)
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("stream %s: %w", name, err)
+		}
+		state := st.CachedInfo().State
+		if state.Msgs == 0 {
+			continue
+		}
+		cons, err := st.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
+		if err != nil {
+			return nil, fmt.Errorf("read %s: %w", name, err)
+		}
+		for seq := uint64(0); seq < state.LastSeq; {
+			batch, err := cons.Fetch(1000, jetstream.FetchMaxWait(5*time.Second))
+			if err != nil {
+				return nil, fmt.Errorf("read %s: %w", name, err)
+			}
+			n := 0
+			for msg := range batch.Messages() {
+				n++
+				md, err := msg.Metadata()
+				if err != nil {
+					return nil, fmt.Errorf("read %s: %w", name, err)
+				}
+				seq = md.Sequence.Stream
+				if !ours[demoMsgKey(&nats.Msg{Subject: msg.Subject(), Header: msg.Headers(), Data: msg.Data()})] {
+					return &foreignMsg{stream: name, subject: msg.Subject(), seq: seq}, nil
+				}
+			}
+			if err := batch.Error(); err != nil {
+				return nil, fmt.Errorf("read %s: %w", name, err)
+			}
+			if n == 0 {
+				break // the last ones were removed since the listing
+			}
+		}
+	}
+	return nil, nil
+}
+
+// demoMsgKey is what tells a message of the demo's from another's: its subject, KV operation and value.
+func demoMsgKey(m *nats.Msg) string {
+	return m.Subject + "\x00" + m.Header.Get("KV-Operation") + "\x00" + string(m.Data)
 }
 
 // demoOps is ops: the buckets a demo load writes are the same whichever --plans the earlier start had,
