@@ -170,7 +170,7 @@ func TestFromArchive_DamagedArchivesAreRefused(t *testing.T) {
 				t.Fatalf("%s was read as an archive", tc.path)
 			}
 			require.Contains(t, err.Error(), tc.says)
-			left, _ := filepath.Glob(filepath.Join(tmp, "mesh-provisioner-replay-*"))
+			left, _ := filepath.Glob(filepath.Join(tmp, "mesh-provisioner-read-*"))
 			require.Empty(t, left, "the temporary store is removed")
 		})
 	}

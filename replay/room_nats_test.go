@@ -28,7 +28,7 @@ type tempWALGrown struct {
 }
 
 func (w tempWALGrown) String() string {
-	logs, _ := filepath.Glob(filepath.Join(w.tmp, "mesh-provisioner-replay-*", "*.log"))
+	logs, _ := filepath.Glob(filepath.Join(w.tmp, "mesh-provisioner-read-*", "*.log"))
 	var n int64
 	for _, l := range logs {
 		if fi, err := os.Stat(l); err == nil {
@@ -120,7 +120,7 @@ func requireHeldWriteEndsTheRead(t *testing.T, read func() (*replay.Log, error),
 	require.ErrorContains(t, err, "no room for the temporary store that reads the streams, in "+tmp)
 	require.ErrorContains(t, err, "set TMPDIR to a larger disk")
 	held := false
-	for _, d := range must(filepath.Glob(filepath.Join(tmp, "mesh-provisioner-replay-*"))) {
+	for _, d := range must(filepath.Glob(filepath.Join(tmp, "mesh-provisioner-read-*"))) {
 		held = held || store.WritesHeldIn(d)
 	}
 	require.True(t, held, "the read ended on a write held for room, not on a batch refused")
@@ -128,7 +128,7 @@ func requireHeldWriteEndsTheRead(t *testing.T, read func() (*replay.Log, error),
 	// Room back (in a process, its exit comes first): the store left is closed and removed.
 	room.Store(true)
 	natstest.CheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
-		if left := must(filepath.Glob(filepath.Join(tmp, "mesh-provisioner-replay-*"))); len(left) > 0 {
+		if left := must(filepath.Glob(filepath.Join(tmp, "mesh-provisioner-read-*"))); len(left) > 0 {
 			return fmt.Errorf("the temporary store is still there: %v", left)
 		}
 		return nil
@@ -152,8 +152,10 @@ func TestFromNATS_RemovesTheStoresOfReadsThatDidNotEnd(t *testing.T) {
 	require.NoError(t, fixtures.Load(context.Background(), js, fixtures.Demo().Ops(), 0, nil))
 	tmp := t.TempDir()
 	t.Setenv("TMPDIR", tmp)
-	left, running := filepath.Join(tmp, "mesh-provisioner-replay-1"), filepath.Join(tmp, "mesh-provisioner-replay-2")
-	for _, d := range []string{left, running} {
+	left, running := filepath.Join(tmp, "mesh-provisioner-read-1"), filepath.Join(tmp, "mesh-provisioner-read-2")
+	// An older binary's replay held no flock on its store, under a prefix of its own.
+	older := filepath.Join(tmp, "mesh-provisioner-replay-1")
+	for _, d := range []string{left, running, older} {
 		require.NoError(t, os.Mkdir(d, 0o755))
 		require.NoError(t, os.WriteFile(filepath.Join(d, "000002.log"), make([]byte, 1<<20), 0o644))
 	}
@@ -167,4 +169,5 @@ func TestFromNATS_RemovesTheStoresOfReadsThatDidNotEnd(t *testing.T) {
 	require.NoError(t, l.Close())
 	require.NoDirExists(t, left, "the store of a read that did not end is removed")
 	require.DirExists(t, running, "the store of a read still running is left alone")
+	require.DirExists(t, older, "the store of an older binary's replay, which holds no flock, is left alone")
 }

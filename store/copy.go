@@ -388,7 +388,9 @@ func RemoveCopy(dir string) error {
 const tempCopyPrefix = "mesh-provisioner-copy-"
 
 // tempStorePrefix names a temporary store replay fills from the streams or an archive (MakeTempStore).
-const tempStorePrefix = "mesh-provisioner-replay-"
+// Older binaries named theirs mesh-provisioner-replay-* and held no flock: a prefix of its own keeps
+// the sweep (removeStale) off the store of an older replay still running beside a newer one.
+const tempStorePrefix = "mesh-provisioner-read-"
 
 // MakeTempStore makes an empty directory for a temporary store in the system's temporary directory,
 // held by this process as a copy is (lockCopy) until RemoveCopy. It first removes the ones no process
