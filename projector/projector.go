@@ -266,6 +266,10 @@ func (p *Projector) runBucket(ctx context.Context, bucket string, starting *park
 	if !p.parkAtStart(ctx, bucket, log, created, starting) {
 		return
 	}
+	parks.since = p.started
+	if starting != nil {
+		parks.since = p.wokenSince(starting)
+	}
 	for ctx.Err() == nil {
 		err := p.tail(ctx, bucket, log, &parks, func() {
 			if failing {
@@ -283,6 +287,11 @@ func (p *Projector) runBucket(ctx context.Context, bucket string, starting *park
 		})
 		if ctx.Err() != nil {
 			return
+		}
+		if !errors.Is(err, errParked) {
+			// Failed (its consumer lost with its stream deleted, say) or read again: the next tail
+			// takes no info read before now (openStream).
+			parks.since = time.Now()
 		}
 		if errors.Is(err, errParked) {
 			if !p.park(ctx, bucket, log, &parks) {
@@ -371,7 +380,7 @@ func (p *Projector) tail(ctx context.Context, bucket string, log *slog.Logger, s
 		}
 	}
 	defer release()
-	stream, info, err := p.openStream(ctx, bucket)
+	stream, info, err := p.openStream(ctx, bucket, st.since)
 	if err != nil {
 		return err
 	}
@@ -505,18 +514,27 @@ func (s namedStream) DeleteConsumer(ctx context.Context, name string) error {
 }
 
 // openStream returns the stream a bucket's tail reads, and its info. A composed-<node> bucket takes
-// the info the stream listing (or a request of another reader) kept, when one was read since Start and
-// ends at or past the checkpoint (as verify takes it), and creates its consumer by the stream's name:
+// the info the stream listing (or a request of another reader) kept, when one was read since `since`
+// and ends at or past the checkpoint (as verify takes it), and creates its consumer by the stream's name:
 // a first read of thousands of composed-<node> buckets asked each stream for its info right after the
 // listing that found it had read it, and so did every parked bucket a listing woke: one STREAM.INFO in
 // five of a first read's requests. The listed info may be a listing interval old: a stream deleted
 // since fails the consumer's creation as not found, as the request did; one purged or created again
 // since is found by the bucket's next check, on the next listing (verify.go), as one changed just after
 // the request was. The seat's fixed buckets, which a recreation sends to a rebuild, ask as before.
-func (p *Projector) openStream(ctx context.Context, bucket string) (consumerHost, *jetstream.StreamInfo, error) {
+//
+// since is when the tail's reason to read came (parking.since): Start for a first read, the parking
+// for a bucket a listing woke (the listing that saw the change read after it), but the wake-up itself
+// for one a request or a stopped listing woke, and the failure for a tail after one. An info read
+// before that may be of a stream deleted and created again since (a node reinstalled, then written and
+// asked with min_seq; a tail whose consumer went with its deleted stream): a consumer created by
+// name on the new stream from the old checkpoint read on past it as if it were the old one, its first
+// messages never read and the old stream's keys still answered, until a listing found the recreation
+// (TestProjector_WokenBucketOfARecreatedStream). Such a tail asks STREAM.INFO, as before.
+func (p *Projector) openStream(ctx context.Context, bucket string, since time.Time) (consumerHost, *jetstream.StreamInfo, error) {
 	name := provisioner.StreamName(bucket)
 	if provisioner.IsComposedBucket(bucket) {
-		if info, read, ok := p.streams.Info(name); ok && !read.Before(p.started) && info.State.LastSeq >= p.db.Checkpoint(bucket).Applied {
+		if info, read, ok := p.streams.Info(name); ok && !read.Before(since) && info.State.LastSeq >= p.db.Checkpoint(bucket).Applied {
 			return namedStream{js: p.js, name: name}, info, nil
 		}
 	}
