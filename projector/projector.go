@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
 
 	provisioner "github.com/novox/mesh-provisioner"
 	"github.com/novox/mesh-provisioner/internal/streaminfo"
@@ -399,13 +400,19 @@ func (p *Projector) tail(ctx context.Context, bucket string, log *slog.Logger, s
 	// The consumer is created here, under ctx, and created again by runBucket from the checkpoint when
 	// it is lost or delivers out of order: internal/streamread says why this is not nats.go's ordered
 	// consumer.
-	cons, err := streamread.Create(ctx, stream, cp.Applied)
+	// Named here, so that a creation whose answer does not come (a stop, a JetStream API slow to
+	// answer) can be deleted all the same: the server may have created it.
+	name := nuid.Next()
+	cons, err := streamread.Create(ctx, stream, name, cp.Applied)
 	if err != nil {
+		if !streamread.Answered(err) {
+			p.dropConsumer(ctx, stream, name)
+		}
 		return err
 	}
 	it, err := streamread.ReadIdle(cons, pull, p.heartbeat(bucket))
 	if err != nil {
-		p.dropConsumer(ctx, stream, cons)
+		p.dropConsumer(ctx, stream, name)
 		return err
 	}
 	release()
@@ -456,7 +463,7 @@ func (p *Projector) tail(ctx context.Context, bucket string, log *slog.Logger, s
 		st.behind = streamEnd{last: info.State.LastSeq, created: created}
 	}
 	// Given up on (the next is made afresh) or stopped: deleted either way (dropConsumer).
-	p.dropConsumer(ctx, stream, cons)
+	p.dropConsumer(ctx, stream, name)
 	if applyErr != nil {
 		return applyErr
 	}
@@ -472,9 +479,10 @@ func (p *Projector) tail(ctx context.Context, bucket string, log *slog.Logger, s
 // after its inactive threshold (5 minutes). A stop used to leave every consumer to that threshold: a
 // seat stopped, or a rebuild abandoned or swapped, while thousands of composed-<node> buckets were
 // still reading (a first read, before they park) left the server as many consumers for 5 minutes, and
-// a rebuild started again set as many up beside them.
-func (p *Projector) dropConsumer(ctx context.Context, stream consumerHost, cons jetstream.Consumer) {
-	name := cons.CachedInfo().Name
+// a rebuild started again set as many up beside them. A consumer whose creation got no answer is
+// deleted too, by the name the tail gave it: a stop during a first read cut the creations under way
+// short (up to maxSettingUp), and the server had created some of them.
+func (p *Projector) dropConsumer(ctx context.Context, stream consumerHost, name string) {
 	timeout := 5 * time.Second
 	if ctx.Err() != nil {
 		ctx, timeout = context.WithoutCancel(ctx), stopDropTimeout
