@@ -64,6 +64,9 @@ type parkedBucket struct {
 	// starting: a bucket that may start parked, waiting for the first listing since Start
 	// (parkAtStart); until it has one, no listing has stopped for it.
 	starting bool
+	// woken: when a request (Wake) or a listing that stopped last woke it. The tail after takes no
+	// listed info read before (openStream): the stream may have been created again since the listing.
+	woken time.Time
 }
 
 // streamEnd is a stream's last sequence, and which stream (its creation time) it is the last of.
@@ -78,6 +81,9 @@ type parking struct {
 	// again: the last park tailed again without parking, so the tail after it waits ParkAfter
 	// rather than park as soon as its stream is found quiet.
 	again bool
+	// since: the tail after takes a listed info only when read since this (openStream): when the
+	// reason to tail came (see wokenSince), or the tail before failed.
+	since time.Time
 }
 
 // quietSince returns when, on this process's clock, a stream whose info was just read last took a
@@ -147,8 +153,10 @@ func (p *Projector) park(ctx context.Context, bucket string, log *slog.Logger, s
 	if p.afterParkRead != nil {
 		p.afterParkRead(bucket)
 	}
-	st.again = true // until it parks
+	st.again = true  // until it parks
+	st.since = pk.at // the info just read is kept in the listing's Poller, read after this
 	if err != nil {
+		st.since = time.Now()
 		// Tail again: it finds out what failed. A consumer is created again for the bucket: said.
 		if ctx.Err() == nil {
 			log.Debug("not parked: its stream's info could not be read; tailing on", "err", err)
@@ -178,7 +186,23 @@ func (p *Projector) park(ctx context.Context, bucket string, log *slog.Logger, s
 	}
 	st.again = false
 	log.Debug("idle: consumer given up until the stream changes", "applied_seq", info.State.LastSeq)
-	return p.waitParked(ctx, pk, info, log)
+	if !p.waitParked(ctx, pk, info, log) {
+		return false
+	}
+	st.since = p.wokenSince(pk)
+	return true
+}
+
+// wokenSince is when the reason a parked bucket was woken came, for the tail after it (openStream): a
+// listing that shows its stream changed read it after the bucket parked (pk.at), but a request or a
+// listing that stopped may come after a recreation that no listing has shown yet (pk.woken).
+func (p *Projector) wokenSince(pk *parkedBucket) time.Time {
+	p.parkMu.Lock()
+	defer p.parkMu.Unlock()
+	if pk.woken.After(pk.at) {
+		return pk.woken
+	}
+	return pk.at
 }
 
 // registerParked makes a bucket parked (not yet Parked: its info is not read) so that a Wake from now
@@ -275,6 +299,7 @@ func (p *Projector) Wake(bucket string) {
 		p.asked[bucket] = now
 	}
 	if pk := p.parked[bucket]; pk != nil {
+		pk.woken = time.Now()
 		notify(pk.wake)
 	}
 }
@@ -338,7 +363,11 @@ func (p *Projector) watchParked(ctx context.Context) {
 		seen = listed
 		p.parkMu.Lock()
 		for bucket, pk := range p.parked {
-			if (!runs && !pk.starting) || (pk.read && p.streamChanged(bucket, pk, listed)) {
+			switch {
+			case !runs && !pk.starting:
+				pk.woken = time.Now() // the infos the listing kept are as old as its last listing
+				notify(pk.wake)
+			case pk.read && p.streamChanged(bucket, pk, listed):
 				notify(pk.wake)
 			}
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -198,5 +199,141 @@ func TestProjector_NoParkingWithoutListing(t *testing.T) {
 		waitApplied(t, db, b, uint64(2+i))
 		p.Stop()
 		require.NoError(t, db.Close())
+	}
+}
+
+// TestProjector_WokenBucketOfARecreatedStream: a parked bucket whose stream is deleted and created
+// again (a node reinstalled), then written and waited on by a request before any listing shows the
+// new stream, reads the new stream from its first message. The listing's info, read before the
+// recreation, is of the old stream: a tail that took it created its consumer by name on the new stream
+// from the old checkpoint, and answered the request with the old stream's keys and the new stream's
+// messages past that checkpoint, its first ones never read, until a listing came (here, an hour).
+func TestProjector_WokenBucketOfARecreatedStream(t *testing.T) {
+	ns := natstest.RunServer(t)
+	_, js := natstest.Connect(t, ns.ClientURL())
+	ctx := context.Background()
+	const b = "composed-n0000"
+	composedBuckets(t, js, 1)
+	kv, err := js.KeyValue(ctx, b)
+	require.NoError(t, err)
+	_, err = kv.Put(ctx, "web.2", []byte{0x80})
+	require.NoError(t, err)
+	_, pjs := natstest.Connect(t, ns.ClientURL())
+	// One listing, at start: none shows the new stream.
+	p, db, _ := parkingQuietEvery(t, pjs, nil, time.Hour, []string{b}, nil)
+	waitApplied(t, db, b, 2)
+	waitParked(t, p, js, b)
+
+	require.NoError(t, js.DeleteKeyValue(ctx, b))
+	kv, err = js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: b, History: 1, Storage: jetstream.MemoryStorage})
+	require.NoError(t, err)
+	for _, k := range []string{"api.1", "api.2", "api.3"} {
+		_, err = kv.Put(ctx, k, []byte{0x80})
+		require.NoError(t, err)
+	}
+	p.Wake(b) // a request waits for sequence 3 of the new stream
+	waitApplied(t, db, b, 3)
+	v, err := db.View()
+	require.NoError(t, err)
+	defer v.Close()
+	for _, k := range []string{"web.1", "web.2"} {
+		_, live, err := v.KeyAt(b, k, math.MaxUint64)
+		require.NoError(t, err)
+		require.False(t, live, "%s of the deleted stream is answered at sequence 3 of the new one", k)
+	}
+	for _, k := range []string{"api.1", "api.2", "api.3"} {
+		_, live, err := v.KeyAt(b, k, math.MaxUint64)
+		require.NoError(t, err)
+		require.True(t, live, "%s of the new stream is not answered at its sequence 3", k)
+	}
+}
+
+// gatedSetup is a JetStream whose tails' setting up (STREAM.INFO for a handle, or CONSUMER.CREATE by
+// the stream's name) waits, while armed, until the test opens the gate: the test stages what the
+// stream goes through before the tail sets up. held is told each time one waits.
+type gatedSetup struct {
+	jetstream.JetStream
+	armed *atomic.Bool
+	held  chan struct{}
+	gate  chan struct{}
+}
+
+func (j gatedSetup) wait(ctx context.Context) {
+	if !j.armed.Load() {
+		return
+	}
+	select {
+	case j.held <- struct{}{}:
+	default:
+	}
+	select {
+	case <-j.gate:
+	case <-ctx.Done():
+	}
+}
+
+func (j gatedSetup) Stream(ctx context.Context, name string) (jetstream.Stream, error) {
+	j.wait(ctx)
+	return j.JetStream.Stream(ctx, name)
+}
+
+func (j gatedSetup) CreateConsumer(ctx context.Context, stream string, cfg jetstream.ConsumerConfig) (jetstream.Consumer, error) {
+	j.wait(ctx)
+	return j.JetStream.CreateConsumer(ctx, stream, cfg)
+}
+
+// TestProjector_TailAfterItsStreamWasRecreated: a bucket reading (not parked) whose stream is deleted
+// loses its consumer with it; the stream is created again and written before the bucket's next tail
+// sets up, and no listing has shown the new stream yet. The next tail reads the new stream from its
+// first message. The listing's info, read before the deletion, is of the old stream: a tail that took
+// it created its consumer by name on the new stream from the old checkpoint, and answered the old
+// stream's keys with the new one's messages past that checkpoint until a listing came (an hour here).
+func TestProjector_TailAfterItsStreamWasRecreated(t *testing.T) {
+	ns := natstest.RunServer(t)
+	_, js := natstest.Connect(t, ns.ClientURL())
+	ctx := context.Background()
+	const b = "composed-n0000"
+	composedBuckets(t, js, 1)
+	kv, err := js.KeyValue(ctx, b)
+	require.NoError(t, err)
+	_, err = kv.Put(ctx, "web.2", []byte{0x80})
+	require.NoError(t, err)
+	_, pjs := natstest.Connect(t, ns.ClientURL())
+	var armed atomic.Bool
+	gated := gatedSetup{JetStream: pjs, armed: &armed, held: make(chan struct{}, 1), gate: make(chan struct{})}
+	// One listing, at start, through a JetStream of its own; the bucket's stream is not quiet: it
+	// keeps reading, and the tail's setting up goes through the gate.
+	p, db, _ := parkingQuietEvery(t, gated, pjs, time.Hour, nil, nil)
+	waitApplied(t, db, b, 2)
+	require.False(t, p.Parked(b))
+
+	armed.Store(true)
+	require.NoError(t, js.DeleteKeyValue(ctx, b))
+	select {
+	case <-gated.held: // the consumer went with the stream: the next tail sets up
+	case <-time.After(30 * time.Second):
+		t.Fatal("the bucket's tail did not set up again after its stream was deleted")
+	}
+	kv, err = js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: b, History: 1, Storage: jetstream.MemoryStorage})
+	require.NoError(t, err)
+	for _, k := range []string{"api.1", "api.2", "api.3"} {
+		_, err = kv.Put(ctx, k, []byte{0x80})
+		require.NoError(t, err)
+	}
+	armed.Store(false)
+	close(gated.gate)
+	waitApplied(t, db, b, 3)
+	v, err := db.View()
+	require.NoError(t, err)
+	defer v.Close()
+	for _, k := range []string{"web.1", "web.2"} {
+		_, live, err := v.KeyAt(b, k, math.MaxUint64)
+		require.NoError(t, err)
+		require.False(t, live, "%s of the deleted stream is answered at sequence 3 of the new one", k)
+	}
+	for _, k := range []string{"api.1", "api.2", "api.3"} {
+		_, live, err := v.KeyAt(b, k, math.MaxUint64)
+		require.NoError(t, err)
+		require.True(t, live, "%s of the new stream is not answered at its sequence 3", k)
 	}
 }

@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
 
 	provisioner "github.com/novox/mesh-provisioner"
 	"github.com/novox/mesh-provisioner/internal/streaminfo"
@@ -266,6 +267,10 @@ func (p *Projector) runBucket(ctx context.Context, bucket string, starting *park
 	if !p.parkAtStart(ctx, bucket, log, created, starting) {
 		return
 	}
+	parks.since = p.started
+	if starting != nil {
+		parks.since = p.wokenSince(starting)
+	}
 	for ctx.Err() == nil {
 		err := p.tail(ctx, bucket, log, &parks, func() {
 			if failing {
@@ -283,6 +288,11 @@ func (p *Projector) runBucket(ctx context.Context, bucket string, starting *park
 		})
 		if ctx.Err() != nil {
 			return
+		}
+		if !errors.Is(err, errParked) {
+			// Failed (its consumer lost with its stream deleted, say) or read again: the next tail
+			// takes no info read before now (openStream).
+			parks.since = time.Now()
 		}
 		if errors.Is(err, errParked) {
 			if !p.park(ctx, bucket, log, &parks) {
@@ -371,7 +381,7 @@ func (p *Projector) tail(ctx context.Context, bucket string, log *slog.Logger, s
 		}
 	}
 	defer release()
-	stream, info, err := p.openStream(ctx, bucket)
+	stream, info, err := p.openStream(ctx, bucket, st.since)
 	if err != nil {
 		return err
 	}
@@ -390,13 +400,19 @@ func (p *Projector) tail(ctx context.Context, bucket string, log *slog.Logger, s
 	// The consumer is created here, under ctx, and created again by runBucket from the checkpoint when
 	// it is lost or delivers out of order: internal/streamread says why this is not nats.go's ordered
 	// consumer.
-	cons, err := streamread.Create(ctx, stream, cp.Applied)
+	// Named here, so that a creation whose answer does not come (a stop, a JetStream API slow to
+	// answer) can be deleted all the same: the server may have created it.
+	name := nuid.Next()
+	cons, err := streamread.Create(ctx, stream, name, cp.Applied)
 	if err != nil {
+		if !streamread.Answered(err) {
+			p.dropConsumer(ctx, stream, name)
+		}
 		return err
 	}
 	it, err := streamread.ReadIdle(cons, pull, p.heartbeat(bucket))
 	if err != nil {
-		p.dropConsumer(ctx, stream, cons)
+		p.dropConsumer(ctx, stream, name)
 		return err
 	}
 	release()
@@ -447,7 +463,7 @@ func (p *Projector) tail(ctx context.Context, bucket string, log *slog.Logger, s
 		st.behind = streamEnd{last: info.State.LastSeq, created: created}
 	}
 	// Given up on (the next is made afresh) or stopped: deleted either way (dropConsumer).
-	p.dropConsumer(ctx, stream, cons)
+	p.dropConsumer(ctx, stream, name)
 	if applyErr != nil {
 		return applyErr
 	}
@@ -463,9 +479,10 @@ func (p *Projector) tail(ctx context.Context, bucket string, log *slog.Logger, s
 // after its inactive threshold (5 minutes). A stop used to leave every consumer to that threshold: a
 // seat stopped, or a rebuild abandoned or swapped, while thousands of composed-<node> buckets were
 // still reading (a first read, before they park) left the server as many consumers for 5 minutes, and
-// a rebuild started again set as many up beside them.
-func (p *Projector) dropConsumer(ctx context.Context, stream consumerHost, cons jetstream.Consumer) {
-	name := cons.CachedInfo().Name
+// a rebuild started again set as many up beside them. A consumer whose creation got no answer is
+// deleted too, by the name the tail gave it: a stop during a first read cut the creations under way
+// short (up to maxSettingUp), and the server had created some of them.
+func (p *Projector) dropConsumer(ctx context.Context, stream consumerHost, name string) {
 	timeout := 5 * time.Second
 	if ctx.Err() != nil {
 		ctx, timeout = context.WithoutCancel(ctx), stopDropTimeout
@@ -505,18 +522,27 @@ func (s namedStream) DeleteConsumer(ctx context.Context, name string) error {
 }
 
 // openStream returns the stream a bucket's tail reads, and its info. A composed-<node> bucket takes
-// the info the stream listing (or a request of another reader) kept, when one was read since Start and
-// ends at or past the checkpoint (as verify takes it), and creates its consumer by the stream's name:
+// the info the stream listing (or a request of another reader) kept, when one was read since `since`
+// and ends at or past the checkpoint (as verify takes it), and creates its consumer by the stream's name:
 // a first read of thousands of composed-<node> buckets asked each stream for its info right after the
 // listing that found it had read it, and so did every parked bucket a listing woke: one STREAM.INFO in
 // five of a first read's requests. The listed info may be a listing interval old: a stream deleted
 // since fails the consumer's creation as not found, as the request did; one purged or created again
 // since is found by the bucket's next check, on the next listing (verify.go), as one changed just after
 // the request was. The seat's fixed buckets, which a recreation sends to a rebuild, ask as before.
-func (p *Projector) openStream(ctx context.Context, bucket string) (consumerHost, *jetstream.StreamInfo, error) {
+//
+// since is when the tail's reason to read came (parking.since): Start for a first read, the parking
+// for a bucket a listing woke (the listing that saw the change read after it), but the wake-up itself
+// for one a request or a stopped listing woke, and the failure for a tail after one. An info read
+// before that may be of a stream deleted and created again since (a node reinstalled, then written and
+// asked with min_seq; a tail whose consumer went with its deleted stream): a consumer created by
+// name on the new stream from the old checkpoint read on past it as if it were the old one, its first
+// messages never read and the old stream's keys still answered, until a listing found the recreation
+// (TestProjector_WokenBucketOfARecreatedStream). Such a tail asks STREAM.INFO, as before.
+func (p *Projector) openStream(ctx context.Context, bucket string, since time.Time) (consumerHost, *jetstream.StreamInfo, error) {
 	name := provisioner.StreamName(bucket)
 	if provisioner.IsComposedBucket(bucket) {
-		if info, read, ok := p.streams.Info(name); ok && !read.Before(p.started) && info.State.LastSeq >= p.db.Checkpoint(bucket).Applied {
+		if info, read, ok := p.streams.Info(name); ok && !read.Before(since) && info.State.LastSeq >= p.db.Checkpoint(bucket).Applied {
 			return namedStream{js: p.js, name: name}, info, nil
 		}
 	}

@@ -469,7 +469,7 @@ type streamExport struct {
 // read reads the stream through one consumer, from the message after the last one read, until the
 // end (nil) or until the consumer is lost or ctx ends (an error).
 func (e *streamExport) read(ctx context.Context, s jetstream.Stream) (err error) {
-	cons, err := streamread.Create(ctx, s, e.prev)
+	cons, err := streamread.Create(ctx, s, "", e.prev)
 	if err != nil {
 		return err
 	}

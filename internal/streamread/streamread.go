@@ -47,13 +47,25 @@ type Stream interface {
 	CreateConsumer(ctx context.Context, cfg jetstream.ConsumerConfig) (jetstream.Consumer, error)
 }
 
-// Create creates the consumer (Config) on s under ctx.
-func Create(ctx context.Context, s Stream, after uint64) (jetstream.Consumer, error) {
-	cons, err := s.CreateConsumer(ctx, Config(after))
+// Create creates the consumer (Config) on s under ctx, named name (empty: a name nats.go makes up).
+// A caller that names it can delete it when the creation's answer does not come (Answered): the server
+// may have created it all the same.
+func Create(ctx context.Context, s Stream, name string, after uint64) (jetstream.Consumer, error) {
+	cfg := Config(after)
+	cfg.Name = name
+	cons, err := s.CreateConsumer(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("create consumer: %w", err)
 	}
 	return cons, nil
+}
+
+// Answered reports whether a failed request got the JetStream API's answer (an API error: it did
+// nothing), rather than none (its context ended, a timeout, the connection lost), when what it asked
+// may have been done.
+func Answered(err error) bool {
+	var jsErr jetstream.JetStreamError
+	return errors.As(err, &jsErr) && jsErr.APIError() != nil
 }
 
 // Heartbeat is how often the server says a pull is still alive when no message flows. A consumer

@@ -60,7 +60,7 @@ func seqs(from, to uint64) []uint64 {
 func TestReader_InOrder(t *testing.T) {
 	_, s := stream(t, 250)
 	for _, after := range []uint64{0, 1, 200, 249} {
-		cons, err := streamread.Create(context.Background(), s, after)
+		cons, err := streamread.Create(context.Background(), s, "", after)
 		require.NoError(t, err)
 		r, err := streamread.Read(cons, 64)
 		require.NoError(t, err)
@@ -75,7 +75,7 @@ func TestReader_InOrder(t *testing.T) {
 // afterwards.
 func TestReader_WaitsUntilCancelled(t *testing.T) {
 	js, s := stream(t, 2)
-	cons, err := streamread.Create(context.Background(), s, 0)
+	cons, err := streamread.Create(context.Background(), s, "", 0)
 	require.NoError(t, err)
 	r, err := streamread.Read(cons, 0)
 	require.NoError(t, err)
@@ -105,7 +105,7 @@ func TestReader_WaitsUntilCancelled(t *testing.T) {
 // without end; a new consumer created from the last sequence read goes on with the next message.
 func TestReader_ConsumerDeleted(t *testing.T) {
 	js, s := stream(t, 3)
-	cons, err := streamread.Create(context.Background(), s, 0)
+	cons, err := streamread.Create(context.Background(), s, "", 0)
 	require.NoError(t, err)
 	r, err := streamread.Read(cons, 0)
 	require.NoError(t, err)
@@ -121,7 +121,7 @@ func TestReader_ConsumerDeleted(t *testing.T) {
 
 	_, err = js.Publish(context.Background(), "s.3", nil)
 	require.NoError(t, err)
-	cons, err = streamread.Create(context.Background(), s, 3)
+	cons, err = streamread.Create(context.Background(), s, "", 3)
 	require.NoError(t, err)
 	r2, err := streamread.Read(cons, 0)
 	require.NoError(t, err)
@@ -132,7 +132,7 @@ func TestReader_ConsumerDeleted(t *testing.T) {
 // TestReader_StopEndsAWaitingNext: Stop, from another goroutine, ends a Next waiting for a message.
 func TestReader_StopEndsAWaitingNext(t *testing.T) {
 	_, s := stream(t, 0)
-	cons, err := streamread.Create(context.Background(), s, 0)
+	cons, err := streamread.Create(context.Background(), s, "", 0)
 	require.NoError(t, err)
 	r, err := streamread.Read(cons, 0)
 	require.NoError(t, err)
@@ -158,10 +158,10 @@ func TestCreate_UnderTheCallersContext(t *testing.T) {
 	_, s := stream(t, 1)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	_, err := streamread.Create(ctx, s, 0)
+	_, err := streamread.Create(ctx, s, "", 0)
 	require.ErrorIs(t, err, context.Canceled)
 
-	cons, err := streamread.Create(context.Background(), s, 0)
+	cons, err := streamread.Create(context.Background(), s, "", 0)
 	require.NoError(t, err)
 	cfg := cons.CachedInfo().Config
 	require.Equal(t, jetstream.AckNonePolicy, cfg.AckPolicy)
@@ -196,7 +196,7 @@ func lateHeartbeats(t *testing.T, inFlight bool) {
 	_, pjs := natstest.Connect(t, proxy.URL())
 	s, err := pjs.Stream(ctx, "S")
 	require.NoError(t, err)
-	cons, err := streamread.Create(ctx, s, 0)
+	cons, err := streamread.Create(ctx, s, "", 0)
 	require.NoError(t, err)
 	r, err := streamread.Read(cons, 0)
 	require.NoError(t, err)
