@@ -1,12 +1,10 @@
 package projector_test
 
 import (
-	"context"
 	"fmt"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
 	"github.com/novox/mesh-provisioner/internal/natstest"
@@ -36,47 +34,6 @@ func TestProjector_StopDeletesItsConsumers(t *testing.T) {
 	}
 }
 
-// answerLost is a JetStream whose consumer creations reach the server, which creates the consumer,
-// but whose answer the projector never gets before its context ends: a stop while the JetStream API
-// is slow to answer. created is told each time one is created.
-type answerLost struct {
-	jetstream.JetStream
-	created chan<- string
-}
-
-func (j answerLost) create(ctx context.Context, create func(context.Context) (jetstream.Consumer, error)) (jetstream.Consumer, error) {
-	cons, err := create(context.WithoutCancel(ctx))
-	if err != nil {
-		return nil, err
-	}
-	j.created <- cons.CachedInfo().Name
-	<-ctx.Done()
-	return nil, ctx.Err()
-}
-
-func (j answerLost) CreateConsumer(ctx context.Context, stream string, cfg jetstream.ConsumerConfig) (jetstream.Consumer, error) {
-	return j.create(ctx, func(ctx context.Context) (jetstream.Consumer, error) {
-		return j.JetStream.CreateConsumer(ctx, stream, cfg)
-	})
-}
-
-func (j answerLost) Stream(ctx context.Context, name string) (jetstream.Stream, error) {
-	s, err := j.JetStream.Stream(ctx, name)
-	if err != nil {
-		return nil, err
-	}
-	return answerLostStream{Stream: s, j: j}, nil
-}
-
-type answerLostStream struct {
-	jetstream.Stream
-	j answerLost
-}
-
-func (s answerLostStream) CreateConsumer(ctx context.Context, cfg jetstream.ConsumerConfig) (jetstream.Consumer, error) {
-	return s.j.create(ctx, func(ctx context.Context) (jetstream.Consumer, error) { return s.Stream.CreateConsumer(ctx, cfg) })
-}
-
 // TestProjector_StopWhileAConsumerIsCreated: a projector stopped while a bucket's consumer is being
 // created, the request sent and the consumer created by the server but its answer not yet back,
 // deletes that consumer too. Before, the tail knew no name to delete: a stop during a first read of
@@ -89,7 +46,7 @@ func TestProjector_StopWhileAConsumerIsCreated(t *testing.T) {
 	const b = "composed-n0000"
 	_, pjs := natstest.Connect(t, ns.ClientURL())
 	created := make(chan string, 1)
-	p, _, _ := parkingQuiet(t, answerLost{JetStream: pjs, created: created}, pjs, nil, nil)
+	p, _, _ := parkingQuiet(t, natstest.AnswerLost{JetStream: pjs, Created: created}, pjs, nil, nil)
 	select {
 	case <-created:
 	case <-time.After(30 * time.Second):

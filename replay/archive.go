@@ -16,6 +16,7 @@ import (
 	"github.com/klauspost/compress/zstd"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
 	"github.com/vmihailenco/msgpack/v5"
 
 	provisioner "github.com/novox/mesh-provisioner"
@@ -469,21 +470,27 @@ type streamExport struct {
 // read reads the stream through one consumer, from the message after the last one read, until the
 // end (nil) or until the consumer is lost or ctx ends (an error).
 func (e *streamExport) read(ctx context.Context, s jetstream.Stream) (err error) {
-	cons, err := streamread.Create(ctx, s, "", e.prev)
-	if err != nil {
-		return err
-	}
-	defer func() {
-		// Deleted when cancelled too, for at most a second then (a cancelled export barely waits for
-		// a server that is gone): left to its inactive threshold, each Ctrl-C kept a consumer on the
-		// server for five minutes.
+	// Deleted when done, and when cancelled too, for at most a second then (a cancelled export barely
+	// waits for a server that is gone): left to its inactive threshold, each Ctrl-C kept a consumer on
+	// the server for five minutes. Named here, so that one whose creation got no answer (a Ctrl-C
+	// during it) is deleted as well: the server may have created it.
+	name := nuid.Next()
+	drop := func() {
 		dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		if ctx.Err() != nil {
 			dctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 		}
 		defer cancel()
-		_ = s.DeleteConsumer(dctx, cons.CachedInfo().Name)
-	}()
+		_ = s.DeleteConsumer(dctx, name)
+	}
+	cons, err := streamread.Create(ctx, s, name, e.prev)
+	if err != nil {
+		if !streamread.Answered(err) {
+			drop()
+		}
+		return err
+	}
+	defer drop()
 	rd, err := streamread.Read(cons, 4096)
 	if err != nil {
 		return err

@@ -324,6 +324,32 @@ func TestExport_CancelDeletesItsConsumer(t *testing.T) {
 		}
 	})
 	require.ErrorIs(t, err, context.Canceled)
+	noConsumersLeft(t, s)
+}
+
+// An export cancelled while its consumer's creation has no answer yet deletes that consumer too, by
+// the name it gave it: the server may have created it (natstest.AnswerLost: it did).
+func TestExport_CancelWhileTheCreationIsUnansweredDeletesTheConsumer(t *testing.T) {
+	ns := natstest.RunServer(t)
+	_, js := natstest.Connect(t, ns.ClientURL())
+	s := needsWithHistory(t, js, 100)
+	created := make(chan string, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := replay.ExportNATS(ctx, natstest.AnswerLost{JetStream: js, Created: created}, []string{provisioner.BucketNeeds},
+			filepath.Join(t.TempDir(), "cancelled.mph"), "test", nil)
+		done <- err
+	}()
+	natstest.Receive(t, created, 30*time.Second, "no consumer created")
+	require.ErrorIs(t, endsOnCancel(t, cancel, done, "the export"), context.Canceled)
+	noConsumersLeft(t, s)
+}
+
+// noConsumersLeft waits a little for a stream to hold no consumer: one deleted as its reader ended.
+func noConsumersLeft(t *testing.T, s jetstream.Stream) {
+	t.Helper()
 	natstest.CheckFor(t, 3*time.Second, 50*time.Millisecond, func() error {
 		var names []string
 		for name := range s.ConsumerNames(context.Background()).Name() {
