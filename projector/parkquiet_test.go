@@ -292,16 +292,7 @@ func TestProjector_QuietStreamWhoseLastMessageIsGoneParksOnceRead(t *testing.T) 
 	ns := natstest.RunServer(t)
 	nc, js := natstest.Connect(t, ns.ClientURL())
 	ctx := context.Background()
-	composedBuckets(t, js, 1)
-	const bucket = "composed-n0000"
-	kv, err := js.KeyValue(ctx, bucket)
-	require.NoError(t, err)
-	_, err = kv.Put(ctx, "web.2", []byte{0x80})
-	require.NoError(t, err)
-	stream, err := js.Stream(ctx, "KV_"+bucket)
-	require.NoError(t, err)
-	// The stream's last sequence, 2, is no message once its subject is purged (a stream purge, no marker).
-	require.NoError(t, stream.Purge(ctx, jetstream.WithPurgeSubject("$KV."+bucket+".web.2")))
+	bucket, _, stream := composedEndingOnAPurge(t, js)
 	info, err := stream.Info(ctx)
 	require.NoError(t, err)
 	require.Equal(t, uint64(2), info.State.LastSeq)
@@ -324,15 +315,7 @@ func TestProjector_WakeSkipsMessagesRemovedUnread(t *testing.T) {
 	ns := natstest.RunServer(t)
 	_, js := natstest.Connect(t, ns.ClientURL())
 	ctx := context.Background()
-	composedBuckets(t, js, 1)
-	const bucket = "composed-n0000"
-	kv, err := js.KeyValue(ctx, bucket)
-	require.NoError(t, err)
-	_, err = kv.Put(ctx, "web.2", []byte{0x80})
-	require.NoError(t, err)
-	stream, err := js.Stream(ctx, "KV_"+bucket)
-	require.NoError(t, err)
-	require.NoError(t, stream.Purge(ctx, jetstream.WithPurgeSubject("$KV."+bucket+".web.2")))
+	bucket, kv, _ := composedEndingOnAPurge(t, js)
 
 	_, pjs := natstest.Connect(t, ns.ClientURL())
 	p, db, _ := parkingQuiet(t, pjs, nil, []string{bucket}, nil)
@@ -353,4 +336,22 @@ func TestProjector_WakeSkipsMessagesRemovedUnread(t *testing.T) {
 	require.NoError(t, err)
 	p.Wake(bucket)
 	waitApplied(t, db, bucket, 3)
+}
+
+// composedEndingOnAPurge makes one composed-<node> bucket whose stream's last sequence, 2, is no
+// message: web.1 at 1 (composedBuckets), web.2 at 2, its subject then purged (a stream purge, no
+// marker; a TTL without a marker or a rollup leaves the same).
+func composedEndingOnAPurge(t *testing.T, js jetstream.JetStream) (string, jetstream.KeyValue, jetstream.Stream) {
+	t.Helper()
+	ctx := context.Background()
+	composedBuckets(t, js, 1)
+	const bucket = "composed-n0000"
+	kv, err := js.KeyValue(ctx, bucket)
+	require.NoError(t, err)
+	_, err = kv.Put(ctx, "web.2", []byte{0x80})
+	require.NoError(t, err)
+	stream, err := js.Stream(ctx, "KV_"+bucket)
+	require.NoError(t, err)
+	require.NoError(t, stream.Purge(ctx, jetstream.WithPurgeSubject("$KV."+bucket+".web.2")))
+	return bucket, kv, stream
 }

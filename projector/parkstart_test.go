@@ -447,15 +447,7 @@ func TestProjector_StartsParkedWhenItsRemovedEndIsUnchanged(t *testing.T) {
 	ns := natstest.RunServer(t)
 	nc, js := natstest.Connect(t, ns.ClientURL())
 	ctx := context.Background()
-	composedBuckets(t, js, 1)
-	const bucket = "composed-n0000"
-	kv, err := js.KeyValue(ctx, bucket)
-	require.NoError(t, err)
-	_, err = kv.Put(ctx, "web.2", []byte{0x80})
-	require.NoError(t, err)
-	stream, err := js.Stream(ctx, "KV_"+bucket)
-	require.NoError(t, err)
-	require.NoError(t, stream.Purge(ctx, jetstream.WithPurgeSubject("$KV."+bucket+".web.2")))
+	bucket, kv, stream := composedEndingOnAPurge(t, js)
 
 	info, err := stream.Info(ctx)
 	require.NoError(t, err)
