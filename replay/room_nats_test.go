@@ -20,27 +20,6 @@ import (
 	"github.com/novox/mesh-provisioner/store"
 )
 
-// tempWALGrown is "full" once the logs of the temporary stores under tmp hold min bytes, "" before:
-// the line faultfs waits for, so that the disk fills in the middle of a fill, after the open's look.
-type tempWALGrown struct {
-	tmp string
-	min int64
-}
-
-func (w tempWALGrown) String() string {
-	logs, _ := filepath.Glob(filepath.Join(w.tmp, "mesh-provisioner-read-*", "*.log"))
-	var n int64
-	for _, l := range logs {
-		if fi, err := os.Stat(l); err == nil {
-			n += fi.Size()
-		}
-	}
-	if n >= w.min {
-		return "full"
-	}
-	return ""
-}
-
 // fullNow is a log that holds "full" from the start: the disk fills just after the store's look at its
 // room before the open (faultfs.FullOnceLoggedButProbe), and Pebble's first write finds it full.
 type fullNow struct{}
@@ -60,7 +39,9 @@ func TestTempStore_AWriteHeldForRoomEndsTheRead(t *testing.T) {
 	require.NoError(t, fixtures.Load(context.Background(), js, mesh.Ops(), 256, nil))
 	fromNATS := func() (*replay.Log, error) { return replay.FromNATS(context.Background(), js, nil, "nats", nil) }
 	for name, full := range map[string]func(tmp string) fmt.Stringer{
-		"in the fill": func(tmp string) fmt.Stringer { return tempWALGrown{tmp: tmp, min: 32 << 10} },
+		"in the fill": func(tmp string) fmt.Stringer {
+			return faultfs.LogsGrown{Glob: filepath.Join(tmp, "mesh-provisioner-read-*", "*.log"), Min: 32 << 10}
+		},
 		"in the open": func(string) fmt.Stringer { return fullNow{} },
 	} {
 		t.Run(name, func(t *testing.T) { requireHeldWriteEndsTheRead(t, fromNATS, full) })

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"os"
 	"path/filepath"
 	"regexp"
 	"testing"
@@ -63,27 +62,6 @@ func TestRebuild_FullDiskKeepsTheUnfinishedRebuild(t *testing.T) {
 	checkState(t, dir, last)
 }
 
-// walGrown is "full" once the WALs of the state dir's generations hold min bytes, "" before: the
-// line faultfs.FullOnceLogged waits for, so that the disk fills in the middle of a rebuild's fill.
-type walGrown struct {
-	state string
-	min   int64
-}
-
-func (w walGrown) String() string {
-	logs, _ := filepath.Glob(filepath.Join(w.state, "gen-*", "*.log"))
-	var n int64
-	for _, l := range logs {
-		if fi, err := os.Stat(l); err == nil {
-			n += fi.Size()
-		}
-	}
-	if n >= w.min {
-		return "full"
-	}
-	return ""
-}
-
 // TestRebuild_SignalWhileAWriteWaitsForRoom: the disk fills in the middle of a rebuild's fill, and a
 // write of the new generation waits for room (store/space.go), which no stop reaches. A first
 // SIGINT did nothing then, for as long as the disk stayed full; only a second one stopped the
@@ -91,7 +69,9 @@ func (w walGrown) String() string {
 // of room, exits as stopped by the signal, and keeps the generation: the next rebuild, room back,
 // resumes it and finishes.
 func TestRebuild_SignalWhileAWriteWaitsForRoom(t *testing.T) {
-	requireHeldRebuildResumes(t, func(state string, _ fmt.Stringer) fmt.Stringer { return walGrown{state: state, min: 32 << 10} }, bySignal)
+	requireHeldRebuildResumes(t, func(state string, _ fmt.Stringer) fmt.Stringer {
+		return faultfs.LogsGrown{Glob: filepath.Join(state, "gen-*", "*.log"), Min: 32 << 10}
+	}, bySignal)
 }
 
 // finalBarLogged is "full" once the rebuild's log holds the last line of its progress bar ("... in
@@ -130,7 +110,9 @@ func bySignal(t *testing.T, _ *RebuildCommand, cancel context.CancelFunc) func(e
 // (stopOnDenied), and while a write of its generation waited for room it ended "context canceled",
 // neither naming what was refused nor what to grant. It says the refusal, and keeps the generation.
 func TestRebuild_DeniedWhileAWriteWaitsForRoom(t *testing.T) {
-	requireHeldRebuildResumes(t, func(state string, _ fmt.Stringer) fmt.Stringer { return walGrown{state: state, min: 32 << 10} },
+	requireHeldRebuildResumes(t, func(state string, _ fmt.Stringer) fmt.Stringer {
+		return faultfs.LogsGrown{Glob: filepath.Join(state, "gen-*", "*.log"), Min: 32 << 10}
+	},
 		func(t *testing.T, cmd *RebuildCommand, _ context.CancelFunc) func(err error) {
 			// What the connection's error handler does on a violation (natsflags.go); cmd.nats.denied
 			// was set before the fill started, whose held write the caller saw.

@@ -109,6 +109,28 @@ func TryTmpfs(t testing.TB, size int) (string, error) {
 	return dir, nil
 }
 
+// LogsGrown is "full" once the files its Glob matches (Pebble's logs: "gen-*/*.log") hold Min bytes,
+// "" before: a line for FullOnceLogged to wait for, so that the disk fills in the middle of a fill,
+// after the open's look at its room.
+type LogsGrown struct {
+	Glob string
+	Min  int64
+}
+
+func (w LogsGrown) String() string {
+	logs, _ := filepath.Glob(w.Glob)
+	var n int64
+	for _, l := range logs {
+		if fi, err := os.Stat(l); err == nil {
+			n += fi.Size()
+		}
+	}
+	if n >= w.Min {
+		return "full"
+	}
+	return ""
+}
+
 // FillTo writes the file path until its disk has at most leave bytes free.
 func FillTo(t testing.TB, path string, leave int64) {
 	t.Helper()
