@@ -1,0 +1,92 @@
+package store_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/store"
+)
+
+// logEvents counts a bucket's logged events: by sequence, and under each key (which holds the purges a
+// rollup wrote under the keys it removed).
+func logEvents(t *testing.T, db *store.DB, bucket string, keys ...string) (bySeq, byKey int) {
+	t.Helper()
+	v, err := db.View()
+	require.NoError(t, err)
+	defer v.Close()
+	require.NoError(t, v.Events(bucket, 0, func([]byte, *store.Event) bool { bySeq++; return true }))
+	for _, k := range keys {
+		require.NoError(t, v.KeyHistory(bucket, k, func(*store.Event) bool { byKey++; return true }))
+	}
+	return bySeq, byKey
+}
+
+// TestDB_TrimBoundsTheLogUnderRepeatedRollups: the trim keeps a rollup that removed other keys while a
+// key it removed still holds an event from before it (dropped, a fill of the log by sequence brings
+// that key back), and was built to bound the log by the keys' count. A client that rolls its bucket
+// up again and again (a put with Nats-Rollup: all, a purge of n1.*) kept every one of those rollups,
+// and a purge under every key each removed, for ever: 2 events more per round, trimmed or not. Now
+// the trim walks the keys a rollup removed when it meets it, drops what of them came before it (as a
+// purge of theirs would), and the rollup is then an event like any other; the log stays the size of
+// the keys, and the state as of every point from the floor on is unchanged.
+func TestDB_TrimBoundsTheLogUnderRepeatedRollups(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		bucket string
+		roll   func(seq uint64) provisioner.Message
+	}{
+		{"all", provisioner.BucketApplied, func(seq uint64) provisioner.Message {
+			return rollup(put(seq, "n1.x", []byte{0xc0}), provisioner.RollupAll)
+		}},
+		{"wildcard", provisioner.BucketApplied, func(seq uint64) provisioner.Message {
+			return rollup(provisioner.Message{Seq: seq, Time: int64(seq) * 1e9, Key: "n1.*", Op: provisioner.OpPurge}, provisioner.RollupSub)
+		}},
+		{"needs", provisioner.BucketNeeds, func(seq uint64) provisioner.Message {
+			return rollup(provisioner.Message{Seq: seq, Time: int64(seq) * 1e9, Key: "n1.m.>", Op: provisioner.OpPurge}, provisioner.RollupSub)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			db, err := store.Open(t.TempDir(), store.Options{})
+			require.NoError(t, err)
+			defer db.Close()
+			b := tc.bucket
+			keys := []string{"n1.a", "n1.b", "n2.a"}
+			if b == provisioner.BucketNeeds {
+				keys = []string{"n1.m.k.a", "n1.m.k.b", "n2.m.k.a"}
+			}
+			seq := uint64(0)
+			const rounds = 50
+			var sizes []int
+			for r := 0; r < rounds; r++ {
+				var msgs []provisioner.Message
+				for _, k := range keys {
+					seq++
+					msgs = append(msgs, put(seq, k, []byte{0xc0}))
+				}
+				require.NoError(t, db.Apply(b, msgs, 0, false))
+				seq++
+				require.NoError(t, db.Apply(b, []provisioner.Message{tc.roll(seq)}, 0, false))
+				seq++
+				require.NoError(t, db.Apply(b, []provisioner.Message{put(seq, keys[0], []byte{0xc0})}, 0, false))
+				want := map[uint64][]string{}
+				for n := seq - 2; n <= seq; n++ {
+					want[n] = keysAt(t, db, b, n)
+				}
+				_, err = db.TrimHistory(ctx, b, seq-2, int64(seq-2)*1e9)
+				require.NoError(t, err)
+				for n := seq - 2; n <= seq; n++ {
+					require.Equal(t, want[n], keysAt(t, db, b, n), "round %d: as of %d after a trim to %d", r, n, seq-2)
+				}
+				bySeq, byKey := logEvents(t, db, b, append(keys, "n1.x", "n1.*", "n1.m.>")...)
+				sizes = append(sizes, bySeq+byKey)
+			}
+			t.Logf("%s: logged events (by sequence + by key) after rounds 1, 10, %d: %d, %d, %d", tc.name, rounds, sizes[0], sizes[9], sizes[rounds-1])
+			require.LessOrEqual(t, sizes[rounds-1], sizes[1], fmt.Sprintf("the log grew with the rollups: %v", sizes))
+		})
+	}
+}
