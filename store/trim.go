@@ -88,6 +88,7 @@ func (db *DB) TrimHistory(ctx context.Context, bucket string, horizon uint64, ho
 	defer walk.Close()
 	deleted := 0
 	t := newTrimmer(db, bucket)
+	t.marks, t.ctx = &marks, ctx
 	if err := t.begin(); err != nil {
 		return 0, err
 	}
@@ -135,6 +136,8 @@ type trimmer struct {
 	keptOld  map[string]keptEvents // the generation before kept (begin)
 	pinned   map[uint64]bool       // rollups that removed other keys, never dropped (pin)
 	buf      []byte
+	marks    *HistoryMarks // the trim's marks, committed with each batch
+	ctx      context.Context
 }
 
 // pin keeps the event at seq whatever comes after it: a rollup that removed other keys. The log names
@@ -302,13 +305,6 @@ func (t *trimmer) event(key string, seq uint64, own bool) (int, error) {
 			next = keptEvents{newest: seq, purge: seq}
 		}
 	}
-	removesOthers := own && m.RemovesOthers()
-	var removed []string
-	if removesOthers {
-		if removed, err = t.removedAt(&m, seq, false); err != nil {
-			return 0, err
-		}
-	}
 	// The keys the rollup removed: each has a purge at seq under it that the walk by sequence never
 	// meets, handled here as that key's event, so that what they kept from before the rollup goes as
 	// a purge's would. The rollup is pinned only when one of them keeps its purge (a composed build
@@ -317,15 +313,43 @@ func (t *trimmer) event(key string, seq uint64, own bool) (int, error) {
 	// left from before it, and it is an event of its own key like any other: before, every rollup
 	// that removed other keys was kept for ever, with a purge under every key it removed, and a
 	// client rolling its bucket up again and again grew the log without bound.
-	for _, x := range removed {
-		d, err := t.event(x, seq, false)
+	//
+	// A rollup of a whole bucket removed every key of it: they are read and handled trimBatch at a
+	// time, each lot committed in a batch of its own as a part of the walk before the rollup (the
+	// batch's marks say only what is below it was walked), so that the trim's memory stays that of a
+	// batch. A trim stopped between two lots walks the rollup again, and meets only the keys that
+	// still hold its purge: each handled again is left as it was.
+	for after := ""; own && m.RemovesOthers(); {
+		removed, err := t.removedAt(&m, seq, after, trimBatch)
 		if err != nil {
 			return 0, err
 		}
-		deleted += d
-		if k, _ := t.keptOf(x); k.newest == seq || k.purge == seq || k.published == seq {
-			t.pin(seq)
-			next.pin = true
+		for _, x := range removed {
+			d, err := t.event(x, seq, false)
+			if err != nil {
+				return 0, err
+			}
+			deleted += d
+			if k, _ := t.keptOf(x); k.newest == seq || k.purge == seq || k.published == seq {
+				t.pin(seq)
+				next.pin = true
+			}
+		}
+		if len(removed) < trimBatch {
+			break
+		}
+		after = removed[len(removed)-1]
+		m.Value = nil // in the iterator's memory, which commit closes
+		marks := *t.marks
+		marks.Trimmed = max(marks.Trimmed, seq-1)
+		if err := t.commit(marks); err != nil {
+			return 0, err
+		}
+		if err := t.ctx.Err(); err != nil {
+			return 0, err
+		}
+		if err := t.begin(); err != nil {
+			return 0, err
 		}
 	}
 	if next.pin = next.pin || k.pin; next.pin {
@@ -351,11 +375,11 @@ func (t *trimmer) event(key string, seq uint64, own bool) (int, error) {
 	return deleted, nil
 }
 
-// removedAt lists the keys other than m's own that hold an event at seq, the sequence of m, a rollup
-// that removed other keys: the keys it removed, each with a purge there (doc.go). first stops at the
-// first one. It reads the committed log under the rollup's literal tokens (every key for a rollup of
-// the whole stream), two seeks a key.
-func (t *trimmer) removedAt(m *provisioner.Message, seq uint64, first bool) ([]string, error) {
+// removedAt lists, in key order, at most limit keys after after ("": from the first) other than m's
+// own that hold an event at seq, the sequence of m, a rollup that removed other keys: the keys it
+// removed, each with a purge there (doc.go). It reads the committed log under the rollup's literal
+// tokens (every key for a rollup of the whole stream), two seeks a key.
+func (t *trimmer) removedAt(m *provisioner.Message, seq uint64, after string, limit int) ([]string, error) {
 	base := bucketPrefix(nil, prefixHistory, t.bucket)
 	lo := appendEsc(append([]byte(nil), base...), rollupPrefix(m))
 	it, err := t.db.pdb.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: prefixEnd(lo)})
@@ -364,7 +388,11 @@ func (t *trimmer) removedAt(m *provisioner.Message, seq uint64, first bool) ([]s
 	}
 	var keys []string
 	var comp, at []byte
-	for valid := it.First(); valid; valid = it.SeekGE(prefixEnd(comp)) {
+	valid := it.First()
+	if after != "" {
+		valid = it.SeekGE(prefixEnd(appendComp(append([]byte(nil), base...), after)))
+	}
+	for ; valid; valid = it.SeekGE(prefixEnd(comp)) {
 		k := it.Key()
 		if len(k) < len(base)+10 {
 			it.Close()
@@ -379,8 +407,7 @@ func (t *trimmer) removedAt(m *provisioner.Message, seq uint64, first bool) ([]s
 			continue
 		}
 		if key := string(unesc(nil, comp[len(base):len(comp)-2])); key != m.Key {
-			keys = append(keys, key)
-			if first {
+			if keys = append(keys, key); len(keys) >= limit {
 				break
 			}
 		}
@@ -452,7 +479,7 @@ func (t *trimmer) keptBefore(key string, start []byte, plans bool) (keptEvents, 
 		if m.RemovesOthers() && !t.pinned[m.Seq] {
 			// A rollup that removed other keys, walked by an earlier trim: pinned while a key it
 			// removed still keeps its purge (event); an older binary's trim kept them all.
-			still, err := t.removedAt(&m, m.Seq, true)
+			still, err := t.removedAt(&m, m.Seq, "", 1)
 			if err != nil {
 				return k, deleted, err
 			}

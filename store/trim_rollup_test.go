@@ -90,3 +90,72 @@ func TestDB_TrimBoundsTheLogUnderRepeatedRollups(t *testing.T) {
 		})
 	}
 }
+
+// TestDB_TrimHandlesARollupsKeysInLots: the keys a rollup of a whole bucket removed (any node's user can
+// send one, docs/accounts.md) are handled by the trim that meets it trimBatch at a time, each lot in a
+// batch of its own, not all in the rollup's batch (a million keys' events in one Pebble batch). A trim
+// stopped between two lots resumes, and leaves the log and every point from the floor on as an
+// uninterrupted one does.
+func TestDB_TrimHandlesARollupsKeysInLots(t *testing.T) {
+	defer store.SetTrimBatch(4)()
+	b := provisioner.BucketApplied
+	build := func() (*store.DB, uint64) {
+		db, err := store.Open(t.TempDir(), store.Options{})
+		require.NoError(t, err)
+		seq := uint64(0)
+		var msgs []provisioner.Message
+		for i := 0; i < 30; i++ {
+			seq++
+			msgs = append(msgs, put(seq, fmt.Sprintf("n%d.m", i%3+1)+fmt.Sprint(i), []byte{0xc0}))
+		}
+		require.NoError(t, db.Apply(b, msgs, 0, false))
+		_, err = db.TrimHistory(context.Background(), b, seq, int64(seq)*1e9) // the keys are kept from an earlier trim
+		require.NoError(t, err)
+		seq++
+		require.NoError(t, db.Apply(b, []provisioner.Message{rollup(put(seq, "n9.x", []byte{0xc0}), provisioner.RollupAll)}, 0, false))
+		seq++
+		require.NoError(t, db.Apply(b, []provisioner.Message{put(seq, "n1.m0", []byte{0xc0})}, 0, false))
+		return db, seq
+	}
+	whole, seq := build()
+	defer whole.Close()
+	want := map[uint64][]string{}
+	for n := seq - 1; n <= seq; n++ {
+		want[n] = keysAt(t, whole, b, n)
+	}
+	batches := 0
+	restore := store.OnTrimBatch(func() { batches++ })
+	_, err := whole.TrimHistory(context.Background(), b, seq, int64(seq)*1e9)
+	restore()
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, batches, 30/4+1, "a walk of 2 events, the rollup's 30 keys in lots of 4")
+	wantSeq, wantKey := logEvents(t, whole, b, "n9.x", "n1.m0")
+	require.Equal(t, want[seq], keysAt(t, whole, b, seq))
+
+	stopped, _ := build()
+	defer stopped.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	at := batches/2 + 1 // in the middle of the rollup's lots
+	batches = 0
+	restore = store.OnTrimBatch(func() {
+		if batches++; batches == at {
+			cancel()
+		}
+	})
+	_, err = stopped.TrimHistory(ctx, b, seq, int64(seq)*1e9)
+	restore()
+	require.ErrorIs(t, err, context.Canceled)
+	_, err = stopped.TrimHistory(context.Background(), b, seq, int64(seq)*1e9)
+	require.NoError(t, err)
+	for n := seq - 1; n <= seq; n++ {
+		require.Equal(t, want[n], keysAt(t, stopped, b, n), "as of %d", n)
+	}
+	gotSeq, gotKey := logEvents(t, stopped, b, "n9.x", "n1.m0")
+	require.Equal(t, []int{wantSeq, wantKey}, []int{gotSeq, gotKey})
+	v, err := stopped.View()
+	require.NoError(t, err)
+	defer v.Close()
+	events := 0
+	require.NoError(t, v.StateAt(b, "", "", seq, func([]byte, *store.Event) bool { events++; return true }))
+	require.Equal(t, 2, events)
+}
