@@ -140,8 +140,9 @@
 //   - A rollup that removed other keys (a wildcard or Nats-Rollup: all): the purges it wrote under the
 //     keys it removed have no entry by sequence, so the walk meets them when it meets the rollup (the
 //     keys with an event at its sequence, under its literal tokens: two seeks a key of the log) and
-//     handles each as that key's event, dropping what they kept from before it. The rollup is then an
-//     event of its own key like any other, unless one of those keys keeps its purge (a composed build
+//     handles each as that key's event, dropping what they kept from before it (trimBatch keys a
+//     batch, committed as the walk below the rollup, so a stop between lots walks it again). The
+//     rollup is then an event of its own key like any other, unless one of those keys keeps its purge (a composed build
 //     written differently, whose other spelling keeps an event below it): a fill by sequence (plans
 //     as of a point, an export) meets that purge only through the rollup, so the rollup is never
 //     trimmed while one does (pinned; a later trim reads it back and asks again), and its own key
