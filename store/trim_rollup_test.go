@@ -159,3 +159,41 @@ func TestDB_TrimHandlesARollupsKeysInLots(t *testing.T) {
 	require.NoError(t, v.StateAt(b, "", "", seq, func([]byte, *store.Event) bool { events++; return true }))
 	require.Equal(t, 2, events)
 }
+
+// TestDB_TrimStillPinsARollupAKeyKeepsThePurgeOf: the one rollup the trim keeps whatever follows it is one
+// that removed a composed build's key while another spelling of the build keeps an event below it
+// (a.3 removed by *.3, a.03 not): a.3 keeps its purge, which a fill of the log by sequence meets
+// only through the rollup.
+func TestDB_TrimStillPinsARollupAKeyKeepsThePurgeOf(t *testing.T) {
+	ctx := context.Background()
+	db, err := store.Open(t.TempDir(), store.Options{})
+	require.NoError(t, err)
+	defer db.Close()
+	c := provisioner.ComposedPrefix + "n1"
+	pub := mpk(t, map[string]any{"status": "published", "plan": "p"})
+	require.NoError(t, db.Apply(c, []provisioner.Message{put(1, "a.03", pub), put(2, "a.3", pub), put(3, "b.1", pub)}, 0, false))
+	require.NoError(t, db.Apply(c, []provisioner.Message{rollup(purge(4, "*.3"), provisioner.RollupSub)}, 0, false))
+	require.NoError(t, db.Apply(c, []provisioner.Message{put(5, "b.1", pub)}, 0, false))
+	require.NoError(t, db.Apply(c, []provisioner.Message{rollup(purge(6, "*.3"), provisioner.RollupSub)}, 0, false))
+	require.NoError(t, db.Apply(c, []provisioner.Message{put(7, "b.1", pub)}, 0, false))
+	want := keysAt(t, db, c, 7)
+	for _, horizon := range []uint64{5, 7} {
+		_, err = db.TrimHistory(ctx, c, horizon, int64(horizon)*1e9)
+		require.NoError(t, err)
+		require.Equal(t, want, keysAt(t, db, c, 7))
+		v, err := db.View()
+		require.NoError(t, err)
+		var seqs []uint64
+		require.NoError(t, v.Events(c, 0, func(_ []byte, ev *store.Event) bool { seqs = append(seqs, ev.Seq); return true }))
+		v.Close()
+		require.Contains(t, seqs, uint64(4), "after a trim to %d: %v", horizon, seqs)
+		var hist []uint64
+		require.NoError(t, func() error {
+			v, err := db.View()
+			require.NoError(t, err)
+			defer v.Close()
+			return v.KeyHistory(c, "a.3", func(ev *store.Event) bool { hist = append(hist, ev.Seq); return true })
+		}())
+		require.Equal(t, []uint64{4}, hist, "a.3 keeps the purge the rollup wrote, after a trim to %d", horizon)
+	}
+}
