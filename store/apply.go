@@ -606,15 +606,7 @@ func (a *applier) apply(shape provisioner.Shape, m *provisioner.Message) error {
 func (a *applier) rollup(shape provisioner.Shape, m *provisioner.Message, from string, limit int) (string, int, error) {
 	bucket := shape.Bucket
 	// Rows: those under the pattern's literal tokens (all of them for a rollup of the stream).
-	var prefix string
-	if m.Rollup == provisioner.RollupSub {
-		for tok := range strings.SplitSeq(m.Key, ".") {
-			if tok == "*" || tok == ">" {
-				break
-			}
-			prefix += tok + "."
-		}
-	}
+	prefix := rollupPrefix(m)
 	match := func(key string) bool {
 		// A foreign rollup's subject is no key: a key of the same text is removed too.
 		return (m.Foreign || key != m.Key) && (m.Rollup == provisioner.RollupAll || provisioner.RollupMatches(m.Key, key))
@@ -717,6 +709,21 @@ func (a *applier) rollupScan(bucket string, p byte, prefix, from, upTo string, l
 		return nil, 0, err
 	}
 	return keys, read, nil
+}
+
+// rollupPrefix is what every key a rollup that removed other keys can remove starts with: the literal
+// tokens of its subject before the first wildcard, each with its dot; "" for a rollup of the stream.
+func rollupPrefix(m *provisioner.Message) string {
+	var prefix string
+	if m.Rollup == provisioner.RollupSub {
+		for tok := range strings.SplitSeq(m.Key, ".") {
+			if tok == "*" || tok == ">" {
+				break
+			}
+			prefix += tok + "."
+		}
+	}
+	return prefix
 }
 
 // rollupDeletedScan lists, in key order, at most limit (0: any number) raw keys of a bucket's event

@@ -137,12 +137,18 @@
 //     the log, so a resumed trim keeps the same. The other buckets, the plans' other inputs among them,
 //     keep the rule above. A put or a delete that rolled its own key up (Nats-Rollup) forgets the
 //     build before it is folded, so it is kept as a marker is.
-//   - A rollup that removed other keys (a wildcard or Nats-Rollup: all) is never trimmed, whatever
-//     comes after it: the purges it wrote under the keys it removed have no entry by sequence, so the
-//     walk never meets them and those keys keep their events from before it; a fill by sequence
-//     (plans as of a point) removes them again through the rollup alone. Its own key then keeps its
-//     newest event beside it, whatever it is (a rollup that is a put of the key, deleted since, is not
-//     the key's state), so such a key keeps more than three events.
+//   - A rollup that removed other keys (a wildcard or Nats-Rollup: all): the purges it wrote under the
+//     keys it removed have no entry by sequence, so the walk meets them when it meets the rollup (the
+//     keys with an event at its sequence, under its literal tokens: two seeks a key of the log) and
+//     handles each as that key's event, dropping what they kept from before it (trimBatch keys a
+//     batch, committed as the walk below the rollup, so a stop between lots walks it again). The
+//     rollup is then an event of its own key like any other, unless one of those keys keeps its purge (a composed build
+//     written differently, whose other spelling keeps an event below it): a fill by sequence (plans
+//     as of a point, an export) meets that purge only through the rollup, so the rollup is never
+//     trimmed while one does (pinned; a later trim reads it back and asks again), and its own key
+//     keeps its newest event beside it, whatever it is (a rollup that is a put of the key, deleted
+//     since, is not the key's state), so such a key keeps more than three events. A log an older
+//     binary trimmed keeps its rollups with the purges under the keys they removed: they stay pinned.
 //   - A gap is a range of messages the stream removed before the projector read them: Apply sees the
 //     next sequence jump past applied + 1 (a KV bucket's history limit or a purge removed superseded
 //     revisions while the projector was behind, or a fresh projection starts on a stream whose first

@@ -71,3 +71,9 @@ func SetViewSnapshotHook(f func()) (restore func()) {
 	viewSnapshotHook = f
 	return func() { viewSnapshotHook = old }
 }
+
+// OnTrimBatch calls fn as each trim batch ends (committed or not).
+func OnTrimBatch(fn func()) (restore func()) {
+	trimIterDone = func(pebble.IteratorStats) { fn() }
+	return func() { trimIterDone = nil }
+}

@@ -88,6 +88,7 @@ func (db *DB) TrimHistory(ctx context.Context, bucket string, horizon uint64, ho
 	defer walk.Close()
 	deleted := 0
 	t := newTrimmer(db, bucket)
+	t.marks, t.ctx = &marks, ctx
 	if err := t.begin(); err != nil {
 		return 0, err
 	}
@@ -95,7 +96,7 @@ func (db *DB) TrimHistory(ctx context.Context, bucket string, horizon uint64, ho
 	n := 0
 	for walk.First(); walk.Valid(); walk.Next() {
 		seq := binary.BigEndian.Uint64(walk.Key()[len(p):])
-		d, err := t.event(string(walk.Value()), seq)
+		d, err := t.event(string(walk.Value()), seq, true)
 		if err != nil {
 			return deleted, fmt.Errorf("trim %s at %d: %w", bucket, seq, err)
 		}
@@ -135,6 +136,8 @@ type trimmer struct {
 	keptOld  map[string]keptEvents // the generation before kept (begin)
 	pinned   map[uint64]bool       // rollups that removed other keys, never dropped (pin)
 	buf      []byte
+	marks    *HistoryMarks // the trim's marks, committed with each batch
+	ctx      context.Context
 }
 
 // pin keeps the event at seq whatever comes after it: a rollup that removed other keys. The log names
@@ -237,7 +240,10 @@ func (t *trimmer) commit(m HistoryMarks) error {
 // an event below it (othersBelow), and otherwise dropped with the rest of the key as before: with
 // nothing of the build below it, a delete that publishes nothing and a marker fold to no record, as
 // an empty log does.
-func (t *trimmer) event(key string, seq uint64) (int, error) {
+//
+// own says the event is the message at seq (its entry by sequence names key); otherwise it is the purge
+// a rollup that removed other keys wrote under key at its own sequence (removedBy).
+func (t *trimmer) event(key string, seq uint64, own bool) (int, error) {
 	start := historyKeyStart(nil, t.bucket, key)
 	cur := binary.BigEndian.AppendUint64(append([]byte(nil), start...), seq)
 	if !t.hist.SeekGE(cur) || !bytes.Equal(t.hist.Key(), cur) {
@@ -299,9 +305,52 @@ func (t *trimmer) event(key string, seq uint64) (int, error) {
 			next = keptEvents{newest: seq, purge: seq}
 		}
 	}
-	if m.RemovesOthers() {
-		t.pin(seq)
-		next.pin = true
+	// The keys the rollup removed: each has a purge at seq under it that the walk by sequence never
+	// meets, handled here as that key's event, so that what they kept from before the rollup goes as
+	// a purge's would. The rollup is pinned only when one of them keeps its purge (a composed build
+	// written differently, whose other spelling keeps an event below it): a fill of the log by
+	// sequence meets that purge only through the rollup. Otherwise nothing of the keys it removed is
+	// left from before it, and it is an event of its own key like any other: before, every rollup
+	// that removed other keys was kept for ever, with a purge under every key it removed, and a
+	// client rolling its bucket up again and again grew the log without bound.
+	//
+	// A rollup of a whole bucket removed every key of it: they are read and handled trimBatch at a
+	// time, each lot committed in a batch of its own as a part of the walk before the rollup (the
+	// batch's marks say only what is below it was walked), so that the trim's memory stays that of a
+	// batch. A trim stopped between two lots walks the rollup again, and meets only the keys that
+	// still hold its purge: each handled again is left as it was.
+	for after := ""; own && m.RemovesOthers(); {
+		removed, err := t.removedAt(&m, seq, after, trimBatch)
+		if err != nil {
+			return 0, err
+		}
+		for _, x := range removed {
+			d, err := t.event(x, seq, false)
+			if err != nil {
+				return 0, err
+			}
+			deleted += d
+			if k, _ := t.keptOf(x); k.newest == seq || k.purge == seq || k.published == seq {
+				t.pin(seq)
+				next.pin = true
+			}
+		}
+		if len(removed) < trimBatch {
+			break
+		}
+		after = removed[len(removed)-1]
+		m.Value = nil // in the iterator's memory, which commit closes
+		marks := *t.marks
+		marks.Trimmed = max(marks.Trimmed, seq-1)
+		if err := t.commit(marks); err != nil {
+			return 0, err
+		}
+		if err := t.ctx.Err(); err != nil {
+			return 0, err
+		}
+		if err := t.begin(); err != nil {
+			return 0, err
+		}
 	}
 	if next.pin = next.pin || k.pin; next.pin {
 		// The key keeps a rollup that removed other keys (pin), which may be a put of it: its newest
@@ -318,12 +367,55 @@ func (t *trimmer) event(key string, seq uint64) (int, error) {
 		// The walked event, and the newest this trim kept of a key it met, are named by their
 		// entries by sequence; what was read back from the log may be a purge a rollup wrote under
 		// the key at its own sequence (drop).
-		if err := t.drop(start, key, s, s == seq || met && s == k.newest); err != nil {
+		if err := t.drop(start, key, s, s == seq && own || met && s == k.newest); err != nil {
 			return 0, err
 		}
 		deleted++
 	}
 	return deleted, nil
+}
+
+// removedAt lists, in key order, at most limit keys after after ("": from the first) other than m's
+// own that hold an event at seq, the sequence of m, a rollup that removed other keys: the keys it
+// removed, each with a purge there (doc.go). It reads the committed log under the rollup's literal
+// tokens (every key for a rollup of the whole stream), two seeks a key.
+func (t *trimmer) removedAt(m *provisioner.Message, seq uint64, after string, limit int) ([]string, error) {
+	base := bucketPrefix(nil, prefixHistory, t.bucket)
+	lo := appendEsc(append([]byte(nil), base...), rollupPrefix(m))
+	it, err := t.db.pdb.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: prefixEnd(lo)})
+	if err != nil {
+		return nil, err
+	}
+	var keys []string
+	var comp, at []byte
+	valid := it.First()
+	if after != "" {
+		valid = it.SeekGE(prefixEnd(appendComp(append([]byte(nil), base...), after)))
+	}
+	for ; valid; valid = it.SeekGE(prefixEnd(comp)) {
+		k := it.Key()
+		if len(k) < len(base)+10 {
+			it.Close()
+			return nil, fmt.Errorf("%w: history key %q", ErrCorrupt, k)
+		}
+		comp = append(comp[:0], k[:len(k)-8]...) // base, the escaped key, its terminator
+		at = binary.BigEndian.AppendUint64(append(at[:0], comp...), seq)
+		if !it.SeekGE(at) {
+			break
+		}
+		if !bytes.Equal(it.Key(), at) {
+			continue
+		}
+		if key := string(unesc(nil, comp[len(base):len(comp)-2])); key != m.Key {
+			if keys = append(keys, key); len(keys) >= limit {
+				break
+			}
+		}
+	}
+	if err := it.Close(); err != nil {
+		return nil, err
+	}
+	return keys, nil
 }
 
 // othersBelow reports whether another spelling of the build of a composed-<node> key (the module's
@@ -384,9 +476,19 @@ func (t *trimmer) keptBefore(key string, start []byte, plans bool) (keptEvents, 
 			return k, deleted, err
 		}
 		marker := plans && (m.Op != provisioner.OpPut && m.Op != provisioner.OpDelete || m.Rollup != provisioner.RollupNone)
-		if m.RemovesOthers() {
-			t.pin(m.Seq) // never dropped, whichever of the three it is
-			k.pin = true
+		if m.RemovesOthers() && !t.pinned[m.Seq] {
+			// A rollup that removed other keys, walked by an earlier trim: pinned while a key it
+			// removed still keeps its purge (event); an older binary's trim kept them all.
+			still, err := t.removedAt(&m, m.Seq, "", 1)
+			if err != nil {
+				return k, deleted, err
+			}
+			if len(still) > 0 {
+				t.pin(m.Seq)
+			}
+		}
+		if t.pinned[m.Seq] {
+			k.pin = true // never dropped, whichever of the three it is
 		}
 		switch published := plans && provisioner.PublishesPlan(&m); {
 		case k.newest == 0:
