@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"sort"
+	"strconv"
 
 	"github.com/vmihailenco/msgpack/v5"
 	"github.com/vmihailenco/msgpack/v5/msgpcode"
@@ -23,7 +24,7 @@ type RegistryEntry struct {
 // Registry is the table of CONTRACT section 4, one place to read and change it. The server writes it
 // into mesh-provisioner_registry at start and every --registry-interval, only where the stored value
 // differs, and deletes every key the table does not hold.
-var Registry = buildRegistry(
+var Registry = NewRegistryTable(RegistryVersion,
 	// config: configuration values are not secret and are read far more often than they change, so
 	// mesh-config keeps them per node and module in its own bucket: a client reads (or watches) them
 	// straight from the bucket, with no request to a seat per read.
@@ -63,15 +64,47 @@ var Registry = buildRegistry(
 	RegistryEntry{Kind: "machine", Module: "mesh-controller", Bucket: "mesh-controller_assignments", KeyShape: "<node>.<module>"},
 )
 
-// RegistryTable is the compiled table: entries in key order and an index by kind.
+// RegistryVersion is the version of the compiled table (Registry). Raise it by one with every change
+// of the table: each write of the registry carries it in the header HeaderRegistryVersion, and a seat
+// never rewrites or deletes a key whose last message carries a higher one, so that during a rolling
+// upgrade the seats of the old binary leave the new table alone (docs/decisions.md, The registry).
+// TestRegistry_VersionFollowsTheTable fails when the table changes and the version does not.
+const RegistryVersion = 1
+
+// HeaderRegistryVersion is the header of a registry message (a put or a delete marker of a stray)
+// that names the version of the table whose writer wrote it. A message without it (a hand edit, a
+// seat from before versions) is of version 0.
+const HeaderRegistryVersion = "Mesh-Provisioner-Registry-Version"
+
+// RegistryVersionOfHeaders reads HeaderRegistryVersion from a message's headers (a nats.Header): 0
+// when absent or not a decimal number.
+func RegistryVersionOfHeaders(h map[string][]string) uint64 {
+	v := h[HeaderRegistryVersion]
+	if len(v) == 0 {
+		return 0
+	}
+	n, err := strconv.ParseUint(v[0], 10, 64)
+	if err != nil {
+		return 0
+	}
+	return n
+}
+
+// RegistryTable is the compiled table: entries in key order and an index by kind, and the table's
+// version (RegistryVersion for Registry).
 type RegistryTable struct {
 	Entries []RegistryEntry
+	Version uint64
 	byKind  map[string]int
 }
 
-// NewRegistryTable compiles a table of entries, as Registry is compiled: another seat version's table,
-// in tests. It panics on an entry that is not well formed.
-func NewRegistryTable(entries ...RegistryEntry) RegistryTable { return buildRegistry(entries...) }
+// NewRegistryTable compiles a table of entries at a version, as Registry is compiled: another seat
+// version's table, in tests. It panics on an entry that is not well formed.
+func NewRegistryTable(version uint64, entries ...RegistryEntry) RegistryTable {
+	t := buildRegistry(entries...)
+	t.Version = version
+	return t
+}
 
 func buildRegistry(entries ...RegistryEntry) RegistryTable {
 	sort.Slice(entries, func(i, j int) bool { return entries[i].Kind < entries[j].Kind })

@@ -2,6 +2,8 @@ package provisioner
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"sort"
 	"testing"
 
@@ -310,5 +312,29 @@ func TestRegistryFields(t *testing.T) {
 		"cut short":               {[]byte{0x82, 0xa6, 'm', 'o', 'd', 'u', 'l', 'e', 0xa1, 'm', 0xa4}, RegistryEntry{Module: "m"}},
 	} {
 		require.Equal(t, tc.want, RegistryFields(tc.value), name)
+	}
+}
+
+// registryVersions records the table of each RegistryVersion by a hash of its entries' values, in key
+// order. Changing the table without raising the version would let the seats of two binaries with the
+// same version and different tables rewrite each other's kinds every interval.
+var registryVersions = map[uint64]string{
+	1: "a694f87c7634d2d256df69055153f851fff49c1d94731577b3abc9c6f8063154",
+}
+
+func TestRegistry_VersionFollowsTheTable(t *testing.T) {
+	h := sha256.New()
+	for _, e := range Registry.Entries {
+		h.Write(e.Value())
+	}
+	got := hex.EncodeToString(h.Sum(nil))
+	require.EqualValues(t, RegistryVersion, Registry.Version)
+	want, ok := registryVersions[RegistryVersion]
+	require.True(t, ok, "record version %d's hash %s in registryVersions", RegistryVersion, got)
+	require.Equal(t, want, got, "the table changed: raise RegistryVersion and record the new table's hash under it")
+	for v, hash := range registryVersions {
+		if v != RegistryVersion {
+			require.NotEqual(t, hash, got, "the table is version %d's again: a version never goes back", v)
+		}
 	}
 }

@@ -11,6 +11,10 @@
 // a reader decodes it (provisioner.RegistryEntry.Matches), so another encoding of the same entry is
 // left alone.
 //
+// Every write carries the table's version (provisioner.HeaderRegistryVersion), and a key whose last
+// message names a higher version is left alone: during a rolling upgrade the old seats neither
+// downgrade nor delete what the new table wrote.
+//
 // Keys are listed from the stream's per-subject state (one STREAM.INFO request with a subject filter),
 // not with a watcher, so the writer needs no consumer of its own: the least a NATS account can grant it
 // is STREAM.INFO, DIRECT.GET (or STREAM.MSG.GET) and publish on $KV.mesh-provisioner_registry.>, plus
@@ -23,6 +27,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -216,17 +221,26 @@ func (w *Writer) Pass(ctx context.Context) (int, error) { return w.pass(ctx, fal
 func (w *Writer) pass(ctx context.Context, lostOnly bool) (int, error) {
 	ctx, cancel := context.WithTimeout(ctx, passTimeout)
 	defer cancel()
-	kv, err := w.bucket(ctx)
-	if err != nil {
+	if _, err := w.bucket(ctx); err != nil {
 		return 0, err
 	}
 	writes := 0
 	var changed []string // the kinds written, and the strays deleted, for the log
+	var left []string    // the keys a newer table wrote, left alone, for the log
 	defer func() {
 		w.mu.Lock()
 		w.writes += writes
 		w.mu.Unlock()
-		if writes == 0 || ctx.Err() != nil {
+		if ctx.Err() != nil {
+			return
+		}
+		if len(left) > 0 && !lostOnly {
+			// One line a pass (an hour), not a repair: during a rolling upgrade the old seats say
+			// why they leave the table as it is; after a rollback, what to remove.
+			w.log.Info("registry keys of a newer table left alone", "version", w.table.Version,
+				"keys", strings.Join(left, " "))
+		}
+		if writes == 0 {
 			return
 		}
 		// One info line a pass that changed something, naming what it changed.
@@ -241,10 +255,14 @@ func (w *Writer) pass(ctx context.Context, lostOnly bool) (int, error) {
 		return 0, fmt.Errorf("registry stream: %w", err)
 	}
 	for _, e := range w.table.Entries {
-		n, err := w.putKind(ctx, kv, stream, e, lostOnly)
+		n, err := w.putKind(ctx, stream, e, lostOnly)
 		writes += n
 		if n > 0 {
 			changed = append(changed, e.Kind)
+		}
+		if errors.Is(err, errNewer) {
+			left = append(left, e.Kind)
+			continue
 		}
 		if err != nil {
 			return writes, err
@@ -262,6 +280,10 @@ func (w *Writer) pass(ctx context.Context, lostOnly bool) (int, error) {
 		writes += n
 		if n > 0 {
 			changed = append(changed, "-"+strings.TrimPrefix(subj, provisioner.SubjectPrefix(provisioner.BucketRegistry)))
+		}
+		if errors.Is(err, errNewer) {
+			left = append(left, strings.TrimPrefix(subj, provisioner.SubjectPrefix(provisioner.BucketRegistry)))
+			continue
 		}
 		if err != nil {
 			return writes, err
@@ -298,7 +320,7 @@ func (w *Writer) bucket(ctx context.Context) (jetstream.KeyValue, error) {
 // judges it (deleted), so a key removed by a marker the KV API does not take for one (a
 // Nats-Marker-Reason of any other value) is written again. A lost race is read again, a few times at
 // most.
-func (w *Writer) putKind(ctx context.Context, kv jetstream.KeyValue, stream jetstream.Stream, e provisioner.RegistryEntry, lostOnly bool) (int, error) {
+func (w *Writer) putKind(ctx context.Context, stream jetstream.Stream, e provisioner.RegistryEntry, lostOnly bool) (int, error) {
 	subj := provisioner.SubjectPrefix(provisioner.BucketRegistry) + e.Kind
 	for attempt := 0; attempt < raceAttempts; attempt++ {
 		// Written only at the revision read: 0 where the key has no message at all.
@@ -309,6 +331,8 @@ func (w *Writer) putKind(ctx context.Context, kv jetstream.KeyValue, stream jets
 		case errors.Is(err, jetstream.ErrMsgNotFound):
 		case err != nil:
 			return 0, fmt.Errorf("read kind %q: %w", e.Kind, err)
+		case w.newer(last.Header):
+			return 0, errNewer // a newer table's put or delete: never downgraded
 		case deleted(last.Header):
 			rev, was = last.Sequence, "deleted"
 		case lostOnly || e.Matches(last.Data):
@@ -316,7 +340,10 @@ func (w *Writer) putKind(ctx context.Context, kv jetstream.KeyValue, stream jets
 		default:
 			rev, was = last.Sequence, "different"
 		}
-		if _, err := kv.Update(ctx, e.Kind, e.Value(), rev); err != nil {
+		put := nats.NewMsg(subj)
+		put.Data = e.Value()
+		put.Header.Set(provisioner.HeaderRegistryVersion, strconv.FormatUint(w.table.Version, 10))
+		if _, err := w.js.PublishMsg(ctx, put, jetstream.WithExpectLastSequencePerSubject(rev)); err != nil {
 			if lostRace(err) {
 				continue
 			}
@@ -358,11 +385,15 @@ func (w *Writer) deleteStray(ctx context.Context, stream jetstream.Stream, subj 
 	if err != nil {
 		return 0, fmt.Errorf("read stray kind %q: %w", key, err)
 	}
+	if w.newer(last.Header) {
+		return 0, errNewer // a kind of a newer table, or one it deleted
+	}
 	if deleted(last.Header) {
 		return 0, nil
 	}
 	marker := nats.NewMsg(subj)
 	marker.Header.Set(provisioner.HeaderKVOperation, "DEL")
+	marker.Header.Set(provisioner.HeaderRegistryVersion, strconv.FormatUint(w.table.Version, 10))
 	if _, err := w.js.PublishMsg(ctx, marker, jetstream.WithExpectLastSequencePerSubject(last.Sequence)); err != nil {
 		if lostRace(err) {
 			return 0, nil // changed since it was read; the next pass looks again
@@ -371,6 +402,16 @@ func (w *Writer) deleteStray(ctx context.Context, stream jetstream.Stream, subj 
 	}
 	w.log.Debug("registry stray deleted", "kind", key, "revision", last.Sequence)
 	return 1, nil
+}
+
+// errNewer says a key was left alone because its last message is of a newer table than the writer's.
+var errNewer = errors.New("registry: written by a newer table")
+
+// newer reports whether a key's last message was written by a newer table than the writer's
+// (provisioner.HeaderRegistryVersion): a seat of an older binary during a rolling upgrade, which must
+// neither put back what the newer table changed or deleted nor delete the kinds it added.
+func (w *Writer) newer(h nats.Header) bool {
+	return provisioner.RegistryVersionOfHeaders(h) > w.table.Version
 }
 
 // deleted reports whether a key's last message removes it: a delete, a purge, or a TTL marker, read

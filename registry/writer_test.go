@@ -510,7 +510,7 @@ func TestWriter_WakeWritesLostKindsOnly(t *testing.T) {
 		}
 	}
 	entries = append(entries, provisioner.RegistryEntry{Kind: "gadget", Module: "mesh-gadget", Verb: "mesh-gadget.get"})
-	newTable := provisioner.NewRegistryTable(entries...)
+	newTable := provisioner.NewRegistryTable(oldTable.Version+1, entries...)
 
 	old := registry.New(js, oldTable, time.Hour, nil)
 	neu := registry.New(js, newTable, time.Hour, nil)
@@ -535,14 +535,20 @@ func TestWriter_WakeWritesLostKindsOnly(t *testing.T) {
 			return nil
 		})
 	}
-	// The old seat's projection lost port: its repair writes port and leaves secret and gadget.
+	// The old seat's projection lost port (the newer table's delete) and config (deleted by hand): its
+	// repair writes config alone. Port stays deleted (a newer table's), secret moved and gadget kept:
+	// an edit or a stray waits for the pass, and a newer table's key is never downgraded.
+	kv, err := js.KeyValue(ctx, provisioner.BucketRegistry)
+	require.NoError(t, err)
+	require.NoError(t, kv.Delete(ctx, "config"))
 	old.Wake()
 	waitWrites(old, len(contractTable)+1)
 	got := live(t, js)
-	require.Contains(t, got, "port")
-	require.Contains(t, got, "gadget", "a stray waits for the pass")
-	require.True(t, newTable.Entries[indexOf(t, newTable, "secret")].Matches(got["secret"].value), "an edit waits for the pass")
-	// The new seat's projection lost nothing: its repair writes nothing.
+	require.Contains(t, got, "config")
+	require.NotContains(t, got, "port", "the newer table deleted it")
+	require.Contains(t, got, "gadget", "a newer table's kind")
+	require.True(t, newTable.Entries[indexOf(t, newTable, "secret")].Matches(got["secret"].value), "a newer table's value")
+	// The new seat's projection lost config too, but the old seat wrote it back: its repair writes nothing.
 	neu.Wake()
 	natstest.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
 		if neu.Repairs() == 0 {
@@ -553,6 +559,82 @@ func TestWriter_WakeWritesLostKindsOnly(t *testing.T) {
 	require.Equal(t, 3, writes(neu))
 	require.Equal(t, 1, old.Repairs())
 	require.Equal(t, len(contractTable)+1, writes(old))
+}
+
+// upgradeTable is a newer binary's table: port dropped, secret moved, gadget added, at a higher
+// version than the compiled one.
+func upgradeTable() provisioner.RegistryTable {
+	var entries []provisioner.RegistryEntry
+	for _, e := range provisioner.Registry.Entries {
+		switch e.Kind {
+		case "port":
+		case "secret":
+			e.Verb = "mesh-vault.secret.v2"
+			entries = append(entries, e)
+		default:
+			entries = append(entries, e)
+		}
+	}
+	entries = append(entries, provisioner.RegistryEntry{Kind: "gadget", Module: "mesh-gadget", Verb: "mesh-gadget.get"})
+	return provisioner.NewRegistryTable(provisioner.Registry.Version+1, entries...)
+}
+
+// TestWriter_RollingUpgradeLeavesTheNewerTable: seats of an old and a new binary run together, each
+// passing every interval. The old one never puts back what the new table changed or deleted, nor
+// deletes the kind it added: the bucket holds the new table, with no revision after the new seat's
+// first pass (they fought every interval: each rewrote the other's kinds and deleted its new ones).
+func TestWriter_RollingUpgradeLeavesTheNewerTable(t *testing.T) {
+	ns := natstest.RunServer(t)
+	_, admin := natstest.Connect(t, ns.ClientURL())
+	_, js1 := natstest.Connect(t, ns.ClientURL())
+	_, js2 := natstest.Connect(t, ns.ClientURL())
+	ctx := context.Background()
+	newTable := upgradeTable()
+	var logs natstest.LogBuffer
+	old := registry.New(js1, provisioner.Registry, interval, slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo})))
+	old.Start(ctx)
+	t.Cleanup(old.Stop)
+	waitPasses(t, old, 1)
+	require.NoError(t, equalsContract(t, admin))
+
+	neu := registry.New(js2, newTable, interval, nil)
+	neu.Start(ctx)
+	t.Cleanup(neu.Stop)
+	waitPasses(t, neu, 1)
+	require.Equal(t, 3, writes(neu), "gadget written, secret moved, port deleted")
+	before := messages(t, admin)
+	oldWrites := writes(old)
+	waitPasses(t, old, passes(old)+5)
+	waitPasses(t, neu, passes(neu)+5)
+
+	require.Equal(t, before, messages(t, admin), "no revision after the new table's first pass")
+	require.Equal(t, oldWrites, writes(old), "the old seat wrote nothing over the newer table")
+	require.Equal(t, 3, writes(neu))
+	got := live(t, admin)
+	require.Len(t, got, len(newTable.Entries))
+	for _, e := range newTable.Entries {
+		require.True(t, e.Matches(got[e.Kind].value), "kind %q holds the new table's entry", e.Kind)
+	}
+	require.Contains(t, logs.String(), `msg="registry keys of a newer table left alone" component=registry version=1 keys="port secret gadget"`)
+
+	// Every write names its table's version, the delete of port included.
+	stream, err := admin.Stream(ctx, provisioner.StreamName(provisioner.BucketRegistry))
+	require.NoError(t, err)
+	for kind, want := range map[string]string{"config": "1", "secret": "2", "gadget": "2", "port": "2"} {
+		m, err := stream.GetLastMsgForSubject(ctx, provisioner.SubjectPrefix(provisioner.BucketRegistry)+kind)
+		require.NoError(t, err)
+		require.Equal(t, want, m.Header.Get(provisioner.HeaderRegistryVersion), kind)
+	}
+
+	// After the new seats stop, a seat of the old binary alone still leaves the newer table; once an
+	// operator deletes the newer keys (a rollback), it writes its own table again.
+	neu.Stop()
+	kv, err := admin.KeyValue(ctx, provisioner.BucketRegistry)
+	require.NoError(t, err)
+	for _, k := range []string{"secret", "gadget", "port"} {
+		require.NoError(t, kv.Purge(ctx, k))
+	}
+	natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error { return equalsContract(t, admin) })
 }
 
 func indexOf(t *testing.T, table provisioner.RegistryTable, kind string) int {

@@ -16,6 +16,7 @@ import (
 	"github.com/novox/mesh-provisioner/internal/natstest"
 	"github.com/novox/mesh-provisioner/projector"
 	"github.com/novox/mesh-provisioner/query"
+	"github.com/novox/mesh-provisioner/registry"
 	"github.com/novox/mesh-provisioner/seat"
 	"github.com/novox/mesh-provisioner/store"
 )
@@ -173,4 +174,58 @@ func TestSeat_VerbAnswersWhileRegistryFails(t *testing.T) {
 	}
 	passes, _ := st.Registry.Stats()
 	require.Zero(t, passes)
+}
+
+// TestSeat_RollingUpgradeKeepsTheNewerTablesKinds: a seat of the old binary runs beside the writer of a
+// newer table (one that adds gadget and drops port). The needs of gadget stay answered across the old
+// seat's passes and repairs, and the registry gets no revision from it: the old seat deleted gadget
+// and put port back every interval, so gadget's needs flickered unanswered-kind.
+func TestSeat_RollingUpgradeKeepsTheNewerTablesKinds(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	require.NoError(t, fixtures.CreateBuckets(ctx, h.js, provisioner.BucketNeeds, provisioner.BucketApplied, provisioner.BucketCollect))
+	needs, err := h.js.KeyValue(ctx, provisioner.BucketNeeds)
+	require.NoError(t, err)
+	need := []byte{0x81, 0xa1, 'v', 0x01}
+	for _, k := range []string{"n1.mod-a.gadget.x", "n1.mod-a.port.http", "n1.mod-a.secret.token"} {
+		_, err := needs.Put(ctx, k, need)
+		require.NoError(t, err)
+	}
+	st, _ := h.startSeat(t.TempDir())
+	h.waitCaughtUp(st)
+	require.Equal(t, []string{"n1.mod-a.gadget.x"}, h.unanswered())
+
+	var entries []provisioner.RegistryEntry
+	for _, e := range provisioner.Registry.Entries {
+		if e.Kind != "port" {
+			entries = append(entries, e)
+		}
+	}
+	entries = append(entries, provisioner.RegistryEntry{Kind: "gadget", Module: "mesh-gadget", Verb: "mesh-gadget.get"})
+	_, js := natstest.Connect(t, h.url)
+	newer := registry.New(js, provisioner.NewRegistryTable(provisioner.Registry.Version+1, entries...), time.Hour, nil)
+	n, err := newer.Pass(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 2, n, "gadget written, port deleted")
+	// The seat's projection lost port: it wakes its writer, whose repair leaves the newer table's delete.
+	natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		if st.Registry.Repairs() == 0 {
+			return fmt.Errorf("no repair yet")
+		}
+		return nil
+	})
+	h.waitCaughtUp(st)
+	require.Equal(t, []string{"n1.mod-a.port.http"}, h.unanswered())
+	_, written := st.Registry.Stats()
+	last := h.lastMsg(provisioner.BucketRegistry).Sequence
+	for i := 0; i < 3; i++ { // the old seat's passes, as its interval would run them
+		n, err := st.Registry.Pass(ctx)
+		require.NoError(t, err)
+		require.Zero(t, n, "pass %d wrote over the newer table", i)
+		h.waitCaughtUp(st)
+		require.Equal(t, []string{"n1.mod-a.port.http"}, h.unanswered(), "pass %d", i)
+	}
+	_, after := st.Registry.Stats()
+	require.Equal(t, written, after)
+	require.Equal(t, last, h.lastMsg(provisioner.BucketRegistry).Sequence, "no revision from the old seat")
 }
