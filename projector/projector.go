@@ -439,7 +439,6 @@ func (p *Projector) tail(ctx context.Context, bucket string, log *slog.Logger, s
 	in := make(chan provisioner.Message, batchSize*2)
 	pending := make(chan uint64, 1) // NumPending after the newest message read
 	var atEnd atomic.Uint64         // the newest sequence read with NumPending 0: it closes history gaps
-	var handed atomic.Uint64        // the consumer's sequence of the newest message handed to the applier
 	readErr := make(chan error, 1)
 	rctx, rcancel := context.WithCancel(ctx)
 	defer rcancel()
@@ -449,11 +448,11 @@ func (p *Projector) tail(ctx context.Context, bucket string, log *slog.Logger, s
 		defer rwg.Done()
 		defer close(in)
 		defer it.Stop() // lock-free in nats.go: ends its pulls at once
-		readErr <- p.read(rctx, it, bucket, in, pending, &atEnd, &handed, log)
+		readErr <- p.read(rctx, it, bucket, in, pending, &atEnd, log)
 	}()
 
 	idle := idleSince{read: start, quiet: quiet, end: info.State.LastSeq, start: startSeq, emptyAtStart: emptyAtStart}
-	skip := func() bool { return p.skipRemoved(ctx, bucket, created, cons, in, &handed, log) }
+	skip := func() bool { return p.skipRemoved(ctx, bucket, created, in, log) }
 	applyErr := p.applyLoop(ctx, bucket, batchSize, created, in, pending, &atEnd, verify, skip, cons, log, startSeq, idle)
 	rcancel()
 	rwg.Wait()
@@ -564,7 +563,7 @@ func (p *Projector) markSynced(bucket string, log *slog.Logger, from uint64, sta
 
 // read moves messages from the consumer into in until the consumer stops; a consumer lost (no
 // heartbeat, deleted) or out of order ends it with an error.
-func (p *Projector) read(ctx context.Context, it *streamread.Reader, bucket string, in chan<- provisioner.Message, pending chan uint64, atEnd, handed *atomic.Uint64, log *slog.Logger) error {
+func (p *Projector) read(ctx context.Context, it *streamread.Reader, bucket string, in chan<- provisioner.Message, pending chan uint64, atEnd *atomic.Uint64, log *slog.Logger) error {
 	prefix := provisioner.SubjectPrefix(bucket)
 	saidForeign := false // said once per tail
 	for {
@@ -594,7 +593,6 @@ func (p *Projector) read(ctx context.Context, it *streamread.Reader, bucket stri
 		case <-ctx.Done():
 			return nil
 		}
-		handed.Store(md.Sequence.Consumer)
 		if np == 0 {
 			atEnd.Store(m.Seq)
 		}
@@ -777,14 +775,20 @@ const askedFor = 10 * time.Second
 // request waits on it (Wake): without it, a request for the sequence of such a message, which no
 // message will ever bring, waited its whole wait_ms for a projection as current as the stream and
 // was answered 504. The stream says which, in two answers in this order: its info, the last sequence
-// it took; then the consumer's, nothing pending past what it delivered, and every message it
-// delivered handed to the applier and applied (in is empty: the caller is the applier, between
-// batches). No message is ever added below a stream's last sequence, so those up to the first answer's
-// that the consumer did not deliver were gone: the projection has applied the stream up to there, and
-// store.DB.SkipRemoved records so, with the log's gap. It reports whether it is done: the checkpoint
-// moved, or the stream ends at it already (a request waits then for a message still to come, which
-// the tail reads as any other).
-func (p *Projector) skipRemoved(ctx context.Context, bucket string, created int64, cons jetstream.Consumer, in chan provisioner.Message, handed *atomic.Uint64, log *slog.Logger) bool {
+// L it took; then the first message it still holds past the checkpoint (a get of the next message at
+// or after the checkpoint + 1, on any subject): none, or one at S. No message is ever added below a
+// stream's last sequence, so every sequence past the checkpoint below S (or up to L when there is
+// none) is gone: the projection has applied the stream up to there, and store.DB.SkipRemoved records
+// so, with the log's gap. The message at S is read as any other. It is called by the applier between
+// batches with nothing handed over left to apply (in is empty). It reports whether it is done: the
+// checkpoint reached L, or the stream ends at it already (a request waits then for a message still to
+// come, which the tail reads as any other).
+//
+// A first version asked the consumer instead, taking nothing pending past what it had delivered for
+// nothing left: the server counts a message just stored as pending a moment later, so a client's own
+// write was skipped as removed and its read-your-writes request answered without it (1 in 15 runs of
+// TestSeat_MinSeqSeesOwnWrite).
+func (p *Projector) skipRemoved(ctx context.Context, bucket string, created int64, in chan provisioner.Message, log *slog.Logger) bool {
 	// A second for each answer: the applier waits for them (a caught-up one: nothing is left to apply).
 	// The stream is asked by its name (the tail may know it by its name alone: openStream).
 	ictx, cancel := context.WithTimeout(ctx, time.Second)
@@ -797,29 +801,36 @@ func (p *Projector) skipRemoved(ctx context.Context, bucket string, created int6
 	if info.Created.UnixNano() != created {
 		return false
 	}
-	if info.State.LastSeq <= p.db.Checkpoint(bucket).Applied {
+	applied := p.db.Checkpoint(bucket).Applied
+	last := info.State.LastSeq
+	if last <= applied {
 		return true
 	}
-	cctx, ccancel := context.WithTimeout(ctx, time.Second)
-	defer ccancel()
-	ci, err := cons.Info(cctx)
-	// The consumer's info first, then what was handed over and is left to apply: a message delivered
-	// after the info is past its delivered sequence.
-	if err != nil || ci.NumPending != 0 || ci.Delivered.Consumer != handed.Load() || len(in) != 0 {
+	gctx, gcancel := context.WithTimeout(ctx, time.Second)
+	defer gcancel()
+	to := last
+	next, err := stream.GetMsg(gctx, applied+1, jetstream.WithGetMsgSubject(">"))
+	switch {
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+	case err != nil:
+		return false
+	case next.Sequence <= last:
+		to = next.Sequence - 1 // a message still there: the tail reads it
+	}
+	if to <= applied || len(in) != 0 {
 		return false
 	}
-	last := info.State.LastSeq
-	moved, err := p.db.SkipRemoved(bucket, last, created)
+	moved, err := p.db.SkipRemoved(bucket, to, created)
 	if err != nil {
 		if !errors.Is(err, store.ErrClosed) {
-			log.Warn("recording the messages removed before they were read failed", "err", err, "last_seq", last)
+			log.Warn("recording the messages removed before they were read failed", "err", err, "last_seq", to)
 		}
 		return false
 	}
 	if moved {
-		log.Debug("the stream's messages past the checkpoint were removed before they were read: applied up to its end", "applied_seq", last)
+		log.Debug("the stream's messages past the checkpoint were removed before they were read: applied up to the next it holds", "applied_seq", to)
 	}
-	return moved
+	return moved && to == last
 }
 
 // idleSince is how long a tail has been idle (park.go): read is when it last applied a batch (or
