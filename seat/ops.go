@@ -38,6 +38,10 @@ func (s *Seat) Unsynced() []string {
 	return out
 }
 
+// Failing reports whether a bucket's tail is failing and retried (projector.Projector.Failing): the
+// metrics' readiness does not wait on a composed-<node> bucket that cannot be read.
+func (s *Seat) Failing(bucket string) bool { return s.Current().Failing(bucket) }
+
 // maxStatsBuckets bounds the buckets listed one by one in Stats: $SRV.STATS is one NATS message, and a
 // mesh of thousands of nodes tails one composed-<node> bucket per node.
 const maxStatsBuckets = 32

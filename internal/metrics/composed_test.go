@@ -3,6 +3,7 @@ package metrics_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -14,6 +15,8 @@ import (
 	"github.com/novox/mesh-provisioner/internal/metrics/metricstest"
 	"github.com/novox/mesh-provisioner/internal/natstest"
 	"github.com/novox/mesh-provisioner/internal/streaminfo"
+	"github.com/novox/mesh-provisioner/projector"
+	"github.com/novox/mesh-provisioner/seat"
 	"github.com/novox/mesh-provisioner/store"
 )
 
@@ -161,4 +164,63 @@ func TestMetrics_ComposedBucketsTakenTogether(t *testing.T) {
 	lag, ok := fams.Value("mesh_provisioner_bucket_lag", "bucket", provisioner.BucketNeeds)
 	require.True(t, ok)
 	require.Zero(t, lag)
+}
+
+// TestMetrics_ReadyDespiteOneComposedBucketUnread: one node's composed-<node> bucket that the seat
+// cannot read (here a stream that refuses another consumer; in a cluster, one without a leader, or a
+// permission missing for it) kept the whole seat unready for as long as it lasted: mesh_provisioner_ready
+// 0, MeshProvisionerNotReady paging, a rollout waiting, while every other node's plans answered. A
+// composed bucket whose tail fails and is retried does not hold /readyz; the body still names it,
+// and the composed gauges count it as not synced. A fixed bucket still does
+// (TestDocs_RunbookPermissionError).
+func TestMetrics_ReadyDespiteOneComposedBucketUnread(t *testing.T) {
+	ns := natstest.RunServer(t)
+	url := ns.ClientURL()
+	_, ajs := natstest.Connect(t, url)
+	ctx := context.Background()
+	published := []byte{0x81, 0xa6, 's', 't', 'a', 't', 'u', 's', 0xa9, 'p', 'u', 'b', 'l', 'i', 's', 'h', 'e', 'd'}
+	kv, err := ajs.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "composed-n1", Storage: jetstream.MemoryStorage})
+	require.NoError(t, err)
+	_, err = kv.Put(ctx, "web.1", published)
+	require.NoError(t, err)
+	// composed-n2's stream takes one consumer, which someone else holds.
+	s2, err := ajs.CreateStream(ctx, jetstream.StreamConfig{Name: "KV_composed-n2", Subjects: []string{"$KV.composed-n2.>"},
+		MaxMsgsPerSubject: 1, AllowRollup: true, DenyDelete: true, AllowDirect: true, Storage: jetstream.MemoryStorage, MaxConsumers: 1})
+	require.NoError(t, err)
+	_, err = ajs.Publish(ctx, "$KV.composed-n2.web.1", published)
+	require.NoError(t, err)
+	_, err = s2.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: "other"})
+	require.NoError(t, err)
+	snc, sjs := natstest.Connect(t, url)
+	streams := streaminfo.New(sjs)
+	m := metrics.New(metrics.Options{Streams: streams, Poll: 100 * time.Millisecond})
+	m.Start()
+	t.Cleanup(m.Stop)
+	db, err := store.OpenState(t.TempDir(), store.Options{})
+	require.NoError(t, err)
+	st, err := seat.Start(ctx, snc, sjs, db, seat.Config{Streams: streams, ListEvery: m.Poll(), Plans: true,
+		Projector: projector.Options{Poll: 20 * time.Millisecond, DiscoverEvery: time.Hour}})
+	require.NoError(t, err)
+	srv := serveSeat(t, m, st, db)
+
+	natstest.CheckFor(t, 30*time.Second, 50*time.Millisecond, func() error {
+		code, body, err := metricstest.Get("http://" + srv.Addr() + "/readyz")
+		if err != nil {
+			return err
+		}
+		if code != 200 || !strings.Contains(body, "composed-n2") {
+			return fmt.Errorf("readyz %d: %s", code, body)
+		}
+		return nil
+	})
+	_, synced := db.Applied("composed-n1")
+	require.True(t, synced)
+	_, synced = db.Applied("composed-n2")
+	require.False(t, synced, "composed-n2 cannot be read")
+	fams, err := metricstest.Scrape(srv.Addr())
+	require.NoError(t, err)
+	ready, _ := fams.Value("mesh_provisioner_ready")
+	require.EqualValues(t, 1, ready)
+	unsynced, _ := fams.Value("mesh_provisioner_composed_buckets_unsynced")
+	require.EqualValues(t, 1, unsynced)
 }

@@ -67,6 +67,12 @@ type RoomSource interface {
 	OutOfRoom() error
 }
 
+// FailingSource is a Source that says which buckets' tails fail and are retried (a seat,
+// seat.Seat.Failing): a composed-<node> bucket among them does not hold /readyz (Ready).
+type FailingSource interface {
+	Failing(bucket string) bool
+}
+
 // Options configure Metrics. The zero value is usable (no stream polling).
 type Options struct {
 	Version string
@@ -270,7 +276,8 @@ func (m *Metrics) Stop() {
 
 // Ready says whether the seat answers from projections that have caught up: nil when every bucket is
 // synced and the state dir has room to apply what comes, else why not (out of room first: the buckets
-// behind follow from it).
+// behind follow from it). A composed-<node> bucket whose tail fails and is retried is not waited for
+// (Degraded names it): one node's bucket does not make the seat unready.
 func (m *Metrics) Ready() error {
 	src := m.source()
 	if src == nil {
@@ -282,13 +289,61 @@ func (m *Metrics) Ready() error {
 			why = append(why, err.Error())
 		}
 	}
-	if u := src.Unsynced(); len(u) > 0 {
-		why = append(why, "not synced yet: "+strings.Join(u, ", "))
+	var behind, failing []string
+	f, _ := src.(FailingSource)
+	for _, b := range src.Unsynced() {
+		if f != nil && provisioner.IsComposedBucket(b) && f.Failing(b) {
+			failing = append(failing, b)
+		} else {
+			behind = append(behind, b)
+		}
+	}
+	if len(behind) > 0 {
+		why = append(why, "not synced yet: "+listSome(behind))
 	}
 	if len(why) > 0 {
+		if len(failing) > 0 {
+			why = append(why, "cannot be read (retried; not waited for): "+listSome(failing))
+		}
 		return errors.New(strings.Join(why, "\n"))
 	}
 	return nil
+}
+
+// Degraded names the composed-<node> buckets that are not synced because their tail fails, which
+// Ready does not wait for: one node's bucket that cannot be read does not make the whole seat
+// unready. "" when there is none.
+func (m *Metrics) Degraded() string {
+	src := m.source()
+	if src == nil {
+		return ""
+	}
+	f, ok := src.(FailingSource)
+	if !ok {
+		return ""
+	}
+	var failing []string
+	for _, b := range src.Unsynced() {
+		if provisioner.IsComposedBucket(b) && f.Failing(b) {
+			failing = append(failing, b)
+		}
+	}
+	if len(failing) == 0 {
+		return ""
+	}
+	return "cannot be read (retried; not waited for): " + listSome(failing)
+}
+
+// maxListed bounds the buckets /readyz names on a line: a seat catching up with thousands of
+// composed-<node> buckets would name every one.
+const maxListed = 20
+
+// listSome joins at most maxListed buckets, and says how many more there are.
+func listSome(buckets []string) string {
+	if len(buckets) <= maxListed {
+		return strings.Join(buckets, ", ")
+	}
+	return fmt.Sprintf("%s and %d more", strings.Join(buckets[:maxListed], ", "), len(buckets)-maxListed)
 }
 
 // Handler serves /metrics, /healthz (the process is up) and /readyz (200 once every bucket is synced,
@@ -308,6 +363,9 @@ func (m *Metrics) Handler() http.Handler {
 			return
 		}
 		fmt.Fprintln(w, "ready")
+		if d := m.Degraded(); d != "" {
+			fmt.Fprintln(w, d)
+		}
 	})
 	return mux
 }
