@@ -289,15 +289,7 @@ func (m *Metrics) Ready() error {
 			why = append(why, err.Error())
 		}
 	}
-	var behind, failing []string
-	f, _ := src.(FailingSource)
-	for _, b := range src.Unsynced() {
-		if f != nil && provisioner.IsComposedBucket(b) && f.Failing(b) {
-			failing = append(failing, b)
-		} else {
-			behind = append(behind, b)
-		}
-	}
+	behind, failing := unsynced(src)
 	if len(behind) > 0 {
 		why = append(why, "not synced yet: "+listSome(behind))
 	}
@@ -318,20 +310,24 @@ func (m *Metrics) Degraded() string {
 	if src == nil {
 		return ""
 	}
-	f, ok := src.(FailingSource)
-	if !ok {
-		return ""
+	if _, failing := unsynced(src); len(failing) > 0 {
+		return "cannot be read (retried; not waited for): " + listSome(failing)
 	}
-	var failing []string
+	return ""
+}
+
+// unsynced splits the buckets a seat has not synced: those Ready waits for, and the composed-<node>
+// buckets whose tail fails and is retried, which it does not.
+func unsynced(src Source) (behind, failing []string) {
+	f, _ := src.(FailingSource)
 	for _, b := range src.Unsynced() {
-		if provisioner.IsComposedBucket(b) && f.Failing(b) {
+		if f != nil && provisioner.IsComposedBucket(b) && f.Failing(b) {
 			failing = append(failing, b)
+		} else {
+			behind = append(behind, b)
 		}
 	}
-	if len(failing) == 0 {
-		return ""
-	}
-	return "cannot be read (retried; not waited for): " + listSome(failing)
+	return behind, failing
 }
 
 // maxListed bounds the buckets /readyz names on a line: a seat catching up with thousands of
