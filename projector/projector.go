@@ -120,6 +120,7 @@ type Projector struct {
 	lastAsk time.Time // the last slot a composed-<node> bucket's check reserved to ask its stream (mayAsk)
 
 	missing sync.Map // bucket -> when its stream was first found missing, not found since (forget.go)
+	failing sync.Map // bucket -> struct{}: its tail failed and has not worked since (Failing)
 
 	parkMu  sync.Mutex
 	parked  map[string]*parkedBucket // idle composed-<node> buckets without a consumer (park.go)
@@ -263,6 +264,7 @@ func (p *Projector) runBucket(ctx context.Context, bucket string, starting *park
 	created, stopWaiting := p.waitCreated(bucket) // stream-created advisories of its stream (awaitStream)
 	defer stopWaiting()
 	failing := false
+	defer p.failing.Delete(bucket)
 	var parks parking // what one parking leaves the next (park.go)
 	if !p.parkAtStart(ctx, bucket, log, created, starting) {
 		return
@@ -276,6 +278,7 @@ func (p *Projector) runBucket(ctx context.Context, bucket string, starting *park
 			if failing {
 				log.Info("recovered")
 				failing = false
+				p.failing.Delete(bucket)
 			}
 			bo.reset()
 			missing.reset()
@@ -349,6 +352,7 @@ func (p *Projector) runBucket(ctx context.Context, bucket string, starting *park
 			if !failing {
 				log.Warn("tailing failed; retrying with backoff", "err", err)
 				failing = true
+				p.failing.Store(bucket, struct{}{})
 			}
 		}
 		if !sleep(ctx, bo.next()) {
@@ -924,6 +928,13 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	case <-ctx.Done():
 		return false
 	}
+}
+
+// Failing reports whether a bucket's tail failed ("tailing failed; retrying with backoff": NATS
+// unreachable, a permission missing, a stream that does not answer) and has not worked since.
+func (p *Projector) Failing(bucket string) bool {
+	_, ok := p.failing.Load(bucket)
+	return ok
 }
 
 // Buckets lists the buckets the Projector tails: those it was started with and those added since, in

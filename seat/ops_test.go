@@ -120,3 +120,43 @@ func TestSeat_AnswerCountedBeforeItIsSent(t *testing.T) {
 		require.Equal(t, base+i, st.Server.Answered()["200"], "answers counted after the %dth", i)
 	}
 }
+
+// TestSeat_MicroMetadataNamesNoNode: the micro service's metadata, which every $SRV.PING, INFO and
+// STATS reply carries, listed every bucket the projector tailed as the seat started: a seat restarted
+// on a state dir of thousands of composed-<node> buckets sent each of their names in every reply (and a
+// fresh one none). The composed buckets are "composed-*" there, whatever the seat held.
+func TestSeat_MicroMetadataNamesNoNode(t *testing.T) {
+	const composed = 200
+	ns := natstest.RunServer(t)
+	nc, js := natstest.Connect(t, ns.ClientURL())
+	db, err := store.OpenState(t.TempDir(), store.Options{})
+	require.NoError(t, err)
+	for i := range composed {
+		require.NoError(t, db.Apply(fmt.Sprintf("composed-n%04d", i), []provisioner.Message{{Seq: 1, Time: 1, Key: "web.1", Op: provisioner.OpPut, Value: []byte{0x80}}}, 1, false))
+	}
+	st, err := seat.Start(context.Background(), nc, js, db, seat.Config{Version: "1.4.0", Plans: true,
+		Projector: projector.Options{Poll: 50 * time.Millisecond, DiscoverEvery: time.Hour}})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		require.NoError(t, st.Stop())
+		require.NoError(t, db.Close())
+	})
+	require.Len(t, st.Projector.Buckets(), len(provisioner.ProvisionerShapes)+2+composed, "the seat tails the composed buckets it held")
+
+	for _, verb := range []micro.Verb{micro.PingVerb, micro.InfoVerb, micro.StatsVerb} {
+		subj, err := micro.ControlSubject(verb, query.ServiceName, "")
+		require.NoError(t, err)
+		msg, err := nc.Request(subj, nil, 5*time.Second)
+		require.NoError(t, err)
+		var id micro.ServiceIdentity
+		require.NoError(t, json.Unmarshal(msg.Data, &id), string(msg.Data))
+		buckets := strings.Split(id.Metadata["buckets"], ",")
+		require.Contains(t, buckets, provisioner.BucketNeeds, verb)
+		require.Contains(t, buckets, "composed-*", verb)
+		for _, b := range buckets {
+			require.False(t, provisioner.IsComposedBucket(b), "%s names %s", verb, b)
+		}
+		t.Logf("%s reply: %d bytes", verb, len(msg.Data))
+		require.Less(t, len(msg.Data), 4096, "%s: the reply does not grow with the nodes", verb)
+	}
+}

@@ -52,10 +52,8 @@ func TestMetrics_ForgottenBucketLeavesNoGauges(t *testing.T) {
 	require.NoError(t, err)
 	srv := serveSeat(t, m, st, db)
 
-	perBucket := []string{"mesh_provisioner_bucket_applied_sequence", "mesh_provisioner_bucket_synced",
-		"mesh_provisioner_bucket_stream_last_sequence", "mesh_provisioner_bucket_stream_info_age_seconds", "mesh_provisioner_bucket_lag"}
-	// gauges waits until every per-bucket gauge lists exactly the buckets want (of composed-*), and
-	// composed-n4 at applied sequence n4.
+	// gauges waits until the metrics show exactly the buckets want (of composed-*), taken together
+	// under bucket="composed-*", and composed-n4 at applied sequence n4.
 	gauges := func(n4 float64, want ...string) {
 		t.Helper()
 		natstest.CheckFor(t, 20*time.Second, poll/2, func() error {
@@ -63,22 +61,23 @@ func TestMetrics_ForgottenBucketLeavesNoGauges(t *testing.T) {
 			if err != nil {
 				return err
 			}
-			for _, name := range perBucket {
-				var got []string
-				for _, b := range fams.LabelValues(name, "bucket") {
-					if strings.HasPrefix(b, provisioner.ComposedPrefix) {
-						got = append(got, b)
-					}
-				}
-				slices.Sort(got)
-				if !slices.Equal(got, want) {
-					return fmt.Errorf("%s lists %v, want %v", name, got, want)
+			var got []string
+			for _, b := range m.Shown() {
+				if strings.HasPrefix(b, provisioner.ComposedPrefix) {
+					got = append(got, b)
 				}
 			}
-			if applied, _ := fams.Value("mesh_provisioner_bucket_applied_sequence", "bucket", "composed-n4"); applied != n4 {
+			slices.Sort(got)
+			if !slices.Equal(got, want) {
+				return fmt.Errorf("the metrics show %v, want %v", got, want)
+			}
+			if n, _ := fams.Value("mesh_provisioner_composed_buckets"); n != float64(len(want)) {
+				return fmt.Errorf("mesh_provisioner_composed_buckets %v, want %d", n, len(want))
+			}
+			if applied, _ := gaugeOf(fams, m, "mesh_provisioner_bucket_applied_sequence", "composed-n4"); applied != n4 {
 				return fmt.Errorf("composed-n4 applied %v, want %v", applied, n4)
 			}
-			if lag, _ := fams.Value("mesh_provisioner_bucket_lag", "bucket", "composed-n4"); lag != 0 {
+			if lag, _ := gaugeOf(fams, m, "mesh_provisioner_bucket_lag", "composed-n4"); lag != 0 {
 				return fmt.Errorf("composed-n4 lag %v", lag)
 			}
 			return nil

@@ -14,6 +14,11 @@
 //     last sequence and lag are;
 //   - verb requests and rebuilds are counted as they happen (ObserveRequest, StartRebuild).
 //
+// The fixed buckets have a series each; the composed-<node> buckets, one per node of the mesh, are
+// taken together under bucket="composed-*" (ComposedLabel) with gauges of their own for what a sum
+// hides (how many are behind, the largest lag, how long one has stood behind), so the series of a
+// scrape do not grow with the mesh.
+//
 // The seat may change under the metrics (a rebuild swaps the store): SetSource says which one is
 // current, and nil says there is none, which /readyz answers 503.
 package metrics
@@ -62,6 +67,12 @@ type RoomSource interface {
 	OutOfRoom() error
 }
 
+// FailingSource is a Source that says which buckets' tails fail and are retried (a seat,
+// seat.Seat.Failing): a composed-<node> bucket among them does not hold /readyz (Ready).
+type FailingSource interface {
+	Failing(bucket string) bool
+}
+
 // Options configure Metrics. The zero value is usable (no stream polling).
 type Options struct {
 	Version string
@@ -102,6 +113,9 @@ type Metrics struct {
 	readErrors atomic.Int64       // STREAM.INFO requests of the polls that failed
 	streamsMu  sync.Mutex
 	streams    map[string]streamRead // bucket -> its stream's last sequence, as last read
+
+	stuckMu sync.Mutex
+	stuck   map[string]stuckSince // composed-<node> buckets behind their stream, as of the last poll
 
 	anomMu    sync.Mutex
 	anomKey   string                      // the applied sequences the counts were made at
@@ -262,7 +276,8 @@ func (m *Metrics) Stop() {
 
 // Ready says whether the seat answers from projections that have caught up: nil when every bucket is
 // synced and the state dir has room to apply what comes, else why not (out of room first: the buckets
-// behind follow from it).
+// behind follow from it). A composed-<node> bucket whose tail fails and is retried is not waited for
+// (Degraded names it): one node's bucket does not make the seat unready.
 func (m *Metrics) Ready() error {
 	src := m.source()
 	if src == nil {
@@ -274,13 +289,57 @@ func (m *Metrics) Ready() error {
 			why = append(why, err.Error())
 		}
 	}
-	if u := src.Unsynced(); len(u) > 0 {
-		why = append(why, "not synced yet: "+strings.Join(u, ", "))
+	behind, failing := unsynced(src)
+	if len(behind) > 0 {
+		why = append(why, "not synced yet: "+listSome(behind))
 	}
 	if len(why) > 0 {
+		if len(failing) > 0 {
+			why = append(why, "cannot be read (retried; not waited for): "+listSome(failing))
+		}
 		return errors.New(strings.Join(why, "\n"))
 	}
 	return nil
+}
+
+// Degraded names the composed-<node> buckets that are not synced because their tail fails, which
+// Ready does not wait for: one node's bucket that cannot be read does not make the whole seat
+// unready. "" when there is none.
+func (m *Metrics) Degraded() string {
+	src := m.source()
+	if src == nil {
+		return ""
+	}
+	if _, failing := unsynced(src); len(failing) > 0 {
+		return "cannot be read (retried; not waited for): " + listSome(failing)
+	}
+	return ""
+}
+
+// unsynced splits the buckets a seat has not synced: those Ready waits for, and the composed-<node>
+// buckets whose tail fails and is retried, which it does not.
+func unsynced(src Source) (behind, failing []string) {
+	f, _ := src.(FailingSource)
+	for _, b := range src.Unsynced() {
+		if f != nil && provisioner.IsComposedBucket(b) && f.Failing(b) {
+			failing = append(failing, b)
+		} else {
+			behind = append(behind, b)
+		}
+	}
+	return behind, failing
+}
+
+// maxListed bounds the buckets /readyz names on a line: a seat catching up with thousands of
+// composed-<node> buckets would name every one.
+const maxListed = 20
+
+// listSome joins at most maxListed buckets, and says how many more there are.
+func listSome(buckets []string) string {
+	if len(buckets) <= maxListed {
+		return strings.Join(buckets, ", ")
+	}
+	return fmt.Sprintf("%s and %d more", strings.Join(buckets[:maxListed], ", "), len(buckets)-maxListed)
 }
 
 // Handler serves /metrics, /healthz (the process is up) and /readyz (200 once every bucket is synced,
@@ -300,6 +359,9 @@ func (m *Metrics) Handler() http.Handler {
 			return
 		}
 		fmt.Fprintln(w, "ready")
+		if d := m.Degraded(); d != "" {
+			fmt.Fprintln(w, d)
+		}
 	})
 	return mux
 }
@@ -308,31 +370,47 @@ type slogErrorLog struct{ l *slog.Logger }
 
 func (s slogErrorLog) Println(v ...any) { s.l.Warn("metrics: " + fmt.Sprint(v...)) }
 
-// anomalyCounts counts each bucket's anomaly rows by reason code. The counts are kept until any
-// bucket's applied sequence moves (a registry change re-evaluates the needs' unanswered kinds, so one
-// bucket's rows can change with another's sequence).
+// anomalyCounts counts the anomaly rows by bucket and reason code, those of the composed-<node>
+// buckets together under ComposedLabel. A bucket the store says holds no anomaly row is not read, so
+// a mesh of thousands of nodes with a few bad keys scans a few buckets, not a view per node. The
+// counts are kept until any bucket's applied sequence moves (a registry change re-evaluates the needs'
+// unanswered kinds, so one bucket's rows can change with another's sequence).
 func (m *Metrics) anomalyCounts(db *store.DB, buckets []string) map[string]map[string]int64 {
-	var key strings.Builder
-	fmt.Fprintf(&key, "%p", db)
+	key := fmt.Appendf(nil, "%p", db)
 	for _, b := range buckets {
 		seq, _ := db.Applied(b)
-		fmt.Fprintf(&key, " %s=%d", b, seq)
+		key = append(key, ' ')
+		key = append(key, b...)
+		key = append(key, '=')
+		key = strconv.AppendUint(key, seq, 10)
 	}
 	m.anomMu.Lock()
 	defer m.anomMu.Unlock()
-	if m.anomCount != nil && m.anomKey == key.String() {
+	if m.anomCount != nil && m.anomKey == string(key) {
 		return m.anomCount
 	}
 	counts := map[string]map[string]int64{}
 	for _, b := range buckets {
+		if db.AnomalyRows(b) == 0 {
+			continue
+		}
 		by, err := countAnomalies(db, b, m.opts.AnomalyScanLimit)
 		if err != nil {
 			m.log.Debug("counting anomalies", "bucket", b, "err", err)
 			return nil // a scrape during close: do not keep a partial count
 		}
-		counts[b] = by
+		label := b
+		if provisioner.IsComposedBucket(b) {
+			label = ComposedLabel
+		}
+		if counts[label] == nil {
+			counts[label] = map[string]int64{}
+		}
+		for reason, n := range by {
+			counts[label][reason] += n
+		}
 	}
-	m.anomKey, m.anomCount = key.String(), counts
+	m.anomKey, m.anomCount = string(key), counts
 	return counts
 }
 
@@ -368,17 +446,17 @@ var (
 	descReady = prometheus.NewDesc("mesh_provisioner_ready",
 		"1 when every bucket is synced and /readyz answers 200.", nil, nil)
 	descSynced = prometheus.NewDesc("mesh_provisioner_bucket_synced",
-		"1 once the bucket's projection has caught up with its stream since start.", []string{"bucket"}, nil)
+		"1 once the bucket's projection has caught up with its stream since start; for bucket=\"composed-*\", once every composed-<node> bucket has.", []string{"bucket"}, nil)
 	descApplied = prometheus.NewDesc("mesh_provisioner_bucket_applied_sequence",
-		"The last stream sequence the bucket's projection applied: the as_of of its answers.", []string{"bucket"}, nil)
+		"The last stream sequence the bucket's projection applied: the as_of of its answers; for bucket=\"composed-*\", the sum over the composed-<node> buckets.", []string{"bucket"}, nil)
 	descStreamLast = prometheus.NewDesc("mesh_provisioner_bucket_stream_last_sequence",
-		"The bucket's stream last sequence, as last read (0 when the stream does not exist); mesh_provisioner_bucket_stream_info_age_seconds says how long ago.", []string{"bucket"}, nil)
+		"The bucket's stream last sequence, as last read (0 when the stream does not exist); mesh_provisioner_bucket_stream_info_age_seconds says how long ago; for bucket=\"composed-*\", the sum over the composed-<node> buckets.", []string{"bucket"}, nil)
 	descStreamAge = prometheus.NewDesc("mesh_provisioner_bucket_stream_info_age_seconds",
-		"Seconds since the bucket's stream last sequence was read: how old its stream_last_sequence and lag are.", []string{"bucket"}, nil)
+		"Seconds since the bucket's stream last sequence was read: how old its stream_last_sequence and lag are; for bucket=\"composed-*\", the oldest reading of a composed-<node> bucket.", []string{"bucket"}, nil)
 	descLag = prometheus.NewDesc("mesh_provisioner_bucket_lag",
-		"Messages of the bucket's stream its projection has not read yet: stream last sequence (as last read) minus applied sequence, less those removed from the stream before they were read (a purge); at least 0.", []string{"bucket"}, nil)
+		"Messages of the bucket's stream its projection has not read yet: stream last sequence (as last read) minus applied sequence, less those removed from the stream before they were read (a purge); at least 0; for bucket=\"composed-*\", the sum over the composed-<node> buckets (mesh_provisioner_composed_lag_max is the largest).", []string{"bucket"}, nil)
 	descAnomalies = prometheus.NewDesc("mesh_provisioner_anomaly_rows",
-		"Anomaly rows the projection holds (keys out of shape, values not MessagePack, ...), by bucket and reason code.", []string{"bucket", "reason"}, nil)
+		"Anomaly rows the projection holds (keys out of shape, values not MessagePack, ...), by bucket and reason code; the composed-<node> buckets' summed under bucket=\"composed-*\".", []string{"bucket", "reason"}, nil)
 	descApplyCount = prometheus.NewDesc("mesh_provisioner_messages_applied_total",
 		"Stream messages the projector applied since it started (repeats skipped).", nil, nil)
 	descOutOfRoom = prometheus.NewDesc("mesh_provisioner_state_out_of_room",
@@ -387,6 +465,16 @@ var (
 		"Bytes free for the seat on the state dir's file system (statfs).", nil, nil)
 	descStateReserve = prometheus.NewDesc("mesh_provisioner_state_reserve_bytes",
 		"Bytes the store keeps free on the state dir's file system: below it, applying pauses until there is room.", nil, nil)
+	descComposed = prometheus.NewDesc("mesh_provisioner_composed_buckets",
+		"composed-<node> buckets the per-bucket series take together under bucket=\"composed-*\" (those the store holds, and those tailed not caught up yet).", nil, nil)
+	descComposedUnsynced = prometheus.NewDesc("mesh_provisioner_composed_buckets_unsynced",
+		"composed-<node> buckets that have not caught up with their stream since start (/readyz names them).", nil, nil)
+	descComposedBehind = prometheus.NewDesc("mesh_provisioner_composed_buckets_behind",
+		"composed-<node> buckets whose lag is above 0.", nil, nil)
+	descComposedLagMax = prometheus.NewDesc("mesh_provisioner_composed_lag_max",
+		"The largest lag of one composed-<node> bucket (mesh_provisioner_bucket_lag{bucket=\"composed-*\"} is their sum).", nil, nil)
+	descComposedStuck = prometheus.NewDesc("mesh_provisioner_composed_stuck_seconds",
+		"How long the composed-<node> bucket behind its stream the longest has applied nothing (as of the last poll of the streams); 0 when none is behind.", nil, nil)
 	descParked = prometheus.NewDesc("mesh_provisioner_buckets_parked",
 		"composed-<node> buckets idle without a consumer, waiting for the stream listing to report a change.", nil, nil)
 
@@ -418,7 +506,7 @@ var (
 
 func (c seatCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descBuildInfo, descStateSchema, descReady, descSynced, descApplied, descStreamLast, descStreamAge, descLag,
-		descAnomalies, descApplyCount, descParked, descOutOfRoom, descStateFree, descStateReserve, descPebbleDisk, descPebbleCompactions, descPebbleCompactDebt, descPebbleCompacting,
+		descAnomalies, descApplyCount, descComposed, descComposedUnsynced, descComposedBehind, descComposedLagMax, descComposedStuck, descParked, descOutOfRoom, descStateFree, descStateReserve, descPebbleDisk, descPebbleCompactions, descPebbleCompactDebt, descPebbleCompacting,
 		descPebbleHeld, descPebbleFlushes, descPebbleCacheHits, descPebbleCacheMisses, descPebbleCacheSize, descPebbleReadAmp,
 		descPebbleL0Files, descPebbleMemtable} {
 		ch <- d
@@ -447,16 +535,38 @@ func (c seatCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(descStateSchema, float64(db.Schema()))
 	buckets := shownBuckets(src)
 	now := time.Now()
+	// The fixed buckets have a series each; the composed-<node> buckets, one per node, are taken
+	// together under ComposedLabel (see the descs), so a mesh's size makes no series.
+	var comp composedSum
 	for _, b := range buckets {
 		seq, synced := db.Applied(b)
+		r, read := m.lastRead(b)
+		if provisioner.IsComposedBucket(b) {
+			comp.add(seq, synced, r, read, now)
+			continue
+		}
 		gauge(descApplied, float64(seq), b)
 		gauge(descSynced, b2f(synced), b)
-		if r, ok := m.lastRead(b); ok {
+		if read {
 			gauge(descStreamLast, float64(r.last), b)
 			gauge(descStreamAge, max(0, now.Sub(r.at).Seconds()), b)
 			gauge(descLag, float64(r.lag(seq)), b)
 		}
 	}
+	if comp.buckets > 0 {
+		gauge(descApplied, float64(comp.applied), ComposedLabel)
+		gauge(descSynced, b2f(comp.unsynced == 0), ComposedLabel)
+		if comp.read > 0 {
+			gauge(descStreamLast, float64(comp.last), ComposedLabel)
+			gauge(descStreamAge, comp.age, ComposedLabel)
+			gauge(descLag, float64(comp.lag), ComposedLabel)
+		}
+	}
+	gauge(descComposed, float64(comp.buckets))
+	gauge(descComposedUnsynced, float64(comp.unsynced))
+	gauge(descComposedBehind, float64(comp.behind))
+	gauge(descComposedLagMax, float64(comp.lagMax))
+	gauge(descComposedStuck, m.stuckFor(now).Seconds())
 	for b, by := range m.anomalyCounts(db, buckets) {
 		for reason, n := range by {
 			gauge(descAnomalies, float64(n), b, reason)
@@ -492,6 +602,38 @@ func (c seatCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(descPebbleReadAmp, float64(pm.ReadAmp()))
 	gauge(descPebbleL0Files, float64(pm.Levels[0].TablesCount))
 	gauge(descPebbleMemtable, float64(pm.MemTable.Size))
+}
+
+// ComposedLabel is the bucket label of the series that take every composed-<node> bucket together:
+// applied and stream last sequences and lag summed, synced only when all are, the age of the oldest
+// reading, anomaly rows summed by reason.
+const ComposedLabel = provisioner.ComposedPrefix + "*"
+
+// composedSum takes the composed-<node> buckets of a scrape together.
+type composedSum struct {
+	buckets, unsynced, behind, read int
+	applied, last, lag, lagMax      uint64
+	age                             float64
+}
+
+func (c *composedSum) add(seq uint64, synced bool, r streamRead, read bool, now time.Time) {
+	c.buckets++
+	c.applied += seq
+	if !synced {
+		c.unsynced++
+	}
+	if !read {
+		return
+	}
+	c.read++
+	lag := r.lag(seq)
+	c.last += r.last
+	c.lag += lag
+	c.lagMax = max(c.lagMax, lag)
+	if lag > 0 {
+		c.behind++
+	}
+	c.age = max(c.age, now.Sub(r.at).Seconds())
 }
 
 func b2f(b bool) float64 {

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/store"
 )
 
 // Where each bucket's stream last sequence comes from, each poll:
@@ -126,13 +127,60 @@ func (m *Metrics) pollOnce(ctx context.Context) error {
 			m.set(b, streamRead{last: 0, at: listed}) // no stream
 		}
 	}
-	if listedFresh {
-		return err
+	if !listedFresh {
+		if rerr := m.readStale(ctx, buckets); rerr != nil && err == nil {
+			err = rerr
+		}
 	}
-	if rerr := m.readStale(ctx, buckets); rerr != nil && err == nil {
-		err = rerr
-	}
+	m.trackStuck(src.Store(), buckets, time.Now())
 	return err
+}
+
+// stuckSince is a composed-<node> bucket found behind its stream: at which applied sequence, since when.
+type stuckSince struct {
+	seq   uint64
+	since time.Time
+}
+
+// trackStuck follows, each poll, the composed-<node> buckets that are behind their stream (lag above
+// 0) and since when their applied sequence has stood: mesh_provisioner_composed_stuck_seconds is the
+// longest, the one bucket stuck among thousands that the summed series cannot show. A bucket that
+// applies, catches up or goes starts over; only those behind are kept.
+func (m *Metrics) trackStuck(db *store.DB, buckets []string, now time.Time) {
+	m.stuckMu.Lock()
+	defer m.stuckMu.Unlock()
+	next := make(map[string]stuckSince, len(m.stuck))
+	for _, b := range buckets {
+		if !provisioner.IsComposedBucket(b) {
+			continue
+		}
+		r, ok := m.lastRead(b)
+		if !ok {
+			continue
+		}
+		seq, _ := db.Applied(b)
+		if r.lag(seq) == 0 {
+			continue
+		}
+		if cur, ok := m.stuck[b]; ok && cur.seq == seq {
+			next[b] = cur
+		} else {
+			next[b] = stuckSince{seq: seq, since: now}
+		}
+	}
+	m.stuck = next
+}
+
+// stuckFor is how long the longest-standing composed-<node> bucket behind its stream has applied
+// nothing, as of the last poll; 0 when none is behind.
+func (m *Metrics) stuckFor(now time.Time) time.Duration {
+	m.stuckMu.Lock()
+	defer m.stuckMu.Unlock()
+	var d time.Duration
+	for _, s := range m.stuck {
+		d = max(d, now.Sub(s.since))
+	}
+	return d
 }
 
 // readStale asks the streams of the buckets not read for half a poll for their info: every fixed

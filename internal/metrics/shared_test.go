@@ -221,12 +221,12 @@ func TestMetrics_LagFollowsStreamsWithoutListPermission(t *testing.T) {
 				return err
 			}
 			for b, w := range want {
-				last, ok := fams.Value("mesh_provisioner_bucket_stream_last_sequence", "bucket", b)
-				lag, _ := fams.Value("mesh_provisioner_bucket_lag", "bucket", b)
+				last, ok := gaugeOf(fams, m, "mesh_provisioner_bucket_stream_last_sequence", b)
+				lag, _ := gaugeOf(fams, m, "mesh_provisioner_bucket_lag", b)
 				if !ok || last != w || lag != w-1 {
 					return fmt.Errorf("%s: stream last %v (%v), lag %v; the stream's last sequence is %v", b, last, ok, lag, w)
 				}
-				if _, ok := fams.Value("mesh_provisioner_bucket_stream_info_age_seconds", "bucket", b); !ok {
+				if _, ok := gaugeOf(fams, m, "mesh_provisioner_bucket_stream_info_age_seconds", b); !ok {
 					return fmt.Errorf("%s: no age", b)
 				}
 			}
@@ -264,7 +264,7 @@ func TestMetrics_LagFollowsStreamsWithoutListPermission(t *testing.T) {
 	require.NoError(t, err)
 	var ages []string
 	for _, b := range append(append([]string{}, fixed...), others...) {
-		age, ok := fams.Value("mesh_provisioner_bucket_stream_info_age_seconds", "bucket", b)
+		age, ok := gaugeOf(fams, m, "mesh_provisioner_bucket_stream_info_age_seconds", b)
 		require.True(t, ok, b)
 		ages = append(ages, fmt.Sprintf("%s=%.2fs", b, age))
 		if slices.Contains(fixed, b) {

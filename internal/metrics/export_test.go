@@ -1,0 +1,45 @@
+package metrics
+
+import (
+	"time"
+)
+
+// BucketGauge is the value a per-bucket gauge (mesh_provisioner_bucket_applied_sequence, _synced,
+// _stream_last_sequence, _stream_info_age_seconds, _lag) has for one bucket, composed-<node> buckets
+// included, which /metrics takes together under ComposedLabel: the tests of the poll read each
+// composed bucket's reading through it. A fixed bucket's is what /metrics shows.
+func (m *Metrics) BucketGauge(name, bucket string) (float64, bool) {
+	src := m.source()
+	if src == nil {
+		return 0, false
+	}
+	seq, synced := src.Store().Applied(bucket)
+	switch name {
+	case "mesh_provisioner_bucket_applied_sequence":
+		return float64(seq), true
+	case "mesh_provisioner_bucket_synced":
+		return b2f(synced), true
+	}
+	r, ok := m.lastRead(bucket)
+	if !ok {
+		return 0, false
+	}
+	switch name {
+	case "mesh_provisioner_bucket_stream_last_sequence":
+		return float64(r.last), true
+	case "mesh_provisioner_bucket_stream_info_age_seconds":
+		return max(0, time.Since(r.at).Seconds()), true
+	case "mesh_provisioner_bucket_lag":
+		return float64(r.lag(seq)), true
+	}
+	return 0, false
+}
+
+// Shown lists the buckets the per-bucket figures are made of, composed-<node> ones included.
+func (m *Metrics) Shown() []string {
+	src := m.source()
+	if src == nil {
+		return nil
+	}
+	return shownBuckets(src)
+}
