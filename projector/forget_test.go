@@ -215,3 +215,47 @@ func TestProjector_CreatedAgainAsItIsForgotten(t *testing.T) {
 		})
 	}
 }
+
+// TestProjector_WakeSkipsOnABucketForgottenAndAddedAgain: a bucket forgotten (its stream deleted) is
+// no longer tailed, and its channel of requests goes with it; created again, it is tailed afresh with
+// a channel of its own, so a request for the sequence of a message the new stream removed unread is
+// reached there as on any bucket (skipRemoved), not left to its whole wait. The listing runs once an
+// hour: the bucket, parked, is woken by requests alone, and reads nothing the test does not ask for.
+func TestProjector_WakeSkipsOnABucketForgottenAndAddedAgain(t *testing.T) {
+	ns := natstest.RunServer(t)
+	_, js := natstest.Connect(t, ns.ClientURL())
+	ctx := context.Background()
+	const bucket = "composed-n0000"
+	composedBuckets(t, js, 1)
+	p, db := parkingEvery(t, ns.ClientURL(), 200*time.Millisecond, 300*time.Millisecond, time.Hour)
+	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, applied(db, bucket, 1))
+	waitParked(t, p, js, bucket)
+
+	require.NoError(t, js.DeleteKeyValue(ctx, bucket))
+	p.Wake(bucket) // a request finds it deleted: confirmed, then forgotten
+	natstest.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error {
+		if p.Tails(bucket) {
+			return fmt.Errorf("%s still tailed", bucket)
+		}
+		return nil
+	})
+	p.Wake(bucket) // a request while it is gone: nothing to tell
+
+	composedBuckets(t, js, 1) // tailed again on its advisory, read, parked
+	stream, err := js.Stream(ctx, "KV_"+bucket)
+	require.NoError(t, err)
+	natstest.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error {
+		if cp := db.Checkpoint(bucket); cp.Applied != 1 || cp.StreamCreated != stream.CachedInfo().Created.UnixNano() {
+			return fmt.Errorf("checkpoint %+v, want 1 of the new stream", cp)
+		}
+		return nil
+	})
+	waitParked(t, p, js, bucket)
+	kv, err := js.KeyValue(ctx, bucket)
+	require.NoError(t, err)
+	seq, err := kv.Put(ctx, "web.2", []byte{0x80})
+	require.NoError(t, err)
+	require.NoError(t, stream.Purge(ctx, jetstream.WithPurgeSubject("$KV."+bucket+".web.2")))
+	p.Wake(bucket)
+	natstest.CheckFor(t, 20*time.Second, 20*time.Millisecond, applied(db, bucket, seq))
+}

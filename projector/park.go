@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/store"
 )
 
 // Parking. A seat with plans tails one composed-<node> bucket per node, and a node's compositions
@@ -177,7 +178,8 @@ func (p *Projector) park(ctx context.Context, bucket string, log *slog.Logger, s
 			return ctx.Err() == nil
 		}
 		reread, err := p.removedUnread(ctx, bucket, info, applied, log)
-		if err != nil && ctx.Err() == nil {
+		// A state dir out of room is said once by the store (store/space.go), not at each parking.
+		if err != nil && ctx.Err() == nil && !errors.Is(err, store.ErrNoSpace) {
 			log.Warn("the stream ends past what is left to read, and the projection could not follow it", "err", err)
 		}
 		if err != nil || reread {

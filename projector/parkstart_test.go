@@ -480,3 +480,66 @@ func TestProjector_StartsParkedWhenItsRemovedEndIsUnchanged(t *testing.T) {
 	require.NoError(t, err)
 	waitApplied(t, db, bucket, 3)
 }
+
+// TestProjector_StartsParkedAfterASkipThenARemovedEnd: a request's min_seq skipped a first message
+// removed unread (the checkpoint moved over it, its gap left open: skipRemoved), and a parking later
+// recorded a second removed end past the checkpoint (removedUnread, by hand here as in the test
+// above). Restarted with the stream as it was, the bucket starts parked. Before, the open gap, which
+// starts below the checkpoint + 1 since the skip, hid the removed end (store.DB.RemovedEnd), and every
+// start set a consumer up for the bucket again.
+func TestProjector_StartsParkedAfterASkipThenARemovedEnd(t *testing.T) {
+	ns := natstest.RunServer(t)
+	nc, js := natstest.Connect(t, ns.ClientURL())
+	ctx := context.Background()
+	composedBuckets(t, js, 1)
+	const bucket = "composed-n0000"
+	kv, err := js.KeyValue(ctx, bucket)
+	require.NoError(t, err)
+	stream, err := js.Stream(ctx, "KV_"+bucket)
+	require.NoError(t, err)
+	removeUnread := func(key string) uint64 {
+		seq, err := kv.Put(ctx, key, []byte{0x80})
+		require.NoError(t, err)
+		require.NoError(t, stream.Purge(ctx, jetstream.WithPurgeSubject("$KV."+bucket+"."+key)))
+		return seq
+	}
+
+	first := removeUnread("web.2")
+	r := restartable{t: t, url: ns.ClientURL(), dir: t.TempDir(), every: 100 * time.Millisecond, verify: time.Hour}
+	p, db, stop := r.start(nil)
+	waitApplied(t, db, bucket, 1)
+	p.Wake(bucket) // a request for min_seq 2
+	waitApplied(t, db, bucket, first)
+	stop()
+
+	second := removeUnread("web.3")
+	info, err := stream.Info(ctx)
+	require.NoError(t, err)
+	require.Equal(t, second, info.State.LastSeq)
+	db, err = store.OpenState(r.dir, store.Options{})
+	require.NoError(t, err)
+	require.NoError(t, db.TailRemoved(bucket, info.State.LastSeq, info.Created.UnixNano()))
+	v, err := db.View()
+	require.NoError(t, err)
+	m, err := v.HistoryMarks(bucket)
+	v.Close()
+	require.NoError(t, err)
+	require.Equal(t, []store.Gap{{From: 2, OpenedAt: second + 1}}, m.Gaps, "one gap, from the first removal on")
+	require.NoError(t, db.Close())
+
+	creates := countConsumerCreates(t, nc)
+	p, db, _ = r.start(nil)
+	natstest.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error {
+		if !p.Parked(bucket) {
+			return fmt.Errorf("%s not parked", bucket)
+		}
+		return nil
+	})
+	waitApplied(t, db, bucket, first)
+	require.Zero(t, creates.of(bucket), "a consumer created for the bucket")
+
+	// Written to, it is woken by the listing and reads the write.
+	next, err := kv.Put(ctx, "web.4", []byte{0x80})
+	require.NoError(t, err)
+	waitApplied(t, db, bucket, next)
+}

@@ -826,7 +826,8 @@ func (p *Projector) skipRemoved(ctx context.Context, bucket string, created int6
 	}
 	moved, err := p.db.SkipRemoved(bucket, to, created)
 	if err != nil {
-		if !errors.Is(err, store.ErrClosed) {
+		// A state dir out of room is said once by the store (store/space.go), not at each try.
+		if !errors.Is(err, store.ErrClosed) && !errors.Is(err, store.ErrNoSpace) {
 			log.Warn("recording the messages removed before they were read failed", "err", err, "last_seq", to)
 		}
 		return false

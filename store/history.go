@@ -340,13 +340,15 @@ func (db *DB) SkipRemoved(bucket string, seq uint64, streamCreated int64) (bool,
 
 // RemovedEnd returns the stream's last sequence that TailRemoved was told of past the checkpoint, when
 // nothing has been read since: the stream ends there, every message past the applied one removed
-// before it was read. ok is false when none is recorded.
+// before it was read. ok is false when none is recorded. The open gap holding it may start below the
+// checkpoint + 1: a SkipRemoved moved the checkpoint over a first removal, and TailRemoved extended its
+// gap with a second (a message read past it would have moved the checkpoint to its jump or past it).
 func (db *DB) RemovedEnd(bucket string) (last uint64, ok bool) {
 	db.applyMu.Lock()
 	defer db.applyMu.Unlock()
 	g, open := db.openGaps[bucket]
 	b := db.lookup(bucket)
-	if !open || b == nil || g.From != b.cp.Applied+1 || g.OpenedAt <= g.From {
+	if !open || b == nil || g.OpenedAt <= b.cp.Applied+1 {
 		return 0, false
 	}
 	return g.OpenedAt - 1, true

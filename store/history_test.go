@@ -393,3 +393,39 @@ func TestDB_SkipRemoved(t *testing.T) {
 	require.ErrorIs(t, m.Check(10), store.ErrGap)
 	require.NoError(t, m.Check(11))
 }
+
+// RemovedEnd is the end past the checkpoint that TailRemoved was told of, also when the open gap it
+// extends was opened before a SkipRemoved moved the checkpoint (a request's min_seq skipped a first
+// removal, a parking then recorded a second): the gap then starts below the checkpoint + 1. Before,
+// only a gap starting at the checkpoint + 1 counted, and such a bucket never started parked again.
+func TestDB_RemovedEndAfterSkipRemoved(t *testing.T) {
+	dir := t.TempDir()
+	db, err := store.OpenState(dir, store.Options{})
+	require.NoError(t, err)
+	b := "composed-n1"
+	require.NoError(t, db.Apply(b, []provisioner.Message{put(1, "web.1", []byte{1})}, 7, true))
+	moved, err := db.SkipRemoved(b, 3, 7)
+	require.NoError(t, err)
+	require.True(t, moved)
+	_, ok := db.RemovedEnd(b)
+	require.False(t, ok, "the checkpoint is at the removed end: none past it")
+
+	require.NoError(t, db.TailRemoved(b, 5, 7))
+	end, ok := db.RemovedEnd(b)
+	require.True(t, ok)
+	require.EqualValues(t, 5, end)
+	require.Equal(t, []store.Gap{{From: 2, OpenedAt: 6}}, marks(t, db, b).Gaps, "one gap, extended")
+	require.NoError(t, db.Close())
+
+	db, err = store.OpenState(dir, store.Options{})
+	require.NoError(t, err)
+	defer db.Close()
+	end, ok = db.RemovedEnd(b)
+	require.True(t, ok, "after a reopen")
+	require.EqualValues(t, 5, end)
+
+	// A message read past it ends it.
+	require.NoError(t, db.Apply(b, []provisioner.Message{put(6, "web.2", []byte{2})}, 7, true))
+	_, ok = db.RemovedEnd(b)
+	require.False(t, ok)
+}
