@@ -200,6 +200,11 @@ func (v *rows) Anomalies(bucket, node string, max int, fn func(provisioner.Anoma
 		if total, err = v.nodeAnomalies(bucket, node); err != nil {
 			return 0, err
 		}
+		if total == 0 {
+			// Most nodes have none: the two seeks into the anomaly rows would find nothing, and read
+			// blocks of a range no other lookup keeps in the block cache.
+			return 0, nil
+		}
 	}
 	n := 0
 	for _, rg := range ranges {
