@@ -40,6 +40,31 @@ func TestView_NodeAnomaliesReadOnlyWhatTheyList(t *testing.T) {
 	require.LessOrEqual(t, read, 20, "iterator calls for 10 anomaly rows of 3,000: %+v", st)
 }
 
+// TestView_NodeWithoutAnomaliesSeeksNoAnomalyRow: a node whose count is zero (most nodes) lists nothing
+// without seeking into the anomaly rows: one read, the count's (three before: the count and the rows of
+// the node's key and of its keys below it, blocks no other lookup kept in the block cache).
+func TestView_NodeWithoutAnomaliesSeeksNoAnomalyRow(t *testing.T) {
+	db, err := Open(t.TempDir(), Options{})
+	require.NoError(t, err)
+	defer db.Close()
+	require.NoError(t, db.Apply(provisioner.BucketNeeds, []provisioner.Message{
+		{Seq: 1, Key: "n1.m.wish.k", Op: provisioner.OpPut, Value: []byte{0x01}}, // unanswered-kind
+		{Seq: 2, Key: "n2", Op: provisioner.OpPut, Value: []byte{0x01}},          // token-count
+	}, 0, false))
+
+	v, err := db.View()
+	require.NoError(t, err)
+	defer v.Close()
+	total, err := v.Anomalies(provisioner.BucketNeeds, "n10", 1000, func(a provisioner.Anomaly) { t.Errorf("listed %+v", a) })
+	require.NoError(t, err)
+	require.Zero(t, total)
+	st := v.it.Stats()
+	require.Equal(t, 1, st.ForwardSeekCount[pebble.InterfaceCall], "seeks for a node without anomaly rows: %+v", st)
+	total, err = v.Anomalies(provisioner.BucketNeeds, "n1", 1000, func(provisioner.Anomaly) {})
+	require.NoError(t, err)
+	require.EqualValues(t, 1, total)
+}
+
 // TestDB_NodeAnomalyCountsFollowTheRows: the count of each node's anomaly rows equals the rows, through
 // puts out of shape and back, deletes, keys of two classes, a registry that raises and clears
 // unanswered kinds, a reopen, a store that lost its counts (written before they existed), and a

@@ -200,6 +200,11 @@ func (v *rows) Anomalies(bucket, node string, max int, fn func(provisioner.Anoma
 		if total, err = v.nodeAnomalies(bucket, node); err != nil {
 			return 0, err
 		}
+		if total == 0 {
+			// Most nodes have none: the two seeks into the anomaly rows would find nothing, and read
+			// blocks of a range no other lookup keeps in the block cache.
+			return 0, nil
+		}
 	}
 	n := 0
 	for _, rg := range ranges {
@@ -242,3 +247,39 @@ func (v *View) Buckets() []string { return v.db.Buckets() }
 
 // StoreID is the ID of the store the view reads.
 func (v *View) StoreID() uint64 { return v.db.id }
+
+// warmRanges are what a node lookup reads besides its rows' index entries: the checkpoints, every
+// bucket's rows (0x02 and 0x03, adjacent) and the per-node anomaly counts.
+var warmRanges = [][2]byte{{prefixCheckpoint, prefixRow + 1}, {prefixNodeAnom, prefixNodeAnom + 1}}
+
+// WarmRows reads at most n keys of the checkpoints, rows and per-node anomaly counts, in key order from
+// the store key from on (nil: the first), so that Pebble's block cache holds their blocks; it returns
+// how many it read and the store key to go on from, nil once it has read them all. A compaction writes new tables whose
+// blocks no cache holds: without this, each of the next lookups reads and decompresses its blocks
+// (docs/performance.md, "Session 11: node lookups at 1,000,000 keys").
+func (v *RowsView) WarmRows(from []byte, n int) (read int, next []byte, err error) {
+	for _, rg := range warmRanges {
+		lo, hi := []byte{rg[0]}, []byte{rg[1]}
+		if string(from) >= string(hi) {
+			continue
+		}
+		if string(from) > string(lo) {
+			lo = from
+		}
+		it, err := v.iter(lo, hi)
+		if err != nil {
+			return read, nil, err
+		}
+		for it.First(); it.Valid(); it.Next() {
+			if read == n {
+				return read, append([]byte(nil), it.Key()...), nil
+			}
+			_ = it.Value()
+			read++
+		}
+		if err := it.Error(); err != nil {
+			return read, nil, err
+		}
+	}
+	return read, nil, nil
+}
