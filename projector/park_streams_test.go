@@ -213,11 +213,7 @@ func TestProjector_WokenBucketOfARecreatedStream(t *testing.T) {
 	_, js := natstest.Connect(t, ns.ClientURL())
 	ctx := context.Background()
 	const b = "composed-n0000"
-	composedBuckets(t, js, 1)
-	kv, err := js.KeyValue(ctx, b)
-	require.NoError(t, err)
-	_, err = kv.Put(ctx, "web.2", []byte{0x80})
-	require.NoError(t, err)
+	oneComposedOfTwo(t, js)
 	_, pjs := natstest.Connect(t, ns.ClientURL())
 	// One listing, at start: none shows the new stream.
 	p, db, _ := parkingQuietEvery(t, pjs, nil, time.Hour, []string{b}, nil)
@@ -225,7 +221,7 @@ func TestProjector_WokenBucketOfARecreatedStream(t *testing.T) {
 	waitParked(t, p, js, b)
 
 	require.NoError(t, js.DeleteKeyValue(ctx, b))
-	kv, err = js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: b, History: 1, Storage: jetstream.MemoryStorage})
+	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: b, History: 1, Storage: jetstream.MemoryStorage})
 	require.NoError(t, err)
 	for _, k := range []string{"api.1", "api.2", "api.3"} {
 		_, err = kv.Put(ctx, k, []byte{0x80})
@@ -281,11 +277,7 @@ func TestProjector_TailAfterItsStreamWasRecreated(t *testing.T) {
 	_, js := natstest.Connect(t, ns.ClientURL())
 	ctx := context.Background()
 	const b = "composed-n0000"
-	composedBuckets(t, js, 1)
-	kv, err := js.KeyValue(ctx, b)
-	require.NoError(t, err)
-	_, err = kv.Put(ctx, "web.2", []byte{0x80})
-	require.NoError(t, err)
+	oneComposedOfTwo(t, js)
 	_, pjs := natstest.Connect(t, ns.ClientURL())
 	var armed atomic.Bool
 	gated := gatedSetup{JetStream: pjs, armed: &armed, held: make(chan struct{}, 1), gate: make(chan struct{})}
@@ -302,7 +294,7 @@ func TestProjector_TailAfterItsStreamWasRecreated(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("the bucket's tail did not set up again after its stream was deleted")
 	}
-	kv, err = js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: b, History: 1, Storage: jetstream.MemoryStorage})
+	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: b, History: 1, Storage: jetstream.MemoryStorage})
 	require.NoError(t, err)
 	for _, k := range []string{"api.1", "api.2", "api.3"} {
 		_, err = kv.Put(ctx, k, []byte{0x80})

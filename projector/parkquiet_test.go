@@ -338,18 +338,27 @@ func TestProjector_WakeSkipsMessagesRemovedUnread(t *testing.T) {
 	waitApplied(t, db, bucket, 3)
 }
 
+// oneComposedOfTwo makes one composed-<node> bucket, composed-n0000, of two messages: web.1 at 1
+// (composedBuckets) and web.2 at 2.
+func oneComposedOfTwo(t *testing.T, js jetstream.JetStream) jetstream.KeyValue {
+	t.Helper()
+	ctx := context.Background()
+	composedBuckets(t, js, 1)
+	kv, err := js.KeyValue(ctx, "composed-n0000")
+	require.NoError(t, err)
+	_, err = kv.Put(ctx, "web.2", []byte{0x80})
+	require.NoError(t, err)
+	return kv
+}
+
 // composedEndingOnAPurge makes one composed-<node> bucket whose stream's last sequence, 2, is no
 // message: web.1 at 1 (composedBuckets), web.2 at 2, its subject then purged (a stream purge, no
 // marker; a TTL without a marker or a rollup leaves the same).
 func composedEndingOnAPurge(t *testing.T, js jetstream.JetStream) (string, jetstream.KeyValue, jetstream.Stream) {
 	t.Helper()
 	ctx := context.Background()
-	composedBuckets(t, js, 1)
 	const bucket = "composed-n0000"
-	kv, err := js.KeyValue(ctx, bucket)
-	require.NoError(t, err)
-	_, err = kv.Put(ctx, "web.2", []byte{0x80})
-	require.NoError(t, err)
+	kv := oneComposedOfTwo(t, js)
 	stream, err := js.Stream(ctx, "KV_"+bucket)
 	require.NoError(t, err)
 	require.NoError(t, stream.Purge(ctx, jetstream.WithPurgeSubject("$KV."+bucket+".web.2")))
