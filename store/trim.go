@@ -479,7 +479,10 @@ func (t *trimmer) keptBefore(key string, start []byte, plans bool) (keptEvents, 
 	var k keptEvents
 	deleted := 0
 	wantBefore := false // k.purge is a purge a rollup wrote under the key: the next event is its before
-	for t.hist.Prev() && bytes.HasPrefix(t.hist.Key(), start) {
+	// Limited to the key's own events: the keys before it may be tombstones only (a rollup's keys
+	// handled in lots, each lot committed), and a plain Prev stepped back over every one of them,
+	// once a lot, until compacted.
+	for t.hist.PrevWithLimit(start) == pebble.IterValid && bytes.HasPrefix(t.hist.Key(), start) {
 		m, err := t.message(key)
 		if err != nil {
 			return k, deleted, err
