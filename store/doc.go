@@ -145,7 +145,9 @@
 //     rollup is then an event of its own key like any other, unless one of those keys keeps its purge (a composed build
 //     written differently, whose other spelling keeps an event below it): a fill by sequence (plans
 //     as of a point, an export) meets that purge only through the rollup, so the rollup is never
-//     trimmed while one does (pinned; a later trim reads it back and asks again), and its own key
+//     trimmed while one does (pinned; a later trim reads it back and asks again), the key keeps its
+//     event before the purge beside it (the fill applies the rollup, which removes only a key the
+//     fill holds: a row, or a delete as its newest event), and its own key
 //     keeps its newest event beside it, whatever it is (a rollup that is a put of the key, deleted
 //     since, is not the key's state), so such a key keeps more than three events. A log an older
 //     binary trimmed keeps its rollups with the purges under the keys they removed: they stay pinned.

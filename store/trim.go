@@ -157,7 +157,12 @@ func (t *trimmer) pin(seq uint64) {
 // marker (provisioner.PublishesPlan says why). Each is a sequence, 0 for none; they may be one event.
 type keptEvents struct {
 	newest, published, purge uint64
-	pin                      bool // the key keeps a rollup that removed other keys (trimmer.pin)
+	// before is, when purge is one a rollup wrote under the key (it removed the key), the key's
+	// event before that purge: a fill of the log by sequence meets the purge only through the rollup,
+	// which removes the key only when the fill holds it (a row, or a delete as its newest event:
+	// applier.rollup), and a purge that did not remove the key there did not forget its build.
+	before uint64
+	pin    bool // the key keeps a rollup that removed other keys (trimmer.pin)
 }
 
 func newTrimmer(db *DB, bucket string) *trimmer {
@@ -280,13 +285,13 @@ func (t *trimmer) event(key string, seq uint64, own bool) (int, error) {
 			next.published = seq
 		}
 	case m.Op == provisioner.OpPut:
-		next = keptEvents{newest: seq, published: k.published, purge: k.purge}
+		next = keptEvents{newest: seq, published: k.published, purge: k.purge, before: k.before}
 		if published {
 			next.published = seq
 		}
 	case !plans:
 	case m.Op == provisioner.OpDelete:
-		next = keptEvents{newest: seq, published: k.published, purge: k.purge}
+		next = keptEvents{newest: seq, published: k.published, purge: k.purge, before: k.before}
 		if k.published == 0 {
 			others, err := t.othersBelow(&parts, key, seq)
 			if err != nil {
@@ -303,6 +308,9 @@ func (t *trimmer) event(key string, seq uint64, own bool) (int, error) {
 		}
 		if others {
 			next = keptEvents{newest: seq, purge: seq}
+			if !own {
+				next.before = k.newest
+			}
 		}
 	}
 	// The keys the rollup removed: each has a purge at seq under it that the walk by sequence never
@@ -358,9 +366,9 @@ func (t *trimmer) event(key string, seq uint64, own bool) (int, error) {
 		next.newest = seq
 	}
 	t.kept[key] = next
-	var dropped [4]uint64
-	for i, s := range [...]uint64{k.newest, k.published, k.purge, seq} {
-		if s == 0 || s == next.newest || s == next.published || s == next.purge || slices.Contains(dropped[:i], s) || t.pinned[s] {
+	var dropped [5]uint64
+	for i, s := range [...]uint64{k.newest, k.published, k.purge, k.before, seq} {
+		if s == 0 || s == next.newest || s == next.published || s == next.purge || s == next.before || slices.Contains(dropped[:i], s) || t.pinned[s] {
 			continue // nothing, kept, dropped already, or a rollup that removed other keys
 		}
 		dropped[i] = s
@@ -470,10 +478,18 @@ func (t *trimmer) message(key string) (provisioner.Message, error) {
 func (t *trimmer) keptBefore(key string, start []byte, plans bool) (keptEvents, int, error) {
 	var k keptEvents
 	deleted := 0
-	for t.hist.Prev() && bytes.HasPrefix(t.hist.Key(), start) {
+	wantBefore := false // k.purge is a purge a rollup wrote under the key: the next event is its before
+	// Limited to the key's own events: the keys before it may be tombstones only (a rollup's keys
+	// handled in lots, each lot committed), and a plain Prev stepped back over every one of them,
+	// once a lot, until compacted.
+	for t.hist.PrevWithLimit(start) == pebble.IterValid && bytes.HasPrefix(t.hist.Key(), start) {
 		m, err := t.message(key)
 		if err != nil {
 			return k, deleted, err
+		}
+		if wantBefore {
+			k.before, wantBefore = m.Seq, false
+			continue
 		}
 		marker := plans && (m.Op != provisioner.OpPut && m.Op != provisioner.OpDelete || m.Rollup != provisioner.RollupNone)
 		if m.RemovesOthers() && !t.pinned[m.Seq] {
@@ -513,8 +529,28 @@ func (t *trimmer) keptBefore(key string, start []byte, plans bool) (keptEvents, 
 			}
 			deleted++
 		}
+		if k.purge == m.Seq && m.Op == provisioner.OpPurge && m.Rollup == provisioner.RollupNone {
+			// A purge a rollup wrote under the key has an entry by sequence naming another key.
+			if wantBefore, err = t.removedPurge(key, m.Seq); err != nil {
+				return k, deleted, err
+			}
+		}
 	}
 	return k, deleted, t.hist.Error()
+}
+
+// removedPurge reports whether the purge of key at seq is one a rollup wrote under the key it removed:
+// the entry by sequence at seq names another key.
+func (t *trimmer) removedPurge(key string, seq uint64) (bool, error) {
+	v, closer, err := t.db.pdb.Get(eventKey(nil, t.bucket, seq))
+	if errors.Is(err, pebble.ErrNotFound) {
+		return true, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	defer closer.Close()
+	return string(v) != key, nil
 }
 
 // drop deletes the event of key at seq, and the entry by sequence at seq when it names key. A key that
