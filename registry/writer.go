@@ -217,8 +217,9 @@ func (w *Writer) loop(ctx context.Context) {
 func (w *Writer) Pass(ctx context.Context) (int, error) { return w.pass(ctx, false) }
 
 // pass is Pass, or with lostOnly a repair: it writes only the kinds whose key has no value (never
-// written, deleted, purged, expired), and leaves edited values and strays to the next Pass. A repair is
-// not counted as a pass.
+// written, deleted, purged, expired), or whose value an older table's writer put there (the seat of an
+// older binary that repaired the same loss first), and leaves edited values and strays to the next
+// Pass. A repair is not counted as a pass.
 func (w *Writer) pass(ctx context.Context, lostOnly bool) (int, error) {
 	ctx, cancel := context.WithTimeout(ctx, passTimeout)
 	defer cancel()
@@ -336,8 +337,14 @@ func (w *Writer) putKind(ctx context.Context, stream jetstream.Stream, e provisi
 			return 0, errNewer // a newer table's put or delete: never downgraded
 		case deleted(last.Header):
 			rev, was = last.Sequence, "deleted"
-		case lostOnly || e.Matches(last.Data):
+		case e.Matches(last.Data):
 			return 0, nil
+		case lostOnly && !w.older(last.Header):
+			return 0, nil // an edit waits for the pass
+		case lostOnly:
+			// An older table's seat put a lost kind back before this repair (a rolling upgrade: the
+			// loss woke both): the newer table's value wins now, not at the next pass.
+			rev, was = last.Sequence, "older"
 		default:
 			rev, was = last.Sequence, "different"
 		}
@@ -420,6 +427,13 @@ func (w *Writer) newer(last *jetstream.RawStreamMsg, key string) bool {
 		return false
 	}
 	return deleted(last.Header) || (mpk.Valid(last.Data) && provisioner.RegistryFields(last.Data).Kind == key)
+}
+
+// older reports whether a key's last message was written by the writer of an older table (a header
+// below the writer's version; a message without one is a hand edit's, version 0, and not older here).
+func (w *Writer) older(h nats.Header) bool {
+	v := provisioner.RegistryVersionOfHeaders(h)
+	return v > 0 && v < w.table.Version
 }
 
 // deleted reports whether a key's last message removes it: a delete, a purge, or a TTL marker, read

@@ -675,6 +675,64 @@ func TestWriter_NewerHeaderOnNoEntryIsPutRight(t *testing.T) {
 	require.Zero(t, n)
 }
 
+// TestWriter_NewerRepairWinsALossPutBackByAnOlderSeat: during a rolling upgrade an operator deletes a
+// kind the newer table changed. The loss wakes the seats of both binaries; when the older one's repair
+// puts its value back first, the newer one's repair writes the newer value over it at once. It found the
+// key holding a value and left the older table's entry for up to an interval (an hour), and the kind's
+// needs were answered by the old entry meanwhile.
+func TestWriter_NewerRepairWinsALossPutBackByAnOlderSeat(t *testing.T) {
+	ns := natstest.RunServer(t)
+	_, js := natstest.Connect(t, ns.ClientURL())
+	ctx := context.Background()
+	newTable := upgradeTable()
+	old := registry.New(js, provisioner.Registry, time.Hour, nil)
+	neu := registry.New(js, newTable, time.Hour, nil)
+	for _, w := range []*registry.Writer{old, neu} {
+		registry.SetWakeGap(w, time.Millisecond)
+	}
+	old.Start(ctx)
+	t.Cleanup(old.Stop)
+	waitPasses(t, old, 1)
+	neu.Start(ctx)
+	t.Cleanup(neu.Stop)
+	waitPasses(t, neu, 1)
+	require.Equal(t, 3, writes(neu))
+
+	kv, err := js.KeyValue(ctx, provisioner.BucketRegistry)
+	require.NoError(t, err)
+	require.NoError(t, kv.Delete(ctx, "secret"))
+	oldWrites := writes(old)
+	old.Wake() // the older seat's repair comes first and puts its own secret back
+	natstest.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		if writes(old) != oldWrites+1 {
+			return fmt.Errorf("the old seat has not put secret back")
+		}
+		return nil
+	})
+	require.True(t, provisioner.Registry.Entries[indexOf(t, provisioner.Registry, "secret")].Matches(live(t, js)["secret"].value))
+	neu.Wake()
+	natstest.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		if neu.Repairs() == 0 {
+			return fmt.Errorf("no repair yet")
+		}
+		return nil
+	})
+	require.True(t, newTable.Entries[indexOf(t, newTable, "secret")].Matches(live(t, js)["secret"].value), "the newer table's secret")
+	require.Equal(t, 4, writes(neu))
+	// And the older seat leaves it: its repairs and passes write nothing more.
+	old.Wake()
+	natstest.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		if old.Repairs() < 2 {
+			return fmt.Errorf("no second repair yet")
+		}
+		return nil
+	})
+	n, err := old.Pass(ctx)
+	require.NoError(t, err)
+	require.Zero(t, n)
+	require.Equal(t, oldWrites+1, writes(old))
+}
+
 func indexOf(t *testing.T, table provisioner.RegistryTable, kind string) int {
 	t.Helper()
 	for i, e := range table.Entries {
