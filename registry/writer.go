@@ -36,6 +36,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/internal/mpk"
 )
 
 // passTimeout bounds one pass, so that a request NATS never answers (a denied subject is dropped, not
@@ -216,8 +217,9 @@ func (w *Writer) loop(ctx context.Context) {
 func (w *Writer) Pass(ctx context.Context) (int, error) { return w.pass(ctx, false) }
 
 // pass is Pass, or with lostOnly a repair: it writes only the kinds whose key has no value (never
-// written, deleted, purged, expired), and leaves edited values and strays to the next Pass. A repair is
-// not counted as a pass.
+// written, deleted, purged, expired), or whose value an older table's writer put there (the seat of an
+// older binary that repaired the same loss first), and leaves edited values and strays to the next
+// Pass. A repair is not counted as a pass.
 func (w *Writer) pass(ctx context.Context, lostOnly bool) (int, error) {
 	ctx, cancel := context.WithTimeout(ctx, passTimeout)
 	defer cancel()
@@ -331,12 +333,18 @@ func (w *Writer) putKind(ctx context.Context, stream jetstream.Stream, e provisi
 		case errors.Is(err, jetstream.ErrMsgNotFound):
 		case err != nil:
 			return 0, fmt.Errorf("read kind %q: %w", e.Kind, err)
-		case w.newer(last.Header):
+		case w.newer(last, e.Kind):
 			return 0, errNewer // a newer table's put or delete: never downgraded
 		case deleted(last.Header):
 			rev, was = last.Sequence, "deleted"
-		case lostOnly || e.Matches(last.Data):
+		case e.Matches(last.Data):
 			return 0, nil
+		case lostOnly && !w.older(last.Header):
+			return 0, nil // an edit waits for the pass
+		case lostOnly:
+			// An older table's seat put a lost kind back before this repair (a rolling upgrade: the
+			// loss woke both): the newer table's value wins now, not at the next pass.
+			rev, was = last.Sequence, "older"
 		default:
 			rev, was = last.Sequence, "different"
 		}
@@ -385,7 +393,7 @@ func (w *Writer) deleteStray(ctx context.Context, stream jetstream.Stream, subj 
 	if err != nil {
 		return 0, fmt.Errorf("read stray kind %q: %w", key, err)
 	}
-	if w.newer(last.Header) {
+	if w.newer(last, key) {
 		return 0, errNewer // a kind of a newer table, or one it deleted
 	}
 	if deleted(last.Header) {
@@ -409,9 +417,23 @@ var errNewer = errors.New("registry: written by a newer table")
 
 // newer reports whether a key's last message was written by a newer table than the writer's
 // (provisioner.HeaderRegistryVersion): a seat of an older binary during a rolling upgrade, which must
-// neither put back what the newer table changed or deleted nor delete the kinds it added.
-func (w *Writer) newer(h nats.Header) bool {
-	return provisioner.RegistryVersionOfHeaders(h) > w.table.Version
+// neither put back what the newer table changed or deleted nor delete the kinds it added. The header
+// is believed only on what a table's writer writes: a delete marker, or a MessagePack map whose kind
+// is the key. A value that is not (not MessagePack, another kind, not a map) is no table's, whatever
+// its header says, and is put right (or deleted, for a stray) like a hand edit; else an older seat
+// would leave it for ever.
+func (w *Writer) newer(last *jetstream.RawStreamMsg, key string) bool {
+	if provisioner.RegistryVersionOfHeaders(last.Header) <= w.table.Version {
+		return false
+	}
+	return deleted(last.Header) || (mpk.Valid(last.Data) && provisioner.RegistryFields(last.Data).Kind == key)
+}
+
+// older reports whether a key's last message was written by the writer of an older table (a header
+// below the writer's version; a message without one is a hand edit's, version 0, and not older here).
+func (w *Writer) older(h nats.Header) bool {
+	v := provisioner.RegistryVersionOfHeaders(h)
+	return v > 0 && v < w.table.Version
 }
 
 // deleted reports whether a key's last message removes it: a delete, a purge, or a TTL marker, read
