@@ -492,6 +492,33 @@ func TestPlans_Verb(t *testing.T) {
 	})
 }
 
+// TestPlans_MinSeqSeesOwnComposition: a node engine that publishes compositions one after another,
+// each read back at once with min_seq, finds each in its node's plans: an answer whose as_of holds the
+// sequence holds the composition. The tail, caught up and woken by the request, looked for messages
+// removed unread (projector skipRemoved) and took the consumer's pending count, which the server raises
+// a moment after the write is stored, for the stream's word: it moved the checkpoint over the write
+// unread, and the answer named its sequence with the plan before it (TestPlans_Verb, 4 in 600 runs
+// under load before 3a4f1fd). Each round here is one more chance at that moment.
+func TestPlans_MinSeqSeesOwnComposition(t *testing.T) {
+	h := newHarness(t)
+	h.load(fixtures.Plans().Before)
+	st, _ := h.startPlansSeat(t.TempDir())
+	h.waitPlansCaughtUp(st)
+	kv, err := h.js.KeyValue(context.Background(), provisioner.ComposedPrefix+"edge-1")
+	require.NoError(t, err)
+	for i := 0; i < 20; i++ {
+		plan := fmt.Sprintf("db 3005 #%d", i)
+		seq, err := kv.Put(context.Background(), "db.3005", mp(t, map[string]any{"status": "published", "plan": plan}))
+		require.NoError(t, err)
+		a, err := h.askPlans(map[string]any{"what": "plans", "node": "edge-1", "module": "db", "min_seq": seq, "wait_ms": 5000}, false)
+		require.NoError(t, err)
+		require.Equal(t, json.Number(fmt.Sprint(seq)), a["as_of"].(map[string]any)["composed-edge-1"], "round %d", i)
+		cur := planRow(t, a, "edge-1.db")["current"].(map[string]any)
+		require.Equal(t, json.Number(fmt.Sprint(seq)), cur["revision"], "round %d: the answer's as_of holds the write, so its plan does: %v", i, cur)
+		require.Equal(t, plan, cur["plan"], "round %d", i)
+	}
+}
+
 // TestPlans_OneCompositionRecomputesOneRow: in a mesh of many nodes and modules, a change to one
 // module's composition on one node recomputes that one row, and the answer shows it.
 func TestPlans_OneCompositionRecomputesOneRow(t *testing.T) {
