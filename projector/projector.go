@@ -120,7 +120,7 @@ type Projector struct {
 	lastAsk time.Time // the last slot a composed-<node> bucket's check reserved to ask its stream (mayAsk)
 
 	missing sync.Map // bucket -> when its stream was first found missing, not found since (forget.go)
-	failing sync.Map // bucket -> struct{}: its tail failed and has not worked since (Failing)
+	failing sync.Map // bucket -> *atomic.Int64: its tail's failures in a row; see Failing
 
 	parkMu  sync.Mutex
 	parked  map[string]*parkedBucket // idle composed-<node> buckets without a consumer (park.go)
@@ -278,8 +278,8 @@ func (p *Projector) runBucket(ctx context.Context, bucket string, starting *park
 			if failing {
 				log.Info("recovered")
 				failing = false
-				p.failing.Delete(bucket)
 			}
+			p.tailWorks(bucket)
 			bo.reset()
 			missing.reset()
 			// An advisory that came before its stream was read is of this stream: once it is
@@ -352,8 +352,8 @@ func (p *Projector) runBucket(ctx context.Context, bucket string, starting *park
 			if !failing {
 				log.Warn("tailing failed; retrying with backoff", "err", err)
 				failing = true
-				p.failing.Store(bucket, struct{}{})
 			}
+			p.tailFailed(bucket)
 		}
 		if !sleep(ctx, bo.next()) {
 			return
@@ -931,11 +931,43 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-// Failing reports whether a bucket's tail failed ("tailing failed; retrying with backoff": NATS
-// unreachable, a permission missing, a stream that does not answer) and has not worked since.
+// FailingAfter is how many failures in a row make a bucket's tail Failing: one failure is often
+// transient (a first consumer creation that timed out on a loaded server), and a seat that said ready
+// on it answered that node's plans unsynced, then went unready again once the retry worked.
+const FailingAfter = 3
+
+// Failing reports whether a bucket's tail failed FailingAfter times in a row ("tailing failed;
+// retrying with backoff": NATS unreachable, a permission missing, a stream that does not answer) and
+// the bucket has not caught up with its stream since: a tail that works again stays Failing while it
+// catches up, so readiness, which does not wait for a Failing composed bucket, does not flip back.
 func (p *Projector) Failing(bucket string) bool {
-	_, ok := p.failing.Load(bucket)
-	return ok
+	v, ok := p.failing.Load(bucket)
+	if !ok || v.(*atomic.Int64).Load() < FailingAfter {
+		return false
+	}
+	if _, synced := p.db.Applied(bucket); synced {
+		p.failing.Delete(bucket)
+		return false
+	}
+	return true
+}
+
+// tailFailed counts one more failure in a row of a bucket's tail.
+func (p *Projector) tailFailed(bucket string) {
+	v, _ := p.failing.LoadOrStore(bucket, new(atomic.Int64))
+	v.(*atomic.Int64).Add(1)
+}
+
+// tailWorks ends a bucket's failures in a row, unless they made it Failing: that lasts until the
+// bucket is synced (Failing).
+func (p *Projector) tailWorks(bucket string) {
+	v, ok := p.failing.Load(bucket)
+	if !ok {
+		return
+	}
+	if _, synced := p.db.Applied(bucket); synced || v.(*atomic.Int64).Load() < FailingAfter {
+		p.failing.Delete(bucket)
+	}
 }
 
 // Buckets lists the buckets the Projector tails: those it was started with and those added since, in

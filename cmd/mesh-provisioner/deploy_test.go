@@ -237,3 +237,36 @@ func TestDeploy_KubernetesManifest(t *testing.T) {
 	}
 	require.True(t, kinds["StatefulSet"] && kinds["Service"])
 }
+
+// One node's composed-<node> bucket that cannot be read is a ticket (MeshProvisionerComposedStuck),
+// not a page: MeshProvisionerProjectorStuck read the bucket="composed-*" row, every node's summed, and
+// on a quiet mesh one node's stuck bucket made its lag above 0 and its applied sequence still, and
+// paged. It reads that row only while more than one composed bucket is behind.
+func TestDeploy_OneComposedBucketDoesNotPage(t *testing.T) {
+	var rules struct {
+		Groups []struct {
+			Rules []struct {
+				Alert string
+				Expr  string
+			}
+		}
+	}
+	require.NoError(t, yaml.Unmarshal(repoFile(t, "deploy/prometheus/mesh-provisioner-rules.yml"), &rules))
+	var expr string
+	for _, r := range rules.Groups[0].Rules {
+		if r.Alert == "MeshProvisionerProjectorStuck" {
+			expr = r.Expr
+		}
+	}
+	require.NotEmpty(t, expr)
+	// Every read of a per-bucket series names which buckets it reads: the fixed ones, or the
+	// composed row next to the count of composed buckets behind.
+	for _, series := range []string{"mesh_provisioner_bucket_lag", "mesh_provisioner_bucket_applied_sequence"} {
+		n := strings.Count(expr, series)
+		require.Equal(t, n, strings.Count(expr, series+`{bucket!="composed-*"}`)+strings.Count(expr, series+`{bucket="composed-*"}`),
+			"%s read for every bucket: %s", series, expr)
+	}
+	if strings.Contains(expr, `{bucket="composed-*"}`) {
+		require.Contains(t, expr, "mesh_provisioner_composed_buckets_behind > 1")
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -223,4 +224,77 @@ func TestMetrics_ReadyDespiteOneComposedBucketUnread(t *testing.T) {
 	require.EqualValues(t, 1, ready)
 	unsynced, _ := fams.Value("mesh_provisioner_composed_buckets_unsynced")
 	require.EqualValues(t, 1, unsynced)
+}
+
+// TestMetrics_ReadyWaitsOutOneComposedFailure: a composed-<node> bucket's first failure is often
+// transient (its first consumer creation timed out on a loaded server); readiness let go of it at
+// once, so a starting seat said ready with that node's plans unsynced, and unready again once the
+// retry worked and the bucket caught up. It lets go after 3 failures in a row,
+// and keeps letting go while the bucket, read again, catches up.
+func TestMetrics_ReadyWaitsOutOneComposedFailure(t *testing.T) {
+	ns := natstest.RunServer(t)
+	url := ns.ClientURL()
+	_, ajs := natstest.Connect(t, url)
+	ctx := context.Background()
+	published := []byte{0x81, 0xa6, 's', 't', 'a', 't', 'u', 's', 0xa9, 'p', 'u', 'b', 'l', 'i', 's', 'h', 'e', 'd'}
+	s2, err := ajs.CreateStream(ctx, jetstream.StreamConfig{Name: "KV_composed-n2", Subjects: []string{"$KV.composed-n2.>"},
+		MaxMsgsPerSubject: 1, AllowRollup: true, DenyDelete: true, AllowDirect: true, Storage: jetstream.MemoryStorage, MaxConsumers: 1})
+	require.NoError(t, err)
+	_, err = ajs.Publish(ctx, "$KV.composed-n2.web.1", published)
+	require.NoError(t, err)
+	_, err = s2.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: "other"})
+	require.NoError(t, err)
+
+	snc, sjs := natstest.Connect(t, url)
+	streams := streaminfo.New(sjs)
+	m := metrics.New(metrics.Options{Streams: streams, Poll: 100 * time.Millisecond})
+	m.Start()
+	t.Cleanup(m.Stop)
+	db, err := store.OpenState(t.TempDir(), store.Options{})
+	require.NoError(t, err)
+	// The bucket's tail tells each failure before it counts it: at the n-th, n-1 are counted.
+	wired := make(chan struct{})
+	var wire sync.Once
+	t.Cleanup(func() { wire.Do(func() { close(wired) }) }) // a failed start stops the seat: let its tail end
+	var mu sync.Mutex
+	readyAt := map[int]error{}
+	failures := 0
+	onErr := func(bucket string, _ error) {
+		if bucket != "composed-n2" {
+			return
+		}
+		<-wired
+		mu.Lock()
+		defer mu.Unlock()
+		failures++
+		if failures > projector.FailingAfter+1 {
+			return
+		}
+		readyAt[failures] = m.Ready()
+		if failures == projector.FailingAfter+1 {
+			// The consumer's slot frees: the next try reads the bucket.
+			if err := s2.DeleteConsumer(ctx, "other"); err != nil {
+				t.Errorf("delete the other consumer: %v", err)
+			}
+		}
+	}
+	st, err := seat.Start(ctx, snc, sjs, db, seat.Config{Streams: streams, ListEvery: m.Poll(), Plans: true,
+		Projector: projector.Options{Poll: 20 * time.Millisecond, DiscoverEvery: time.Hour, OnTailError: onErr}})
+	require.NoError(t, err)
+	serveSeat(t, m, st, db)
+	wire.Do(func() { close(wired) })
+
+	natstest.CheckFor(t, 30*time.Second, 50*time.Millisecond, func() error {
+		if _, synced := db.Applied("composed-n2"); !synced {
+			return fmt.Errorf("composed-n2 not synced")
+		}
+		return m.Ready()
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	for n := 2; n <= projector.FailingAfter; n++ {
+		require.Error(t, readyAt[n], "ready after %d failures of composed-n2", n-1)
+		require.Contains(t, readyAt[n].Error(), "not synced yet: composed-n2")
+	}
+	require.NoError(t, readyAt[projector.FailingAfter+1], "not ready after %d failures of composed-n2", projector.FailingAfter)
 }

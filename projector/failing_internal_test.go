@@ -1,0 +1,41 @@
+package projector
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/novox/mesh-provisioner/store"
+)
+
+// TestProjector_FailingCountsInARowAndLastsUntilSynced: a bucket's tail is Failing after FailingAfter
+// failures in a row, not at the first (often a timeout on a loaded server); a tail that works again
+// before that starts the count over; once Failing, a tail that works again stays Failing until the
+// bucket is synced, so readiness, which lets go of a Failing composed bucket, does not take it back
+// while the bucket catches up.
+func TestProjector_FailingCountsInARowAndLastsUntilSynced(t *testing.T) {
+	db, err := store.Open(t.TempDir(), store.Options{})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, db.Close()) })
+	p := &Projector{db: db}
+	const b = "composed-n1"
+
+	for i := 1; i < FailingAfter; i++ {
+		p.tailFailed(b)
+		require.False(t, p.Failing(b), "after %d failures", i)
+	}
+	p.tailWorks(b)
+	p.tailFailed(b)
+	require.False(t, p.Failing(b), "the count starts over once the tail works")
+	for i := 1; i < FailingAfter; i++ {
+		p.tailFailed(b)
+	}
+	require.True(t, p.Failing(b), "after %d failures in a row", FailingAfter)
+
+	p.tailWorks(b)
+	require.True(t, p.Failing(b), "working again, not caught up yet")
+	db.SetSynced(b, true)
+	require.False(t, p.Failing(b), "synced")
+	p.tailFailed(b)
+	require.False(t, p.Failing(b), "a new count")
+}
