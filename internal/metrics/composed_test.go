@@ -184,14 +184,7 @@ func TestMetrics_ReadyDespiteOneComposedBucketUnread(t *testing.T) {
 	require.NoError(t, err)
 	_, err = kv.Put(ctx, "web.1", published)
 	require.NoError(t, err)
-	// composed-n2's stream takes one consumer, which someone else holds.
-	s2, err := ajs.CreateStream(ctx, jetstream.StreamConfig{Name: "KV_composed-n2", Subjects: []string{"$KV.composed-n2.>"},
-		MaxMsgsPerSubject: 1, AllowRollup: true, DenyDelete: true, AllowDirect: true, Storage: jetstream.MemoryStorage, MaxConsumers: 1})
-	require.NoError(t, err)
-	_, err = ajs.Publish(ctx, "$KV.composed-n2.web.1", published)
-	require.NoError(t, err)
-	_, err = s2.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: "other"})
-	require.NoError(t, err)
+	composedHeldByAnother(t, ajs, published)
 	snc, sjs := natstest.Connect(t, url)
 	streams := streaminfo.New(sjs)
 	m := metrics.New(metrics.Options{Streams: streams, Poll: 100 * time.Millisecond})
@@ -237,13 +230,7 @@ func TestMetrics_ReadyWaitsOutOneComposedFailure(t *testing.T) {
 	_, ajs := natstest.Connect(t, url)
 	ctx := context.Background()
 	published := []byte{0x81, 0xa6, 's', 't', 'a', 't', 'u', 's', 0xa9, 'p', 'u', 'b', 'l', 'i', 's', 'h', 'e', 'd'}
-	s2, err := ajs.CreateStream(ctx, jetstream.StreamConfig{Name: "KV_composed-n2", Subjects: []string{"$KV.composed-n2.>"},
-		MaxMsgsPerSubject: 1, AllowRollup: true, DenyDelete: true, AllowDirect: true, Storage: jetstream.MemoryStorage, MaxConsumers: 1})
-	require.NoError(t, err)
-	_, err = ajs.Publish(ctx, "$KV.composed-n2.web.1", published)
-	require.NoError(t, err)
-	_, err = s2.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: "other"})
-	require.NoError(t, err)
+	s2 := composedHeldByAnother(t, ajs, published)
 
 	snc, sjs := natstest.Connect(t, url)
 	streams := streaminfo.New(sjs)
@@ -297,4 +284,20 @@ func TestMetrics_ReadyWaitsOutOneComposedFailure(t *testing.T) {
 		require.Contains(t, readyAt[n].Error(), "not synced yet: composed-n2")
 	}
 	require.NoError(t, readyAt[projector.FailingAfter+1], "not ready after %d failures of composed-n2", projector.FailingAfter)
+}
+
+// composedHeldByAnother makes composed-n2, one published composition, on a stream that takes one
+// consumer, which someone else holds ("other"): a seat's tail of it fails, and is retried, until the
+// slot is freed.
+func composedHeldByAnother(t *testing.T, ajs jetstream.JetStream, published []byte) jetstream.Stream {
+	t.Helper()
+	ctx := context.Background()
+	s2, err := ajs.CreateStream(ctx, jetstream.StreamConfig{Name: "KV_composed-n2", Subjects: []string{"$KV.composed-n2.>"},
+		MaxMsgsPerSubject: 1, AllowRollup: true, DenyDelete: true, AllowDirect: true, Storage: jetstream.MemoryStorage, MaxConsumers: 1})
+	require.NoError(t, err)
+	_, err = ajs.Publish(ctx, "$KV.composed-n2.web.1", published)
+	require.NoError(t, err)
+	_, err = s2.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: "other"})
+	require.NoError(t, err)
+	return s2
 }
