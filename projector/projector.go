@@ -13,10 +13,13 @@ package projector
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -813,13 +816,12 @@ func (p *Projector) skipRemoved(ctx context.Context, bucket string, created int6
 	gctx, gcancel := context.WithTimeout(ctx, time.Second)
 	defer gcancel()
 	to := last
-	next, err := stream.GetMsg(gctx, applied+1, jetstream.WithGetMsgSubject(">"))
+	next, found, err := p.firstHeld(gctx, bucket, applied+1)
 	switch {
-	case errors.Is(err, jetstream.ErrMsgNotFound):
 	case err != nil:
 		return false
-	case next.Sequence <= last:
-		to = next.Sequence - 1 // a message still there: the tail reads it
+	case found && next <= last:
+		to = next - 1 // a message still there: the tail reads it
 	}
 	if to <= applied || len(in) != 0 {
 		return false
@@ -836,6 +838,57 @@ func (p *Projector) skipRemoved(ctx context.Context, bucket string, created int6
 		log.Debug("the stream's messages past the checkpoint were removed before they were read: applied up to the next it holds", "applied_seq", to)
 	}
 	return moved && to == last
+}
+
+// firstHeld asks a bucket's stream for the sequence of the first message it holds at or after from,
+// any subject; found is false when it holds none. It asks the stream's leader (STREAM.MSG.GET), never a
+// direct get: a KV stream allows direct gets, which any replica answers from what it holds, and a
+// follower that has not yet stored a message the leader took (and its info counted) would say there is
+// none, and skipRemoved would skip a live write.
+func (p *Projector) firstHeld(ctx context.Context, bucket string, from uint64) (seq uint64, found bool, err error) {
+	req, err := json.Marshal(struct {
+		Seq     uint64 `json:"seq"`
+		NextFor string `json:"next_by_subj"`
+	}{from, ">"})
+	if err != nil {
+		return 0, false, err
+	}
+	msg, err := p.js.Conn().RequestWithContext(ctx, apiPrefix(p.js)+"STREAM.MSG.GET."+provisioner.StreamName(bucket), req)
+	if err != nil {
+		return 0, false, err
+	}
+	var resp struct {
+		Error *struct {
+			Code        int    `json:"code"`
+			Description string `json:"description"`
+		} `json:"error"`
+		Message *struct {
+			Seq uint64 `json:"seq"`
+		} `json:"message"`
+	}
+	if err := json.Unmarshal(msg.Data, &resp); err != nil {
+		return 0, false, err
+	}
+	switch {
+	case resp.Error != nil && resp.Error.Code == 404:
+		return 0, false, nil
+	case resp.Error != nil:
+		return 0, false, fmt.Errorf("message get: %d %s", resp.Error.Code, resp.Error.Description)
+	case resp.Message == nil || resp.Message.Seq < from:
+		return 0, false, fmt.Errorf("message get: no message in the answer %q", msg.Data)
+	}
+	return resp.Message.Seq, true, nil
+}
+
+// apiPrefix is the prefix of js's JetStream API subjects, as nats.go builds it.
+func apiPrefix(js jetstream.JetStream) string {
+	switch o := js.Options(); {
+	case o.Domain != "":
+		return "$JS." + o.Domain + ".API."
+	case o.APIPrefix != "":
+		return strings.TrimSuffix(o.APIPrefix, ".") + "."
+	}
+	return jetstream.DefaultAPIPrefix
 }
 
 // idleSince is how long a tail has been idle (park.go): read is when it last applied a batch (or
