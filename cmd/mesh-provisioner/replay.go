@@ -233,6 +233,10 @@ func (c *ReplayCommand) Run(ctx context.Context, args []string) error {
 		pos[0] = b
 	}
 
+	if question == "history" && c.state == "" && c.archive == "" && !provisioner.HasWildcard(pos[1]) {
+		// One key from the streams: its own subject is read, not the stream into a temporary store.
+		return c.historyFromStream(ctx, pos[0], pos[1])
+	}
 	l, err := c.open(ctx, questionBuckets(question, what, pos))
 	if err != nil {
 		return err
@@ -244,8 +248,54 @@ func (c *ReplayCommand) Run(ctx context.Context, args []string) error {
 	case "diff":
 		return c.runDiff(ctx, l, req, from, to)
 	default:
-		return c.runHistory(ctx, l, pos[0], pos[1])
+		return c.runHistory(ctx, l, l.Source, pos[0], pos[1])
 	}
+}
+
+// revisionSource is where a key's history is read: a Log, or the bucket's stream (streamRevisions).
+type revisionSource interface {
+	EachRevision(ctx context.Context, bucket, key string, fn func(*replay.Revision) error) (replay.KeyHistory, error)
+}
+
+// streamRevisions reads a key's history from its bucket's stream (replay.EachRevisionInStream).
+type streamRevisions struct {
+	js       jetstream.JetStream
+	progress replay.Progress
+}
+
+func (s streamRevisions) EachRevision(ctx context.Context, bucket, key string, fn func(*replay.Revision) error) (replay.KeyHistory, error) {
+	return replay.EachRevisionInStream(ctx, s.js, bucket, key, s.progress, fn)
+}
+
+// historyFromStream answers history from the streams: the key's messages alone, and the stream's
+// sequences when some were removed (the gaps), with the progress of that read, which is the long part.
+func (c *ReplayCommand) historyFromStream(ctx context.Context, bucket, key string) error {
+	ctx, stop := c.nats.stopOnDenied(ctx)
+	defer stop()
+	nc, err := c.nats.connect(c.nats.url, "mesh-provisioner replay", nil)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return fmt.Errorf("jetstream: %w", err)
+	}
+	if err := hasProvisionerStreams(ctx, js, c.nats.url); err != nil {
+		return refused(ctx, err)
+	}
+	var bar *progress.Bar
+	src := streamRevisions{js: js, progress: func(done, total int64) {
+		if bar == nil {
+			bar = newBar(c.Stderr, "reading stream", "messages", total)
+		}
+		bar.Set(done)
+	}}
+	err = c.runHistory(ctx, src, "nats "+redact(c.nats.url), bucket, key)
+	if bar != nil {
+		bar.Done()
+	}
+	return refused(ctx, err)
 }
 
 // oneSource refuses two sources: --state with --archive, or either with a --nats given on the command
@@ -591,7 +641,7 @@ func bucketName(s string) (string, error) {
 	return "", &usageError{msg: fmt.Sprintf("bucket %q: want registry, needs, applied, collect or a bucket's full name", s)}
 }
 
-func (c *ReplayCommand) runHistory(ctx context.Context, l *replay.Log, bucketArg, key string) error {
+func (c *ReplayCommand) runHistory(ctx context.Context, l revisionSource, source, bucketArg, key string) error {
 	bucket, err := bucketName(bucketArg)
 	if err != nil {
 		return err
@@ -664,7 +714,7 @@ func (c *ReplayCommand) runHistory(ctx context.Context, l *replay.Log, bucketArg
 			return err
 		}
 		tw.Flush()
-		fmt.Fprintf(w, "\n%d revisions of %s in %s (from %s)\n", n, key, bucket, l.Source)
+		fmt.Fprintf(w, "\n%d revisions of %s in %s (from %s)\n", n, key, bucket, source)
 		if h.Floor > 0 {
 			kept := "revisions before the newest one at or below it are gone"
 			if _, ok := provisioner.ComposedNode(bucket); ok {

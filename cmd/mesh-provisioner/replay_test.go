@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -748,4 +749,76 @@ func TestReplayCommand_KilledReadersCopyIsRemoved(t *testing.T) {
 	require.Equal(t, exitOK, code, stderr)
 	require.NoDirExists(t, stale, "serve's start removes it too")
 	require.DirExists(t, running)
+}
+
+// TestReplayCommand_HistoryFromTheStreamsReadsTheKeyAlone: replay history --nats read the whole
+// stream into a temporary store to print one key (16 s and 500 MB of temporary disk at a million
+// needs keys, docs/performance.md "Session 12"). It now reads the key's own subject, and the stream's
+// sequences (headers only) once some were removed, and answers what an archive of the streams does.
+func TestReplayCommand_HistoryFromTheStreamsReadsTheKeyAlone(t *testing.T) {
+	ns := natstest.RunServer(t)
+	url := ns.ClientURL()
+	nc, js := natstest.Connect(t, url)
+	ctx := context.Background()
+	mesh := fixtures.Mesh{Seed: 7, Nodes: 20, Modules: 3, NeedsPerModule: 3, Collections: 1}
+	ops := mesh.OpsOf(provisioner.BucketNeeds)
+	key := ops[len(ops)/2].Key
+	for i := 0; i < 2; i++ {
+		ops = append(ops, fixtures.Op{Bucket: provisioner.BucketNeeds, Key: key, Op: provisioner.OpPut, Value: []byte{byte(i)}})
+	}
+	require.NoError(t, fixtures.Load(ctx, js, ops, 0, nil))
+
+	var mu sync.Mutex
+	var creates []string
+	sub, err := nc.Subscribe("$JS.API.CONSUMER.CREATE.>", func(m *nats.Msg) {
+		mu.Lock()
+		creates = append(creates, m.Subject)
+		mu.Unlock()
+	})
+	require.NoError(t, err)
+	require.NoError(t, nc.Flush())
+	history := func(src ...string) string {
+		t.Helper()
+		out, errOut, code := runCmd(t, append([]string{"replay", "history", "needs", key, "--json"}, src...)...)
+		require.Zero(t, code, errOut)
+		return out
+	}
+	archive := func() string {
+		t.Helper()
+		path := filepath.Join(t.TempDir(), "nats.mph")
+		_, errOut, code := runCmd(t, "export", "--nats", url, "--out", path)
+		require.Zero(t, code, errOut)
+		return path
+	}
+
+	// Nothing removed from the stream: one consumer, on the key's subject.
+	out := history("--nats", url)
+	require.NoError(t, nc.Flush())
+	mu.Lock()
+	got := creates
+	creates = nil
+	mu.Unlock()
+	stream := provisioner.StreamName(provisioner.BucketNeeds)
+	require.Len(t, got, 1, "%v", got)
+	require.True(t, strings.HasPrefix(got[0], "$JS.API.CONSUMER.CREATE."+stream+".") &&
+		strings.HasSuffix(got[0], "."+provisioner.SubjectPrefix(provisioner.BucketNeeds)+key), "a consumer of the key alone: %s", got[0])
+	var h struct {
+		Revisions []json.RawMessage `json:"revisions"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &h))
+	require.Len(t, h.Revisions, 3)
+	require.Equal(t, history("--archive", archive()), out)
+
+	// The key's oldest revisions removed by the bucket's history limit (8): a gap, as the archive of
+	// the streams says it, and the revisions the stream keeps.
+	ops = nil
+	for i := 0; i < 12; i++ {
+		ops = append(ops, fixtures.Op{Bucket: provisioner.BucketNeeds, Key: key, Op: provisioner.OpPut, Value: []byte{byte(i)}})
+	}
+	ops = append(ops, fixtures.Op{Bucket: provisioner.BucketNeeds, Key: mesh.OpsOf(provisioner.BucketNeeds)[0].Key, Op: provisioner.OpPurge})
+	require.NoError(t, fixtures.Load(ctx, js, ops, 0, nil))
+	out = history("--nats", url)
+	require.Contains(t, out, `"gaps":[{`)
+	require.Equal(t, history("--archive", archive()), out)
+	require.NoError(t, sub.Unsubscribe())
 }
