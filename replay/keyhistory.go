@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nuid"
 
@@ -124,10 +123,16 @@ func readStream(ctx context.Context, s jetstream.Stream, subject string, headers
 	if err != nil {
 		return fmt.Errorf("create consumer: %w", err)
 	}
+	if cons.CachedInfo().NumPending == 0 {
+		return nil // no message of the subject
+	}
 	for {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
+		// A pull with no wait answers what is there now. Its end, "no messages", is also what a
+		// pull nobody answered looks like (a user denied the pull, or the reply's inbox), so an empty
+		// one ends the read only when the consumer says nothing is pending.
 		batch, err := cons.FetchNoWait(4096)
 		if err != nil {
 			return fmt.Errorf("read: %w", err)
@@ -146,14 +151,21 @@ func readStream(ctx context.Context, s jetstream.Stream, subject string, headers
 				return nil
 			}
 		}
-		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if err := batch.Error(); err != nil {
 			return fmt.Errorf("read: %w", err)
 		}
 		if n == 0 {
-			return nil
+			ci, err := cons.Info(ctx)
+			if err != nil {
+				return fmt.Errorf("read: %w", err)
+			}
+			if ci.NumPending > 0 {
+				return fmt.Errorf("read: no message came of the %d the consumer has pending", ci.NumPending)
+			}
+			return nil // removed since
 		}
 	}
 }

@@ -261,10 +261,19 @@ type revisionSource interface {
 type streamRevisions struct {
 	js       jetstream.JetStream
 	progress replay.Progress
+	denied   func() error // a permissions violation reported so far, checked once the read ends
 }
 
 func (s streamRevisions) EachRevision(ctx context.Context, bucket, key string, fn func(*replay.Revision) error) (replay.KeyHistory, error) {
-	return replay.EachRevisionInStream(ctx, s.js, bucket, key, s.progress, fn)
+	h, err := replay.EachRevisionInStream(ctx, s.js, bucket, key, s.progress, fn)
+	if s.denied != nil {
+		// A key without messages is answered without a pull, and a pull refused ends as an empty one:
+		// the violation, reported on its own, may not have ended ctx yet.
+		if derr := s.denied(); derr != nil {
+			return h, derr
+		}
+	}
+	return h, err
 }
 
 // historyFromStream answers history from the streams: the key's messages alone, and the stream's
@@ -290,7 +299,7 @@ func (c *ReplayCommand) historyFromStream(ctx context.Context, bucket, key strin
 			bar = newBar(c.Stderr, "reading stream", "messages", total)
 		}
 		bar.Set(done)
-	}}
+	}, denied: func() error { return c.nats.deniedSoFar(nc) }}
 	err = c.runHistory(ctx, src, "nats "+redact(c.nats.url), bucket, key)
 	if bar != nil {
 		bar.Done()

@@ -793,11 +793,16 @@ func TestReplayCommand_HistoryFromTheStreamsReadsTheKeyAlone(t *testing.T) {
 
 	// Nothing removed from the stream: one consumer, on the key's subject.
 	out := history("--nats", url)
-	require.NoError(t, nc.Flush())
-	mu.Lock()
-	got := creates
-	creates = nil
-	mu.Unlock()
+	var got []string
+	natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(creates) == 0 {
+			return fmt.Errorf("no consumer creation seen yet")
+		}
+		got = creates
+		return nil
+	})
 	stream := provisioner.StreamName(provisioner.BucketNeeds)
 	require.Len(t, got, 1, "%v", got)
 	require.True(t, strings.HasPrefix(got[0], "$JS.API.CONSUMER.CREATE."+stream+".") &&
