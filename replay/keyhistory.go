@@ -38,22 +38,24 @@ func EachRevisionInStream(ctx context.Context, js jetstream.JetStream, bucket, k
 		return h, fmt.Errorf("stream of %s: %w", bucket, err)
 	}
 	st := s.CachedInfo().State
-	if h.Gaps, err = streamGaps(ctx, s, st, progress); err != nil {
-		return h, err
-	}
-	if st.Msgs == 0 {
-		return h, nil
-	}
-	subject := provisioner.SubjectPrefix(bucket) + key
-	var rev Revision
-	err = readStream(ctx, s, subject, false, st.LastSeq, func(msg jetstream.Msg, md *jetstream.MsgMetadata) error {
-		m, err := projector.MessageOf(bucket, msg.Subject(), msg.Headers(), msg.Data(), md.Sequence.Stream, md.Timestamp)
+	if st.Msgs > 0 {
+		// The revisions first, as they come: the gaps are said after them, and may take a read of
+		// the whole stream's sequences.
+		subject := provisioner.SubjectPrefix(bucket) + key
+		var rev Revision
+		err = readStream(ctx, s, subject, false, st.LastSeq, func(msg jetstream.Msg, md *jetstream.MsgMetadata) error {
+			m, err := projector.MessageOf(bucket, msg.Subject(), msg.Headers(), msg.Data(), md.Sequence.Stream, md.Timestamp)
+			if err != nil {
+				return err
+			}
+			rev = Revision{Seq: m.Seq, Time: time.Unix(0, m.Time).UTC(), Op: m.Op, Value: m.Value}
+			return fn(&rev)
+		})
 		if err != nil {
-			return err
+			return h, err
 		}
-		rev = Revision{Seq: m.Seq, Time: time.Unix(0, m.Time).UTC(), Op: m.Op, Value: m.Value}
-		return fn(&rev)
-	})
+	}
+	h.Gaps, err = streamGaps(ctx, s, st, progress)
 	return h, err
 }
 
