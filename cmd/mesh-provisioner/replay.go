@@ -22,6 +22,7 @@ import (
 	"github.com/novox/mesh-provisioner/internal/progress"
 	"github.com/novox/mesh-provisioner/query"
 	"github.com/novox/mesh-provisioner/replay"
+	"github.com/novox/mesh-provisioner/store"
 )
 
 func init() {
@@ -419,9 +420,14 @@ func (c *ReplayCommand) open(ctx context.Context, buckets []string) (*replay.Log
 }
 
 // answerError turns a verb error code into the command's error.
-func answerError(err error) error {
+func (c *ReplayCommand) answerError(err error) error {
 	if code := query.Code(err); code != 500 {
-		return &verbError{code: code, msg: err.Error()}
+		msg := err.Error()
+		if c.state == "" && c.archive == "" && errors.Is(err, store.ErrGap) {
+			// The streams no longer hold those messages; the seat read them, and its log keeps them.
+			msg += "; or ask the seat's local event log, which keeps what the stream removed after the seat read it: --state DIR (or an archive of it, export --state)"
+		}
+		return &verbError{code: code, msg: msg}
 	}
 	return err
 }
@@ -446,7 +452,7 @@ func (c *ReplayCommand) runState(ctx context.Context, l *replay.Log, req query.R
 		body, _ := json.Marshal(m)
 		out, err := l.Ask(body)
 		if err != nil {
-			return answerError(err)
+			return c.answerError(err)
 		}
 		if c.jsonOut {
 			fmt.Fprintln(c.Stdout, string(out))
@@ -575,7 +581,7 @@ func (c *ReplayCommand) runDiff(ctx context.Context, l *replay.Log, req query.Re
 		if errors.As(err, &ue) {
 			return err
 		}
-		return answerError(err)
+		return c.answerError(err)
 	}
 	added, changed, removed, appeared, cleared := parts[replay.DiffAdded], parts[replay.DiffChanged], parts[replay.DiffRemoved], parts[replay.DiffAppeared], parts[replay.DiffCleared]
 	w := bufio.NewWriter(c.Stdout)
