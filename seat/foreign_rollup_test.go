@@ -16,6 +16,7 @@ import (
 	"github.com/novox/mesh-provisioner/internal/natstest"
 	"github.com/novox/mesh-provisioner/query"
 	"github.com/novox/mesh-provisioner/replay"
+	"github.com/novox/mesh-provisioner/store"
 )
 
 // addSubject gives a bucket's stream one more subject, as an operator does with nats stream edit.
@@ -188,6 +189,17 @@ func TestSeat_AWholeStreamRollupOnAnAddedSubjectEmptiesTheBucket(t *testing.T) {
 
 	// Replay and rebuild (the same projector, into a store of their own) agree.
 	fromNATS, fromNATSArchive, fromState, fromStateArchive := h.replaySources(t, dir)
+	// A key's history read from the stream itself says the gap the store says: closed at the rollup.
+	for _, k := range []string{"n1.m1.config.a", "n4.m1.config.c"} {
+		var want, got []replay.Revision
+		wantH, err := fromNATS.EachRevision(ctx, n, k, func(r *replay.Revision) error { want = append(want, *r); return nil })
+		require.NoError(t, err)
+		gotH, err := replay.EachRevisionInStream(ctx, h.js, n, k, nil, func(r *replay.Revision) error { got = append(got, *r); return nil })
+		require.NoError(t, err)
+		require.Equal(t, want, got, k)
+		require.Equal(t, wantH, gotH, k)
+		require.Equal(t, []store.Gap{{From: 1, To: roll, OpenedAt: roll}}, gotH.Gaps, k)
+	}
 	for _, l := range []*replay.Log{fromNATS, fromNATSArchive, fromState, fromStateArchive} {
 		fromLog := l == fromState || l == fromStateArchive
 		for _, tc := range []struct {
