@@ -581,6 +581,12 @@ func (e *streamExport) add(msg jetstream.Msg, md *jetstream.MsgMetadata) (bool, 
 	rec := archiveRecord{Bucket: e.index, Seq: seq, Time: md.Timestamp.UnixNano(), Subject: msg.Subject(), Data: msg.Data()}
 	if h := msg.Headers(); len(h) > 0 {
 		rec.Headers = map[string][]string(h)
+		if e.open != nil && provisioner.RollupOfHeaders(rec.Headers) == provisioner.RollupAll {
+			// The server removed every earlier message as it stored this one: the points from it on
+			// are exact, as the projector records them (store.Apply).
+			e.open.To = seq
+			e.open = nil
+		}
 	}
 	if err := e.w.record(&rec); err != nil {
 		return false, fmt.Errorf("%w beside %s: %w", errArchiveWrite, e.w.out, err)

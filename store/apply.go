@@ -386,6 +386,11 @@ func (db *DB) applyLocked(shape provisioner.Shape, msgs []provisioner.Message, s
 			// Messages were removed from the stream before they were read: the log has a gap.
 			a.gap(bucket, cp.Applied+1, m.Seq)
 		}
+		if m.Rollup == provisioner.RollupAll {
+			// The server removed every earlier message of the stream as it stored this one, so the
+			// state as of it is this message's alone, whatever was removed unread before it.
+			a.closeGap(bucket, m.Seq)
+		}
 		if m.Foreign && !m.RemovesOthers() {
 			// No key of the bucket: nothing to project or to log, and no gap either. A rollup of the
 			// whole stream on it is one of the whole bucket (foreign.go).
@@ -481,7 +486,11 @@ func (a *applier) finish(bucket string, cp *Checkpoint, sync, moved bool) error 
 		}
 	}
 	for name, g := range a.gaps {
-		db.openGaps[name] = g
+		if g.Open() {
+			db.openGaps[name] = g
+		} else {
+			delete(db.openGaps, name)
+		}
 	}
 	for k, present := range a.kindsChanged {
 		if present {

@@ -206,10 +206,32 @@ func (a *applier) gap(bucket string, from, openedAt uint64) {
 	if !ok {
 		g, ok = a.db.openGaps[bucket]
 	}
-	if !ok {
+	if !ok || !g.Open() {
+		// None open, or one this batch closed at a rollup of the whole stream: a new gap.
 		g = Gap{From: from}
 	}
 	g.OpenedAt = openedAt
+	if a.gaps == nil {
+		a.gaps = map[string]Gap{}
+	}
+	a.gaps[bucket] = g
+	a.buf = gapKey(a.buf[:0], bucket, g.From)
+	a.set(a.buf, encodeGap(g))
+}
+
+// closeGap closes, in the applier's batch, an open gap of a bucket at seq: the message at seq is a
+// rollup of the whole stream, which removed every message before it, so every point from seq on is
+// exact whatever the gap lacks. A gap the batch closed stays in a.gaps, closed, so that finish drops
+// it from the open ones.
+func (a *applier) closeGap(bucket string, seq uint64) {
+	g, ok := a.gaps[bucket]
+	if !ok {
+		g, ok = a.db.openGaps[bucket]
+	}
+	if !ok || !g.Open() {
+		return
+	}
+	g.To = seq
 	if a.gaps == nil {
 		a.gaps = map[string]Gap{}
 	}

@@ -225,6 +225,43 @@ func TestDB_GapsAreRecordedAndClosedWhenCaughtUp(t *testing.T) {
 	require.Equal(t, []store.Gap{{From: 10, To: 13, OpenedAt: 12}}, marks(t, db, b).Gaps)
 }
 
+// TestDB_AWholeStreamRollupClosesAGap: a message with Nats-Rollup: all made the server remove every
+// earlier message of the stream, so the state as of it is its own, whatever was removed unread before
+// it: the gap closes there, not at the stream's end. It stayed open until a message read with nothing
+// pending, so replay from the streams answered 410 at every point from the rollup to the stream's end.
+func TestDB_AWholeStreamRollupClosesAGap(t *testing.T) {
+	dir := t.TempDir()
+	db, err := store.OpenState(dir, store.Options{})
+	require.NoError(t, err)
+	b := provisioner.BucketApplied
+	all := func(m provisioner.Message) provisioner.Message { m.Rollup = provisioner.RollupAll; return m }
+	// The stream starts at 5, a rollup of the whole stream: 1 to 4 were removed by it.
+	require.NoError(t, db.Apply(b, []provisioner.Message{all(put(5, "n1.a", []byte{1})), put(6, "n1.b", []byte{1})}, 0, false))
+	m := marks(t, db, b)
+	require.Equal(t, []store.Gap{{From: 1, To: 5, OpenedAt: 5}}, m.Gaps)
+	require.ErrorIs(t, m.Check(4), store.ErrGap)
+	require.NoError(t, m.Check(5))
+	require.NoError(t, m.Check(6))
+	require.Equal(t, map[string]string{"n1.a": "\x01"}, stateAt(t, db, b, "", 5))
+
+	// A jump reopens a gap in the same batch as the rollup that closed the last one; a second rollup in
+	// a later batch closes it. Both marks outlive a restart.
+	require.NoError(t, db.Apply(b, []provisioner.Message{put(9, "n1.c", []byte{1})}, 0, false))
+	require.NoError(t, db.Close())
+	db, err = store.OpenState(dir, store.Options{})
+	require.NoError(t, err)
+	defer db.Close()
+	require.NoError(t, db.Apply(b, []provisioner.Message{all(put(12, "n1.d", []byte{1})), put(14, "n1.e", []byte{1})}, 0, false))
+	m = marks(t, db, b)
+	require.Equal(t, []store.Gap{{From: 1, To: 5, OpenedAt: 5}, {From: 7, To: 12, OpenedAt: 12}, {From: 13, To: 0, OpenedAt: 14}}, m.Gaps)
+	require.ErrorIs(t, m.Check(11), store.ErrGap)
+	require.NoError(t, m.Check(12))
+	require.ErrorIs(t, m.Check(14), store.ErrGap, "the jump after the rollup is a gap of its own")
+	require.Equal(t, map[string]string{"n1.d": "\x01"}, stateAt(t, db, b, "", 12))
+	require.NoError(t, db.CaughtUp(b, 14))
+	require.NoError(t, marks(t, db, b).Check(14))
+}
+
 func TestRetention_ByAgeWithInjectedClock(t *testing.T) {
 	db, err := store.OpenState(t.TempDir(), store.Options{})
 	require.NoError(t, err)

@@ -54,7 +54,9 @@ func TestOneShot_StopAtAPermissionViolation(t *testing.T) {
 	conf, err := os.ReadFile(filepath.Join("..", "..", "docs", "nats-accounts.conf"))
 	require.NoError(t, err)
 
-	key := fixtures.NodeName(0) + "." + fixtures.ModuleName(0) + ".config.need-000"
+	// A key with messages: history from the streams reads the key's own subject, and a key without
+	// any is answered (404) with no pull to refuse.
+	key := mesh.OpsOf(provisioner.BucketNeeds)[0].Key
 	seat := []string{"--nats", url, "--user", "seat", "--password", "seat"}
 	type check func(t *testing.T, dir, stdout string)
 	noArchive := func(t *testing.T, dir, _ string) {
@@ -127,6 +129,9 @@ func TestOneShot_DocsUsersStopAtTheirInbox(t *testing.T) {
 	ctx := context.Background()
 	_, admin := natstest.Connect(t, url, nats.UserInfo("mesh-admin", "admin-change-me"), nats.CustomInboxPrefix("_INBOX.admin"))
 	require.NoError(t, fixtures.CreateBuckets(ctx, admin, provisioner.BucketRegistry, provisioner.BucketNeeds, provisioner.BucketApplied, provisioner.BucketCollect))
+	// The key history asks for has a message: of an empty stream, its info alone answers (404).
+	_, err := admin.Publish(ctx, provisioner.SubjectPrefix(provisioner.BucketNeeds)+"n1.web.config.listen", []byte{1})
+	require.NoError(t, err)
 
 	node := []string{"--nats", url, "--user", "node-n1", "--password", "n1-change-me"}
 	for _, args := range [][]string{

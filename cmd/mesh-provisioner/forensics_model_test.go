@@ -167,6 +167,7 @@ type fmSource struct {
 	streams      bool              // holds what the streams hold
 	floors       map[string]uint64 // per bucket: the floor the log was trimmed to (none: 0)
 	log          *replay.Log
+	revs         revisionSource    // the history's source when not log: the bucket's stream itself
 	firstMissing map[string]uint64 // per bucket: the first sequence the stream dropped (0: none)
 	last         map[string]uint64 // per bucket: the stream's last sequence
 }
@@ -426,10 +427,11 @@ func TestReplayCommand_HistoryAndDiffAgainstAModel(t *testing.T) {
 		{name: "archive of nats", streams: true, log: fromNATSArchive, firstMissing: firstMissing, last: last},
 	}
 
-	// The history of every key.
+	// The history of every key; replay history --nats reads the key's own messages from the stream.
 	for _, src := range sources {
 		checkHistories(t, rec, src)
 	}
+	checkHistories(t, rec, fmSource{name: "stream", streams: true, revs: streamRevisions{js: js}, firstMissing: firstMissing, last: last})
 
 	// What changed between pairs of points, by sequence and by time.
 	zones := []*time.Location{time.UTC, time.FixedZone("", 5*3600+30*60), time.FixedZone("", -7*3600)}
@@ -520,7 +522,11 @@ func checkHistories(t *testing.T, rec *fmRecord, src fmSource) {
 				}
 				want = append(want, line)
 			}
-			got, marks := historyOf(t, src.log, b, key)
+			var revs revisionSource = src.log
+			if src.revs != nil {
+				revs = src.revs
+			}
+			got, marks := historyOf(t, revs, src.name, b, key)
 			require.Equal(t, want, got, "%s: history of %s %s", src.name, b, key)
 			// What the log cannot show: the floor, and the streams' one gap, from the first message
 			// they dropped to their last message, where the read caught up.
@@ -566,11 +572,11 @@ func canon(x any) []byte {
 
 // historyOf runs replay history --json on a log, as "seq time op [value hex]" lines, and checks the
 // table says as many revisions.
-func historyOf(t *testing.T, l *replay.Log, bucket, key string) ([]string, string) {
+func historyOf(t *testing.T, l revisionSource, source, bucket, key string) ([]string, string) {
 	t.Helper()
 	var out bytes.Buffer
 	c := &ReplayCommand{Stdout: &out, Stderr: io.Discard, jsonOut: true}
-	err := c.runHistory(context.Background(), l, bucket, key)
+	err := c.runHistory(context.Background(), l, source, bucket, key)
 	var h struct {
 		Revisions []struct {
 			Revision uint64          `json:"revision"`
@@ -610,7 +616,7 @@ func historyOf(t *testing.T, l *replay.Log, bucket, key string) ([]string, strin
 	// The table says the same count.
 	out.Reset()
 	c.jsonOut = false
-	_ = c.runHistory(context.Background(), l, bucket, key)
+	_ = c.runHistory(context.Background(), l, source, bucket, key)
 	require.Contains(t, out.String(), fmt.Sprintf("\n%d revisions of %s", len(lines), key))
 	return lines, fmt.Sprintf("floor %d gaps %v", h.Floor, h.Gaps)
 }

@@ -163,6 +163,17 @@ func (f *natsFlags) deny(pe *permissionError) {
 	}
 }
 
+// deniedSoFar makes a round trip on nc, so that every permissions violation the server reported on it
+// before has been read, and returns the last one when the command cannot do without it (the error
+// handler tells stopOnDenied's context as well, on a goroutine of its own, maybe later); else nil.
+func (f *natsFlags) deniedSoFar(nc *nats.Conn) error {
+	_ = nc.Flush()
+	if pe := f.permissionError(nc.LastError()); pe != nil && !pe.optional() {
+		return pe
+	}
+	return nil
+}
+
 // stopOnDenied makes the connection connect dials next end the context it returns at the first
 // permissions violation the server reports on it (one the command can do without aside), with a
 // *permissionError as the context's cause: a one-shot command stops at once and says what NATS

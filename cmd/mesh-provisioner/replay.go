@@ -22,6 +22,7 @@ import (
 	"github.com/novox/mesh-provisioner/internal/progress"
 	"github.com/novox/mesh-provisioner/query"
 	"github.com/novox/mesh-provisioner/replay"
+	"github.com/novox/mesh-provisioner/store"
 )
 
 func init() {
@@ -233,6 +234,10 @@ func (c *ReplayCommand) Run(ctx context.Context, args []string) error {
 		pos[0] = b
 	}
 
+	if question == "history" && c.state == "" && c.archive == "" && !provisioner.HasWildcard(pos[1]) {
+		// One key from the streams: its own subject is read, not the stream into a temporary store.
+		return c.historyFromStream(ctx, pos[0], pos[1])
+	}
 	l, err := c.open(ctx, questionBuckets(question, what, pos))
 	if err != nil {
 		return err
@@ -244,8 +249,63 @@ func (c *ReplayCommand) Run(ctx context.Context, args []string) error {
 	case "diff":
 		return c.runDiff(ctx, l, req, from, to)
 	default:
-		return c.runHistory(ctx, l, pos[0], pos[1])
+		return c.runHistory(ctx, l, l.Source, pos[0], pos[1])
 	}
+}
+
+// revisionSource is where a key's history is read: a Log, or the bucket's stream (streamRevisions).
+type revisionSource interface {
+	EachRevision(ctx context.Context, bucket, key string, fn func(*replay.Revision) error) (replay.KeyHistory, error)
+}
+
+// streamRevisions reads a key's history from its bucket's stream (replay.EachRevisionInStream).
+type streamRevisions struct {
+	js       jetstream.JetStream
+	progress replay.Progress
+	denied   func() error // a permissions violation reported so far, checked once the read ends
+}
+
+func (s streamRevisions) EachRevision(ctx context.Context, bucket, key string, fn func(*replay.Revision) error) (replay.KeyHistory, error) {
+	h, err := replay.EachRevisionInStream(ctx, s.js, bucket, key, s.progress, fn)
+	if s.denied != nil {
+		// A key without messages is answered without a pull, and a pull refused ends as an empty one:
+		// the violation, reported on its own, may not have ended ctx yet.
+		if derr := s.denied(); derr != nil {
+			return h, derr
+		}
+	}
+	return h, err
+}
+
+// historyFromStream answers history from the streams: the key's messages alone, and the stream's
+// sequences when some were removed (the gaps), with the progress of that read, which is the long part.
+func (c *ReplayCommand) historyFromStream(ctx context.Context, bucket, key string) error {
+	ctx, stop := c.nats.stopOnDenied(ctx)
+	defer stop()
+	nc, err := c.nats.connect(c.nats.url, "mesh-provisioner replay", nil)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return fmt.Errorf("jetstream: %w", err)
+	}
+	if err := hasProvisionerStreams(ctx, js, c.nats.url); err != nil {
+		return refused(ctx, err)
+	}
+	var bar *progress.Bar
+	src := streamRevisions{js: js, progress: func(done, total int64) {
+		if bar == nil {
+			bar = newBar(c.Stderr, "reading stream", "messages", total)
+		}
+		bar.Set(done)
+	}, denied: func() error { return c.nats.deniedSoFar(nc) }}
+	err = c.runHistory(ctx, src, "nats "+redact(c.nats.url), bucket, key)
+	if bar != nil {
+		bar.Done()
+	}
+	return refused(ctx, err)
 }
 
 // oneSource refuses two sources: --state with --archive, or either with a --nats given on the command
@@ -360,9 +420,14 @@ func (c *ReplayCommand) open(ctx context.Context, buckets []string) (*replay.Log
 }
 
 // answerError turns a verb error code into the command's error.
-func answerError(err error) error {
+func (c *ReplayCommand) answerError(err error) error {
 	if code := query.Code(err); code != 500 {
-		return &verbError{code: code, msg: err.Error()}
+		msg := err.Error()
+		if c.state == "" && c.archive == "" && errors.Is(err, store.ErrGap) {
+			// The streams no longer hold those messages; the seat read them, and its log keeps them.
+			msg += "; or ask the seat's local event log, which keeps what the stream removed after the seat read it: --state DIR (or an archive of it, export --state)"
+		}
+		return &verbError{code: code, msg: msg}
 	}
 	return err
 }
@@ -387,7 +452,7 @@ func (c *ReplayCommand) runState(ctx context.Context, l *replay.Log, req query.R
 		body, _ := json.Marshal(m)
 		out, err := l.Ask(body)
 		if err != nil {
-			return answerError(err)
+			return c.answerError(err)
 		}
 		if c.jsonOut {
 			fmt.Fprintln(c.Stdout, string(out))
@@ -516,7 +581,7 @@ func (c *ReplayCommand) runDiff(ctx context.Context, l *replay.Log, req query.Re
 		if errors.As(err, &ue) {
 			return err
 		}
-		return answerError(err)
+		return c.answerError(err)
 	}
 	added, changed, removed, appeared, cleared := parts[replay.DiffAdded], parts[replay.DiffChanged], parts[replay.DiffRemoved], parts[replay.DiffAppeared], parts[replay.DiffCleared]
 	w := bufio.NewWriter(c.Stdout)
@@ -591,7 +656,7 @@ func bucketName(s string) (string, error) {
 	return "", &usageError{msg: fmt.Sprintf("bucket %q: want registry, needs, applied, collect or a bucket's full name", s)}
 }
 
-func (c *ReplayCommand) runHistory(ctx context.Context, l *replay.Log, bucketArg, key string) error {
+func (c *ReplayCommand) runHistory(ctx context.Context, l revisionSource, source, bucketArg, key string) error {
 	bucket, err := bucketName(bucketArg)
 	if err != nil {
 		return err
@@ -664,7 +729,7 @@ func (c *ReplayCommand) runHistory(ctx context.Context, l *replay.Log, bucketArg
 			return err
 		}
 		tw.Flush()
-		fmt.Fprintf(w, "\n%d revisions of %s in %s (from %s)\n", n, key, bucket, l.Source)
+		fmt.Fprintf(w, "\n%d revisions of %s in %s (from %s)\n", n, key, bucket, source)
 		if h.Floor > 0 {
 			kept := "revisions before the newest one at or below it are gone"
 			if _, ok := provisioner.ComposedNode(bucket); ok {

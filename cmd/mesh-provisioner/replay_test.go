@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -185,6 +186,11 @@ func TestReplayCommand_PointTheStreamsNoLongerHoldIs410(t *testing.T) {
 	require.Equal(t, exitAnswer, code, errOut)
 	require.Contains(t, errOut, "410")
 	require.Contains(t, errOut, "removed before they were read")
+	require.Contains(t, errOut, "ask the seat's local event log", "says where the point may still be answered")
+	require.Contains(t, errOut, "--state DIR")
+	_, errOut, code = runCmd(t, "replay", "diff", "needs", "--from", "seq:1", "--to", "seq:2", "--nats", ns.ClientURL())
+	require.Equal(t, exitAnswer, code, errOut)
+	require.Contains(t, errOut, "--state DIR")
 	out, errOut, code := runCmd(t, "replay", "state", "needs", "--at", "seq:1", "--nats", ns.ClientURL())
 	require.Zero(t, code, errOut)
 	require.Contains(t, out, "1 rows, as of sequence 1")
@@ -748,4 +754,81 @@ func TestReplayCommand_KilledReadersCopyIsRemoved(t *testing.T) {
 	require.Equal(t, exitOK, code, stderr)
 	require.NoDirExists(t, stale, "serve's start removes it too")
 	require.DirExists(t, running)
+}
+
+// TestReplayCommand_HistoryFromTheStreamsReadsTheKeyAlone: replay history --nats read the whole
+// stream into a temporary store to print one key (16 s and 500 MB of temporary disk at a million
+// needs keys, docs/performance.md "Session 12"). It now reads the key's own subject, and the stream's
+// sequences (headers only) once some were removed, and answers what an archive of the streams does.
+func TestReplayCommand_HistoryFromTheStreamsReadsTheKeyAlone(t *testing.T) {
+	ns := natstest.RunServer(t)
+	url := ns.ClientURL()
+	nc, js := natstest.Connect(t, url)
+	ctx := context.Background()
+	mesh := fixtures.Mesh{Seed: 7, Nodes: 20, Modules: 3, NeedsPerModule: 3, Collections: 1}
+	ops := mesh.OpsOf(provisioner.BucketNeeds)
+	key := ops[len(ops)/2].Key
+	for i := 0; i < 2; i++ {
+		ops = append(ops, fixtures.Op{Bucket: provisioner.BucketNeeds, Key: key, Op: provisioner.OpPut, Value: []byte{byte(i)}})
+	}
+	require.NoError(t, fixtures.Load(ctx, js, ops, 0, nil))
+
+	var mu sync.Mutex
+	var creates []string
+	sub, err := nc.Subscribe("$JS.API.CONSUMER.CREATE.>", func(m *nats.Msg) {
+		mu.Lock()
+		creates = append(creates, m.Subject)
+		mu.Unlock()
+	})
+	require.NoError(t, err)
+	require.NoError(t, nc.Flush())
+	history := func(src ...string) string {
+		t.Helper()
+		out, errOut, code := runCmd(t, append([]string{"replay", "history", "needs", key, "--json"}, src...)...)
+		require.Zero(t, code, errOut)
+		return out
+	}
+	archive := func() string {
+		t.Helper()
+		path := filepath.Join(t.TempDir(), "nats.mph")
+		_, errOut, code := runCmd(t, "export", "--nats", url, "--out", path)
+		require.Zero(t, code, errOut)
+		return path
+	}
+
+	// Nothing removed from the stream: one consumer, on the key's subject.
+	out := history("--nats", url)
+	var got []string
+	natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(creates) == 0 {
+			return fmt.Errorf("no consumer creation seen yet")
+		}
+		got = creates
+		return nil
+	})
+	stream := provisioner.StreamName(provisioner.BucketNeeds)
+	require.Len(t, got, 1, "%v", got)
+	require.True(t, strings.HasPrefix(got[0], "$JS.API.CONSUMER.CREATE."+stream+".") &&
+		strings.HasSuffix(got[0], "."+provisioner.SubjectPrefix(provisioner.BucketNeeds)+key), "a consumer of the key alone: %s", got[0])
+	var h struct {
+		Revisions []json.RawMessage `json:"revisions"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &h))
+	require.Len(t, h.Revisions, 3)
+	require.Equal(t, history("--archive", archive()), out)
+
+	// The key's oldest revisions removed by the bucket's history limit (8): a gap, as the archive of
+	// the streams says it, and the revisions the stream keeps.
+	ops = nil
+	for i := 0; i < 12; i++ {
+		ops = append(ops, fixtures.Op{Bucket: provisioner.BucketNeeds, Key: key, Op: provisioner.OpPut, Value: []byte{byte(i)}})
+	}
+	ops = append(ops, fixtures.Op{Bucket: provisioner.BucketNeeds, Key: mesh.OpsOf(provisioner.BucketNeeds)[0].Key, Op: provisioner.OpPurge})
+	require.NoError(t, fixtures.Load(ctx, js, ops, 0, nil))
+	out = history("--nats", url)
+	require.Contains(t, out, `"gaps":[{`)
+	require.Equal(t, history("--archive", archive()), out)
+	require.NoError(t, sub.Unsubscribe())
 }

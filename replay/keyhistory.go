@@ -1,0 +1,173 @@
+package replay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
+
+	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/internal/streamread"
+	"github.com/novox/mesh-provisioner/projector"
+	"github.com/novox/mesh-provisioner/store"
+)
+
+// EachRevisionInStream is EachRevision read from the bucket's stream itself, with no store: the key's
+// revisions through a consumer filtered on its subject, so that the history of one key costs its own
+// messages and not the stream's (a temporary store of every message, 500 MB and 16 s at a million
+// needs keys). It answers what a store filled from the same stream answers (FromNATS, then
+// EachRevision): a rollup of other keys removed the key's earlier messages from the stream with it, so
+// the store never holds a revision of the key that such a rollup would end, and the key's own subject
+// carries every revision the stream keeps. The gaps are the store's too: when messages were removed
+// before the stream's end, its sequences alone are read (no data, headers only) to find them, as the
+// projector would. A key with a wildcard token names that one subject in the store, and a pattern to
+// a consumer: it is refused (ErrPattern), and read through a store instead.
+func EachRevisionInStream(ctx context.Context, js jetstream.JetStream, bucket, key string, progress Progress, fn func(*Revision) error) (KeyHistory, error) {
+	h := KeyHistory{Bucket: bucket, Key: key}
+	if _, ok := provisioner.ShapeOf(bucket); !ok {
+		return h, fmt.Errorf("replay: %q is not a bucket the seat tails", bucket)
+	}
+	if provisioner.HasWildcard(key) {
+		return h, ErrPattern
+	}
+	s, err := js.Stream(ctx, provisioner.StreamName(bucket))
+	if err != nil {
+		return h, fmt.Errorf("stream of %s: %w", bucket, err)
+	}
+	st := s.CachedInfo().State
+	if st.Msgs > 0 {
+		// The revisions first, as they come: the gaps are said after them, and may take a read of
+		// the whole stream's sequences.
+		subject := provisioner.SubjectPrefix(bucket) + key
+		var rev Revision
+		err = readStream(ctx, s, subject, false, st.LastSeq, func(msg jetstream.Msg, md *jetstream.MsgMetadata) error {
+			m, err := projector.MessageOf(bucket, msg.Subject(), msg.Headers(), msg.Data(), md.Sequence.Stream, md.Timestamp)
+			if err != nil {
+				return err
+			}
+			rev = Revision{Seq: m.Seq, Time: time.Unix(0, m.Time).UTC(), Op: m.Op, Value: m.Value}
+			return fn(&rev)
+		})
+		if err != nil {
+			return h, err
+		}
+	}
+	h.Gaps, err = streamGaps(ctx, s, st, progress)
+	return h, err
+}
+
+// ErrPattern says a key cannot be read from a stream by its subject: it has a wildcard token.
+var ErrPattern = errors.New("replay: the key is a subject pattern")
+
+// streamGaps are the gaps a store filled from the whole stream would record (store.DB.Apply,
+// CaughtUp, TailRemoved): none when no message is missing below the stream's last; else a read of
+// every message's sequence and headers, no data.
+func streamGaps(ctx context.Context, s jetstream.Stream, st jetstream.StreamState, progress Progress) ([]store.Gap, error) {
+	switch {
+	case st.LastSeq == 0:
+		return nil, nil
+	case st.Msgs == 0:
+		// Emptied before it was read: an open gap from the start (TailRemoved).
+		return []store.Gap{{From: 1, OpenedAt: st.LastSeq + 1}}, nil
+	case st.FirstSeq <= 1 && st.NumDeleted == 0:
+		return nil, nil
+	}
+	var gaps []store.Gap
+	var open *store.Gap
+	prev, done := uint64(0), int64(0)
+	err := readStream(ctx, s, "", true, st.LastSeq, func(msg jetstream.Msg, md *jetstream.MsgMetadata) error {
+		seq := md.Sequence.Stream
+		if seq > prev+1 {
+			if open == nil {
+				gaps = append(gaps, store.Gap{From: prev + 1})
+				open = &gaps[len(gaps)-1]
+			}
+			open.OpenedAt = seq
+		}
+		if open != nil && provisioner.RollupOfHeaders(msg.Headers()) == provisioner.RollupAll {
+			open.To, open = seq, nil // it removed every message before it (store.applier.closeGap)
+		}
+		prev = seq
+		if done++; progress != nil && done%4096 == 0 {
+			progress(done, int64(st.Msgs))
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if progress != nil {
+		progress(done, int64(st.Msgs))
+	}
+	if open != nil && prev >= open.OpenedAt {
+		open.To = prev // read to the stream's end: caught up (CaughtUp)
+	}
+	return gaps, nil
+}
+
+// readStream calls fn for each message of the stream (of subject alone, when given; headers alone,
+// with headersOnly), in order, up to last or until none is left, through a consumer it deletes when
+// done, cancelled too.
+func readStream(ctx context.Context, s jetstream.Stream, subject string, headersOnly bool, last uint64, fn func(jetstream.Msg, *jetstream.MsgMetadata) error) error {
+	cfg := streamread.Config(0)
+	cfg.Name = nuid.Next()
+	cfg.FilterSubject = subject
+	cfg.HeadersOnly = headersOnly
+	defer func() {
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		defer cancel()
+		_ = s.DeleteConsumer(dctx, cfg.Name)
+	}()
+	cons, err := s.CreateConsumer(ctx, cfg)
+	if err != nil {
+		return fmt.Errorf("create consumer: %w", err)
+	}
+	if cons.CachedInfo().NumPending == 0 {
+		return nil // no message of the subject
+	}
+	for {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		// A pull with no wait answers what is there now. Its end, "no messages", is also what a
+		// pull nobody answered looks like (a user denied the pull, or the reply's inbox), so an empty
+		// one ends the read only when the consumer says nothing is pending.
+		batch, err := cons.FetchNoWait(4096)
+		if err != nil {
+			return fmt.Errorf("read: %w", err)
+		}
+		n := 0
+		for msg := range batch.Messages() {
+			n++
+			md, err := msg.Metadata()
+			if err != nil {
+				return fmt.Errorf("message metadata: %w", err)
+			}
+			if err := fn(msg, md); err != nil {
+				return err
+			}
+			if md.Sequence.Stream >= last || md.NumPending == 0 {
+				return nil
+			}
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if err := batch.Error(); err != nil {
+			return fmt.Errorf("read: %w", err)
+		}
+		if n == 0 {
+			ci, err := cons.Info(ctx)
+			if err != nil {
+				return fmt.Errorf("read: %w", err)
+			}
+			if ci.NumPending > 0 {
+				return fmt.Errorf("read: no message came of the %d the consumer has pending", ci.NumPending)
+			}
+			return nil // removed since
+		}
+	}
+}
