@@ -252,15 +252,19 @@ func (s *Server) continueAhead(j *aheadJob) bool {
 	key := keyOf(&j.r, j.format)
 	a.mu.Lock()
 	i := a.find(key)
+	var p aheadPage
 	var next string
 	if i >= 0 {
-		next = a.pages[i].e.next // the encoder is not taken while the page is kept
+		p = a.pages[i]
+		next = p.e.next // the encoder is not taken while the page is kept
 	}
 	a.mu.Unlock()
 	if i < 0 {
 		return false
 	}
-	if j.depth < aheadDepth && next != "" {
+	// Not from a page gone stale (a commit since): its asker is answered afresh, and the page after it
+	// is asked for from that answer's next.
+	if j.depth < aheadDepth && next != "" && s.fresh(&p, &j.r) {
 		s.queueAhead(aheadJob{r: j.r, format: j.format, depth: j.depth + 1}, next)
 	}
 	return true
