@@ -177,6 +177,9 @@ func (s *Server) queueAhead(j aheadJob, next string) {
 }
 
 func (s *Server) writeAhead(j *aheadJob) {
+	if s.continueAhead(j) {
+		return
+	}
 	if wide(&j.r) {
 		// A page of a walk across the mesh is a wide answer: it takes one of their slots, so that the
 		// page written ahead and the wide answers of the workers never take every core from the
@@ -197,6 +200,7 @@ func (s *Server) writeAhead(j *aheadJob) {
 	a.mu.Lock()
 	if _, ok := a.inflight[key]; ok || a.find(key) >= 0 {
 		a.mu.Unlock()
+		s.continueAhead(j) // written meanwhile: go on from it
 		return
 	}
 	ch := make(chan struct{})
@@ -236,6 +240,34 @@ func (s *Server) writeAhead(j *aheadJob) {
 		// The asker is still reading an earlier page: go on with the one after.
 		s.queueAhead(aheadJob{r: j.r, format: j.format, depth: j.depth + 1}, next)
 	}
+}
+
+// continueAhead reports whether the page a job asks for is written ahead already; if so, and the job is
+// nearer the asker than aheadDepth, it queues the page after that one. A page is asked for again, one
+// nearer, each time the asker takes the page before it: without going on from it, the page after it
+// was written only once the asker had taken it, and the asker waited for it (a third of a module walk
+// of 5 pages went so; docs/performance.md, "Session 12").
+func (s *Server) continueAhead(j *aheadJob) bool {
+	a := &s.ahead
+	key := keyOf(&j.r, j.format)
+	a.mu.Lock()
+	i := a.find(key)
+	var p aheadPage
+	var next string
+	if i >= 0 {
+		p = a.pages[i]
+		next = p.e.next // the encoder is not taken while the page is kept
+	}
+	a.mu.Unlock()
+	if i < 0 {
+		return false
+	}
+	// Not from a page gone stale (a commit since): its asker is answered afresh, and the page after it
+	// is asked for from that answer's next.
+	if j.depth < aheadDepth && next != "" && s.fresh(&p, &j.r) {
+		s.queueAhead(aheadJob{r: j.r, format: j.format, depth: j.depth + 1}, next)
+	}
+	return true
 }
 
 // find is the index of key's page, or -1; under mu.

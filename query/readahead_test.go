@@ -82,3 +82,83 @@ func TestReadAhead_SameBytesOrNone(t *testing.T) {
 		require.Nil(t, s.takeAhead(&req, FormatMsgpack), "after a commit to %s", bucket)
 	}
 }
+
+// TestReadAhead_GoesOnAsTheAskerTakesPages walks a module as an asker does, slower than the pages are
+// written: once it takes the second page, the fourth is written ahead too, before it takes the third
+// (aheadDepth pages past the last one sent). Before, the page after one written ahead already was
+// written only once the asker had taken that one, and the asker then waited for it.
+func TestReadAhead_GoesOnAsTheAskerTakesPages(t *testing.T) {
+	db := smallStore(t)
+	kind := provisioner.Registry.Entries[0]
+	var msgs []provisioner.Message
+	for i := 0; i < 10; i++ {
+		msgs = append(msgs, provisioner.Message{Seq: uint64(i + 1), Time: int64(i+1) * 1e9, Key: fmt.Sprintf("n%02d.m1.%s.a", i, kind.Kind), Op: provisioner.OpPut, Value: []byte{0x01}})
+	}
+	require.NoError(t, db.Apply(provisioner.BucketNeeds, msgs, 0, false))
+	db.SetSynced(provisioner.BucketNeeds, true)
+	s := NewServer(StoreReader(db), Options{})
+	s.startWorkers()
+	defer s.Stop()
+
+	// written waits until the page of r is written ahead.
+	written := func(r Request) {
+		t.Helper()
+		key := keyOf(&r, FormatMsgpack)
+		require.Eventually(t, func() bool {
+			s.ahead.mu.Lock()
+			defer s.ahead.mu.Unlock()
+			return s.ahead.find(key) >= 0
+		}, 30*time.Second, time.Millisecond, "page after %q", r.After)
+	}
+	req := Request{What: "needs", Module: "m1", Limit: ptr(int64(1))}
+	page := func(after string) Request { r := req; r.After = after; return r }
+	e := &Encoder{}
+	require.NoError(t, s.Answer(context.Background(), &req, FormatMsgpack, e))
+	require.Equal(t, "n00.m1."+kind.Kind+".a", e.next)
+	s.readNextAhead(&req, FormatMsgpack, e) // the first page is sent
+	written(page("n00.m1." + kind.Kind + ".a"))
+	written(page("n01.m1." + kind.Kind + ".a"))
+
+	// The asker takes the second page; the third is written already, the fourth is next.
+	second := page("n00.m1." + kind.Kind + ".a")
+	got := s.takeAhead(&second, FormatMsgpack)
+	require.NotNil(t, got)
+	require.Equal(t, "n01.m1."+kind.Kind+".a", got.next)
+	s.readNextAhead(&second, FormatMsgpack, got)
+	written(page("n02.m1." + kind.Kind + ".a"))
+	s.pool.Put(got)
+	require.Equal(t, 2, s.Ahead(), "the third and fourth pages, no more")
+}
+
+// TestReadAhead_GoesOnOnlyFromAFreshPage: the page after one written ahead is asked for from that
+// page's next only while the page is still the answer; after a commit, its asker is answered afresh and
+// the page after it asked for from that answer.
+func TestReadAhead_GoesOnOnlyFromAFreshPage(t *testing.T) {
+	db := smallStore(t)
+	kind := provisioner.Registry.Entries[0]
+	var msgs []provisioner.Message
+	for i := 0; i < 4; i++ {
+		msgs = append(msgs, provisioner.Message{Seq: uint64(i + 1), Time: int64(i+1) * 1e9, Key: fmt.Sprintf("n%02d.m1.%s.a", i, kind.Kind), Op: provisioner.OpPut, Value: []byte{0x01}})
+	}
+	require.NoError(t, db.Apply(provisioner.BucketNeeds, msgs, 0, false))
+	s := NewServer(StoreReader(db), Options{})
+	// No worker: the jobs queued stay in the queue, to be counted.
+	s.ahead.inflight = map[aheadKey]chan struct{}{}
+	s.ahead.jobs = make(chan aheadJob, aheadQueue)
+
+	second := Request{What: "needs", Module: "m1", Limit: ptr(int64(1)), After: "n00.m1." + kind.Kind + ".a"}
+	e := &Encoder{}
+	st := s.aheadState(provisioner.BucketNeeds)
+	require.NoError(t, s.Answer(context.Background(), &second, FormatMsgpack, e))
+	s.ahead.pages = append(s.ahead.pages, aheadPage{key: keyOf(&second, FormatMsgpack), state: st, e: e, made: time.Now()})
+
+	require.True(t, s.continueAhead(&aheadJob{r: second, format: FormatMsgpack, depth: 1}))
+	require.Len(t, s.ahead.jobs, 1, "the third page, from the second's next")
+	j := <-s.ahead.jobs
+	require.Equal(t, "n01.m1."+kind.Kind+".a", j.r.After)
+	require.Equal(t, 2, j.depth)
+
+	require.NoError(t, db.Apply(provisioner.BucketNeeds, []provisioner.Message{{Seq: 5, Time: 5e9, Key: "n09.m1." + kind.Kind + ".a", Op: provisioner.OpPut, Value: []byte{0x01}}}, 0, false))
+	require.True(t, s.continueAhead(&aheadJob{r: second, format: FormatMsgpack, depth: 1}))
+	require.Empty(t, s.ahead.jobs, "nothing from a page gone stale")
+}
