@@ -123,7 +123,7 @@ type Projector struct {
 	lastAsk time.Time // the last slot a composed-<node> bucket's check reserved to ask its stream (mayAsk)
 
 	missing sync.Map // bucket -> when its stream was first found missing, not found since (forget.go)
-	failing sync.Map // bucket -> *atomic.Int64: its tail's failures in a row; see Failing
+	failing sync.Map // bucket -> *failures: its tail's failures in a row; see Failing
 
 	parkMu  sync.Mutex
 	parked  map[string]*parkedBucket // idle composed-<node> buckets without a consumer (park.go)
@@ -989,26 +989,59 @@ func sleep(ctx context.Context, d time.Duration) bool {
 // on it answered that node's plans unsynced, then went unready again once the retry worked.
 const FailingAfter = 3
 
+// failures are a bucket's tail's failures in a row.
+type failures struct {
+	n     atomic.Int64
+	works atomic.Bool // the tail works again since the last of them (tailWorks), the bucket not caught up yet
+}
+
 // Failing reports whether a bucket's tail failed FailingAfter times in a row ("tailing failed;
 // retrying with backoff": NATS unreachable, a permission missing, a stream that does not answer) and
 // the bucket has not caught up with its stream since: a tail that works again stays Failing while it
 // catches up, so readiness, which does not wait for a Failing composed bucket, does not flip back.
 func (p *Projector) Failing(bucket string) bool {
 	v, ok := p.failing.Load(bucket)
-	if !ok || v.(*atomic.Int64).Load() < FailingAfter {
+	if !ok || v.(*failures).n.Load() < FailingAfter {
 		return false
 	}
 	if _, synced := p.db.Applied(bucket); synced {
-		p.failing.Delete(bucket)
+		if v.(*failures).works.Load() {
+			p.failing.CompareAndDelete(bucket, v)
+		}
 		return false
 	}
 	return true
 }
 
+// Unreadable lists, in byte order, the buckets whose tail failed FailingAfter times in a row and has
+// not worked since, synced or not (one read before and idle for days, whose stream then changed and
+// can no longer be read, is synced and behind), and those Failing. The metrics name the composed ones
+// in /readyz: nothing else says which node's bucket cannot be read but the log line of its first
+// failure.
+func (p *Projector) Unreadable() []string {
+	var out []string
+	p.failing.Range(func(k, v any) bool {
+		f := v.(*failures)
+		if f.n.Load() < FailingAfter {
+			return true
+		}
+		if _, synced := p.db.Applied(k.(string)); !f.works.Load() || !synced {
+			out = append(out, k.(string))
+		} else {
+			p.failing.CompareAndDelete(k, v) // read again and caught up since
+		}
+		return true
+	})
+	sort.Strings(out)
+	return out
+}
+
 // tailFailed counts one more failure in a row of a bucket's tail.
 func (p *Projector) tailFailed(bucket string) {
-	v, _ := p.failing.LoadOrStore(bucket, new(atomic.Int64))
-	v.(*atomic.Int64).Add(1)
+	v, _ := p.failing.LoadOrStore(bucket, new(failures))
+	f := v.(*failures)
+	f.works.Store(false)
+	f.n.Add(1)
 }
 
 // tailWorks ends a bucket's failures in a row, unless they made it Failing: that lasts until the
@@ -1018,9 +1051,12 @@ func (p *Projector) tailWorks(bucket string) {
 	if !ok {
 		return
 	}
-	if _, synced := p.db.Applied(bucket); synced || v.(*atomic.Int64).Load() < FailingAfter {
-		p.failing.Delete(bucket)
+	f := v.(*failures)
+	if _, synced := p.db.Applied(bucket); synced || f.n.Load() < FailingAfter {
+		p.failing.CompareAndDelete(bucket, v)
+		return
 	}
+	f.works.Store(true)
 }
 
 // Buckets lists the buckets the Projector tails: those it was started with and those added since, in

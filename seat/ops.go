@@ -43,6 +43,10 @@ func (s *Seat) Unsynced() []string {
 // metrics' readiness does not wait on a composed-<node> bucket that cannot be read.
 func (s *Seat) Failing(bucket string) bool { return s.Current().Failing(bucket) }
 
+// Unreadable lists the buckets whose tail fails and is retried, synced or not
+// (projector.Projector.Unreadable): /readyz names the composed-<node> ones.
+func (s *Seat) Unreadable() []string { return s.Current().Unreadable() }
+
 // Discovered reports whether the projector has listed the streams once for composed-<node> buckets, so
 // that it tails every one there was (always true without plans): the metrics' readiness waits for it.
 func (s *Seat) Discovered() bool { return s.Current().Discovered() }

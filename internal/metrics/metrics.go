@@ -29,6 +29,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -71,6 +72,13 @@ type RoomSource interface {
 // seat.Seat.Failing): a composed-<node> bucket among them does not hold /readyz (Ready).
 type FailingSource interface {
 	Failing(bucket string) bool
+}
+
+// UnreadableSource is a Source that lists the buckets whose tail fails and is retried, synced or not
+// (a seat, seat.Seat.Unreadable): a composed-<node> bucket read before, whose stream can no longer be
+// read, is synced and falls behind, and /readyz names it too.
+type UnreadableSource interface {
+	Unreadable() []string
 }
 
 // DiscoverSource is a Source that finds its composed-<node> buckets in a listing of the streams (a
@@ -331,8 +339,9 @@ func (m *Metrics) Degraded() string {
 }
 
 // unsyncedBuckets are the buckets a seat has not synced: those Ready waits for (behind), and the
-// composed-<node> buckets it does not: those whose tail fails and is retried (failing), and, once the
-// seat has been ready, those catching up (catching).
+// composed-<node> buckets it does not: those whose tail fails and is retried (failing, with those
+// synced before whose tail fails now), and, once the seat has been ready, those catching up
+// (catching).
 type unsyncedBuckets struct {
 	behind, failing, catching []string
 }
@@ -350,6 +359,18 @@ func unsynced(src Source, wasReady bool) unsyncedBuckets {
 			u.catching = append(u.catching, b)
 		default:
 			u.behind = append(u.behind, b)
+		}
+	}
+	if r, ok := src.(UnreadableSource); ok {
+		named := len(u.failing)
+		for _, b := range r.Unreadable() {
+			if provisioner.IsComposedBucket(b) && !slices.Contains(u.failing[:named], b) &&
+				!slices.Contains(u.behind, b) && !slices.Contains(u.catching, b) {
+				u.failing = append(u.failing, b)
+			}
+		}
+		if len(u.failing) > named {
+			slices.Sort(u.failing)
 		}
 	}
 	return u
@@ -506,6 +527,8 @@ var (
 		"composed-<node> buckets the per-bucket series take together under bucket=\"composed-*\" (those the store holds, and those tailed not caught up yet).", nil, nil)
 	descComposedUnsynced = prometheus.NewDesc("mesh_provisioner_composed_buckets_unsynced",
 		"composed-<node> buckets that have not caught up with their stream since start (/readyz names them).", nil, nil)
+	descComposedFailing = prometheus.NewDesc("mesh_provisioner_composed_buckets_failing",
+		"composed-<node> buckets whose tail failed 3 times in a row and is retried, synced or not (/readyz names them): a permission missing, a stream without a leader or that refuses the seat's consumer.", nil, nil)
 	descComposedBehind = prometheus.NewDesc("mesh_provisioner_composed_buckets_behind",
 		"composed-<node> buckets whose lag is above 0.", nil, nil)
 	descComposedLagMax = prometheus.NewDesc("mesh_provisioner_composed_lag_max",
@@ -543,7 +566,7 @@ var (
 
 func (c seatCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descBuildInfo, descStateSchema, descReady, descSynced, descApplied, descStreamLast, descStreamAge, descLag,
-		descAnomalies, descApplyCount, descComposed, descComposedUnsynced, descComposedBehind, descComposedLagMax, descComposedStuck, descParked, descOutOfRoom, descStateFree, descStateReserve, descPebbleDisk, descPebbleCompactions, descPebbleCompactDebt, descPebbleCompacting,
+		descAnomalies, descApplyCount, descComposed, descComposedUnsynced, descComposedFailing, descComposedBehind, descComposedLagMax, descComposedStuck, descParked, descOutOfRoom, descStateFree, descStateReserve, descPebbleDisk, descPebbleCompactions, descPebbleCompactDebt, descPebbleCompacting,
 		descPebbleHeld, descPebbleFlushes, descPebbleCacheHits, descPebbleCacheMisses, descPebbleCacheSize, descPebbleReadAmp,
 		descPebbleL0Files, descPebbleMemtable} {
 		ch <- d
@@ -605,6 +628,7 @@ func (c seatCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	gauge(descComposed, float64(comp.buckets))
 	gauge(descComposedUnsynced, float64(comp.unsynced))
+	gauge(descComposedFailing, float64(len(unsynced(src, false).failing)))
 	gauge(descComposedBehind, float64(comp.behind))
 	gauge(descComposedLagMax, float64(comp.lagMax))
 	gauge(descComposedStuck, m.stuckFor(now).Seconds())

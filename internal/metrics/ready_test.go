@@ -229,3 +229,92 @@ func TestMetrics_ReadyThroughComposedBucketsReadAgain(t *testing.T) {
 		return nil
 	})
 }
+
+// TestMetrics_ReadyzNamesASyncedComposedBucketThatCannotBeRead: a composed-<node> bucket the seat had
+// read, idle (parked) for days, whose stream then changes and can no longer be read (here the stream
+// takes one consumer, which someone else holds; in a mesh, a permission taken from the seat, a
+// stream without a leader): the seat stays ready, rightly, and the bucket falls behind.
+// MeshProvisionerComposedStuck fires and says /readyz names the bucket, but /readyz named only the
+// buckets not synced, and this one was synced long ago: nothing but a log line, once, at the first
+// failure, said which node. /readyz names every composed bucket whose tail fails and is retried,
+// and mesh_provisioner_composed_buckets_failing counts them.
+func TestMetrics_ReadyzNamesASyncedComposedBucketThatCannotBeRead(t *testing.T) {
+	ns := natstest.RunServer(t)
+	url := ns.ClientURL()
+	_, js := natstest.Connect(t, url)
+	ctx := context.Background()
+	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "composed-n1", Storage: jetstream.MemoryStorage})
+	require.NoError(t, err)
+	_, err = kv.Put(ctx, "web.1", publishedComp)
+	require.NoError(t, err)
+	s2, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "KV_composed-n2", Subjects: []string{"$KV.composed-n2.>"},
+		MaxMsgsPerSubject: 1, AllowRollup: true, DenyDelete: true, AllowDirect: true, Storage: jetstream.MemoryStorage, MaxConsumers: 1})
+	require.NoError(t, err)
+	_, err = js.Publish(ctx, "$KV.composed-n2.web.1", publishedComp)
+	require.NoError(t, err)
+
+	snc, sjs := natstest.Connect(t, url)
+	streams := streaminfo.New(sjs)
+	m := metrics.New(metrics.Options{Streams: streams, Poll: 100 * time.Millisecond})
+	m.Start()
+	t.Cleanup(m.Stop)
+	db, err := store.OpenState(t.TempDir(), store.Options{})
+	require.NoError(t, err)
+	st, err := seat.Start(ctx, snc, sjs, db, seat.Config{Streams: streams, ListEvery: m.Poll(), Plans: true,
+		Projector: projector.Options{Poll: 20 * time.Millisecond, DiscoverEvery: time.Hour, ParkAfter: 200 * time.Millisecond}})
+	require.NoError(t, err)
+	srv := serveSeat(t, m, st, db)
+	natstest.CheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
+		if code, body := readyz(t, srv); code != 200 {
+			return fmt.Errorf("readyz %d: %s", code, body)
+		}
+		if !st.Current().Parked("composed-n2") {
+			return fmt.Errorf("composed-n2 not parked yet")
+		}
+		return nil
+	})
+
+	// Someone else takes the stream's one consumer; a composition comes.
+	_, err = s2.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: "other"})
+	require.NoError(t, err)
+	_, err = js.Publish(ctx, "$KV.composed-n2.web.2", publishedComp)
+	require.NoError(t, err)
+	natstest.CheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
+		code, body := readyz(t, srv)
+		if code != 200 || !strings.Contains(body, "cannot be read (retried; not waited for): composed-n2") {
+			return fmt.Errorf("readyz %d: %s", code, body)
+		}
+		fams, err := metricstest.Scrape(srv.Addr())
+		if err != nil {
+			return err
+		}
+		if n, _ := fams.Value("mesh_provisioner_composed_buckets_failing"); n != 1 {
+			return fmt.Errorf("%v composed buckets failing", n)
+		}
+		return nil
+	})
+	_, synced := db.Applied("composed-n2")
+	require.True(t, synced, "read before: still synced as the answers say")
+	seq, _ := db.Applied("composed-n2")
+	require.EqualValues(t, 1, seq, "the composition not read")
+
+	// The slot frees: it is read, and named no more.
+	require.NoError(t, s2.DeleteConsumer(ctx, "other"))
+	natstest.CheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
+		if seq, _ := db.Applied("composed-n2"); seq != 2 {
+			return fmt.Errorf("composed-n2 applied %d", seq)
+		}
+		code, body := readyz(t, srv)
+		if code != 200 || strings.Contains(body, "composed-n2") {
+			return fmt.Errorf("readyz %d: %s", code, body)
+		}
+		fams, err := metricstest.Scrape(srv.Addr())
+		if err != nil {
+			return err
+		}
+		if n, _ := fams.Value("mesh_provisioner_composed_buckets_failing"); n != 0 {
+			return fmt.Errorf("%v composed buckets failing", n)
+		}
+		return nil
+	})
+}
