@@ -115,6 +115,7 @@ type Projector struct {
 	found      chan string              // streams created, from the advisories, for discover
 	discovered atomic.Bool              // the streams were listed once (always true without Composed)
 	setup      chan struct{}            // bounds consumers being set up at once: a mesh starts thousands
+	retrySetup chan struct{}            // the same, for the buckets whose tail is failing (settingUp)
 
 	streams    *streaminfo.Poller // every stream's info, listed every Verify or shared, for verify
 	ownStreams bool               // streams is the Projector's own: Start runs it
@@ -174,7 +175,7 @@ func New(js jetstream.JetStream, db *store.DB, opts Options) *Projector {
 	if opts.ParkAfter == 0 {
 		opts.ParkAfter = DefaultParkAfter
 	}
-	p := &Projector{js: js, db: db, opts: opts, log: log, tailed: map[string]bool{}, asks: map[string]chan struct{}{}, setup: make(chan struct{}, maxSettingUp),
+	p := &Projector{js: js, db: db, opts: opts, log: log, tailed: map[string]bool{}, asks: map[string]chan struct{}{}, setup: make(chan struct{}, maxSettingUp), retrySetup: make(chan struct{}, maxRetrySettingUp),
 		streams: opts.Streams, waiting: map[string]chan struct{}{}, found: make(chan string, 256), parked: map[string]*parkedBucket{},
 		firstListed: make(chan struct{})}
 	if p.streams == nil {
@@ -374,9 +375,11 @@ func (p *Projector) tail(ctx context.Context, bucket string, log *slog.Logger, s
 		return err
 	}
 	batchSize, pull := p.sizes(bucket)
-	// Setting up is a few JetStream API requests; at most maxSettingUp buckets do it at once.
+	// Setting up is a few JetStream API requests; at most maxSettingUp buckets do it at once, and
+	// maxRetrySettingUp more whose tail is failing (settingUp).
+	slots := p.settingUp(bucket)
 	select {
-	case p.setup <- struct{}{}:
+	case slots <- struct{}{}:
 	case <-ctx.Done():
 		return ctx.Err()
 	}
@@ -384,7 +387,7 @@ func (p *Projector) tail(ctx context.Context, bucket string, log *slog.Logger, s
 	release := func() {
 		if settingUp {
 			settingUp = false
-			<-p.setup
+			<-slots
 		}
 	}
 	defer release()
@@ -1034,6 +1037,22 @@ func (p *Projector) Unreadable() []string {
 	})
 	sort.Strings(out)
 	return out
+}
+
+// settingUp returns the slots a bucket's tail takes one of to set its consumer up: those of the
+// buckets whose tail is Failing and has not worked since, or the others'. A set-up that gets no answer
+// holds its slot until the JetStream API's timeout (5 s): the streams of some nodes that the seat may
+// not read (a permission missing) or that have no leader (a cluster's server down) set up again and
+// again, and took every one of the 16 slots in turn, so that every other node's bucket woken by a
+// change, read again, or new waited behind them (TestProjector_FailingBucketsLeaveSetUpToTheOthers).
+// They take their own few slots once Failing; their first failures take the others', as any bucket's.
+func (p *Projector) settingUp(bucket string) chan struct{} {
+	if v, ok := p.failing.Load(bucket); ok {
+		if f := v.(*failures); f.n.Load() >= FailingAfter && !f.works.Load() {
+			return p.retrySetup
+		}
+	}
+	return p.setup
 }
 
 // tailFailed counts one more failure in a row of a bucket's tail.
