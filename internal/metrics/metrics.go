@@ -349,7 +349,8 @@ type unsyncedBuckets struct {
 func unsynced(src Source, wasReady bool) unsyncedBuckets {
 	var u unsyncedBuckets
 	f, _ := src.(FailingSource)
-	for _, b := range src.Unsynced() {
+	names := src.Unsynced()
+	for _, b := range names {
 		switch {
 		case !provisioner.IsComposedBucket(b):
 			u.behind = append(u.behind, b)
@@ -361,11 +362,21 @@ func unsynced(src Source, wasReady bool) unsyncedBuckets {
 			u.behind = append(u.behind, b)
 		}
 	}
+	// And those synced whose tail fails now: the buckets above are not synced.
 	if r, ok := src.(UnreadableSource); ok {
+		var listed map[string]bool
 		named := len(u.failing)
 		for _, b := range r.Unreadable() {
-			if provisioner.IsComposedBucket(b) && !slices.Contains(u.failing[:named], b) &&
-				!slices.Contains(u.behind, b) && !slices.Contains(u.catching, b) {
+			if !provisioner.IsComposedBucket(b) {
+				continue
+			}
+			if listed == nil {
+				listed = make(map[string]bool, len(names))
+				for _, x := range names {
+					listed[x] = true
+				}
+			}
+			if !listed[b] {
 				u.failing = append(u.failing, b)
 			}
 		}
