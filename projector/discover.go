@@ -18,6 +18,10 @@ const advisoryStreamCreated = "$JS.EVENT.ADVISORY.STREAM.CREATED."
 // JetStream API is better asked a few at a time than flooded.
 const maxSettingUp = 16
 
+// maxRetrySettingUp bounds the consumers of buckets whose tail is Failing being set up at once, beside
+// maxSettingUp (Projector.settingUp).
+const maxRetrySettingUp = 4
+
 // Sizes of a composed-<node> bucket's consumer. One node's compositions are few and the mesh has
 // thousands of such buckets, each with its own consumer: a small pipeline each keeps the seat's memory
 // bounded (the batch channel is allocated whole, and the server pushes up to the pull size ahead).

@@ -38,4 +38,26 @@ func TestProjector_FailingCountsInARowAndLastsUntilSynced(t *testing.T) {
 	require.False(t, p.Failing(b), "synced")
 	p.tailFailed(b)
 	require.False(t, p.Failing(b), "a new count")
+	require.Empty(t, p.Unreadable())
+
+	// Synced, and its tail fails now (a bucket read before whose stream can no longer be read): not
+	// Failing, which readiness asks of the buckets not synced, but Unreadable until it works again.
+	for i := 1; i < FailingAfter; i++ {
+		p.tailFailed(b)
+	}
+	require.False(t, p.Failing(b), "synced")
+	require.Equal(t, []string{b}, p.Unreadable())
+	require.Equal(t, []string{b}, p.Unreadable(), "asking changes nothing")
+	p.tailWorks(b)
+	require.Empty(t, p.Unreadable(), "works again, synced")
+
+	// Failing, then working and catching up: Unreadable until synced.
+	db.SetSynced(b, false)
+	for i := 0; i < FailingAfter; i++ {
+		p.tailFailed(b)
+	}
+	p.tailWorks(b)
+	require.Equal(t, []string{b}, p.Unreadable())
+	db.SetSynced(b, true)
+	require.Empty(t, p.Unreadable())
 }

@@ -115,6 +115,7 @@ type Projector struct {
 	found      chan string              // streams created, from the advisories, for discover
 	discovered atomic.Bool              // the streams were listed once (always true without Composed)
 	setup      chan struct{}            // bounds consumers being set up at once: a mesh starts thousands
+	retrySetup chan struct{}            // the same, for the buckets whose tail is failing (settingUp)
 
 	streams    *streaminfo.Poller // every stream's info, listed every Verify or shared, for verify
 	ownStreams bool               // streams is the Projector's own: Start runs it
@@ -123,7 +124,7 @@ type Projector struct {
 	lastAsk time.Time // the last slot a composed-<node> bucket's check reserved to ask its stream (mayAsk)
 
 	missing sync.Map // bucket -> when its stream was first found missing, not found since (forget.go)
-	failing sync.Map // bucket -> *atomic.Int64: its tail's failures in a row; see Failing
+	failing sync.Map // bucket -> *failures: its tail's failures in a row; see Failing
 
 	parkMu  sync.Mutex
 	parked  map[string]*parkedBucket // idle composed-<node> buckets without a consumer (park.go)
@@ -174,7 +175,7 @@ func New(js jetstream.JetStream, db *store.DB, opts Options) *Projector {
 	if opts.ParkAfter == 0 {
 		opts.ParkAfter = DefaultParkAfter
 	}
-	p := &Projector{js: js, db: db, opts: opts, log: log, tailed: map[string]bool{}, asks: map[string]chan struct{}{}, setup: make(chan struct{}, maxSettingUp),
+	p := &Projector{js: js, db: db, opts: opts, log: log, tailed: map[string]bool{}, asks: map[string]chan struct{}{}, setup: make(chan struct{}, maxSettingUp), retrySetup: make(chan struct{}, maxRetrySettingUp),
 		streams: opts.Streams, waiting: map[string]chan struct{}{}, found: make(chan string, 256), parked: map[string]*parkedBucket{},
 		firstListed: make(chan struct{})}
 	if p.streams == nil {
@@ -374,9 +375,11 @@ func (p *Projector) tail(ctx context.Context, bucket string, log *slog.Logger, s
 		return err
 	}
 	batchSize, pull := p.sizes(bucket)
-	// Setting up is a few JetStream API requests; at most maxSettingUp buckets do it at once.
+	// Setting up is a few JetStream API requests; at most maxSettingUp buckets do it at once, and
+	// maxRetrySettingUp more whose tail is failing (settingUp).
+	slots := p.settingUp(bucket)
 	select {
-	case p.setup <- struct{}{}:
+	case slots <- struct{}{}:
 	case <-ctx.Done():
 		return ctx.Err()
 	}
@@ -384,7 +387,7 @@ func (p *Projector) tail(ctx context.Context, bucket string, log *slog.Logger, s
 	release := func() {
 		if settingUp {
 			settingUp = false
-			<-p.setup
+			<-slots
 		}
 	}
 	defer release()
@@ -989,26 +992,75 @@ func sleep(ctx context.Context, d time.Duration) bool {
 // on it answered that node's plans unsynced, then went unready again once the retry worked.
 const FailingAfter = 3
 
+// failures are a bucket's tail's failures in a row.
+type failures struct {
+	n     atomic.Int64
+	works atomic.Bool // the tail works again since the last of them (tailWorks), the bucket not caught up yet
+}
+
 // Failing reports whether a bucket's tail failed FailingAfter times in a row ("tailing failed;
 // retrying with backoff": NATS unreachable, a permission missing, a stream that does not answer) and
 // the bucket has not caught up with its stream since: a tail that works again stays Failing while it
 // catches up, so readiness, which does not wait for a Failing composed bucket, does not flip back.
 func (p *Projector) Failing(bucket string) bool {
 	v, ok := p.failing.Load(bucket)
-	if !ok || v.(*atomic.Int64).Load() < FailingAfter {
+	if !ok || v.(*failures).n.Load() < FailingAfter {
 		return false
 	}
 	if _, synced := p.db.Applied(bucket); synced {
-		p.failing.Delete(bucket)
+		if v.(*failures).works.Load() {
+			p.failing.CompareAndDelete(bucket, v)
+		}
 		return false
 	}
 	return true
 }
 
+// Unreadable lists, in byte order, the buckets whose tail failed FailingAfter times in a row and has
+// not worked since, synced or not (one read before and idle for days, whose stream then changed and
+// can no longer be read, is synced and behind), and those Failing. The metrics name the composed ones
+// in /readyz: nothing else says which node's bucket cannot be read but the log line of its first
+// failure.
+func (p *Projector) Unreadable() []string {
+	var out []string
+	p.failing.Range(func(k, v any) bool {
+		f := v.(*failures)
+		if f.n.Load() < FailingAfter {
+			return true
+		}
+		if _, synced := p.db.Applied(k.(string)); !f.works.Load() || !synced {
+			out = append(out, k.(string))
+		} else {
+			p.failing.CompareAndDelete(k, v) // read again and caught up since
+		}
+		return true
+	})
+	sort.Strings(out)
+	return out
+}
+
+// settingUp returns the slots a bucket's tail takes one of to set its consumer up: those of the
+// buckets whose tail is Failing and has not worked since, or the others'. A set-up that gets no answer
+// holds its slot until the JetStream API's timeout (5 s): the streams of some nodes that the seat may
+// not read (a permission missing) or that have no leader (a cluster's server down) set up again and
+// again, and took every one of the 16 slots in turn, so that every other node's bucket woken by a
+// change, read again, or new waited behind them (TestProjector_FailingBucketsLeaveSetUpToTheOthers).
+// They take their own few slots once Failing; their first failures take the others', as any bucket's.
+func (p *Projector) settingUp(bucket string) chan struct{} {
+	if v, ok := p.failing.Load(bucket); ok {
+		if f := v.(*failures); f.n.Load() >= FailingAfter && !f.works.Load() {
+			return p.retrySetup
+		}
+	}
+	return p.setup
+}
+
 // tailFailed counts one more failure in a row of a bucket's tail.
 func (p *Projector) tailFailed(bucket string) {
-	v, _ := p.failing.LoadOrStore(bucket, new(atomic.Int64))
-	v.(*atomic.Int64).Add(1)
+	v, _ := p.failing.LoadOrStore(bucket, new(failures))
+	f := v.(*failures)
+	f.works.Store(false)
+	f.n.Add(1)
 }
 
 // tailWorks ends a bucket's failures in a row, unless they made it Failing: that lasts until the
@@ -1018,9 +1070,12 @@ func (p *Projector) tailWorks(bucket string) {
 	if !ok {
 		return
 	}
-	if _, synced := p.db.Applied(bucket); synced || v.(*atomic.Int64).Load() < FailingAfter {
-		p.failing.Delete(bucket)
+	f := v.(*failures)
+	if _, synced := p.db.Applied(bucket); synced || f.n.Load() < FailingAfter {
+		p.failing.CompareAndDelete(bucket, v)
+		return
 	}
+	f.works.Store(true)
 }
 
 // Buckets lists the buckets the Projector tails: those it was started with and those added since, in

@@ -26,7 +26,8 @@ func (s *Seat) MessagesApplied() int64 {
 func (s *Seat) BucketsParked() int { return s.Current().ParkedCount() }
 
 // Unsynced lists, in order, the buckets the projector tails that have not caught up with their stream
-// since start; empty once the seat is ready.
+// since start. With plans, the composed-<node> buckets are tailed once the streams were listed
+// (Discovered): an empty list before says nothing of them.
 func (s *Seat) Unsynced() []string {
 	var out []string
 	db := s.Store()
@@ -41,6 +42,14 @@ func (s *Seat) Unsynced() []string {
 // Failing reports whether a bucket's tail is failing and retried (projector.Projector.Failing): the
 // metrics' readiness does not wait on a composed-<node> bucket that cannot be read.
 func (s *Seat) Failing(bucket string) bool { return s.Current().Failing(bucket) }
+
+// Unreadable lists the buckets whose tail fails and is retried, synced or not
+// (projector.Projector.Unreadable): /readyz names the composed-<node> ones.
+func (s *Seat) Unreadable() []string { return s.Current().Unreadable() }
+
+// Discovered reports whether the projector has listed the streams once for composed-<node> buckets, so
+// that it tails every one there was (always true without plans): the metrics' readiness waits for it.
+func (s *Seat) Discovered() bool { return s.Current().Discovered() }
 
 // maxStatsBuckets bounds the buckets listed one by one in Stats: $SRV.STATS is one NATS message, and a
 // mesh of thousands of nodes tails one composed-<node> bucket per node.
@@ -85,7 +94,7 @@ func (s *Seat) Stats() Stats {
 	db := s.Store()
 	st := Stats{Schema: db.Schema(), MessagesApplied: s.MessagesApplied(), Buckets: map[string]BucketStats{},
 		AnswersByCode: s.Server.Answered(), BucketsParked: s.BucketsParked()}
-	st.Synced = len(s.Unsynced()) == 0
+	st.Synced = s.Synced() // the composed-<node> buckets listed, and every bucket tailed synced
 	if err := s.OutOfRoom(); err != nil {
 		st.OutOfRoom = err.Error()
 	}

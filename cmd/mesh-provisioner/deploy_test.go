@@ -270,3 +270,55 @@ func TestDeploy_OneComposedBucketDoesNotPage(t *testing.T) {
 		require.Contains(t, expr, "mesh_provisioner_composed_buckets_behind > 1")
 	}
 }
+
+// The summed composed row (bucket="composed-*", every node's lag added up) is never compared with a
+// lag threshold: MeshProvisionerLagHigh compared it with 10000, so a mesh of 4,000 nodes each three
+// messages behind (a burst of compositions) opened a ticket though no bucket was behind by much. A
+// rule reads the lag of the fixed buckets by name, and the composed buckets' largest lag
+// (mesh_provisioner_composed_lag_max); only MeshProvisionerProjectorStuck reads the row, for a lag
+// above 0 with more than one composed bucket behind (TestDeploy_OneComposedBucketDoesNotPage).
+func TestDeploy_LagAlertsReadNoSummedComposedLag(t *testing.T) {
+	var rules struct {
+		Groups []struct {
+			Rules []struct {
+				Alert string
+				Expr  string
+			}
+		}
+	}
+	require.NoError(t, yaml.Unmarshal(repoFile(t, "deploy/prometheus/mesh-provisioner-rules.yml"), &rules))
+	const lag = "mesh_provisioner_bucket_lag"
+	found := false
+	for _, r := range rules.Groups[0].Rules {
+		n := strings.Count(r.Expr, lag)
+		fixed := strings.Count(r.Expr, lag+`{bucket!="composed-*"}`)
+		composed := strings.Count(r.Expr, lag+`{bucket="composed-*"}`)
+		require.Equal(t, n, fixed+composed, "%s reads the lag of every bucket, the composed ones summed: %s", r.Alert, r.Expr)
+		if composed > 0 {
+			require.Equal(t, "MeshProvisionerProjectorStuck", r.Alert, "%s reads the summed composed lag: %s", r.Alert, r.Expr)
+		}
+		if r.Alert == "MeshProvisionerLagHigh" {
+			found = true
+			require.Positive(t, fixed, r.Expr)
+			require.Contains(t, r.Expr, "mesh_provisioner_composed_lag_max", "the composed buckets by their largest lag")
+		}
+	}
+	require.True(t, found)
+}
+
+// The alert rules' unit tests (deploy/prometheus/mesh-provisioner-rules_test.yml: what fires, and what
+// does not, on series a seat serves) pass under promtool, when it is installed (Debian's prometheus
+// package has it), as does promtool's check of the rules.
+func TestDeploy_PrometheusRulesUnitTests(t *testing.T) {
+	promtool, err := exec.LookPath("promtool")
+	if err != nil {
+		t.Skip("promtool is not installed: the rules' unit tests are not run")
+	}
+	dir := filepath.Join("..", "..", "deploy", "prometheus")
+	for _, args := range [][]string{{"check", "rules", "mesh-provisioner-rules.yml"}, {"test", "rules", "mesh-provisioner-rules_test.yml"}} {
+		cmd := exec.Command(promtool, args...)
+		cmd.Dir = dir
+		out, err := cmd.CombinedOutput()
+		require.NoError(t, err, "promtool %s:\n%s", strings.Join(args, " "), out)
+	}
+}

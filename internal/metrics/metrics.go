@@ -29,6 +29,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -71,6 +72,20 @@ type RoomSource interface {
 // seat.Seat.Failing): a composed-<node> bucket among them does not hold /readyz (Ready).
 type FailingSource interface {
 	Failing(bucket string) bool
+}
+
+// UnreadableSource is a Source that lists the buckets whose tail fails and is retried, synced or not
+// (a seat, seat.Seat.Unreadable): a composed-<node> bucket read before, whose stream can no longer be
+// read, is synced and falls behind, and /readyz names it too.
+type UnreadableSource interface {
+	Unreadable() []string
+}
+
+// DiscoverSource is a Source that finds its composed-<node> buckets in a listing of the streams (a
+// seat with plans, seat.Seat.Discovered): until that listing has come it tails none of them, and
+// /readyz waits for it (Ready).
+type DiscoverSource interface {
+	Discovered() bool
 }
 
 // Options configure Metrics. The zero value is usable (no stream polling).
@@ -125,7 +140,12 @@ type Metrics struct {
 	wg     sync.WaitGroup
 }
 
-type sourceBox struct{ s Source }
+type sourceBox struct {
+	s Source
+	// ready is set once Ready has found the seat ready: from then on a composed-<node> bucket that is
+	// not synced (read again, or new) is one node catching up, which Ready does not wait for.
+	ready atomic.Bool
+}
 
 // The whats a request is counted under; anything else is "invalid", so a bad request cannot make a
 // new series.
@@ -204,7 +224,7 @@ func (m *Metrics) SetSource(s Source) {
 		m.src.Store(nil)
 		return
 	}
-	m.src.Store(&sourceBox{s})
+	m.src.Store(&sourceBox{s: s})
 }
 
 func (m *Metrics) source() Source {
@@ -276,58 +296,107 @@ func (m *Metrics) Stop() {
 
 // Ready says whether the seat answers from projections that have caught up: nil when every bucket is
 // synced and the state dir has room to apply what comes, else why not (out of room first: the buckets
-// behind follow from it). A composed-<node> bucket whose tail fails and is retried is not waited for
-// (Degraded names it): one node's bucket does not make the seat unready.
+// behind follow from it). A seat with plans is not ready before it has listed the streams for its
+// composed-<node> buckets. A composed-<node> bucket is one node's: one whose tail fails and is
+// retried is not waited for, and once the seat has been ready none is (a node's bucket recreated,
+// purged under the projection, or created, is read again while the seat answers every other node);
+// Degraded names them.
 func (m *Metrics) Ready() error {
-	src := m.source()
-	if src == nil {
+	box := m.src.Load()
+	if box == nil {
 		return errors.New("the seat is not running")
 	}
+	src := box.s
 	var why []string
 	if r, ok := src.(RoomSource); ok {
 		if err := r.OutOfRoom(); err != nil {
 			why = append(why, err.Error())
 		}
 	}
-	behind, failing := unsynced(src)
-	if len(behind) > 0 {
-		why = append(why, "not synced yet: "+listSome(behind))
+	if d, ok := src.(DiscoverSource); ok && !d.Discovered() {
+		why = append(why, "not synced yet: the composed-<node> buckets (the streams have not been listed yet)")
+	}
+	u := unsynced(src, box.ready.Load())
+	if len(u.behind) > 0 {
+		why = append(why, "not synced yet: "+listSome(u.behind))
 	}
 	if len(why) > 0 {
-		if len(failing) > 0 {
-			why = append(why, "cannot be read (retried; not waited for): "+listSome(failing))
-		}
-		return errors.New(strings.Join(why, "\n"))
+		return errors.New(strings.Join(append(why, u.notWaited()...), "\n"))
 	}
+	box.ready.Store(true)
 	return nil
 }
 
-// Degraded names the composed-<node> buckets that are not synced because their tail fails, which
-// Ready does not wait for: one node's bucket that cannot be read does not make the whole seat
-// unready. "" when there is none.
+// Degraded names the composed-<node> buckets that are not synced and that Ready does not wait for:
+// one node's bucket that cannot be read, or that is catching up once the seat has been ready, does
+// not make the whole seat unready. "" when there is none.
 func (m *Metrics) Degraded() string {
-	src := m.source()
-	if src == nil {
+	box := m.src.Load()
+	if box == nil {
 		return ""
 	}
-	if _, failing := unsynced(src); len(failing) > 0 {
-		return "cannot be read (retried; not waited for): " + listSome(failing)
-	}
-	return ""
+	return strings.Join(unsynced(box.s, box.ready.Load()).notWaited(), "\n")
 }
 
-// unsynced splits the buckets a seat has not synced: those Ready waits for, and the composed-<node>
-// buckets whose tail fails and is retried, which it does not.
-func unsynced(src Source) (behind, failing []string) {
+// unsyncedBuckets are the buckets a seat has not synced: those Ready waits for (behind), and the
+// composed-<node> buckets it does not: those whose tail fails and is retried (failing, with those
+// synced before whose tail fails now), and, once the seat has been ready, those catching up
+// (catching).
+type unsyncedBuckets struct {
+	behind, failing, catching []string
+}
+
+func unsynced(src Source, wasReady bool) unsyncedBuckets {
+	var u unsyncedBuckets
 	f, _ := src.(FailingSource)
-	for _, b := range src.Unsynced() {
-		if f != nil && provisioner.IsComposedBucket(b) && f.Failing(b) {
-			failing = append(failing, b)
-		} else {
-			behind = append(behind, b)
+	names := src.Unsynced()
+	for _, b := range names {
+		switch {
+		case !provisioner.IsComposedBucket(b):
+			u.behind = append(u.behind, b)
+		case f != nil && f.Failing(b):
+			u.failing = append(u.failing, b)
+		case wasReady:
+			u.catching = append(u.catching, b)
+		default:
+			u.behind = append(u.behind, b)
 		}
 	}
-	return behind, failing
+	// And those synced whose tail fails now: the buckets above are not synced.
+	if r, ok := src.(UnreadableSource); ok {
+		var listed map[string]bool
+		named := len(u.failing)
+		for _, b := range r.Unreadable() {
+			if !provisioner.IsComposedBucket(b) {
+				continue
+			}
+			if listed == nil {
+				listed = make(map[string]bool, len(names))
+				for _, x := range names {
+					listed[x] = true
+				}
+			}
+			if !listed[b] {
+				u.failing = append(u.failing, b)
+			}
+		}
+		if len(u.failing) > named {
+			slices.Sort(u.failing)
+		}
+	}
+	return u
+}
+
+// notWaited is a line for each kind of bucket Ready does not wait for.
+func (u unsyncedBuckets) notWaited() []string {
+	var lines []string
+	if len(u.failing) > 0 {
+		lines = append(lines, "cannot be read (retried; not waited for): "+listSome(u.failing))
+	}
+	if len(u.catching) > 0 {
+		lines = append(lines, "catching up since the seat was ready (not waited for): "+listSome(u.catching))
+	}
+	return lines
 }
 
 // maxListed bounds the buckets /readyz names on a line: a seat catching up with thousands of
@@ -469,6 +538,8 @@ var (
 		"composed-<node> buckets the per-bucket series take together under bucket=\"composed-*\" (those the store holds, and those tailed not caught up yet).", nil, nil)
 	descComposedUnsynced = prometheus.NewDesc("mesh_provisioner_composed_buckets_unsynced",
 		"composed-<node> buckets that have not caught up with their stream since start (/readyz names them).", nil, nil)
+	descComposedFailing = prometheus.NewDesc("mesh_provisioner_composed_buckets_failing",
+		"composed-<node> buckets whose tail failed 3 times in a row and is retried, synced or not (/readyz names them): a permission missing, a stream without a leader or that refuses the seat's consumer.", nil, nil)
 	descComposedBehind = prometheus.NewDesc("mesh_provisioner_composed_buckets_behind",
 		"composed-<node> buckets whose lag is above 0.", nil, nil)
 	descComposedLagMax = prometheus.NewDesc("mesh_provisioner_composed_lag_max",
@@ -506,7 +577,7 @@ var (
 
 func (c seatCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descBuildInfo, descStateSchema, descReady, descSynced, descApplied, descStreamLast, descStreamAge, descLag,
-		descAnomalies, descApplyCount, descComposed, descComposedUnsynced, descComposedBehind, descComposedLagMax, descComposedStuck, descParked, descOutOfRoom, descStateFree, descStateReserve, descPebbleDisk, descPebbleCompactions, descPebbleCompactDebt, descPebbleCompacting,
+		descAnomalies, descApplyCount, descComposed, descComposedUnsynced, descComposedFailing, descComposedBehind, descComposedLagMax, descComposedStuck, descParked, descOutOfRoom, descStateFree, descStateReserve, descPebbleDisk, descPebbleCompactions, descPebbleCompactDebt, descPebbleCompacting,
 		descPebbleHeld, descPebbleFlushes, descPebbleCacheHits, descPebbleCacheMisses, descPebbleCacheSize, descPebbleReadAmp,
 		descPebbleL0Files, descPebbleMemtable} {
 		ch <- d
@@ -555,7 +626,11 @@ func (c seatCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	if comp.buckets > 0 {
 		gauge(descApplied, float64(comp.applied), ComposedLabel)
-		gauge(descSynced, b2f(comp.unsynced == 0), ComposedLabel)
+		listed := true
+		if d, ok := src.(DiscoverSource); ok {
+			listed = d.Discovered()
+		}
+		gauge(descSynced, b2f(comp.unsynced == 0 && listed), ComposedLabel)
 		if comp.read > 0 {
 			gauge(descStreamLast, float64(comp.last), ComposedLabel)
 			gauge(descStreamAge, comp.age, ComposedLabel)
@@ -564,6 +639,7 @@ func (c seatCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	gauge(descComposed, float64(comp.buckets))
 	gauge(descComposedUnsynced, float64(comp.unsynced))
+	gauge(descComposedFailing, float64(len(unsynced(src, false).failing)))
 	gauge(descComposedBehind, float64(comp.behind))
 	gauge(descComposedLagMax, float64(comp.lagMax))
 	gauge(descComposedStuck, m.stuckFor(now).Seconds())
