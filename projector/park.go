@@ -279,6 +279,7 @@ func (p *Projector) removedUnread(ctx context.Context, bucket string, info *jets
 func (p *Projector) Wake(bucket string) {
 	p.mu.Lock() // before parkMu, never under it (Add takes parkMu under mu)
 	if ch := p.asks[bucket]; ch != nil {
+		p.askedAt[bucket] = time.Now()
 		notify(ch)
 	}
 	p.mu.Unlock()
@@ -304,6 +305,13 @@ func (p *Projector) Wake(bucket string) {
 		pk.woken = time.Now()
 		notify(pk.wake)
 	}
+}
+
+// askedAtTime is when a request last waited on a tailed bucket (Wake), zero when none did.
+func (p *Projector) askedAtTime(bucket string) time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.askedAt[bucket]
 }
 
 // askedRecently reports whether a request waited on a bucket (Wake) within ParkAfter: it does not

@@ -111,6 +111,7 @@ type Projector struct {
 	mu         sync.Mutex
 	tailed     map[string]bool          // buckets with a consumer, so Add starts each once
 	asks       map[string]chan struct{} // of each tailed bucket, capacity 1: a request waits on it (Wake, skipRemoved)
+	askedAt    map[string]time.Time     // of each tailed bucket, when a request last waited on it (Wake): skipRemoved is tried until askedFor after
 	waiting    map[string]chan struct{} // missing buckets, woken by a stream-created advisory (missing.go)
 	found      chan string              // streams created, from the advisories, for discover
 	discovered atomic.Bool              // the streams were listed once (always true without Composed)
@@ -174,7 +175,8 @@ func New(js jetstream.JetStream, db *store.DB, opts Options) *Projector {
 	if opts.ParkAfter == 0 {
 		opts.ParkAfter = DefaultParkAfter
 	}
-	p := &Projector{js: js, db: db, opts: opts, log: log, tailed: map[string]bool{}, asks: map[string]chan struct{}{}, setup: make(chan struct{}, maxSettingUp),
+	p := &Projector{js: js, db: db, opts: opts, log: log, tailed: map[string]bool{}, asks: map[string]chan struct{}{}, askedAt: map[string]time.Time{},
+		setup:   make(chan struct{}, maxSettingUp),
 		streams: opts.Streams, waiting: map[string]chan struct{}{}, found: make(chan string, 256), parked: map[string]*parkedBucket{},
 		firstListed: make(chan struct{})}
 	if p.streams == nil {
@@ -643,17 +645,23 @@ func (p *Projector) applyLoop(ctx context.Context, bucket string, batchSize int,
 	caught := func() bool {
 		return lastPending == 0 || idle.emptyAtStart && p.db.Checkpoint(bucket).Applied == startSeq
 	}
-	// A request waits on the bucket: skipRemoved is tried until skipUntil, or until it is done, at
+	// A request waits on the bucket: skipRemoved is tried until askedFor after the request's Wake, or
+	// until it is done (skippedAll: the stream ends at the checkpoint) and no request came since, at
 	// most once a Poll (skipped: the last try), so that a flood of requests costs the stream no more.
-	var skipUntil, skipped time.Time
+	// The request's time is the Projector's, not this tail's: a tail that fails while a request waits
+	// (its consumer deleted, NATS restarted) hands it over to the next one, which used to start with
+	// no request, and the request waited its whole wait_ms for a 504 whatever the stream then held.
+	var skippedAll, skipped time.Time
 	trySkip := func() {
-		if time.Now().Before(skipUntil) && time.Since(skipped) >= p.opts.Poll && len(in) == 0 && caught() {
+		at := p.askedAtTime(bucket)
+		if time.Since(at) < askedFor && at.After(skippedAll) && time.Since(skipped) >= p.opts.Poll && len(in) == 0 && caught() {
 			skipped = time.Now()
 			if skip() {
-				skipUntil = time.Time{}
+				skippedAll = skipped
 			}
 		}
 	}
+	trySkip() // a request that waits since before this tail
 	for {
 		batch = batch[:0]
 		select {
@@ -681,7 +689,6 @@ func (p *Projector) applyLoop(ctx context.Context, bucket string, batchSize int,
 			// Only once caught up (the newest message read had nothing pending after it, or the
 			// consumer had nothing to deliver from its creation): while catching up, what is read
 			// answers the request, and the applier does not wait on the stream's answers.
-			skipUntil = time.Now().Add(askedFor)
 			trySkip()
 			continue
 		case <-poll.C:
