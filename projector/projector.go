@@ -642,8 +642,13 @@ func (p *Projector) applyLoop(ctx context.Context, bucket string, batchSize int,
 	p.mu.Lock()
 	asked := p.asks[bucket]
 	p.mu.Unlock()
+	// Caught up: the newest message read had nothing pending after it, or none was read and the
+	// consumer had nothing to deliver from its creation. A skip does not end that: before, the
+	// checkpoint compared with the one the tail started from, and a tail that had skipped a removal
+	// but read nothing was never caught up again (a second removal unread, never skipped).
+	read := false
 	caught := func() bool {
-		return lastPending == 0 || idle.emptyAtStart && p.db.Checkpoint(bucket).Applied == startSeq
+		return lastPending == 0 || idle.emptyAtStart && !read
 	}
 	// A request waits on the bucket: skipRemoved is tried until askedFor after the request's Wake, or
 	// until it is done (skippedAll: the stream ends at the checkpoint) and no request came since, at
@@ -670,6 +675,7 @@ func (p *Projector) applyLoop(ctx context.Context, bucket string, batchSize int,
 				return nil
 			}
 			batch = append(batch, m)
+			read = true
 		case np := <-pending:
 			// The reader hands a message's pending count over after the message: the count that says
 			// the stream's end was read can come after its batch was applied, unsynced, as one of a

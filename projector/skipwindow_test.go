@@ -127,3 +127,58 @@ func TestProjector_SkipOutlivesTheTailARequestWokeIt(t *testing.T) {
 
 	waitReached(t, db, bucket, write)
 }
+
+// TestProjector_SkipsASecondRemovalBeforeAnyRead: CONTRACT section 3, min_seq. A tail whose consumer
+// had nothing to deliver at its creation (the messages past the checkpoint removed while the
+// projector was down) skips them for a request (skipRemoved); a second write is then removed before
+// the server delivered it, and a request waits for it. The stream holds nothing up to it: it is
+// reached. Before, a tail that had skipped but read nothing counted as not caught up (no message
+// read with nothing pending after it, and its checkpoint no longer the one it started from), and no
+// later request was ever skipped on it: 504 after the whole wait_ms.
+func TestProjector_SkipsASecondRemovalBeforeAnyRead(t *testing.T) {
+	ns := natstest.RunServer(t)
+	ctx := context.Background()
+	_, js := natstest.Connect(t, ns.ClientURL())
+	const bucket = provisioner.BucketApplied
+	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucket})
+	require.NoError(t, err)
+	first, err := kv.Put(ctx, "n1.a", []byte{0x80})
+	require.NoError(t, err)
+	dir := t.TempDir()
+	start := func() (*projector.Projector, *store.DB, func()) {
+		_, pjs := natstest.Connect(t, ns.ClientURL())
+		db, err := store.Open(dir, store.Options{})
+		require.NoError(t, err)
+		p := projector.New(pjs, db, projector.Options{Buckets: []string{bucket}, Poll: 20 * time.Millisecond, Verify: time.Hour})
+		p.Start(ctx)
+		done := false
+		stop := func() {
+			if !done {
+				done = true
+				p.Stop()
+				require.NoError(t, db.Close())
+			}
+		}
+		t.Cleanup(stop)
+		return p, db, stop
+	}
+	_, db, stop := start()
+	waitApplied(t, db, bucket, first)
+	stop()
+
+	removed := putAndRemove(t, js, bucket, "n1.b")
+	p, db, _ := start()
+	natstest.CheckFor(t, 20*time.Second, 10*time.Millisecond, func() error {
+		if n := consumers(t, js, bucket); n != 1 {
+			return fmt.Errorf("%d consumers", n)
+		}
+		return nil
+	})
+	p.Wake(bucket)
+	waitReached(t, db, bucket, removed)
+
+	pauseTail(t, js, bucket)
+	again := putAndRemove(t, js, bucket, "n1.c")
+	p.Wake(bucket)
+	waitReached(t, db, bucket, again)
+}
