@@ -794,15 +794,23 @@ const askedFor = 10 * time.Second
 // (a subject purged, a TTL without a marker, while the seat was down or the bucket parked), when a
 // request waits on it (Wake): without it, a request for the sequence of such a message, which no
 // message will ever bring, waited its whole wait_ms for a projection as current as the stream and
-// was answered 504. The stream says which, in two answers in this order: its info, the last sequence
-// L it took; then the first message it still holds past the checkpoint (a get of the next message at
-// or after the checkpoint + 1, on any subject): none, or one at S. No message is ever added below a
-// stream's last sequence, so every sequence past the checkpoint below S (or up to L when there is
-// none) is gone: the projection has applied the stream up to there, and store.DB.SkipRemoved records
-// so, with the log's gap. The message at S is read as any other. It is called by the applier between
-// batches with nothing handed over left to apply (in is empty). It reports whether it is done: the
-// checkpoint reached L, or the stream ends at it already (a request waits then for a message still to
-// come, which the tail reads as any other).
+// was answered 504. The stream says when, in two answers in this order: its info, the last sequence
+// L it took; then whether it still holds any message past the checkpoint (a get of the next message
+// at or after the checkpoint + 1, on any subject). No message is ever added below a stream's last
+// sequence, so when it holds none, every sequence past the checkpoint up to L is gone: the projection
+// has applied the stream up to there, and store.DB.SkipRemoved records so, with the log's gap. It is
+// called by the applier between batches with nothing handed over left to apply (in is empty). It
+// reports whether it is done: the checkpoint reached L, or the stream ends at it already (a request
+// waits then for a message still to come, which the tail reads as any other).
+//
+// When the stream still holds a message past the checkpoint, nothing is skipped: the tail reads that
+// message, the gap before it with it. A first version moved the checkpoint up to the message less one,
+// but the messages removed before it may be removed by it (a key's purge, a put with Nats-Rollup, a
+// put past the bucket's history, each removing the key's earlier messages): a write at A removed by
+// its key's purge at B, both unread, was answered for min_seq A at as_of B - 1 without the write,
+// which the stream held as the key's value up to B - 1
+// (TestSeat_MinSeqOfAWriteALaterMessageRemovedWaitsForThatMessage): a lost write, where waiting for B
+// costs the time the tail takes to read it.
 //
 // A first version asked the consumer instead, taking nothing pending past what it had delivered for
 // nothing left: the server counts a message just stored as pending a moment later, so a client's own
@@ -829,14 +837,9 @@ func (p *Projector) skipRemoved(ctx context.Context, bucket string, created int6
 	gctx, gcancel := context.WithTimeout(ctx, time.Second)
 	defer gcancel()
 	to := last
-	next, found, err := p.firstHeld(gctx, bucket, applied+1)
-	switch {
-	case err != nil:
-		return false
-	case found && next <= last:
-		to = next - 1 // a message still there: the tail reads it
-	}
-	if to <= applied || len(in) != 0 {
+	// Any message held past the checkpoint, at or past L too (a rollup stored after the info that
+	// removed the messages up to L): the tail reads it.
+	if _, found, err := p.firstHeld(gctx, bucket, applied+1); err != nil || found || len(in) != 0 {
 		return false
 	}
 	moved, err := p.db.SkipRemoved(bucket, to, created)
@@ -848,7 +851,7 @@ func (p *Projector) skipRemoved(ctx context.Context, bucket string, created int6
 		return false
 	}
 	if moved {
-		log.Debug("the stream's messages past the checkpoint were removed before they were read: applied up to the next it holds", "applied_seq", to)
+		log.Debug("the stream's messages past the checkpoint were removed before they were read: applied up to its last", "applied_seq", to)
 	}
 	return moved && to == last
 }

@@ -3,9 +3,12 @@ package seat_test
 import (
 	"context"
 	"fmt"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
@@ -62,4 +65,106 @@ func TestSeat_MinSeqOfAMessageRemovedUnreadIsReached(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, a.Rows, 1)
 	require.GreaterOrEqual(t, a.AsOf, next)
+}
+
+// pauseSeatTail pauses the one consumer of a bucket's stream (the seat's tail) until the returned
+// resume: the server delivers it nothing meanwhile, as a loaded seat or server does not for a moment.
+func pauseSeatTail(t *testing.T, js jetstream.JetStream, bucket string) (resume func()) {
+	t.Helper()
+	ctx := context.Background()
+	name := provisioner.StreamName(bucket)
+	stream, err := js.Stream(ctx, name)
+	require.NoError(t, err)
+	var consumers []string
+	for c := range stream.ConsumerNames(ctx).Name() {
+		consumers = append(consumers, c)
+	}
+	require.Len(t, consumers, 1, "the seat's consumer of %s", bucket)
+	_, err = js.PauseConsumer(ctx, name, consumers[0], time.Now().Add(time.Hour))
+	require.NoError(t, err)
+	return func() {
+		_, err := js.ResumeConsumer(ctx, name, consumers[0])
+		require.NoError(t, err)
+	}
+}
+
+// TestSeat_MinSeqOfAWriteALaterMessageRemovedWaitsForThatMessage: CONTRACT section 3, min_seq, and
+// section 1, deletes and rollups. A node writes a key (sequence A), and a later message removes that
+// write from the stream before the seat read it: the key's purge, a put with `Nats-Rollup: sub`, a
+// `Nats-Rollup: all` on another key (B). A request with min_seq A is answered once the seat has read
+// B, with the stream's state at or past B. Before, the skip over messages removed unread moved the
+// checkpoint to B - 1 (the first message still held, less one): the answer said as_of B - 1 without
+// the write at A, which the stream held as the key's value up to B - 1.
+func TestSeat_MinSeqOfAWriteALaterMessageRemovedWaitsForThatMessage(t *testing.T) {
+	h := newHarness(t)
+	h.load(prefixMesh(t))
+	st, _ := h.startSeat(t.TempDir())
+	h.waitCaughtUp(st)
+	ctx := context.Background()
+	const bucket = provisioner.BucketApplied
+	kv, err := h.js.KeyValue(ctx, bucket)
+	require.NoError(t, err)
+	var gets atomic.Int64
+	sub, err := h.nc.Subscribe("$JS.API.STREAM.MSG.GET."+provisioner.StreamName(bucket), func(*nats.Msg) { gets.Add(1) })
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	require.NoError(t, h.nc.Flush())
+	rollup := func(key, how string) uint64 {
+		ack, err := h.js.PublishMsg(ctx, &nats.Msg{Subject: provisioner.SubjectPrefix(bucket) + key, Data: mp(t, how),
+			Header: nats.Header{"Nats-Rollup": []string{how}}})
+		require.NoError(t, err)
+		return ack.Sequence
+	}
+	for _, c := range []struct {
+		name   string
+		remove func(key string) uint64 // removes the write of key; returns its own sequence
+		kept   bool                    // the key is there once the removal is read
+	}{
+		{"purge", func(key string) uint64 {
+			require.NoError(t, kv.Purge(ctx, key))
+			s, err := h.js.Stream(ctx, provisioner.StreamName(bucket))
+			require.NoError(t, err)
+			return s.CachedInfo().State.LastSeq
+		}, false},
+		{"rollup sub", func(key string) uint64 { return rollup(key, "sub") }, true},
+		{"rollup all", func(string) uint64 { return rollup("n9.z", "all") }, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			node := "w" + strings.ReplaceAll(c.name, " ", "")
+			key := node + ".m"
+			resume := pauseSeatTail(t, h.js, bucket)
+			write, err := kv.Put(ctx, key, mp(t, "written"))
+			require.NoError(t, err)
+			removal := c.remove(key)
+			require.Greater(t, removal, write)
+			asked := gets.Load()
+			type answer struct {
+				a   natstest.Answer
+				err error
+			}
+			answered := make(chan answer, 1)
+			go func() {
+				a, _, err := natstest.Ask(h.nc, query.Subject, []byte(fmt.Sprintf(`{"what":"applied","node":%q,"min_seq":%d,"wait_ms":10000}`, node, write)), false)
+				answered <- answer{a, err}
+			}()
+			// The tail asked the stream twice for what it holds past the checkpoint (each try comes
+			// after the one before has done what it does): the request had its chance to be skipped.
+			natstest.CheckFor(t, 20*time.Second, 10*time.Millisecond, func() error {
+				if n := gets.Load() - asked; n < 2 {
+					return fmt.Errorf("%d message gets", n)
+				}
+				return nil
+			})
+			resume()
+			got := natstest.Receive(t, answered, 20*time.Second, "the answer")
+			require.NoError(t, got.err)
+			require.GreaterOrEqual(t, got.a.AsOf, removal, "answered before the message that removed the write was read: the write at min_seq is not in it (%v)", got.a.Rows)
+			if c.kept {
+				require.Len(t, got.a.Rows, 1)
+				require.Equal(t, fmt.Sprint(removal), fmt.Sprint(got.a.Rows[0]["revision"]))
+			} else {
+				require.Empty(t, got.a.Rows)
+			}
+		})
+	}
 }
