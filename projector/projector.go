@@ -643,12 +643,16 @@ func (p *Projector) applyLoop(ctx context.Context, bucket string, batchSize int,
 	asked := p.asks[bucket]
 	p.mu.Unlock()
 	// Caught up: the newest message read had nothing pending after it, or none was read and the
-	// consumer had nothing to deliver from its creation. A skip does not end that: before, the
-	// checkpoint compared with the one the tail started from, and a tail that had skipped a removal
-	// but read nothing was never caught up again (a second removal unread, never skipped).
+	// consumer had nothing to deliver from its creation, or nothing was read for a Poll. A skip does
+	// not end that: before, the checkpoint compared with the one the tail started from, and a tail
+	// that had skipped a removal but read nothing was never caught up again (a second removal unread,
+	// never skipped). Nor does a message pending after the newest read that the stream removed before
+	// it was delivered: no message with nothing pending after it comes then, and a tail that waited
+	// for one never skipped for a request until the bucket's next write. The gate only keeps a tail
+	// that reads from asking the stream; what is skipped is the stream's answer alone (skipRemoved).
 	read := false
 	caught := func() bool {
-		return lastPending == 0 || idle.emptyAtStart && !read
+		return lastPending == 0 || idle.emptyAtStart && !read || time.Since(idle.read) >= p.opts.Poll
 	}
 	// A request waits on the bucket: skipRemoved is tried until askedFor after the request's Wake, or
 	// until it is done (skippedAll: the stream ends at the checkpoint) and no request came since, at

@@ -182,3 +182,69 @@ func TestProjector_SkipsASecondRemovalBeforeAnyRead(t *testing.T) {
 	p.Wake(bucket)
 	waitReached(t, db, bucket, again)
 }
+
+// TestProjector_SkipsWhenThePendingMessageWasRemovedUnread: CONTRACT section 3, min_seq. The tail read a
+// message whose pending count said one more was to come, and that one was removed before the server
+// delivered it (its subject purged). A request waits for it: the stream holds nothing past the
+// checkpoint, and it is reached. Before, the tail counted as caught up only once a message said
+// nothing was pending after it, which no message ever did: the request waited its whole wait_ms for a
+// 504, and so did every request on the bucket until its next write.
+func TestProjector_SkipsWhenThePendingMessageWasRemovedUnread(t *testing.T) {
+	ns := natstest.RunServer(t)
+	ctx := context.Background()
+	_, js := natstest.Connect(t, ns.ClientURL())
+	const bucket = provisioner.BucketApplied
+	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucket})
+	require.NoError(t, err)
+	first, err := kv.Put(ctx, "n1.a", []byte{0x80})
+	require.NoError(t, err)
+	// The projector's connection goes through a proxy that can hold back what the server sends it; it
+	// pulls one message at a time, so the server delivers the next only when asked again.
+	proxy := natstest.RunProxy(t, ns.Addr().String())
+	_, pjs := natstest.Connect(t, proxy.URL())
+	db, err := store.Open(t.TempDir(), store.Options{})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, db.Close()) })
+	p := projector.New(pjs, db, projector.Options{Buckets: []string{bucket}, Poll: 20 * time.Millisecond, Verify: time.Hour, PullMessages: 1})
+	p.Start(ctx)
+	t.Cleanup(p.Stop)
+	waitApplied(t, db, bucket, first)
+
+	name := pauseTail(t, js, bucket)
+	read, err := kv.Put(ctx, "n1.b", []byte{0x80})
+	require.NoError(t, err)
+	_, err = kv.Put(ctx, "n1.c", []byte{0x80})
+	require.NoError(t, err)
+	// Delivered with one message pending after it, and held back on its way; the one pending is
+	// removed before the projector can pull it.
+	proxy.Hold()
+	_, err = js.ResumeConsumer(ctx, provisioner.StreamName(bucket), name)
+	require.NoError(t, err)
+	natstest.CheckFor(t, 20*time.Second, 10*time.Millisecond, func() error {
+		ci, err := js.Consumer(ctx, provisioner.StreamName(bucket), name)
+		if err != nil {
+			return err
+		}
+		if d := ci.CachedInfo().Delivered.Stream; d != read {
+			return fmt.Errorf("delivered up to %d", d)
+		}
+		return nil
+	})
+	stream, err := js.Stream(ctx, provisioner.StreamName(bucket))
+	require.NoError(t, err)
+	require.NoError(t, stream.Purge(ctx, jetstream.WithPurgeSubject(provisioner.SubjectPrefix(bucket)+"n1.c")))
+	proxy.Release()
+	waitReached(t, db, bucket, read)
+
+	removed := lastSeq(t, stream)
+	p.Wake(bucket)
+	waitReached(t, db, bucket, removed)
+}
+
+// lastSeq is a stream's last sequence as its info says now.
+func lastSeq(t *testing.T, s jetstream.Stream) uint64 {
+	t.Helper()
+	info, err := s.Info(context.Background())
+	require.NoError(t, err)
+	return info.State.LastSeq
+}
