@@ -2,6 +2,7 @@ package seat_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync/atomic"
@@ -14,7 +15,10 @@ import (
 
 	provisioner "github.com/novox/mesh-provisioner"
 	"github.com/novox/mesh-provisioner/internal/natstest"
+	"github.com/novox/mesh-provisioner/projector"
 	"github.com/novox/mesh-provisioner/query"
+	"github.com/novox/mesh-provisioner/seat"
+	"github.com/novox/mesh-provisioner/store"
 )
 
 // TestSeat_MinSeqOfAMessageRemovedUnreadIsReached: CONTRACT section 3, a request with min_seq is
@@ -167,4 +171,71 @@ func TestSeat_MinSeqOfAWriteALaterMessageRemovedWaitsForThatMessage(t *testing.T
 			}
 		})
 	}
+}
+
+// TestSeat_MinSeqOfAMessageRemovedUnreadAcrossARebuild: CONTRACT section 3, min_seq. A request waits
+// for a write the seat has not read; the write is removed (its subject purged) and the seat rebuilds
+// its projection meanwhile (a bucket that could not be resumed). The rebuilt projection has read
+// everything the stream holds, which is nothing up to min_seq: the request is answered from it. Before,
+// the request had told the replaced projector alone to look for removed messages; the rebuild's never
+// looked, and the request was answered 504 after its whole wait_ms. The seat's user may not get
+// messages until the rebuild is in, so that the replaced projector cannot skip for it.
+func TestSeat_MinSeqOfAMessageRemovedUnreadAcrossARebuild(t *testing.T) {
+	ns := natstest.RunServerSeatDenied(t)
+	ctx := context.Background()
+	nc, js := natstest.Connect(t, ns.ClientURL(), nats.UserInfo("admin", "admin"))
+	const bucket = provisioner.BucketApplied
+	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucket})
+	require.NoError(t, err)
+	first, err := kv.Put(ctx, "n1.a", mp(t, "a"))
+	require.NoError(t, err)
+	snc, sjs := natstest.Connect(t, ns.ClientURL(), nats.UserInfo("seat", "seat"))
+	db, err := store.OpenState(t.TempDir(), store.Options{})
+	require.NoError(t, err)
+	st, err := seat.Start(ctx, snc, sjs, db, seat.Config{Projector: projector.Options{Poll: 20 * time.Millisecond, Verify: 100 * time.Millisecond}})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, st.Stop()); require.NoError(t, db.Close()) })
+	natstest.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error {
+		if applied, synced := st.Store().Applied(bucket); applied != first || !synced {
+			return fmt.Errorf("applied %d, synced %v", applied, synced)
+		}
+		return nil
+	})
+
+	natstest.DenySeat(t, ns, "$JS.API.STREAM.MSG.GET.>")
+	pauseSeatTail(t, js, bucket)
+	write, err := kv.Put(ctx, "n1.b", mp(t, "b"))
+	require.NoError(t, err)
+	type answer struct {
+		a   natstest.Answer
+		err error
+	}
+	answered := make(chan answer, 1)
+	go func() {
+		a, _, err := natstest.Ask(nc, query.Subject, []byte(fmt.Sprintf(`{"what":"applied","node":"n1","min_seq":%d,"wait_ms":10000}`, write)), false)
+		answered <- answer{a, err}
+	}()
+	natstest.CheckFor(t, 20*time.Second, 10*time.Millisecond, func() error {
+		if n := st.Server.Waiting(); n != 1 {
+			return fmt.Errorf("%d waiting", n)
+		}
+		return nil
+	})
+	stream, err := js.Stream(ctx, provisioner.StreamName(bucket))
+	require.NoError(t, err)
+	require.NoError(t, stream.Purge(ctx, jetstream.WithPurgeSubject(provisioner.SubjectPrefix(bucket)+"n1.b")))
+
+	replaced := st.Store()
+	seat.RequestRebuild(st, bucket)
+	natstest.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error {
+		if st.Store() == replaced {
+			return errors.New("the rebuild is not swapped in yet")
+		}
+		return nil
+	})
+	natstest.DenySeat(t, ns)
+	got := natstest.Receive(t, answered, 20*time.Second, "the answer")
+	require.NoError(t, got.err)
+	require.GreaterOrEqual(t, got.a.AsOf, write)
+	require.Len(t, got.a.Rows, 1, "n1.a alone")
 }
