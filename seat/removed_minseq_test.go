@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -14,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/fixtures"
 	"github.com/novox/mesh-provisioner/internal/natstest"
 	"github.com/novox/mesh-provisioner/projector"
 	"github.com/novox/mesh-provisioner/query"
@@ -238,4 +240,55 @@ func TestSeat_MinSeqOfAMessageRemovedUnreadAcrossARebuild(t *testing.T) {
 	require.NoError(t, got.err)
 	require.GreaterOrEqual(t, got.a.AsOf, write)
 	require.Len(t, got.a.Rows, 1, "n1.a alone")
+}
+
+// TestPlans_MinSeqAcrossANodesBucketPurgedWhileRequestsWait: CONTRACT sections 3 and 6. A node engine
+// writes two compositions and asks its plans with min_seq of each; before the seat read them, its
+// composed-<node> bucket's stream is purged whole (an operator resetting the node). The bucket is
+// read again from what its stream holds, which is nothing up to either write: both requests are
+// answered, as_of past them, none 504.
+func TestPlans_MinSeqAcrossANodesBucketPurgedWhileRequestsWait(t *testing.T) {
+	h := newHarness(t)
+	h.load(fixtures.Plans().Before)
+	st, _ := h.startPlansSeat(t.TempDir())
+	h.waitPlansCaughtUp(st)
+	ctx := context.Background()
+	const bucket = provisioner.ComposedPrefix + "edge-1"
+	kv, err := h.js.KeyValue(ctx, bucket)
+	require.NoError(t, err)
+	resume := pauseSeatTail(t, h.js, bucket)
+	var writes []uint64
+	for _, build := range []string{"3005", "3006"} {
+		seq, err := kv.Put(ctx, "db."+build, mp(t, map[string]any{"status": "published", "plan": "db " + build}))
+		require.NoError(t, err)
+		writes = append(writes, seq)
+	}
+	type answer struct {
+		a   map[string]any
+		err error
+	}
+	answered := make(chan answer, len(writes))
+	for _, seq := range writes {
+		go func() {
+			a, err := h.askPlans(map[string]any{"what": "plans", "node": "edge-1", "module": "db", "min_seq": seq, "wait_ms": 10000}, false)
+			answered <- answer{a, err}
+		}()
+	}
+	natstest.CheckFor(t, 20*time.Second, 10*time.Millisecond, func() error {
+		if n := st.Server.Waiting(); n != len(writes) {
+			return fmt.Errorf("%d waiting", n)
+		}
+		return nil
+	})
+	stream, err := h.js.Stream(ctx, provisioner.StreamName(bucket))
+	require.NoError(t, err)
+	require.NoError(t, stream.Purge(ctx))
+	resume()
+	for range writes {
+		got := natstest.Receive(t, answered, 20*time.Second, "an answer")
+		require.NoError(t, got.err)
+		asOf, err := strconv.ParseUint(fmt.Sprint(got.a["as_of"].(map[string]any)[bucket]), 10, 64)
+		require.NoError(t, err)
+		require.GreaterOrEqual(t, asOf, writes[len(writes)-1])
+	}
 }
