@@ -111,7 +111,7 @@ type Projector struct {
 	mu         sync.Mutex
 	tailed     map[string]bool          // buckets with a consumer, so Add starts each once
 	asks       map[string]chan struct{} // of each tailed bucket, capacity 1: a request waits on it (Wake, skipRemoved)
-	askedAt    map[string]time.Time     // of each tailed bucket, when a request last waited on it (Wake): skipRemoved is tried until askedFor after
+	askedAt    map[string]time.Time     // of each bucket, when a request last waited on it (Wake, TakeAsked): skipRemoved is tried until askedFor after
 	waiting    map[string]chan struct{} // missing buckets, woken by a stream-created advisory (missing.go)
 	found      chan string              // streams created, from the advisories, for discover
 	discovered atomic.Bool              // the streams were listed once (always true without Composed)
@@ -696,9 +696,8 @@ func (p *Projector) applyLoop(ctx context.Context, bucket string, batchSize int,
 			}
 			continue
 		case <-asked:
-			// Only once caught up (the newest message read had nothing pending after it, or the
-			// consumer had nothing to deliver from its creation): while catching up, what is read
-			// answers the request, and the applier does not wait on the stream's answers.
+			// Only once caught up (caught): while catching up, what is read answers the request, and
+			// the applier does not wait on the stream's answers.
 			trySkip()
 			continue
 		case <-poll.C:
@@ -840,24 +839,23 @@ func (p *Projector) skipRemoved(ctx context.Context, bucket string, created int6
 	}
 	gctx, gcancel := context.WithTimeout(ctx, time.Second)
 	defer gcancel()
-	to := last
 	// Any message held past the checkpoint, at or past L too (a rollup stored after the info that
 	// removed the messages up to L): the tail reads it.
 	if _, found, err := p.firstHeld(gctx, bucket, applied+1); err != nil || found || len(in) != 0 {
 		return false
 	}
-	moved, err := p.db.SkipRemoved(bucket, to, created)
+	moved, err := p.db.SkipRemoved(bucket, last, created)
 	if err != nil {
 		// A state dir out of room is said once by the store (store/space.go), not at each try.
 		if !errors.Is(err, store.ErrClosed) && !errors.Is(err, store.ErrNoSpace) {
-			log.Warn("recording the messages removed before they were read failed", "err", err, "last_seq", to)
+			log.Warn("recording the messages removed before they were read failed", "err", err, "last_seq", last)
 		}
 		return false
 	}
 	if moved {
-		log.Debug("the stream's messages past the checkpoint were removed before they were read: applied up to its last", "applied_seq", to)
+		log.Debug("the stream's messages past the checkpoint were removed before they were read: applied up to its last", "applied_seq", last)
 	}
-	return moved && to == last
+	return moved
 }
 
 // firstHeld asks a bucket's stream for the sequence of the first message it holds at or after from,
