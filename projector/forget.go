@@ -106,6 +106,7 @@ func (p *Projector) leave(ctx context.Context, bucket string, created <-chan str
 	p.mu.Lock()
 	delete(p.tailed, bucket)
 	delete(p.asks, bucket)
+	delete(p.askedAt, bucket)
 	if p.waiting[bucket] == created {
 		delete(p.waiting, bucket)
 	}

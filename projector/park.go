@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -279,6 +280,7 @@ func (p *Projector) removedUnread(ctx context.Context, bucket string, info *jets
 func (p *Projector) Wake(bucket string) {
 	p.mu.Lock() // before parkMu, never under it (Add takes parkMu under mu)
 	if ch := p.asks[bucket]; ch != nil {
+		p.askedAt[bucket] = time.Now()
 		notify(ch)
 	}
 	p.mu.Unlock()
@@ -304,6 +306,35 @@ func (p *Projector) Wake(bucket string) {
 		pk.woken = time.Now()
 		notify(pk.wake)
 	}
+}
+
+// TakeAsked has p take over the requests that waited on other's buckets within the last askedFor
+// (Wake): a rebuild's projector, started while they wait, then skips over messages removed unread
+// for them (skipRemoved) as the projector it replaces would have. Before, a request that had woken the
+// replaced projector only was answered from the rebuilt store, once swapped in, after its whole
+// wait_ms: 504, though the stream held nothing up to its min_seq. A bucket p does not tail yet keeps
+// the time for when it does.
+func (p *Projector) TakeAsked(other *Projector) {
+	other.mu.Lock()
+	asked := maps.Clone(other.askedAt)
+	other.mu.Unlock()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for b, at := range asked {
+		if time.Since(at) < askedFor && at.After(p.askedAt[b]) {
+			p.askedAt[b] = at
+			if ch := p.asks[b]; ch != nil {
+				notify(ch)
+			}
+		}
+	}
+}
+
+// askedAtTime is when a request last waited on a tailed bucket (Wake), zero when none did.
+func (p *Projector) askedAtTime(bucket string) time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.askedAt[bucket]
 }
 
 // askedRecently reports whether a request waited on a bucket (Wake) within ParkAfter: it does not

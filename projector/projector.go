@@ -111,6 +111,7 @@ type Projector struct {
 	mu         sync.Mutex
 	tailed     map[string]bool          // buckets with a consumer, so Add starts each once
 	asks       map[string]chan struct{} // of each tailed bucket, capacity 1: a request waits on it (Wake, skipRemoved)
+	askedAt    map[string]time.Time     // of each bucket, when a request last waited on it (Wake, TakeAsked): skipRemoved is tried until askedFor after
 	waiting    map[string]chan struct{} // missing buckets, woken by a stream-created advisory (missing.go)
 	found      chan string              // streams created, from the advisories, for discover
 	discovered atomic.Bool              // the streams were listed once (always true without Composed)
@@ -175,7 +176,8 @@ func New(js jetstream.JetStream, db *store.DB, opts Options) *Projector {
 	if opts.ParkAfter == 0 {
 		opts.ParkAfter = DefaultParkAfter
 	}
-	p := &Projector{js: js, db: db, opts: opts, log: log, tailed: map[string]bool{}, asks: map[string]chan struct{}{}, setup: make(chan struct{}, maxSettingUp), retrySetup: make(chan struct{}, maxRetrySettingUp),
+	p := &Projector{js: js, db: db, opts: opts, log: log, tailed: map[string]bool{}, asks: map[string]chan struct{}{}, askedAt: map[string]time.Time{},
+		setup: make(chan struct{}, maxSettingUp), retrySetup: make(chan struct{}, maxRetrySettingUp),
 		streams: opts.Streams, waiting: map[string]chan struct{}{}, found: make(chan string, 256), parked: map[string]*parkedBucket{},
 		firstListed: make(chan struct{})}
 	if p.streams == nil {
@@ -643,20 +645,35 @@ func (p *Projector) applyLoop(ctx context.Context, bucket string, batchSize int,
 	p.mu.Lock()
 	asked := p.asks[bucket]
 	p.mu.Unlock()
+	// Caught up: the newest message read had nothing pending after it, or none was read and the
+	// consumer had nothing to deliver from its creation, or nothing was read for a Poll. A skip does
+	// not end that: before, the checkpoint compared with the one the tail started from, and a tail
+	// that had skipped a removal but read nothing was never caught up again (a second removal unread,
+	// never skipped). Nor does a message pending after the newest read that the stream removed before
+	// it was delivered: no message with nothing pending after it comes then, and a tail that waited
+	// for one never skipped for a request until the bucket's next write. The gate only keeps a tail
+	// that reads from asking the stream; what is skipped is the stream's answer alone (skipRemoved).
+	read := false
 	caught := func() bool {
-		return lastPending == 0 || idle.emptyAtStart && p.db.Checkpoint(bucket).Applied == startSeq
+		return lastPending == 0 || idle.emptyAtStart && !read || time.Since(idle.read) >= p.opts.Poll
 	}
-	// A request waits on the bucket: skipRemoved is tried until skipUntil, or until it is done, at
+	// A request waits on the bucket: skipRemoved is tried until askedFor after the request's Wake, or
+	// until it is done (skippedAll: the stream ends at the checkpoint) and no request came since, at
 	// most once a Poll (skipped: the last try), so that a flood of requests costs the stream no more.
-	var skipUntil, skipped time.Time
+	// The request's time is the Projector's, not this tail's: a tail that fails while a request waits
+	// (its consumer deleted, NATS restarted) hands it over to the next one, which used to start with
+	// no request, and the request waited its whole wait_ms for a 504 whatever the stream then held.
+	var skippedAll, skipped time.Time
 	trySkip := func() {
-		if time.Now().Before(skipUntil) && time.Since(skipped) >= p.opts.Poll && len(in) == 0 && caught() {
+		at := p.askedAtTime(bucket)
+		if time.Since(at) < askedFor && at.After(skippedAll) && time.Since(skipped) >= p.opts.Poll && len(in) == 0 && caught() {
 			skipped = time.Now()
 			if skip() {
-				skipUntil = time.Time{}
+				skippedAll = skipped
 			}
 		}
 	}
+	trySkip() // a request that waits since before this tail
 	for {
 		batch = batch[:0]
 		select {
@@ -665,6 +682,7 @@ func (p *Projector) applyLoop(ctx context.Context, bucket string, batchSize int,
 				return nil
 			}
 			batch = append(batch, m)
+			read = true
 		case np := <-pending:
 			// The reader hands a message's pending count over after the message: the count that says
 			// the stream's end was read can come after its batch was applied, unsynced, as one of a
@@ -681,10 +699,8 @@ func (p *Projector) applyLoop(ctx context.Context, bucket string, batchSize int,
 			}
 			continue
 		case <-asked:
-			// Only once caught up (the newest message read had nothing pending after it, or the
-			// consumer had nothing to deliver from its creation): while catching up, what is read
-			// answers the request, and the applier does not wait on the stream's answers.
-			skipUntil = time.Now().Add(askedFor)
+			// Only once caught up (caught): while catching up, what is read answers the request, and
+			// the applier does not wait on the stream's answers.
 			trySkip()
 			continue
 		case <-poll.C:
@@ -784,15 +800,23 @@ const askedFor = 10 * time.Second
 // (a subject purged, a TTL without a marker, while the seat was down or the bucket parked), when a
 // request waits on it (Wake): without it, a request for the sequence of such a message, which no
 // message will ever bring, waited its whole wait_ms for a projection as current as the stream and
-// was answered 504. The stream says which, in two answers in this order: its info, the last sequence
-// L it took; then the first message it still holds past the checkpoint (a get of the next message at
-// or after the checkpoint + 1, on any subject): none, or one at S. No message is ever added below a
-// stream's last sequence, so every sequence past the checkpoint below S (or up to L when there is
-// none) is gone: the projection has applied the stream up to there, and store.DB.SkipRemoved records
-// so, with the log's gap. The message at S is read as any other. It is called by the applier between
-// batches with nothing handed over left to apply (in is empty). It reports whether it is done: the
-// checkpoint reached L, or the stream ends at it already (a request waits then for a message still to
-// come, which the tail reads as any other).
+// was answered 504. The stream says when, in two answers in this order: its info, the last sequence
+// L it took; then whether it still holds any message past the checkpoint (a get of the next message
+// at or after the checkpoint + 1, on any subject). No message is ever added below a stream's last
+// sequence, so when it holds none, every sequence past the checkpoint up to L is gone: the projection
+// has applied the stream up to there, and store.DB.SkipRemoved records so, with the log's gap. It is
+// called by the applier between batches with nothing handed over left to apply (in is empty). It
+// reports whether it is done: the checkpoint reached L, or the stream ends at it already (a request
+// waits then for a message still to come, which the tail reads as any other).
+//
+// When the stream still holds a message past the checkpoint, nothing is skipped: the tail reads that
+// message, the gap before it with it. A first version moved the checkpoint up to the message less one,
+// but the messages removed before it may be removed by it (a key's purge, a put with Nats-Rollup, a
+// put past the bucket's history, each removing the key's earlier messages): a write at A removed by
+// its key's purge at B, both unread, was answered for min_seq A at as_of B - 1 without the write,
+// which the stream held as the key's value up to B - 1
+// (TestSeat_MinSeqOfAWriteALaterMessageRemovedWaitsForThatMessage): a lost write, where waiting for B
+// costs the time the tail takes to read it.
 //
 // A first version asked the consumer instead, taking nothing pending past what it had delivered for
 // nothing left: the server counts a message just stored as pending a moment later, so a client's own
@@ -818,29 +842,23 @@ func (p *Projector) skipRemoved(ctx context.Context, bucket string, created int6
 	}
 	gctx, gcancel := context.WithTimeout(ctx, time.Second)
 	defer gcancel()
-	to := last
-	next, found, err := p.firstHeld(gctx, bucket, applied+1)
-	switch {
-	case err != nil:
-		return false
-	case found && next <= last:
-		to = next - 1 // a message still there: the tail reads it
-	}
-	if to <= applied || len(in) != 0 {
+	// Any message held past the checkpoint, at or past L too (a rollup stored after the info that
+	// removed the messages up to L): the tail reads it.
+	if _, found, err := p.firstHeld(gctx, bucket, applied+1); err != nil || found || len(in) != 0 {
 		return false
 	}
-	moved, err := p.db.SkipRemoved(bucket, to, created)
+	moved, err := p.db.SkipRemoved(bucket, last, created)
 	if err != nil {
 		// A state dir out of room is said once by the store (store/space.go), not at each try.
 		if !errors.Is(err, store.ErrClosed) && !errors.Is(err, store.ErrNoSpace) {
-			log.Warn("recording the messages removed before they were read failed", "err", err, "last_seq", to)
+			log.Warn("recording the messages removed before they were read failed", "err", err, "last_seq", last)
 		}
 		return false
 	}
 	if moved {
-		log.Debug("the stream's messages past the checkpoint were removed before they were read: applied up to the next it holds", "applied_seq", to)
+		log.Debug("the stream's messages past the checkpoint were removed before they were read: applied up to its last", "applied_seq", last)
 	}
-	return moved && to == last
+	return moved
 }
 
 // firstHeld asks a bucket's stream for the sequence of the first message it holds at or after from,

@@ -1,6 +1,7 @@
 package seat
 
 import (
+	"errors"
 	"time"
 
 	"github.com/novox/mesh-provisioner/projector"
@@ -49,4 +50,9 @@ func SetHeldReset(s *Seat, fn func(bucket string)) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.heldReset = fn
+}
+
+// RequestRebuild asks the seat for a rebuild, as a bucket that can no longer be resumed does.
+func RequestRebuild(s *Seat, bucket string) {
+	s.requestRebuild(bucket, errors.New("asked by a test"))
 }

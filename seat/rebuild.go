@@ -198,7 +198,10 @@ func (s *Seat) rebuildOnce(ctx context.Context) error {
 	p.Start(s.ctx)
 	s.mu.Lock()
 	s.next, s.nextDB = p, ndb
+	cur := s.proj
 	s.mu.Unlock()
+	// The requests waiting now woke the current projector alone; those after this wake both (wake).
+	p.TakeAsked(cur)
 	defer func() {
 		s.mu.Lock()
 		s.next, s.nextDB = nil, nil
