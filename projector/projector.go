@@ -345,6 +345,9 @@ func (p *Projector) runBucket(ctx context.Context, bucket string, starting *park
 			// Not created yet: nothing to catch up with until it is (said once, like any bucket synced).
 			seq, _ := p.db.Applied(bucket)
 			p.markSynced(bucket, log.With("stream", "not created yet"), seq, time.Now())
+			// Nor anything that cannot be read: failures before (a stream never read, then deleted)
+			// would name it Unreadable while it waits, for good.
+			p.failing.Delete(bucket)
 			if !p.awaitStream(ctx, bucket, &missing, created) {
 				return
 			}
