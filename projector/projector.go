@@ -1058,12 +1058,25 @@ func (p *Projector) settingUp(bucket string) chan struct{} {
 	return p.setup
 }
 
-// tailFailed counts one more failure in a row of a bucket's tail.
+// tailFailed counts one more failure in a row of a bucket's tail. A tail that worked again since the
+// last failure and whose bucket has caught up since is Failing no more (whether or not Failing or
+// Unreadable was asked meanwhile, which forget it then): this failure is the first of a new row.
 func (p *Projector) tailFailed(bucket string) {
-	v, _ := p.failing.LoadOrStore(bucket, new(failures))
-	f := v.(*failures)
-	f.works.Store(false)
-	f.n.Add(1)
+	for {
+		v, _ := p.failing.LoadOrStore(bucket, new(failures))
+		f := v.(*failures)
+		if f.works.Swap(false) {
+			if _, synced := p.db.Applied(bucket); synced {
+				f.n.Store(0)
+			}
+		}
+		f.n.Add(1)
+		// Failing or Unreadable may have forgotten it in between (worked again and caught up): count
+		// this failure in a new row, not in the one forgotten.
+		if cur, ok := p.failing.Load(bucket); ok && cur == v {
+			return
+		}
+	}
 }
 
 // tailWorks ends a bucket's failures in a row, unless they made it Failing: that lasts until the
