@@ -61,3 +61,33 @@ func TestProjector_FailingCountsInARowAndLastsUntilSynced(t *testing.T) {
 	db.SetSynced(b, true)
 	require.Empty(t, p.Unreadable())
 }
+
+// TestProjector_FailuresAfterCatchingUpAreANewRow: a Failing bucket whose tail works again and that
+// then catches up is Failing no more, whether or not anyone asked in between (readiness and the
+// metrics ask, a seat without them never does). Its next failure is the first of a new row: it was
+// counted on top of the old one, so a single failure (a timeout on a loaded server) named the bucket
+// Unreadable at once and sent it to the Failing buckets' set-up slots.
+func TestProjector_FailuresAfterCatchingUpAreANewRow(t *testing.T) {
+	db, err := store.Open(t.TempDir(), store.Options{})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, db.Close()) })
+	p := &Projector{db: db, setup: make(chan struct{}, maxSettingUp), retrySetup: make(chan struct{}, maxRetrySettingUp)}
+	const b = "composed-n1"
+
+	for range FailingAfter {
+		p.tailFailed(b)
+	}
+	require.True(t, p.settingUp(b) == p.retrySetup, "Failing: its own slots")
+	p.tailWorks(b) // not synced yet: still Failing while it catches up
+	require.True(t, p.settingUp(b) == p.setup, "working again: the shared slots")
+	db.SetSynced(b, true) // caught up, with nobody asking
+
+	p.tailFailed(b)
+	require.Empty(t, p.Unreadable(), "one failure after catching up")
+	require.True(t, p.settingUp(b) == p.setup, "one failure after catching up: the shared slots")
+	for i := 1; i < FailingAfter; i++ {
+		p.tailFailed(b)
+	}
+	require.Equal(t, []string{b}, p.Unreadable(), "a new row of %d", FailingAfter)
+	require.True(t, p.settingUp(b) == p.retrySetup)
+}

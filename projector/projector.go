@@ -347,6 +347,9 @@ func (p *Projector) runBucket(ctx context.Context, bucket string, starting *park
 			// Not created yet: nothing to catch up with until it is (said once, like any bucket synced).
 			seq, _ := p.db.Applied(bucket)
 			p.markSynced(bucket, log.With("stream", "not created yet"), seq, time.Now())
+			// Nor anything that cannot be read: failures before (a stream never read, then deleted)
+			// would name it Unreadable while it waits, for good.
+			p.failing.Delete(bucket)
 			if !p.awaitStream(ctx, bucket, &missing, created) {
 				return
 			}
@@ -1073,12 +1076,25 @@ func (p *Projector) settingUp(bucket string) chan struct{} {
 	return p.setup
 }
 
-// tailFailed counts one more failure in a row of a bucket's tail.
+// tailFailed counts one more failure in a row of a bucket's tail. A tail that worked again since the
+// last failure and whose bucket has caught up since is Failing no more (whether or not Failing or
+// Unreadable was asked meanwhile, which forget it then): this failure is the first of a new row.
 func (p *Projector) tailFailed(bucket string) {
-	v, _ := p.failing.LoadOrStore(bucket, new(failures))
-	f := v.(*failures)
-	f.works.Store(false)
-	f.n.Add(1)
+	for {
+		v, _ := p.failing.LoadOrStore(bucket, new(failures))
+		f := v.(*failures)
+		if f.works.Swap(false) {
+			if _, synced := p.db.Applied(bucket); synced {
+				f.n.Store(0)
+			}
+		}
+		f.n.Add(1)
+		// Failing or Unreadable may have forgotten it in between (worked again and caught up): count
+		// this failure in a new row, not in the one forgotten.
+		if cur, ok := p.failing.Load(bucket); ok && cur == v {
+			return
+		}
+	}
 }
 
 // tailWorks ends a bucket's failures in a row, unless they made it Failing: that lasts until the

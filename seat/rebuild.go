@@ -22,7 +22,8 @@ import (
 // never does: the projector forgets it in place and reads it again, projector/forget.go): a new generation beside
 // the current one is filled from the streams by a second projector while the verb keeps answering from
 // the current one; once its projector has listed the streams for composed-<node> buckets and every
-// bucket of the new one has caught up, the old projector stops, the new store reaches what the old
+// bucket of the new one has caught up (but a composed-<node> bucket that cannot be read:
+// rebuildCaughtUp), the old projector stops, the new store reaches what the old
 // one had applied (swapwait.go), the verb switches to the new store (waiting for the answers in flight on the old one), CURRENT is renamed to
 // the new generation and the old one is removed. The new projector keeps running: nothing is read
 // twice. A crash at any point leaves CURRENT naming a generation that opens (store/rebuild.go).
@@ -223,7 +224,7 @@ func (s *Seat) rebuildOnce(ctx context.Context) error {
 		case <-tick.C:
 		}
 		bar.Set(p.Applied())
-		caughtUp = projectionCaughtUp(ndb, p)
+		caughtUp = rebuildCaughtUp(ndb, p)
 	}
 	bar.Done()
 
@@ -292,16 +293,33 @@ type heldReset struct {
 
 // projectionCaughtUp reports whether a projector's store has caught up with every stream: the streams
 // were listed for composed-<node> buckets, and every bucket found has caught up. It is Synced of the
-// seat, and whether a rebuild's projection can be swapped in: the new store holds no composed-<node>
+// seat, and, but for the Failing composed buckets (rebuildCaughtUp), whether a rebuild's projection
+// can be swapped in: the new store holds no composed-<node>
 // bucket to start from, so until that listing Buckets lists only the fixed ones, and swapped in then,
 // plans answered unsynced, without the nodes' compositions. Discovered is read first, since a listing
 // tails the buckets it finds before it says so.
 func projectionCaughtUp(db *store.DB, p *projector.Projector) bool {
+	return caughtUpBut(db, p, func(string) bool { return false })
+}
+
+// rebuildCaughtUp is projectionCaughtUp without the composed-<node> buckets whose tail is Failing
+// (one node's stream the seat cannot read: a permission missing, its one consumer taken, no leader),
+// which readiness does not wait for either: the rebuild waited for them, and for as long as one node's
+// bucket could not be read it never swapped in, the reset bucket answered stale by the replaced
+// projection and /readyz at 503. Swapped in, such a bucket is read once it can be, its node's plans
+// answering synced: false meanwhile.
+func rebuildCaughtUp(db *store.DB, p *projector.Projector) bool {
+	return caughtUpBut(db, p, func(b string) bool { return provisioner.IsComposedBucket(b) && p.Failing(b) })
+}
+
+// caughtUpBut reports whether the streams were listed for composed-<node> buckets and every bucket
+// found has caught up, but those letGo says not to wait for.
+func caughtUpBut(db *store.DB, p *projector.Projector, letGo func(bucket string) bool) bool {
 	if !p.Discovered() {
 		return false
 	}
 	for _, b := range p.Buckets() {
-		if _, synced := db.Applied(b); !synced {
+		if _, synced := db.Applied(b); !synced && !letGo(b) {
 			return false
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -318,4 +319,69 @@ func TestPlans_RebuildSwapsInOnceTheComposedBucketsCaughtUp(t *testing.T) {
 		require.Equal(t, true, a["synced"], "%s, right after the swap", pr.name)
 		require.Equal(t, before[pr.name], a, "%s, right after the swap", pr.name)
 	}
+}
+
+// TestPlans_RebuildSwapsInPastAComposedBucketThatCannotBeRead: one node's composed-<node> bucket cannot
+// be read (its stream's one consumer is taken), which readiness lets go (Failing). Then a fixed
+// bucket's stream is created again: the seat rebuilds, and the rebuild waited for every composed
+// bucket to catch up, that one too, so it never swapped in: the old projection answered that bucket
+// stale, not synced, and /readyz said 503, for as long as the one node's bucket could not be read. A
+// Failing composed bucket is not waited for by the swap, as readiness does not wait for it: it is
+// read once it can be.
+func TestPlans_RebuildSwapsInPastAComposedBucketThatCannotBeRead(t *testing.T) {
+	h := newHarness(t)
+	sc := fixtures.Plans()
+	h.load(sc.Before)
+	h.load([]fixtures.Op{{Bucket: provisioner.BucketApplied, Key: "edge-1.web", Op: provisioner.OpPut, Value: []byte{0x01}}})
+	ctx := context.Background()
+	s2, err := h.js.CreateStream(ctx, jetstream.StreamConfig{Name: "KV_composed-n2", Subjects: []string{"$KV.composed-n2.>"},
+		MaxMsgsPerSubject: 1, AllowRollup: true, DenyDelete: true, AllowDirect: true, Storage: jetstream.MemoryStorage, MaxConsumers: 1})
+	require.NoError(t, err)
+	_, err = h.js.Publish(ctx, "$KV.composed-n2.web.1", mp(t, map[string]any{"status": "published", "plan": "n2"}))
+	require.NoError(t, err)
+	_, err = s2.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: "other"})
+	require.NoError(t, err)
+
+	st, _ := h.startPlansSeatWith(t.TempDir(), projector.Options{Poll: 50 * time.Millisecond, DiscoverEvery: time.Hour, Verify: 200 * time.Millisecond})
+	natstest.CheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
+		if !st.Failing("composed-n2") {
+			return errors.New("composed-n2 not failing yet")
+		}
+		return nil
+	})
+	onlyN2 := func() error {
+		if u := st.Unsynced(); !slices.Equal(u, []string{"composed-n2"}) {
+			return fmt.Errorf("unsynced: %v", u)
+		}
+		return nil
+	}
+	natstest.CheckFor(t, 30*time.Second, 20*time.Millisecond, onlyN2)
+
+	// The applied bucket is deleted and created again, with another key.
+	require.NoError(t, h.js.DeleteKeyValue(ctx, provisioner.BucketApplied))
+	_, err = h.js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: provisioner.BucketApplied, History: 8})
+	require.NoError(t, err)
+	h.load([]fixtures.Op{{Bucket: provisioner.BucketApplied, Key: "edge-2.web", Op: provisioner.OpPut, Value: []byte{0x01}}})
+	natstest.CheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
+		if st.Rebuilds() == 0 {
+			return fmt.Errorf("not rebuilt yet; unsynced: %v", st.Unsynced())
+		}
+		return nil
+	})
+	natstest.CheckFor(t, 30*time.Second, 20*time.Millisecond, onlyN2)
+	a, _, err := natstest.Ask(h.nc, query.Subject, []byte(`{"what":"applied"}`), false)
+	require.NoError(t, err)
+	require.True(t, a.Synced)
+	require.Len(t, a.Rows, 1)
+	require.Equal(t, "edge-2.web", a.Rows[0]["key"])
+	require.True(t, st.Failing("composed-n2"), "still cannot be read, and said so")
+
+	// Once it can be read, it is.
+	require.NoError(t, s2.DeleteConsumer(ctx, "other"))
+	natstest.CheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
+		if seq, synced := st.Store().Applied("composed-n2"); seq != 1 || !synced {
+			return fmt.Errorf("composed-n2: applied %d, synced %v", seq, synced)
+		}
+		return nil
+	})
 }

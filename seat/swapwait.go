@@ -38,7 +38,8 @@ type swapTarget struct {
 // whose stream was recreated or purged, follows nothing, and a bucket forgotten is not listed), and
 // the new projector tails it. A bucket the new projector does not tail (a composed-<node> bucket
 // deleted, or created after the new projector listed the streams and before it heard of it) is not
-// waited for: it reads it once it finds it.
+// waited for: it reads it once it finds it. Nor is a composed-<node> bucket whose tail is Failing in the
+// new projector (rebuildCaughtUp): it is read once it can be.
 func swapTargets(old *store.DB, ndb *store.DB, next *projector.Projector) []swapTarget {
 	var out []swapTarget
 	for _, b := range old.Buckets() {
@@ -46,7 +47,7 @@ func swapTargets(old *store.DB, ndb *store.DB, next *projector.Projector) []swap
 		if seq == 0 || !synced {
 			continue
 		}
-		if have, _ := ndb.Applied(b); have >= seq || !next.Tails(b) {
+		if have, _ := ndb.Applied(b); have >= seq || !next.Tails(b) || (provisioner.IsComposedBucket(b) && next.Failing(b)) {
 			continue
 		}
 		out = append(out, swapTarget{bucket: b, cp: old.Checkpoint(b)})

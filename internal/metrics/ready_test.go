@@ -318,3 +318,62 @@ func TestMetrics_ReadyzNamesASyncedComposedBucketThatCannotBeRead(t *testing.T) 
 		return nil
 	})
 }
+
+// TestMetrics_ReadyzForgetsAnUnreadableBucketWhoseStreamWasDeleted: a node's composed-<node> bucket
+// the seat never could read (its stream's one consumer taken) is named "cannot be read"; then the node
+// is decommissioned and its stream deleted. The bucket has nothing left to read, yet /readyz named it
+// and mesh_provisioner_composed_buckets_failing counted it for as long as the seat ran: its tail's
+// failures were kept once it waited for a stream to be created.
+func TestMetrics_ReadyzForgetsAnUnreadableBucketWhoseStreamWasDeleted(t *testing.T) {
+	ns := natstest.RunServer(t)
+	url := ns.ClientURL()
+	_, js := natstest.Connect(t, url)
+	ctx := context.Background()
+	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "composed-n1", Storage: jetstream.MemoryStorage})
+	require.NoError(t, err)
+	_, err = kv.Put(ctx, "web.1", publishedComp)
+	require.NoError(t, err)
+	s2, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "KV_composed-n2", Subjects: []string{"$KV.composed-n2.>"},
+		MaxMsgsPerSubject: 1, AllowRollup: true, DenyDelete: true, AllowDirect: true, Storage: jetstream.MemoryStorage, MaxConsumers: 1})
+	require.NoError(t, err)
+	_, err = js.Publish(ctx, "$KV.composed-n2.web.1", publishedComp)
+	require.NoError(t, err)
+	_, err = s2.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: "other"})
+	require.NoError(t, err)
+
+	snc, sjs := natstest.Connect(t, url)
+	streams := streaminfo.New(sjs)
+	m := metrics.New(metrics.Options{Streams: streams, Poll: 100 * time.Millisecond})
+	m.Start()
+	t.Cleanup(m.Stop)
+	db, err := store.OpenState(t.TempDir(), store.Options{})
+	require.NoError(t, err)
+	st, err := seat.Start(ctx, snc, sjs, db, seat.Config{Streams: streams, ListEvery: m.Poll(), Plans: true,
+		Projector: projector.Options{Poll: 20 * time.Millisecond, DiscoverEvery: time.Hour}})
+	require.NoError(t, err)
+	srv := serveSeat(t, m, st, db)
+	natstest.CheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
+		code, body := readyz(t, srv)
+		if code != 200 || !strings.Contains(body, "cannot be read (retried; not waited for): composed-n2") {
+			return fmt.Errorf("readyz %d: %s", code, body)
+		}
+		return nil
+	})
+
+	// The node is decommissioned.
+	require.NoError(t, js.DeleteStream(ctx, "KV_composed-n2"))
+	natstest.CheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
+		code, body := readyz(t, srv)
+		if code != 200 || strings.Contains(body, "composed-n2") {
+			return fmt.Errorf("readyz %d: %s", code, body)
+		}
+		fams, err := metricstest.Scrape(srv.Addr())
+		if err != nil {
+			return err
+		}
+		if n, _ := fams.Value("mesh_provisioner_composed_buckets_failing"); n != 0 {
+			return fmt.Errorf("%v composed buckets failing", n)
+		}
+		return nil
+	})
+}
