@@ -111,23 +111,49 @@ func streamGaps(ctx context.Context, s jetstream.Stream, st jetstream.StreamStat
 // readStream calls fn for each message of the stream (of subject alone, when given; headers alone,
 // with headersOnly), in order, up to last or until none is left, through a consumer it deletes when
 // done, cancelled too.
+//
+// A pull with no wait is given up by nats.go after a second without a message (its idle timer), with
+// no error, and what the server sends it later goes to an inbox nobody listens to: the consumer has
+// delivered it, and will not again. So every message's consumer sequence is checked to follow the last
+// one read, and an empty pull asks the consumer whether it delivered more than was read: either way the
+// read goes on from the message after the last one read, through a new consumer. An empty pull that the
+// consumer says was not answered while messages are pending (a server slow to answer; a pull denied)
+// is pulled again, for at most readStall without a message.
 func readStream(ctx context.Context, s jetstream.Stream, subject string, headersOnly bool, last uint64, fn func(jetstream.Msg, *jetstream.MsgMetadata) error) error {
-	cfg := streamread.Config(0)
-	cfg.Name = nuid.Next()
-	cfg.FilterSubject = subject
-	cfg.HeadersOnly = headersOnly
-	defer func() {
+	var name string // the consumer's, deleted when replaced and when done
+	drop := func() {
+		if name == "" {
+			return
+		}
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 		defer cancel()
-		_ = s.DeleteConsumer(dctx, cfg.Name)
-	}()
-	cons, err := s.CreateConsumer(ctx, cfg)
+		_ = s.DeleteConsumer(dctx, name)
+	}
+	defer func() { drop() }()
+	var after uint64 // the stream sequence of the last message read
+	create := func() (jetstream.Consumer, error) {
+		drop()
+		cfg := streamread.Config(after)
+		cfg.Name = nuid.Next()
+		cfg.FilterSubject = subject
+		cfg.HeadersOnly = headersOnly
+		name = cfg.Name // before it is asked: the server may create it though its answer is lost
+		cons, err := s.CreateConsumer(ctx, cfg)
+		if err != nil {
+			return nil, fmt.Errorf("create consumer: %w", err)
+		}
+		return cons, nil
+	}
+	cons, err := create()
 	if err != nil {
-		return fmt.Errorf("create consumer: %w", err)
+		return err
 	}
 	if cons.CachedInfo().NumPending == 0 {
 		return nil // no message of the subject
 	}
+	var delivered uint64 // the consumer sequence of the last message read
+	var stalled time.Time
+	wait := readRetryMin
 	for {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -139,13 +165,18 @@ func readStream(ctx context.Context, s jetstream.Stream, subject string, headers
 		if err != nil {
 			return fmt.Errorf("read: %w", err)
 		}
-		n := 0
+		n, lost := 0, false
 		for msg := range batch.Messages() {
-			n++
 			md, err := msg.Metadata()
 			if err != nil {
 				return fmt.Errorf("message metadata: %w", err)
 			}
+			if md.Sequence.Consumer != delivered+1 {
+				lost = true // the messages before it went to a pull given up on
+				break
+			}
+			n++
+			delivered, after = md.Sequence.Consumer, md.Sequence.Stream
 			if err := fn(msg, md); err != nil {
 				return err
 			}
@@ -156,18 +187,57 @@ func readStream(ctx context.Context, s jetstream.Stream, subject string, headers
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		if err := batch.Error(); err != nil {
-			return fmt.Errorf("read: %w", err)
+		if !lost {
+			if err := batch.Error(); err != nil {
+				return fmt.Errorf("read: %w", err)
+			}
 		}
-		if n == 0 {
+		if !lost && n == 0 {
 			ci, err := cons.Info(ctx)
 			if err != nil {
 				return fmt.Errorf("read: %w", err)
 			}
-			if ci.NumPending > 0 {
-				return fmt.Errorf("read: no message came of the %d the consumer has pending", ci.NumPending)
+			lost = ci.Delivered.Consumer > delivered
+			if !lost {
+				if ci.NumPending == 0 {
+					return nil // removed since
+				}
+				if stalled.IsZero() {
+					stalled = time.Now()
+				} else if time.Since(stalled) > readStall {
+					return fmt.Errorf("read: no message came of the %d the consumer has pending, for %s", ci.NumPending, readStall)
+				}
+				t := time.NewTimer(wait)
+				select {
+				case <-ctx.Done():
+					t.Stop()
+					return ctx.Err()
+				case <-t.C:
+				}
+				wait = min(2*wait, readRetryMax)
+				continue
 			}
-			return nil // removed since
+		}
+		stalled, wait = time.Time{}, readRetryMin
+		if lost {
+			// Delivered to a pull given up on: read again from the message after the last one read.
+			if cons, err = create(); err != nil {
+				return err
+			}
+			delivered = 0
+			if cons.CachedInfo().NumPending == 0 {
+				return nil // none left after it
+			}
 		}
 	}
 }
+
+// How readStream pulls again when a pull got no answer while messages are pending: after 50 ms,
+// doubling up to a second, for at most as long without a message as a fill from the streams waits
+// (fillGiveUp).
+const (
+	readRetryMin = 50 * time.Millisecond
+	readRetryMax = time.Second
+)
+
+var readStall = fillGiveUp
