@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -23,14 +24,15 @@ import (
 // the store never holds a revision of the key that such a rollup would end, and the key's own subject
 // carries every revision the stream keeps. The gaps are the store's too: when messages were removed
 // before the stream's end, its sequences alone are read (no data, headers only) to find them, as the
-// projector would. A key with a wildcard token names that one subject in the store, and a pattern to
-// a consumer: it is refused (ErrPattern), and read through a store instead.
+// projector would. A key that a consumer's filter does not name alone (BySubject: a wildcard token,
+// say, which names one subject in the store and a pattern to a consumer) is refused (ErrPattern), and
+// read through a store instead.
 func EachRevisionInStream(ctx context.Context, js jetstream.JetStream, bucket, key string, progress Progress, fn func(*Revision) error) (KeyHistory, error) {
 	h := KeyHistory{Bucket: bucket, Key: key}
 	if _, ok := provisioner.ShapeOf(bucket); !ok {
 		return h, fmt.Errorf("replay: %q is not a bucket the seat tails", bucket)
 	}
-	if provisioner.HasWildcard(key) {
+	if !BySubject(key) {
 		return h, ErrPattern
 	}
 	s, err := js.Stream(ctx, provisioner.StreamName(bucket))
@@ -38,7 +40,8 @@ func EachRevisionInStream(ctx context.Context, js jetstream.JetStream, bucket, k
 		return h, fmt.Errorf("stream of %s: %w", bucket, err)
 	}
 	st := s.CachedInfo().State
-	if st.Msgs > 0 {
+	if st.Msgs > 0 && !strings.Contains("."+key+".", "..") {
+		// (A key with an empty token names no subject the stream can hold: it has no message.)
 		// The revisions first, as they come: the gaps are said after them, and may take a read of
 		// the whole stream's sequences.
 		subject := provisioner.SubjectPrefix(bucket) + key
@@ -59,8 +62,21 @@ func EachRevisionInStream(ctx context.Context, js jetstream.JetStream, bucket, k
 	return h, err
 }
 
-// ErrPattern says a key cannot be read from a stream by its subject: it has a wildcard token.
+// ErrPattern says a key cannot be read from a stream by its subject (BySubject).
 var ErrPattern = errors.New("replay: the key is a subject pattern")
+
+// BySubject reports whether EachRevisionInStream reads a key: whether a consumer's filter on its
+// subject matches that one subject. A token `*` or `>` is a wildcard to a filter, though the store
+// names one subject with it (the server stores a message on `n1.>.x`, or on `n1.*`); nats.go refuses
+// a filter with a `>` anywhere but at its end, or a space, and the server one with white space. Those
+// keys are read through a store. A key with an empty token is read (it has no message: the server
+// stores none on such a subject).
+func BySubject(key string) bool {
+	if strings.ContainsAny(key, " \t\n\f\r") || strings.Contains(strings.TrimSuffix(key, ">"), ">") {
+		return false
+	}
+	return !provisioner.HasWildcard(key)
+}
 
 // streamGaps are the gaps a store filled from the whole stream would record (store.DB.Apply,
 // CaughtUp, TailRemoved): none when no message is missing below the stream's last; else a read of
