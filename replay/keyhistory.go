@@ -39,7 +39,7 @@ func EachRevisionInStream(ctx context.Context, js jetstream.JetStream, bucket, k
 	if err != nil {
 		return h, fmt.Errorf("stream of %s: %w", bucket, err)
 	}
-	st := s.CachedInfo().State
+	st, created := s.CachedInfo().State, s.CachedInfo().Created
 	if st.Msgs > 0 && !strings.Contains("."+key+".", "..") {
 		// (A key with an empty token names no subject the stream can hold: it has no message.)
 		// The revisions first, as they come: the gaps are said after them, and may take a read of
@@ -58,8 +58,20 @@ func EachRevisionInStream(ctx context.Context, js jetstream.JetStream, bucket, k
 			return h, err
 		}
 	}
-	h.Gaps, err = streamGaps(ctx, s, st, progress)
-	return h, err
+	if h.Gaps, err = streamGaps(ctx, s, st, progress); err != nil {
+		return h, err
+	}
+	// The reads are of the stream the info was of: one recreated meanwhile (deleted, and made again
+	// with the same name) would mix the revisions of one with the gaps of the other. A store filled
+	// from the streams refuses it too (Fill, ErrCannotResume).
+	now, err := s.Info(ctx)
+	if err != nil {
+		return h, fmt.Errorf("stream of %s: %w", bucket, err)
+	}
+	if !now.Created.Equal(created) {
+		return h, fmt.Errorf("stream %s was recreated while it was read (created %s, now %s): ask again", provisioner.StreamName(bucket), created.UTC().Format(time.RFC3339Nano), now.Created.UTC().Format(time.RFC3339Nano))
+	}
+	return h, nil
 }
 
 // ErrPattern says a key cannot be read from a stream by its subject (BySubject).

@@ -104,3 +104,27 @@ func TestEachRevisionInStream_AnAnswerLateBeyondItsFetchIsNotLost(t *testing.T) 
 	require.Equal(t, wantRevs, gotRevs)
 	require.Equal(t, want, got, "the gaps of the stream's sequences, all of them read")
 }
+
+// TestEachRevisionInStream_AStreamRecreatedMeanwhileIsRefused: a bucket deleted and made again while
+// its key's history was read from the stream gave the revisions of the one and the gaps of the other,
+// with no word of it. Read as the store reads it (Fill), such a stream is refused; so is it here.
+func TestEachRevisionInStream_AStreamRecreatedMeanwhileIsRefused(t *testing.T) {
+	ns := natstest.RunServer(t)
+	_, js := natstest.Connect(t, ns.ClientURL())
+	ctx := context.Background()
+	b, key := provisioner.BucketNeeds, "n1.m.config.a"
+	var ops []fixtures.Op
+	for i := 0; i < 10; i++ { // two more than the bucket keeps: the stream lacks its first two
+		ops = append(ops, fixtures.Op{Bucket: b, Key: key, Op: provisioner.OpPut, Value: []byte{byte(i)}})
+	}
+	require.NoError(t, fixtures.Load(ctx, js, ops, 0, nil))
+	n := 0
+	_, err := replay.EachRevisionInStream(ctx, js, b, key, nil, func(*replay.Revision) error {
+		if n++; n == 1 {
+			require.NoError(t, js.DeleteStream(ctx, provisioner.StreamName(b)))
+			require.NoError(t, fixtures.Load(ctx, js, ops[:1], 0, nil))
+		}
+		return nil
+	})
+	require.ErrorContains(t, err, "was recreated while it was read")
+}
