@@ -225,28 +225,28 @@ func readStream(ctx context.Context, s jetstream.Stream, subject string, headers
 			if err != nil {
 				return fmt.Errorf("read: %w", err)
 			}
-			lost = ci.Delivered.Consumer > delivered
-			if !lost {
-				if ci.NumPending == 0 {
-					return nil // removed since
-				}
-				if stalled.IsZero() {
-					stalled = time.Now()
-				} else if time.Since(stalled) > readStall {
-					return fmt.Errorf("read: no message came of the %d the consumer has pending, for %s", ci.NumPending, readStall)
-				}
-				t := time.NewTimer(wait)
-				select {
-				case <-ctx.Done():
-					t.Stop()
-					return ctx.Err()
-				case <-t.C:
-				}
-				wait = min(2*wait, readRetryMax)
-				continue
+			if lost = ci.Delivered.Consumer > delivered; !lost && ci.NumPending == 0 {
+				return nil // removed since
 			}
 		}
-		stalled, wait = time.Time{}, readRetryMin
+		if n > 0 {
+			stalled, wait = time.Time{}, readRetryMin
+		} else {
+			// Nothing read: the pull went unanswered, or was answered after it was given up on.
+			if stalled.IsZero() {
+				stalled = time.Now()
+			} else if time.Since(stalled) > readStall {
+				return fmt.Errorf("read: no message came for %s, with messages pending", readStall)
+			}
+			t := time.NewTimer(wait)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return ctx.Err()
+			case <-t.C:
+			}
+			wait = min(2*wait, readRetryMax)
+		}
 		if lost {
 			// Delivered to a pull given up on: read again from the message after the last one read.
 			if cons, err = create(); err != nil {
@@ -260,9 +260,9 @@ func readStream(ctx context.Context, s jetstream.Stream, subject string, headers
 	}
 }
 
-// How readStream pulls again when a pull got no answer while messages are pending: after 50 ms,
-// doubling up to a second, for at most as long without a message as a fill from the streams waits
-// (fillGiveUp).
+// How readStream pulls again when a pull brought nothing while messages are pending (unanswered, or
+// answered too late): after 50 ms, doubling up to a second, for at most as long without a message as
+// a fill from the streams waits (fillGiveUp).
 const (
 	readRetryMin = 50 * time.Millisecond
 	readRetryMax = time.Second
