@@ -24,7 +24,9 @@ import (
 // the store never holds a revision of the key that such a rollup would end, and the key's own subject
 // carries every revision the stream keeps. The gaps are the store's too: when messages were removed
 // before the stream's end, its sequences alone are read (no data, headers only) to find them, as the
-// projector would. A key that a consumer's filter does not name alone (BySubject: a wildcard token,
+// projector would; and the stream's last messages removed before they were read are a gap open from
+// there, as the archive of the streams has it (ExportNATS; a store filled from the streams records
+// that only of a stream emptied, store.DB.TailRemoved). A key that a consumer's filter does not name alone (BySubject: a wildcard token,
 // say, which names one subject in the store and a pattern to a consumer) is refused (ErrPattern), and
 // read through a store instead.
 func EachRevisionInStream(ctx context.Context, js jetstream.JetStream, bucket, key string, progress Progress, fn func(*Revision) error) (KeyHistory, error) {
@@ -91,8 +93,8 @@ func BySubject(key string) bool {
 }
 
 // streamGaps are the gaps a store filled from the whole stream would record (store.DB.Apply,
-// CaughtUp, TailRemoved): none when no message is missing below the stream's last; else a read of
-// every message's sequence and headers, no data.
+// CaughtUp, TailRemoved), and the removed end an archive of it records: none when no message is
+// missing below the stream's last; else a read of every message's sequence and headers, no data.
 func streamGaps(ctx context.Context, s jetstream.Stream, st jetstream.StreamState, progress Progress) ([]store.Gap, error) {
 	switch {
 	case st.LastSeq == 0:
@@ -131,7 +133,17 @@ func streamGaps(ctx context.Context, s jetstream.Stream, st jetstream.StreamStat
 		progress(done, int64(st.Msgs))
 	}
 	if open != nil && prev >= open.OpenedAt {
-		open.To = prev // read to the stream's end: caught up (CaughtUp)
+		open.To, open = prev, nil // read to the stream's end: caught up (CaughtUp)
+	}
+	if prev < st.LastSeq {
+		// The read ended where the consumer had nothing after prev: the stream's last messages were
+		// removed before they were read (a subject purged, a TTL without a marker). A gap open from
+		// there, as the archive of the streams records it (exportStream).
+		if open == nil {
+			gaps = append(gaps, store.Gap{From: prev + 1})
+			open = &gaps[len(gaps)-1]
+		}
+		open.OpenedAt = max(open.OpenedAt, st.LastSeq+1)
 	}
 	return gaps, nil
 }

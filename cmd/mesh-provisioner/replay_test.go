@@ -871,3 +871,36 @@ func TestReplayCommand_HistoryFromTheStreamsOfAKeyNoFilterNamesAlone(t *testing.
 		}
 	}
 }
+
+// TestReplayCommand_HistoryFromTheStreamsWhoseLastMessageWasRemoved: the last message of a stream,
+// removed before it was read (its subject purged), may have been a revision of the key asked: the
+// archive of the streams says so with a gap open from there, and replay history --nats said nothing
+// of it ("0 revisions", no gap). It now reads the stream's end as the archive does.
+func TestReplayCommand_HistoryFromTheStreamsWhoseLastMessageWasRemoved(t *testing.T) {
+	ns := natstest.RunServer(t)
+	url := ns.ClientURL()
+	_, js := natstest.Connect(t, url)
+	ctx := context.Background()
+	b := provisioner.BucketNeeds
+	keys := []string{"n1.m.config.a", "n1.m.config.b", "n1.m.config.c"}
+	var ops []fixtures.Op
+	for _, k := range keys {
+		ops = append(ops, fixtures.Op{Bucket: b, Key: k, Op: provisioner.OpPut, Value: []byte{1}})
+	}
+	require.NoError(t, fixtures.Load(ctx, js, ops, 0, nil))
+	s, err := js.Stream(ctx, provisioner.StreamName(b))
+	require.NoError(t, err)
+	require.NoError(t, s.Purge(ctx, jetstream.WithPurgeSubject(provisioner.SubjectPrefix(b)+keys[2])))
+	path := filepath.Join(t.TempDir(), "nats.mph")
+	_, errOut, code := runCmd(t, "export", "--nats", url, "--out", path)
+	require.Zero(t, code, errOut)
+	for _, k := range keys {
+		out, errOut, code := runCmd(t, "replay", "history", "needs", k, "--json", "--nats", url)
+		wantOut, wantErr, wantCode := runCmd(t, "replay", "history", "needs", k, "--json", "--archive", path)
+		require.Equal(t, wantCode, code, "%s: %s / %s", k, errOut, wantErr)
+		require.Equal(t, wantOut, out, k)
+		require.Contains(t, out, `"gaps":[{"from":3}]`, k)
+	}
+	out, _, _ := runCmd(t, "replay", "history", "needs", keys[2], "--nats", url)
+	require.Contains(t, out, "messages from sequence 3 to 3 were removed from the stream before the seat read them")
+}
