@@ -103,6 +103,72 @@ func TestEachRevisionInStream_AnAnswerLateBeyondItsFetchIsNotLost(t *testing.T) 
 	wg.Wait()
 	require.Equal(t, wantRevs, gotRevs)
 	require.Equal(t, want, got, "the gaps of the stream's sequences, all of them read")
+	require.Zero(t, consumers(t, s), "the consumer given up on and the one read on with are deleted")
+}
+
+// consumers counts the consumers on a stream.
+func consumers(t *testing.T, s jetstream.Stream) int {
+	t.Helper()
+	n := 0
+	l := s.ListConsumers(context.Background())
+	for range l.Info() {
+		n++
+	}
+	require.NoError(t, l.Err())
+	return n
+}
+
+// TestEachRevisionInStream_StoppedLeavesNoConsumer: stopped while it reads the key's revisions, or the
+// stream's sequences, or by an error of its caller, the read deletes its consumer: none is left on the
+// server for its inactive threshold (five minutes).
+func TestEachRevisionInStream_StoppedLeavesNoConsumer(t *testing.T) {
+	ns := natstest.RunServer(t)
+	_, js := natstest.Connect(t, ns.ClientURL())
+	ctx := context.Background()
+	b, key := provisioner.BucketNeeds, "n1.m.config.k5"
+	var ops []fixtures.Op
+	for i := 0; i < 6000; i++ {
+		ops = append(ops, fixtures.Op{Bucket: b, Key: fmt.Sprintf("n1.m.config.k%d", i), Op: provisioner.OpPut, Value: []byte{1}})
+	}
+	for i := 0; i < 10; i++ { // two more than the bucket keeps: the stream's sequences are read
+		ops = append(ops, fixtures.Op{Bucket: b, Key: key, Op: provisioner.OpPut, Value: []byte{1}})
+	}
+	require.NoError(t, fixtures.Load(ctx, js, ops, 0, nil))
+	s, err := js.Stream(ctx, provisioner.StreamName(b))
+	require.NoError(t, err)
+	boom := errors.New("boom")
+	for name, c := range map[string]struct {
+		progress func(context.CancelFunc) replay.Progress
+		fn       func(context.CancelFunc) error
+		want     error
+	}{
+		"cancelled in the revisions": {fn: func(cancel context.CancelFunc) error { cancel(); return nil }, want: context.Canceled},
+		"cancelled in the sequences": {progress: func(cancel context.CancelFunc) replay.Progress {
+			return func(done, total int64) {
+				if done < total {
+					cancel()
+				}
+			}
+		}, want: context.Canceled},
+		"the caller's error": {fn: func(context.CancelFunc) error { return boom }, want: boom},
+	} {
+		t.Run(name, func(t *testing.T) {
+			cctx, cancel := context.WithCancel(ctx)
+			defer cancel()
+			var progress replay.Progress
+			if c.progress != nil {
+				progress = c.progress(cancel)
+			}
+			_, err := replay.EachRevisionInStream(cctx, js, b, key, progress, func(*replay.Revision) error {
+				if c.fn != nil {
+					return c.fn(cancel)
+				}
+				return nil
+			})
+			require.ErrorIs(t, err, c.want)
+			require.Zero(t, consumers(t, s))
+		})
+	}
 }
 
 // TestEachRevisionInStream_AStreamRecreatedMeanwhileIsRefused: a bucket deleted and made again while
