@@ -26,9 +26,9 @@ import (
 // before the stream's end, its sequences alone are read (no data, headers only) to find them, as the
 // projector would; and the stream's last messages removed before they were read are a gap open from
 // there, as the archive of the streams has it (ExportNATS; a store filled from the streams records
-// that only of a stream emptied, store.DB.TailRemoved). A key that a consumer's filter does not name alone (BySubject: a wildcard token,
-// say, which names one subject in the store and a pattern to a consumer) is refused (ErrPattern), and
-// read through a store instead.
+// that only of a stream emptied, store.DB.TailRemoved). A key that a consumer's filter does not name
+// alone (BySubject: a wildcard token, say, which names one subject in the store and a pattern to a
+// consumer) is refused (ErrPattern), and read through a store instead.
 func EachRevisionInStream(ctx context.Context, js jetstream.JetStream, bucket, key string, progress Progress, fn func(*Revision) error) (KeyHistory, error) {
 	h := KeyHistory{Bucket: bucket, Key: key}
 	if _, ok := provisioner.ShapeOf(bucket); !ok {
