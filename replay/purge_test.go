@@ -118,6 +118,33 @@ func TestExport_StreamPurgedWhileExportingIsNoWholeArchive(t *testing.T) {
 	}
 }
 
+// An export of a stream whose last message was removed before the export began (its subject purged by
+// an operator, a TTL without a marker) failed every time with "stopped at sequence 99 of 100; run
+// export again", until something wrote to the bucket: its read ends at the last message the stream
+// holds, with nothing pending after it, and the check meant for a read cut short took any message left
+// before that end for one. The archive is written, with the removed end as a gap.
+func TestExport_AStreamWhoseLastMessageWasRemoved(t *testing.T) {
+	ns := natstest.RunServer(t)
+	_, js := natstest.Connect(t, ns.ClientURL())
+	ctx := context.Background()
+	const n = 100
+	s, _ := needsPuts(t, js, n)
+	require.NoError(t, s.Purge(ctx, jetstream.WithPurgeSubject(provisioner.SubjectPrefix(provisioner.BucketNeeds)+fmt.Sprintf("n%d.m.config.a", n-1))))
+	out := filepath.Join(t.TempDir(), "tail.mph")
+	h, err := replay.ExportNATS(ctx, js, []string{provisioner.BucketNeeds}, out, "test", nil)
+	require.NoError(t, err)
+	require.Equal(t, uint64(n-1), h.Buckets[0].Messages)
+	require.Equal(t, uint64(n), h.Buckets[0].LastSeq, "the header says where the stream ended")
+
+	l, err := replay.FromArchive(ctx, out, nil)
+	require.NoError(t, err)
+	defer l.Close()
+	st, err := l.State(needsReq(""), replay.Point{Seq: n - 1})
+	require.NoError(t, err)
+	require.Len(t, st.Rows, n-1)
+	requireGone(t, l, replay.Point{Seq: n})
+}
+
 // An archive that is not whole, not one, or not for this tool is refused with what it is, never read
 // as a shorter history; and the temporary store a refused archive was being read into is removed.
 func TestFromArchive_DamagedArchivesAreRefused(t *testing.T) {

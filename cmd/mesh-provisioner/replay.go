@@ -234,7 +234,7 @@ func (c *ReplayCommand) Run(ctx context.Context, args []string) error {
 		pos[0] = b
 	}
 
-	if question == "history" && c.state == "" && c.archive == "" && !provisioner.HasWildcard(pos[1]) {
+	if question == "history" && c.state == "" && c.archive == "" && replay.BySubject(pos[1]) {
 		// One key from the streams: its own subject is read, not the stream into a temporary store.
 		return c.historyFromStream(ctx, pos[0], pos[1])
 	}

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -831,4 +832,75 @@ func TestReplayCommand_HistoryFromTheStreamsReadsTheKeyAlone(t *testing.T) {
 	require.Contains(t, out, `"gaps":[{`)
 	require.Equal(t, history("--archive", archive()), out)
 	require.NoError(t, sub.Unsubscribe())
+}
+
+// TestReplayCommand_HistoryFromTheStreamsOfAKeyNoFilterNamesAlone: the server stores a message on a
+// subject that nats.go or the server refuse as a consumer's filter (`n1.>.x`, a `>` inside a token), or
+// that a filter reads as a pattern; the seat names each in an anomaly row. replay history --nats of
+// such a key failed ("create consumer: nats: invalid subject name"), and one with an empty token, a
+// typo, failed with "no responders": each now answers what the archive of the streams does.
+func TestReplayCommand_HistoryFromTheStreamsOfAKeyNoFilterNamesAlone(t *testing.T) {
+	ns := natstest.RunServer(t)
+	url := ns.ClientURL()
+	_, js := natstest.Connect(t, url)
+	ctx := context.Background()
+	b := provisioner.BucketNeeds
+	require.NoError(t, fixtures.CreateBuckets(ctx, js, b))
+	stored := []string{"n1.>.x", "n1.m>.config.a", "n1.m.config.a>", "n1.m.config.*", "n1.m.config.b"}
+	for i := 0; i < 2; i++ {
+		for _, k := range stored {
+			_, err := js.Publish(ctx, provisioner.SubjectPrefix(b)+k, []byte{byte(i)})
+			require.NoError(t, err, k)
+		}
+	}
+	path := filepath.Join(t.TempDir(), "nats.mph")
+	_, errOut, code := runCmd(t, "export", "--nats", url, "--out", path)
+	require.Zero(t, code, errOut)
+	for _, k := range append(stored, "n1..config.b", "n1.m.config.b.") {
+		out, errOut, code := runCmd(t, "replay", "history", "needs", k, "--json", "--nats", url)
+		wantOut, wantErr, wantCode := runCmd(t, "replay", "history", "needs", k, "--json", "--archive", path)
+		require.Equal(t, wantCode, code, "%s: %s", k, errOut)
+		require.Equal(t, wantOut, out, k)
+		if slices.Contains(stored, k) {
+			require.Zero(t, code, "%s: %s", k, errOut)
+			require.Contains(t, out, `"revision":`, k)
+		} else {
+			require.Equal(t, exitAnswer, code, "%s: %s", k, errOut)
+			require.Contains(t, wantErr, "404: the log holds no revision of "+k)
+			require.Contains(t, errOut, "404: the log holds no revision of "+k)
+		}
+	}
+}
+
+// TestReplayCommand_HistoryFromTheStreamsWhoseLastMessageWasRemoved: the last message of a stream,
+// removed before it was read (its subject purged), may have been a revision of the key asked: the
+// archive of the streams says so with a gap open from there, and replay history --nats said nothing
+// of it ("0 revisions", no gap). It now reads the stream's end as the archive does.
+func TestReplayCommand_HistoryFromTheStreamsWhoseLastMessageWasRemoved(t *testing.T) {
+	ns := natstest.RunServer(t)
+	url := ns.ClientURL()
+	_, js := natstest.Connect(t, url)
+	ctx := context.Background()
+	b := provisioner.BucketNeeds
+	keys := []string{"n1.m.config.a", "n1.m.config.b", "n1.m.config.c"}
+	var ops []fixtures.Op
+	for _, k := range keys {
+		ops = append(ops, fixtures.Op{Bucket: b, Key: k, Op: provisioner.OpPut, Value: []byte{1}})
+	}
+	require.NoError(t, fixtures.Load(ctx, js, ops, 0, nil))
+	s, err := js.Stream(ctx, provisioner.StreamName(b))
+	require.NoError(t, err)
+	require.NoError(t, s.Purge(ctx, jetstream.WithPurgeSubject(provisioner.SubjectPrefix(b)+keys[2])))
+	path := filepath.Join(t.TempDir(), "nats.mph")
+	_, errOut, code := runCmd(t, "export", "--nats", url, "--out", path)
+	require.Zero(t, code, errOut)
+	for _, k := range keys {
+		out, errOut, code := runCmd(t, "replay", "history", "needs", k, "--json", "--nats", url)
+		wantOut, wantErr, wantCode := runCmd(t, "replay", "history", "needs", k, "--json", "--archive", path)
+		require.Equal(t, wantCode, code, "%s: %s / %s", k, errOut, wantErr)
+		require.Equal(t, wantOut, out, k)
+		require.Contains(t, out, `"gaps":[{"from":3}]`, k)
+	}
+	out, _, _ := runCmd(t, "replay", "history", "needs", keys[2], "--nats", url)
+	require.Contains(t, out, "messages from sequence 3 to 3 were removed from the stream before the seat read them")
 }
