@@ -28,6 +28,7 @@ import (
 	"github.com/nats-io/nuid"
 
 	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/internal/denied"
 	"github.com/novox/mesh-provisioner/internal/streaminfo"
 	"github.com/novox/mesh-provisioner/internal/streamread"
 	"github.com/novox/mesh-provisioner/store"
@@ -380,17 +381,22 @@ func (p *Projector) tail(ctx context.Context, bucket string, log *slog.Logger, s
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+	// A request NATS refuses this user is dropped, not answered: the setup's requests end as soon as
+	// the connection reports a permissions violation of one of them (a consumer creation not granted
+	// for this bucket's stream), naming it, rather than at the JetStream API's timeout each try.
+	sctx, unwatch := denied.Context(ctx, p.js.Conn(), denied.OfStream(provisioner.StreamName(bucket)))
 	settingUp := true
 	release := func() {
 		if settingUp {
 			settingUp = false
+			unwatch()
 			<-p.setup
 		}
 	}
 	defer release()
-	stream, info, err := p.openStream(ctx, bucket, st.since)
+	stream, info, err := p.openStream(sctx, bucket, st.since)
 	if err != nil {
-		return err
+		return denied.Cause(sctx, err)
 	}
 	p.streamFound(bucket)
 	var quiet time.Time // when the stream last took a message, for parking as soon as it is read (park.go)
@@ -400,8 +406,8 @@ func (p *Projector) tail(ctx context.Context, bucket string, log *slog.Logger, s
 	cp := p.db.Checkpoint(bucket)
 	created := info.Created.UnixNano()
 	ver := &verifier{last: time.Now()}
-	if err := p.check(ctx, info, bucket, ver); err != nil {
-		return err
+	if err := p.check(sctx, info, bucket, ver); err != nil {
+		return denied.Cause(sctx, err)
 	}
 	verify := func() error { return p.verify(ctx, bucket, ver) }
 	// The consumer is created here, under ctx, and created again by runBucket from the checkpoint when
@@ -410,12 +416,12 @@ func (p *Projector) tail(ctx context.Context, bucket string, log *slog.Logger, s
 	// Named here, so that a creation whose answer does not come (a stop, a JetStream API slow to
 	// answer) can be deleted all the same: the server may have created it.
 	name := nuid.Next()
-	cons, err := streamread.Create(ctx, stream, name, cp.Applied)
+	cons, err := streamread.Create(sctx, stream, name, cp.Applied)
 	if err != nil {
 		if !streamread.Answered(err) {
 			p.dropConsumer(ctx, stream, name)
 		}
-		return err
+		return denied.Cause(sctx, err)
 	}
 	it, err := streamread.ReadIdle(cons, pull, p.heartbeat(bucket))
 	if err != nil {

@@ -231,3 +231,62 @@ func TestServe_KeepsServingAndLogsAViolationOnce(t *testing.T) {
 	code, _, stderr := run(t, "query", "needs", "--nats", ns.ClientURL(), "--user", "seat", "--password", "seat", "--timeout", "10s")
 	require.Equal(t, exitOK, code, "the seat answers: %s", stderr)
 }
+
+// TestServe_DeniedComposedBucketSaidAtOnce: serve whose user may not create a consumer on one node's
+// composed-<node> bucket (its lines not yet written by the controller) waited out the JetStream API's
+// 5 s timeout on each try: about 16 s before the bucket counted as failing and the seat said ready
+// without it (docs/decisions.md, session 79), and its "tailing failed" line said "context deadline
+// exceeded". Each try fails as soon as NATS reports the violation, the line names what to grant, the
+// seat says ready without the bucket, and reads it once granted.
+func TestServe_DeniedComposedBucketSaidAtOnce(t *testing.T) {
+	t.Setenv("NATS_URL", "")
+	ns := natstest.RunServerSeatDenied(t, "$JS.API.CONSUMER.CREATE.KV_composed-n2.>")
+	_, admin := natstest.Connect(t, ns.ClientURL(), nats.UserInfo("admin", "admin"))
+	ctx := context.Background()
+	mesh := fixtures.Mesh{Seed: 8, Nodes: 2, Modules: 2, NeedsPerModule: 1, Collections: 1}
+	require.NoError(t, fixtures.Load(ctx, admin, mesh.Ops(), 0, nil))
+	require.NoError(t, fixtures.CreateBuckets(ctx, admin, provisioner.BucketHostModules, provisioner.BucketIndexerBuilds, "composed-n1", "composed-n2"))
+	for _, b := range []string{"composed-n1", "composed-n2"} {
+		_, err := admin.Publish(ctx, provisioner.SubjectPrefix(b)+"web.1", []byte{0x81, 0xa6, 's', 't', 'a', 't', 'u', 's', 0xa7, 'p', 'e', 'n', 'd', 'i', 'n', 'g'})
+		require.NoError(t, err)
+	}
+	start := time.Now()
+	s, err := startServe(t.TempDir(), "--nats", ns.ClientURL(), "--user", "seat", "--password", "seat",
+		"--metrics-addr", "127.0.0.1:0", "--log-format", "json")
+	require.NoError(t, err)
+	defer func() { require.NoError(t, s.stop()) }()
+	natstest.CheckFor(t, 60*time.Second, 20*time.Millisecond, func() error {
+		code, body, err := metricstest.Get("http://" + s.metricsAddr + "/readyz")
+		if err != nil {
+			return err
+		}
+		if code != 200 || !strings.Contains(body, "composed-n2") {
+			return fmt.Errorf("readyz %d: %s", code, body)
+		}
+		return nil
+	})
+	t.Logf("ready without composed-n2 %v after the start", time.Since(start).Round(time.Millisecond))
+	var tailing []map[string]any
+	for _, l := range strings.Split(s.stderr.String(), "\n") {
+		var m map[string]any
+		if json.Unmarshal([]byte(l), &m) == nil && m["msg"] == "tailing failed; retrying with backoff" {
+			tailing = append(tailing, m)
+		}
+	}
+	require.Len(t, tailing, 1, s.stderr.String())
+	require.Equal(t, "composed-n2", tailing[0]["bucket"])
+	require.Contains(t, tailing[0]["err"], "grant this NATS user publish on $JS.API.CONSUMER.CREATE.KV_composed-n2.>")
+	require.NotContains(t, tailing[0]["err"], "deadline exceeded")
+
+	natstest.DenySeat(t, ns) // granted
+	natstest.CheckFor(t, 60*time.Second, 20*time.Millisecond, func() error {
+		code, body, err := metricstest.Get("http://" + s.metricsAddr + "/readyz")
+		if err != nil {
+			return err
+		}
+		if code != 200 || strings.Contains(body, "composed-n2") {
+			return fmt.Errorf("readyz %d: %s", code, body)
+		}
+		return nil
+	})
+}
