@@ -99,6 +99,10 @@ func TestOneShot_StopAtAPermissionViolation(t *testing.T) {
 			func(dir string) []string { return []string{"rebuild", "--state", filepath.Join(dir, "state")} }, notSwapped},
 		{"rebuild, stream info", "$JS.API.STREAM.INFO.KV_mesh-provisioner_needs",
 			func(dir string) []string { return []string{"rebuild", "--state", filepath.Join(dir, "state")} }, notSwapped},
+		// Refused once every stream is read (the consumers are deleted as each tail ends): the
+		// rebuild ended "context canceled", naming nothing.
+		{"rebuild, consumer delete", "$JS.API.CONSUMER.DELETE.KV_mesh-provisioner_applied.*",
+			func(dir string) []string { return []string{"rebuild", "--state", filepath.Join(dir, "state")} }, notSwapped},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			require.Contains(t, string(conf), `"`+c.deny+`"`, "the seat's user is granted it in docs/nats-accounts.conf")
@@ -113,6 +117,9 @@ func TestOneShot_StopAtAPermissionViolation(t *testing.T) {
 			require.Contains(t, stderr, `Permissions Violation for Publish to "`+strings.TrimSuffix(strings.TrimSuffix(prefix, ">"), "*"), "names what NATS refused")
 			require.Contains(t, stderr, "grant this NATS user publish on "+c.deny, "names what to grant, as docs/nats-accounts.conf grants it")
 			require.NotContains(t, stderr, "deadline exceeded")
+			// The command's own error says it too, not only the connection's warn line before it.
+			_, said, _ := strings.Cut("\n"+stderr, "\nmesh-provisioner: ")
+			require.Contains(t, said, "grant this NATS user publish on "+c.deny, "the command's error names what to grant: %s", stderr)
 			c.check(t, dir, stdout)
 		})
 	}

@@ -249,7 +249,9 @@ func (c *RebuildCommand) fill(ctx context.Context, js jetstream.JetStream, sd *s
 			// A signal came while the close waited for room: the command may have stopped without
 			// waiting, saying the generation is kept to resume, and no longer owns the state dir's
 			// CURRENT nor its output. Nothing is swapped in; the next rebuild resumes the generation.
-			return fmt.Errorf("rebuild (the generation is kept; run rebuild again to resume): %w", err)
+			// A permission NATS refused ends ctx too (stopOnDenied: a consumer's deletion as the last
+			// tail ended), said as such, not as "context canceled".
+			return fmt.Errorf("rebuild (the generation is kept; run rebuild again to resume): %w", refused(ctx, err))
 		}
 		if err := sd.Swap(gen); err != nil {
 			return err
