@@ -297,3 +297,37 @@ func TestServe_DeniedComposedBucketSaidAtOnce(t *testing.T) {
 		return nil
 	})
 }
+
+// TestServe_VerbSubscriptionDeniedFailsToStart: a seat's user granted everything docs/nats-accounts.conf
+// grants but the subscription to the verb logged one "NATS error", said "answering", and /readyz said
+// ready, while no request ever reached it ("no responders" for every client). serve fails to start,
+// exit 1, naming the grant.
+func TestServe_VerbSubscriptionDeniedFailsToStart(t *testing.T) {
+	dir := t.TempDir()
+	for _, env := range []string{"NATS_URL", "NATS_USER", "NATS_PASSWORD", "NATS_CREDS", "NATS_INBOX_PREFIX"} {
+		t.Setenv(env, "")
+	}
+	conf, err := os.ReadFile(filepath.Join("..", "..", "docs", "nats-accounts.conf"))
+	require.NoError(t, err)
+	sub := strings.Index(string(conf), "subscribe: {")
+	line := `"mesh-provisioner.provisioning"`
+	at := sub + strings.Index(string(conf[sub:]), line)
+	require.Greater(t, at, sub, "the seat's user may subscribe to the verb in docs/nats-accounts.conf")
+	denied := string(conf[:at]) + string(conf[at+len(line):])
+	cf := filepath.Join(dir, "nats.conf")
+	require.NoError(t, os.WriteFile(cf, []byte(denied), 0o644))
+	ns := natstest.RunServerAt(t, "127.0.0.1:-1", filepath.Join(dir, "nats"), cf)
+	_, admin := natstest.Connect(t, ns.ClientURL(), nats.UserInfo("mesh-admin", "admin-change-me"), nats.CustomInboxPrefix("_INBOX.admin"))
+	require.NoError(t, fixtures.CreateBuckets(context.Background(), admin, provisioner.BucketNeeds, provisioner.BucketApplied, provisioner.BucketCollect))
+
+	cctx, cancel := context.WithTimeout(context.Background(), oneShotDeadline)
+	defer cancel()
+	code, _, stderr := runUntil(cctx, t, "serve", "--nats", ns.ClientURL(), "--user", "mesh-provisioner", "--password", "provisioner-change-me",
+		"--state", filepath.Join(dir, "state"))
+	require.NoError(t, cctx.Err(), "serve went on: %s", stderr)
+	require.Equal(t, exitFailure, code, stderr)
+	_, said, _ := strings.Cut("\n"+stderr, "\nmesh-provisioner: ")
+	require.Contains(t, said, `Permissions Violation for Subscription to "mesh-provisioner.provisioning"`, stderr)
+	require.Contains(t, said, "grant this NATS user subscribe on mesh-provisioner.provisioning", stderr)
+	require.NotContains(t, stderr, "msg=answering", "never said it answered")
+}

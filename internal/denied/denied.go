@@ -21,19 +21,27 @@ import (
 // Poll is how often Context looks at the connection's last error.
 const Poll = 10 * time.Millisecond
 
-// Error is a publish NATS refused this connection's user.
+// Error is a publish, or a subscription, NATS refused this connection's user.
 type Error struct {
+	Op      string // "publish" or "subscribe"
 	Subject string // as refused
 	Err     error  // nats.go's, which wraps nats.ErrPermissionViolation
 }
 
 func (e *Error) Error() string {
-	return fmt.Sprintf("%v: grant this NATS user publish on %s (docs/accounts.md lists what each user needs)", e.Err, Grant(e.Subject))
+	grant := e.Subject
+	if e.Op == "publish" {
+		grant = Grant(e.Subject)
+	}
+	return fmt.Sprintf("%v: grant this NATS user %s on %s (docs/accounts.md lists what each user needs)", e.Err, e.Op, grant)
 }
 
 func (e *Error) Unwrap() error { return e.Err }
 
-var publishRe = regexp.MustCompile(`Permissions Violation for Publish to "([^"]+)"`)
+var (
+	publishRe   = regexp.MustCompile(`Permissions Violation for Publish to "([^"]+)"`)
+	subscribeRe = regexp.MustCompile(`Permissions Violation for Subscription to "([^"]+)"`)
+)
 
 // Violation returns the connection's last error as an *Error when it is a permissions violation of a
 // publish whose subject match accepts, and is not before (the last error when the caller started: each
@@ -52,7 +60,26 @@ func Violation(nc *nats.Conn, before error, match func(subject string) bool) *Er
 	if m == nil || !match(m[1]) {
 		return nil
 	}
-	return &Error{Subject: m[1], Err: err}
+	return &Error{Op: "publish", Subject: m[1], Err: err}
+}
+
+// Subscription returns the connection's last error as an *Error when it is a permissions violation of
+// a subscription to subject, and is not before. The server refuses a subscription as it reads it: once
+// a flush after the subscription has returned, the violation is the connection's last error, unless
+// another error came between.
+func Subscription(nc *nats.Conn, before error, subject string) *Error {
+	if nc == nil {
+		return nil
+	}
+	err := nc.LastError()
+	if err == nil || !errors.Is(err, nats.ErrPermissionViolation) || same(err, before) {
+		return nil
+	}
+	m := subscribeRe.FindStringSubmatch(err.Error())
+	if m == nil || m[1] != subject {
+		return nil
+	}
+	return &Error{Op: "subscribe", Subject: subject, Err: err}
 }
 
 func same(err, before error) bool {
