@@ -70,3 +70,49 @@ func TestProjector_DeniedConsumerFailsAtOnce(t *testing.T) {
 	natstest.DenySeat(t, ns) // granted
 	waitApplied(t, db, "composed-n0001", 1)
 }
+
+// TestProjector_DeniedPullFails: a composed-<node> bucket whose pulls the seat's user may not send
+// ($JS.API.CONSUMER.MSG.NEXT.KV_composed-<node>.* not granted) has its consumer created, then waits for
+// messages its pulls never ask for: the server drops each pull, the heartbeats never come, and the
+// consumer, asked after two missed ones, is still there, so the tail read on for ever. It never
+// failed, and readiness, which lets a failing composed bucket go, waited on it for good. The tail fails
+// once heartbeats are missed with the pull refused, naming the grant, and is retried like any failure.
+func TestProjector_DeniedPullFails(t *testing.T) {
+	ns := natstest.RunServerSeatDenied(t, "$JS.API.CONSUMER.MSG.NEXT.KV_composed-n0001.*")
+	_, admin := natstest.Connect(t, ns.ClientURL(), nats.UserInfo("admin", "admin"))
+	composedBuckets(t, admin, 2)
+	_, js := natstest.Connect(t, ns.ClientURL(), nats.UserInfo("seat", "seat"))
+	db, err := store.OpenState(t.TempDir(), store.Options{})
+	require.NoError(t, err)
+	t.Cleanup(func() { db.Close() })
+
+	var mu sync.Mutex
+	var errs []error
+	p := projector.New(js, db, projector.Options{Buckets: []string{"composed-n0000", "composed-n0001"}, Poll: 20 * time.Millisecond,
+		DiscoverEvery: time.Hour, OnTailError: func(bucket string, err error) {
+			mu.Lock()
+			defer mu.Unlock()
+			if bucket == "composed-n0001" {
+				errs = append(errs, err)
+			}
+		}})
+	p.Start(context.Background())
+	t.Cleanup(p.Stop)
+	waitApplied(t, db, "composed-n0000", 1)
+	natstest.CheckFor(t, 120*time.Second, 20*time.Millisecond, func() error {
+		if !p.Failing("composed-n0001") {
+			return fmt.Errorf("composed-n0001 not failing yet")
+		}
+		return nil
+	})
+	mu.Lock()
+	for _, err := range errs {
+		var de *denied.Error
+		require.True(t, errors.As(err, &de), "a try failed otherwise than refused: %v", err)
+		require.Equal(t, "$JS.API.CONSUMER.MSG.NEXT.KV_composed-n0001.*", denied.Grant(de.Subject))
+	}
+	mu.Unlock()
+
+	natstest.DenySeat(t, ns) // granted
+	waitApplied(t, db, "composed-n0001", 1)
+}

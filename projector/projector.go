@@ -357,7 +357,13 @@ func (p *Projector) runBucket(ctx context.Context, bucket string, starting *park
 				log.Warn("tailing failed; retrying with backoff", "err", err)
 				failing = true
 			}
-			p.tailFailed(bucket)
+			if de := (*denied.Error)(nil); errors.As(err, &de) {
+				// Refused by NATS: no transient failure, and a tail whose pulls are refused sets its
+				// consumer up each try (which ends a count of failures in a row) before it fails.
+				p.tailRefused(bucket)
+			} else {
+				p.tailFailed(bucket)
+			}
 		}
 		if !sleep(ctx, bo.next()) {
 			return
@@ -423,10 +429,21 @@ func (p *Projector) tail(ctx context.Context, bucket string, log *slog.Logger, s
 		}
 		return denied.Cause(sctx, err)
 	}
+	nc := p.js.Conn()
+	before := nc.LastError() // the pulls' refusals come after it
 	it, err := streamread.ReadIdle(cons, pull, p.heartbeat(bucket))
 	if err != nil {
 		p.dropConsumer(ctx, stream, name)
 		return err
+	}
+	ofStream := denied.OfStream(provisioner.StreamName(bucket))
+	it.Refused = func() error {
+		if v := denied.Violation(nc, before, func(subject string) bool {
+			return ofStream(subject) && strings.Contains(subject, ".MSG.NEXT.")
+		}); v != nil {
+			return v
+		}
+		return nil
 	}
 	release()
 	ok()
@@ -992,7 +1009,8 @@ func sleep(ctx context.Context, d time.Duration) bool {
 
 // FailingAfter is how many failures in a row make a bucket's tail Failing: one failure is often
 // transient (a first consumer creation that timed out on a loaded server), and a seat that said ready
-// on it answered that node's plans unsynced, then went unready again once the retry worked.
+// on it answered that node's plans unsynced, then went unready again once the retry worked. A
+// permission NATS refused is not: it makes the tail Failing at once (tailRefused).
 const FailingAfter = 3
 
 // Failing reports whether a bucket's tail failed FailingAfter times in a row ("tailing failed;
@@ -1015,6 +1033,15 @@ func (p *Projector) Failing(bucket string) bool {
 func (p *Projector) tailFailed(bucket string) {
 	v, _ := p.failing.LoadOrStore(bucket, new(atomic.Int64))
 	v.(*atomic.Int64).Add(1)
+}
+
+// tailRefused makes a bucket's tail Failing at once: NATS refused it a permission, which no retry
+// mends until someone grants it.
+func (p *Projector) tailRefused(bucket string) {
+	v, _ := p.failing.LoadOrStore(bucket, new(atomic.Int64))
+	if c := v.(*atomic.Int64); c.Load() < FailingAfter {
+		c.Store(FailingAfter)
+	}
 }
 
 // tailWorks ends a bucket's failures in a row, unless they made it Failing: that lasts until the
