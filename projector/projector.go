@@ -28,6 +28,7 @@ import (
 	"github.com/nats-io/nuid"
 
 	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/internal/denied"
 	"github.com/novox/mesh-provisioner/internal/streaminfo"
 	"github.com/novox/mesh-provisioner/internal/streamread"
 	"github.com/novox/mesh-provisioner/store"
@@ -362,7 +363,13 @@ func (p *Projector) runBucket(ctx context.Context, bucket string, starting *park
 				log.Warn("tailing failed; retrying with backoff", "err", err)
 				failing = true
 			}
-			p.tailFailed(bucket)
+			if de := (*denied.Error)(nil); errors.As(err, &de) {
+				// Refused by NATS: no transient failure, and a tail whose pulls are refused sets its
+				// consumer up each try (which ends a count of failures in a row) before it fails.
+				p.tailRefused(bucket)
+			} else {
+				p.tailFailed(bucket)
+			}
 		}
 		if !sleep(ctx, bo.next()) {
 			return
@@ -388,17 +395,22 @@ func (p *Projector) tail(ctx context.Context, bucket string, log *slog.Logger, s
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+	// A request NATS refuses this user is dropped, not answered: the setup's requests end as soon as
+	// the connection reports a permissions violation of one of them (a consumer creation not granted
+	// for this bucket's stream), naming it, rather than at the JetStream API's timeout each try.
+	sctx, unwatch := denied.Context(ctx, p.js.Conn(), denied.OfStream(provisioner.StreamName(bucket)))
 	settingUp := true
 	release := func() {
 		if settingUp {
 			settingUp = false
+			unwatch()
 			<-slots
 		}
 	}
 	defer release()
-	stream, info, err := p.openStream(ctx, bucket, st.since)
+	stream, info, err := p.openStream(sctx, bucket, st.since)
 	if err != nil {
-		return err
+		return denied.Cause(sctx, err)
 	}
 	p.streamFound(bucket)
 	var quiet time.Time // when the stream last took a message, for parking as soon as it is read (park.go)
@@ -408,8 +420,8 @@ func (p *Projector) tail(ctx context.Context, bucket string, log *slog.Logger, s
 	cp := p.db.Checkpoint(bucket)
 	created := info.Created.UnixNano()
 	ver := &verifier{last: time.Now()}
-	if err := p.check(ctx, info, bucket, ver); err != nil {
-		return err
+	if err := p.check(sctx, info, bucket, ver); err != nil {
+		return denied.Cause(sctx, err)
 	}
 	verify := func() error { return p.verify(ctx, bucket, ver) }
 	// The consumer is created here, under ctx, and created again by runBucket from the checkpoint when
@@ -418,17 +430,28 @@ func (p *Projector) tail(ctx context.Context, bucket string, log *slog.Logger, s
 	// Named here, so that a creation whose answer does not come (a stop, a JetStream API slow to
 	// answer) can be deleted all the same: the server may have created it.
 	name := nuid.Next()
-	cons, err := streamread.Create(ctx, stream, name, cp.Applied)
+	cons, err := streamread.Create(sctx, stream, name, cp.Applied)
 	if err != nil {
 		if !streamread.Answered(err) {
 			p.dropConsumer(ctx, stream, name)
 		}
-		return err
+		return denied.Cause(sctx, err)
 	}
+	nc := p.js.Conn()
+	before := nc.LastError() // the pulls' refusals come after it
 	it, err := streamread.ReadIdle(cons, pull, p.heartbeat(bucket))
 	if err != nil {
 		p.dropConsumer(ctx, stream, name)
 		return err
+	}
+	ofStream := denied.OfStream(provisioner.StreamName(bucket))
+	it.Refused = func() error {
+		if v := denied.Violation(nc, before, func(subject string) bool {
+			return ofStream(subject) && strings.Contains(subject, ".MSG.NEXT.")
+		}); v != nil {
+			return v
+		}
+		return nil
 	}
 	release()
 	ok()
@@ -1010,7 +1033,8 @@ func sleep(ctx context.Context, d time.Duration) bool {
 
 // FailingAfter is how many failures in a row make a bucket's tail Failing: one failure is often
 // transient (a first consumer creation that timed out on a loaded server), and a seat that said ready
-// on it answered that node's plans unsynced, then went unready again once the retry worked.
+// on it answered that node's plans unsynced, then went unready again once the retry worked. A
+// permission NATS refused is not: it makes the tail Failing at once (tailRefused).
 const FailingAfter = 3
 
 // failures are a bucket's tail's failures in a row.
@@ -1091,6 +1115,23 @@ func (p *Projector) tailFailed(bucket string) {
 		f.n.Add(1)
 		// Failing or Unreadable may have forgotten it in between (worked again and caught up): count
 		// this failure in a new row, not in the one forgotten.
+		if cur, ok := p.failing.Load(bucket); ok && cur == v {
+			return
+		}
+	}
+}
+
+// tailRefused makes a bucket's tail Failing at once: NATS refused it a permission, which no retry
+// mends until someone grants it.
+func (p *Projector) tailRefused(bucket string) {
+	for {
+		v, _ := p.failing.LoadOrStore(bucket, new(failures))
+		f := v.(*failures)
+		f.works.Store(false)
+		if f.n.Load() < FailingAfter {
+			f.n.Store(FailingAfter)
+		}
+		// As in tailFailed: Failing or Unreadable may have forgotten it in between.
 		if cur, ok := p.failing.Load(bucket); ok && cur == v {
 			return
 		}

@@ -21,6 +21,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/internal/denied"
 	"github.com/novox/mesh-provisioner/internal/mpk"
 	"github.com/novox/mesh-provisioner/store"
 )
@@ -229,6 +230,7 @@ func microVersion(v string) string {
 // Start adds the micro service to a connection: service mesh-provisioner, endpoint provisioning on
 // subject mesh-provisioner.provisioning, in the default queue group so several seats share the load.
 func (s *Server) Start(nc *nats.Conn, stats func() any) error {
+	before := nc.LastError() // not about this subscription
 	md := map[string]string{}
 	for k, v := range s.opts.Metadata {
 		md[k] = v
@@ -264,6 +266,14 @@ func (s *Server) Start(nc *nats.Conn, stats func() any) error {
 	}
 	if err := nc.FlushTimeout(5 * time.Second); err != nil {
 		s.log.Debug("verb subscribed, not yet confirmed by the server", "err", err)
+		return nil
+	}
+	// A user that may not subscribe to the verb is refused the subscription, which nats.go says only
+	// to the connection's error callback: the seat said "answering" and ready, and no request ever
+	// reached it ("no responders"). It fails to start instead, naming the grant.
+	if v := denied.Subscription(nc, before, Subject); v != nil {
+		s.Stop()
+		return fmt.Errorf("answer %s: %w", Subject, v)
 	}
 	return nil
 }

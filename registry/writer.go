@@ -36,11 +36,14 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/internal/denied"
 	"github.com/novox/mesh-provisioner/internal/mpk"
 )
 
-// passTimeout bounds one pass, so that a request NATS never answers (a denied subject is dropped, not
-// refused) makes the pass fail and retry instead of hanging the writer.
+// passTimeout bounds one pass, so that a request NATS never answers makes the pass fail and retry
+// instead of hanging the writer. A request to a subject the user may not publish to is dropped by the
+// server, not refused: the pass sees the connection's permissions violation and fails at once, naming
+// the subject (denied.Context), rather than at this deadline.
 const passTimeout = 30 * time.Second
 
 // raceAttempts is how often one kind is read again after losing a race to another writer in one pass.
@@ -223,6 +226,24 @@ func (w *Writer) Pass(ctx context.Context) (int, error) { return w.pass(ctx, fal
 func (w *Writer) pass(ctx context.Context, lostOnly bool) (int, error) {
 	ctx, cancel := context.WithTimeout(ctx, passTimeout)
 	defer cancel()
+	ctx, unwatch := denied.Context(ctx, w.js.Conn(), registrySubject)
+	defer unwatch()
+	n, err := w.passOnce(ctx, lostOnly)
+	if de := denied.Cause(ctx, err); de != err {
+		err = fmt.Errorf("%w (the pass was cut short: %v)", de, err)
+	}
+	return n, err
+}
+
+// registrySubject matches the subjects a pass publishes to: the registry's keys, its stream's JetStream
+// API requests, and the account's info, which the bucket's creation asks first.
+func registrySubject(subject string) bool {
+	return ofRegistry(subject) || strings.HasSuffix(subject, ".API.INFO")
+}
+
+var ofRegistry = denied.OfStream(provisioner.StreamName(provisioner.BucketRegistry))
+
+func (w *Writer) passOnce(ctx context.Context, lostOnly bool) (int, error) {
 	if _, err := w.bucket(ctx); err != nil {
 		return 0, err
 	}

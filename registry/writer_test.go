@@ -768,3 +768,39 @@ func TestWriter_LogNamesWhatAPassChanged(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 2, strings.Count(logs.String(), "msg=\"registry written\""), "a pass that writes nothing says nothing")
 }
+
+// TestWriter_DeniedPublishFailsAtOnce: a writer whose user may not publish on the registry's keys (an
+// account set up without $KV.mesh-provisioner_registry.>) got no answer to its first put, which NATS
+// drops, and waited out the pass's 30 s deadline each pass; its warn line said "context deadline
+// exceeded". Each pass fails as soon as NATS reports the violation, and the line names the subject
+// refused and what to grant. Granted again, the next pass writes the table.
+func TestWriter_DeniedPublishFailsAtOnce(t *testing.T) {
+	ns := natstest.RunServerSeatDenied(t, "$KV.mesh-provisioner_registry.>")
+	_, admin := natstest.Connect(t, ns.ClientURL(), nats.UserInfo("admin", "admin"))
+	_, err := admin.CreateKeyValue(context.Background(), jetstream.KeyValueConfig{Bucket: provisioner.BucketRegistry, History: 8})
+	require.NoError(t, err)
+	_, js := natstest.Connect(t, ns.ClientURL(), nats.UserInfo("seat", "seat"))
+
+	var logs natstest.LogBuffer
+	w := registry.New(js, provisioner.Registry, interval, slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo})))
+	registry.SetRetry(w, time.Millisecond, 10*time.Millisecond)
+	w.Start(context.Background())
+	t.Cleanup(w.Stop)
+	// Well under one pass's 30 s deadline, however loaded the machine: each denied pass takes about
+	// one round trip.
+	natstest.CheckFor(t, 20*time.Second, 5*time.Millisecond, func() error {
+		if n := w.Failures(); n < 3 {
+			return fmt.Errorf("%d failed passes", n)
+		}
+		return nil
+	})
+	require.Zero(t, passes(w))
+	require.Contains(t, logs.String(), "registry pass failed; retrying with backoff")
+	require.Contains(t, logs.String(), `Permissions Violation for Publish to \"$KV.mesh-provisioner_registry.`, "names the subject refused")
+	require.Contains(t, logs.String(), "grant this NATS user publish on $KV.mesh-provisioner_registry.>", "names what to grant")
+	require.NotContains(t, logs.String(), "deadline exceeded")
+
+	natstest.DenySeat(t, ns) // granted
+	waitPasses(t, w, 1)
+	require.NoError(t, equalsContract(t, js))
+}

@@ -462,3 +462,45 @@ func TestServe_DemoMarkerNeverRemovesOthersData(t *testing.T) {
 	require.NoError(t, err, "the need a client wrote is kept")
 	require.NoFileExists(t, marker)
 }
+
+// TestServe_DemoMarkerKeepsAClientsRepeatOfTheDemo: as above, but the client's write is one the demo
+// writes too: a need put again with the value it holds (a client republishing its node's needs at
+// start). A message was taken for the demo's by its subject, operation and value alone, so the next
+// serve --demo deleted the streams and loaded the demo again, and the client's write was lost. The
+// streams hold the demo's alone only when their messages are its ops in order: this one follows the
+// demo's last, and the store is served as it is.
+func TestServe_DemoMarkerKeepsAClientsRepeatOfTheDemo(t *testing.T) {
+	t.Setenv("NATS_URL", "")
+	dir := t.TempDir()
+	s, err := startServe(dir, "--demo")
+	require.NoError(t, err)
+	require.NoError(t, s.stop())
+	marker := filepath.Join(dir, "nats", demoMarker)
+	require.NoError(t, writeDemoMarker(marker, map[string]bool{}))
+
+	s, err = startServe(dir)
+	require.NoError(t, err)
+	_, js := natstest.Connect(t, s.natsURL)
+	ctx := context.Background()
+	st, err := js.Stream(ctx, provisioner.StreamName(provisioner.BucketNeeds))
+	require.NoError(t, err)
+	last, err := st.GetMsg(ctx, st.CachedInfo().State.LastSeq)
+	require.NoError(t, err)
+	require.Empty(t, last.Header.Get("KV-Operation"), "the demo's last need is a put")
+	ack, err := js.Publish(ctx, last.Subject, last.Data) // the same need, the same value, again
+	require.NoError(t, err)
+	require.NoError(t, s.stop())
+
+	s, err = startServe(dir, "--demo")
+	require.NoError(t, err)
+	defer func() { require.NoError(t, s.stop()) }()
+	require.Contains(t, s.stderr.String(), "the embedded server holds data the demo does not write since; removing nothing")
+	require.NotContains(t, s.stderr.String(), "what it wrote is removed")
+	_, js = natstest.Connect(t, s.natsURL)
+	st, err = js.Stream(ctx, provisioner.StreamName(provisioner.BucketNeeds))
+	require.NoError(t, err)
+	got, err := st.GetLastMsgForSubject(ctx, last.Subject)
+	require.NoError(t, err)
+	require.Equal(t, ack.Sequence, got.Sequence, "the client's write is kept, at its revision")
+	require.NoFileExists(t, marker)
+}

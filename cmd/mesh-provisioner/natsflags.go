@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/novox/mesh-provisioner/internal/denied"
 )
 
 // natsFlags are the NATS connection flags every command reads, by the NATS conventions.
@@ -255,34 +257,8 @@ func (e *permissionError) optional() bool {
 	return false
 }
 
-// grantOf is the subject docs/nats-accounts.conf grants for a refused publish: the JetStream API's
-// consumer requests for any consumer of the stream (CREATE with any filter), direct gets of any key,
-// and a bucket's keys with >.
-func grantOf(subject string) string {
-	toks := strings.Split(subject, ".")
-	api := 2 // $JS.API.<request>: tokens before the request's name
-	if len(toks) > 3 && toks[0] == "$JS" && toks[1] != "API" && toks[2] == "API" {
-		api = 3 // $JS.<domain>.API.<request>
-	}
-	switch {
-	case toks[0] == "$KV" && len(toks) > 2:
-		return strings.Join(toks[:2], ".") + ".>"
-	case toks[0] != "$JS" || len(toks) <= api+1:
-		return subject
-	}
-	req := toks[api:]
-	switch {
-	case req[0] == "CONSUMER" && len(req) > 3 && req[1] == "CREATE":
-		return strings.Join(toks[:api+3], ".") + ".>" // CONSUMER.CREATE.<stream>.<name>[.<filter>]
-	case req[0] == "CONSUMER" && len(req) > 4 && req[1] == "MSG" && req[2] == "NEXT":
-		return strings.Join(toks[:api+4], ".") + ".*" // CONSUMER.MSG.NEXT.<stream>.<name>
-	case req[0] == "CONSUMER" && len(req) > 3 && (req[1] == "INFO" || req[1] == "DELETE"):
-		return strings.Join(toks[:api+3], ".") + ".*" // CONSUMER.INFO|DELETE.<stream>.<name>
-	case req[0] == "DIRECT" && len(req) > 3 && req[1] == "GET":
-		return strings.Join(toks[:api+3], ".") + ".>" // DIRECT.GET.<stream>.<subject>
-	}
-	return subject
-}
+// grantOf is the subject docs/nats-accounts.conf grants for a refused publish (denied.Grant).
+func grantOf(subject string) string { return denied.Grant(subject) }
 
 // violationLogEvery is how often a permissions violation that goes on is logged again, per grant.
 const violationLogEvery = time.Minute

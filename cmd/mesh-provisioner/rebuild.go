@@ -76,7 +76,9 @@ func (c *RebuildCommand) Run(ctx context.Context, args []string) error {
 	if err := parseNoArgs(fs, args); err != nil {
 		return err
 	}
-	log, err := c.logs.logger(c.Stderr)
+	// What the fill writes goes through these: a fill left running past Run (below) writes no more.
+	stdout, stderr := newCutWriter(c.Stdout), newCutWriter(c.Stderr)
+	log, err := c.logs.logger(stderr)
 	if err != nil {
 		return err
 	}
@@ -124,7 +126,7 @@ func (c *RebuildCommand) Run(ctx context.Context, args []string) error {
 	// exit, and the generation keeps every batch committed, which the next rebuild resumes.
 	var filling atomic.Pointer[string] // the generation being opened or filled
 	done := make(chan error, 1)
-	go func() { done <- c.fill(ctx, js, sd, log, &filling) }()
+	go func() { done <- c.fill(ctx, js, sd, log, &filling, stdout, stderr) }()
 	gen, err := awaitUnlessHeld(ctx, done, func() (string, bool) {
 		g := filling.Load()
 		return deref(g), g != nil && store.WritesHeldIn(*g)
@@ -136,6 +138,10 @@ func (c *RebuildCommand) Run(ctx context.Context, args []string) error {
 	go func() { <-done; sd.Close() }() // the lock goes with the fill; the process's exit comes first
 	log.Error("stopping without waiting: the state dir is out of room and a write of the rebuild waits for it", "generation", gen,
 		"fix", "free space on that disk (or give --state a larger one), then run rebuild again: it resumes this generation")
+	// The fill is left to the process's exit: once there is room it ends, stopped, and says nothing
+	// more here (its lines came after Run had returned: "room again", "bucket synced", its bar).
+	stdout.cut()
+	stderr.cut()
 	// A permission NATS refused ends ctx too (stopOnDenied): said as such, not as a stop.
 	return fmt.Errorf("rebuild stopped while %s was out of room (the generation is kept; free space, then run rebuild again to resume): %w", gen, refused(ctx, ctx.Err()))
 }
@@ -172,7 +178,7 @@ func deref(s *string) string {
 
 // fill opens the generation to rebuild into (rebuildGeneration), fills it from the streams and swaps
 // it in, saying which one it works on in filling.
-func (c *RebuildCommand) fill(ctx context.Context, js jetstream.JetStream, sd *store.StateDir, log *slog.Logger, filling *atomic.Pointer[string]) error {
+func (c *RebuildCommand) fill(ctx context.Context, js jetstream.JetStream, sd *store.StateDir, log *slog.Logger, filling *atomic.Pointer[string], stdout, stderr io.Writer) error {
 	start := time.Now()
 	for attempt := 0; ; attempt++ {
 		gen, resumed, err := rebuildGeneration(sd, log)
@@ -218,7 +224,7 @@ func (c *RebuildCommand) fill(ctx context.Context, js jetstream.JetStream, sd *s
 		err = replay.Fill(ctx, js, db, po, func(done, total int64) {
 			applied = done
 			if bar == nil {
-				bar = progress.New(c.Stderr, log, "rebuild", "messages", total)
+				bar = progress.New(stderr, log, "rebuild", "messages", total)
 			}
 			bar.Set(done)
 		})
@@ -243,13 +249,15 @@ func (c *RebuildCommand) fill(ctx context.Context, js jetstream.JetStream, sd *s
 			// A signal came while the close waited for room: the command may have stopped without
 			// waiting, saying the generation is kept to resume, and no longer owns the state dir's
 			// CURRENT nor its output. Nothing is swapped in; the next rebuild resumes the generation.
-			return fmt.Errorf("rebuild (the generation is kept; run rebuild again to resume): %w", err)
+			// A permission NATS refused ends ctx too (stopOnDenied: a consumer's deletion as the last
+			// tail ended), said as such, not as "context canceled".
+			return fmt.Errorf("rebuild (the generation is kept; run rebuild again to resume): %w", refused(ctx, err))
 		}
 		if err := sd.Swap(gen); err != nil {
 			return err
 		}
 		took := time.Since(start)
-		fmt.Fprintf(c.Stdout, "rebuilt %s from the streams: %d messages in %s (%.0f messages/s)\n",
+		fmt.Fprintf(stdout, "rebuilt %s from the streams: %d messages in %s (%.0f messages/s)\n",
 			c.state, applied, took.Round(time.Millisecond), float64(applied)/took.Seconds())
 		return nil
 	}

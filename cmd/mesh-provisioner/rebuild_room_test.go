@@ -175,6 +175,7 @@ func requireHeldRebuildResumes(t *testing.T, full func(state string, log fmt.Str
 	require.Contains(t, err.Error(), gen, "names the generation out of room")
 	require.Contains(t, errBuf.String(), "the state dir is out of room")
 	require.NotContains(t, out.String(), "rebuilt")
+	said, printed := errBuf.String(), out.String()
 
 	// The process exits here; in the test room comes back, and the fill left running ends, stopped by
 	// the signal, releasing the state dir. The generation is kept, and the next rebuild resumes it.
@@ -186,6 +187,10 @@ func requireHeldRebuildResumes(t *testing.T, full func(state string, log fmt.Str
 		}
 		return sd.Close()
 	})
+	// Run has returned: the fill left running writes nothing more to the caller's Stderr or Stdout (a
+	// library caller reusing them, or a test reading them, raced its lines).
+	require.Equal(t, said, errBuf.String(), "the fill left running wrote to Stderr after Run returned")
+	require.Equal(t, printed, out.String(), "the fill left running wrote to Stdout after Run returned")
 	require.NotContains(t, out.String(), "rebuilt", "the fill of a stopped rebuild swapped its generation in")
 	require.NoFileExists(t, filepath.Join(state, "CURRENT"), "the fill of a stopped rebuild swapped its generation in")
 	require.Equal(t, []string{gen}, globGens(t, state), "the generation is kept")

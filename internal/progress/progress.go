@@ -43,8 +43,11 @@ func New(w io.Writer, log *slog.Logger, label, unit string, total int64) *Bar {
 	return b
 }
 
-// IsTerminal reports whether w is a character device (a terminal).
+// IsTerminal reports whether w is a character device (a terminal), or writes to one (Unwrap).
 func IsTerminal(w io.Writer) bool {
+	if u, ok := w.(interface{ Unwrap() io.Writer }); ok {
+		return IsTerminal(u.Unwrap()) // a writer over another, as errors wrap: what it writes to
+	}
 	f, ok := w.(*os.File)
 	if !ok {
 		return false

@@ -17,7 +17,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -25,6 +24,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/novox/mesh-provisioner/internal/denied"
 )
 
 // listTimeout bounds one listing, every page of it.
@@ -153,18 +154,10 @@ func (p *Poller) List(ctx context.Context) (time.Time, error) {
 // last error, and hands a violation to nothing but the connection's error callback, which is the
 // connection owner's.
 func listingViolation(nc *nats.Conn, before error) error {
-	if nc == nil {
-		return nil
+	if v := denied.Violation(nc, before, func(subject string) bool { return strings.HasSuffix(subject, "STREAM.LIST") }); v != nil {
+		return v.Err
 	}
-	err := nc.LastError()
-	if err == nil || !errors.Is(err, nats.ErrPermissionViolation) || !strings.Contains(err.Error(), `STREAM.LIST"`) {
-		return nil
-	}
-	// Each violation is a new error value: the same one as before is an older listing's.
-	if before != nil && reflect.TypeOf(err) == reflect.TypeOf(before) && reflect.TypeOf(err).Comparable() && err == before {
-		return nil
-	}
-	return err
+	return nil
 }
 
 // Read asks one stream for its info (one STREAM.INFO request) and keeps it like a listed one, so every

@@ -93,6 +93,11 @@ type Reader struct {
 	it        jetstream.MessagesContext
 	delivered uint64 // the consumer's sequence of the last message read
 	inFlight  uint64 // delivered+1 when a miss found messages delivered and not read (stillThere)
+
+	// Refused, when set, says why heartbeats are missed when NATS refused the pulls (a user not
+	// granted CONSUMER.MSG.NEXT): the server drops each one, so no heartbeat or message ever comes,
+	// while the consumer is there to confirm. Next asks it at each miss, before the confirmation.
+	Refused func() error
 }
 
 // Read starts pulling cons, at most pull messages at once (0: nats.go's default), with Heartbeat.
@@ -130,7 +135,15 @@ func ReadIdle(cons jetstream.Consumer, pull int, heartbeat time.Duration) (*Read
 // so, and is lost as before.
 func (r *Reader) Next(ctx context.Context) (jetstream.Msg, *jetstream.MsgMetadata, error) {
 	msg, err := r.it.Next(jetstream.NextContext(ctx))
-	for errors.Is(err, jetstream.ErrNoHeartbeat) && ctx.Err() == nil && r.stillThere(ctx) {
+	for errors.Is(err, jetstream.ErrNoHeartbeat) && ctx.Err() == nil {
+		if r.Refused != nil {
+			if rerr := r.Refused(); rerr != nil {
+				return nil, nil, fmt.Errorf("read: %w", rerr)
+			}
+		}
+		if !r.stillThere(ctx) {
+			break
+		}
 		msg, err = r.it.Next(jetstream.NextContext(ctx))
 	}
 	if err != nil {
