@@ -166,14 +166,14 @@ type bucketState struct {
 	// held is the first sequence of the bucket's open history gap whose remover may not be read yet,
 	// 0 when none (Reach); stored before seq when both move, so that a reader loading seq first never
 	// pairs a new sequence with an older held.
-	held     atomic.Uint64
+	held atomic.Uint64
 	// heldUntil is the stream's last sequence when the projector found it past the message the
 	// consumer said was the last (HoldUntil): held clears once the checkpoint reaches it, unless a
 	// jump since set it to 0 again; under DB.applyMu.
 	heldUntil uint64
-	anomRows atomic.Int64 // cp.AnomalyRows, readable without the lock (AnomalyRows)
-	synced   atomic.Bool
-	notify   atomic.Pointer[chan struct{}] // closed and replaced after each commit that moves seq (wake)
+	anomRows  atomic.Int64 // cp.AnomalyRows, readable without the lock (AnomalyRows)
+	synced    atomic.Bool
+	notify    atomic.Pointer[chan struct{}] // closed and replaced after each commit that moves seq (wake)
 	// known: the store holds something of the bucket (a checkpoint, anomalies) or its projector said
 	// where it stands (SetSynced); under DB.mu. Reads make no state (lookup); a state an Apply made
 	// before its commit failed is not known, so Buckets, and the metrics and stats that list it, do not
