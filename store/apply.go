@@ -496,6 +496,7 @@ func (a *applier) finish(bucket string, cp *Checkpoint, sync, moved bool) error 
 		} else {
 			delete(db.openGaps, name)
 			db.known(name).held.Store(0)
+			db.known(name).closeAt = 0
 		}
 	}
 	for k, present := range a.kindsChanged {

@@ -273,9 +273,11 @@ func (db *DB) CaughtUp(bucket string, seq uint64) error {
 	db.applyMu.Lock()
 	defer db.applyMu.Unlock()
 	g, ok := db.openGaps[bucket]
-	if !ok || seq < g.OpenedAt || seq > db.bucket(bucket).cp.Applied || db.closed.Load() {
+	b := db.bucket(bucket)
+	if !ok || seq < g.OpenedAt || seq > b.cp.Applied || seq < b.closeAt || db.closed.Load() {
 		return nil
 	}
+	b.closeAt = 0
 	g.To = seq
 	if err := db.set(gapKey(nil, bucket, g.From), encodeGap(g), pebble.NoSync); err != nil {
 		return fmt.Errorf("close history gap of %s: %w", bucket, err)
@@ -331,6 +333,8 @@ func (db *DB) HoldUntil(bucket string, held, last uint64) {
 	if b == nil || db.closed.Load() || b.held.Load() != held || held == 0 || b.heldUntil != 0 {
 		return
 	}
+	// The gap's messages were removed by messages up to last: points before it are not exact.
+	b.closeAt = max(b.closeAt, last)
 	if b.cp.Applied >= last {
 		db.unhold(bucket)
 		return

@@ -520,3 +520,21 @@ func TestDB_ReachHoldsMinSeqInsideAnOpenGap(t *testing.T) {
 	db.StreamEndsAt(b, 13)
 	require.Equal(t, uint64(13), db.Reach(b))
 }
+
+// TestDB_GapClosesOnlyPastWhereTheStreamEndedWhenAsked: the consumer said a message was the stream's
+// last, the stream held more (HoldUntil): a CaughtUp at that message does not close the gap, which
+// would say the points from it on are exact though what removed the gap's messages may be past it.
+func TestDB_GapClosesOnlyPastWhereTheStreamEndedWhenAsked(t *testing.T) {
+	db, err := store.OpenState(t.TempDir(), store.Options{})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, db.Close()) })
+	b := provisioner.BucketApplied
+	require.NoError(t, db.Apply(b, []provisioner.Message{put(1, "n1.a", []byte{1}), put(3, "n1.b", []byte{1})}, 0, false))
+	db.HoldUntil(b, 2, 4)
+	require.NoError(t, db.Apply(b, []provisioner.Message{put(4, "n1.a", []byte{2})}, 0, false))
+	require.Equal(t, uint64(4), db.Reach(b))
+	require.NoError(t, db.CaughtUp(b, 3))
+	require.Equal(t, []store.Gap{{From: 2, OpenedAt: 3}}, marks(t, db, b).Gaps, "still open: 4 removed 2")
+	require.NoError(t, db.CaughtUp(b, 4))
+	require.Equal(t, []store.Gap{{From: 2, To: 4, OpenedAt: 3}}, marks(t, db, b).Gaps)
+}

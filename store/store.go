@@ -171,9 +171,13 @@ type bucketState struct {
 	// consumer said was the last (HoldUntil): held clears once the checkpoint reaches it, unless a
 	// jump since set it to 0 again; under DB.applyMu.
 	heldUntil uint64
-	anomRows  atomic.Int64 // cp.AnomalyRows, readable without the lock (AnomalyRows)
-	synced    atomic.Bool
-	notify    atomic.Pointer[chan struct{}] // closed and replaced after each commit that moves seq (wake)
+	// closeAt is the same sequence, kept until the open gap closes: the consumer said a message below
+	// it was the stream's last, and was wrong, so CaughtUp closes the gap only at or past it (history.go);
+	// under DB.applyMu.
+	closeAt  uint64
+	anomRows atomic.Int64 // cp.AnomalyRows, readable without the lock (AnomalyRows)
+	synced   atomic.Bool
+	notify   atomic.Pointer[chan struct{}] // closed and replaced after each commit that moves seq (wake)
 	// known: the store holds something of the bucket (a checkpoint, anomalies) or its projector said
 	// where it stands (SetSynced); under DB.mu. Reads make no state (lookup); a state an Apply made
 	// before its commit failed is not known, so Buckets, and the metrics and stats that list it, do not
