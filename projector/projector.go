@@ -719,7 +719,7 @@ func (p *Projector) applyLoop(ctx context.Context, bucket string, batchSize int,
 			if np == 0 && len(in) == 0 && !endSynced {
 				if err := p.db.Flush(); err == nil {
 					endSynced = true
-					p.caughtUp(bucket, atEnd, log)
+					p.caughtUp(ctx, bucket, atEnd, log)
 					p.markSynced(bucket, log, startSeq, start)
 				}
 			}
@@ -731,7 +731,7 @@ func (p *Projector) applyLoop(ctx context.Context, bucket string, batchSize int,
 			continue
 		case <-poll.C:
 			trySkip()
-			p.caughtUp(bucket, atEnd, log) // the end may have been read after its batch was applied
+			p.caughtUp(ctx, bucket, atEnd, log) // the end may have been read after its batch was applied
 			// So may the pending count that says the catch-up is over.
 			select {
 			case lastPending = <-pending:
@@ -808,7 +808,7 @@ func (p *Projector) applyLoop(ctx context.Context, bucket string, batchSize int,
 			bo.reset()
 		}
 		p.applied.Add(int64(len(batch)))
-		p.caughtUp(bucket, atEnd, log)
+		p.caughtUp(ctx, bucket, atEnd, log)
 		if lastPending == 0 && len(in) == 0 {
 			p.markSynced(bucket, log, startSeq, start)
 		}
@@ -864,6 +864,9 @@ func (p *Projector) skipRemoved(ctx context.Context, bucket string, created int6
 	applied := p.db.Checkpoint(bucket).Applied
 	last := info.State.LastSeq
 	if last <= applied {
+		// Whatever removed a message unread is at or below the checkpoint, read: a request inside
+		// the store's open gap is held back no longer (store.DB.Reach).
+		p.db.StreamEndsAt(bucket, last)
 		return true
 	}
 	gctx, gcancel := context.WithTimeout(ctx, time.Second)
@@ -981,11 +984,35 @@ func (p *Projector) idle(bucket string, idle idleSince, atEnd uint64) bool {
 
 // caughtUp tells the store the newest message read as the stream's last: it closes any history gap
 // opened before it (store/doc.go).
-func (p *Projector) caughtUp(bucket string, atEnd *atomic.Uint64, log *slog.Logger) {
-	if end := atEnd.Load(); end > 0 {
-		if err := p.db.CaughtUp(bucket, end); err != nil && !errors.Is(err, store.ErrClosed) {
-			log.Warn("recording the end of a history gap failed", "err", err)
+//
+// While the gap holds min_seq requests back (store.DB.Reach: what removed its messages may not be
+// read), the stream is asked first: the server's count of messages pending after a message can be
+// short (after the history limit removed a message while the consumer was paused, a message with one
+// more held after it now and then says none), and a request for a write that message removed was
+// answered without it. A stream past the message sets where the requests wait until instead
+// (store.DB.HoldUntil); one STREAM.INFO a jump, only then.
+func (p *Projector) caughtUp(ctx context.Context, bucket string, atEnd *atomic.Uint64, log *slog.Logger) {
+	end := atEnd.Load()
+	if end == 0 {
+		return
+	}
+	if held, until := p.db.Held(bucket); held != 0 {
+		if until != 0 || end > p.db.Checkpoint(bucket).Applied {
+			return // the checkpoint reaching until clears it; a message not applied yet closes nothing
 		}
+		ictx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		info, err := p.js.Stream(ictx, provisioner.StreamName(bucket))
+		if err != nil {
+			return // asked again at the next batch or poll
+		}
+		if last := info.CachedInfo().State.LastSeq; last > end {
+			p.db.HoldUntil(bucket, held, last)
+			return
+		}
+	}
+	if err := p.db.CaughtUp(bucket, end); err != nil && !errors.Is(err, store.ErrClosed) {
+		log.Warn("recording the end of a history gap failed", "err", err)
 	}
 }
 

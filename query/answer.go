@@ -26,7 +26,9 @@ func (s *Server) Answer(ctx context.Context, r *Request, format Format, e *Encod
 		return s.opts.Plans(ctx, r, e)
 	}
 	shape, _ := provisioner.ShapeOfWhat(w)
-	if err := reached(r, shape.Bucket, appliedSeq(s.r, shape.Bucket)); err != nil {
+	// Reach, not the applied sequence: a min_seq inside an open history gap waits for what removed it
+	// (store.DB.Reach). The view opened after it is at or past it, and any gap it holds starts past it.
+	if err := reached(r, shape.Bucket, s.r.Reach(shape.Bucket)); err != nil {
 		return err // before a view is opened: the caller waits (waiters.go) or answers 504
 	}
 	v, err := s.r.View()

@@ -34,6 +34,7 @@ type PlansView interface {
 type PlansReader interface {
 	PlansView() (PlansView, error)
 	Applied(bucket string) (seq uint64, synced bool)
+	Reach(bucket string) uint64
 	Changed(bucket string) <-chan struct{}
 }
 
@@ -64,8 +65,7 @@ func Plans(src PlansReader, synced func(node string) bool, wake func(bucket stri
 				return BadRequest("min_seq of plans is a sequence of the node's composed-<node> bucket: name the node")
 			}
 			bucket = provisioner.ComposedPrefix + r.Node
-			have, _ := src.Applied(bucket)
-			if err := reached(r, bucket, have); err != nil {
+			if err := reached(r, bucket, src.Reach(bucket)); err != nil {
 				if wake != nil {
 					wake(bucket)
 				}

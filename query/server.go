@@ -46,6 +46,9 @@ type View interface {
 type Reader interface {
 	View() (View, error)
 	Applied(bucket string) (seq uint64, synced bool)
+	// Reach is the highest min_seq of a bucket a request is answered for now (store.DB.Reach): the
+	// applied sequence, or less while what removed messages unread may not be read yet.
+	Reach(bucket string) uint64
 	Changed(bucket string) <-chan struct{}
 }
 
@@ -501,7 +504,7 @@ func (s *Server) waits(r *Request) (string, bool) {
 		return "", false
 	}
 	b := bucketOf(r)
-	return b, b != "" && appliedSeq(s.r, b) < uint64(r.MinSeq)
+	return b, b != "" && s.r.Reach(b) < uint64(r.MinSeq)
 }
 
 // responder is what answering needs of a request: micro's, or the reply subject a waiter kept.
@@ -799,5 +802,6 @@ func bucketOf(r *Request) string {
 // applied is what waiting for a sequence needs of the projection.
 type applied interface {
 	Applied(bucket string) (seq uint64, synced bool)
+	Reach(bucket string) uint64
 	Changed(bucket string) <-chan struct{}
 }

@@ -97,11 +97,17 @@ func reached(r *Request, bucket string, have uint64) error {
 }
 
 // timedOut is the 504 of a request whose min_seq did not come in time, or before the server stopped.
+// have is the applied sequence: at or past min_seq when the request waited inside an open history
+// gap for what removed its messages (store.DB.Reach), which the answer says.
 func (s *Server) timedOut(r *Request, have uint64) error {
-	if s.ctx.Err() != nil {
-		return fmt.Errorf("%w: min_seq %d not reached before the server stopped (applied %d)", errTimeout, r.MinSeq, have)
+	why := ""
+	if have >= uint64(r.MinSeq) {
+		why = ", but messages up to min_seq were removed from the stream before they were read, and what removed them is not read yet"
 	}
-	return fmt.Errorf("%w: min_seq %d not reached within %d ms (applied %d)", errTimeout, r.MinSeq, r.WaitMS, have)
+	if s.ctx.Err() != nil {
+		return fmt.Errorf("%w: min_seq %d not reached before the server stopped (applied %d%s)", errTimeout, r.MinSeq, have, why)
+	}
+	return fmt.Errorf("%w: min_seq %d not reached within %d ms (applied %d%s)", errTimeout, r.MinSeq, r.WaitMS, have, why)
 }
 
 // waitAgain parks a request whose answer found its min_seq not reached (nr) while its wait_ms lasts,
@@ -208,12 +214,12 @@ func (s *Server) watch(bucket string, bw *bucketWaiters) {
 	for {
 		// The channel before the sequence: a commit after this read closes it (no lost wake-up).
 		changed := s.r.Changed(bucket)
-		have := appliedSeq(s.r, bucket)
+		have := s.r.Reach(bucket) // the applied sequence but inside an open history gap (store.DB.Reach)
 		var next time.Time
 		var empty bool
 		ready, expired, next, empty = s.take(bucket, bw, have, time.Now(), ready[:0], expired[:0])
 		for _, w := range expired {
-			s.answerError(w.j.req, &w.j.r, w.j.format, s.timedOut(&w.j.r, have), w.j.start, false)
+			s.answerError(w.j.req, &w.j.r, w.j.format, s.timedOut(&w.j.r, appliedSeq(s.r, bucket)), w.j.start, false)
 			s.unwait(w)
 		}
 		var full [2][]*waiter // by the queue they wait for: the workers' (0), the wide requests' (1)

@@ -24,7 +24,7 @@ import (
 
 // lookingReader is a store's Reader that counts the looks of the requests waiting for min_seq: each
 // look at a bucket starts by taking its Changed channel (before its applied sequence, so that no
-// commit after the look goes unseen). afterApplied, when armed, runs once after the next Applied that
+// commit after the look goes unseen). afterApplied, when armed, runs once after the next Reach that
 // a request's handler makes (Server.waits), not a watcher or an answer.
 type lookingReader struct {
 	Reader
@@ -37,14 +37,14 @@ func (l *lookingReader) Changed(bucket string) <-chan struct{} {
 	return l.Reader.Changed(bucket)
 }
 
-func (l *lookingReader) Applied(bucket string) (uint64, bool) {
-	seq, synced := l.Reader.Applied(bucket)
+func (l *lookingReader) Reach(bucket string) uint64 {
+	seq := l.Reader.Reach(bucket)
 	if l.afterApplied.Load() != nil && calledFrom("query.(*Server).waits") {
 		if fn := l.afterApplied.Swap(nil); fn != nil {
 			(*fn)()
 		}
 	}
-	return seq, synced
+	return seq
 }
 
 // calledFrom reports whether fn is on the calling goroutine's stack.
@@ -217,6 +217,8 @@ func (r *swappingReader) PlansView() (PlansView, error) {
 }
 
 func (r *swappingReader) Applied(bucket string) (uint64, bool) { return r.cur.Load().Applied(bucket) }
+
+func (r *swappingReader) Reach(bucket string) uint64 { return r.cur.Load().Reach(bucket) }
 
 func (r *swappingReader) Changed(bucket string) <-chan struct{} { return r.cur.Load().Changed(bucket) }
 

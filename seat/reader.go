@@ -94,6 +94,8 @@ func (v *heldView) Close() error {
 
 func (r *swapReader) Applied(bucket string) (uint64, bool) { return r.cur.Load().db.Applied(bucket) }
 
+func (r *swapReader) Reach(bucket string) uint64 { return r.cur.Load().db.Reach(bucket) }
+
 // Changed is the current store's channel; a swap closes the old store, which closes its channels, so a
 // waiter wakes and asks again of the new one.
 func (r *swapReader) Changed(bucket string) <-chan struct{} { return r.cur.Load().db.Changed(bucket) }

@@ -292,3 +292,107 @@ func TestPlans_MinSeqAcrossANodesBucketPurgedWhileRequestsWait(t *testing.T) {
 		require.GreaterOrEqual(t, asOf, writes[len(writes)-1])
 	}
 }
+
+// TestSeat_MinSeqInsideAnOpenGapWaitsForWhatRemovedIt: CONTRACT section 3, min_seq. A write at A is
+// removed by a later message of its key at B (here the bucket's history of 1) before the seat read
+// it, and the seat applies a message between A and B first: it reads 1, then 3, and knows 2 was
+// removed unread (the store opens a history gap) but not by what. A request with min_seq 2 is
+// answered once the seat has read 4, with the key's value there. Before, it was answered at once at
+// as_of 3 with the key at revision 1: an answer that claims to include the write at 2 and does not
+// (a lost write).
+func TestSeat_MinSeqInsideAnOpenGapWaitsForWhatRemovedIt(t *testing.T) {
+	ns := natstest.RunServer(t)
+	ctx := context.Background()
+	nc, js := natstest.Connect(t, ns.ClientURL())
+	const bucket = provisioner.BucketApplied
+	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucket, History: 1})
+	require.NoError(t, err)
+	first, err := kv.Put(ctx, "n1.a", mp(t, "v0"))
+	require.NoError(t, err)
+	// The seat's connection goes through a proxy that can hold back what the server sends it; its tail
+	// pulls one message at a time, so the server delivers the next only when asked again.
+	proxy := natstest.RunProxy(t, ns.Addr().String())
+	snc, sjs := natstest.Connect(t, proxy.URL())
+	db, err := store.OpenState(t.TempDir(), store.Options{})
+	require.NoError(t, err)
+	st, err := seat.Start(ctx, snc, sjs, db, seat.Config{Projector: projector.Options{Poll: 20 * time.Millisecond, Verify: time.Hour, PullMessages: 1}})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, st.Stop()); require.NoError(t, db.Close()) })
+	waitApplied := func(want uint64) {
+		t.Helper()
+		natstest.CheckFor(t, 20*time.Second, 10*time.Millisecond, func() error {
+			if applied, _ := st.Store().Applied(bucket); applied != want {
+				return fmt.Errorf("applied %d, want %d", applied, want)
+			}
+			return nil
+		})
+	}
+	waitApplied(first)
+
+	resume := pauseSeatTail(t, js, bucket)
+	write, err := kv.Put(ctx, "n1.a", mp(t, "v1"))
+	require.NoError(t, err)
+	between, err := kv.Put(ctx, "n1.b", mp(t, "j"))
+	require.NoError(t, err)
+	removal, err := kv.Put(ctx, "n1.a", mp(t, "v2")) // removes the write: the history is 1
+	require.NoError(t, err)
+	require.Equal(t, []uint64{2, 3, 4}, []uint64{write, between, removal})
+
+	// The server delivers 3 (the write at 2 is gone) and no more: the seat reads it and stalls.
+	proxy.Hold()
+	resume()
+	name := provisioner.StreamName(bucket)
+	var consumer string
+	natstest.CheckFor(t, 20*time.Second, 10*time.Millisecond, func() error {
+		s, err := js.Stream(ctx, name)
+		if err != nil {
+			return err
+		}
+		for ci := range s.ListConsumers(ctx).Info() {
+			consumer = ci.Name
+			if ci.Delivered.Stream != between {
+				return fmt.Errorf("delivered up to %d", ci.Delivered.Stream)
+			}
+			return nil
+		}
+		return errors.New("no consumer")
+	})
+	_, err = js.PauseConsumer(ctx, name, consumer, time.Now().Add(time.Hour))
+	require.NoError(t, err)
+	proxy.Release()
+	waitApplied(between)
+
+	type answer struct {
+		a   natstest.Answer
+		err error
+	}
+	answered := make(chan answer, 1)
+	go func() {
+		a, _, err := natstest.Ask(nc, query.Subject, []byte(fmt.Sprintf(`{"what":"applied","node":"n1","min_seq":%d,"wait_ms":10000}`, write)), false)
+		answered <- answer{a, err}
+	}()
+	// Answered already (the defect), or waiting: then the seat reads on.
+	natstest.CheckFor(t, 20*time.Second, 10*time.Millisecond, func() error {
+		if len(answered) == 0 && st.Server.Waiting() == 0 {
+			return errors.New("neither answered nor waiting")
+		}
+		return nil
+	})
+	_, err = js.ResumeConsumer(ctx, name, consumer)
+	require.NoError(t, err)
+	got := natstest.Receive(t, answered, 20*time.Second, "the answer")
+	require.NoError(t, got.err)
+	revs := map[string]string{}
+	for _, row := range got.a.Rows {
+		revs[fmt.Sprint(row["key"])] = fmt.Sprint(row["revision"])
+	}
+	if got.a.AsOf < removal {
+		v, _ := st.Store().View()
+		m, _ := v.HistoryMarks(bucket)
+		v.Close()
+		ap, _ := st.Store().Applied(bucket)
+		t.Logf("reach %d, applied %d, history marks %+v, rebuilds %d", st.Store().Reach(bucket), ap, m, st.Rebuilds())
+	}
+	require.GreaterOrEqual(t, got.a.AsOf, removal, "answered before the message that removed the write at min_seq was read: %v", revs)
+	require.Equal(t, map[string]string{"n1.a": fmt.Sprint(removal), "n1.b": fmt.Sprint(between)}, revs)
+}

@@ -47,10 +47,17 @@ func newHarness(t *testing.T) *harness {
 // seat and closes the store, and runs at cleanup too if the test did not call it.
 func (h *harness) startSeat(dir string) (*seat.Seat, func()) {
 	h.t.Helper()
+	return h.startSeatWith(dir, projector.Options{})
+}
+
+// startSeatWith is startSeat with the projector's options (Poll and Verify are the harness's).
+func (h *harness) startSeatWith(dir string, popts projector.Options) (*seat.Seat, func()) {
+	h.t.Helper()
 	nc, js := natstest.Connect(h.t, h.url)
 	db, err := store.OpenState(dir, store.Options{})
 	require.NoError(h.t, err)
-	st, err := seat.Start(context.Background(), nc, js, db, seat.Config{WriteRegistry: true, Projector: projector.Options{Poll: 50 * time.Millisecond, Verify: 200 * time.Millisecond}})
+	popts.Poll, popts.Verify = 50*time.Millisecond, 200*time.Millisecond
+	st, err := seat.Start(context.Background(), nc, js, db, seat.Config{WriteRegistry: true, Projector: popts})
 	require.NoError(h.t, err)
 	done := false
 	stop := func() {

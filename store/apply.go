@@ -113,6 +113,9 @@ type applier struct {
 	plans *planBatch
 	// gaps are the open history gaps this batch opened or extended (history.go).
 	gaps map[string]Gap
+	// held is, of each bucket in gaps, the first sequence its open gap holds min_seq requests back
+	// from (bucketState.held), as this batch leaves it.
+	held map[string]uint64
 	// schemaRollup says the batch writes the schema version schemaRollup (store.go).
 	schemaRollup bool
 	// removing is set while a rollup removes other keys (rollup): their purges share the rollup's
@@ -485,11 +488,15 @@ func (a *applier) finish(bucket string, cp *Checkpoint, sync, moved bool) error 
 			}
 		}
 	}
+	// Before the applied sequence moves (below): a reader of Reach loads the sequence first.
 	for name, g := range a.gaps {
 		if g.Open() {
 			db.openGaps[name] = g
+			db.known(name).held.Store(a.held[name])
 		} else {
 			delete(db.openGaps, name)
+			db.known(name).held.Store(0)
+			db.known(name).closeAt = 0
 		}
 	}
 	for k, present := range a.kindsChanged {
@@ -499,9 +506,17 @@ func (a *applier) finish(bucket string, cp *Checkpoint, sync, moved bool) error 
 			delete(db.kinds, k)
 		}
 	}
+	for name := range a.gaps {
+		db.known(name).heldUntil = 0 // a jump since: what removed it may be past that end
+	}
 	if moved {
 		b := db.bucket(bucket)
 		b.seq.Store(cp.Applied)
+		if b.heldUntil != 0 && cp.Applied >= b.heldUntil {
+			// After the sequence: a reader of Reach loads the sequence first.
+			b.held.Store(0)
+			b.heldUntil = 0
+		}
 		b.wake()
 	}
 	return nil

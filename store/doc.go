@@ -156,7 +156,10 @@
 //     revisions while the projector was behind, or a fresh projection starts on a stream whose first
 //     sequence is past 1). Such a message was superseded by a later one of the same key that was in the
 //     stream when the jump was read, so the gap closes at the first message read afterwards whose
-//     NumPending was 0 (CaughtUp): from there on every point is exact again. A rollup of the whole
+//     NumPending was 0 (CaughtUp): from there on every point is exact again. That count can be short
+//     (nats-server now and then says none is pending with one more held): while a gap holds min_seq
+//     requests back the projector asks the stream, and one that held more (HoldUntil) has the gap
+//     close only at or past its last sequence then. A rollup of the whole
 //     stream (Nats-Rollup: all) closes it at its own sequence: the server removed every earlier
 //     message as it stored it, so the state as of it is its own. Points before the gap
 //     stay exact. A stream emptied before it was read (a purge, an age limit without markers) has no

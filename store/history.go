@@ -193,7 +193,15 @@ func (db *DB) loadGaps() error {
 		if m <= 0 {
 			return fmt.Errorf("%w: gap of %s", ErrCorrupt, bucket)
 		}
-		db.openGaps[bucket] = Gap{From: binary.BigEndian.Uint64(rest[i+3:]), OpenedAt: opened}
+		g := Gap{From: binary.BigEndian.Uint64(rest[i+3:]), OpenedAt: opened}
+		db.openGaps[bucket] = g
+		// What the gap holds back from min_seq requests (Reach) is not kept: from its start when a
+		// message was read past its newest extension (a jump, or read since a skip: more than it
+		// held, never less), nothing when none was (a skip or a removed end, each of a stream
+		// that held nothing past the checkpoint).
+		if b := db.lookup(bucket); b != nil && g.OpenedAt <= b.cp.Applied {
+			b.held.Store(g.From)
+		}
 	}
 	return nil
 }
@@ -206,15 +214,27 @@ func (a *applier) gap(bucket string, from, openedAt uint64) {
 	if !ok {
 		g, ok = a.db.openGaps[bucket]
 	}
+	held, known := a.held[bucket]
+	if !known {
+		held = a.db.known(bucket).held.Load()
+	}
 	if !ok || !g.Open() {
 		// None open, or one this batch closed at a rollup of the whole stream: a new gap.
 		g = Gap{From: from}
+		held = 0
+	}
+	if held == 0 {
+		// What removed the messages from here on may not be read yet: min_seq requests from here on
+		// wait for it (DB.Reach).
+		held = from
 	}
 	g.OpenedAt = openedAt
 	if a.gaps == nil {
 		a.gaps = map[string]Gap{}
+		a.held = map[string]uint64{}
 	}
 	a.gaps[bucket] = g
+	a.held[bucket] = held
 	a.buf = gapKey(a.buf[:0], bucket, g.From)
 	a.set(a.buf, encodeGap(g))
 }
@@ -234,8 +254,10 @@ func (a *applier) closeGap(bucket string, seq uint64) {
 	g.To = seq
 	if a.gaps == nil {
 		a.gaps = map[string]Gap{}
+		a.held = map[string]uint64{}
 	}
 	a.gaps[bucket] = g
+	a.held[bucket] = 0
 	a.buf = gapKey(a.buf[:0], bucket, g.From)
 	a.set(a.buf, encodeGap(g))
 }
@@ -251,15 +273,88 @@ func (db *DB) CaughtUp(bucket string, seq uint64) error {
 	db.applyMu.Lock()
 	defer db.applyMu.Unlock()
 	g, ok := db.openGaps[bucket]
-	if !ok || seq < g.OpenedAt || seq > db.bucket(bucket).cp.Applied || db.closed.Load() {
+	b := db.bucket(bucket)
+	if !ok || seq < g.OpenedAt || seq > b.cp.Applied || seq < b.closeAt || db.closed.Load() {
 		return nil
 	}
+	b.closeAt = 0
 	g.To = seq
 	if err := db.set(gapKey(nil, bucket, g.From), encodeGap(g), pebble.NoSync); err != nil {
 		return fmt.Errorf("close history gap of %s: %w", bucket, err)
 	}
 	delete(db.openGaps, bucket)
+	db.unhold(bucket)
 	return nil
+}
+
+// unhold clears what a bucket's open gap held min_seq requests back from (Reach), and wakes whoever
+// waits on the bucket when that changes it; under applyMu.
+func (db *DB) unhold(bucket string) {
+	b := db.lookup(bucket)
+	if b == nil {
+		return
+	}
+	b.heldUntil = 0
+	if b.held.Swap(0) == 0 {
+		return
+	}
+	db.mu.Lock()
+	defer db.mu.Unlock()
+	if !db.closed.Load() {
+		b.wake()
+	}
+}
+
+// Held returns the first sequence a bucket's open gap holds min_seq requests back from (Reach), 0
+// when none, and the stream's last sequence HoldUntil was told (0: none since the last jump).
+func (db *DB) Held(bucket string) (held, until uint64) {
+	b := db.lookup(bucket)
+	if b == nil {
+		return 0, 0
+	}
+	if held = b.held.Load(); held == 0 {
+		return 0, 0
+	}
+	db.applyMu.Lock()
+	defer db.applyMu.Unlock()
+	return b.held.Load(), b.heldUntil
+}
+
+// HoldUntil tells the store that its bucket's stream held messages up to last when the projector had
+// read a message its consumer said was the last: the count of messages pending after a message can be
+// short by a message the stream holds (nats-server counts one the history limit removed while the
+// consumer was paused twice, now and then), and what removed the messages the open gap holds may be
+// among them. held is what Held returned before the stream was asked: a jump since asks again. A
+// request inside the gap waits until the checkpoint reaches last (Reach).
+func (db *DB) HoldUntil(bucket string, held, last uint64) {
+	db.applyMu.Lock()
+	defer db.applyMu.Unlock()
+	b := db.lookup(bucket)
+	if b == nil || db.closed.Load() || b.held.Load() != held || held == 0 || b.heldUntil != 0 {
+		return
+	}
+	// The gap's messages were removed by messages up to last: points before it are not exact.
+	b.closeAt = max(b.closeAt, last)
+	if b.cp.Applied >= last {
+		db.unhold(bucket)
+		return
+	}
+	b.heldUntil = last
+}
+
+// StreamEndsAt tells the store that its bucket's stream has no message past seq, at or below the
+// applied sequence: whatever removed the messages its open gap holds (Reach) is at or below it, read,
+// or was no message, so a request no longer waits for it. The gap itself stays open for the event
+// log: no message read said so.
+func (db *DB) StreamEndsAt(bucket string, seq uint64) {
+	if db.closed.Load() {
+		return
+	}
+	db.applyMu.Lock()
+	defer db.applyMu.Unlock()
+	if b := db.lookup(bucket); b != nil && seq <= b.cp.Applied && !db.closed.Load() {
+		db.unhold(bucket)
+	}
 }
 
 // TailRemoved tells the store that its bucket's stream ends at lastSeq and that every message past the
@@ -307,6 +402,8 @@ func (db *DB) TailRemoved(bucket string, lastSeq uint64, streamCreated int64) er
 	}
 	db.openGaps[bucket] = g
 	b.setCheckpoint(cp)
+	// Nothing is held past the checkpoint: what removed the gap's messages is read or gone (Reach).
+	db.unhold(bucket)
 	return nil
 }
 
@@ -356,6 +453,10 @@ func (db *DB) SkipRemoved(bucket string, seq uint64, streamCreated int64) (bool,
 	}
 	db.openGaps[bucket] = g
 	b.setCheckpoint(cp)
+	// The stream holds nothing past the old checkpoint: what removed the gap's messages is read or
+	// gone, and nothing holds a request up to seq back (Reach). After the sequence: a reader of Reach
+	// loads the sequence first.
+	b.held.Store(0)
 	b.wake()
 	return true, nil
 }

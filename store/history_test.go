@@ -466,3 +466,75 @@ func TestDB_RemovedEndAfterSkipRemoved(t *testing.T) {
 	_, ok = db.RemovedEnd(b)
 	require.False(t, ok)
 }
+
+// TestDB_ReachHoldsMinSeqInsideAnOpenGap: a request's min_seq inside an open gap (messages removed
+// before they were read, whose remover may not be read yet) is not reached by the applied sequence
+// (Reach): a jump holds from its first removed sequence on, until the stream's end is read
+// (CaughtUp), the stream is found to hold nothing past the checkpoint (SkipRemoved, StreamEndsAt), or
+// the checkpoint reaches the last sequence the stream held when the consumer's count said it ended
+// (HoldUntil). A min_seq below the gap is reached as before. Reopened, the store holds from the gap's
+// start while a message was read past its newest jump.
+func TestDB_ReachHoldsMinSeqInsideAnOpenGap(t *testing.T) {
+	dir := t.TempDir()
+	db, err := store.OpenState(dir, store.Options{})
+	require.NoError(t, err)
+	b := provisioner.BucketApplied
+	require.NoError(t, db.Apply(b, []provisioner.Message{put(1, "n1.a", []byte{1})}, 0, false))
+	require.Equal(t, uint64(1), db.Reach(b))
+	// 2 removed unread, by 4 maybe: 3 is read first.
+	require.NoError(t, db.Apply(b, []provisioner.Message{put(3, "n1.b", []byte{1})}, 0, false))
+	seq, _ := db.Applied(b)
+	require.Equal(t, uint64(3), seq)
+	require.Equal(t, uint64(1), db.Reach(b), "min_seq 2 and 3 wait for what removed 2")
+	held, until := db.Held(b)
+	require.Equal(t, [2]uint64{2, 0}, [2]uint64{held, until})
+
+	// The consumer said 3 was the last, the stream held 4: the requests wait for 4.
+	db.HoldUntil(b, 2, 4)
+	require.Equal(t, uint64(1), db.Reach(b))
+	require.NoError(t, db.Apply(b, []provisioner.Message{put(4, "n1.a", []byte{2})}, 0, false))
+	require.Equal(t, uint64(4), db.Reach(b))
+
+	// A second jump holds from its own start; the stream's end read releases it.
+	require.NoError(t, db.Apply(b, []provisioner.Message{put(6, "n1.c", []byte{1}), put(7, "n1.d", []byte{1})}, 0, false))
+	require.Equal(t, uint64(4), db.Reach(b))
+	require.NoError(t, db.CaughtUp(b, 7))
+	require.Equal(t, uint64(7), db.Reach(b))
+
+	// A skip (the stream holds nothing past the checkpoint) reaches its end.
+	require.NoError(t, db.Apply(b, []provisioner.Message{put(9, "n1.e", []byte{1})}, 0, false))
+	require.Equal(t, uint64(7), db.Reach(b))
+	moved, err := db.SkipRemoved(b, 11, 0)
+	require.NoError(t, err)
+	require.True(t, moved)
+	require.Equal(t, uint64(11), db.Reach(b))
+
+	// A jump, then the stream found to end at the checkpoint.
+	require.NoError(t, db.Apply(b, []provisioner.Message{put(13, "n1.f", []byte{1})}, 0, false))
+	require.Equal(t, uint64(11), db.Reach(b))
+	require.NoError(t, db.Close())
+	db, err = store.OpenState(dir, store.Options{})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, db.Close()) })
+	require.Less(t, db.Reach(b), uint64(12), "reopened: still held")
+	db.StreamEndsAt(b, 13)
+	require.Equal(t, uint64(13), db.Reach(b))
+}
+
+// TestDB_GapClosesOnlyPastWhereTheStreamEndedWhenAsked: the consumer said a message was the stream's
+// last, the stream held more (HoldUntil): a CaughtUp at that message does not close the gap, which
+// would say the points from it on are exact though what removed the gap's messages may be past it.
+func TestDB_GapClosesOnlyPastWhereTheStreamEndedWhenAsked(t *testing.T) {
+	db, err := store.OpenState(t.TempDir(), store.Options{})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, db.Close()) })
+	b := provisioner.BucketApplied
+	require.NoError(t, db.Apply(b, []provisioner.Message{put(1, "n1.a", []byte{1}), put(3, "n1.b", []byte{1})}, 0, false))
+	db.HoldUntil(b, 2, 4)
+	require.NoError(t, db.Apply(b, []provisioner.Message{put(4, "n1.a", []byte{2})}, 0, false))
+	require.Equal(t, uint64(4), db.Reach(b))
+	require.NoError(t, db.CaughtUp(b, 3))
+	require.Equal(t, []store.Gap{{From: 2, OpenedAt: 3}}, marks(t, db, b).Gaps, "still open: 4 removed 2")
+	require.NoError(t, db.CaughtUp(b, 4))
+	require.Equal(t, []store.Gap{{From: 2, To: 4, OpenedAt: 3}}, marks(t, db, b).Gaps)
+}

@@ -163,7 +163,19 @@ type bucketState struct {
 	// prefixNodeAnom; under DB.applyMu.
 	nodeAnom map[string]int64
 	seq      atomic.Uint64 // cp.Applied, readable without the lock
-	anomRows atomic.Int64  // cp.AnomalyRows, readable without the lock (AnomalyRows)
+	// held is the first sequence of the bucket's open history gap whose remover may not be read yet,
+	// 0 when none (Reach); stored before seq when both move, so that a reader loading seq first never
+	// pairs a new sequence with an older held.
+	held atomic.Uint64
+	// heldUntil is the stream's last sequence when the projector found it past the message the
+	// consumer said was the last (HoldUntil): held clears once the checkpoint reaches it, unless a
+	// jump since set it to 0 again; under DB.applyMu.
+	heldUntil uint64
+	// closeAt is the same sequence, kept until the open gap closes: the consumer said a message below
+	// it was the stream's last, and was wrong, so CaughtUp closes the gap only at or past it (history.go);
+	// under DB.applyMu.
+	closeAt  uint64
+	anomRows atomic.Int64 // cp.AnomalyRows, readable without the lock (AnomalyRows)
 	synced   atomic.Bool
 	notify   atomic.Pointer[chan struct{}] // closed and replaced after each commit that moves seq (wake)
 	// known: the store holds something of the bucket (a checkpoint, anomalies) or its projector said
@@ -617,6 +629,25 @@ func (db *DB) Applied(bucket string) (seq uint64, synced bool) {
 		return 0, false
 	}
 	return b.seq.Load(), b.synced.Load()
+}
+
+// Reach is the highest min_seq a request on a bucket is answered for now: the applied sequence, or,
+// while the bucket's open history gap holds messages removed before they were read whose remover may
+// not be read yet (held), the sequence before the first of them. A message removed by a later one of
+// its key (its purge, a rollup, the history limit) that the projector has not read is in no state
+// past it the projection has applied: a request for it answered there would claim a write it lacks (a
+// lost write). The gap stops holding once the projector has read to the stream's end since (CaughtUp),
+// or the stream was found to hold nothing past the checkpoint (SkipRemoved, TailRemoved, StreamEndsAt).
+func (db *DB) Reach(bucket string) uint64 {
+	b := db.lookup(bucket)
+	if b == nil {
+		return 0
+	}
+	seq := b.seq.Load()
+	if h := b.held.Load(); h != 0 && h <= seq {
+		return h - 1
+	}
+	return seq
 }
 
 // SetSynced records that a bucket's projection has caught up with its stream since start, and wakes
