@@ -16,6 +16,7 @@ import (
 
 	provisioner "github.com/novox/mesh-provisioner"
 	"github.com/novox/mesh-provisioner/projector"
+	"github.com/novox/mesh-provisioner/query"
 	"github.com/novox/mesh-provisioner/store"
 )
 
@@ -35,6 +36,29 @@ type Log struct {
 	// return store.ErrClosed.
 	asking sync.RWMutex
 	closed bool
+	// points, when set, is what a point is resolved against instead of the store's view: a log of one
+	// node's keys resolves against its whole stream (node.go).
+	points func(v *store.View) pointIndex
+	// node, when set, is the only node whose keys the log holds, of nodeBucket (NodeFromNATS): a
+	// request must ask that bucket, narrowed by it.
+	node, nodeBucket string
+}
+
+// checkNode refuses a request the log cannot answer: one not narrowed by the node whose keys alone it
+// holds.
+func (l *Log) checkNode(r *query.Request) error {
+	if l.node != "" && (r.Node != l.node || bucketOfWhat(r.What) != l.nodeBucket) {
+		return fmt.Errorf("replay: this log holds the keys of node %s of %s alone, and the request asks %s of node %q", l.node, l.nodeBucket, r.What, r.Node)
+	}
+	return nil
+}
+
+// pointsOf is what the log resolves points against, read through v.
+func (l *Log) pointsOf(v *store.View) pointIndex {
+	if l.points != nil {
+		return l.points(v)
+	}
+	return viewPoints{v}
 }
 
 // Close closes the store and removes the copy or temporary store.
