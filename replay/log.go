@@ -122,13 +122,21 @@ func markSynced(db *store.DB) {
 	}
 }
 
+// smallOptions are the store options of a temporary store that holds few messages (one node's,
+// NodeFromNATS): Pebble lays out its log for a memtable's size, 72 MiB of the temporary disk with
+// offlineOptions' for a node's few hundred keys.
+var smallOptions = store.Options{CacheSize: 8 << 20, MemTableSize: 4 << 20}
+
 // newTemp opens an empty store in a temporary directory.
-func newTemp(source string) (*Log, error) {
+func newTemp(source string) (*Log, error) { return newTempWith(source, offlineOptions) }
+
+// newTempWith is newTemp with the store's options.
+func newTempWith(source string, opts store.Options) (*Log, error) {
 	dir, err := store.MakeTempStore()
 	if err != nil {
 		return nil, err
 	}
-	db, err := openUnlessHeld(dir)
+	db, err := openUnlessHeld(dir, opts)
 	if errors.Is(err, store.ErrNoSpace) {
 		return nil, tempRoomErr(filepath.Dir(dir))
 	}
@@ -146,14 +154,14 @@ func newTemp(source string) (*Log, error) {
 // there is room (the disk filled after the store's look at its room, store/space.go), returns
 // ErrNoSpace at once, leaving the open to a goroutine that closes and removes the store once there is
 // room (closeUnlessHeld). dir is removed when the open fails.
-func openUnlessHeld(dir string) (*store.DB, error) {
+func openUnlessHeld(dir string, opts store.Options) (*store.DB, error) {
 	type opened struct {
 		db  *store.DB
 		err error
 	}
 	done := make(chan opened, 1)
 	go func() {
-		db, err := store.Open(dir, offlineOptions)
+		db, err := store.Open(dir, opts)
 		done <- opened{db, err}
 	}()
 	tick := time.NewTicker(heldPoll)
