@@ -123,7 +123,7 @@ func markSynced(db *store.DB) {
 }
 
 // smallOptions are the store options of a temporary store that holds few messages (one node's,
-// NodeFromNATS): Pebble lays out its log for a memtable's size, 72 MiB of the temporary disk with
+// NodeFromNATS): Pebble lays out its log for a memtable's size, 70 MiB of the temporary disk with
 // offlineOptions' for a node's few hundred keys.
 var smallOptions = store.Options{CacheSize: 8 << 20, MemTableSize: 4 << 20}
 
