@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -102,9 +103,29 @@ func drawNodeHistory(r *rand.Rand, n int, removals bool) []nodeMsg {
 				m.rollup, rolledAll[b] = "all", true
 			case r.IntN(15) == 0:
 				m.rollup = "sub"
+			case r.IntN(40) == 0:
+				// A rollup of n1's keys, written on a wildcard subject: a key of n1 to the store
+				// (an anomaly), and every key it matches removed.
+				m.key, m.rollup = []string{"n1.>", "n1.*"}[r.IntN(2)], "sub"
 			}
 		}
 		out = append(out, m)
+	}
+	if removals {
+		// Last, what the streams' last points answer: a key of n1 written on a wildcard subject, and
+		// n1's keys rolled up by one (the wildcard key too), then written again.
+		put := func(b, key, rollup string) {
+			v, err := msgpack.Marshal(map[string]any{"n": len(out)})
+			if err != nil {
+				panic(err)
+			}
+			out = append(out, nodeMsg{fmsg: fmsg{bucket: b, key: key, op: provisioner.OpPut, value: v}, rollup: rollup})
+		}
+		put(provisioner.BucketApplied, "n1.*", "")
+		put(provisioner.BucketNeeds, "n1.*", "")
+		put(provisioner.BucketNeeds, "n1.>", "sub")
+		put(provisioner.BucketCollect, "n1.>", "sub")
+		put(provisioner.BucketCollect, "n1.plain.m2", "")
 	}
 	return out
 }
@@ -144,9 +165,13 @@ func checkNodeReads(t *testing.T, removals bool, history uint8) {
 	for i := range msgs {
 		ack, err := js.PublishMsg(ctx, msgs[i].natsMsg())
 		require.NoError(t, err)
+		msgs[i].seq, msgs[i].time = ack.Sequence, time.Now()
 		raw, err := streams[msgs[i].bucket].GetMsg(ctx, ack.Sequence)
+		if errors.Is(err, jetstream.ErrMsgNotFound) && msgs[i].rollup != "" {
+			continue // a rollup on a wildcard subject may remove itself with what it matches
+		}
 		require.NoError(t, err)
-		msgs[i].seq, msgs[i].time = ack.Sequence, raw.Time
+		msgs[i].time = raw.Time
 	}
 
 	archive := filepath.Join(t.TempDir(), "nats.mph")
@@ -221,6 +246,9 @@ func checkNodeReads(t *testing.T, removals bool, history uint8) {
 					if bytes.Contains([]byte(got), []byte(`"anomalies":[{`)) {
 						seen["anomalies"]++
 					}
+					if bytes.Contains([]byte(got), []byte(`"key":"n1.\u003e"`)) || bytes.Contains([]byte(got), []byte(`"key":"n1.*"`)) {
+						seen["wildcard"]++
+					}
 				}
 			}
 			// Diffs between random pairs of points, mostly of those the streams rebuild.
@@ -256,6 +284,7 @@ func checkNodeReads(t *testing.T, removals bool, history uint8) {
 	require.NotZero(t, seen["diff"], "%v", seen)
 	if removals {
 		require.NotZero(t, seen["410"], "%v", seen)
+		require.NotZero(t, seen["wildcard"], "%v", seen)
 	}
 	t.Logf("%v", seen)
 
