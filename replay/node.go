@@ -106,8 +106,10 @@ func NodeFromNATS(ctx context.Context, js jetstream.JetStream, bucket, node, sou
 			}
 		}
 		// The stream's sequences: every one from 1 to its last when it misses none (its times asked as
-		// a point needs them), else each one it holds, read with the gaps.
-		np.full = st.Msgs > 0 && st.Msgs == st.LastSeq
+		// a point needs them), else each one it holds, read with the gaps. It misses none when
+		// streamGaps does not read them: were its info wrong, a time asked of a missing message fails,
+		// never answers.
+		np.full = st.Msgs > 0 && st.FirstSeq <= 1 && st.NumDeleted == 0
 		if np.full {
 			np.last = st.LastSeq
 		} else if st.Msgs > 0 {
