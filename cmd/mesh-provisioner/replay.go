@@ -68,7 +68,9 @@ Sources (one of):
   --state DIR      the seat's local event log, which outlives the buckets' history. Works beside a
                    running serve: replay reads a private copy (hard links) of the current generation.
   --archive FILE   an archive written by mesh-provisioner export
-  --nats URL       the streams' own history (the default, with NATS_URL): only what they still hold
+  --nats URL       the streams' own history (the default, with NATS_URL): only what they still hold.
+                   A history reads its key's messages, a state or diff with --node its node's;
+                   any other question reads the whole bucket into a temporary store.
 
 A point the log cannot rebuild exactly (trimmed by retention, or messages the stream removed before the
 seat read them) is refused with the nearest points that can be answered, never guessed.
