@@ -138,7 +138,7 @@ func newTempWith(source string, opts store.Options) (*Log, error) {
 	}
 	db, err := openUnlessHeld(dir, opts)
 	if errors.Is(err, store.ErrNoSpace) {
-		return nil, tempRoomErr(filepath.Dir(dir))
+		return nil, tempRoomErr(filepath.Dir(dir), opts)
 	}
 	if err != nil {
 		store.RemoveCopy(dir)
@@ -228,7 +228,7 @@ func FromNATS(ctx context.Context, js jetstream.JetStream, buckets []string, sou
 	stop, err := fill(ctx, js, l.DB, opts, progress, true)
 	if err != nil {
 		if errors.Is(err, store.ErrNoSpace) {
-			err = tempRoomErr(filepath.Dir(l.dir)) // what is free with the store still there
+			err = tempRoomErr(filepath.Dir(l.dir), offlineOptions) // what is free with the store still there
 		}
 		l.closeUnlessHeld(stop)
 		return nil, err
@@ -242,7 +242,7 @@ func FromNATS(ctx context.Context, js jetstream.JetStream, buckets []string, sou
 	})
 	if err != nil {
 		if errors.Is(err, store.ErrNoSpace) {
-			err = tempRoomErr(filepath.Dir(l.dir))
+			err = tempRoomErr(filepath.Dir(l.dir), offlineOptions)
 		}
 		l.closeUnlessHeld(wait)
 		return nil, err
@@ -283,14 +283,14 @@ func (l *Log) closeUnlessHeld(stop func()) {
 // tempRoomErr says the disk of the system's temporary directory (dir) has too little room for a
 // temporary store, and what to do: the store's own words name --state, which is not where it is, and
 // giving a command --state changes what it reads.
-func tempRoomErr(dir string) error {
+func tempRoomErr(dir string, opts store.Options) error {
 	free := ""
 	var st syscall.Statfs_t
 	if syscall.Statfs(dir, &st) == nil {
 		free = fmt.Sprintf("%d MiB free, ", int64(st.Bavail)*int64(st.Bsize)>>20)
 	}
 	return noTempRoom(fmt.Sprintf("no room for the temporary store that reads the streams, in %s (%sthe data plus %d MiB kept free needed): free space there, or set TMPDIR to a larger disk",
-		dir, free, offlineOptions.Reserve()>>20))
+		dir, free, opts.Reserve()>>20))
 }
 
 // noTempRoom is store.ErrNoSpace in its own words, which name no state dir.

@@ -46,7 +46,7 @@ func NodeFromNATS(ctx context.Context, js jetstream.JetStream, bucket, node, sou
 	wait := func() {} // a write held for room left running (applyUnlessHeld)
 	fail := func(err error) (*Log, error) {
 		if errors.Is(err, store.ErrNoSpace) {
-			err = tempRoomErr(filepath.Dir(l.dir))
+			err = tempRoomErr(filepath.Dir(l.dir), smallOptions)
 		}
 		l.closeUnlessHeld(wait)
 		return nil, err
