@@ -18,8 +18,11 @@ import (
 
 	provisioner "github.com/novox/mesh-provisioner"
 	"github.com/novox/mesh-provisioner/internal/natstest"
+	"github.com/novox/mesh-provisioner/projector"
 	"github.com/novox/mesh-provisioner/query"
 	"github.com/novox/mesh-provisioner/replay"
+	"github.com/novox/mesh-provisioner/seat"
+	"github.com/novox/mesh-provisioner/store"
 )
 
 // The differential test of a node's state and diff read from the streams (replay.NodeFromNATS, the
@@ -27,8 +30,9 @@ import (
 // the node and of others, values that are not MessagePack, registry changes between needs, rollups of
 // one of the node's keys and of the whole stream, and keys written past the buckets' history; every
 // point (each sequence, each message's time and a nanosecond either side, before the stream) asked of
-// the node's log, of a log of the whole bucket (FromNATS) and of an archive of the streams, whose
-// answers (rows, anomalies, as_of, or the refusal) must be the same bytes.
+// the node's log, of a log of the whole bucket (FromNATS) and of an archive of the streams, and with
+// nothing removed of the seat's own log too, whose answers (rows, anomalies, as_of, or the refusal)
+// must be the same bytes.
 
 // nodeMsg is a message of the drawn history: a fmsg, with a rollup header when set.
 type nodeMsg struct {
@@ -174,6 +178,35 @@ func checkNodeReads(t *testing.T, removals bool, history uint8) {
 		msgs[i].time = raw.Time
 	}
 
+	// With nothing removed, the seat's own log (--state) holds what the streams hold: it answers the
+	// same bytes too.
+	var stateLog *replay.Log
+	if !removals {
+		dir := filepath.Join(t.TempDir(), "state")
+		db, err := store.OpenState(dir, store.Options{})
+		require.NoError(t, err)
+		snc, sjs := natstest.Connect(t, url)
+		st, err := seat.Start(ctx, snc, sjs, db, seat.Config{Projector: projector.Options{Poll: 20 * time.Millisecond}})
+		require.NoError(t, err)
+		natstest.CheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
+			for b, s := range streams {
+				info, err := s.Info(ctx)
+				if err != nil {
+					return err
+				}
+				if seq, _ := db.Applied(b); seq < info.State.LastSeq {
+					return fmt.Errorf("%s applied %d of %d", b, seq, info.State.LastSeq)
+				}
+			}
+			return nil
+		})
+		require.NoError(t, st.Stop())
+		require.NoError(t, db.Close())
+		stateLog, err = replay.OpenState(dir)
+		require.NoError(t, err)
+		defer stateLog.Close()
+	}
+
 	archive := filepath.Join(t.TempDir(), "nats.mph")
 	_, err := replay.ExportNATS(ctx, js, nil, archive, "test", nil)
 	require.NoError(t, err)
@@ -239,6 +272,9 @@ func checkNodeReads(t *testing.T, removals bool, history uint8) {
 					seen["410"]++
 				} else {
 					require.Equal(t, fromArch, got, "%s --node %s --at %s: archive", what, node, at)
+					if stateLog != nil {
+						require.Equal(t, state(stateLog, at, true), got, "%s --node %s --at %s: --state", what, node, at)
+					}
 					answered = append(answered, at)
 					if bytes.Contains([]byte(got), []byte(`"rows":[{`)) {
 						seen["rows"]++
@@ -273,6 +309,9 @@ func checkNodeReads(t *testing.T, removals bool, history uint8) {
 				require.Equal(t, diff(whole), got, "%s --node %s --from %s --to %s", what, node, from, to)
 				if !bytes.HasPrefix([]byte(got), []byte("error ")) {
 					require.Equal(t, diff(fromArchive), got, "%s --node %s --from %s --to %s: archive", what, node, from, to)
+					if stateLog != nil {
+						require.Equal(t, diff(stateLog), got, "%s --node %s --from %s --to %s: --state", what, node, from, to)
+					}
 					seen["diff"]++
 				}
 			}
