@@ -225,6 +225,15 @@ func FromNATS(ctx context.Context, js jetstream.JetStream, buckets []string, sou
 		opts.Buckets = append(provisionerBuckets(), provisioner.BucketHostModules, provisioner.BucketIndexerBuilds)
 		opts.Composed = true
 	}
+	// Each stream's last sequence before the fill: the fill reads past it, so what it did not read up
+	// to there was removed before it was read.
+	ends := map[string]*jetstream.StreamInfo{}
+	for _, b := range opts.Buckets {
+		s, err := js.Stream(ctx, provisioner.StreamName(b))
+		if err == nil {
+			ends[b] = s.CachedInfo()
+		}
+	}
 	stop, err := fill(ctx, js, l.DB, opts, progress, true)
 	if err != nil {
 		if errors.Is(err, store.ErrNoSpace) {
@@ -238,6 +247,17 @@ func FromNATS(ctx context.Context, js jetstream.JetStream, buckets []string, sou
 	// a Close later (the command's, once it has answered) it hung the command.
 	wait, err := applyUnlessHeld(l.DB, func() error {
 		stop()
+		// A stream's last messages removed before they were read (a subject purged, a TTL without a
+		// marker) are a gap open from the last one read, as the archive of the streams and a key's
+		// history from them say (streamGaps): the projector records it only of a stream emptied, and
+		// a point among them answered as if they had never been written.
+		for b, info := range ends {
+			if applied, _ := l.DB.Applied(b); info.State.Msgs > 0 && info.State.LastSeq > applied {
+				if err := l.DB.TailRemoved(b, info.State.LastSeq, info.Created.UnixNano()); err != nil {
+					return err
+				}
+			}
+		}
 		return l.DB.Flush()
 	})
 	if err != nil {

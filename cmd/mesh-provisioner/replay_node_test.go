@@ -136,20 +136,23 @@ func drawNodeHistory(r *rand.Rand, n int, removals bool) []nodeMsg {
 
 func TestReplayNode_SameAsTheWholeStream(t *testing.T) {
 	for _, tc := range []struct {
-		name     string
-		removals bool
-		history  uint8
+		name       string
+		removals   bool
+		history    uint8
+		endRemoved bool
 	}{
-		{"nothing removed", false, 64},
-		{"removed", true, 4},
+		{"nothing removed", false, 64, false},
+		{"removed", true, 4, false},
+		// Each stream's last message, of n1, removed before it was read (its subject purged).
+		{"end removed", false, 64, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			checkNodeReads(t, tc.removals, tc.history)
+			checkNodeReads(t, tc.removals, tc.history, tc.endRemoved)
 		})
 	}
 }
 
-func checkNodeReads(t *testing.T, removals bool, history uint8) {
+func checkNodeReads(t *testing.T, removals bool, history uint8, endRemoved bool) {
 	ns := natstest.RunServer(t)
 	url := ns.ClientURL()
 	_, js := natstest.Connect(t, url)
@@ -178,10 +181,20 @@ func checkNodeReads(t *testing.T, removals bool, history uint8) {
 		msgs[i].time = raw.Time
 	}
 
+	if endRemoved {
+		for b, key := range map[string]string{provisioner.BucketNeeds: "n1.m9.config.tail", provisioner.BucketApplied: "n1.m9",
+			provisioner.BucketCollect: "n1.tail.m9"} {
+			subject := provisioner.SubjectPrefix(b) + key
+			_, err := js.Publish(ctx, subject, []byte{0x01})
+			require.NoError(t, err)
+			require.NoError(t, streams[b].Purge(ctx, jetstream.WithPurgeSubject(subject)))
+		}
+	}
+
 	// With nothing removed, the seat's own log (--state) holds what the streams hold: it answers the
 	// same bytes too.
 	var stateLog *replay.Log
-	if !removals {
+	if !removals && !endRemoved {
 		dir := filepath.Join(t.TempDir(), "state")
 		db, err := store.OpenState(dir, store.Options{})
 		require.NoError(t, err)
@@ -227,7 +240,7 @@ func checkNodeReads(t *testing.T, removals bool, history uint8) {
 		defer whole.Close()
 		info, err := streams[b].Info(ctx)
 		require.NoError(t, err)
-		if removals {
+		if removals || endRemoved {
 			require.Less(t, info.State.Msgs, info.State.LastSeq, "%s: the stream removed messages", b)
 		} else {
 			require.Equal(t, info.State.Msgs, info.State.LastSeq, "%s: the stream removed nothing", b)
@@ -322,8 +335,10 @@ func checkNodeReads(t *testing.T, removals bool, history uint8) {
 	require.NotZero(t, seen["anomalies"], "%v", seen)
 	require.NotZero(t, seen["diff"], "%v", seen)
 	if removals {
-		require.NotZero(t, seen["410"], "%v", seen)
 		require.NotZero(t, seen["wildcard"], "%v", seen)
+	}
+	if removals || endRemoved {
+		require.NotZero(t, seen["410"], "%v", seen)
 	}
 	t.Logf("%v", seen)
 
