@@ -128,6 +128,16 @@ func NodeFromNATS(ctx context.Context, js jetstream.JetStream, bucket, node, sou
 		}
 		// What the whole read applied: the last message it read (none when the stream was emptied).
 		np.cp.Applied = np.last
+		// The reads are of the stream the info was of (as EachRevisionInStream checks): one recreated
+		// meanwhile would mix the messages of one with the sequences of the other.
+		now, err := s.Info(ctx)
+		if err != nil {
+			return fail(fmt.Errorf("stream of %s: %w", bucket, err))
+		}
+		if !now.Created.Equal(info.Created) {
+			return fail(fmt.Errorf("stream %s was recreated while it was read (created %s, now %s): ask again", np.stream,
+				info.Created.UTC().Format(time.RFC3339Nano), now.Created.UTC().Format(time.RFC3339Nano)))
+		}
 	}
 	wait, err = applyUnlessHeld(l.DB, func() error {
 		if err := l.DB.SetHistoryMarks(bucket, np.marks); err != nil {
