@@ -903,7 +903,7 @@ func (p *Projector) firstHeld(ctx context.Context, bucket string, from uint64) (
 	if err != nil {
 		return 0, false, err
 	}
-	msg, err := p.js.Conn().RequestWithContext(ctx, apiPrefix(p.js)+"STREAM.MSG.GET."+provisioner.StreamName(bucket), req)
+	msg, err := p.js.Conn().RequestWithContext(ctx, APIPrefix(p.js)+"STREAM.MSG.GET."+provisioner.StreamName(bucket), req)
 	if err != nil {
 		return 0, false, err
 	}
@@ -930,8 +930,8 @@ func (p *Projector) firstHeld(ctx context.Context, bucket string, from uint64) (
 	return resp.Message.Seq, true, nil
 }
 
-// apiPrefix is the prefix of js's JetStream API subjects, as nats.go builds it.
-func apiPrefix(js jetstream.JetStream) string {
+// APIPrefix is the prefix of js's JetStream API subjects, as nats.go builds it.
+func APIPrefix(js jetstream.JetStream) string {
 	switch o := js.Options(); {
 	case o.Domain != "":
 		return "$JS." + o.Domain + ".API."

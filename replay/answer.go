@@ -12,13 +12,13 @@ import (
 // anomalies, paging and cursor rules as a live answer, as of the point. as_of is the sequence answered
 // as of; synced is passed through. The encoder must have been reset for the answer's format.
 func Answer(v *store.View, r *query.Request, e *query.Encoder, synced bool) error {
-	return answer(context.Background(), v, r, e, synced, nil, nil)
+	return answer(context.Background(), v, viewPoints{v}, r, e, synced, nil, nil)
 }
 
-// answer is Answer, keeping the anomalies of the state in cache for the pages after this one, and
+// answer is Answer, resolving the point against ix, keeping the anomalies of the state in cache for the pages after this one, and
 // with plans, the plans' inputs as of the point in plans (either may be nil: nothing kept). ctx stops
 // the filling of plans' inputs.
-func answer(ctx context.Context, v *store.View, r *query.Request, e *query.Encoder, synced bool, cache *anomalyCache, plans *keptPlans) error {
+func answer(ctx context.Context, v *store.View, ix pointIndex, r *query.Request, e *query.Encoder, synced bool, cache *anomalyCache, plans *keptPlans) error {
 	w := provisioner.What(r.What)
 	if w == provisioner.WhatPlans {
 		return answerPlans(ctx, v, r, e, synced, plans)
@@ -34,7 +34,7 @@ func answer(ctx context.Context, v *store.View, r *query.Request, e *query.Encod
 	if err != nil {
 		return query.BadRequest("at: %v", err)
 	}
-	res, err := Resolve(v, shape.Bucket, p)
+	res, err := resolve(ix, shape.Bucket, p)
 	if err != nil {
 		return goneOr(err)
 	}
@@ -79,7 +79,7 @@ func (h *Handler) Answer(ctx context.Context, r *query.Request, e *query.Encoder
 	} else if r.What == string(provisioner.WhatPlans) {
 		s = h.synced(provisioner.BucketHostModules)
 	}
-	return answer(ctx, v, r, e, s, &h.anomalies, &h.plans)
+	return answer(ctx, v, viewPoints{v}, r, e, s, &h.anomalies, &h.plans)
 }
 
 // Close removes the temporary stores of plans kept: at once those no answer reads, the others as the

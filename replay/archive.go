@@ -639,7 +639,7 @@ func FromArchiveBuckets(ctx context.Context, path string, buckets []string, prog
 	wait := func() {} // the Apply a write held for room left running (applyUnlessHeld)
 	fail := func(err error) (*Log, error) {
 		if errors.Is(err, store.ErrNoSpace) {
-			err = tempRoomErr(filepath.Dir(l.dir))
+			err = tempRoomErr(filepath.Dir(l.dir), offlineOptions)
 		}
 		l.closeUnlessHeld(wait)
 		return nil, err

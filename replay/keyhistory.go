@@ -48,7 +48,7 @@ func EachRevisionInStream(ctx context.Context, js jetstream.JetStream, bucket, k
 		// the whole stream's sequences.
 		subject := provisioner.SubjectPrefix(bucket) + key
 		var rev Revision
-		err = readStream(ctx, s, subject, false, st.LastSeq, func(msg jetstream.Msg, md *jetstream.MsgMetadata) error {
+		err = readStream(ctx, s, []string{subject}, false, st.LastSeq, func(msg jetstream.Msg, md *jetstream.MsgMetadata) error {
 			m, err := projector.MessageOf(bucket, msg.Subject(), msg.Headers(), msg.Data(), md.Sequence.Stream, md.Timestamp)
 			if err != nil {
 				return err
@@ -60,7 +60,7 @@ func EachRevisionInStream(ctx context.Context, js jetstream.JetStream, bucket, k
 			return h, err
 		}
 	}
-	if h.Gaps, err = streamGaps(ctx, s, st, progress); err != nil {
+	if h.Gaps, err = streamGaps(ctx, s, st, progress, nil); err != nil {
 		return h, err
 	}
 	// The reads are of the stream the info was of: one recreated meanwhile (deleted, and made again
@@ -94,8 +94,9 @@ func BySubject(key string) bool {
 
 // streamGaps are the gaps a store filled from the whole stream would record (store.DB.Apply,
 // CaughtUp, TailRemoved), and the removed end an archive of it records: none when no message is
-// missing below the stream's last; else a read of every message's sequence and headers, no data.
-func streamGaps(ctx context.Context, s jetstream.Stream, st jetstream.StreamState, progress Progress) ([]store.Gap, error) {
+// missing below the stream's last; else a read of every message's sequence and headers, no data, each
+// message's sequence and time told to each when set.
+func streamGaps(ctx context.Context, s jetstream.Stream, st jetstream.StreamState, progress Progress, each func(seq uint64, t int64)) ([]store.Gap, error) {
 	switch {
 	case st.LastSeq == 0:
 		return nil, nil
@@ -108,8 +109,11 @@ func streamGaps(ctx context.Context, s jetstream.Stream, st jetstream.StreamStat
 	var gaps []store.Gap
 	var open *store.Gap
 	prev, done := uint64(0), int64(0)
-	err := readStream(ctx, s, "", true, st.LastSeq, func(msg jetstream.Msg, md *jetstream.MsgMetadata) error {
+	err := readStream(ctx, s, nil, true, st.LastSeq, func(msg jetstream.Msg, md *jetstream.MsgMetadata) error {
 		seq := md.Sequence.Stream
+		if each != nil {
+			each(seq, md.Timestamp.UnixNano())
+		}
 		if seq > prev+1 {
 			if open == nil {
 				gaps = append(gaps, store.Gap{From: prev + 1})
@@ -148,9 +152,9 @@ func streamGaps(ctx context.Context, s jetstream.Stream, st jetstream.StreamStat
 	return gaps, nil
 }
 
-// readStream calls fn for each message of the stream (of subject alone, when given; headers alone,
-// with headersOnly), in order, up to last or until none is left, through a consumer it deletes when
-// done, cancelled too.
+// readStream calls fn for each message of the stream (of the subjects alone, when given; headers
+// alone, with headersOnly), in order, up to last or until none is left, through a consumer it deletes
+// when done, cancelled too.
 //
 // A pull with no wait is given up by nats.go after a second without a message (its idle timer), with
 // no error, and what the server sends it later goes to an inbox nobody listens to: the consumer has
@@ -159,7 +163,7 @@ func streamGaps(ctx context.Context, s jetstream.Stream, st jetstream.StreamStat
 // read goes on from the message after the last one read, through a new consumer. An empty pull that the
 // consumer says was not answered while messages are pending (a server slow to answer; a pull denied)
 // is pulled again, for at most readStall without a message.
-func readStream(ctx context.Context, s jetstream.Stream, subject string, headersOnly bool, last uint64, fn func(jetstream.Msg, *jetstream.MsgMetadata) error) error {
+func readStream(ctx context.Context, s jetstream.Stream, subjects []string, headersOnly bool, last uint64, fn func(jetstream.Msg, *jetstream.MsgMetadata) error) error {
 	var name string // the consumer's, deleted when replaced and when done
 	drop := func() {
 		if name == "" {
@@ -175,7 +179,11 @@ func readStream(ctx context.Context, s jetstream.Stream, subject string, headers
 		drop()
 		cfg := streamread.Config(after)
 		cfg.Name = nuid.Next()
-		cfg.FilterSubject = subject
+		if len(subjects) == 1 {
+			cfg.FilterSubject = subjects[0]
+		} else {
+			cfg.FilterSubjects = subjects
+		}
 		cfg.HeadersOnly = headersOnly
 		name = cfg.Name // before it is asked: the server may create it though its answer is lost
 		cons, err := s.CreateConsumer(ctx, cfg)

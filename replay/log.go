@@ -16,6 +16,7 @@ import (
 
 	provisioner "github.com/novox/mesh-provisioner"
 	"github.com/novox/mesh-provisioner/projector"
+	"github.com/novox/mesh-provisioner/query"
 	"github.com/novox/mesh-provisioner/store"
 )
 
@@ -35,6 +36,29 @@ type Log struct {
 	// return store.ErrClosed.
 	asking sync.RWMutex
 	closed bool
+	// points, when set, is what a point is resolved against instead of the store's view: a log of one
+	// node's keys resolves against its whole stream (node.go).
+	points func(v *store.View) pointIndex
+	// node, when set, is the only node whose keys the log holds, of nodeBucket (NodeFromNATS): a
+	// request must ask that bucket, narrowed by it.
+	node, nodeBucket string
+}
+
+// checkNode refuses a request the log cannot answer: one not narrowed by the node whose keys alone it
+// holds.
+func (l *Log) checkNode(r *query.Request) error {
+	if l.node != "" && (r.Node != l.node || bucketOfWhat(r.What) != l.nodeBucket) {
+		return fmt.Errorf("replay: this log holds the keys of node %s of %s alone, and the request asks %s of node %q", l.node, l.nodeBucket, r.What, r.Node)
+	}
+	return nil
+}
+
+// pointsOf is what the log resolves points against, read through v.
+func (l *Log) pointsOf(v *store.View) pointIndex {
+	if l.points != nil {
+		return l.points(v)
+	}
+	return viewPoints{v}
 }
 
 // Close closes the store and removes the copy or temporary store.
@@ -98,15 +122,23 @@ func markSynced(db *store.DB) {
 	}
 }
 
+// smallOptions are the store options of a temporary store that holds few messages (one node's,
+// NodeFromNATS): Pebble lays out its log for a memtable's size, 70 MiB of the temporary disk with
+// offlineOptions' for a node's few hundred keys.
+var smallOptions = store.Options{CacheSize: 8 << 20, MemTableSize: 4 << 20}
+
 // newTemp opens an empty store in a temporary directory.
-func newTemp(source string) (*Log, error) {
+func newTemp(source string) (*Log, error) { return newTempWith(source, offlineOptions) }
+
+// newTempWith is newTemp with the store's options.
+func newTempWith(source string, opts store.Options) (*Log, error) {
 	dir, err := store.MakeTempStore()
 	if err != nil {
 		return nil, err
 	}
-	db, err := openUnlessHeld(dir)
+	db, err := openUnlessHeld(dir, opts)
 	if errors.Is(err, store.ErrNoSpace) {
-		return nil, tempRoomErr(filepath.Dir(dir))
+		return nil, tempRoomErr(filepath.Dir(dir), opts)
 	}
 	if err != nil {
 		store.RemoveCopy(dir)
@@ -122,14 +154,14 @@ func newTemp(source string) (*Log, error) {
 // there is room (the disk filled after the store's look at its room, store/space.go), returns
 // ErrNoSpace at once, leaving the open to a goroutine that closes and removes the store once there is
 // room (closeUnlessHeld). dir is removed when the open fails.
-func openUnlessHeld(dir string) (*store.DB, error) {
+func openUnlessHeld(dir string, opts store.Options) (*store.DB, error) {
 	type opened struct {
 		db  *store.DB
 		err error
 	}
 	done := make(chan opened, 1)
 	go func() {
-		db, err := store.Open(dir, offlineOptions)
+		db, err := store.Open(dir, opts)
 		done <- opened{db, err}
 	}()
 	tick := time.NewTicker(heldPoll)
@@ -193,10 +225,19 @@ func FromNATS(ctx context.Context, js jetstream.JetStream, buckets []string, sou
 		opts.Buckets = append(provisionerBuckets(), provisioner.BucketHostModules, provisioner.BucketIndexerBuilds)
 		opts.Composed = true
 	}
+	// Each stream's last sequence before the fill: the fill reads past it, so what it did not read up
+	// to there was removed before it was read.
+	ends := map[string]*jetstream.StreamInfo{}
+	for _, b := range opts.Buckets {
+		s, err := js.Stream(ctx, provisioner.StreamName(b))
+		if err == nil {
+			ends[b] = s.CachedInfo()
+		}
+	}
 	stop, err := fill(ctx, js, l.DB, opts, progress, true)
 	if err != nil {
 		if errors.Is(err, store.ErrNoSpace) {
-			err = tempRoomErr(filepath.Dir(l.dir)) // what is free with the store still there
+			err = tempRoomErr(filepath.Dir(l.dir), offlineOptions) // what is free with the store still there
 		}
 		l.closeUnlessHeld(stop)
 		return nil, err
@@ -206,11 +247,22 @@ func FromNATS(ctx context.Context, js jetstream.JetStream, buckets []string, sou
 	// a Close later (the command's, once it has answered) it hung the command.
 	wait, err := applyUnlessHeld(l.DB, func() error {
 		stop()
+		// A stream's last messages removed before they were read (a subject purged, a TTL without a
+		// marker) are a gap open from the last one read, as the archive of the streams and a key's
+		// history from them say (streamGaps): the projector records it only of a stream emptied, and
+		// a point among them answered as if they had never been written.
+		for b, info := range ends {
+			if applied, _ := l.DB.Applied(b); info.State.Msgs > 0 && info.State.LastSeq > applied {
+				if err := l.DB.TailRemoved(b, info.State.LastSeq, info.Created.UnixNano()); err != nil {
+					return err
+				}
+			}
+		}
 		return l.DB.Flush()
 	})
 	if err != nil {
 		if errors.Is(err, store.ErrNoSpace) {
-			err = tempRoomErr(filepath.Dir(l.dir))
+			err = tempRoomErr(filepath.Dir(l.dir), offlineOptions)
 		}
 		l.closeUnlessHeld(wait)
 		return nil, err
@@ -251,14 +303,14 @@ func (l *Log) closeUnlessHeld(stop func()) {
 // tempRoomErr says the disk of the system's temporary directory (dir) has too little room for a
 // temporary store, and what to do: the store's own words name --state, which is not where it is, and
 // giving a command --state changes what it reads.
-func tempRoomErr(dir string) error {
+func tempRoomErr(dir string, opts store.Options) error {
 	free := ""
 	var st syscall.Statfs_t
 	if syscall.Statfs(dir, &st) == nil {
 		free = fmt.Sprintf("%d MiB free, ", int64(st.Bavail)*int64(st.Bsize)>>20)
 	}
 	return noTempRoom(fmt.Sprintf("no room for the temporary store that reads the streams, in %s (%sthe data plus %d MiB kept free needed): free space there, or set TMPDIR to a larger disk",
-		dir, free, offlineOptions.Reserve()>>20))
+		dir, free, opts.Reserve()>>20))
 }
 
 // noTempRoom is store.ErrNoSpace in its own words, which name no state dir.

@@ -126,6 +126,30 @@ type Resolved struct {
 // Resolve turns a point into the sequence of bucket to answer as of, and checks that the log rebuilds
 // it exactly; a point it cannot is an error wrapping store.ErrTrimmed or store.ErrGap.
 func Resolve(v *store.View, bucket string, p Point) (Resolved, error) {
+	return resolve(viewPoints{v}, bucket, p)
+}
+
+// pointIndex is what resolving a point reads of a bucket's log: its checkpoint and marks, and the
+// sequences and times of its messages. A store's view answers it (viewPoints); a log holding one
+// node's keys alone answers it from the stream for that node's bucket (nodePoints, node.go).
+type pointIndex interface {
+	Checkpoint(bucket string) (store.Checkpoint, error)
+	HistoryMarks(bucket string) (store.HistoryMarks, error)
+	// SeqAtTime is store.View.SeqAtTime.
+	SeqAtTime(bucket string, t int64) (uint64, error)
+	// TimeAfter is the time of the first message the log keeps after seq, or 0.
+	TimeAfter(bucket string, seq uint64) (int64, error)
+}
+
+// viewPoints is a store view's pointIndex.
+type viewPoints struct{ *store.View }
+
+func (v viewPoints) TimeAfter(bucket string, seq uint64) (int64, error) {
+	return firstEventAfter(v.View, bucket, seq)
+}
+
+// resolve is Resolve reading the log through ix.
+func resolve(v pointIndex, bucket string, p Point) (Resolved, error) {
 	applied, err := v.Checkpoint(bucket)
 	if err != nil {
 		return Resolved{}, err
@@ -176,7 +200,7 @@ func Resolve(v *store.View, bucket string, p Point) (Resolved, error) {
 	// The registry is read as of the last moment the bucket was in this state.
 	r.RegistryAt = math.MaxInt64
 	if r.Seq < applied.Applied {
-		if first, err := firstEventAfter(v, bucket, r.Seq); err != nil {
+		if first, err := v.TimeAfter(bucket, r.Seq); err != nil {
 			return r, err
 		} else if first != 0 {
 			r.RegistryAt = first - 1

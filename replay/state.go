@@ -24,6 +24,9 @@ func (l *Log) Ask(body []byte) ([]byte, error) {
 	if r.At == "" {
 		return nil, query.BadRequest("replay answers as of a point: at is required")
 	}
+	if err := l.checkNode(&r); err != nil {
+		return nil, err
+	}
 	l.asking.RLock()
 	defer l.asking.RUnlock()
 	if l.closed {
@@ -37,7 +40,7 @@ func (l *Log) Ask(body []byte) ([]byte, error) {
 	var e query.Encoder
 	e.Reset(format)
 	_, synced := l.DB.Applied(bucketOfWhat(r.What))
-	if err := answer(context.Background(), v, &r, &e, synced, &l.anomalies, &l.plans); err != nil {
+	if err := answer(context.Background(), v, l.pointsOf(v), &r, &e, synced, &l.anomalies, &l.plans); err != nil {
 		return nil, err
 	}
 	return append([]byte(nil), e.Bytes()...), nil
@@ -77,6 +80,9 @@ type State struct {
 // State reads what a request (what and its narrowing; at, limit and after are ignored) answers as of
 // a point. The request must be valid (query.DecodeRequest checks it).
 func (l *Log) State(r query.Request, p Point) (State, error) {
+	if err := l.checkNode(&r); err != nil {
+		return State{}, err
+	}
 	w := provisioner.What(r.What)
 	shape, ok := provisioner.ShapeOfWhat(w)
 	if !ok {
@@ -87,7 +93,7 @@ func (l *Log) State(r query.Request, p Point) (State, error) {
 		return State{}, err
 	}
 	defer v.Close()
-	res, err := Resolve(v, shape.Bucket, p)
+	res, err := resolve(l.pointsOf(v), shape.Bucket, p)
 	if err != nil {
 		return State{}, goneOr(err)
 	}

@@ -74,6 +74,9 @@ type DiffItem struct {
 // Both points are resolved before anything is read; ordered is then told their sequences, and its
 // error, if any, is returned before fn is called. The walk stops with ctx's error once ctx is done.
 func (l *Log) DiffEach(ctx context.Context, r query.Request, from, to Point, ordered func(fromSeq, toSeq uint64) error, fn func(*DiffItem) error) error {
+	if err := l.checkNode(&r); err != nil {
+		return err
+	}
 	shape, ok := provisioner.ShapeOfWhat(provisioner.What(r.What))
 	if !ok {
 		return query.NotImplemented("replay answers registry, needs, applied and collect, not %s", r.What)
@@ -83,11 +86,12 @@ func (l *Log) DiffEach(ctx context.Context, r query.Request, from, to Point, ord
 		return err
 	}
 	defer v.Close()
-	ra, err := Resolve(v, shape.Bucket, from)
+	ix := l.pointsOf(v)
+	ra, err := resolve(ix, shape.Bucket, from)
 	if err != nil {
 		return goneOr(err)
 	}
-	rb, err := Resolve(v, shape.Bucket, to)
+	rb, err := resolve(ix, shape.Bucket, to)
 	if err != nil {
 		return goneOr(err)
 	}

@@ -83,6 +83,12 @@ func TestAccounts_CommandsAsDocumented(t *testing.T) {
 	code, out, stderr := run(t, append([]string{"replay", "state", "needs", "--at", fmt.Sprintf("seq:%d", seq)}, seatUser...)...)
 	require.Equal(t, 0, code, "replay: %s", stderr)
 	require.Contains(t, out, "listen")
+	// A node's, from its own subjects, at a time: the stream's messages' times are asked by sequence.
+	for _, at := range []string{fmt.Sprintf("seq:%d", seq), time.Now().UTC().Format(time.RFC3339Nano)} {
+		code, out, stderr = run(t, append([]string{"replay", "state", "needs", "--node", "n1", "--at", at}, seatUser...)...)
+		require.Equal(t, 0, code, "replay --node --at %s: %s", at, stderr)
+		require.Contains(t, out, "listen")
+	}
 
 	// rebuild, with the seat stopped, as the runbook says.
 	require.NoError(t, s.stop())

@@ -68,7 +68,9 @@ Sources (one of):
   --state DIR      the seat's local event log, which outlives the buckets' history. Works beside a
                    running serve: replay reads a private copy (hard links) of the current generation.
   --archive FILE   an archive written by mesh-provisioner export
-  --nats URL       the streams' own history (the default, with NATS_URL): only what they still hold
+  --nats URL       the streams' own history (the default, with NATS_URL): only what they still hold.
+                   A history reads its key's messages, a state or diff with --node its node's;
+                   any other question reads the whole bucket into a temporary store.
 
 A point the log cannot rebuild exactly (trimmed by retention, or messages the stream removed before the
 seat read them) is refused with the nearest points that can be answered, never guessed.
@@ -238,6 +240,10 @@ func (c *ReplayCommand) Run(ctx context.Context, args []string) error {
 		// One key from the streams: its own subject is read, not the stream into a temporary store.
 		return c.historyFromStream(ctx, pos[0], pos[1])
 	}
+	if question != "history" && c.state == "" && c.archive == "" && req.Node != "" && what != string(provisioner.WhatPlans) {
+		// One node from the streams: its own subjects are read, not the bucket into a temporary store.
+		return c.nodeFromStream(ctx, question, req, from, to)
+	}
 	l, err := c.open(ctx, questionBuckets(question, what, pos))
 	if err != nil {
 		return err
@@ -304,6 +310,58 @@ func (c *ReplayCommand) historyFromStream(ctx context.Context, bucket, key strin
 	err = c.runHistory(ctx, src, "nats "+redact(c.nats.url), bucket, key)
 	if bar != nil {
 		bar.Done()
+	}
+	return refused(ctx, err)
+}
+
+// nodeFromStream answers state or diff narrowed by a node from the streams (replay.NodeFromNATS): the
+// node's messages, the registry for needs, and the stream's sequences when some were removed (the
+// gaps), with the progress of that read, which is the long part.
+func (c *ReplayCommand) nodeFromStream(ctx context.Context, question string, req query.Request, from, to replay.Point) error {
+	ctx, stop := c.nats.stopOnDenied(ctx)
+	defer stop()
+	nc, err := c.nats.connect(c.nats.url, "mesh-provisioner replay", nil)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return fmt.Errorf("jetstream: %w", err)
+	}
+	if err := hasProvisionerStreams(ctx, js, c.nats.url); err != nil {
+		return refused(ctx, err)
+	}
+	shape, _ := provisioner.ShapeOfWhat(provisioner.What(req.What))
+	var bar *progress.Bar
+	l, err := replay.NodeFromNATS(ctx, js, shape.Bucket, req.Node, "nats "+redact(c.nats.url), func(done, total int64) {
+		if bar == nil {
+			bar = newBar(c.Stderr, "reading stream", "messages", total)
+		}
+		bar.Set(done)
+	})
+	if bar != nil {
+		bar.Done()
+	}
+	if err == nil {
+		// A pull refused ends as an empty one: the violation, reported on its own, may not have ended
+		// ctx yet.
+		err = c.nats.deniedSoFar(nc)
+	}
+	if err != nil {
+		if l != nil {
+			l.Close()
+		}
+		return refused(ctx, err)
+	}
+	defer l.Close()
+	if question == "state" {
+		err = c.runState(ctx, l, req)
+	} else {
+		err = c.runDiff(ctx, l, req, from, to)
+	}
+	if derr := c.nats.deniedSoFar(nc); derr != nil {
+		return derr
 	}
 	return refused(ctx, err)
 }
