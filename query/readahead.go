@@ -3,6 +3,7 @@ package query
 import (
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	provisioner "github.com/novox/mesh-provisioner"
@@ -91,6 +92,9 @@ type readAhead struct {
 	jobs     chan aheadJob // closed by Stop, under mu
 	closed   bool          // jobs is closed; under mu
 	done     sync.WaitGroup
+	// How many pages were written ahead, and how many of them answered a request: what the tests
+	// (and a throwaway build measuring the read-ahead) read.
+	written, taken atomic.Int64
 }
 
 // readsAhead reports whether the next page of a request is written ahead.
@@ -215,6 +219,7 @@ func (s *Server) writeAhead(j *aheadJob) {
 	r := j.r
 	r.MinSeq, r.WaitMS = 0, 0 // the page is kept only for a state that has reached min_seq
 	err := s.Answer(s.ctx, &r, j.format, e)
+	a.written.Add(1)
 	keep := err == nil && (max == 0 || len(e.Bytes()) <= max)
 	// Read before the page is published: from then on a request may take e, answer with it and put
 	// it back in the pool for another answer.
@@ -349,6 +354,7 @@ func (s *Server) takeAhead(r *Request, format Format) *Encoder {
 		s.pool.Put(p.e)
 		return nil
 	}
+	a.taken.Add(1)
 	return p.e
 }
 
