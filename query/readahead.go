@@ -76,6 +76,9 @@ type aheadPage struct {
 	state aheadState
 	e     *Encoder
 	made  time.Time
+	// depth is how many pages ahead of the last one its asker was sent the page was written, or asked
+	// for since (continueAhead): a page nearer its asker is not dropped for one farther (victim).
+	depth int
 }
 
 type aheadJob struct {
@@ -207,6 +210,13 @@ func (s *Server) writeAhead(j *aheadJob) {
 		s.continueAhead(j) // written meanwhile: go on from it
 		return
 	}
+	a.dropStale(s, time.Now())
+	if len(a.pages) >= aheadPages && a.victim(j.depth) < 0 {
+		// Every page kept is as near its asker as this one would be: it would drop one about to be
+		// taken, and be dropped in turn. Its asker is answered as without read-ahead.
+		a.mu.Unlock()
+		return
+	}
 	ch := make(chan struct{})
 	a.inflight[key] = ch
 	a.mu.Unlock()
@@ -231,10 +241,16 @@ func (s *Server) writeAhead(j *aheadJob) {
 	if keep {
 		a.dropStale(s, time.Now())
 		if len(a.pages) >= aheadPages {
-			s.pool.Put(a.pages[0].e)
-			a.pages = a.pages[1:]
+			if v := a.victim(j.depth); v >= 0 {
+				s.pool.Put(a.pages[v].e)
+				a.pages = slices.Delete(a.pages, v, v+1)
+			} else {
+				keep = false // the pages kept were asked for nearer their askers meanwhile
+			}
 		}
-		a.pages = append(a.pages, aheadPage{key: key, state: st, e: e, made: time.Now()})
+	}
+	if keep {
+		a.pages = append(a.pages, aheadPage{key: key, state: st, e: e, made: time.Now(), depth: j.depth})
 	}
 	a.mu.Unlock()
 	if !keep {
@@ -260,6 +276,7 @@ func (s *Server) continueAhead(j *aheadJob) bool {
 	var p aheadPage
 	var next string
 	if i >= 0 {
+		a.pages[i].depth = min(a.pages[i].depth, j.depth) // its asker came a page nearer
 		p = a.pages[i]
 		next = p.e.next // the encoder is not taken while the page is kept
 	}
@@ -283,6 +300,21 @@ func (a *readAhead) find(key aheadKey) int {
 		}
 	}
 	return -1
+}
+
+// victim is the page to drop for one written depth pages ahead of its asker, when aheadPages are kept:
+// the oldest of those farthest ahead of their askers, when farther than depth; -1 when none is. Under
+// mu. Before, the oldest page was dropped, most often the next one of a walk about to take it: with
+// more walks than pages kept, most pages written ahead were dropped so, and their writing wasted
+// (docs/decisions.md, "The next page is written ahead").
+func (a *readAhead) victim(depth int) int {
+	v := -1
+	for i := range a.pages {
+		if d := a.pages[i].depth; d > depth && (v < 0 || d > a.pages[v].depth) {
+			v = i
+		}
+	}
+	return v
 }
 
 // dropStale drops the pages older than aheadTTL; under mu.

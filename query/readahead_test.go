@@ -162,3 +162,86 @@ func TestReadAhead_GoesOnOnlyFromAFreshPage(t *testing.T) {
 	require.True(t, s.continueAhead(&aheadJob{r: second, format: FormatMsgpack, depth: 1}))
 	require.Empty(t, s.ahead.jobs, "nothing from a page gone stale")
 }
+
+// TestReadAhead_NoPageDroppedForAFartherOne: with aheadPages kept, each the next page of a walk of its
+// own, a page written ahead for a fifth walk, or two pages ahead of one of them, is not written: it
+// would drop a page its asker is about to take. A page two ahead gives way to a next one. Before, the
+// oldest page was dropped for each page written: with more walks at once than pages kept, most pages
+// written ahead were dropped before their askers came (with 20 walkers of 10 pages, 331 to 350 pages
+// written for 200 answered, against 200 to 202 now).
+func TestReadAhead_NoPageDroppedForAFartherOne(t *testing.T) {
+	db := smallStore(t)
+	kind := provisioner.Registry.Entries[0].Kind
+	var msgs []provisioner.Message
+	for m := 1; m <= aheadPages+1; m++ {
+		for i := 0; i < 4; i++ {
+			msgs = append(msgs, provisioner.Message{Seq: uint64(len(msgs) + 1), Time: int64(len(msgs)+1) * 1e9, Key: fmt.Sprintf("n%02d.m%d.%s.a", i, m, kind), Op: provisioner.OpPut, Value: []byte{0x01}})
+		}
+	}
+	require.NoError(t, db.Apply(provisioner.BucketNeeds, msgs, 0, false))
+	s := NewServer(StoreReader(db), Options{})
+	// No worker: the jobs are run here, one by one, and those they queue are dropped.
+	s.ahead.inflight = map[aheadKey]chan struct{}{}
+	s.ahead.jobs = make(chan aheadJob, aheadQueue)
+	s.wideSlots = make(chan struct{}, 1)
+	drain := func() {
+		for len(s.ahead.jobs) > 0 {
+			<-s.ahead.jobs
+		}
+	}
+	// page is the request for module m's page after its row i, with one row a page.
+	page := func(m, i int) Request {
+		return Request{What: "needs", Module: fmt.Sprintf("m%d", m), Limit: ptr(int64(1)), After: fmt.Sprintf("n%02d.m%d.%s.a", i, m, kind)}
+	}
+	write := func(r Request, depth int) {
+		s.writeAhead(&aheadJob{r: r, format: FormatMsgpack, depth: depth})
+		drain()
+	}
+	kept := func(r Request) bool {
+		s.ahead.mu.Lock()
+		defer s.ahead.mu.Unlock()
+		return s.ahead.find(keyOf(&r, FormatMsgpack)) >= 0
+	}
+
+	for m := 1; m <= aheadPages; m++ {
+		write(page(m, 0), 1) // the second page of walk m, its first one sent
+	}
+	require.EqualValues(t, aheadPages, s.ahead.written.Load())
+	write(page(aheadPages+1, 0), 1)
+	write(page(1, 1), 2)
+	require.EqualValues(t, aheadPages, s.ahead.written.Load(), "no page written to be dropped, or to drop one")
+	for m := 1; m <= aheadPages; m++ {
+		require.True(t, kept(page(m, 0)), "walk m%d's next page is kept", m)
+	}
+
+	// Walk 1 takes its page; the one after is written two ahead, and gives way to a next one.
+	r := page(1, 0)
+	e := s.takeAhead(&r, FormatMsgpack)
+	require.NotNil(t, e)
+	s.pool.Put(e)
+	write(page(1, 1), 2)
+	require.True(t, kept(page(1, 1)))
+	write(page(aheadPages+1, 0), 1)
+	require.True(t, kept(page(aheadPages+1, 0)))
+	require.False(t, kept(page(1, 1)), "the page two ahead gave way")
+	for m := 2; m <= aheadPages; m++ {
+		require.True(t, kept(page(m, 0)), "walk m%d's next page is kept", m)
+	}
+
+	// A page two ahead asked for as the next one (its asker took the one before) is a next one.
+	r = page(aheadPages+1, 0)
+	e = s.takeAhead(&r, FormatMsgpack)
+	require.NotNil(t, e)
+	s.pool.Put(e)
+	write(page(aheadPages+1, 1), 2)
+	write(page(aheadPages+1, 1), 1) // found: it is its walk's next page now
+	r = page(2, 0)
+	e = s.takeAhead(&r, FormatMsgpack)
+	require.NotNil(t, e)
+	s.pool.Put(e)
+	write(page(2, 1), 2)
+	write(page(1, 1), 1)
+	require.True(t, kept(page(1, 1)))
+	require.True(t, kept(page(aheadPages+1, 1)), "walk m%d's page is a next one: not the one to give way", aheadPages+1)
+	require.False(t, kept(page(2, 1)), "the page two ahead gave way")
+}
