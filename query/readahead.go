@@ -187,6 +187,13 @@ func (s *Server) writeAhead(j *aheadJob) {
 	if s.continueAhead(j) {
 		return
 	}
+	a := &s.ahead
+	a.mu.Lock()
+	room := a.room(s, j.depth)
+	a.mu.Unlock()
+	if !room {
+		return // before it waits for a wide slot, holding up the jobs behind it, for a page it drops
+	}
 	if wide(&j.r) {
 		// A page of a walk across the mesh is a wide answer: it takes one of their slots, so that the
 		// page written ahead and the wide answers of the workers never take every core from the
@@ -202,7 +209,6 @@ func (s *Server) writeAhead(j *aheadJob) {
 	if s.writingAhead != nil {
 		s.writingAhead(&j.r)
 	}
-	a := &s.ahead
 	key := keyOf(&j.r, j.format)
 	a.mu.Lock()
 	if _, ok := a.inflight[key]; ok || a.find(key) >= 0 {
@@ -210,10 +216,7 @@ func (s *Server) writeAhead(j *aheadJob) {
 		s.continueAhead(j) // written meanwhile: go on from it
 		return
 	}
-	a.dropStale(s, time.Now())
-	if len(a.pages) >= aheadPages && a.victim(j.depth) < 0 {
-		// Every page kept is as near its asker as this one would be: it would drop one about to be
-		// taken, and be dropped in turn. Its asker is answered as without read-ahead.
+	if !a.room(s, j.depth) { // again: the slot may have taken a while
 		a.mu.Unlock()
 		return
 	}
@@ -300,6 +303,18 @@ func (a *readAhead) find(key aheadKey) int {
 		}
 	}
 	return -1
+}
+
+// room reports whether a page depth pages ahead of its asker is to be written: the server is not
+// stopping (nobody would take it), and fewer than aheadPages are kept or one farther ahead of its asker
+// gives way (victim); otherwise it would drop a page about to be taken, and be dropped in turn, and its
+// asker is answered as without read-ahead. Under mu.
+func (a *readAhead) room(s *Server, depth int) bool {
+	if a.closed {
+		return false
+	}
+	a.dropStale(s, time.Now())
+	return len(a.pages) < aheadPages || a.victim(depth) >= 0
 }
 
 // victim is the page to drop for one written depth pages ahead of its asker, when aheadPages are kept:

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/internal/natstest"
 )
 
 // TestReadAhead_SameBytesOrNone walks a module page by page with pages written ahead: each page taken
@@ -244,4 +245,87 @@ func TestReadAhead_NoPageDroppedForAFartherOne(t *testing.T) {
 	require.True(t, kept(page(1, 1)))
 	require.True(t, kept(page(aheadPages+1, 1)), "walk m%d's page is a next one: not the one to give way", aheadPages+1)
 	require.False(t, kept(page(2, 1)), "the page two ahead gave way")
+}
+
+// TestReadAhead_NoRoomNoWaitForASlot: a page of a walk across the mesh that would find no room among
+// the pages kept is not waited for the wide slot for: the read-ahead worker goes on with the jobs
+// behind it. Before, it waited for the slot (held here; a wide answer under way), then dropped the job.
+func TestReadAhead_NoRoomNoWaitForASlot(t *testing.T) {
+	db := smallStore(t)
+	kind := provisioner.Registry.Entries[0].Kind
+	var msgs []provisioner.Message
+	for m := 1; m <= aheadPages; m++ {
+		for i := 0; i < 3; i++ {
+			msgs = append(msgs, provisioner.Message{Seq: uint64(len(msgs) + 1), Time: int64(len(msgs)+1) * 1e9, Key: fmt.Sprintf("n%02d.m%d.%s.a", i, m, kind), Op: provisioner.OpPut, Value: []byte{0x01}})
+		}
+	}
+	require.NoError(t, db.Apply(provisioner.BucketNeeds, msgs, 0, false))
+	s := NewServer(StoreReader(db), Options{})
+	s.ahead.inflight = map[aheadKey]chan struct{}{}
+	s.ahead.jobs = make(chan aheadJob, aheadQueue)
+	s.wideSlots = make(chan struct{}, 1)
+	page := func(m, i int) Request {
+		return Request{What: "needs", Module: fmt.Sprintf("m%d", m), Limit: ptr(int64(1)), After: fmt.Sprintf("n%02d.m%d.%s.a", i, m, kind)}
+	}
+	for m := 1; m <= aheadPages; m++ {
+		s.writeAhead(&aheadJob{r: page(m, 0), format: FormatMsgpack, depth: 1})
+	}
+	require.Equal(t, aheadPages, s.Ahead())
+
+	s.wideSlots <- struct{}{} // a wide answer under way
+	defer func() { <-s.wideSlots }()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		s.writeAhead(&aheadJob{r: page(1, 1), format: FormatMsgpack, depth: 2})
+	}()
+	natstest.Receive(t, done, 10*time.Second, "the job with no room to wait for no slot")
+	require.EqualValues(t, aheadPages, s.ahead.written.Load())
+}
+
+// TestReadAhead_NothingWrittenOnceStopping: the jobs left in the read-ahead worker's queue as the
+// server stops, and the one it had begun, write no page: nobody would take it. Before, Stop waited
+// while the worker wrote each of them.
+func TestReadAhead_NothingWrittenOnceStopping(t *testing.T) {
+	db := smallStore(t)
+	kind := provisioner.Registry.Entries[0].Kind
+	var msgs []provisioner.Message
+	for m := 1; m <= aheadQueue+1; m++ {
+		for i := 0; i < 3; i++ {
+			msgs = append(msgs, provisioner.Message{Seq: uint64(len(msgs) + 1), Time: int64(len(msgs)+1) * 1e9, Key: fmt.Sprintf("n%02d.m%d.%s.a", i, m, kind), Op: provisioner.OpPut, Value: []byte{0x01}})
+		}
+	}
+	require.NoError(t, db.Apply(provisioner.BucketNeeds, msgs, 0, false))
+	s := NewServer(StoreReader(db), Options{})
+	begun, release := make(chan struct{}, 1), make(chan struct{})
+	s.writingAhead = func(*Request) {
+		select {
+		case begun <- struct{}{}:
+			<-release // the first job, held as Stop begins
+		default:
+		}
+	}
+	s.startWorkers()
+	job := func(m int) aheadJob {
+		return aheadJob{r: Request{What: "needs", Module: fmt.Sprintf("m%d", m), Limit: ptr(int64(1))}, format: FormatMsgpack, depth: 1}
+	}
+	s.queueAhead(job(1), fmt.Sprintf("n00.m1.%s.a", kind))
+	natstest.Receive(t, begun, 10*time.Second, "the first job begun")
+	for m := 2; m <= aheadQueue+1; m++ {
+		s.queueAhead(job(m), fmt.Sprintf("n00.m%d.%s.a", m, kind))
+	}
+	require.Len(t, s.ahead.jobs, aheadQueue)
+	stopped := make(chan struct{})
+	go func() { s.Stop(); close(stopped) }()
+	natstest.CheckFor(t, 10*time.Second, time.Millisecond, func() error {
+		s.ahead.mu.Lock()
+		defer s.ahead.mu.Unlock()
+		if !s.ahead.closed {
+			return fmt.Errorf("not stopping yet")
+		}
+		return nil
+	})
+	close(release)
+	natstest.Receive(t, stopped, 10*time.Second, "Stop to return")
+	require.Zero(t, s.ahead.written.Load(), "pages written as the server stopped")
 }
