@@ -84,7 +84,17 @@ type aheadPage struct {
 type aheadJob struct {
 	r      Request
 	format Format
-	depth  int // pages ahead of the one the asker was last sent
+	depth  int    // pages ahead of the one the asker was last sent
+	asks   uint64 // readAhead.asks when it was queued
+}
+
+// aheadAsked is how many of the last requests answered without a page written ahead are remembered:
+// a job queued before one of them asked for its page has no page to write (readAhead.askedSince).
+const aheadAsked = 16
+
+type askedKey struct {
+	key aheadKey
+	n   uint64
 }
 
 // readAhead holds the pages written ahead, and those being written.
@@ -95,6 +105,10 @@ type readAhead struct {
 	jobs     chan aheadJob // closed by Stop, under mu
 	closed   bool          // jobs is closed; under mu
 	done     sync.WaitGroup
+	// asks counts the requests that found no page written ahead, or a stale one, and were answered
+	// afresh; asked holds the last aheadAsked of them, the nth at n % aheadAsked. Under mu.
+	asks  uint64
+	asked [aheadAsked]askedKey
 	// How many pages were written ahead, and how many of them answered a request: what the tests
 	// (and a throwaway build measuring the read-ahead) read.
 	written, taken atomic.Int64
@@ -177,6 +191,7 @@ func (s *Server) queueAhead(j aheadJob, next string) {
 	if a.jobs == nil || a.closed {
 		return
 	}
+	j.asks = a.asks
 	select {
 	case a.jobs <- j:
 	default: // the worker is behind: this walk's next page is written when asked for
@@ -189,7 +204,7 @@ func (s *Server) writeAhead(j *aheadJob) {
 	}
 	a := &s.ahead
 	a.mu.Lock()
-	room := a.room(s, j.depth)
+	room := a.room(s, j.depth) && !a.askedSince(keyOf(&j.r, j.format), j.asks)
 	a.mu.Unlock()
 	if !room {
 		return // before it waits for a wide slot, holding up the jobs behind it, for a page it drops
@@ -216,7 +231,7 @@ func (s *Server) writeAhead(j *aheadJob) {
 		s.continueAhead(j) // written meanwhile: go on from it
 		return
 	}
-	if !a.room(s, j.depth) { // again: the slot may have taken a while
+	if !a.room(s, j.depth) || a.askedSince(key, j.asks) { // again: the slot may have taken a while
 		a.mu.Unlock()
 		return
 	}
@@ -317,6 +332,19 @@ func (a *readAhead) room(s *Server, depth int) bool {
 	return len(a.pages) < aheadPages || a.victim(depth) >= 0
 }
 
+// askedSince reports whether a request for key's page was answered afresh since asks: a job queued
+// before has no page to write, its asker has it already. Otherwise, when the asker's request came before
+// the worker had begun its page (the worker waiting for the wide slot, which the request took first),
+// the worker wrote it after all, for nobody, and again for each page after it that went so. Under mu.
+func (a *readAhead) askedSince(key aheadKey, asks uint64) bool {
+	for _, k := range a.asked {
+		if k.n > asks && k.key == key {
+			return true
+		}
+	}
+	return false
+}
+
 // victim is the page to drop for one written depth pages ahead of its asker, when aheadPages are kept:
 // the oldest of those farthest ahead of their askers, when farther than depth; -1 when none is. Under
 // mu. Before, the oldest page was dropped, most often the next one of a walk about to take it: with
@@ -391,6 +419,7 @@ func (s *Server) takeAhead(r *Request, format Format) *Encoder {
 	}
 	i := a.find(key)
 	if i < 0 {
+		a.ask(key)
 		a.mu.Unlock()
 		return nil
 	}
@@ -399,10 +428,19 @@ func (s *Server) takeAhead(r *Request, format Format) *Encoder {
 	a.mu.Unlock()
 	if !s.fresh(&p, r) {
 		s.pool.Put(p.e)
+		a.mu.Lock()
+		a.ask(key)
+		a.mu.Unlock()
 		return nil
 	}
 	a.taken.Add(1)
 	return p.e
+}
+
+// ask records a request for key's page answered afresh (askedSince); under mu.
+func (a *readAhead) ask(key aheadKey) {
+	a.asks++
+	a.asked[a.asks%aheadAsked] = askedKey{key: key, n: a.asks}
 }
 
 // stopReadAhead ends the worker (its jobs channel closed already) and drops the pages.

@@ -329,3 +329,47 @@ func TestReadAhead_NothingWrittenOnceStopping(t *testing.T) {
 	natstest.Receive(t, stopped, 10*time.Second, "Stop to return")
 	require.Zero(t, s.ahead.written.Load(), "pages written as the server stopped")
 }
+
+// TestReadAhead_NotWrittenOnceAskedFor: a page whose request came before the read-ahead worker began
+// it (the worker waiting for the wide slot, which the request took first) was answered afresh: the
+// job queued for it writes nothing. Before, the worker wrote the page after all, for nobody, and a
+// walk whose requests kept coming first had each of its pages written twice. A request for the same
+// page before the job was queued (another walk's) does not count.
+func TestReadAhead_NotWrittenOnceAskedFor(t *testing.T) {
+	db := smallStore(t)
+	kind := provisioner.Registry.Entries[0].Kind
+	var msgs []provisioner.Message
+	for i := 0; i < 4; i++ {
+		msgs = append(msgs, provisioner.Message{Seq: uint64(i + 1), Time: int64(i+1) * 1e9, Key: fmt.Sprintf("n%02d.m1.%s.a", i, kind), Op: provisioner.OpPut, Value: []byte{0x01}})
+	}
+	require.NoError(t, db.Apply(provisioner.BucketNeeds, msgs, 0, false))
+	s := NewServer(StoreReader(db), Options{})
+	// No worker: the jobs are run here.
+	s.ahead.inflight = map[aheadKey]chan struct{}{}
+	s.ahead.jobs = make(chan aheadJob, aheadQueue)
+	s.wideSlots = make(chan struct{}, 1)
+	first := Request{What: "needs", Module: "m1", Limit: ptr(int64(1))}
+	second := first
+	second.After = "n00.m1." + kind + ".a"
+
+	// Asked for, then the job queued (another walk's request came earlier): the page is written.
+	require.Nil(t, s.takeAhead(&second, FormatMsgpack))
+	s.queueAhead(aheadJob{r: first, format: FormatMsgpack, depth: 1}, second.After)
+	j := <-s.ahead.jobs
+	s.writeAhead(&j)
+	require.EqualValues(t, 1, s.ahead.written.Load())
+	e := s.takeAhead(&second, FormatMsgpack)
+	require.NotNil(t, e)
+	s.pool.Put(e)
+	for len(s.ahead.jobs) > 0 {
+		<-s.ahead.jobs
+	}
+
+	// The job queued, then its page asked for and answered afresh before the worker begins it.
+	s.queueAhead(aheadJob{r: first, format: FormatMsgpack, depth: 1}, second.After)
+	require.Nil(t, s.takeAhead(&second, FormatMsgpack))
+	j = <-s.ahead.jobs
+	s.writeAhead(&j)
+	require.EqualValues(t, 1, s.ahead.written.Load(), "a page written for a request answered already")
+	require.Zero(t, s.Ahead())
+}
