@@ -53,23 +53,42 @@ type aheadState struct {
 	gen           uint64
 }
 
-// Generationer is a Reader whose store can be swapped for another (a rebuild): Generation changes when
-// it is.
+// Generationer is a Reader whose store can be swapped for another (a rebuild): Generation is raised
+// by one before the new store is made current and by one after, so it is odd while a swap is under
+// way.
 type Generationer interface {
 	Generation() uint64
 }
 
+// generation is the reader's Generation, 0 for a reader whose store is never swapped.
+func (s *Server) generation() uint64 {
+	if g, ok := s.r.(Generationer); ok {
+		return g.Generation()
+	}
+	return 0
+}
+
+// aheadState is the state an answer of bucket reads now. The generation is read first, and again
+// after: a page whose state was read while a swap was under way (odd, or moved meanwhile) is never
+// fresh, nor is a state read then. Otherwise a page written ahead from the old store as a swap began
+// (the view opened just before the new store was made current) could be answered, after the
+// swap, as the new store's answer, when the new store had reached the same sequence (as a rebuild's
+// swap waits for it to).
 func (s *Server) aheadState(bucket string) aheadState {
 	var st aheadState
+	st.gen = s.generation()
 	st.seq, st.synced = s.r.Applied(bucket)
 	if bucket == provisioner.BucketNeeds {
 		st.registry, _ = s.r.Applied(provisioner.BucketRegistry)
 	}
-	if g, ok := s.r.(Generationer); ok {
-		st.gen = g.Generation()
+	if st.gen%2 == 1 || s.generation() != st.gen {
+		st.gen = swapping
 	}
 	return st
 }
+
+// swapping is the generation of a state read while a swap was under way: no state is equal to it.
+const swapping = ^uint64(0)
 
 type aheadPage struct {
 	key   aheadKey
@@ -396,7 +415,8 @@ func (s *Server) aheadReady(r *Request, format Format) bool {
 // than aheadTTL, nothing it reads changed since, and min_seq reached.
 func (s *Server) fresh(p *aheadPage, r *Request) bool {
 	shape, _ := provisioner.ShapeOfWhat(provisioner.What(r.What))
-	return time.Since(p.made) <= aheadTTL && s.aheadState(shape.Bucket) == p.state && p.state.seq >= uint64(max(r.MinSeq, 0))
+	now := s.aheadState(shape.Bucket)
+	return time.Since(p.made) <= aheadTTL && now.gen != swapping && now == p.state && p.state.seq >= uint64(max(r.MinSeq, 0))
 }
 
 // takeAhead returns the page written ahead for a request, when it is the answer the request would be

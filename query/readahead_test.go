@@ -3,6 +3,7 @@ package query
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 
 	provisioner "github.com/novox/mesh-provisioner"
 	"github.com/novox/mesh-provisioner/internal/natstest"
+	"github.com/novox/mesh-provisioner/store"
 )
 
 // TestReadAhead_SameBytesOrNone walks a module page by page with pages written ahead: each page taken
@@ -372,4 +374,74 @@ func TestReadAhead_NotWrittenOnceAskedFor(t *testing.T) {
 	s.writeAhead(&j)
 	require.EqualValues(t, 1, s.ahead.written.Load(), "a page written for a request answered already")
 	require.Zero(t, s.Ahead())
+}
+
+// genReader reads whichever of two stores is current, swapped as a seat's rebuild does
+// (Generationer); onApplied, when armed, runs once as Applied is called.
+type genReader struct {
+	cur       atomic.Pointer[store.DB]
+	gen       atomic.Uint64
+	onApplied atomic.Pointer[func()]
+}
+
+func (r *genReader) View() (View, error) { return StoreReader(r.cur.Load()).View() }
+
+func (r *genReader) Applied(bucket string) (uint64, bool) {
+	if fn := r.onApplied.Swap(nil); fn != nil {
+		(*fn)()
+	}
+	return r.cur.Load().Applied(bucket)
+}
+
+func (r *genReader) Changed(bucket string) <-chan struct{} { return r.cur.Load().Changed(bucket) }
+
+func (r *genReader) Generation() uint64 { return r.gen.Load() }
+
+// TestReadAhead_NotFromTheStoreSwappedOut: a page written ahead from the old store as a rebuild's
+// swap begins (the view opened just before the new store is made current) is not answered after the
+// swap, although the new store has reached the same sequence (as a rebuild's swap waits for it to)
+// and holds another value. Before, the page's generation was read after its sequence, already raised
+// by the swap, and the new store's answer was then taken to be the page: the old store's value was
+// answered.
+func TestReadAhead_NotFromTheStoreSwappedOut(t *testing.T) {
+	kind := provisioner.Registry.Entries[0].Kind
+	storeOf := func(value byte) *store.DB {
+		db := smallStore(t)
+		var msgs []provisioner.Message
+		for i := 0; i < 3; i++ {
+			msgs = append(msgs, provisioner.Message{Seq: uint64(i + 1), Time: int64(i+1) * 1e9, Key: fmt.Sprintf("n%02d.m1.%s.a", i, kind), Op: provisioner.OpPut, Value: []byte{value}})
+		}
+		require.NoError(t, db.Apply(provisioner.BucketNeeds, msgs, 0, false))
+		db.SetSynced(provisioner.BucketNeeds, true)
+		return db
+	}
+	old, rebuilt := storeOf(0x01), storeOf(0x02)
+	r := &genReader{}
+	r.cur.Store(old)
+	s := NewServer(r, Options{})
+	s.ahead.inflight = map[aheadKey]chan struct{}{}
+	s.ahead.jobs = make(chan aheadJob, aheadQueue)
+	s.wideSlots = make(chan struct{}, 1)
+	second := Request{What: "needs", Module: "m1", Limit: ptr(int64(1)), After: "n00.m1." + kind + ".a"}
+
+	// The swap begins as the page's state is read; its view is opened on the old store.
+	begin := func() { r.gen.Add(1) }
+	r.onApplied.Store(&begin)
+	s.writeAhead(&aheadJob{r: second, format: FormatMsgpack, depth: 1})
+	require.Nil(t, r.onApplied.Load())
+	r.cur.Store(rebuilt) // the new store is current; the swap has not yet ended
+	check := func() *Encoder {
+		t.Helper()
+		want := &Encoder{}
+		require.NoError(t, NewServer(StoreReader(rebuilt), Options{NoReadAhead: true}).Answer(context.Background(), &second, FormatMsgpack, want))
+		got := s.takeAhead(&second, FormatMsgpack)
+		if got != nil {
+			require.Equal(t, string(want.Bytes()), string(got.Bytes()), "the page answered is the old store's")
+		}
+		return got
+	}
+	check()
+	r.gen.Add(1) // the swap ends
+	s.writeAhead(&aheadJob{r: second, format: FormatMsgpack, depth: 1, asks: s.ahead.asks})
+	require.NotNil(t, check(), "a page written once the swap has ended is answered")
 }
