@@ -107,8 +107,8 @@ type aheadJob struct {
 	asks   uint64 // readAhead.asks when it was queued
 }
 
-// aheadAsked is how many of the last requests answered without a page written ahead are remembered:
-// a job queued before one of them asked for its page has no page to write (readAhead.askedSince).
+// aheadAsked is how many of the last requests for pages written ahead are remembered: a job queued
+// before one of them asked for its page has no page to write (readAhead.askedSince).
 const aheadAsked = 16
 
 type askedKey struct {
@@ -124,8 +124,8 @@ type readAhead struct {
 	jobs     chan aheadJob // closed by Stop, under mu
 	closed   bool          // jobs is closed; under mu
 	done     sync.WaitGroup
-	// asks counts the requests that found no page written ahead, or a stale one, and were answered
-	// afresh; asked holds the last aheadAsked of them, the nth at n % aheadAsked. Under mu.
+	// asks counts the requests for a page written ahead (takeAhead), answered from it or afresh;
+	// asked holds the last aheadAsked of them, the nth at n % aheadAsked. Under mu.
 	asks  uint64
 	asked [aheadAsked]askedKey
 	// How many pages were written ahead, and how many of them answered a request: what the tests
@@ -351,10 +351,12 @@ func (a *readAhead) room(s *Server, depth int) bool {
 	return len(a.pages) < aheadPages || a.victim(depth) >= 0
 }
 
-// askedSince reports whether a request for key's page was answered afresh since asks: a job queued
-// before has no page to write, its asker has it already. Otherwise, when the asker's request came before
-// the worker had begun its page (the worker waiting for the wide slot, which the request took first),
-// the worker wrote it after all, for nobody, and again for each page after it that went so. Under mu.
+// askedSince reports whether a request for key's page was answered since asks: a job queued before has
+// no page to write, its asker has it already. Otherwise, when the asker's request came before the
+// worker had begun its page (the worker waiting for the wide slot, which the request took first), the
+// worker wrote it after all, for nobody, and again for each page after it that went so; and a job
+// queued twice for a page (by the worker going on two ahead, and by the asker taking the page before)
+// wrote it again after its asker had taken it, a page kept for nobody. Under mu.
 func (a *readAhead) askedSince(key aheadKey, asks uint64) bool {
 	for _, k := range a.asked {
 		if k.n > asks && k.key == key {
@@ -365,16 +367,24 @@ func (a *readAhead) askedSince(key aheadKey, asks uint64) bool {
 }
 
 // victim is the page to drop for one written depth pages ahead of its asker, when aheadPages are kept:
-// the oldest of those farthest ahead of their askers, when farther than depth; -1 when none is. Under
+// the oldest of those farthest ahead of their askers, when farther than depth, else the oldest when it
+// has been kept aheadIdle; -1 when none is. Under
 // mu. Before, the oldest page was dropped, most often the next one of a walk about to take it: with
 // more walks than pages kept, most pages written ahead were dropped so, and their writing wasted
 // (docs/decisions.md, "The next page is written ahead").
+// A page kept untaken for aheadIdle most likely belongs to a walk its asker left: it gives way to any
+// page, so that walks left do not hold the read-ahead of the others for aheadTTL.
+var aheadIdle = aheadTTL / 4
+
 func (a *readAhead) victim(depth int) int {
 	v := -1
 	for i := range a.pages {
 		if d := a.pages[i].depth; d > depth && (v < 0 || d > a.pages[v].depth) {
 			v = i
 		}
+	}
+	if v < 0 && len(a.pages) > 0 && time.Since(a.pages[0].made) > aheadIdle {
+		v = 0 // the oldest: pages are kept in the order they were written
 	}
 	return v
 }
@@ -445,19 +455,17 @@ func (s *Server) takeAhead(r *Request, format Format) *Encoder {
 	}
 	p := a.pages[i]
 	a.pages = slices.Delete(a.pages, i, i+1)
+	a.ask(key)
 	a.mu.Unlock()
 	if !s.fresh(&p, r) {
 		s.pool.Put(p.e)
-		a.mu.Lock()
-		a.ask(key)
-		a.mu.Unlock()
 		return nil
 	}
 	a.taken.Add(1)
 	return p.e
 }
 
-// ask records a request for key's page answered afresh (askedSince); under mu.
+// ask records a request for key's page, answered from it or afresh (askedSince); under mu.
 func (a *readAhead) ask(key aheadKey) {
 	a.asks++
 	a.asked[a.asks%aheadAsked] = askedKey{key: key, n: a.asks}

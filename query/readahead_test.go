@@ -182,6 +182,9 @@ func TestReadAhead_NoPageDroppedForAFartherOne(t *testing.T) {
 		}
 	}
 	require.NoError(t, db.Apply(provisioner.BucketNeeds, msgs, 0, false))
+	idle := aheadIdle
+	aheadIdle = time.Hour // no page kept is taken for one whose walk was left
+	t.Cleanup(func() { aheadIdle = idle })
 	s := NewServer(StoreReader(db), Options{})
 	// No worker: the jobs are run here, one by one, and those they queue are dropped.
 	s.ahead.inflight = map[aheadKey]chan struct{}{}
@@ -247,6 +250,14 @@ func TestReadAhead_NoPageDroppedForAFartherOne(t *testing.T) {
 	require.True(t, kept(page(1, 1)))
 	require.True(t, kept(page(aheadPages+1, 1)), "walk m%d's page is a next one: not the one to give way", aheadPages+1)
 	require.False(t, kept(page(2, 1)), "the page two ahead gave way")
+
+	// Kept untaken for aheadIdle, the oldest page gives way to any: its walk was most likely left.
+	write(page(2, 1), 2)
+	require.False(t, kept(page(2, 1)))
+	aheadIdle = 0
+	write(page(2, 1), 2)
+	require.True(t, kept(page(2, 1)))
+	require.False(t, kept(page(3, 0)), "the oldest page gave way")
 }
 
 // TestReadAhead_NoRoomNoWaitForASlot: a page of a walk across the mesh that would find no room among
@@ -374,6 +385,21 @@ func TestReadAhead_NotWrittenOnceAskedFor(t *testing.T) {
 	s.writeAhead(&j)
 	require.EqualValues(t, 1, s.ahead.written.Load(), "a page written for a request answered already")
 	require.Zero(t, s.Ahead())
+
+	// Queued twice (as the worker goes on two ahead, and as the asker takes the page before), the page
+	// written for the first job and taken: the second writes it no more.
+	s.queueAhead(aheadJob{r: first, format: FormatMsgpack, depth: 2}, second.After)
+	s.queueAhead(aheadJob{r: first, format: FormatMsgpack, depth: 1}, second.After)
+	j = <-s.ahead.jobs
+	s.writeAhead(&j)
+	require.EqualValues(t, 2, s.ahead.written.Load())
+	e = s.takeAhead(&second, FormatMsgpack)
+	require.NotNil(t, e)
+	s.pool.Put(e)
+	j = <-s.ahead.jobs
+	s.writeAhead(&j)
+	require.EqualValues(t, 2, s.ahead.written.Load(), "a page written again once taken")
+	require.Zero(t, s.Ahead(), "a page kept for nobody")
 }
 
 // genReader reads whichever of two stores is current, swapped as a seat's rebuild does
