@@ -170,7 +170,7 @@ func TestReadAhead_GoesOnOnlyFromAFreshPage(t *testing.T) {
 // own, a page written ahead for a fifth walk, or two pages ahead of one of them, is not written: it
 // would drop a page its asker is about to take. A page two ahead gives way to a next one. Before, the
 // oldest page was dropped for each page written: with more walks at once than pages kept, most pages
-// written ahead were dropped before their askers came (with 20 walkers of 10 pages, 331 to 350 pages
+// written ahead were dropped before their askers came (with 20 walkers of 10 pages, 331 to 355 pages
 // written for 200 answered, against 200 to 203 now).
 func TestReadAhead_NoPageDroppedForAFartherOne(t *testing.T) {
 	db := smallStore(t)
