@@ -3,6 +3,7 @@ package query
 import (
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	provisioner "github.com/novox/mesh-provisioner"
@@ -52,35 +53,67 @@ type aheadState struct {
 	gen           uint64
 }
 
-// Generationer is a Reader whose store can be swapped for another (a rebuild): Generation changes when
-// it is.
+// Generationer is a Reader whose store can be swapped for another (a rebuild): Generation is raised
+// by one before the new store is made current and by one after, so it is odd while a swap is under
+// way.
 type Generationer interface {
 	Generation() uint64
 }
 
+// generation is the reader's Generation, 0 for a reader whose store is never swapped.
+func (s *Server) generation() uint64 {
+	if g, ok := s.r.(Generationer); ok {
+		return g.Generation()
+	}
+	return 0
+}
+
+// aheadState is the state an answer of bucket reads now. The generation is read first, and again
+// after: a page whose state was read while a swap was under way (odd, or moved meanwhile) is never
+// fresh, nor is a state read then. Otherwise a page written ahead from the old store as a swap began
+// (the view opened just before the new store was made current) could be answered, after the
+// swap, as the new store's answer, when the new store had reached the same sequence (as a rebuild's
+// swap waits for it to).
 func (s *Server) aheadState(bucket string) aheadState {
 	var st aheadState
+	st.gen = s.generation()
 	st.seq, st.synced = s.r.Applied(bucket)
 	if bucket == provisioner.BucketNeeds {
 		st.registry, _ = s.r.Applied(provisioner.BucketRegistry)
 	}
-	if g, ok := s.r.(Generationer); ok {
-		st.gen = g.Generation()
+	if st.gen%2 == 1 || s.generation() != st.gen {
+		st.gen = swapping
 	}
 	return st
 }
+
+// swapping is the generation of a state read while a swap was under way: no state is equal to it.
+const swapping = ^uint64(0)
 
 type aheadPage struct {
 	key   aheadKey
 	state aheadState
 	e     *Encoder
 	made  time.Time
+	// depth is how many pages ahead of the last one its asker was sent the page was written, or asked
+	// for since (continueAhead): a page nearer its asker is not dropped for one farther (victim).
+	depth int
 }
 
 type aheadJob struct {
 	r      Request
 	format Format
-	depth  int // pages ahead of the one the asker was last sent
+	depth  int    // pages ahead of the one the asker was last sent
+	asks   uint64 // readAhead.asks when it was queued
+}
+
+// aheadAsked is how many of the last requests for pages written ahead are remembered: a job queued
+// before one of them asked for its page has no page to write (readAhead.askedSince).
+const aheadAsked = 16
+
+type askedKey struct {
+	key aheadKey
+	n   uint64
 }
 
 // readAhead holds the pages written ahead, and those being written.
@@ -91,6 +124,13 @@ type readAhead struct {
 	jobs     chan aheadJob // closed by Stop, under mu
 	closed   bool          // jobs is closed; under mu
 	done     sync.WaitGroup
+	// asks counts the requests for a page written ahead (takeAhead), answered from it or afresh;
+	// asked holds the last aheadAsked of them, the nth at n % aheadAsked. Under mu.
+	asks  uint64
+	asked [aheadAsked]askedKey
+	// How many pages were written ahead, and how many of them answered a request: what the tests
+	// (and a throwaway build measuring the read-ahead) read.
+	written, taken atomic.Int64
 }
 
 // readsAhead reports whether the next page of a request is written ahead.
@@ -170,6 +210,7 @@ func (s *Server) queueAhead(j aheadJob, next string) {
 	if a.jobs == nil || a.closed {
 		return
 	}
+	j.asks = a.asks
 	select {
 	case a.jobs <- j:
 	default: // the worker is behind: this walk's next page is written when asked for
@@ -179,6 +220,13 @@ func (s *Server) queueAhead(j aheadJob, next string) {
 func (s *Server) writeAhead(j *aheadJob) {
 	if s.continueAhead(j) {
 		return
+	}
+	a := &s.ahead
+	a.mu.Lock()
+	room := a.room(s, j.depth) && !a.askedSince(keyOf(&j.r, j.format), j.asks)
+	a.mu.Unlock()
+	if !room {
+		return // before it waits for a wide slot, holding up the jobs behind it, for a page it drops
 	}
 	if wide(&j.r) {
 		// A page of a walk across the mesh is a wide answer: it takes one of their slots, so that the
@@ -195,12 +243,15 @@ func (s *Server) writeAhead(j *aheadJob) {
 	if s.writingAhead != nil {
 		s.writingAhead(&j.r)
 	}
-	a := &s.ahead
 	key := keyOf(&j.r, j.format)
 	a.mu.Lock()
 	if _, ok := a.inflight[key]; ok || a.find(key) >= 0 {
 		a.mu.Unlock()
 		s.continueAhead(j) // written meanwhile: go on from it
+		return
+	}
+	if !a.room(s, j.depth) || a.askedSince(key, j.asks) { // again: the slot may have taken a while
+		a.mu.Unlock()
 		return
 	}
 	ch := make(chan struct{})
@@ -215,6 +266,7 @@ func (s *Server) writeAhead(j *aheadJob) {
 	r := j.r
 	r.MinSeq, r.WaitMS = 0, 0 // the page is kept only for a state that has reached min_seq
 	err := s.Answer(s.ctx, &r, j.format, e)
+	a.written.Add(1)
 	keep := err == nil && (max == 0 || len(e.Bytes()) <= max)
 	// Read before the page is published: from then on a request may take e, answer with it and put
 	// it back in the pool for another answer.
@@ -226,10 +278,16 @@ func (s *Server) writeAhead(j *aheadJob) {
 	if keep {
 		a.dropStale(s, time.Now())
 		if len(a.pages) >= aheadPages {
-			s.pool.Put(a.pages[0].e)
-			a.pages = a.pages[1:]
+			if v := a.victim(j.depth); v >= 0 {
+				s.pool.Put(a.pages[v].e)
+				a.pages = slices.Delete(a.pages, v, v+1)
+			} else {
+				keep = false // the pages kept were asked for nearer their askers meanwhile
+			}
 		}
-		a.pages = append(a.pages, aheadPage{key: key, state: st, e: e, made: time.Now()})
+	}
+	if keep {
+		a.pages = append(a.pages, aheadPage{key: key, state: st, e: e, made: time.Now(), depth: j.depth})
 	}
 	a.mu.Unlock()
 	if !keep {
@@ -255,6 +313,7 @@ func (s *Server) continueAhead(j *aheadJob) bool {
 	var p aheadPage
 	var next string
 	if i >= 0 {
+		a.pages[i].depth = min(a.pages[i].depth, j.depth) // its asker came a page nearer
 		p = a.pages[i]
 		next = p.e.next // the encoder is not taken while the page is kept
 	}
@@ -278,6 +337,56 @@ func (a *readAhead) find(key aheadKey) int {
 		}
 	}
 	return -1
+}
+
+// room reports whether a page depth pages ahead of its asker is to be written: the server is not
+// stopping (nobody would take it), and fewer than aheadPages are kept or one farther ahead of its asker
+// gives way (victim); otherwise it would drop a page about to be taken, and be dropped in turn, and its
+// asker is answered as without read-ahead. Under mu.
+func (a *readAhead) room(s *Server, depth int) bool {
+	if a.closed {
+		return false
+	}
+	a.dropStale(s, time.Now())
+	return len(a.pages) < aheadPages || a.victim(depth) >= 0
+}
+
+// askedSince reports whether a request for key's page was answered since asks: a job queued before has
+// no page to write, its asker has it already. Otherwise, when the asker's request came before the
+// worker had begun its page (the worker waiting for the wide slot, which the request took first), the
+// worker wrote it after all, for nobody, and again for each page after it that went so; and a job
+// queued twice for a page (by the worker going on two ahead, and by the asker taking the page before)
+// wrote it again after its asker had taken it, a page kept for nobody. Under mu.
+func (a *readAhead) askedSince(key aheadKey, asks uint64) bool {
+	for _, k := range a.asked {
+		if k.n > asks && k.key == key {
+			return true
+		}
+	}
+	return false
+}
+
+// victim is the page to drop for one written depth pages ahead of its asker, when aheadPages are kept:
+// the oldest of those farthest ahead of their askers, when farther than depth, else the oldest when it
+// has been kept aheadIdle; -1 when none is. Under
+// mu. Before, the oldest page was dropped, most often the next one of a walk about to take it: with
+// more walks than pages kept, most pages written ahead were dropped so, and their writing wasted
+// (docs/decisions.md, "The next page is written ahead").
+// A page kept untaken for aheadIdle most likely belongs to a walk its asker left: it gives way to any
+// page, so that walks left do not hold the read-ahead of the others for aheadTTL.
+var aheadIdle = aheadTTL / 4
+
+func (a *readAhead) victim(depth int) int {
+	v := -1
+	for i := range a.pages {
+		if d := a.pages[i].depth; d > depth && (v < 0 || d > a.pages[v].depth) {
+			v = i
+		}
+	}
+	if v < 0 && len(a.pages) > 0 && time.Since(a.pages[0].made) > aheadIdle {
+		v = 0 // the oldest: pages are kept in the order they were written
+	}
+	return v
 }
 
 // dropStale drops the pages older than aheadTTL; under mu.
@@ -316,7 +425,8 @@ func (s *Server) aheadReady(r *Request, format Format) bool {
 // than aheadTTL, nothing it reads changed since, and min_seq reached.
 func (s *Server) fresh(p *aheadPage, r *Request) bool {
 	shape, _ := provisioner.ShapeOfWhat(provisioner.What(r.What))
-	return time.Since(p.made) <= aheadTTL && s.aheadState(shape.Bucket) == p.state && p.state.seq >= uint64(max(r.MinSeq, 0))
+	now := s.aheadState(shape.Bucket)
+	return time.Since(p.made) <= aheadTTL && now.gen != swapping && now == p.state && p.state.seq >= uint64(max(r.MinSeq, 0))
 }
 
 // takeAhead returns the page written ahead for a request, when it is the answer the request would be
@@ -339,17 +449,26 @@ func (s *Server) takeAhead(r *Request, format Format) *Encoder {
 	}
 	i := a.find(key)
 	if i < 0 {
+		a.ask(key)
 		a.mu.Unlock()
 		return nil
 	}
 	p := a.pages[i]
 	a.pages = slices.Delete(a.pages, i, i+1)
+	a.ask(key)
 	a.mu.Unlock()
 	if !s.fresh(&p, r) {
 		s.pool.Put(p.e)
 		return nil
 	}
+	a.taken.Add(1)
 	return p.e
+}
+
+// ask records a request for key's page, answered from it or afresh (askedSince); under mu.
+func (a *readAhead) ask(key aheadKey) {
+	a.asks++
+	a.asked[a.asks%aheadAsked] = askedKey{key: key, n: a.asks}
 }
 
 // stopReadAhead ends the worker (its jobs channel closed already) and drops the pages.

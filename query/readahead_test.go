@@ -3,12 +3,15 @@ package query
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
 	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/internal/natstest"
+	"github.com/novox/mesh-provisioner/store"
 )
 
 // TestReadAhead_SameBytesOrNone walks a module page by page with pages written ahead: each page taken
@@ -161,4 +164,310 @@ func TestReadAhead_GoesOnOnlyFromAFreshPage(t *testing.T) {
 	require.NoError(t, db.Apply(provisioner.BucketNeeds, []provisioner.Message{{Seq: 5, Time: 5e9, Key: "n09.m1." + kind.Kind + ".a", Op: provisioner.OpPut, Value: []byte{0x01}}}, 0, false))
 	require.True(t, s.continueAhead(&aheadJob{r: second, format: FormatMsgpack, depth: 1}))
 	require.Empty(t, s.ahead.jobs, "nothing from a page gone stale")
+}
+
+// TestReadAhead_NoPageDroppedForAFartherOne: with aheadPages kept, each the next page of a walk of its
+// own, a page written ahead for a fifth walk, or two pages ahead of one of them, is not written: it
+// would drop a page its asker is about to take. A page two ahead gives way to a next one. Before, the
+// oldest page was dropped for each page written: with more walks at once than pages kept, most pages
+// written ahead were dropped before their askers came (with 20 walkers of 10 pages, 331 to 355 pages
+// written for 200 answered, against 200 to 203 now).
+func TestReadAhead_NoPageDroppedForAFartherOne(t *testing.T) {
+	db := smallStore(t)
+	kind := provisioner.Registry.Entries[0].Kind
+	var msgs []provisioner.Message
+	for m := 1; m <= aheadPages+1; m++ {
+		for i := 0; i < 4; i++ {
+			msgs = append(msgs, provisioner.Message{Seq: uint64(len(msgs) + 1), Time: int64(len(msgs)+1) * 1e9, Key: fmt.Sprintf("n%02d.m%d.%s.a", i, m, kind), Op: provisioner.OpPut, Value: []byte{0x01}})
+		}
+	}
+	require.NoError(t, db.Apply(provisioner.BucketNeeds, msgs, 0, false))
+	idle := aheadIdle
+	aheadIdle = time.Hour // no page kept is taken for one whose walk was left
+	t.Cleanup(func() { aheadIdle = idle })
+	s := NewServer(StoreReader(db), Options{})
+	// No worker: the jobs are run here, one by one, and those they queue are dropped.
+	s.ahead.inflight = map[aheadKey]chan struct{}{}
+	s.ahead.jobs = make(chan aheadJob, aheadQueue)
+	s.wideSlots = make(chan struct{}, 1)
+	drain := func() {
+		for len(s.ahead.jobs) > 0 {
+			<-s.ahead.jobs
+		}
+	}
+	// page is the request for module m's page after its row i, with one row a page.
+	page := func(m, i int) Request {
+		return Request{What: "needs", Module: fmt.Sprintf("m%d", m), Limit: ptr(int64(1)), After: fmt.Sprintf("n%02d.m%d.%s.a", i, m, kind)}
+	}
+	write := func(r Request, depth int) {
+		s.writeAhead(&aheadJob{r: r, format: FormatMsgpack, depth: depth})
+		drain()
+	}
+	kept := func(r Request) bool {
+		s.ahead.mu.Lock()
+		defer s.ahead.mu.Unlock()
+		return s.ahead.find(keyOf(&r, FormatMsgpack)) >= 0
+	}
+
+	for m := 1; m <= aheadPages; m++ {
+		write(page(m, 0), 1) // the second page of walk m, its first one sent
+	}
+	require.EqualValues(t, aheadPages, s.ahead.written.Load())
+	write(page(aheadPages+1, 0), 1)
+	write(page(1, 1), 2)
+	require.EqualValues(t, aheadPages, s.ahead.written.Load(), "no page written to be dropped, or to drop one")
+	for m := 1; m <= aheadPages; m++ {
+		require.True(t, kept(page(m, 0)), "walk m%d's next page is kept", m)
+	}
+
+	// Walk 1 takes its page; the one after is written two ahead, and gives way to a next one.
+	r := page(1, 0)
+	e := s.takeAhead(&r, FormatMsgpack)
+	require.NotNil(t, e)
+	s.pool.Put(e)
+	write(page(1, 1), 2)
+	require.True(t, kept(page(1, 1)))
+	write(page(aheadPages+1, 0), 1)
+	require.True(t, kept(page(aheadPages+1, 0)))
+	require.False(t, kept(page(1, 1)), "the page two ahead gave way")
+	for m := 2; m <= aheadPages; m++ {
+		require.True(t, kept(page(m, 0)), "walk m%d's next page is kept", m)
+	}
+
+	// A page two ahead asked for as the next one (its asker took the one before) is a next one.
+	r = page(aheadPages+1, 0)
+	e = s.takeAhead(&r, FormatMsgpack)
+	require.NotNil(t, e)
+	s.pool.Put(e)
+	write(page(aheadPages+1, 1), 2)
+	write(page(aheadPages+1, 1), 1) // found: it is its walk's next page now
+	r = page(2, 0)
+	e = s.takeAhead(&r, FormatMsgpack)
+	require.NotNil(t, e)
+	s.pool.Put(e)
+	write(page(2, 1), 2)
+	write(page(1, 1), 1)
+	require.True(t, kept(page(1, 1)))
+	require.True(t, kept(page(aheadPages+1, 1)), "walk m%d's page is a next one: not the one to give way", aheadPages+1)
+	require.False(t, kept(page(2, 1)), "the page two ahead gave way")
+
+	// Kept untaken for aheadIdle, the oldest page gives way to any: its walk was most likely left.
+	write(page(2, 1), 2)
+	require.False(t, kept(page(2, 1)))
+	aheadIdle = 0
+	write(page(2, 1), 2)
+	require.True(t, kept(page(2, 1)))
+	require.False(t, kept(page(3, 0)), "the oldest page gave way")
+}
+
+// TestReadAhead_NoRoomNoWaitForASlot: a page of a walk across the mesh that would find no room among
+// the pages kept is not waited for the wide slot for: the read-ahead worker goes on with the jobs
+// behind it. Before, it waited for the slot (held here; a wide answer under way), then dropped the job.
+func TestReadAhead_NoRoomNoWaitForASlot(t *testing.T) {
+	db := smallStore(t)
+	kind := provisioner.Registry.Entries[0].Kind
+	var msgs []provisioner.Message
+	for m := 1; m <= aheadPages; m++ {
+		for i := 0; i < 3; i++ {
+			msgs = append(msgs, provisioner.Message{Seq: uint64(len(msgs) + 1), Time: int64(len(msgs)+1) * 1e9, Key: fmt.Sprintf("n%02d.m%d.%s.a", i, m, kind), Op: provisioner.OpPut, Value: []byte{0x01}})
+		}
+	}
+	require.NoError(t, db.Apply(provisioner.BucketNeeds, msgs, 0, false))
+	s := NewServer(StoreReader(db), Options{})
+	s.ahead.inflight = map[aheadKey]chan struct{}{}
+	s.ahead.jobs = make(chan aheadJob, aheadQueue)
+	s.wideSlots = make(chan struct{}, 1)
+	page := func(m, i int) Request {
+		return Request{What: "needs", Module: fmt.Sprintf("m%d", m), Limit: ptr(int64(1)), After: fmt.Sprintf("n%02d.m%d.%s.a", i, m, kind)}
+	}
+	for m := 1; m <= aheadPages; m++ {
+		s.writeAhead(&aheadJob{r: page(m, 0), format: FormatMsgpack, depth: 1})
+	}
+	require.Equal(t, aheadPages, s.Ahead())
+
+	s.wideSlots <- struct{}{} // a wide answer under way
+	defer func() { <-s.wideSlots }()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		s.writeAhead(&aheadJob{r: page(1, 1), format: FormatMsgpack, depth: 2})
+	}()
+	natstest.Receive(t, done, 10*time.Second, "the job with no room to wait for no slot")
+	require.EqualValues(t, aheadPages, s.ahead.written.Load())
+}
+
+// TestReadAhead_NothingWrittenOnceStopping: the jobs left in the read-ahead worker's queue as the
+// server stops, and the one it had begun, write no page: nobody would take it. Before, Stop waited
+// while the worker wrote each of them.
+func TestReadAhead_NothingWrittenOnceStopping(t *testing.T) {
+	db := smallStore(t)
+	kind := provisioner.Registry.Entries[0].Kind
+	var msgs []provisioner.Message
+	for m := 1; m <= aheadQueue+1; m++ {
+		for i := 0; i < 3; i++ {
+			msgs = append(msgs, provisioner.Message{Seq: uint64(len(msgs) + 1), Time: int64(len(msgs)+1) * 1e9, Key: fmt.Sprintf("n%02d.m%d.%s.a", i, m, kind), Op: provisioner.OpPut, Value: []byte{0x01}})
+		}
+	}
+	require.NoError(t, db.Apply(provisioner.BucketNeeds, msgs, 0, false))
+	s := NewServer(StoreReader(db), Options{})
+	begun, release := make(chan struct{}, 1), make(chan struct{})
+	s.writingAhead = func(*Request) {
+		select {
+		case begun <- struct{}{}:
+			<-release // the first job, held as Stop begins
+		default:
+		}
+	}
+	s.startWorkers()
+	job := func(m int) aheadJob {
+		return aheadJob{r: Request{What: "needs", Module: fmt.Sprintf("m%d", m), Limit: ptr(int64(1))}, format: FormatMsgpack, depth: 1}
+	}
+	s.queueAhead(job(1), fmt.Sprintf("n00.m1.%s.a", kind))
+	natstest.Receive(t, begun, 10*time.Second, "the first job begun")
+	for m := 2; m <= aheadQueue+1; m++ {
+		s.queueAhead(job(m), fmt.Sprintf("n00.m%d.%s.a", m, kind))
+	}
+	require.Len(t, s.ahead.jobs, aheadQueue)
+	stopped := make(chan struct{})
+	go func() { s.Stop(); close(stopped) }()
+	natstest.CheckFor(t, 10*time.Second, time.Millisecond, func() error {
+		s.ahead.mu.Lock()
+		defer s.ahead.mu.Unlock()
+		if !s.ahead.closed {
+			return fmt.Errorf("not stopping yet")
+		}
+		return nil
+	})
+	close(release)
+	natstest.Receive(t, stopped, 10*time.Second, "Stop to return")
+	require.Zero(t, s.ahead.written.Load(), "pages written as the server stopped")
+}
+
+// TestReadAhead_NotWrittenOnceAskedFor: a page whose request came before the read-ahead worker began
+// it (the worker waiting for the wide slot, which the request took first) was answered afresh: the
+// job queued for it writes nothing. Before, the worker wrote the page after all, for nobody, and a
+// walk whose requests kept coming first had each of its pages written twice. A request for the same
+// page before the job was queued (another walk's) does not count.
+func TestReadAhead_NotWrittenOnceAskedFor(t *testing.T) {
+	db := smallStore(t)
+	kind := provisioner.Registry.Entries[0].Kind
+	var msgs []provisioner.Message
+	for i := 0; i < 4; i++ {
+		msgs = append(msgs, provisioner.Message{Seq: uint64(i + 1), Time: int64(i+1) * 1e9, Key: fmt.Sprintf("n%02d.m1.%s.a", i, kind), Op: provisioner.OpPut, Value: []byte{0x01}})
+	}
+	require.NoError(t, db.Apply(provisioner.BucketNeeds, msgs, 0, false))
+	s := NewServer(StoreReader(db), Options{})
+	// No worker: the jobs are run here.
+	s.ahead.inflight = map[aheadKey]chan struct{}{}
+	s.ahead.jobs = make(chan aheadJob, aheadQueue)
+	s.wideSlots = make(chan struct{}, 1)
+	first := Request{What: "needs", Module: "m1", Limit: ptr(int64(1))}
+	second := first
+	second.After = "n00.m1." + kind + ".a"
+
+	// Asked for, then the job queued (another walk's request came earlier): the page is written.
+	require.Nil(t, s.takeAhead(&second, FormatMsgpack))
+	s.queueAhead(aheadJob{r: first, format: FormatMsgpack, depth: 1}, second.After)
+	j := <-s.ahead.jobs
+	s.writeAhead(&j)
+	require.EqualValues(t, 1, s.ahead.written.Load())
+	e := s.takeAhead(&second, FormatMsgpack)
+	require.NotNil(t, e)
+	s.pool.Put(e)
+	for len(s.ahead.jobs) > 0 {
+		<-s.ahead.jobs
+	}
+
+	// The job queued, then its page asked for and answered afresh before the worker begins it.
+	s.queueAhead(aheadJob{r: first, format: FormatMsgpack, depth: 1}, second.After)
+	require.Nil(t, s.takeAhead(&second, FormatMsgpack))
+	j = <-s.ahead.jobs
+	s.writeAhead(&j)
+	require.EqualValues(t, 1, s.ahead.written.Load(), "a page written for a request answered already")
+	require.Zero(t, s.Ahead())
+
+	// Queued twice (as the worker goes on two ahead, and as the asker takes the page before), the page
+	// written for the first job and taken: the second writes it no more.
+	s.queueAhead(aheadJob{r: first, format: FormatMsgpack, depth: 2}, second.After)
+	s.queueAhead(aheadJob{r: first, format: FormatMsgpack, depth: 1}, second.After)
+	j = <-s.ahead.jobs
+	s.writeAhead(&j)
+	require.EqualValues(t, 2, s.ahead.written.Load())
+	e = s.takeAhead(&second, FormatMsgpack)
+	require.NotNil(t, e)
+	s.pool.Put(e)
+	j = <-s.ahead.jobs
+	s.writeAhead(&j)
+	require.EqualValues(t, 2, s.ahead.written.Load(), "a page written again once taken")
+	require.Zero(t, s.Ahead(), "a page kept for nobody")
+}
+
+// genReader reads whichever of two stores is current, swapped as a seat's rebuild does
+// (Generationer); onApplied, when armed, runs once as Applied is called.
+type genReader struct {
+	cur       atomic.Pointer[store.DB]
+	gen       atomic.Uint64
+	onApplied atomic.Pointer[func()]
+}
+
+func (r *genReader) View() (View, error) { return StoreReader(r.cur.Load()).View() }
+
+func (r *genReader) Applied(bucket string) (uint64, bool) {
+	if fn := r.onApplied.Swap(nil); fn != nil {
+		(*fn)()
+	}
+	return r.cur.Load().Applied(bucket)
+}
+
+func (r *genReader) Changed(bucket string) <-chan struct{} { return r.cur.Load().Changed(bucket) }
+
+func (r *genReader) Generation() uint64 { return r.gen.Load() }
+
+// TestReadAhead_NotFromTheStoreSwappedOut: a page written ahead from the old store as a rebuild's
+// swap begins (the view opened just before the new store is made current) is not answered after the
+// swap, although the new store has reached the same sequence (as a rebuild's swap waits for it to)
+// and holds another value. Before, the page's generation was read after its sequence, already raised
+// by the swap, and the new store's answer was then taken to be the page: the old store's value was
+// answered.
+func TestReadAhead_NotFromTheStoreSwappedOut(t *testing.T) {
+	kind := provisioner.Registry.Entries[0].Kind
+	storeOf := func(value byte) *store.DB {
+		db := smallStore(t)
+		var msgs []provisioner.Message
+		for i := 0; i < 3; i++ {
+			msgs = append(msgs, provisioner.Message{Seq: uint64(i + 1), Time: int64(i+1) * 1e9, Key: fmt.Sprintf("n%02d.m1.%s.a", i, kind), Op: provisioner.OpPut, Value: []byte{value}})
+		}
+		require.NoError(t, db.Apply(provisioner.BucketNeeds, msgs, 0, false))
+		db.SetSynced(provisioner.BucketNeeds, true)
+		return db
+	}
+	old, rebuilt := storeOf(0x01), storeOf(0x02)
+	r := &genReader{}
+	r.cur.Store(old)
+	s := NewServer(r, Options{})
+	s.ahead.inflight = map[aheadKey]chan struct{}{}
+	s.ahead.jobs = make(chan aheadJob, aheadQueue)
+	s.wideSlots = make(chan struct{}, 1)
+	second := Request{What: "needs", Module: "m1", Limit: ptr(int64(1)), After: "n00.m1." + kind + ".a"}
+
+	// The swap begins as the page's state is read; its view is opened on the old store.
+	begin := func() { r.gen.Add(1) }
+	r.onApplied.Store(&begin)
+	s.writeAhead(&aheadJob{r: second, format: FormatMsgpack, depth: 1})
+	require.Nil(t, r.onApplied.Load())
+	r.cur.Store(rebuilt) // the new store is current; the swap has not yet ended
+	check := func() *Encoder {
+		t.Helper()
+		want := &Encoder{}
+		require.NoError(t, NewServer(StoreReader(rebuilt), Options{NoReadAhead: true}).Answer(context.Background(), &second, FormatMsgpack, want))
+		got := s.takeAhead(&second, FormatMsgpack)
+		if got != nil {
+			require.Equal(t, string(want.Bytes()), string(got.Bytes()), "the page answered is the old store's")
+		}
+		return got
+	}
+	check()
+	r.gen.Add(1) // the swap ends
+	s.writeAhead(&aheadJob{r: second, format: FormatMsgpack, depth: 1, asks: s.ahead.asks})
+	require.NotNil(t, check(), "a page written once the swap has ended is answered")
 }

@@ -100,14 +100,16 @@ func (r *swapReader) Reach(bucket string) uint64 { return r.cur.Load().db.Reach(
 // waiter wakes and asks again of the new one.
 func (r *swapReader) Changed(bucket string) <-chan struct{} { return r.cur.Load().db.Changed(bucket) }
 
-// Generation counts the swaps: an answer written ahead of one store is not an answer of the next
-// (query.Generationer).
+// Generation counts the swaps twice, odd while one is under way: an answer written ahead of one store
+// is not an answer of the next (query.Generationer).
 func (r *swapReader) Generation() uint64 { return r.swaps.Load() }
 
-// swap makes db current, and returns once no view of the old store is open.
+// swap makes db current, and returns once no view of the old store is open. Swaps are made one at a
+// time (the seat's rebuild).
 func (r *swapReader) swap(db *store.DB) {
-	r.swaps.Add(1)
+	r.swaps.Add(1) // odd: the store is being swapped
 	old := r.cur.Swap(&handle{db: db})
+	r.swaps.Add(1)
 	old.mu.Lock()
 	old.retired = true
 	old.mu.Unlock()

@@ -1,0 +1,6 @@
+//go:build !race
+
+package query
+
+// raceEnabled: the tests run under the race detector, several times slower.
+const raceEnabled = false

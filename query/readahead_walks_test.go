@@ -1,0 +1,189 @@
+package query
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/micro"
+	"github.com/stretchr/testify/require"
+
+	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/internal/natstest"
+)
+
+// TestReadAhead_WalksUnderWritesAnswerAsWithout walks modules through the verb, several askers at once
+// (two of the same module in the same format, one in the other format, one of another module, one of a
+// node), while commits land between their pages at random: needs put and deleted behind and ahead of
+// the cursors, and registry entries that raise and clear the needs' unanswered-kind anomalies. Each
+// page the verb answers, with read-ahead on, is compared byte for byte with the answer a server
+// without read-ahead gives at that moment (no commit lands between the two): pages written ahead are
+// answered only while they are what the request would get, and the walks' next cursors are those of
+// a walk without read-ahead.
+func TestReadAhead_WalksUnderWritesAnswerAsWithout(t *testing.T) {
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewPCG(seed, 1))
+	db := smallStore(t)
+	kinds := []string{provisioner.Registry.Entries[0].Kind, provisioner.Registry.Entries[1].Kind}
+	var needSeq, regSeq uint64
+	need := func(node, module int, kind string, del bool) provisioner.Message {
+		needSeq++
+		m := provisioner.Message{Seq: needSeq, Time: int64(needSeq) * 1e9, Key: fmt.Sprintf("n%02d.m%d.%s.a", node, module, kind), Op: provisioner.OpPut, Value: []byte{byte(needSeq % 100)}}
+		if del {
+			m.Op, m.Value = provisioner.OpDelete, nil
+		}
+		return m
+	}
+	var msgs []provisioner.Message
+	for node := 0; node < 40; node++ {
+		for module := 1; module <= 2; module++ {
+			msgs = append(msgs, need(node, module, kinds[node%2], false))
+		}
+	}
+	require.NoError(t, db.Apply(provisioner.BucketNeeds, msgs, 0, false))
+	db.SetSynced(provisioner.BucketNeeds, true)
+
+	ns := natstest.RunServer(t)
+	snc, _ := natstest.Connect(t, ns.ClientURL())
+	s := NewServer(StoreReader(db), Options{Workers: 2})
+	require.NoError(t, s.Start(snc, nil))
+	t.Cleanup(s.Stop)
+	fresh := NewServer(StoreReader(db), Options{NoReadAhead: true})
+	nc, _ := natstest.Connect(t, ns.ClientURL())
+
+	// Commits take frozen for writing; an asker holds it for reading from its request to the answer
+	// it compares with, so that no commit lands between the two.
+	var frozen sync.RWMutex
+	var commits atomic.Int64
+	commit := func() {
+		frozen.Lock()
+		defer frozen.Unlock()
+		var err error
+		switch rng.IntN(4) {
+		case 0: // a registry entry goes or comes back: the needs of its kind are unanswered, or no more
+			k := provisioner.Registry.Entries[rng.IntN(2)]
+			regSeq++
+			m := provisioner.Message{Seq: regSeq, Time: int64(regSeq) * 1e9, Key: k.Kind, Op: provisioner.OpPut, Value: k.Value()}
+			if rng.IntN(2) == 0 {
+				m.Op, m.Value = provisioner.OpDelete, nil
+			}
+			err = db.Apply(provisioner.BucketRegistry, []provisioner.Message{m}, 0, false)
+		default:
+			var ms []provisioner.Message
+			for range 1 + rng.IntN(3) {
+				ms = append(ms, need(rng.IntN(45), 1+rng.IntN(2), kinds[rng.IntN(2)], rng.IntN(4) == 0))
+			}
+			err = db.Apply(provisioner.BucketNeeds, ms, 0, false)
+		}
+		require.NoError(t, err)
+		commits.Add(1)
+	}
+
+	type asker struct {
+		req     map[string]any
+		msgpack bool
+	}
+	askers := []asker{
+		{map[string]any{"what": "needs", "module": "m1", "limit": 3}, true},
+		{map[string]any{"what": "needs", "module": "m1", "limit": 3}, true},
+		{map[string]any{"what": "needs", "module": "m1", "limit": 3}, false},
+		{map[string]any{"what": "needs", "module": "m2", "limit": 4}, true},
+		{map[string]any{"what": "needs", "node": "n07", "limit": 1}, false},
+	}
+	walks := 40
+	if raceEnabled || testing.Short() {
+		walks = 6 // a walk is several times slower under the race detector
+	}
+	var pages, restarts atomic.Int64
+	var wg sync.WaitGroup
+	ask := func(a asker, after string) (string, error) {
+		frozen.RLock()
+		defer frozen.RUnlock()
+		r := map[string]any{}
+		for k, v := range a.req {
+			r[k] = v
+		}
+		if after != "" {
+			r["after"] = after
+		}
+		body, err := natstest.Body(r, a.msgpack)
+		if err != nil {
+			return "", err
+		}
+		msg, err := nc.Request(Subject, body, 30*time.Second)
+		if err != nil {
+			return "", err
+		}
+		req, format, err := DecodeRequest(body)
+		if err != nil {
+			return "", err
+		}
+		want := &Encoder{}
+		werr := fresh.Answer(context.Background(), &req, format, want)
+		if code := msg.Header.Get(micro.ErrorCodeHeader); code != "" || werr != nil {
+			if code != strconv.Itoa(Code(werr)) {
+				return "", fmt.Errorf("after %q: the verb answered code %q (%s), without read-ahead %v", after, code, msg.Header.Get(micro.ErrorHeader), werr)
+			}
+			restarts.Add(1)
+			return "", nil // the cursor's row went: start again
+		}
+		if got := msg.Data; !bytes.Equal(want.Bytes(), got) {
+			i := 0
+			for i < min(len(got), len(want.Bytes())) && got[i] == want.Bytes()[i] {
+				i++
+			}
+			from := max(0, i-40)
+			return "", fmt.Errorf("after %q: the verb answered %d bytes, without read-ahead %d; from byte %d:\n%q\nwithout read-ahead:\n%q",
+				after, len(got), len(want.Bytes()), from, got[from:min(len(got), i+80)], want.Bytes()[from:min(len(want.Bytes()), i+80)])
+		}
+		pages.Add(1)
+		return want.next, nil
+	}
+	for _, a := range askers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range walks {
+				after := ""
+				for {
+					next, err := ask(a, after)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					if next == "" {
+						break
+					}
+					after = next
+				}
+			}
+		}()
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	for running := true; running; {
+		select {
+		case <-done:
+			running = false
+		default:
+			commit()
+			// Let some pages be taken between commits, and some be written ahead across one.
+			for range rng.IntN(2) {
+				select {
+				case <-done:
+				case <-time.After(time.Duration(rng.IntN(500)) * time.Microsecond):
+				}
+			}
+		}
+	}
+	taken := s.ahead.taken.Load()
+	t.Logf("%d pages, %d walks started again, %d commits; %d pages written ahead, %d answered from them", pages.Load(), restarts.Load(), commits.Load(), s.ahead.written.Load(), taken)
+	require.NotZero(t, taken, "no page was answered from read-ahead: the test proves nothing")
+}
