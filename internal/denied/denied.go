@@ -16,6 +16,7 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go"
 )
@@ -62,23 +63,36 @@ func Violation(nc *nats.Conn, before error, match func(subject string) bool) *Er
 	return &Error{Op: "publish", Subject: m[1], Err: err}
 }
 
-// Subscription returns the connection's last error as an *Error when it is a permissions violation of
-// a subscription to subject, and is not before. The server refuses a subscription as it reads it: once
-// a flush after the subscription has returned, the violation is the connection's last error, unless
-// another error came between.
-func Subscription(nc *nats.Conn, before error, subject string) *Error {
+// SubscriptionSince returns the refusal of a subscription to subject that the connection reported
+// after mark (Mark, taken before subscribing), once a flush after the subscription has returned. The
+// server refuses a subscription as it reads it, so the connection's last error is then the refusal or
+// one that came after it (another request refused meanwhile, which made Subscription miss it); the
+// callback hears them in order, and is waited for, at most wait, until it has heard that last error.
+func SubscriptionSince(nc *nats.Conn, mark uint64, subject string, wait time.Duration) *Error {
 	if nc == nil {
 		return nil
 	}
-	err := nc.LastError()
-	if err == nil || !errors.Is(err, nats.ErrPermissionViolation) || same(err, before) {
-		return nil
+	w := watch(nc)
+	last := nc.LastError()
+	deadline := time.Now().Add(wait)
+	for {
+		w.mu.Lock()
+		heard := w.heard
+		s := w.last["subscribe "+subject]
+		w.mu.Unlock()
+		if s != nil && s.seq > mark {
+			return s.v
+		}
+		if parse(last) == nil || sameErr(heard, last) || time.Now().After(deadline) {
+			return nil
+		}
+		time.Sleep(time.Millisecond)
 	}
-	m := subscribeRe.FindStringSubmatch(err.Error())
-	if m == nil || m[1] != subject {
-		return nil
-	}
-	return &Error{Op: "subscribe", Subject: subject, Err: err}
+}
+
+// sameErr reports whether two errors are the same value (a violation is a new one each time).
+func sameErr(a, b error) bool {
+	return a != nil && b != nil && reflect.TypeOf(a) == reflect.TypeOf(b) && reflect.TypeOf(a).Comparable() && a == b
 }
 
 func same(err, before error) bool {
@@ -156,6 +170,7 @@ type watcher struct {
 	once  sync.Once
 	mu    sync.Mutex
 	seq   uint64           // violations seen
+	heard error            // the last error the callback was handed
 	last  map[string]*seen // op and grant -> its latest violation
 	waits map[*waiter]struct{}
 }
@@ -204,6 +219,9 @@ func watch(nc *nats.Conn) *watcher {
 
 // saw records a violation and ends the Contexts it refuses.
 func (w *watcher) saw(err error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.heard = err
 	v := parse(err)
 	if v == nil {
 		return
@@ -212,8 +230,6 @@ func (w *watcher) saw(err error) {
 	if v.Op == "publish" {
 		key = v.Op + " " + Grant(v.Subject)
 	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
 	w.seq++
 	if _, ok := w.last[key]; !ok && len(w.last) >= maxKept {
 		var oldest string

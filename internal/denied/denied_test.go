@@ -84,3 +84,33 @@ func TestContext_EveryViolationCounts(t *testing.T) {
 	})
 	require.Nil(t, denied.Since(nc, denied.Mark(nc), denied.OfStream("KV_a")), "nothing since the last mark")
 }
+
+// TestSubscriptionSince_AnotherRefusalAfter: a subscription refused, then another request of the same
+// connection refused before the flush that confirms the subscription returns (serve's projector
+// setting up a node's bucket the seat may not read, while the verb subscribes). The connection's last
+// error is the other's: serve took the verb's subscription for granted, said "answering" and ready,
+// and no request reached it. The refusal is found all the same.
+func TestSubscriptionSince_AnotherRefusalAfter(t *testing.T) {
+	ns := natstest.RunServerSeatRefused(t, []string{"$KV.a.>"}, []string{"verb"})
+	nc, _ := natstest.Connect(t, ns.ClientURL(), nats.UserInfo("seat", "seat"), nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
+	mark := denied.Mark(nc)
+	_, err := nc.Subscribe("verb", func(*nats.Msg) {})
+	require.NoError(t, err)
+	require.NoError(t, nc.Publish("$KV.a.x", nil))
+	require.NoError(t, nc.Flush())
+	require.Contains(t, nc.LastError().Error(), `Publish to "$KV.a.x"`, "the last error is the other refusal")
+	v := denied.SubscriptionSince(nc, mark, "verb", 30*time.Second)
+	require.NotNil(t, v, "the subscription's refusal is found")
+	require.Equal(t, "subscribe", v.Op)
+	require.Equal(t, "verb", v.Subject)
+	require.Nil(t, denied.SubscriptionSince(nc, denied.Mark(nc), "verb", 30*time.Second), "not after a later mark")
+
+	// Granted: no refusal, and no wait past the callback's hearing the last error.
+	nc2, _ := natstest.Connect(t, ns.ClientURL(), nats.UserInfo("seat", "seat"), nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
+	mark = denied.Mark(nc2)
+	_, err = nc2.Subscribe("other", func(*nats.Msg) {})
+	require.NoError(t, err)
+	require.NoError(t, nc2.Publish("$KV.a.x", nil))
+	require.NoError(t, nc2.Flush())
+	require.Nil(t, denied.SubscriptionSince(nc2, mark, "other", 30*time.Second))
+}
