@@ -193,6 +193,11 @@ var watchers sync.Map // *nats.Conn -> *watcher
 // the violations before calling the one it had, and its closed callback forgets it before calling
 // the one it had. A callback set on the connection later without chaining the one it had stops it.
 func watch(nc *nats.Conn) *watcher {
+	if nc.IsClosed() {
+		// Nothing more is reported, and a callback set now would never be forgotten (each call on
+		// the closed connection would wrap the last).
+		return &watcher{last: map[string]*seen{}, waits: map[*waiter]struct{}{}}
+	}
 	v, _ := watchers.LoadOrStore(nc, &watcher{last: map[string]*seen{}, waits: map[*waiter]struct{}{}})
 	w := v.(*watcher)
 	w.once.Do(func() {
