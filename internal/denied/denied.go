@@ -43,31 +43,12 @@ var (
 	subscribeRe = regexp.MustCompile(`Permissions Violation for Subscription to "([^"]+)"`)
 )
 
-// Violation returns the connection's last error as an *Error when it is a permissions violation of a
-// publish whose subject match accepts, and is not before (the last error when the caller started: each
-// violation is a new error value, and the same one is an older request's). nats.go keeps only the last
-// error: a violation followed by another before the caller looks is not seen (Context and Since see
-// every one).
-func Violation(nc *nats.Conn, before error, match func(subject string) bool) *Error {
-	if nc == nil {
-		return nil
-	}
-	err := nc.LastError()
-	if err == nil || !errors.Is(err, nats.ErrPermissionViolation) || same(err, before) {
-		return nil
-	}
-	m := publishRe.FindStringSubmatch(err.Error())
-	if m == nil || !match(m[1]) {
-		return nil
-	}
-	return &Error{Op: "publish", Subject: m[1], Err: err}
-}
-
 // SubscriptionSince returns the refusal of a subscription to subject that the connection reported
 // after mark (Mark, taken before subscribing), once a flush after the subscription has returned. The
 // server refuses a subscription as it reads it, so the connection's last error is then the refusal or
-// one that came after it (another request refused meanwhile, which made Subscription miss it); the
-// callback hears them in order, and is waited for, at most wait, until it has heard that last error.
+// one that came after it (another request refused meanwhile, which a look at the last error alone
+// missed); the callback hears them in order, and is waited for, at most wait, until it has heard that
+// last error.
 func SubscriptionSince(nc *nats.Conn, mark uint64, subject string, wait time.Duration) *Error {
 	if nc == nil {
 		return nil
@@ -93,10 +74,6 @@ func SubscriptionSince(nc *nats.Conn, mark uint64, subject string, wait time.Dur
 // sameErr reports whether two errors are the same value (a violation is a new one each time).
 func sameErr(a, b error) bool {
 	return a != nil && b != nil && reflect.TypeOf(a) == reflect.TypeOf(b) && reflect.TypeOf(a).Comparable() && a == b
-}
-
-func same(err, before error) bool {
-	return before != nil && reflect.TypeOf(err) == reflect.TypeOf(before) && reflect.TypeOf(err).Comparable() && err == before
 }
 
 // Context returns a context below ctx that ends, with an *Error as its cause, as soon as the connection
