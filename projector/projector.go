@@ -438,17 +438,17 @@ func (p *Projector) tail(ctx context.Context, bucket string, log *slog.Logger, s
 		return denied.Cause(sctx, err)
 	}
 	nc := p.js.Conn()
-	before := nc.LastError() // the pulls' refusals come after it
+	mark := denied.Mark(nc) // the pulls' refusals come after it
 	it, err := streamread.ReadIdle(cons, pull, p.heartbeat(bucket))
 	if err != nil {
 		p.dropConsumer(ctx, stream, name)
 		return err
 	}
-	ofStream := denied.OfStream(provisioner.StreamName(bucket))
+	// A pull of this stream's consumers refused since the consumer was made, whichever came last:
+	// with other buckets' pulls refused too, the connection's last error was theirs at each miss.
+	next := ".CONSUMER.MSG.NEXT." + provisioner.StreamName(bucket) + "."
 	it.Refused = func() error {
-		if v := denied.Violation(nc, before, func(subject string) bool {
-			return ofStream(subject) && strings.Contains(subject, ".MSG.NEXT.")
-		}); v != nil {
+		if v := denied.Since(nc, mark, func(subject string) bool { return strings.Contains(subject, next) }); v != nil {
 			return v
 		}
 		return nil

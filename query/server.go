@@ -233,7 +233,7 @@ func microVersion(v string) string {
 // Start adds the micro service to a connection: service mesh-provisioner, endpoint provisioning on
 // subject mesh-provisioner.provisioning, in the default queue group so several seats share the load.
 func (s *Server) Start(nc *nats.Conn, stats func() any) error {
-	before := nc.LastError() // not about this subscription
+	mark := denied.Mark(nc) // the refusals before are not about this subscription
 	md := map[string]string{}
 	for k, v := range s.opts.Metadata {
 		md[k] = v
@@ -274,7 +274,9 @@ func (s *Server) Start(nc *nats.Conn, stats func() any) error {
 	// A user that may not subscribe to the verb is refused the subscription, which nats.go says only
 	// to the connection's error callback: the seat said "answering" and ready, and no request ever
 	// reached it ("no responders"). It fails to start instead, naming the grant.
-	if v := denied.Subscription(nc, before, Subject); v != nil {
+	// Any refusal since counts, not only the connection's last error: the seat's other requests (a
+	// node's bucket refused as the projector sets it up) may be refused in between.
+	if v := denied.SubscriptionSince(nc, mark, Subject, 5*time.Second); v != nil {
 		s.Stop()
 		return fmt.Errorf("answer %s: %w", Subject, v)
 	}

@@ -2,8 +2,10 @@
 // not publish to is dropped by the server, which tells the connection (a permissions violation, handed
 // only to the connection's error callback and kept as its last error): the request gets no answer and
 // waits out its whole timeout, then says nothing of why. Context ends a request's context as soon as
-// the connection's last error is a violation of one of the request's subjects, with an *Error that names
-// the subject and what to grant.
+// the connection reports a violation of one of the request's subjects, with an *Error that names the
+// subject and what to grant. It hears every violation from the connection's error callback (watch),
+// which it chains to the one the connection had: the connection's last error, which nats.go keeps
+// alone, is another request's as soon as two are refused at once.
 package denied
 
 import (
@@ -13,13 +15,11 @@ import (
 	"reflect"
 	"regexp"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
 )
-
-// Poll is how often Context looks at the connection's last error.
-const Poll = 10 * time.Millisecond
 
 // Error is a publish, or a subscription, NATS refused this connection's user.
 type Error struct {
@@ -43,79 +43,208 @@ var (
 	subscribeRe = regexp.MustCompile(`Permissions Violation for Subscription to "([^"]+)"`)
 )
 
-// Violation returns the connection's last error as an *Error when it is a permissions violation of a
-// publish whose subject match accepts, and is not before (the last error when the caller started: each
-// violation is a new error value, and the same one is an older request's). nats.go keeps only the last
-// error: a violation followed within a Poll by another is not seen, and its request waits out its
-// timeout as before.
-func Violation(nc *nats.Conn, before error, match func(subject string) bool) *Error {
+// SubscriptionSince returns the refusal of a subscription to subject that the connection reported
+// after mark (Mark, taken before subscribing), once a flush after the subscription has returned. The
+// server refuses a subscription as it reads it, so the connection's last error is then the refusal or
+// one that came after it (another request refused meanwhile, which a look at the last error alone
+// missed); the callback hears them in order, and is waited for, at most wait, until it has heard that
+// last error.
+func SubscriptionSince(nc *nats.Conn, mark uint64, subject string, wait time.Duration) *Error {
 	if nc == nil {
 		return nil
 	}
-	err := nc.LastError()
-	if err == nil || !errors.Is(err, nats.ErrPermissionViolation) || same(err, before) {
-		return nil
+	w := watch(nc)
+	last := nc.LastError()
+	deadline := time.Now().Add(wait)
+	for {
+		w.mu.Lock()
+		heard := w.heard
+		s := w.last["subscribe "+subject]
+		w.mu.Unlock()
+		if s != nil && s.seq > mark {
+			return s.v
+		}
+		if parse(last) == nil || sameErr(heard, last) || time.Now().After(deadline) {
+			return nil
+		}
+		time.Sleep(time.Millisecond)
 	}
-	m := publishRe.FindStringSubmatch(err.Error())
-	if m == nil || !match(m[1]) {
-		return nil
-	}
-	return &Error{Op: "publish", Subject: m[1], Err: err}
 }
 
-// Subscription returns the connection's last error as an *Error when it is a permissions violation of
-// a subscription to subject, and is not before. The server refuses a subscription as it reads it: once
-// a flush after the subscription has returned, the violation is the connection's last error, unless
-// another error came between.
-func Subscription(nc *nats.Conn, before error, subject string) *Error {
-	if nc == nil {
-		return nil
-	}
-	err := nc.LastError()
-	if err == nil || !errors.Is(err, nats.ErrPermissionViolation) || same(err, before) {
-		return nil
-	}
-	m := subscribeRe.FindStringSubmatch(err.Error())
-	if m == nil || m[1] != subject {
-		return nil
-	}
-	return &Error{Op: "subscribe", Subject: subject, Err: err}
-}
-
-func same(err, before error) bool {
-	return before != nil && reflect.TypeOf(err) == reflect.TypeOf(before) && reflect.TypeOf(err).Comparable() && err == before
+// sameErr reports whether two errors are the same value (a violation is a new one each time).
+func sameErr(a, b error) bool {
+	return a != nil && b != nil && reflect.TypeOf(a) == reflect.TypeOf(b) && reflect.TypeOf(a).Comparable() && a == b
 }
 
 // Context returns a context below ctx that ends, with an *Error as its cause, as soon as the connection
-// reports a permissions violation of a publish whose subject match accepts. The goroutine that watches
-// is stopped, and waited for, by the cancel func returned, which the caller must call.
+// reports a permissions violation of a publish whose subject match accepts. The cancel func returned
+// stops the watch, and the caller must call it. It sees every violation the connection reports (watch),
+// not the last error alone: a violation of this request followed by another's (the pulls of another
+// bucket refused too) was missed before, and the request waited out its timeout.
 func Context(ctx context.Context, nc *nats.Conn, match func(subject string) bool) (context.Context, context.CancelFunc) {
 	ctx, cancel := context.WithCancelCause(ctx)
 	if nc == nil {
 		return ctx, func() { cancel(nil) }
 	}
-	before := nc.LastError()
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		t := time.NewTicker(Poll)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
+	w := watch(nc)
+	wt := &waiter{match: match, refused: func(v *Error) { cancel(v) }}
+	w.mu.Lock()
+	w.waits[wt] = struct{}{}
+	w.mu.Unlock()
+	return ctx, func() {
+		w.mu.Lock()
+		delete(w.waits, wt)
+		w.mu.Unlock()
+		cancel(nil)
+	}
+}
+
+// Mark is where the connection's violations stand now: Since reports one that comes after it. It
+// starts watching the connection (watch) if nothing did yet.
+func Mark(nc *nats.Conn) uint64 {
+	if nc == nil {
+		return 0
+	}
+	w := watch(nc)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.seq
+}
+
+// Since returns the latest violation of a publish whose subject match accepts that the connection
+// reported after mark (Mark), or nil. Every violation counts, not the connection's last error only:
+// many buckets whose pulls are refused take turns as the last error, and a tail that asked it at its
+// missed heartbeats found another bucket's each time and read on for ever. What it keeps is the latest
+// violation of each grant (maxKept of them): a request that names its own consumer or key is found
+// by what to grant for it.
+func Since(nc *nats.Conn, mark uint64, match func(subject string) bool) *Error {
+	if nc == nil {
+		return nil
+	}
+	w := watch(nc)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var got *seen
+	for _, s := range w.last {
+		if s.seq > mark && s.v.Op == "publish" && (got == nil || s.seq > got.seq) && match(s.v.Subject) {
+			got = s
+		}
+	}
+	if got == nil {
+		return nil
+	}
+	return got.v
+}
+
+// maxKept bounds the grants a watcher keeps the latest violation of: a grant is a stream's request
+// or a bucket's keys, but a publish to a reply subject not granted is a grant of its own each time.
+// Past it the oldest is forgotten.
+const maxKept = 4096
+
+// watcher records every permissions violation a connection reports, from its error callback, which
+// it chains to the one the connection had (the owner's log line goes on as before).
+type watcher struct {
+	once  sync.Once
+	mu    sync.Mutex
+	seq   uint64           // violations seen
+	heard error            // the last error the callback was handed
+	last  map[string]*seen // op and grant -> its latest violation
+	waits map[*waiter]struct{}
+}
+
+type seen struct {
+	seq uint64
+	v   *Error
+}
+
+// waiter is a Context under way.
+type waiter struct {
+	match   func(subject string) bool
+	refused func(*Error)
+}
+
+// watchers are the connections watched: one watcher each, forgotten when the connection closes.
+var watchers sync.Map // *nats.Conn -> *watcher
+
+// watch returns the connection's watcher, set up on the first call: its error callback then records
+// the violations before calling the one it had, and its closed callback forgets it before calling
+// the one it had. A callback set on the connection later without chaining the one it had stops it.
+func watch(nc *nats.Conn) *watcher {
+	if nc.IsClosed() {
+		// Nothing more is reported, and a callback set now would never be forgotten (each call on
+		// the closed connection would wrap the last).
+		return &watcher{last: map[string]*seen{}, waits: map[*waiter]struct{}{}}
+	}
+	v, _ := watchers.LoadOrStore(nc, &watcher{last: map[string]*seen{}, waits: map[*waiter]struct{}{}})
+	w := v.(*watcher)
+	w.once.Do(func() {
+		prev := nc.ErrorHandler()
+		nc.SetErrorHandler(func(c *nats.Conn, sub *nats.Subscription, err error) {
+			w.saw(err)
+			if prev != nil {
+				prev(c, sub, err)
 			}
-			if v := Violation(nc, before, match); v != nil {
-				cancel(v)
-				return
+		})
+		closed := nc.ClosedHandler()
+		nc.SetClosedHandler(func(c *nats.Conn) {
+			watchers.CompareAndDelete(nc, w)
+			if closed != nil {
+				closed(c)
+			}
+		})
+		if nc.IsClosed() {
+			watchers.CompareAndDelete(nc, w)
+		}
+	})
+	return w
+}
+
+// saw records a violation and ends the Contexts it refuses.
+func (w *watcher) saw(err error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.heard = err
+	v := parse(err)
+	if v == nil {
+		return
+	}
+	key := v.Op + " " + v.Subject
+	if v.Op == "publish" {
+		key = v.Op + " " + Grant(v.Subject)
+	}
+	w.seq++
+	if _, ok := w.last[key]; !ok && len(w.last) >= maxKept {
+		var oldest string
+		for k, s := range w.last {
+			if oldest == "" || s.seq < w.last[oldest].seq {
+				oldest = k
 			}
 		}
-	}()
-	return ctx, func() {
-		cancel(nil)
-		<-done
+		delete(w.last, oldest)
 	}
+	w.last[key] = &seen{seq: w.seq, v: v}
+	if v.Op != "publish" {
+		return
+	}
+	for wt := range w.waits {
+		if wt.match(v.Subject) {
+			wt.refused(v)
+		}
+	}
+}
+
+// parse returns a permissions violation as an *Error, or nil for any other error.
+func parse(err error) *Error {
+	if err == nil || !errors.Is(err, nats.ErrPermissionViolation) {
+		return nil
+	}
+	if m := publishRe.FindStringSubmatch(err.Error()); m != nil {
+		return &Error{Op: "publish", Subject: m[1], Err: err}
+	}
+	if m := subscribeRe.FindStringSubmatch(err.Error()); m != nil {
+		return &Error{Op: "subscribe", Subject: m[1], Err: err}
+	}
+	return nil
 }
 
 // Cause returns the *Error that ended ctx (Context) in place of err, what the request under ctx

@@ -51,6 +51,13 @@ func RunServerSeatDenied(tb testing.TB, deny ...string) *server.Server {
 	return runServerSeat(tb, seatDeniedConf(deny, nil))
 }
 
+// RunServerSeatRefused is RunServerSeatDenied with subscriptions refused too: seat may not publish to
+// publish, nor subscribe to subscribe.
+func RunServerSeatRefused(tb testing.TB, publish, subscribe []string) *server.Server {
+	tb.Helper()
+	return runServerSeat(tb, seatDeniedConf(publish, subscribe))
+}
+
 // RunServerSeatNoAdvisories runs a server with JetStream whose account has two users: admin (password
 // admin) may do everything, seat (password seat) everything but subscribe to JetStream's advisories
 // ($JS.EVENT.>), as a seat whose account does not export them: it finds new streams by listing alone.

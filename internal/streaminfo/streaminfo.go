@@ -22,7 +22,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/novox/mesh-provisioner/internal/denied"
@@ -35,10 +34,6 @@ const listTimeout = 30 * time.Second
 // request. A listing whose first page has not come by then got no answer (the JetStream API is down or
 // the request was dropped); the pages after it share listTimeout.
 const firstPageTimeout = 5 * time.Second
-
-// violationPoll is how often a listing waiting for its first page looks at the connection's last
-// error for a permissions violation of its own request.
-const violationPoll = 10 * time.Millisecond
 
 // unansweredRetries is how many of Run's intervals the retries of a listing that got no answer grow
 // to: asked again after one interval, then after twice as long, up to this many (a minute at a seat's
@@ -86,17 +81,15 @@ func (p *Poller) List(ctx context.Context) (time.Time, error) {
 	start := time.Now()
 	lctx, cancel := context.WithTimeout(ctx, listTimeout)
 	defer cancel()
-	nc := p.js.Conn()
-	var before error // the connection's last error before this listing: not about it
-	if nc != nil {
-		before = nc.LastError()
-	}
+	// A refusal of the listing, heard among every one the connection reports: its last error alone
+	// was another request's as soon as one more was refused (a node's bucket, say), and the listing
+	// waited out its first page's 5 s.
+	dctx, unwatch := denied.Context(lctx, p.js.Conn(), func(subject string) bool { return strings.HasSuffix(subject, "STREAM.LIST") })
+	defer unwatch()
 	l := p.js.ListStreams(lctx)
 	first := time.NewTimer(firstPageTimeout)
 	defer first.Stop()
-	watch := time.NewTicker(violationPoll)
-	defer watch.Stop()
-	firstC, watchC := first.C, watch.C // nil once the first page came
+	firstC, watchC := first.C, dctx.Done() // nil once the first page came
 	var unanswered error
 	seen := map[string]bool{}
 	for infos := l.Info(); infos != nil; {
@@ -118,9 +111,10 @@ func (p *Poller) List(ctx context.Context) (time.Time, error) {
 			firstC, watchC = nil, nil
 			cancel() // the lister closes its channel
 		case <-watchC:
-			if v := listingViolation(nc, before); v != nil {
-				unanswered = fmt.Errorf("%w: %w", ErrUnanswered, v)
-				firstC, watchC = nil, nil
+			watchC = nil
+			if v := (*denied.Error)(nil); errors.As(context.Cause(dctx), &v) {
+				unanswered = fmt.Errorf("%w: %w", ErrUnanswered, v.Err)
+				firstC = nil
 				cancel()
 			}
 		}
@@ -147,17 +141,6 @@ func (p *Poller) List(ctx context.Context) (time.Time, error) {
 	}
 	p.mu.Unlock()
 	return start, nil
-}
-
-// listingViolation returns the connection's last error when it is a permissions violation of a
-// listing ($JS.API.STREAM.LIST, under any API prefix) that came after before. nats.go keeps only the
-// last error, and hands a violation to nothing but the connection's error callback, which is the
-// connection owner's.
-func listingViolation(nc *nats.Conn, before error) error {
-	if v := denied.Violation(nc, before, func(subject string) bool { return strings.HasSuffix(subject, "STREAM.LIST") }); v != nil {
-		return v.Err
-	}
-	return nil
 }
 
 // Read asks one stream for its info (one STREAM.INFO request) and keeps it like a listed one, so every

@@ -184,3 +184,34 @@ func TestPoller_GoSaysItRunsAtOnce(t *testing.T) {
 	wg.Wait()
 	require.Zero(t, p.Every(), "stopped")
 }
+
+// TestPoller_DeniedListingFailsAtOnceAmongOtherRefusals: as above, while the connection's other
+// requests are refused too (the pulls of nodes' buckets the seat may not read yet). nats.go keeps only
+// the last error, which was theirs when the listing looked: it waited out its first page's 5 s and
+// failed as unanswered, naming no permission. It names the refusal of the listing.
+func TestPoller_DeniedListingFailsAtOnceAmongOtherRefusals(t *testing.T) {
+	ns := natstest.RunServerSeatDenied(t, "$JS.API.STREAM.LIST", "$KV.other.>")
+	nc, sjs := natstest.Connect(t, ns.ClientURL(), nats.UserInfo("seat", "seat"), nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(100 * time.Microsecond):
+			}
+			_ = nc.Publish("$KV.other.x", nil)
+		}
+	}()
+	defer func() { close(stop); wg.Wait() }()
+	p := streaminfo.New(sjs)
+	for range 3 {
+		_, err := p.List(context.Background())
+		require.ErrorIs(t, err, streaminfo.ErrUnanswered)
+		require.ErrorIs(t, err, nats.ErrPermissionViolation, "told by the server, not by a timeout")
+		require.Contains(t, err.Error(), "STREAM.LIST", "the listing's own refusal")
+	}
+}
