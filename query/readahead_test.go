@@ -419,6 +419,8 @@ func (r *genReader) Applied(bucket string) (uint64, bool) {
 	return r.cur.Load().Applied(bucket)
 }
 
+func (r *genReader) Reach(bucket string) uint64 { return r.cur.Load().Reach(bucket) }
+
 func (r *genReader) Changed(bucket string) <-chan struct{} { return r.cur.Load().Changed(bucket) }
 
 func (r *genReader) Generation() uint64 { return r.gen.Load() }
