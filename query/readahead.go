@@ -27,6 +27,14 @@ import (
 // its page is still being written waits for it rather than writing it twice. Pages are written up to
 // aheadDepth ahead of the last one sent; at most aheadPages are kept, each at most aheadTTL; `at` and
 // plans answers are not read ahead.
+//
+// A walk whose page went stale before its asker came (a commit to its bucket meanwhile, the normal
+// case for needs on a mesh whose nodes write continuously) is cold: none of its pages is written
+// ahead, since each would most likely be dropped too, a wide answer's writing for nothing on the cores
+// node lookups need. For each of its pages sent the state a page written ahead would have been kept
+// with is noted instead (a ghost: no writing), and the walk is read ahead again from the first of its
+// requests that such a page would have answered: nothing it reads changed while its asker read the
+// page before. A walk is the request's fields but after, so askers of the same pages share it.
 const (
 	aheadPages = 4
 	aheadTTL   = 2 * time.Second
@@ -128,9 +136,69 @@ type readAhead struct {
 	// asked holds the last aheadAsked of them, the nth at n % aheadAsked. Under mu.
 	asks  uint64
 	asked [aheadAsked]askedKey
+	// cold holds the walks (walkOf) whose page written ahead went stale before it was asked for, the
+	// last aheadCold of them, oldest first; ghosts the state their pages sent since would have been
+	// written ahead with, the nth at n % aheadGhosts. Under mu.
+	cold   []aheadKey
+	ghosts [aheadGhosts]aheadGhost
+	nghost uint64
 	// How many pages were written ahead, and how many of them answered a request: what the tests
 	// (and a throwaway build measuring the read-ahead) read.
 	written, taken atomic.Int64
+}
+
+// aheadCold is how many cold walks are remembered, aheadGhosts how many of their pages' ghosts: a walk
+// forgotten is read ahead again (a page or two written for nothing, and it is cold once more).
+const (
+	aheadCold   = 16
+	aheadGhosts = 16
+)
+
+// aheadGhost is a page of a cold walk that was not written ahead: the state it would have been kept with.
+type aheadGhost struct {
+	key   aheadKey
+	state aheadState
+	made  time.Time
+}
+
+// walkOf is the walk a page belongs to: its key without after.
+func walkOf(key aheadKey) aheadKey {
+	key.after = ""
+	return key
+}
+
+// isCold reports whether a walk is cold; under mu.
+func (a *readAhead) isCold(walk aheadKey) bool {
+	return slices.Contains(a.cold, walk)
+}
+
+// setCold makes a walk cold; under mu.
+func (a *readAhead) setCold(walk aheadKey) {
+	if a.isCold(walk) {
+		return
+	}
+	if len(a.cold) >= aheadCold {
+		a.cold = slices.Delete(a.cold, 0, 1)
+	}
+	a.cold = append(a.cold, walk)
+}
+
+// warm makes a walk read ahead again; under mu.
+func (a *readAhead) warm(walk aheadKey) {
+	if i := slices.Index(a.cold, walk); i >= 0 {
+		a.cold = slices.Delete(a.cold, i, i+1)
+	}
+}
+
+// takeGhost removes and returns the ghost of key's page, if any; under mu.
+func (a *readAhead) takeGhost(key aheadKey) (aheadGhost, bool) {
+	for i := range a.ghosts {
+		if g := a.ghosts[i]; g.key == key && !g.made.IsZero() {
+			a.ghosts[i] = aheadGhost{}
+			return g, true
+		}
+	}
+	return aheadGhost{}, false
 }
 
 // readsAhead reports whether the next page of a request is written ahead.
@@ -198,9 +266,16 @@ func (s *Server) readNextAhead(r *Request, format Format, e *Encoder) {
 	s.queueAhead(aheadJob{r: *r, format: format, depth: 1}, e.next)
 }
 
-// queueAhead queues the page after next of a request, when a worker is free for it.
+// queueAhead queues the page after next of a request, when a worker is free for it and its walk is
+// not cold; for a cold walk's next page it notes the page's ghost instead.
 func (s *Server) queueAhead(j aheadJob, next string) {
 	j.r.After = next
+	var st aheadState
+	if j.depth == 1 {
+		// As the worker would read it before writing the page: read before the lock, as there.
+		shape, _ := provisioner.ShapeOfWhat(provisioner.What(j.r.What))
+		st = s.aheadState(shape.Bucket)
+	}
 	// Under the pages' lock, not the workers' queue's: a worker must never wait for that one, which Stop
 	// waits to take while a request that waited for its min_seq waits for a place in a full queue that
 	// only the workers free.
@@ -208,6 +283,14 @@ func (s *Server) queueAhead(j aheadJob, next string) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.jobs == nil || a.closed {
+		return
+	}
+	key := keyOf(&j.r, j.format)
+	if a.isCold(walkOf(key)) {
+		if j.depth == 1 {
+			a.nghost++
+			a.ghosts[a.nghost%aheadGhosts] = aheadGhost{key: key, state: st, made: time.Now()}
+		}
 		return
 	}
 	j.asks = a.asks
@@ -429,6 +512,11 @@ func (s *Server) fresh(p *aheadPage, r *Request) bool {
 	return time.Since(p.made) <= aheadTTL && now.gen != swapping && now == p.state && p.state.seq >= uint64(max(r.MinSeq, 0))
 }
 
+// ghostFresh reports whether a page written ahead in place of a ghost would be the answer to r now.
+func (s *Server) ghostFresh(g *aheadGhost, r *Request) bool {
+	return s.fresh(&aheadPage{state: g.state, made: g.made}, r)
+}
+
 // takeAhead returns the page written ahead for a request, when it is the answer the request would be
 // given now; the caller puts the encoder back in the pool. A page still being written is waited for.
 func (s *Server) takeAhead(r *Request, format Format) *Encoder {
@@ -450,7 +538,14 @@ func (s *Server) takeAhead(r *Request, format Format) *Encoder {
 	i := a.find(key)
 	if i < 0 {
 		a.ask(key)
+		g, ok := a.takeGhost(key)
 		a.mu.Unlock()
+		if ok && s.ghostFresh(&g, r) {
+			// A page written ahead would have answered: the walk is read ahead again from this page.
+			a.mu.Lock()
+			a.warm(walkOf(key))
+			a.mu.Unlock()
+		}
 		return nil
 	}
 	p := a.pages[i]
@@ -459,6 +554,9 @@ func (s *Server) takeAhead(r *Request, format Format) *Encoder {
 	a.mu.Unlock()
 	if !s.fresh(&p, r) {
 		s.pool.Put(p.e)
+		a.mu.Lock()
+		a.setCold(walkOf(key))
+		a.mu.Unlock()
 		return nil
 	}
 	a.taken.Add(1)
