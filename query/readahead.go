@@ -505,11 +505,14 @@ func (s *Server) aheadReady(r *Request, format Format) bool {
 }
 
 // fresh reports whether a page written ahead is the answer a request would be given now: not older
-// than aheadTTL, nothing it reads changed since, and min_seq reached.
+// than aheadTTL, nothing it reads changed since, and min_seq reached. Reached as Answer has it, by
+// the bucket's Reach: a min_seq inside an open history gap is not, though the applied sequence is past
+// it (store.DB.Reach); such a request waits, or is answered 504 when it may not.
 func (s *Server) fresh(p *aheadPage, r *Request) bool {
 	shape, _ := provisioner.ShapeOfWhat(provisioner.What(r.What))
 	now := s.aheadState(shape.Bucket)
-	return time.Since(p.made) <= aheadTTL && now.gen != swapping && now == p.state && p.state.seq >= uint64(max(r.MinSeq, 0))
+	return time.Since(p.made) <= aheadTTL && now.gen != swapping && now == p.state &&
+		(r.MinSeq <= 0 || s.r.Reach(shape.Bucket) >= uint64(r.MinSeq))
 }
 
 // ghostFresh reports whether a page written ahead in place of a ghost would be the answer to r now.

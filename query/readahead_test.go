@@ -553,3 +553,41 @@ func TestReadAhead_AColdWalkWaitsForAPageThatWouldBeTaken(t *testing.T) {
 	require.EqualValues(t, 2, s.ahead.taken.Load())
 
 }
+
+// TestReadAhead_NotForAMinSeqInsideAnOpenGap: a page written ahead does not answer a request whose
+// min_seq lies inside an open history gap (messages removed before the projector read them, whose
+// remover may be unread: store.DB.Reach), although the bucket has applied past it; without read-ahead
+// the request is answered 504 (or waits), not with a state that may lack a write. Before, a page
+// written ahead was taken once its applied sequence reached min_seq.
+func TestReadAhead_NotForAMinSeqInsideAnOpenGap(t *testing.T) {
+	db := smallStore(t)
+	kind := provisioner.Registry.Entries[0].Kind
+	var msgs []provisioner.Message
+	for i := 0; i < 4; i++ {
+		msgs = append(msgs, provisioner.Message{Seq: uint64(i + 1), Time: int64(i+1) * 1e9, Key: fmt.Sprintf("n%02d.m1.%s.a", i, kind), Op: provisioner.OpPut, Value: []byte{0x01}})
+	}
+	// 5 was removed before it was read; 6 is read: what removed 5 may come later.
+	msgs = append(msgs, provisioner.Message{Seq: 6, Time: 6e9, Key: "n09.m1." + kind + ".a", Op: provisioner.OpPut, Value: []byte{0x01}})
+	require.NoError(t, db.Apply(provisioner.BucketNeeds, msgs, 0, false))
+	db.SetSynced(provisioner.BucketNeeds, true)
+	require.Equal(t, uint64(4), db.Reach(provisioner.BucketNeeds))
+	s := NewServer(StoreReader(db), Options{})
+	s.ahead.inflight = map[aheadKey]chan struct{}{}
+	s.ahead.jobs = make(chan aheadJob, aheadQueue)
+	s.wideSlots = make(chan struct{}, 1)
+
+	second := Request{What: "needs", Module: "m1", Limit: ptr(int64(1)), After: "n00.m1." + kind + ".a", MinSeq: 6}
+	err := s.Answer(context.Background(), &second, FormatMsgpack, &Encoder{})
+	require.Equal(t, 504, Code(err), "without read-ahead")
+	s.writeAhead(&aheadJob{r: second, format: FormatMsgpack, depth: 1})
+	require.Equal(t, 1, s.Ahead())
+	require.False(t, s.aheadReady(&second, FormatMsgpack))
+	require.Nil(t, s.takeAhead(&second, FormatMsgpack), "a page for a min_seq inside the gap")
+
+	require.NoError(t, db.CaughtUp(provisioner.BucketNeeds, 6)) // the stream's end is read: 6 is reached
+	s.writeAhead(&aheadJob{r: second, format: FormatMsgpack, depth: 1, asks: s.ahead.asks})
+	require.True(t, s.aheadReady(&second, FormatMsgpack))
+	e := s.takeAhead(&second, FormatMsgpack)
+	require.NotNil(t, e, "reached: the page is the answer")
+	s.pool.Put(e)
+}
