@@ -34,7 +34,8 @@ import (
 // node lookups need. For each of its pages sent the state a page written ahead would have been kept
 // with is noted instead (a ghost: no writing), and the walk is read ahead again from the first of its
 // requests that such a page would have answered: nothing it reads changed while its asker read the
-// page before. A walk is the request's fields but after, so askers of the same pages share it.
+// page before. It is then read one page ahead (probing) until a page written ahead is taken, and
+// aheadDepth after. A walk is the request's fields but after, so askers of the same pages share it.
 const (
 	aheadPages = 4
 	aheadTTL   = 2 * time.Second
@@ -139,9 +140,10 @@ type readAhead struct {
 	// cold holds the walks (walkOf) whose page written ahead went stale before it was asked for, the
 	// last aheadCold of them, oldest first; ghosts the state their pages sent since would have been
 	// written ahead with, the nth at n % aheadGhosts. Under mu.
-	cold   []aheadKey
-	ghosts [aheadGhosts]aheadGhost
-	nghost uint64
+	// probing holds the walks warmed since (warm), read ahead one page only until one is taken.
+	cold, probing []aheadKey
+	ghosts        [aheadGhosts]aheadGhost
+	nghost        uint64
 	// How many pages were written ahead, and how many of them answered a request: what the tests
 	// (and a throwaway build measuring the read-ahead) read.
 	written, taken atomic.Int64
@@ -174,20 +176,32 @@ func (a *readAhead) isCold(walk aheadKey) bool {
 
 // setCold makes a walk cold; under mu.
 func (a *readAhead) setCold(walk aheadKey) {
-	if a.isCold(walk) {
-		return
-	}
-	if len(a.cold) >= aheadCold {
-		a.cold = slices.Delete(a.cold, 0, 1)
-	}
-	a.cold = append(a.cold, walk)
+	a.probing = remove(a.probing, walk)
+	a.cold = add(a.cold, walk)
 }
 
-// warm makes a walk read ahead again; under mu.
+// warm makes a cold walk read ahead again, one page ahead until one is taken; under mu.
 func (a *readAhead) warm(walk aheadKey) {
-	if i := slices.Index(a.cold, walk); i >= 0 {
-		a.cold = slices.Delete(a.cold, i, i+1)
+	a.cold = remove(a.cold, walk)
+	a.probing = add(a.probing, walk)
+}
+
+// add adds a walk to a list of at most aheadCold, dropping the oldest.
+func add(walks []aheadKey, walk aheadKey) []aheadKey {
+	if slices.Contains(walks, walk) {
+		return walks
 	}
+	if len(walks) >= aheadCold {
+		walks = slices.Delete(walks, 0, 1)
+	}
+	return append(walks, walk)
+}
+
+func remove(walks []aheadKey, walk aheadKey) []aheadKey {
+	if i := slices.Index(walks, walk); i >= 0 {
+		return slices.Delete(walks, i, i+1)
+	}
+	return walks
 }
 
 // takeGhost removes and returns the ghost of key's page, if any; under mu.
@@ -291,6 +305,9 @@ func (s *Server) queueAhead(j aheadJob, next string) {
 			a.nghost++
 			a.ghosts[a.nghost%aheadGhosts] = aheadGhost{key: key, state: st, made: time.Now()}
 		}
+		return
+	}
+	if j.depth > 1 && slices.Contains(a.probing, walkOf(key)) {
 		return
 	}
 	j.asks = a.asks
@@ -555,11 +572,16 @@ func (s *Server) takeAhead(r *Request, format Format) *Encoder {
 	a.pages = slices.Delete(a.pages, i, i+1)
 	a.ask(key)
 	a.mu.Unlock()
-	if !s.fresh(&p, r) {
-		s.pool.Put(p.e)
-		a.mu.Lock()
+	fresh := s.fresh(&p, r)
+	a.mu.Lock()
+	if fresh {
+		a.probing = remove(a.probing, walkOf(key))
+	} else {
 		a.setCold(walkOf(key))
-		a.mu.Unlock()
+	}
+	a.mu.Unlock()
+	if !fresh {
+		s.pool.Put(p.e)
 		return nil
 	}
 	a.taken.Add(1)
