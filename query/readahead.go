@@ -27,6 +27,15 @@ import (
 // its page is still being written waits for it rather than writing it twice. Pages are written up to
 // aheadDepth ahead of the last one sent; at most aheadPages are kept, each at most aheadTTL; `at` and
 // plans answers are not read ahead.
+//
+// A walk whose page went stale before its asker came (a commit to its bucket meanwhile, the normal
+// case for needs on a mesh whose nodes write continuously) is cold: none of its pages is written
+// ahead, since each would most likely be dropped too, a wide answer's writing for nothing on the cores
+// node lookups need. For each of its pages sent the state a page written ahead would have been kept
+// with is noted instead (a ghost: no writing), and the walk is read ahead again from the first of its
+// requests that such a page would have answered: nothing it reads changed while its asker read the
+// page before. It is then read one page ahead (probing) until a page written ahead is taken, and
+// aheadDepth after. A walk is the request's fields but after, so askers of the same pages share it.
 const (
 	aheadPages = 4
 	aheadTTL   = 2 * time.Second
@@ -128,9 +137,82 @@ type readAhead struct {
 	// asked holds the last aheadAsked of them, the nth at n % aheadAsked. Under mu.
 	asks  uint64
 	asked [aheadAsked]askedKey
+	// cold holds the walks (walkOf) whose page written ahead went stale before it was asked for, the
+	// last aheadCold of them, oldest first; ghosts the state their pages sent since would have been
+	// written ahead with, the nth at n % aheadGhosts. Under mu.
+	// probing holds the walks warmed since (warm), read ahead one page only until one is taken.
+	cold, probing []aheadKey
+	ghosts        [aheadGhosts]aheadGhost
+	nghost        uint64
 	// How many pages were written ahead, and how many of them answered a request: what the tests
 	// (and a throwaway build measuring the read-ahead) read.
 	written, taken atomic.Int64
+}
+
+// aheadCold is how many cold walks are remembered, aheadGhosts how many of their pages' ghosts: a walk
+// forgotten is read ahead again (a page or two written for nothing, and it is cold once more).
+const (
+	aheadCold   = 16
+	aheadGhosts = 16
+)
+
+// aheadGhost is a page of a cold walk that was not written ahead: the state it would have been kept with.
+type aheadGhost struct {
+	key   aheadKey
+	state aheadState
+	made  time.Time
+}
+
+// walkOf is the walk a page belongs to: its key without after.
+func walkOf(key aheadKey) aheadKey {
+	key.after = ""
+	return key
+}
+
+// isCold reports whether a walk is cold; under mu.
+func (a *readAhead) isCold(walk aheadKey) bool {
+	return slices.Contains(a.cold, walk)
+}
+
+// setCold makes a walk cold; under mu.
+func (a *readAhead) setCold(walk aheadKey) {
+	a.probing = remove(a.probing, walk)
+	a.cold = add(a.cold, walk)
+}
+
+// warm makes a cold walk read ahead again, one page ahead until one is taken; under mu.
+func (a *readAhead) warm(walk aheadKey) {
+	a.cold = remove(a.cold, walk)
+	a.probing = add(a.probing, walk)
+}
+
+// add adds a walk to a list of at most aheadCold, dropping the oldest.
+func add(walks []aheadKey, walk aheadKey) []aheadKey {
+	if slices.Contains(walks, walk) {
+		return walks
+	}
+	if len(walks) >= aheadCold {
+		walks = slices.Delete(walks, 0, 1)
+	}
+	return append(walks, walk)
+}
+
+func remove(walks []aheadKey, walk aheadKey) []aheadKey {
+	if i := slices.Index(walks, walk); i >= 0 {
+		return slices.Delete(walks, i, i+1)
+	}
+	return walks
+}
+
+// takeGhost removes and returns the ghost of key's page, if any; under mu.
+func (a *readAhead) takeGhost(key aheadKey) (aheadGhost, bool) {
+	for i := range a.ghosts {
+		if g := a.ghosts[i]; g.key == key && !g.made.IsZero() {
+			a.ghosts[i] = aheadGhost{}
+			return g, true
+		}
+	}
+	return aheadGhost{}, false
 }
 
 // readsAhead reports whether the next page of a request is written ahead.
@@ -198,9 +280,16 @@ func (s *Server) readNextAhead(r *Request, format Format, e *Encoder) {
 	s.queueAhead(aheadJob{r: *r, format: format, depth: 1}, e.next)
 }
 
-// queueAhead queues the page after next of a request, when a worker is free for it.
+// queueAhead queues the page after next of a request, when a worker is free for it and its walk is
+// not cold; for a cold walk's next page it notes the page's ghost instead.
 func (s *Server) queueAhead(j aheadJob, next string) {
 	j.r.After = next
+	var st aheadState
+	if j.depth == 1 {
+		// As the worker would read it before writing the page: read before the lock, as there.
+		shape, _ := provisioner.ShapeOfWhat(provisioner.What(j.r.What))
+		st = s.aheadState(shape.Bucket)
+	}
 	// Under the pages' lock, not the workers' queue's: a worker must never wait for that one, which Stop
 	// waits to take while a request that waited for its min_seq waits for a place in a full queue that
 	// only the workers free.
@@ -208,6 +297,17 @@ func (s *Server) queueAhead(j aheadJob, next string) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.jobs == nil || a.closed {
+		return
+	}
+	key := keyOf(&j.r, j.format)
+	if a.isCold(walkOf(key)) {
+		if j.depth == 1 {
+			a.nghost++
+			a.ghosts[a.nghost%aheadGhosts] = aheadGhost{key: key, state: st, made: time.Now()}
+		}
+		return
+	}
+	if j.depth > 1 && slices.Contains(a.probing, walkOf(key)) {
 		return
 	}
 	j.asks = a.asks
@@ -422,11 +522,19 @@ func (s *Server) aheadReady(r *Request, format Format) bool {
 }
 
 // fresh reports whether a page written ahead is the answer a request would be given now: not older
-// than aheadTTL, nothing it reads changed since, and min_seq reached.
+// than aheadTTL, nothing it reads changed since, and min_seq reached. Reached as Answer has it, by
+// the bucket's Reach: a min_seq inside an open history gap is not, though the applied sequence is past
+// it (store.DB.Reach); such a request waits, or is answered 504 when it may not.
 func (s *Server) fresh(p *aheadPage, r *Request) bool {
 	shape, _ := provisioner.ShapeOfWhat(provisioner.What(r.What))
 	now := s.aheadState(shape.Bucket)
-	return time.Since(p.made) <= aheadTTL && now.gen != swapping && now == p.state && p.state.seq >= uint64(max(r.MinSeq, 0))
+	return time.Since(p.made) <= aheadTTL && now.gen != swapping && now == p.state &&
+		(r.MinSeq <= 0 || s.r.Reach(shape.Bucket) >= uint64(r.MinSeq))
+}
+
+// ghostFresh reports whether a page written ahead in place of a ghost would be the answer to r now.
+func (s *Server) ghostFresh(g *aheadGhost, r *Request) bool {
+	return s.fresh(&aheadPage{state: g.state, made: g.made}, r)
 }
 
 // takeAhead returns the page written ahead for a request, when it is the answer the request would be
@@ -450,14 +558,29 @@ func (s *Server) takeAhead(r *Request, format Format) *Encoder {
 	i := a.find(key)
 	if i < 0 {
 		a.ask(key)
+		g, ok := a.takeGhost(key)
 		a.mu.Unlock()
+		if ok && s.ghostFresh(&g, r) {
+			// A page written ahead would have answered: the walk is read ahead again from this page.
+			a.mu.Lock()
+			a.warm(walkOf(key))
+			a.mu.Unlock()
+		}
 		return nil
 	}
 	p := a.pages[i]
 	a.pages = slices.Delete(a.pages, i, i+1)
 	a.ask(key)
 	a.mu.Unlock()
-	if !s.fresh(&p, r) {
+	fresh := s.fresh(&p, r)
+	a.mu.Lock()
+	if fresh {
+		a.probing = remove(a.probing, walkOf(key))
+	} else {
+		a.setCold(walkOf(key))
+	}
+	a.mu.Unlock()
+	if !fresh {
 		s.pool.Put(p.e)
 		return nil
 	}

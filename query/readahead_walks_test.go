@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -25,9 +26,17 @@ import (
 // page the verb answers, with read-ahead on, is compared byte for byte with the answer a server
 // without read-ahead gives at that moment (no commit lands between the two): pages written ahead are
 // answered only while they are what the request would get, and the walks' next cursors are those of
-// a walk without read-ahead.
+// a walk without read-ahead. The commits touch the walked modules, a module no asker walks, only
+// out-of-shape keys (the anomalies every page without node carries), or the registry; some are
+// bursts, some come after a quiet spell, so that walks go cold (no page written ahead) and warm again.
+// READAHEAD_SEED=<n> runs one seed again; -count=N runs N seeds.
 func TestReadAhead_WalksUnderWritesAnswerAsWithout(t *testing.T) {
 	seed := uint64(time.Now().UnixNano())
+	if v := os.Getenv("READAHEAD_SEED"); v != "" {
+		n, err := strconv.ParseUint(v, 10, 64)
+		require.NoError(t, err)
+		seed = n
+	}
 	t.Logf("seed %d", seed)
 	rng := rand.New(rand.NewPCG(seed, 1))
 	db := smallStore(t)
@@ -43,7 +52,7 @@ func TestReadAhead_WalksUnderWritesAnswerAsWithout(t *testing.T) {
 	}
 	var msgs []provisioner.Message
 	for node := 0; node < 40; node++ {
-		for module := 1; module <= 2; module++ {
+		for module := 1; module <= 3; module++ {
 			msgs = append(msgs, need(node, module, kinds[node%2], false))
 		}
 	}
@@ -66,7 +75,20 @@ func TestReadAhead_WalksUnderWritesAnswerAsWithout(t *testing.T) {
 		frozen.Lock()
 		defer frozen.Unlock()
 		var err error
-		switch rng.IntN(4) {
+		switch rng.IntN(7) {
+		case 1: // a module no asker walks
+			var ms []provisioner.Message
+			for range 1 + rng.IntN(3) {
+				ms = append(ms, need(rng.IntN(45), 3, kinds[rng.IntN(2)], rng.IntN(4) == 0))
+			}
+			err = db.Apply(provisioner.BucketNeeds, ms, 0, false)
+		case 2: // out-of-shape keys only: an anomaly comes, or goes with its key's delete
+			needSeq++
+			m := provisioner.Message{Seq: needSeq, Time: int64(needSeq) * 1e9, Key: fmt.Sprintf("n%02d.m%d.bad", rng.IntN(45), 1+rng.IntN(3)), Op: provisioner.OpPut, Value: []byte{0x01}}
+			if rng.IntN(2) == 0 {
+				m.Op, m.Value = provisioner.OpDelete, nil
+			}
+			err = db.Apply(provisioner.BucketNeeds, []provisioner.Message{m}, 0, false)
 		case 0: // a registry entry goes or comes back: the needs of its kind are unanswered, or no more
 			k := provisioner.Registry.Entries[rng.IntN(2)]
 			regSeq++
@@ -174,12 +196,17 @@ func TestReadAhead_WalksUnderWritesAnswerAsWithout(t *testing.T) {
 			running = false
 		default:
 			commit()
-			// Let some pages be taken between commits, and some be written ahead across one.
-			for range rng.IntN(2) {
-				select {
-				case <-done:
-				case <-time.After(time.Duration(rng.IntN(500)) * time.Microsecond):
-				}
+			// Let some pages be taken between commits, and some be written ahead across one; now and
+			// then a quiet spell of several pages, in which cold walks are read ahead again.
+			pause := time.Duration(rng.IntN(500)) * time.Microsecond
+			if rng.IntN(2) == 0 {
+				pause = 0
+			} else if rng.IntN(20) == 0 {
+				pause = time.Duration(5+rng.IntN(20)) * time.Millisecond
+			}
+			select {
+			case <-done:
+			case <-time.After(pause):
 			}
 		}
 	}
