@@ -424,8 +424,6 @@ func (r *genReader) Reach(bucket string) uint64 { return r.cur.Load().Reach(buck
 
 func (r *genReader) Changed(bucket string) <-chan struct{} { return r.cur.Load().Changed(bucket) }
 
-func (r *genReader) Reach(bucket string) uint64 { return r.cur.Load().Reach(bucket) }
-
 func (r *genReader) Generation() uint64 { return r.gen.Load() }
 
 // TestReadAhead_NotFromTheStoreSwappedOut: a page written ahead from the old store as a rebuild's
