@@ -250,7 +250,7 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 	}
 	retention := &store.RetentionOptions{MaxAge: c.historyRetention, MaxBytes: int64(c.historyMaxBytes)}
 	err = runSeat(ctx, nc, js, db, seatConfig{log: log, registryInterval: c.registryInterval, registryReplicas: c.registryReplicas, writeRegistry: !c.noRegistry, stdout: stdout, demo: c.demo, plans: c.plans,
-		cut: func() { stdout.cut(); stderr.cut() },
+		cut:       func() { stdout.cut(); stderr.cut() },
 		retention: retention, ops: ops, streams: streams, started: func() {
 			if c.started != nil {
 				c.started(nc.ConnectedUrl(), ops.addr())
