@@ -75,6 +75,10 @@ Sources (one of):
 A point the log cannot rebuild exactly (trimmed by retention, or messages the stream removed before the
 seat read them) is refused with the nearest points that can be answered, never guessed.
 
+plans from --nats, or from an archive that lists buckets it could not read, answer without a
+composed-<node> bucket that cannot be read, and exit 4 naming it; a question narrowed to its node
+fails (exit 1).
+
 Examples:
   mesh-provisioner replay state needs --node n17 --at 2026-11-02T03:12:00Z --state /var/lib/mesh-provisioner/state
   mesh-provisioner replay diff applied --node n17 --from 2026-11-02T03:12:00Z --to 2026-11-02T09:00:00Z --archive incident.mph
