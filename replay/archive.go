@@ -20,6 +20,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/internal/denied"
 	"github.com/novox/mesh-provisioner/internal/streamread"
 	"github.com/novox/mesh-provisioner/projector"
 	"github.com/novox/mesh-provisioner/store"
@@ -41,9 +42,14 @@ import (
 // refuses them. Such an archive is version 2: a reader of version 1 would drop the field and answer
 // those times without the bucket, where a version it does not read is refused, naming the tool that
 // wrote it. An archive without any is still written as version 1, which every reader reads.
+//
+// An export of the streams that could not read some composed-<node> buckets (ExportNATS) says which
+// in the header's unread, and is version 3: a reader of version 2 would answer those nodes' plans as
+// if they had never composed. What it read of such a bucket before its read failed is kept; a reader
+// refuses those nodes' plans, and says the others' answers are incomplete.
 const (
 	ArchiveFormat  = "mesh-provisioner-history"
-	ArchiveVersion = 2
+	ArchiveVersion = 3
 )
 
 // ArchiveHeader says what an archive holds.
@@ -57,6 +63,12 @@ type ArchiveHeader struct {
 	// Forgotten lists the composed-<node> buckets the log forgot, with when (version 2; absent
 	// before), in byte order of their names.
 	Forgotten []ArchiveForgotten `msgpack:"forgotten,omitempty"`
+	// Unread lists the composed-<node> buckets an export of the streams could not read, in byte
+	// order (version 3; absent before).
+	Unread []string `msgpack:"unread,omitempty"`
+	// UnreadWhy says, of each bucket in Unread, why it could not be read (not written: for the
+	// export's own report).
+	UnreadWhy map[string]string `msgpack:"-"`
 }
 
 // ArchiveForgotten is a forgotten mark as written: [bucket, when (Unix ns)].
@@ -312,6 +324,11 @@ func ExportLog(ctx context.Context, db *store.DB, out, tool string, progress Pro
 // streams hold, with its subject and headers as stored, read until each stream's end. Messages a
 // stream no longer holds (superseded revisions past the bucket's history, purged ones) are recorded as
 // gaps, as the projector would record them.
+//
+// A composed-<node> bucket whose stream does not answer, or whose read fails for exportRetryFor, does
+// not stop the export, as it does not stop a seat (Fill): the archive is written without it (what was
+// read of it kept), and the header lists it (Unread). Any other bucket that
+// cannot be read fails the export.
 func ExportNATS(ctx context.Context, js jetstream.JetStream, buckets []string, out, tool string, progress Progress) (ArchiveHeader, error) {
 	if buckets == nil {
 		var err error
@@ -331,8 +348,14 @@ func ExportNATS(ctx context.Context, js jetstream.JetStream, buckets []string, o
 	}
 	var srcs []src
 	for _, b := range buckets {
-		s, err := js.Stream(ctx, provisioner.StreamName(b))
+		sctx, unwatch := watchComposed(ctx, js, b)
+		s, err := js.Stream(sctx, provisioner.StreamName(b))
+		unwatch()
 		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			continue
+		}
+		if err != nil && provisioner.IsComposedBucket(b) && ctx.Err() == nil {
+			w.unread(b, fmt.Errorf("stream of %s: %w", b, refusedBy(sctx, err)))
 			continue
 		}
 		if err != nil {
@@ -344,17 +367,29 @@ func ExportNATS(ctx context.Context, js jetstream.JetStream, buckets []string, o
 		srcs = append(srcs, src{stream: s, info: info, index: w.bucket(ArchiveBucket{Name: b, StreamCreated: info.Created.UTC()})})
 	}
 	for _, s := range srcs {
-		if err := exportStream(ctx, w, s.stream, s.info, s.index, func() {
+		sctx, unwatch := watchComposed(ctx, js, w.header.Buckets[s.index].Name)
+		err := exportStream(sctx, w, s.stream, s.info, s.index, func() {
 			if done++; progress != nil && done%4096 == 0 {
 				progress(done, total)
 			}
-		}); err != nil {
+		})
+		unwatch()
+		if err != nil {
+			var ue *unreadError
+			if errors.As(err, &ue) && provisioner.IsComposedBucket(ue.bucket) && ctx.Err() == nil {
+				w.unread(ue.bucket, ue.err)
+				continue
+			}
 			w.abort()
 			return ArchiveHeader{}, err
 		}
 	}
 	if progress != nil {
 		progress(done, total)
+	}
+	if len(w.header.Unread) > 0 {
+		slices.Sort(w.header.Unread)
+		w.header.Version = 3
 	}
 	if err := ctx.Err(); err != nil {
 		// Ended as the last stream was read (its consumer's delete cut short, say): an export
@@ -385,6 +420,14 @@ func exportStream(ctx context.Context, w *archiveWriter, s jetstream.Stream, inf
 		return nil
 	}
 	e := &streamExport{w: w, index: index, last: info.State.LastSeq, tick: tick}
+	// giveUp keeps what was read: ExportNATS goes on without a composed-<node> bucket, which the
+	// header lists as unread, and fails on any other. No gap is opened past it: one would make every
+	// plans answer at a later point 410, the other nodes' too, where the list refuses that node alone
+	// and says the rest is incomplete (as a read of the streams that let the bucket go does, Fill).
+	giveUp := func(err error) error {
+		w.header.Buckets[index].Gaps = gapsOut(e.gaps)
+		return &unreadError{bucket: name, err: err}
+	}
 	wait := exportRetryMin
 	var failing time.Time // when the consumer was lost with nothing read since
 	for {
@@ -392,6 +435,10 @@ func exportStream(ctx context.Context, w *archiveWriter, s jetstream.Stream, inf
 		err := e.read(ctx, s)
 		if err == nil {
 			break
+		}
+		if de := (*denied.Error)(nil); ctx.Err() != nil && errors.As(context.Cause(ctx), &de) {
+			// NATS refused this stream's read (ExportNATS watches it): no retry mends that.
+			return giveUp(fmt.Errorf("read %s: stopped at sequence %d of %d: %w", name, e.prev, e.last, de))
 		}
 		if ctx.Err() != nil {
 			return ctx.Err()
@@ -407,7 +454,7 @@ func exportStream(ctx context.Context, w *archiveWriter, s jetstream.Stream, inf
 		if e.prev > from || failing.IsZero() {
 			failing, wait = time.Now(), exportRetryMin
 		} else if time.Since(failing) > exportRetryFor {
-			return fmt.Errorf("read %s: stopped at sequence %d of %d, no consumer read for %s; run export again: %w", name, e.prev, e.last, exportRetryFor, err)
+			return giveUp(fmt.Errorf("read %s: stopped at sequence %d of %d, no consumer read for %s; run export again: %w", name, e.prev, e.last, exportRetryFor, err))
 		}
 		t := time.NewTimer(wait)
 		select {
@@ -433,6 +480,44 @@ func exportStream(ctx context.Context, w *archiveWriter, s jetstream.Stream, inf
 	w.header.Buckets[index].Gaps = gapsOut(e.gaps)
 	return nil
 }
+
+// watchComposed returns ctx, ended as soon as NATS refuses a request of a composed-<node> bucket's
+// stream (internal/denied): a refused request otherwise waits out the JetStream API's timeout, each
+// retry of it, before the export goes on without the bucket. Other buckets are not watched here:
+// their refusal fails the export, which the command's own watch says.
+func watchComposed(ctx context.Context, js jetstream.JetStream, bucket string) (context.Context, context.CancelFunc) {
+	if !provisioner.IsComposedBucket(bucket) {
+		return ctx, func() {}
+	}
+	return denied.Context(ctx, js.Conn(), denied.OfStream(provisioner.StreamName(bucket)))
+}
+
+// refusedBy is the refusal that ended ctx (watchComposed) in place of err; err when none did.
+func refusedBy(ctx context.Context, err error) error {
+	if de := (*denied.Error)(nil); errors.As(context.Cause(ctx), &de) {
+		return de
+	}
+	return err
+}
+
+// unread records a composed-<node> bucket the export goes on without, and why.
+func (w *archiveWriter) unread(bucket string, why error) {
+	w.header.Unread = append(w.header.Unread, bucket)
+	if w.header.UnreadWhy == nil {
+		w.header.UnreadWhy = map[string]string{}
+	}
+	w.header.UnreadWhy[bucket] = why.Error()
+}
+
+// unreadError is a stream export gave up reading (exportStream): what it read is in the archive, the
+// rest a gap open from there.
+type unreadError struct {
+	bucket string
+	err    error
+}
+
+func (e *unreadError) Error() string { return e.err.Error() }
+func (e *unreadError) Unwrap() error { return e.err }
 
 // errArchiveWrite marks a write of the archive's spool that failed: the export ends at once.
 var errArchiveWrite = errors.New("write the archive")
@@ -656,6 +741,11 @@ func FromArchiveBuckets(ctx context.Context, path string, buckets []string, prog
 			return fail(fmt.Errorf("archive %s: forgotten bucket %q is not a composed-<node> bucket", path, f.Bucket))
 		}
 	}
+	for _, b := range h.Unread {
+		if !provisioner.IsComposedBucket(b) {
+			return fail(fmt.Errorf("archive %s: unread bucket %q is not a composed-<node> bucket", path, b))
+		}
+	}
 	keep := make([]bool, len(h.Buckets)) // by the records' bucket index: read into the store, or past
 	for i, b := range h.Buckets {
 		keep[i] = buckets == nil || slices.Contains(buckets, b.Name)
@@ -768,6 +858,11 @@ func FromArchiveBuckets(ctx context.Context, path string, buckets []string, prog
 		return fail(err)
 	}
 	markSynced(l.DB)
+	for _, b := range h.Unread {
+		if buckets == nil || slices.Contains(buckets, b) {
+			l.Unread = append(l.Unread, b)
+		}
+	}
 	if progress != nil {
 		progress(int64(n), total)
 	}

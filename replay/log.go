@@ -42,6 +42,10 @@ type Log struct {
 	// node, when set, is the only node whose keys the log holds, of nodeBucket (NodeFromNATS): a
 	// request must ask that bucket, narrowed by it.
 	node, nodeBucket string
+	// Unread lists the composed-<node> buckets a read of every bucket (FromNATS, FromArchive) could
+	// not read, in byte order: the streams' tails that kept failing (Fill), or what an archive says
+	// its export could not read. A plans answer of their nodes lacks their compositions.
+	Unread []string
 }
 
 // checkNode refuses a request the log cannot answer: one not narrowed by the node whose keys alone it
@@ -234,7 +238,8 @@ func FromNATS(ctx context.Context, js jetstream.JetStream, buckets []string, sou
 			ends[b] = s.CachedInfo()
 		}
 	}
-	stop, err := fill(ctx, js, l.DB, opts, progress, true)
+	stop, unread, err := fill(ctx, js, l.DB, opts, progress, true)
+	l.Unread = unread
 	if err != nil {
 		if errors.Is(err, store.ErrNoSpace) {
 			err = tempRoomErr(filepath.Dir(l.dir), offlineOptions) // what is free with the store still there
@@ -327,10 +332,17 @@ var fillGiveUp = time.Minute
 // bucket that cannot be resumed (its stream was recreated meanwhile) is an error wrapping
 // projector.ErrCannotResume; a stream whose reading keeps failing for fillGiveUp with no message
 // applied meanwhile is an error with the failure (a user denied consumers, NATS unreachable).
-func Fill(ctx context.Context, js jetstream.JetStream, db *store.DB, opts projector.Options, progress Progress) error {
-	stop, err := fill(ctx, js, db, opts, progress, false)
+//
+// With opts.Composed, a composed-<node> bucket whose tail is Failing (projector.Projector.Failing:
+// a permission missing for that stream, no leader, its consumer slot taken) is not waited for, as a
+// seat's readiness does not wait for it: the fill ends once every other bucket has caught up, and
+// returns those buckets in byte order (unread). What the store holds of them is what was read, their
+// checkpoints not synced: a seat on the store reads them on once it can. The fixed buckets are
+// waited for, however they fail.
+func Fill(ctx context.Context, js jetstream.JetStream, db *store.DB, opts projector.Options, progress Progress) (unread []string, err error) {
+	stop, unread, err := fill(ctx, js, db, opts, progress, false)
 	stop()
-	return err
+	return unread, err
 }
 
 // fill is Fill, but leaves the projector's stop to the caller (stop): it waits for a batch being
@@ -338,7 +350,7 @@ func Fill(ctx context.Context, js jetstream.JetStream, db *store.DB, opts projec
 // refused for want of it, or a write held) ends the fill with the store's ErrNoSpace, where a seat's
 // or a rebuild's waits for room: a temporary store of a command waited without a word, its progress
 // at 0 for as long as the disk stayed full.
-func fill(ctx context.Context, js jetstream.JetStream, db *store.DB, opts projector.Options, progress Progress, roomOrFail bool) (stop func(), err error) {
+func fill(ctx context.Context, js jetstream.JetStream, db *store.DB, opts projector.Options, progress Progress, roomOrFail bool) (stop func(), unread []string, err error) {
 	stop = func() {}
 	if opts.Buckets == nil {
 		for _, s := range provisioner.ProvisionerShapes {
@@ -352,7 +364,7 @@ func fill(ctx context.Context, js jetstream.JetStream, db *store.DB, opts projec
 			continue
 		}
 		if err != nil {
-			return stop, fmt.Errorf("stream of %s: %w", b, err)
+			return stop, nil, fmt.Errorf("stream of %s: %w", b, err)
 		}
 		total += int64(s.CachedInfo().State.Msgs)
 	}
@@ -404,7 +416,7 @@ func fill(ctx context.Context, js jetstream.JetStream, db *store.DB, opts projec
 			err = db.RoomErr()
 		}
 		if err != nil {
-			return stop, err
+			return stop, nil, err
 		}
 		// With Composed, the composed-<node> buckets found by listing count too, once listed.
 		done := !opts.Composed || p.Discovered()
@@ -419,21 +431,31 @@ func fill(ctx context.Context, js jetstream.JetStream, db *store.DB, opts projec
 				return true
 			})
 		}
+		unread = unread[:0]
 		for _, b := range p.Buckets() {
-			if _, synced := db.Applied(b); !synced {
-				done = false
-				break
+			if _, synced := db.Applied(b); synced {
+				continue
 			}
+			if opts.Composed && provisioner.IsComposedBucket(b) && p.Failing(b) {
+				// One node's bucket that cannot be read does not hold up the others (Fill).
+				unread = append(unread, b)
+				continue
+			}
+			done = false
+			break
 		}
 		if done {
 			if progress != nil {
 				progress(p.Applied(), total) // the last word: what the fill read in all
 			}
-			return stop, nil
+			if len(unread) == 0 {
+				unread = nil
+			}
+			return stop, unread, nil
 		}
 		select {
 		case <-ctx.Done():
-			return stop, ctx.Err()
+			return stop, nil, ctx.Err()
 		case <-tick.C:
 		}
 	}

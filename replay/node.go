@@ -52,7 +52,7 @@ func NodeFromNATS(ctx context.Context, js jetstream.JetStream, bucket, node, sou
 		return nil, err
 	}
 	if bucket == provisioner.BucketNeeds {
-		stop, err := fill(ctx, js, l.DB, projector.Options{Buckets: []string{provisioner.BucketRegistry}}, nil, true)
+		stop, _, err := fill(ctx, js, l.DB, projector.Options{Buckets: []string{provisioner.BucketRegistry}}, nil, true)
 		wait = stop
 		if err != nil {
 			return fail(err)

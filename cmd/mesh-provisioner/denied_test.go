@@ -13,12 +13,15 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
+	"github.com/vmihailenco/msgpack/v5"
 
 	provisioner "github.com/novox/mesh-provisioner"
 	"github.com/novox/mesh-provisioner/fixtures"
 	"github.com/novox/mesh-provisioner/internal/metrics/metricstest"
 	"github.com/novox/mesh-provisioner/internal/natstest"
+	"github.com/novox/mesh-provisioner/replay"
 	"github.com/novox/mesh-provisioner/store"
 )
 
@@ -101,6 +104,11 @@ func TestOneShot_StopAtAPermissionViolation(t *testing.T) {
 			func(dir string) []string { return []string{"rebuild", "--state", filepath.Join(dir, "state")} }, notSwapped},
 		{"rebuild, stream info", "$JS.API.STREAM.INFO.KV_mesh-provisioner_needs",
 			func(dir string) []string { return []string{"rebuild", "--state", filepath.Join(dir, "state")} }, notSwapped},
+		// The plans' fixed inputs stay strict: only a composed-<node> bucket is gone on without.
+		{"rebuild, plans input", "$JS.API.CONSUMER.CREATE.KV_mesh-host_modules.>",
+			func(dir string) []string { return []string{"rebuild", "--state", filepath.Join(dir, "state")} }, notSwapped},
+		{"export, plans input", "$JS.API.STREAM.INFO.KV_mesh-host_modules",
+			func(dir string) []string { return []string{"export", "--out", filepath.Join(dir, "x.mph")} }, noArchive},
 		// Refused once every stream is read (the consumers are deleted as each tail ends): the
 		// rebuild ended "context canceled", naming nothing.
 		{"rebuild, consumer delete", "$JS.API.CONSUMER.DELETE.KV_mesh-provisioner_applied.*",
@@ -335,4 +343,178 @@ func TestServe_VerbSubscriptionDeniedFailsToStart(t *testing.T) {
 	require.Contains(t, said, `Permissions Violation for Subscription to "mesh-provisioner.provisioning"`, stderr)
 	require.Contains(t, said, "grant this NATS user subscribe on mesh-provisioner.provisioning", stderr)
 	require.NotContains(t, stderr, "msg=answering", "never said it answered")
+}
+
+// composedMesh loads a small mesh whose nodes n1 and n2 each run module web at build 1, published in
+// their composed-<node> buckets (plan "plan-n1", "plan-n2").
+func composedMesh(t *testing.T, admin jetstream.JetStream) {
+	t.Helper()
+	ctx := context.Background()
+	mesh := fixtures.Mesh{Seed: 9, Nodes: 2, Modules: 2, NeedsPerModule: 1, Collections: 1}
+	ops := mesh.Ops()
+	ops = append(ops, fixtures.Op{Bucket: provisioner.BucketRegistry, Key: "config", Op: provisioner.OpPut, Value: provisioner.Registry.Entries[0].Value()})
+	for _, n := range []string{"n1", "n2"} {
+		host, err := msgpack.Marshal(map[string]any{"want": 1})
+		require.NoError(t, err)
+		comp, err := msgpack.Marshal(map[string]any{"status": "published", "plan": "plan-" + n})
+		require.NoError(t, err)
+		ops = append(ops,
+			fixtures.Op{Bucket: provisioner.BucketHostModules, Key: n + ".web", Op: provisioner.OpPut, Value: host},
+			fixtures.Op{Bucket: provisioner.ComposedPrefix + n, Key: "web.1", Op: provisioner.OpPut, Value: comp})
+	}
+	require.NoError(t, fixtures.Load(ctx, admin, ops, 0, nil))
+	require.NoError(t, fixtures.CreateBuckets(ctx, admin, provisioner.BucketIndexerBuilds))
+}
+
+// TestOneShot_GoOnWithoutAComposedBucketDenied: rebuild and replay plans from the streams, run as a
+// user denied one node's composed-<node> stream, stopped at once (or, for a stream that did not answer,
+// after a minute without a message read) and left the state dir as it was: one node among thousands
+// kept an operator from rebuilding at all. They go on without that bucket, as a seat does: rebuild
+// swaps the rest in, names the bucket and exits 4; serve on the rebuilt state dir reads the bucket
+// once granted. replay plans answers the other nodes, exits 4 naming it, and refuses the node itself.
+// A fixed bucket denied still fails the rebuild (TestOneShot_StopAtAPermissionViolation).
+func TestOneShot_GoOnWithoutAComposedBucketDenied(t *testing.T) {
+	for _, env := range []string{"NATS_URL", "NATS_USER", "NATS_PASSWORD", "NATS_CREDS", "NATS_INBOX_PREFIX"} {
+		t.Setenv(env, "")
+	}
+	ns := natstest.RunServerSeatDenied(t, "$JS.API.CONSUMER.CREATE.KV_composed-n2.>")
+	url := ns.ClientURL()
+	_, admin := natstest.Connect(t, url, nats.UserInfo("admin", "admin"))
+	composedMesh(t, admin)
+	seat := []string{"--nats", url, "--user", "seat", "--password", "seat"}
+	dir := t.TempDir()
+	state := filepath.Join(dir, "state")
+
+	cctx, cancel := context.WithTimeout(context.Background(), oneShotDeadline)
+	defer cancel()
+	code, stdout, stderr := runUntil(cctx, t, append([]string{"rebuild", "--state", state}, seat...)...)
+	require.NoError(t, cctx.Err(), "returned before its context ended: %s", stderr)
+	require.Equal(t, exitIncomplete, code, stderr)
+	require.Contains(t, stdout, "rebuilt "+state)
+	require.Contains(t, stderr, "rebuilt "+state+", incomplete: 1 composed-<node> bucket(s) could not be read: composed-n2;")
+	require.Contains(t, stderr, "grant this NATS user publish on $JS.API.CONSUMER.CREATE.KV_composed-n2.>", "the log says why")
+	db := openCurrent(t, state)
+	n1, _ := db.Applied(provisioner.ComposedPrefix + "n1")
+	require.EqualValues(t, 1, n1, "the other node's bucket is read")
+	n2, _ := db.Applied(provisioner.ComposedPrefix + "n2")
+	require.Zero(t, n2)
+	hm, _ := db.Applied(provisioner.BucketHostModules)
+	require.EqualValues(t, 2, hm)
+	require.NoError(t, db.Close())
+
+	for _, c := range []struct {
+		node string
+		code int
+	}{{"", exitIncomplete}, {"n1", exitIncomplete}, {"n2", exitFailure}} {
+		args := []string{"replay", "state", "plans", "--at", time.Now().Add(time.Hour).UTC().Format(time.RFC3339), "--json"}
+		if c.node != "" {
+			args = append(args, "--node", c.node)
+		}
+		code, stdout, stderr := runUntil(cctx, t, append(args, seat...)...)
+		require.Equal(t, c.code, code, "%v: %s", args, stderr)
+		require.Contains(t, stderr, "composed-n2", "%v", args)
+		if c.node == "n2" {
+			require.Empty(t, stdout)
+			require.Contains(t, stderr, "plans of node n2 cannot be answered: its bucket composed-n2 could not be read")
+			continue
+		}
+		require.Contains(t, stdout, "plan-n1", "%v", args)
+		require.Contains(t, stderr, "answered, incomplete: 1 composed-<node> bucket(s) could not be read: composed-n2;", "%v", args)
+	}
+
+	// export writes the archive without composed-n2 and lists it; replay of the archive answers as
+	// replay of the streams does.
+	archive := filepath.Join(dir, "a.mph")
+	code, stdout, stderr = runUntil(cctx, t, append([]string{"export", "--out", archive}, seat...)...)
+	require.NoError(t, cctx.Err(), "returned before its context ended: %s", stderr)
+	require.Equal(t, exitIncomplete, code, stderr)
+	require.Contains(t, stdout, "wrote "+archive)
+	require.Contains(t, stderr, "not read: composed-n2: read composed-n2: stopped at sequence 0 of 1: nats: permissions violation")
+	require.Contains(t, stderr, "wrote "+archive+", incomplete: 1 composed-<node> bucket(s) could not be read: composed-n2;")
+	h, err := replay.ReadArchiveHeader(archive)
+	require.NoError(t, err)
+	require.Equal(t, []string{provisioner.ComposedPrefix + "n2"}, h.Unread)
+	require.Equal(t, 3, h.Version, "a reader of version 2 refuses it, rather than answer n2 as never composed")
+	for _, c := range []struct {
+		node string
+		code int
+	}{{"", exitIncomplete}, {"n2", exitFailure}} {
+		args := []string{"replay", "state", "plans", "--at", time.Now().Add(time.Hour).UTC().Format(time.RFC3339), "--json", "--archive", archive}
+		if c.node != "" {
+			args = append(args, "--node", c.node)
+		}
+		code, stdout, stderr := runUntil(cctx, t, args...)
+		require.Equal(t, c.code, code, "%v: %s", args, stderr)
+		require.Contains(t, stderr, "composed-n2", "%v", args)
+		if c.node == "" {
+			require.Contains(t, stdout, "plan-n1", "%v", args)
+		}
+	}
+
+	// Granted, serve on the rebuilt state dir reads composed-n2.
+	natstest.DenySeat(t, ns)
+	s, err := startServe(dir, append(seat, "--metrics-addr", "127.0.0.1:0")...)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, s.stop()) }()
+	natstest.CheckFor(t, 60*time.Second, 50*time.Millisecond, func() error {
+		code, out, stderr := run(t, append([]string{"query", "plans", "--node", "n2", "--json"}, seat...)...)
+		if code != exitOK || !strings.Contains(out, "plan-n2") || !strings.Contains(out, `"synced":true`) {
+			return fmt.Errorf("exit %d: %s %s", code, out, stderr)
+		}
+		return nil
+	})
+}
+
+// openCurrent opens the current generation of a state dir (its lock taken and given back).
+func openCurrent(t *testing.T, state string) *store.DB {
+	t.Helper()
+	sd, err := store.LockState(state)
+	require.NoError(t, err)
+	defer sd.Close()
+	cur, err := sd.Current()
+	require.NoError(t, err)
+	require.NotEmpty(t, cur, "a projection swapped in")
+	db, err := store.Open(cur, store.Options{})
+	require.NoError(t, err)
+	return db
+}
+
+// TestRebuild_GoesOnWithoutAComposedBucketItCannotRead: not only a permission: a composed-<node>
+// stream whose one consumer slot is taken made rebuild retry for a minute without a message read, then
+// fail with the generation kept and nothing swapped in. It is swapped in without that bucket, exit 4.
+func TestRebuild_GoesOnWithoutAComposedBucketItCannotRead(t *testing.T) {
+	for _, env := range []string{"NATS_URL", "NATS_USER", "NATS_PASSWORD", "NATS_CREDS", "NATS_INBOX_PREFIX"} {
+		t.Setenv(env, "")
+	}
+	ns := natstest.RunServerSeatDenied(t)
+	url := ns.ClientURL()
+	ctx := context.Background()
+	_, admin := natstest.Connect(t, url, nats.UserInfo("admin", "admin"))
+	// composed-n2's stream as a KV bucket's, but with room for one consumer, which someone holds.
+	kv, err := admin.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "composed-tmp", History: 8})
+	require.NoError(t, err)
+	s, err := admin.Stream(ctx, provisioner.StreamName(kv.Bucket()))
+	require.NoError(t, err)
+	cfg := s.CachedInfo().Config
+	require.NoError(t, admin.DeleteKeyValue(ctx, kv.Bucket()))
+	cfg.Name, cfg.Subjects, cfg.MaxConsumers = provisioner.StreamName("composed-n2"), []string{provisioner.SubjectPrefix("composed-n2") + ">"}, 1
+	s, err = admin.CreateStream(ctx, cfg)
+	require.NoError(t, err)
+	_, err = s.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: "holder"})
+	require.NoError(t, err)
+	composedMesh(t, admin)
+
+	state := filepath.Join(t.TempDir(), "state")
+	cctx, cancel := context.WithTimeout(ctx, oneShotDeadline)
+	defer cancel()
+	code, stdout, stderr := runUntil(cctx, t, "rebuild", "--state", state, "--nats", url, "--user", "seat", "--password", "seat")
+	require.NoError(t, cctx.Err(), "returned before its context ended: %s", stderr)
+	require.Equal(t, exitIncomplete, code, stderr)
+	require.Contains(t, stdout, "rebuilt "+state)
+	require.Contains(t, stderr, "could not be read: composed-n2;")
+	require.Contains(t, stderr, "maximum consumers limit reached", "the log says why")
+	db := openCurrent(t, state)
+	defer db.Close()
+	n1, _ := db.Applied(provisioner.ComposedPrefix + "n1")
+	require.EqualValues(t, 1, n1)
 }

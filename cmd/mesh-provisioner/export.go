@@ -55,6 +55,11 @@ buckets' history limits already dropped is missing. From --state, the records ar
 log, which outlives the buckets' history; its headers are written again from each message's operation
 (KV-Operation, Nats-Rollup, Nats-Marker-Reason). It works beside a running serve.
 
+A composed-<node> bucket that cannot be read (a permission missing for its stream, no leader, its
+consumer slot taken) does not stop an export from the streams: the archive is written without it (what
+was read of it kept), lists it, and the export names it and exits 4. Any other bucket that cannot be
+read fails it (exit 1, no archive).
+
 The file is written beside FILE under a temporary name and renamed into place once complete, so an
 interrupted export leaves no FILE. A FILE that exists already is kept unless --force is given.
 
@@ -101,7 +106,10 @@ func (c *ExportCommand) Run(ctx context.Context, args []string) error {
 		defer l.Close()
 		h, err = replay.ExportLog(ctx, l.DB, c.out, "mesh-provisioner "+Version, tick)
 	} else {
-		// A permission the user lacks ends the export at once, naming it, with no archive written.
+		// A permission the user lacks ends the export at once, naming it, with no archive written. But
+		// for one composed-<node> bucket's stream: the archive is written without it (replay.ExportNATS),
+		// and the export names it and exits 4.
+		c.nats.spareComposed = true
 		var stop context.CancelFunc
 		ctx, stop = c.nats.stopOnDenied(ctx)
 		defer stop()
@@ -132,6 +140,13 @@ func (c *ExportCommand) Run(ctx context.Context, args []string) error {
 		fmt.Fprintf(c.Stdout, "%-28s %8d messages  sequences %d..%d\n", b.Name, b.Messages, b.FirstSeq, b.LastSeq)
 	}
 	fmt.Fprintf(c.Stdout, "wrote %s: %d messages from %s\n", c.out, n, h.Source)
+	if len(h.Unread) > 0 {
+		for _, b := range h.Unread {
+			fmt.Fprintf(c.Stderr, "not read: %s: %s\n", b, h.UnreadWhy[b])
+		}
+		return &incompleteError{did: "wrote " + c.out, buckets: h.Unread,
+			then: "the archive lists them, and replay of it refuses those nodes' plans; export again once they can be read"}
+	}
 	return nil
 }
 

@@ -11,6 +11,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"sync/atomic"
 	"syscall"
 )
@@ -51,7 +52,36 @@ const (
 	exitFailure = 1 // the command ran and failed
 	exitUsage   = 2 // the command line is wrong
 	exitAnswer  = 3 // the verb answered with an error
+	// exitIncomplete: the command did its work without some composed-<node> buckets it could not read
+	// (incompleteError), which it names.
+	exitIncomplete = 4
 )
+
+// incompleteError is a command that did its work but for some composed-<node> buckets whose streams
+// it could not read (a permission missing for them, no leader, their consumer slot taken): what it
+// wrote or answered lacks those nodes' compositions.
+type incompleteError struct {
+	did     string   // what was done, said first
+	buckets []string // in byte order
+	then    string   // what to do, said last
+}
+
+// incompleteShown is how many buckets an incompleteError names before it says how many more.
+const incompleteShown = 20
+
+func (e *incompleteError) Error() string {
+	names := e.buckets
+	more := ""
+	if len(names) > incompleteShown {
+		more = fmt.Sprintf(" and %d more", len(names)-incompleteShown)
+		names = names[:incompleteShown]
+	}
+	msg := fmt.Sprintf("%s, incomplete: %d composed-<node> bucket(s) could not be read: %s%s", e.did, len(e.buckets), strings.Join(names, ", "), more)
+	if e.then != "" {
+		msg += "; " + e.then
+	}
+	return msg
+}
 
 // usageError is a wrong command line.
 type usageError struct{ msg string }
@@ -65,7 +95,10 @@ func exitCode(err error, stderr io.Writer) int {
 	fmt.Fprintln(stderr, "mesh-provisioner:", err)
 	var ue *usageError
 	var ve *verbError
+	var ie *incompleteError
 	switch {
+	case errors.As(err, &ie):
+		return exitIncomplete
 	case errors.As(err, &ue):
 		return exitUsage
 	case errors.As(err, &ve):

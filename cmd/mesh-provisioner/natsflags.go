@@ -16,6 +16,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	provisioner "github.com/novox/mesh-provisioner"
 	"github.com/novox/mesh-provisioner/internal/denied"
 )
 
@@ -30,6 +31,10 @@ type natsFlags struct {
 	// denied, when set (stopOnDenied), is told each permissions violation the server reports on the
 	// connection, as a *permissionError.
 	denied func(error)
+	// spareComposed, with denied, lets a violation on one composed-<node> bucket's stream through
+	// (permissionError.composed): a command reading every bucket goes on without that node's bucket,
+	// as a seat does (replay.Fill), and names it, rather than stop for one node among thousands.
+	spareComposed bool
 }
 
 // defaultInboxPrefix keeps the program's replies under a subject of its own, so that its NATS user can be
@@ -160,7 +165,7 @@ func (f *natsFlags) refusedWho(servers string) string {
 
 // deny tells denied of a permissions violation the command cannot do without; pe nil is none.
 func (f *natsFlags) deny(pe *permissionError) {
-	if f.denied != nil && pe != nil && !pe.optional() {
+	if f.denied != nil && pe != nil && !pe.optional() && (!f.spareComposed || pe.composed() == "") {
 		f.denied(pe)
 	}
 }
@@ -255,6 +260,22 @@ func (e *permissionError) optional() bool {
 		return strings.HasPrefix(e.subject, "$JS.EVENT.ADVISORY.")
 	}
 	return false
+}
+
+// composed returns the composed-<node> bucket whose stream (KV_composed-<node>, in a JetStream API
+// subject) or subjects ($KV.composed-<node>.>) the refused subject names; "" when it names none.
+func (e *permissionError) composed() string {
+	toks := strings.Split(e.subject, ".")
+	for i, t := range toks {
+		b, ok := strings.CutPrefix(t, "KV_")
+		if !ok && t == "$KV" && i+1 < len(toks) {
+			b, ok = toks[i+1], true
+		}
+		if ok && provisioner.IsComposedBucket(b) {
+			return b
+		}
+	}
+	return ""
 }
 
 // grantOf is the subject docs/nats-accounts.conf grants for a refused publish (denied.Grant).

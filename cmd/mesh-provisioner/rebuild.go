@@ -60,6 +60,11 @@ is gone with it. Keep it first with: mesh-provisioner export --state DIR --out F
 A NATS holding none of the provisioner's buckets (the wrong server, or a user of another account)
 leaves a state dir that has a projection as it was.
 
+A composed-<node> bucket that cannot be read (a permission missing for its stream, no leader, its
+consumer slot taken) does not stop the rebuild: it is swapped in without that bucket, which serve reads
+once it can, and the rebuild names it and exits 4. Any other bucket that cannot be read fails it (exit
+1, the generation kept to resume).
+
 Example:
   mesh-provisioner rebuild --nats nats://nats.mesh:4222 --state /var/lib/mesh-provisioner/state
 
@@ -86,7 +91,9 @@ func (c *RebuildCommand) Run(ctx context.Context, args []string) error {
 		return &usageError{msg: err.Error()}
 	}
 	// A permission the user lacks ends the rebuild at once, naming it; the generation is kept, and
-	// nothing is swapped in.
+	// nothing is swapped in. But for one composed-<node> bucket's stream: the rebuild goes on without
+	// that node's bucket (replay.Fill), names it, and exits incomplete.
+	c.nats.spareComposed = c.plans
 	ctx, stop := c.nats.stopOnDenied(ctx)
 	defer stop()
 	// NATS is reached before the state dir is touched: a mistyped --nats leaves it exactly as it was
@@ -221,7 +228,7 @@ func (c *RebuildCommand) fill(ctx context.Context, js jetstream.JetStream, sd *s
 			po.Buckets = append(po.Buckets, provisioner.BucketHostModules, provisioner.BucketIndexerBuilds)
 			po.Composed = true
 		}
-		err = replay.Fill(ctx, js, db, po, func(done, total int64) {
+		unread, err := replay.Fill(ctx, js, db, po, func(done, total int64) {
 			applied = done
 			if bar == nil {
 				bar = progress.New(stderr, log, "rebuild", "messages", total)
@@ -259,6 +266,12 @@ func (c *RebuildCommand) fill(ctx context.Context, js jetstream.JetStream, sd *s
 		took := time.Since(start)
 		fmt.Fprintf(stdout, "rebuilt %s from the streams: %d messages in %s (%.0f messages/s)\n",
 			c.state, applied, took.Round(time.Millisecond), float64(applied)/took.Seconds())
+		if len(unread) > 0 {
+			// Swapped in without them, as a seat's own rebuild is (docs/decisions.md): their checkpoints
+			// are not synced, and serve reads them on, their nodes' plans synced: false meanwhile.
+			return &incompleteError{did: "rebuilt " + c.state, buckets: unread,
+				then: "serve reads them once it can (their nodes' plans answer synced: false until then); the log above says why each failed"}
+		}
 		return nil
 	}
 }

@@ -27,12 +27,15 @@ import (
 // store whether a write was held, so it went on to the clean stop, which waited for the rebuild's
 // projector, stuck in the held write, for as long as the disk stayed full. It stops as a kill would
 // instead, naming the new generation; the operator was told it is out of room; and the next start
-// opens the state dir, removes the generation left behind and rebuilds: nothing is lost.
+// opens the state dir, removes the generation left behind and rebuilds: nothing is lost. The seat so
+// left ran on once there was room, tailing, answering and logging to serve's Stderr after its Run had
+// returned: its stop is begun, and ends it then, and it writes nothing more to the caller's streams.
 func TestServe_SignalWhileARebuildWaitsForRoom(t *testing.T) {
 	ns, nc, js := smallMeshServer(t)
 
 	var logs natstest.LogBuffer
-	log := slog.New(slog.NewTextHandler(&logs, nil))
+	cw := newCutWriter(&logs) // serve's Stderr, as its Run wraps it
+	log := slog.New(slog.NewTextHandler(cw, nil))
 	// The disk fills once the rebuild's new generation is open: every write of its store fails with
 	// ENOSPC from then on, until room is set. The current generation is on the disk as it is.
 	fs, room := faultfs.FullOnceLogged(t, &logs, "rebuild started")
@@ -43,7 +46,7 @@ func TestServe_SignalWhileARebuildWaitsForRoom(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	done := startSeat(ctx, nc, js, db, log, store.Options{FS: fs, MinFreeBytes: 1 << 20})
+	done := startSeatCut(ctx, nc, js, db, log, store.Options{FS: fs, MinFreeBytes: 1 << 20}, cw.cut)
 	natstest.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error {
 		if seq, synced := db.Applied(provisioner.BucketApplied); !synced || seq == 0 {
 			return fmt.Errorf("applied not caught up yet")
@@ -81,6 +84,7 @@ func TestServe_SignalWhileARebuildWaitsForRoom(t *testing.T) {
 	require.Contains(t, stopErr.Error(), gen)
 	require.Contains(t, logs.String(), "stopping without draining: the state dir is out of room")
 	require.NotContains(t, logs.String(), "panic")
+	said := logs.String()
 
 	// The process exits: the seat left running goes with it. Here it runs on, so room comes back for
 	// its held write, and its rebuild, stopped by the signal, removes the generation it filled; the
@@ -92,10 +96,19 @@ func TestServe_SignalWhileARebuildWaitsForRoom(t *testing.T) {
 		}
 		return nil
 	})
+	// The seat's stop, begun at the signal, ends it: its connection drained and closed.
+	natstest.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error {
+		if !nc.IsClosed() {
+			return fmt.Errorf("the seat left at the signal still runs, its connection %v", nc.Status())
+		}
+		return nil
+	})
 	require.NoError(t, db.Close())
+	require.Equal(t, said, logs.String(), "nothing written to serve's Stderr after its Run returned")
 	nc.Close()
 
 	// The next start opens the state dir, rebuilds, and answers the recreated bucket whole.
+	log = slog.New(slog.NewTextHandler(&logs, nil))
 	db, err = store.OpenState(state, store.Options{Logger: log})
 	require.NoError(t, err)
 	nc2, js2 := natstest.Connect(t, ns.ClientURL())

@@ -75,6 +75,10 @@ Sources (one of):
 A point the log cannot rebuild exactly (trimmed by retention, or messages the stream removed before the
 seat read them) is refused with the nearest points that can be answered, never guessed.
 
+plans from --nats, or from an archive that lists buckets it could not read, answer without a
+composed-<node> bucket that cannot be read, and exit 4 naming it; a question narrowed to its node
+fails (exit 1).
+
 Examples:
   mesh-provisioner replay state needs --node n17 --at 2026-11-02T03:12:00Z --state /var/lib/mesh-provisioner/state
   mesh-provisioner replay diff applied --node n17 --from 2026-11-02T03:12:00Z --to 2026-11-02T09:00:00Z --archive incident.mph
@@ -249,14 +253,24 @@ func (c *ReplayCommand) Run(ctx context.Context, args []string) error {
 		return err
 	}
 	defer l.Close()
+	if len(l.Unread) > 0 && req.Node != "" && slices.Contains(l.Unread, provisioner.ComposedPrefix+req.Node) {
+		// The node asked is one whose compositions could not be read: no answer of its plans is right.
+		return fmt.Errorf("%s of node %s cannot be answered: its bucket %s could not be read (the log above says why)", what, req.Node, provisioner.ComposedPrefix+req.Node)
+	}
 	switch question {
 	case "state":
-		return c.runState(ctx, l, req)
+		err = c.runState(ctx, l, req)
 	case "diff":
-		return c.runDiff(ctx, l, req, from, to)
+		err = c.runDiff(ctx, l, req, from, to)
 	default:
-		return c.runHistory(ctx, l, l.Source, pos[0], pos[1])
+		err = c.runHistory(ctx, l, l.Source, pos[0], pos[1])
 	}
+	if err == nil && len(l.Unread) > 0 {
+		// Answered without some nodes' compositions (replay.Fill): those nodes' rows are not what the
+		// streams hold, and the exit code says so.
+		return &incompleteError{did: "answered", buckets: l.Unread, then: "their nodes' rows lack their compositions; ask them again once their streams can be read"}
+	}
+	return err
 }
 
 // revisionSource is where a key's history is read: a Log, or the bucket's stream (streamRevisions).
@@ -449,7 +463,9 @@ func (c *ReplayCommand) open(ctx context.Context, buckets []string) (*replay.Log
 		return l, err
 	}
 	// A permission the user lacks ends the read at once, naming it: the streams are read in full
-	// before anything is answered, so nothing is printed.
+	// before anything is answered, so nothing is printed. But for one composed-<node> bucket's stream,
+	// when every bucket is read: the read goes on without it (replay.Fill), and the answer says so.
+	c.nats.spareComposed = buckets == nil
 	ctx, stop := c.nats.stopOnDenied(ctx)
 	defer stop()
 	nc, err := c.nats.connect(c.nats.url, "mesh-provisioner replay", nil)

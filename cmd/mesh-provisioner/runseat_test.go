@@ -25,11 +25,16 @@ import (
 // replica), with rebuild as the options of a rebuild's new generation, until ctx ends. It returns once
 // the seat answers, with the channel runSeat's result comes on.
 func startSeat(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, db *store.DB, log *slog.Logger, rebuild store.Options) <-chan error {
+	return startSeatCut(ctx, nc, js, db, log, rebuild, nil)
+}
+
+// startSeatCut is startSeat with serve's cut of its output (seatConfig.cut).
+func startSeatCut(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, db *store.DB, log *slog.Logger, rebuild store.Options, cut func()) <-chan error {
 	started := make(chan struct{})
 	done := make(chan error, 1)
 	go func() {
 		done <- runSeat(ctx, nc, js, db, seatConfig{log: log, registryInterval: time.Hour, registryReplicas: 1, writeRegistry: true,
-			stdout: io.Discard, started: func() { close(started) }, store: rebuild})
+			stdout: io.Discard, started: func() { close(started) }, store: rebuild, cut: cut})
 	}()
 	<-started
 	return done

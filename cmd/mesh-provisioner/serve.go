@@ -95,7 +95,10 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 	if err := parseNoArgs(fs, args); err != nil {
 		return err
 	}
-	log, err := c.logs.logger(c.Stderr)
+	// What the seat writes goes through these: a seat left stopping past Run (errNotDrained) writes no
+	// more.
+	stdout, stderr := newCutWriter(c.Stdout), newCutWriter(c.Stderr)
+	log, err := c.logs.logger(stderr)
 	if err != nil {
 		return err
 	}
@@ -241,12 +244,13 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 	defer ops.stop(log) // before the store closes
 
 	if c.demo {
-		if err := loadDemo(ctx, js, log, c.Stderr, c.plans, c.embeddedStore); err != nil {
+		if err := loadDemo(ctx, js, log, stderr, c.plans, c.embeddedStore); err != nil {
 			return err
 		}
 	}
 	retention := &store.RetentionOptions{MaxAge: c.historyRetention, MaxBytes: int64(c.historyMaxBytes)}
-	err = runSeat(ctx, nc, js, db, seatConfig{log: log, registryInterval: c.registryInterval, registryReplicas: c.registryReplicas, writeRegistry: !c.noRegistry, stdout: c.Stdout, demo: c.demo, plans: c.plans,
+	err = runSeat(ctx, nc, js, db, seatConfig{log: log, registryInterval: c.registryInterval, registryReplicas: c.registryReplicas, writeRegistry: !c.noRegistry, stdout: stdout, demo: c.demo, plans: c.plans,
+		cut:       func() { stdout.cut(); stderr.cut() },
 		retention: retention, ops: ops, streams: streams, started: func() {
 			if c.started != nil {
 				c.started(nc.ConnectedUrl(), ops.addr())
@@ -319,7 +323,12 @@ func runSeat(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, db *sto
 			held = true
 			log.Error("stopping without draining: the state dir is out of room and the last batch waits for it", "state", dir,
 				"fix", "free space on that disk (or give --state a larger one); the next start reads the batches not written again from the streams")
-			return fmt.Errorf("state dir %s out of room: %w: %w", dir, errNotDrained, ctx.Err())
+			// The stop is begun, not waited for: the seat's goroutines end once there is room (its stop
+			// owns them), where they ran on, tailing and answering, for as long as the process lived.
+			given, giveUp := context.WithCancel(context.Background())
+			giveUp()
+			_ = st.StopContext(given)
+			return notDrained(ctx, cfg, dir)
 		}
 	case <-db.Failed():
 		// A write failed for another reason than a full disk: Pebble takes no other (store/failed.go).
@@ -342,13 +351,23 @@ func runSeat(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, db *sto
 		held = true
 		log.Error("stopping without draining: the state dir is out of room and the last batch waits for it", "state", dir,
 			"fix", "free space on that disk (or give --state a larger one); the next start reads the batches not written again from the streams")
-		return fmt.Errorf("state dir %s out of room: %w: %w", dir, errNotDrained, ctx.Err())
+		return notDrained(ctx, cfg, dir)
 	}
 	if err != nil {
 		return err
 	}
 	log.Info("stopped cleanly")
 	return nil
+}
+
+// notDrained is runSeat's errNotDrained, the seat's stop left going on by itself: what it says from
+// then on (the store's "room again", the tails' and the rebuild's last lines) is cut from the
+// caller's streams, which it wrote to after Run had returned.
+func notDrained(ctx context.Context, cfg seatConfig, dir string) error {
+	if cfg.cut != nil {
+		cfg.cut()
+	}
+	return fmt.Errorf("state dir %s out of room: %w: %w", dir, errNotDrained, ctx.Err())
 }
 
 // heldPoll is how often a clean stop looks whether a write of the seat's waits for room.
@@ -404,6 +423,9 @@ type seatConfig struct {
 	retention        *store.RetentionOptions
 	streams          *streaminfo.Poller // the stream info listing the seat runs and the metrics read
 	store            store.Options      // tests: the options of a rebuild's new generation (its Logger is log)
+	// cut, when set, ends the writes of log and stdout to the caller's streams: runSeat calls it as it
+	// returns errNotDrained, the seat left to the process's exit (serve's Run: cutWriter).
+	cut func()
 }
 
 // loadDemo loads the demo mesh into an empty embedded server, with a progress bar when stderr is a
