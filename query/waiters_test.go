@@ -476,3 +476,27 @@ func TestServer_PlansMinSeqAcrossASwapToAStoreWhoseGapHoldsIt(t *testing.T) {
 	require.NoError(t, json.Unmarshal(m.Data, &a), "%s", m.Data)
 	require.EqualValues(t, 5, a.AsOf[bucket])
 }
+
+// TestServer_504InsideAGapSaysWhatIsApplied: a min_seq that an open history gap holds
+// (store.DB.Reach) is answered 504 with the sequence the bucket has applied, and why it waited. It
+// used to say the gap's start less one as "applied" (2 here, applied 5) with no reason, when wait_ms
+// was 0 or ran out before the request was parked.
+func TestServer_504InsideAGapSaysWhatIsApplied(t *testing.T) {
+	db := smallStore(t)
+	for _, seq := range []uint64{1, 2, 4, 5} {
+		putNeed(t, db, seq) // 3 removed before it was read
+	}
+	require.Equal(t, uint64(2), db.Reach(provisioner.BucketNeeds))
+	ns := natstest.RunServer(t)
+	snc, _ := natstest.Connect(t, ns.ClientURL())
+	s := NewServer(StoreReader(db), Options{Workers: 2})
+	require.NoError(t, s.Start(snc, nil))
+	t.Cleanup(s.Stop)
+	nc, _ := natstest.Connect(t, ns.ClientURL())
+	for _, wait := range []int{0, 50} {
+		m, err := nc.Request(Subject, []byte(fmt.Sprintf(`{"what":"needs","min_seq":4,"wait_ms":%d}`, wait)), 10*time.Second)
+		require.NoError(t, err)
+		require.Equal(t, "504", m.Header.Get(micro.ErrorCodeHeader), "%s", m.Data)
+		require.Contains(t, string(m.Data), "(applied 5, but messages up to min_seq were removed", "wait_ms %d", wait)
+	}
+}
