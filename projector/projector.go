@@ -705,11 +705,11 @@ func (p *Projector) applyLoop(ctx context.Context, bucket string, batchSize int,
 	// a Poll (holdUntil).
 	var holdAsked time.Time
 	askHold := func() {
-		if time.Since(p.askedAtTime(bucket)) < askedFor && time.Since(holdAsked) >= p.opts.Poll {
-			if held, until := p.db.Held(bucket); held != 0 && until == 0 {
-				holdAsked = time.Now()
-				p.holdUntil(ctx, bucket, created)
-			}
+		// Held first: no lock while nothing is held, as on almost every batch.
+		if held, until := p.db.Held(bucket); held != 0 && until == 0 && time.Since(holdAsked) >= p.opts.Poll &&
+			time.Since(p.askedAtTime(bucket)) < askedFor {
+			holdAsked = time.Now()
+			p.holdUntil(ctx, bucket, created)
 		}
 	}
 	askHold()
