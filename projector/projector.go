@@ -700,6 +700,19 @@ func (p *Projector) applyLoop(ctx context.Context, bucket string, batchSize int,
 		}
 	}
 	trySkip() // a request that waits since before this tail
+	// A request waits on the bucket while its open history gap holds min_seq requests back with no
+	// end asked since the newest jump (store.DB.Held): the stream is asked where it ends, at most once
+	// a Poll (holdUntil).
+	var holdAsked time.Time
+	askHold := func() {
+		// Held first: no lock while nothing is held, as on almost every batch.
+		if held, until := p.db.Held(bucket); held != 0 && until == 0 && time.Since(holdAsked) >= p.opts.Poll &&
+			time.Since(p.askedAtTime(bucket)) < askedFor {
+			holdAsked = time.Now()
+			p.holdUntil(ctx, bucket, created)
+		}
+	}
+	askHold()
 	for {
 		batch = batch[:0]
 		select {
@@ -728,10 +741,12 @@ func (p *Projector) applyLoop(ctx context.Context, bucket string, batchSize int,
 			// Only once caught up (caught): while catching up, what is read answers the request, and
 			// the applier does not wait on the stream's answers.
 			trySkip()
+			askHold()
 			continue
 		case <-poll.C:
 			trySkip()
 			p.caughtUp(ctx, bucket, atEnd, log) // the end may have been read after its batch was applied
+			askHold()
 			// So may the pending count that says the catch-up is over.
 			select {
 			case lastPending = <-pending:
@@ -809,6 +824,7 @@ func (p *Projector) applyLoop(ctx context.Context, bucket string, batchSize int,
 		}
 		p.applied.Add(int64(len(batch)))
 		p.caughtUp(ctx, bucket, atEnd, log)
+		askHold()
 		if lastPending == 0 && len(in) == 0 {
 			p.markSynced(bucket, log, startSeq, start)
 		}
@@ -1014,6 +1030,34 @@ func (p *Projector) caughtUp(ctx context.Context, bucket string, atEnd *atomic.U
 	if err := p.db.CaughtUp(bucket, end); err != nil && !errors.Is(err, store.ErrClosed) {
 		log.Warn("recording the end of a history gap failed", "err", err)
 	}
+}
+
+// holdUntil asks the stream where it ends for a bucket whose open history gap holds min_seq requests
+// back (store.DB.Held) and tells the store (store.DB.HoldUntil): the messages the gap lacks were
+// removed before the newest jump was delivered, so whatever removed them is at or below the stream's
+// last sequence now, and the hold ends once the checkpoint reaches it with no jump since. Only
+// caughtUp asked before, after a message the consumer said was the last had been read by this tail:
+// a bucket written on and on, on a tail that started behind it (a restart, a rebuild, a tail after
+// a failure), never gives one, and every min_seq from the gap on waited its whole wait_ms for a 504,
+// the request's own write applied (TestProjector_HoldOfAGapIsReleasedWithoutAnEndRead). Asked while
+// a request waits on the bucket (Wake), at most once a Poll: an unasked bucket costs the stream
+// nothing.
+func (p *Projector) holdUntil(ctx context.Context, bucket string, created int64) {
+	held, until := p.db.Held(bucket)
+	if held == 0 || until != 0 {
+		return
+	}
+	ictx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	stream, err := p.js.Stream(ictx, provisioner.StreamName(bucket))
+	if err != nil {
+		return // asked again at the next poll while the request waits
+	}
+	info := stream.CachedInfo()
+	if info.Created.UnixNano() != created {
+		return // created again: the tail's checks send it to a rebuild
+	}
+	p.db.HoldUntil(bucket, held, info.State.LastSeq)
 }
 
 // checkSynced asks the consumer whether anything is left for it: messages at the stream's end may have

@@ -40,8 +40,10 @@ func (s *Server) Answer(ctx context.Context, r *Request, format Format, e *Encod
 	if err != nil {
 		return err
 	}
-	// as_of is the view's: a rebuild may have swapped in a store behind min_seq since the check above.
-	if err := reached(r, shape.Bucket, cp.Applied); err != nil {
+	// as_of is the view's: a rebuild may have swapped in a store behind min_seq since the check above,
+	// or one whose open history gap holds it (Reach, read after the view: a gap of the store checked
+	// above that opened since starts past what the check passed).
+	if err := reached(r, shape.Bucket, min(cp.Applied, s.r.Reach(shape.Bucket))); err != nil {
 		return err
 	}
 	_, synced := s.r.Applied(shape.Bucket)

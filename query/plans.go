@@ -79,12 +79,12 @@ func Plans(src PlansReader, synced func(node string) bool, wake func(bucket stri
 		defer v.Close()
 		if bucket != "" {
 			// The view's composed-<node> is its as_of: a rebuild may have swapped in a store behind
-			// min_seq since the check above.
+			// min_seq since the check above, or one whose open history gap holds it (as Answer does).
 			cp, err := v.Checkpoint(bucket)
 			if err != nil {
 				return err
 			}
-			if err := reached(r, bucket, cp.Applied); err != nil {
+			if err := reached(r, bucket, min(cp.Applied, src.Reach(bucket))); err != nil {
 				return err
 			}
 		}

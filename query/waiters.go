@@ -112,16 +112,20 @@ func (s *Server) timedOut(r *Request, have uint64) error {
 
 // waitAgain parks a request whose answer found its min_seq not reached (nr) while its wait_ms lasts,
 // and returns nil; or returns the error to answer it with.
+//
+// The 504 says the bucket's applied sequence, not nr.have: that is Reach (store.DB.Reach), the gap's
+// start less one while an open history gap holds min_seq, and a request with wait_ms 0 was told
+// "applied 2" of a bucket at 5, without the gap's reason.
 func (s *Server) waitAgain(j job, nr *notReached) error {
 	if s.ctx.Err() != nil || !time.Now().Before(j.deadline) {
-		return s.timedOut(&j.r, nr.have)
+		return s.timedOut(&j.r, appliedSeq(s.r, nr.bucket))
 	}
 	parked, err := s.park(j, nr.bucket)
 	if err != nil {
 		return err
 	}
 	if !parked {
-		return s.timedOut(&j.r, nr.have)
+		return s.timedOut(&j.r, appliedSeq(s.r, nr.bucket))
 	}
 	return nil
 }

@@ -363,3 +363,140 @@ func TestServer_WaiterQueuedAcrossASwap(t *testing.T) {
 	require.Zero(t, got.get("504"))
 	require.Zero(t, s.Waiting())
 }
+
+// TestServer_MinSeqAcrossASwapToAStoreWhoseGapHoldsIt: an answer to min_seq is read from a view whose
+// store answers it (store.DB.Reach), across a rebuild's swap too. The store is swapped, between the
+// request's check and its view, for one that has applied past min_seq but holds it in an open history
+// gap (it read 2, then 4: 3 was removed unread, by a message it may not have read): the request waits
+// again, and is answered once that store's gap no longer holds it. It used to be answered from the
+// new store at once (the view's applied sequence alone was checked), the write at 3 maybe lost.
+func TestServer_MinSeqAcrossASwapToAStoreWhoseGapHoldsIt(t *testing.T) {
+	bucket := provisioner.BucketNeeds
+	before, after := smallStore(t), smallStore(t)
+	for seq := uint64(1); seq <= 5; seq++ {
+		putNeed(t, before, seq)
+		if seq != 3 {
+			putNeed(t, after, seq)
+		}
+	}
+	require.Equal(t, uint64(5), before.Reach(bucket))
+	require.Equal(t, uint64(2), after.Reach(bucket))
+	r := &swappingReader{}
+	r.cur.Store(before)
+	ns := natstest.RunServer(t)
+	snc, _ := natstest.Connect(t, ns.ClientURL())
+	s := NewServer(r, Options{Workers: 2, NoReadAhead: true})
+	require.NoError(t, s.Start(snc, nil))
+	t.Cleanup(s.Stop)
+	nc, _ := natstest.Connect(t, ns.ClientURL())
+
+	swap := func() { r.cur.Store(after) }
+	r.beforeView.Store(&swap)
+	answered := make(chan *nats.Msg, 1)
+	go func() {
+		m, err := nc.Request(Subject, []byte(`{"what":"needs","min_seq":4,"wait_ms":10000}`), 10*time.Second)
+		if err != nil {
+			m = &nats.Msg{Data: []byte(err.Error())}
+		}
+		answered <- m
+	}()
+	natstest.CheckFor(t, 10*time.Second, 2*time.Millisecond, func() error {
+		if len(answered) != 0 {
+			return nil
+		}
+		if r.beforeView.Load() != nil || s.Waiting() != 1 {
+			return errors.New("the request has not yet swapped the store and waited again")
+		}
+		return nil
+	})
+	require.Empty(t, answered, "answered from a store whose open gap holds min_seq 4")
+	require.NoError(t, after.CaughtUp(bucket, 5)) // the stream's end read: the gap holds nothing
+	m := natstest.Receive(t, answered, 10*time.Second, "the answer")
+	require.Empty(t, m.Header.Get(micro.ErrorCodeHeader), "%s", m.Data)
+	var a struct {
+		AsOf uint64 `json:"as_of"`
+	}
+	require.NoError(t, json.Unmarshal(m.Data, &a), "%s", m.Data)
+	require.EqualValues(t, 5, a.AsOf)
+}
+
+// TestServer_PlansMinSeqAcrossASwapToAStoreWhoseGapHoldsIt: as
+// TestServer_MinSeqAcrossASwapToAStoreWhoseGapHoldsIt, for plans (min_seq of the node's
+// composed-<node>).
+func TestServer_PlansMinSeqAcrossASwapToAStoreWhoseGapHoldsIt(t *testing.T) {
+	bucket := provisioner.ComposedPrefix + "n1"
+	comp := func(db *store.DB, seq uint64) {
+		v, err := msgpack.Marshal(map[string]any{"status": "published", "plan": fmt.Sprint("plan ", seq)})
+		require.NoError(t, err)
+		require.NoError(t, db.Apply(bucket, []provisioner.Message{{Seq: seq, Time: int64(seq), Key: fmt.Sprintf("web.%d", seq), Op: provisioner.OpPut, Value: v}}, 0, true))
+	}
+	before, after := smallStore(t), smallStore(t)
+	for seq := uint64(1); seq <= 5; seq++ {
+		comp(before, seq)
+		if seq != 3 {
+			comp(after, seq)
+		}
+	}
+	require.Equal(t, uint64(2), after.Reach(bucket))
+	r := &swappingReader{}
+	r.cur.Store(before)
+	ns := natstest.RunServer(t)
+	snc, _ := natstest.Connect(t, ns.ClientURL())
+	s := NewServer(r, Options{Workers: 2, NoReadAhead: true, Plans: Plans(r, func(string) bool { return true }, nil)})
+	require.NoError(t, s.Start(snc, nil))
+	t.Cleanup(s.Stop)
+	nc, _ := natstest.Connect(t, ns.ClientURL())
+
+	swap := func() { r.cur.Store(after) }
+	r.beforeView.Store(&swap)
+	answered := make(chan *nats.Msg, 1)
+	go func() {
+		m, err := nc.Request(Subject, []byte(`{"what":"plans","node":"n1","min_seq":4,"wait_ms":10000}`), 10*time.Second)
+		if err != nil {
+			m = &nats.Msg{Data: []byte(err.Error())}
+		}
+		answered <- m
+	}()
+	natstest.CheckFor(t, 10*time.Second, 2*time.Millisecond, func() error {
+		if len(answered) != 0 {
+			return nil
+		}
+		if r.beforeView.Load() != nil || s.Waiting() != 1 {
+			return errors.New("the request has not yet swapped the store and waited again")
+		}
+		return nil
+	})
+	require.Empty(t, answered, "answered from a store whose open gap holds min_seq 4")
+	require.NoError(t, after.CaughtUp(bucket, 5))
+	m := natstest.Receive(t, answered, 10*time.Second, "the answer")
+	require.Empty(t, m.Header.Get(micro.ErrorCodeHeader), "%s", m.Data)
+	var a struct {
+		AsOf map[string]uint64 `json:"as_of"`
+	}
+	require.NoError(t, json.Unmarshal(m.Data, &a), "%s", m.Data)
+	require.EqualValues(t, 5, a.AsOf[bucket])
+}
+
+// TestServer_504InsideAGapSaysWhatIsApplied: a min_seq that an open history gap holds
+// (store.DB.Reach) is answered 504 with the sequence the bucket has applied, and why it waited. It
+// used to say the gap's start less one as "applied" (2 here, applied 5) with no reason, when wait_ms
+// was 0 or ran out before the request was parked.
+func TestServer_504InsideAGapSaysWhatIsApplied(t *testing.T) {
+	db := smallStore(t)
+	for _, seq := range []uint64{1, 2, 4, 5} {
+		putNeed(t, db, seq) // 3 removed before it was read
+	}
+	require.Equal(t, uint64(2), db.Reach(provisioner.BucketNeeds))
+	ns := natstest.RunServer(t)
+	snc, _ := natstest.Connect(t, ns.ClientURL())
+	s := NewServer(StoreReader(db), Options{Workers: 2})
+	require.NoError(t, s.Start(snc, nil))
+	t.Cleanup(s.Stop)
+	nc, _ := natstest.Connect(t, ns.ClientURL())
+	for _, wait := range []int{0, 50} {
+		m, err := nc.Request(Subject, []byte(fmt.Sprintf(`{"what":"needs","min_seq":4,"wait_ms":%d}`, wait)), 10*time.Second)
+		require.NoError(t, err)
+		require.Equal(t, "504", m.Header.Get(micro.ErrorCodeHeader), "%s", m.Data)
+		require.Contains(t, string(m.Data), "(applied 5, but messages up to min_seq were removed", "wait_ms %d", wait)
+	}
+}

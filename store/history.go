@@ -216,7 +216,16 @@ func (a *applier) gap(bucket string, from, openedAt uint64) {
 	}
 	held, known := a.held[bucket]
 	if !known {
-		held = a.db.known(bucket).held.Load()
+		b := a.db.known(bucket)
+		held = b.held.Load()
+		if held != 0 && b.heldUntil != 0 && from > b.heldUntil {
+			// The first jump of the batch starts past where the stream ended when asked after the
+			// held one (HoldUntil), no jump between: whatever removed the held messages is at or below
+			// that end, read before this jump, and the hold ends there. Kept instead, a bucket whose
+			// every batch jumped held every min_seq from its first jump on until the stream's end was
+			// read, which a bucket written on and on rarely gives.
+			held = 0
+		}
 	}
 	if !ok || !g.Open() {
 		// None open, or one this batch closed at a rollup of the whole stream: a new gap.

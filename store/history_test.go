@@ -538,3 +538,30 @@ func TestDB_GapClosesOnlyPastWhereTheStreamEndedWhenAsked(t *testing.T) {
 	require.NoError(t, db.CaughtUp(b, 4))
 	require.Equal(t, []store.Gap{{From: 2, To: 4, OpenedAt: 3}}, marks(t, db, b).Gaps)
 }
+
+// TestDB_JumpPastWhereTheStreamEndedStartsANewHold: the stream ended at 4 when asked after the jump
+// over 2 (HoldUntil), and the next jump (over 6) comes in the batch that reads past 4: what removed 2
+// is at or below 4, read, so only min_seq from 6 on wait. Before, the hold from 2 was kept, asked
+// again, and ended only once a batch without a jump reached the new end: on a bucket whose batches
+// all jump, never.
+func TestDB_JumpPastWhereTheStreamEndedStartsANewHold(t *testing.T) {
+	db, err := store.OpenState(t.TempDir(), store.Options{})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, db.Close()) })
+	b := provisioner.BucketApplied
+	require.NoError(t, db.Apply(b, []provisioner.Message{put(1, "n1.a", []byte{1}), put(3, "n1.b", []byte{1})}, 0, false))
+	db.HoldUntil(b, 2, 4)
+	require.Equal(t, uint64(1), db.Reach(b))
+	require.NoError(t, db.Apply(b, []provisioner.Message{put(4, "n1.a", []byte{2}), put(5, "n1.c", []byte{1}), put(7, "n1.d", []byte{1})}, 0, false))
+	held, until := db.Held(b)
+	require.Equal(t, [2]uint64{6, 0}, [2]uint64{held, until})
+	require.Equal(t, uint64(5), db.Reach(b))
+
+	// A jump at or below where the stream ended extends the hold: what removed 2 may be among the
+	// messages it lacks.
+	db.HoldUntil(b, 6, 10)
+	require.NoError(t, db.Apply(b, []provisioner.Message{put(8, "n1.e", []byte{1}), put(10, "n1.f", []byte{1})}, 0, false))
+	held, until = db.Held(b)
+	require.Equal(t, [2]uint64{6, 0}, [2]uint64{held, until})
+	require.Equal(t, uint64(5), db.Reach(b))
+}
