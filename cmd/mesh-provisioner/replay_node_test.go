@@ -164,6 +164,12 @@ func checkNodeReads(t *testing.T, removals bool, history uint8, endRemoved bool)
 		require.NoError(t, err)
 		s, err := js.Stream(ctx, provisioner.StreamName(b))
 		require.NoError(t, err)
+		// A subject added to the stream by hand: its messages are no key of the bucket (foreign), the
+		// store logs none of them, and a time among them resolves to the bucket's message before.
+		cfg := s.CachedInfo().Config
+		cfg.Subjects = append(cfg.Subjects, "extra."+b+".>")
+		_, err = js.UpdateStream(ctx, cfg)
+		require.NoError(t, err)
 		streams[b] = s
 		created[b] = s.CachedInfo().Created
 	}
@@ -179,6 +185,17 @@ func checkNodeReads(t *testing.T, removals bool, history uint8, endRemoved bool)
 		}
 		require.NoError(t, err)
 		msgs[i].time = raw.Time
+		if i%7 == 3 {
+			// A foreign message after it: the times between the two resolve to it, not the foreign.
+			_, err := js.Publish(ctx, "extra."+msgs[i].bucket+".x", []byte{0x01})
+			require.NoError(t, err)
+		}
+	}
+
+	for b := range streams {
+		// Each stream's last message foreign: the log's last is the bucket's message before it.
+		_, err := js.Publish(ctx, "extra."+b+".last", []byte{0x01})
+		require.NoError(t, err)
 	}
 
 	if endRemoved {
