@@ -927,7 +927,7 @@ func (p *Projector) tailRemoved(ctx context.Context, bucket string, applied, las
 	if err := p.db.TailRemoved(bucket, last, created); err != nil {
 		// A state dir out of room is said once by the store (store/space.go), not at each poll.
 		if !errors.Is(err, store.ErrClosed) && !errors.Is(err, store.ErrNoSpace) {
-			log.Warn("recording the stream's end removed before it was read failed", "err", err, "last_seq", last)
+			log.Warn("recording the messages removed before they were read failed", "err", err, "last_seq", last)
 		}
 		return false
 	}
