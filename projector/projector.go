@@ -713,6 +713,23 @@ func (p *Projector) applyLoop(ctx context.Context, bucket string, batchSize int,
 		}
 	}
 	askHold()
+	// The stream's last messages up to the end its info said, removed before they were read (a
+	// subject purged, a TTL without a marker, while the seat was down or before a rebuild): checked
+	// once this tail has read up to that end (tailRemoved).
+	endChecked := false
+	checkEnd := func() {
+		if endChecked || len(in) != 0 {
+			return
+		}
+		applied := p.db.Checkpoint(bucket).Applied
+		if applied >= idle.end {
+			endChecked = true
+			return
+		}
+		if idle.reachedEnd(applied, atEnd.Load()) {
+			endChecked = p.tailRemoved(ctx, bucket, applied, idle.end, created, log)
+		}
+	}
 	for {
 		batch = batch[:0]
 		select {
@@ -745,6 +762,7 @@ func (p *Projector) applyLoop(ctx context.Context, bucket string, batchSize int,
 			continue
 		case <-poll.C:
 			trySkip()
+			checkEnd()
 			p.caughtUp(ctx, bucket, atEnd, log) // the end may have been read after its batch was applied
 			askHold()
 			// So may the pending count that says the catch-up is over.
@@ -904,6 +922,33 @@ func (p *Projector) skipRemoved(ctx context.Context, bucket string, created int6
 		log.Debug("the stream's messages past the checkpoint were removed before they were read: applied up to its last", "applied_seq", last)
 	}
 	return moved
+}
+
+// tailRemoved records, once a tail has read its stream up to the last sequence its info said (last)
+// and applied up to applied below it, that the messages between were removed before they were read
+// (store.DB.TailRemoved: an open gap from applied + 1), when the stream's leader holds no message past
+// applied (firstHeld: the count of messages pending after a message can be short, see caughtUp).
+// Without it the log answered a point among them (the verb's at, replay --state) as of applied, as if
+// they had never been written, while the streams' own read and their archive refuse it: seq:3 of a
+// stream whose third message, a put, was purged before the seat read it answered without that put.
+// The checkpoint does not move (skipRemoved moves it for a request that waits on it). It reports
+// whether it is done: recorded, or a message is held past applied (the tail reads it, and its jump
+// records the gap); false when the stream could not be asked, to ask again at the next poll.
+func (p *Projector) tailRemoved(ctx context.Context, bucket string, applied, last uint64, created int64, log *slog.Logger) bool {
+	gctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	if _, found, err := p.firstHeld(gctx, bucket, applied+1); err != nil || found {
+		return err == nil
+	}
+	if err := p.db.TailRemoved(bucket, last, created); err != nil {
+		// A state dir out of room is said once by the store (store/space.go), not at each poll.
+		if !errors.Is(err, store.ErrClosed) && !errors.Is(err, store.ErrNoSpace) {
+			log.Warn("recording the messages removed before they were read failed", "err", err, "last_seq", last)
+		}
+		return false
+	}
+	log.Debug("the stream's last messages were removed before they were read", "applied_seq", applied, "last_seq", last)
+	return true
 }
 
 // firstHeld asks a bucket's stream for the sequence of the first message it holds at or after from,

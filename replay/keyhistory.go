@@ -96,7 +96,7 @@ func BySubject(key string) bool {
 // CaughtUp, TailRemoved), and the removed end an archive of it records: none when no message is
 // missing below the stream's last; else a read of every message's sequence and headers, no data, each
 // message's sequence and time told to each when set.
-func streamGaps(ctx context.Context, s jetstream.Stream, st jetstream.StreamState, progress Progress, each func(seq uint64, t int64)) ([]store.Gap, error) {
+func streamGaps(ctx context.Context, s jetstream.Stream, st jetstream.StreamState, progress Progress, each func(msg jetstream.Msg, seq uint64, t int64)) ([]store.Gap, error) {
 	switch {
 	case st.LastSeq == 0:
 		return nil, nil
@@ -112,7 +112,7 @@ func streamGaps(ctx context.Context, s jetstream.Stream, st jetstream.StreamStat
 	err := readStream(ctx, s, nil, true, st.LastSeq, func(msg jetstream.Msg, md *jetstream.MsgMetadata) error {
 		seq := md.Sequence.Stream
 		if each != nil {
-			each(seq, md.Timestamp.UnixNano())
+			each(msg, seq, md.Timestamp.UnixNano())
 		}
 		if seq > prev+1 {
 			if open == nil {

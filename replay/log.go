@@ -229,15 +229,7 @@ func FromNATS(ctx context.Context, js jetstream.JetStream, buckets []string, sou
 		opts.Buckets = append(provisionerBuckets(), provisioner.BucketHostModules, provisioner.BucketIndexerBuilds)
 		opts.Composed = true
 	}
-	// Each stream's last sequence before the fill: the fill reads past it, so what it did not read up
-	// to there was removed before it was read.
-	ends := map[string]*jetstream.StreamInfo{}
-	for _, b := range opts.Buckets {
-		s, err := js.Stream(ctx, provisioner.StreamName(b))
-		if err == nil {
-			ends[b] = s.CachedInfo()
-		}
-	}
+	ends := streamEnds(ctx, js, opts.Buckets)
 	stop, unread, err := fill(ctx, js, l.DB, opts, progress, true)
 	l.Unread = unread
 	if err != nil {
@@ -252,16 +244,8 @@ func FromNATS(ctx context.Context, js jetstream.JetStream, buckets []string, sou
 	// a Close later (the command's, once it has answered) it hung the command.
 	wait, err := applyUnlessHeld(l.DB, func() error {
 		stop()
-		// A stream's last messages removed before they were read (a subject purged, a TTL without a
-		// marker) are a gap open from the last one read, as the archive of the streams and a key's
-		// history from them say (streamGaps): the projector records it only of a stream emptied, and
-		// a point among them answered as if they had never been written.
-		for b, info := range ends {
-			if applied, _ := l.DB.Applied(b); info.State.Msgs > 0 && info.State.LastSeq > applied {
-				if err := l.DB.TailRemoved(b, info.State.LastSeq, info.Created.UnixNano()); err != nil {
-					return err
-				}
-			}
+		if err := removedEnds(l.DB, ends, unread); err != nil {
+			return err
 		}
 		return l.DB.Flush()
 	})
@@ -339,10 +323,54 @@ var fillGiveUp = time.Minute
 // returns those buckets in byte order (unread). What the store holds of them is what was read, their
 // checkpoints not synced: a seat on the store reads them on once it can. The fixed buckets are
 // waited for, however they fail.
+//
+// The stream's last messages removed before they were read are recorded as FromNATS records them
+// (removedEnds): a rebuilt state dir answered a point among them as if they had never been written
+// until serve's tail found them (projector.tailRemoved).
 func Fill(ctx context.Context, js jetstream.JetStream, db *store.DB, opts projector.Options, progress Progress) (unread []string, err error) {
+	if opts.Buckets == nil {
+		opts.Buckets = provisionerBuckets()
+	}
+	ends := streamEnds(ctx, js, opts.Buckets)
 	stop, unread, err := fill(ctx, js, db, opts, progress, false)
 	stop()
-	return unread, err
+	if err != nil {
+		return unread, err
+	}
+	return unread, removedEnds(db, ends, unread)
+}
+
+// streamEnds reads each bucket's stream's info before a fill: the fill reads past its last sequence,
+// so what it did not read up to there was removed before it was read (removedEnds).
+func streamEnds(ctx context.Context, js jetstream.JetStream, buckets []string) map[string]*jetstream.StreamInfo {
+	ends := map[string]*jetstream.StreamInfo{}
+	for _, b := range buckets {
+		s, err := js.Stream(ctx, provisioner.StreamName(b))
+		if err == nil {
+			ends[b] = s.CachedInfo()
+		}
+	}
+	return ends
+}
+
+// removedEnds records, once a fill has stopped, each stream's last messages removed before they were
+// read (a subject purged, a TTL without a marker): a gap open from the last one read, as the archive
+// of the streams and a key's history from them say (streamGaps). Without it a point among them was
+// answered as if they had never been written.
+// A bucket the fill left unread (Fill) is not among them: its messages past the checkpoint were not
+// read, not removed.
+func removedEnds(db *store.DB, ends map[string]*jetstream.StreamInfo, unread []string) error {
+	for b, info := range ends {
+		if slices.Contains(unread, b) {
+			continue
+		}
+		if applied, _ := db.Applied(b); info.State.Msgs > 0 && info.State.LastSeq > applied {
+			if err := db.TailRemoved(b, info.State.LastSeq, info.Created.UnixNano()); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // fill is Fill, but leaves the projector's stop to the caller (stop): it waits for a batch being

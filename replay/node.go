@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -61,7 +62,7 @@ func NodeFromNATS(ctx context.Context, js jetstream.JetStream, bucket, node, sou
 			return fail(err)
 		}
 	}
-	np := &nodePoints{ctx: ctx, bucket: bucket, node: node, times: map[uint64]int64{}}
+	np := &nodePoints{ctx: ctx, bucket: bucket, node: node, times: map[uint64]seqTime{}}
 	s, err := js.Stream(ctx, provisioner.StreamName(bucket))
 	switch {
 	case errors.Is(err, jetstream.ErrStreamNotFound):
@@ -73,6 +74,7 @@ func NodeFromNATS(ctx context.Context, js jetstream.JetStream, bucket, node, sou
 		st := info.State
 		created := info.Created.UnixNano()
 		np.stream, np.nc, np.api = provisioner.StreamName(bucket), js.Conn(), projector.APIPrefix(js)
+		np.prefix = provisioner.SubjectPrefix(bucket)
 		if st.LastSeq > 0 {
 			np.cp.StreamCreated = created
 		}
@@ -109,16 +111,34 @@ func NodeFromNATS(ctx context.Context, js jetstream.JetStream, bucket, node, sou
 		// a point needs them), else each one it holds, read with the gaps. It misses none when
 		// streamGaps does not read them: were its info wrong, a time asked of a missing message fails,
 		// never answers.
+		// Only the messages the log keeps count (a message on a subject added to the stream by hand,
+		// foreign, is logged only when it rolls the whole stream up): a time between a foreign
+		// message and the bucket's next resolves to the bucket's message before it, as the whole
+		// read's log has it, and the binary search looks at the same sequences.
 		np.full = st.Msgs > 0 && st.FirstSeq <= 1 && st.NumDeleted == 0
 		if np.full {
-			np.last = st.LastSeq
+			// What the whole read applied: the stream's last message, of any subject.
+			np.cp.Applied = st.LastSeq
+			if np.last, _, err = np.timeOf(st.LastSeq); err != nil && !errors.Is(err, errNoMessage) {
+				return fail(err)
+			}
+			if errors.Is(err, errNoMessage) {
+				// The last of the bucket's subjects is before a foreign message: asked by subject.
+				if np.last, _, _, err = np.get(0, "last_by_subj"); err != nil {
+					return fail(err)
+				}
+			}
 		} else if st.Msgs > 0 {
 			// 16 bytes a message: 18 MB for a million, grown once.
 			np.seqs, np.seqTimes = make([]uint64, 0, st.Msgs), make([]int64, 0, st.Msgs)
 		}
-		np.marks.Gaps, err = streamGaps(ctx, s, st, progress, func(seq uint64, t int64) {
-			np.seqs = append(np.seqs, seq)
-			np.seqTimes = append(np.seqTimes, t)
+		np.marks.Gaps, err = streamGaps(ctx, s, st, progress, func(msg jetstream.Msg, seq uint64, t int64) {
+			// What the whole read applied: the last message it read (none when the stream was emptied).
+			np.cp.Applied = seq
+			if strings.HasPrefix(msg.Subject(), np.prefix) || provisioner.RollupOfHeaders(msg.Headers()) == provisioner.RollupAll {
+				np.seqs = append(np.seqs, seq)
+				np.seqTimes = append(np.seqTimes, t)
+			}
 		})
 		if err != nil {
 			return fail(err)
@@ -126,8 +146,6 @@ func NodeFromNATS(ctx context.Context, js jetstream.JetStream, bucket, node, sou
 		if !np.full && len(np.seqs) > 0 {
 			np.last = np.seqs[len(np.seqs)-1]
 		}
-		// What the whole read applied: the last message it read (none when the stream was emptied).
-		np.cp.Applied = np.last
 		// The reads are of the stream the info was of (as EachRevisionInStream checks): one recreated
 		// meanwhile would mix the messages of one with the sequences of the other.
 		now, err := s.Info(ctx)
@@ -160,10 +178,11 @@ type nodePoints struct {
 	bucket, node string
 	cp           store.Checkpoint
 	marks        store.HistoryMarks
-	last         uint64 // the last sequence the stream holds; 0: none
-	// full says the stream holds every sequence from 1 to last, whose times are asked of it (a message
-	// get by sequence, of the stream's leader) and kept in times; else seqs and seqTimes are every
-	// message it holds, read with the gaps.
+	last         uint64 // the last sequence the whole read's log keeps (of the bucket's subjects); 0: none
+	// full says the stream holds every sequence from 1 to its last, whose times are asked of it (a
+	// message get, of the stream's leader, of the first message of the bucket's subjects at or after
+	// a sequence) and kept in times; else seqs and seqTimes are every message the whole read's log
+	// keeps, read with the gaps.
 	full     bool
 	seqs     []uint64
 	seqTimes []int64
@@ -172,8 +191,9 @@ type nodePoints struct {
 	nc     *nats.Conn
 	stream string
 	api    string
+	prefix string // of the bucket's subjects: $KV.<bucket>.
 	mu     sync.Mutex
-	times  map[uint64]int64 // asked of the stream, when full
+	times  map[uint64]seqTime // asked of the stream, when full: the first at or after a sequence
 }
 
 // nodeIndex resolves points of the node's bucket against its stream (nodePoints), of any other bucket
@@ -242,8 +262,8 @@ func (np *nodePoints) atOrAfter(seq uint64) (uint64, int64, bool, error) {
 		if seq > np.last {
 			return 0, 0, false, nil
 		}
-		t, err := np.timeOf(seq)
-		return seq, t, err == nil, err
+		s, t, err := np.timeOf(seq)
+		return s, t, err == nil, err
 	}
 	i := sort.Search(len(np.seqs), func(i int) bool { return np.seqs[i] >= seq })
 	if i == len(np.seqs) {
@@ -267,48 +287,109 @@ func (np *nodePoints) before(seq uint64) uint64 {
 	return np.seqs[i-1]
 }
 
-// timeOf is the time of the stream's message at seq, asked of the stream's leader (a message get, the
-// grant the seat's user has: docs/accounts.md) and kept: a state walked a page at a time resolves its
-// point once a page.
-func (np *nodePoints) timeOf(seq uint64) (int64, error) {
+// seqTime is a message's sequence and time.
+type seqTime struct {
+	seq  uint64
+	time int64
+}
+
+// timeOf is the sequence and time of the first message of the bucket's subjects at or after seq (at
+// or below last once last is known), asked of the stream's leader (get) and kept: a state walked a
+// page at a time resolves its point once a page. The message at seq is asked first, as cheap as
+// a get is; only when it is foreign is the next one of the bucket's subjects asked (a filter with a
+// wildcard, which the server may match against many subjects). With last not yet known, a foreign
+// message at seq is errNoMessage.
+func (np *nodePoints) timeOf(seq uint64) (uint64, int64, error) {
 	np.mu.Lock()
 	defer np.mu.Unlock()
-	if t, ok := np.times[seq]; ok {
-		return t, nil
+	if st, ok := np.times[seq]; ok {
+		return st.seq, st.time, nil
 	}
-	req, err := json.Marshal(struct {
-		Seq uint64 `json:"seq"`
-	}{seq})
+	s, t, ok, err := np.get(seq, "")
+	if err == nil && ok && s == 0 {
+		if np.last == 0 {
+			return 0, 0, errNoMessage
+		}
+		s, t, ok, err = np.get(seq, "next_by_subj")
+	}
+	if err == nil && (!ok || np.last != 0 && s > np.last) {
+		// Removed since the stream's info was read: the answer would no longer be the whole read's.
+		err = fmt.Errorf("time of message %d of %s: removed since the stream was read", seq, np.stream)
+	}
 	if err != nil {
-		return 0, err
+		return 0, 0, err
+	}
+	np.times[seq] = seqTime{s, t}
+	return s, t, nil
+}
+
+// errNoMessage says the message asked is not of the bucket's subjects.
+var errNoMessage = errors.New("replay: no message of the bucket there")
+
+// get asks the stream's leader (a message get, the grant the seat's user has: docs/accounts.md) for
+// a message: by with "" the one at seq (its sequence is 0 when it is foreign, not of the bucket's
+// subjects), "next_by_subj" the first of the bucket's subjects at or after seq, "last_by_subj" the
+// last of them. It returns its sequence and time; ok is false when there is none.
+func (np *nodePoints) get(seq uint64, by string) (uint64, int64, bool, error) {
+	var q struct {
+		Seq  uint64 `json:"seq,omitempty"`
+		Next string `json:"next_by_subj,omitempty"`
+		Last string `json:"last_by_subj,omitempty"`
+	}
+	switch by {
+	case "last_by_subj":
+		q.Last = np.prefix + ">"
+	case "next_by_subj":
+		q.Seq, q.Next = seq, np.prefix+">"
+	default:
+		q.Seq = seq
+	}
+	req, err := json.Marshal(q)
+	if err != nil {
+		return 0, 0, false, err
 	}
 	ctx, cancel := context.WithTimeout(np.ctx, 10*time.Second)
 	defer cancel()
 	msg, err := np.nc.RequestWithContext(ctx, np.api+"STREAM.MSG.GET."+np.stream, req)
 	if err != nil {
-		return 0, fmt.Errorf("time of message %d of %s: %w", seq, np.stream, err)
+		return 0, 0, false, fmt.Errorf("time of message %d of %s: %w", seq, np.stream, err)
 	}
 	var resp struct {
 		Error *struct {
 			Code        int    `json:"code"`
+			ErrCode     int    `json:"err_code"`
 			Description string `json:"description"`
 		} `json:"error"`
 		Message *struct {
-			Seq  uint64    `json:"seq"`
-			Time time.Time `json:"time"`
+			Subject string    `json:"subject"`
+			Seq     uint64    `json:"seq"`
+			Time    time.Time `json:"time"`
+			Header  []byte    `json:"hdrs"`
 		} `json:"message"`
 	}
 	if err := json.Unmarshal(msg.Data, &resp); err != nil {
-		return 0, fmt.Errorf("time of message %d of %s: %w", seq, np.stream, err)
+		return 0, 0, false, fmt.Errorf("time of message %d of %s: %w", seq, np.stream, err)
 	}
 	switch {
+	case resp.Error != nil && resp.Error.ErrCode == int(jetstream.JSErrCodeMessageNotFound):
+		return 0, 0, false, nil
 	case resp.Error != nil:
-		// Removed since the stream's info was read: the answer would no longer be the whole read's.
-		return 0, fmt.Errorf("time of message %d of %s: %d %s", seq, np.stream, resp.Error.Code, resp.Error.Description)
-	case resp.Message == nil || resp.Message.Seq != seq:
-		return 0, fmt.Errorf("time of message %d of %s: no message in the answer %q", seq, np.stream, msg.Data)
+		return 0, 0, false, fmt.Errorf("time of message %d of %s: %d %s", seq, np.stream, resp.Error.Code, resp.Error.Description)
+	case resp.Message == nil || resp.Message.Seq < seq:
+		return 0, 0, false, fmt.Errorf("time of message %d of %s: no message in the answer %q", seq, np.stream, msg.Data)
 	}
-	t := resp.Message.Time.UnixNano()
-	np.times[seq] = t
-	return t, nil
+	if !strings.HasPrefix(resp.Message.Subject, np.prefix) && !foreignRollsAll(resp.Message.Header) {
+		return 0, 0, true, nil // foreign: the log keeps it only when it rolls the whole stream up
+	}
+	return resp.Message.Seq, resp.Message.Time.UnixNano(), true, nil
+}
+
+// foreignRollsAll reports whether a foreign message's headers (NATS/1.0 wire form) roll the whole
+// stream up.
+func foreignRollsAll(hdr []byte) bool {
+	if len(hdr) == 0 {
+		return false
+	}
+	h, err := nats.DecodeHeadersMsg(hdr)
+	return err == nil && provisioner.RollupOfHeaders(h) == provisioner.RollupAll
 }

@@ -162,8 +162,10 @@
 //     close only at or past its last sequence then. A rollup of the whole
 //     stream (Nats-Rollup: all) closes it at its own sequence: the server removed every earlier
 //     message as it stored it, so the state as of it is its own. Points before the gap
-//     stay exact. A stream emptied before it was read (a purge, an age limit without markers) has no
-//     next message to jump to: TailRemoved opens the gap from applied + 1 all the same, and replay
+//     stay exact. A stream emptied before it was read (a purge, an age limit without markers), or
+//     whose last messages were removed before they were read (the projector finds its tail at the
+//     stream's end below the last sequence, and the leader holding nothing past it), has no next
+//     message to jump to: TailRemoved opens the gap from applied + 1 all the same, and replay
 //     refuses the points past the applied sequence while it is open, rather than answer them as of
 //     the last message read.
 //
