@@ -12,7 +12,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/novox/mesh-provisioner/internal/progress"
 	"github.com/novox/mesh-provisioner/replay"
 	"github.com/novox/mesh-provisioner/store"
 )
@@ -89,13 +88,7 @@ func (c *ExportCommand) Run(ctx context.Context, args []string) error {
 	if err := checkOut(c.out, c.force); err != nil {
 		return err
 	}
-	var bar *progress.Bar
-	tick := func(done, total int64) {
-		if bar == nil {
-			bar = newBar(c.Stderr, "export", "messages", total)
-		}
-		bar.Set(done)
-	}
+	tick, end := lazyBar(c.Stderr, "export")
 	var h replay.ArchiveHeader
 	var err error
 	if c.state != "" {
@@ -110,27 +103,17 @@ func (c *ExportCommand) Run(ctx context.Context, args []string) error {
 		// for one composed-<node> bucket's stream: the archive is written without it (replay.ExportNATS),
 		// and the export names it and exits 4.
 		c.nats.spareComposed = true
-		var stop context.CancelFunc
-		ctx, stop = c.nats.stopOnDenied(ctx)
-		defer stop()
-		nc, cerr := c.nats.connect(c.nats.url, "mesh-provisioner export", nil)
-		if cerr != nil {
-			return cerr
+		var js jetstream.JetStream
+		var done func()
+		ctx, _, js, done, err = c.nats.openStreams(ctx, "mesh-provisioner export")
+		if err != nil {
+			return err
 		}
-		defer nc.Close()
-		js, jerr := jetstream.New(nc)
-		if jerr != nil {
-			return fmt.Errorf("jetstream: %w", jerr)
-		}
-		if err := hasProvisionerStreams(ctx, js, c.nats.url); err != nil {
-			return refused(ctx, err)
-		}
+		defer done()
 		h, err = replay.ExportNATS(ctx, js, nil, c.out, "mesh-provisioner "+Version, tick)
 		err = refused(ctx, err)
 	}
-	if bar != nil {
-		bar.Done()
-	}
+	end()
 	if err != nil {
 		return fmt.Errorf("export: %w", err)
 	}

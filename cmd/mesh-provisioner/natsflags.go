@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	provisioner "github.com/novox/mesh-provisioner"
 	"github.com/novox/mesh-provisioner/internal/denied"
@@ -190,6 +191,31 @@ func (f *natsFlags) stopOnDenied(ctx context.Context) (context.Context, context.
 	ctx, cancel := context.WithCancelCause(ctx)
 	f.denied = cancel
 	return ctx, func() { cancel(nil) }
+}
+
+// openStreams connects a one-shot command that reads the streams (replay, export): ctx ends at the
+// first permission the user lacks (stopOnDenied), and the provisioner's streams must be there. done
+// closes the connection, then stops the watch.
+func (f *natsFlags) openStreams(ctx context.Context, name string) (_ context.Context, nc *nats.Conn, js jetstream.JetStream, done func(), err error) {
+	ctx, stop := f.stopOnDenied(ctx)
+	if nc, err = f.connect(f.url, name, nil); err != nil {
+		stop()
+		return ctx, nil, nil, nil, err
+	}
+	done = func() {
+		nc.Close()
+		stop()
+	}
+	if js, err = jetstream.New(nc); err != nil {
+		done()
+		return ctx, nil, nil, nil, fmt.Errorf("jetstream: %w", err)
+	}
+	if err := hasProvisionerStreams(ctx, js, f.url); err != nil {
+		err = refused(ctx, err) // before done: the watch's cause is read from ctx
+		done()
+		return ctx, nil, nil, nil, err
+	}
+	return ctx, nc, js, done, nil
 }
 
 // refused returns the permissions violation that ended ctx (stopOnDenied) in place of err, which is

@@ -23,3 +23,21 @@ func newBar(stderr io.Writer, label, unit string, total int64) *progress.Bar {
 	}
 	return b
 }
+
+// lazyBar is the progress callback of a read whose total is known only once it reports (newBar): the
+// bar starts at the first report. end ends it, when it started.
+func lazyBar(stderr io.Writer, label string) (report func(done, total int64), end func()) {
+	var bar *progress.Bar
+	report = func(done, total int64) {
+		if bar == nil {
+			bar = newBar(stderr, label, "messages", total)
+		}
+		bar.Set(done)
+	}
+	end = func() {
+		if bar != nil {
+			bar.Done()
+		}
+	}
+	return report, end
+}

@@ -19,7 +19,6 @@ import (
 
 	provisioner "github.com/novox/mesh-provisioner"
 	"github.com/novox/mesh-provisioner/internal/mpk"
-	"github.com/novox/mesh-provisioner/internal/progress"
 	"github.com/novox/mesh-provisioner/query"
 	"github.com/novox/mesh-provisioner/replay"
 	"github.com/novox/mesh-provisioner/store"
@@ -300,31 +299,15 @@ func (s streamRevisions) EachRevision(ctx context.Context, bucket, key string, f
 // historyFromStream answers history from the streams: the key's messages alone, and the stream's
 // sequences when some were removed (the gaps), with the progress of that read, which is the long part.
 func (c *ReplayCommand) historyFromStream(ctx context.Context, bucket, key string) error {
-	ctx, stop := c.nats.stopOnDenied(ctx)
-	defer stop()
-	nc, err := c.nats.connect(c.nats.url, "mesh-provisioner replay", nil)
+	ctx, nc, js, done, err := c.nats.openStreams(ctx, "mesh-provisioner replay")
 	if err != nil {
 		return err
 	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return fmt.Errorf("jetstream: %w", err)
-	}
-	if err := hasProvisionerStreams(ctx, js, c.nats.url); err != nil {
-		return refused(ctx, err)
-	}
-	var bar *progress.Bar
-	src := streamRevisions{js: js, progress: func(done, total int64) {
-		if bar == nil {
-			bar = newBar(c.Stderr, "reading stream", "messages", total)
-		}
-		bar.Set(done)
-	}, denied: func() error { return c.nats.deniedSoFar(nc) }}
+	defer done()
+	report, end := lazyBar(c.Stderr, "reading stream")
+	src := streamRevisions{js: js, progress: report, denied: func() error { return c.nats.deniedSoFar(nc) }}
 	err = c.runHistory(ctx, src, "nats "+redact(c.nats.url), bucket, key)
-	if bar != nil {
-		bar.Done()
-	}
+	end()
 	return refused(ctx, err)
 }
 
@@ -332,31 +315,15 @@ func (c *ReplayCommand) historyFromStream(ctx context.Context, bucket, key strin
 // node's messages, the registry for needs, and the stream's sequences when some were removed (the
 // gaps), with the progress of that read, which is the long part.
 func (c *ReplayCommand) nodeFromStream(ctx context.Context, question string, req query.Request, from, to replay.Point) error {
-	ctx, stop := c.nats.stopOnDenied(ctx)
-	defer stop()
-	nc, err := c.nats.connect(c.nats.url, "mesh-provisioner replay", nil)
+	ctx, nc, js, done, err := c.nats.openStreams(ctx, "mesh-provisioner replay")
 	if err != nil {
 		return err
 	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return fmt.Errorf("jetstream: %w", err)
-	}
-	if err := hasProvisionerStreams(ctx, js, c.nats.url); err != nil {
-		return refused(ctx, err)
-	}
+	defer done()
 	shape, _ := provisioner.ShapeOfWhat(provisioner.What(req.What))
-	var bar *progress.Bar
-	l, err := replay.NodeFromNATS(ctx, js, shape.Bucket, req.Node, "nats "+redact(c.nats.url), func(done, total int64) {
-		if bar == nil {
-			bar = newBar(c.Stderr, "reading stream", "messages", total)
-		}
-		bar.Set(done)
-	})
-	if bar != nil {
-		bar.Done()
-	}
+	report, end := lazyBar(c.Stderr, "reading stream")
+	l, err := replay.NodeFromNATS(ctx, js, shape.Bucket, req.Node, "nats "+redact(c.nats.url), report)
+	end()
 	if err == nil {
 		// A pull refused ends as an empty one: the violation, reported on its own, may not have ended
 		// ctx yet.
@@ -450,46 +417,23 @@ func (c *ReplayCommand) open(ctx context.Context, buckets []string) (*replay.Log
 	case c.state != "":
 		return replay.OpenState(c.state)
 	case c.archive != "":
-		var bar *progress.Bar
-		l, err := replay.FromArchiveBuckets(ctx, c.archive, buckets, func(done, total int64) {
-			if bar == nil {
-				bar = newBar(c.Stderr, "reading archive", "messages", total)
-			}
-			bar.Set(done)
-		})
-		if bar != nil {
-			bar.Done()
-		}
+		report, end := lazyBar(c.Stderr, "reading archive")
+		l, err := replay.FromArchiveBuckets(ctx, c.archive, buckets, report)
+		end()
 		return l, err
 	}
 	// A permission the user lacks ends the read at once, naming it: the streams are read in full
 	// before anything is answered, so nothing is printed. But for one composed-<node> bucket's stream,
 	// when every bucket is read: the read goes on without it (replay.Fill), and the answer says so.
 	c.nats.spareComposed = buckets == nil
-	ctx, stop := c.nats.stopOnDenied(ctx)
-	defer stop()
-	nc, err := c.nats.connect(c.nats.url, "mesh-provisioner replay", nil)
+	ctx, _, js, done, err := c.nats.openStreams(ctx, "mesh-provisioner replay")
 	if err != nil {
 		return nil, err
 	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return nil, fmt.Errorf("jetstream: %w", err)
-	}
-	if err := hasProvisionerStreams(ctx, js, c.nats.url); err != nil {
-		return nil, refused(ctx, err)
-	}
-	var bar *progress.Bar
-	l, err := replay.FromNATS(ctx, js, buckets, "nats "+redact(c.nats.url), func(done, total int64) {
-		if bar == nil {
-			bar = newBar(c.Stderr, "reading streams", "messages", total)
-		}
-		bar.Set(done)
-	})
-	if bar != nil {
-		bar.Done()
-	}
+	defer done()
+	report, end := lazyBar(c.Stderr, "reading streams")
+	l, err := replay.FromNATS(ctx, js, buckets, "nats "+redact(c.nats.url), report)
+	end()
 	return l, refused(ctx, err)
 }
 
