@@ -456,12 +456,8 @@ func exportStream(ctx context.Context, w *archiveWriter, s jetstream.Stream, inf
 		} else if time.Since(failing) > exportRetryFor {
 			return giveUp(fmt.Errorf("read %s: stopped at sequence %d of %d, no consumer read for %s; run export again: %w", name, e.prev, e.last, exportRetryFor, err))
 		}
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return ctx.Err()
-		case <-t.C:
+		if err := pause(ctx, wait); err != nil {
+			return err
 		}
 		wait = min(2*wait, exportRetryMax)
 	}
@@ -886,4 +882,16 @@ func ReadArchiveHeader(path string) (ArchiveHeader, error) {
 		return ArchiveHeader{}, fmt.Errorf("archive %s: %w", path, err)
 	}
 	return h, nil
+}
+
+// pause waits d, or until ctx ends (its error), before a read is tried again.
+func pause(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
 }

@@ -258,12 +258,8 @@ func readStream(ctx context.Context, s jetstream.Stream, subjects []string, head
 			} else if time.Since(stalled) > readStall {
 				return fmt.Errorf("read: no message came for %s, with messages pending", readStall)
 			}
-			t := time.NewTimer(wait)
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				return ctx.Err()
-			case <-t.C:
+			if err := pause(ctx, wait); err != nil {
+				return err
 			}
 			wait = min(2*wait, readRetryMax)
 		}
