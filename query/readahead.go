@@ -32,9 +32,9 @@ import (
 // case for needs on a mesh whose nodes write continuously) is cold: none of its pages is written
 // ahead, since each would most likely be dropped too, a wide answer's writing for nothing on the cores
 // node lookups need. For each of its pages sent the state a page written ahead would have been kept
-// with is noted instead (a ghost: no writing), and the walk is read ahead again from the first of its
-// requests that such a page would have answered: nothing it reads changed while its asker read the
-// page before. It is then read one page ahead (probing) until a page written ahead is taken, and
+// with is noted instead (the walk's ghost, one a walk, the last page sent's: no writing), and the walk
+// is read ahead again from the first of its requests that such a page would have answered: nothing it
+// reads changed since its last page was sent. It is then read one page ahead (probing) until a page written ahead is taken, and
 // aheadDepth after. A walk is the request's fields but after, so askers of the same pages share it.
 const (
 	aheadPages = 4
@@ -137,28 +137,30 @@ type readAhead struct {
 	// asked holds the last aheadAsked of them, the nth at n % aheadAsked. Under mu.
 	asks  uint64
 	asked [aheadAsked]askedKey
-	// cold holds the walks (walkOf) whose page written ahead went stale before it was asked for, the
-	// last aheadCold of them, oldest first; ghosts the state their pages sent since would have been
-	// written ahead with, the nth at n % aheadGhosts. Under mu.
-	// probing holds the walks warmed since (warm), read ahead one page only until one is taken.
-	cold, probing []aheadKey
-	ghosts        [aheadGhosts]aheadGhost
-	nghost        uint64
+	// cold holds the walks whose page written ahead went stale before it was asked for, the last
+	// aheadCold of them, oldest first, each with its ghost. Under mu.
+	cold []coldWalk
+	// probing holds the walks (walkOf) warmed since (warm), read ahead one page only until one is
+	// taken. Under mu.
+	probing []aheadKey
 	// How many pages were written ahead, and how many of them answered a request: what the tests
 	// (and a throwaway build measuring the read-ahead) read.
 	written, taken atomic.Int64
 }
 
-// aheadCold is how many cold walks are remembered, aheadGhosts how many of their pages' ghosts: a walk
-// forgotten is read ahead again (a page or two written for nothing, and it is cold once more).
-const (
-	aheadCold   = 16
-	aheadGhosts = 16
-)
+// aheadCold is how many cold walks are remembered: a walk forgotten is read ahead again (a page or two
+// written for nothing, and it is cold once more).
+const aheadCold = 16
 
-// aheadGhost is a page of a cold walk that was not written ahead: the state it would have been kept with.
-type aheadGhost struct {
-	key   aheadKey
+// coldWalk is a cold walk (walkOf) and its ghost: the state the page after the last of its pages sent
+// would have been written ahead with (made zero when none was sent since it went cold). One a walk, the
+// last page sent's, whoever its asker: when several ask the same walk, any request of it finds the
+// walk's latest, and when that is still current nothing the walk reads changed since its last page was
+// sent. Before, the ghosts were one ring of 16 pages for all cold walks, each found by its page only:
+// with more askers than that between an asker's two pages, its ghost was gone when it came back, and
+// the walk stayed cold for ever on a quiet bucket.
+type coldWalk struct {
+	walk  aheadKey
 	state aheadState
 	made  time.Time
 }
@@ -169,24 +171,32 @@ func walkOf(key aheadKey) aheadKey {
 	return key
 }
 
-// isCold reports whether a walk is cold; under mu.
-func (a *readAhead) isCold(walk aheadKey) bool {
-	return slices.Contains(a.cold, walk)
+// coldOf is the index of a walk in cold, or -1; under mu.
+func (a *readAhead) coldOf(walk aheadKey) int {
+	return slices.IndexFunc(a.cold, func(c coldWalk) bool { return c.walk == walk })
 }
 
 // setCold makes a walk cold; under mu.
 func (a *readAhead) setCold(walk aheadKey) {
 	a.probing = remove(a.probing, walk)
-	a.cold = add(a.cold, walk)
+	if a.coldOf(walk) >= 0 {
+		return
+	}
+	if len(a.cold) >= aheadCold {
+		a.cold = slices.Delete(a.cold, 0, 1)
+	}
+	a.cold = append(a.cold, coldWalk{walk: walk})
 }
 
 // warm makes a cold walk read ahead again, one page ahead until one is taken; under mu.
 func (a *readAhead) warm(walk aheadKey) {
-	a.cold = remove(a.cold, walk)
+	if i := a.coldOf(walk); i >= 0 {
+		a.cold = slices.Delete(a.cold, i, i+1)
+	}
 	a.probing = add(a.probing, walk)
 }
 
-// add adds a walk to a list of at most aheadCold, dropping the oldest.
+// add adds a walk to a list of at most aheadCold, dropping the oldest (probing).
 func add(walks []aheadKey, walk aheadKey) []aheadKey {
 	if slices.Contains(walks, walk) {
 		return walks
@@ -202,17 +212,6 @@ func remove(walks []aheadKey, walk aheadKey) []aheadKey {
 		return slices.Delete(walks, i, i+1)
 	}
 	return walks
-}
-
-// takeGhost removes and returns the ghost of key's page, if any; under mu.
-func (a *readAhead) takeGhost(key aheadKey) (aheadGhost, bool) {
-	for i := range a.ghosts {
-		if g := a.ghosts[i]; g.key == key && !g.made.IsZero() {
-			a.ghosts[i] = aheadGhost{}
-			return g, true
-		}
-	}
-	return aheadGhost{}, false
 }
 
 // readsAhead reports whether the next page of a request is written ahead.
@@ -300,10 +299,9 @@ func (s *Server) queueAhead(j aheadJob, next string) {
 		return
 	}
 	key := keyOf(&j.r, j.format)
-	if a.isCold(walkOf(key)) {
+	if i := a.coldOf(walkOf(key)); i >= 0 {
 		if j.depth == 1 {
-			a.nghost++
-			a.ghosts[a.nghost%aheadGhosts] = aheadGhost{key: key, state: st, made: time.Now()}
+			a.cold[i].state, a.cold[i].made = st, time.Now()
 		}
 		return
 	}
@@ -532,9 +530,10 @@ func (s *Server) fresh(p *aheadPage, r *Request) bool {
 		(r.MinSeq <= 0 || s.r.Reach(shape.Bucket) >= uint64(r.MinSeq))
 }
 
-// ghostFresh reports whether a page written ahead in place of a ghost would be the answer to r now.
-func (s *Server) ghostFresh(g *aheadGhost, r *Request) bool {
-	return s.fresh(&aheadPage{state: g.state, made: g.made}, r)
+// ghostFresh reports whether a page written ahead in place of a cold walk's ghost would be the answer
+// to r now.
+func (s *Server) ghostFresh(c *coldWalk, r *Request) bool {
+	return !c.made.IsZero() && s.fresh(&aheadPage{state: c.state, made: c.made}, r)
 }
 
 // takeAhead returns the page written ahead for a request, when it is the answer the request would be
@@ -558,9 +557,13 @@ func (s *Server) takeAhead(r *Request, format Format) *Encoder {
 	i := a.find(key)
 	if i < 0 {
 		a.ask(key)
-		g, ok := a.takeGhost(key)
+		var c coldWalk
+		ci := a.coldOf(walkOf(key))
+		if ci >= 0 {
+			c = a.cold[ci]
+		}
 		a.mu.Unlock()
-		if ok && s.ghostFresh(&g, r) {
+		if ci >= 0 && s.ghostFresh(&c, r) {
 			// A page written ahead would have answered: the walk is read ahead again from this page.
 			a.mu.Lock()
 			a.warm(walkOf(key))

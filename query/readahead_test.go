@@ -594,3 +594,69 @@ func TestReadAhead_NotForAMinSeqInsideAnOpenGap(t *testing.T) {
 	require.NotNil(t, e, "reached: the page is the answer")
 	s.pool.Put(e)
 }
+
+// TestReadAhead_AColdWalkOfManyAskersWarmsOnAQuietBucket: a walk gone cold (one page written ahead
+// went stale) that more askers walk than there were ghosts kept (16) warms again once the bucket
+// is quiet. Before, the ghosts were one ring for all cold walks: with 17 askers at different pages of a
+// walk, each asker's ghost was overwritten by the others' before its next request, and the walk stayed
+// cold for ever, on a quiet bucket, no page of it written ahead again.
+func TestReadAhead_AColdWalkOfManyAskersWarmsOnAQuietBucket(t *testing.T) {
+	db := smallStore(t)
+	kind := provisioner.Registry.Entries[0].Kind
+	const rows = 60
+	var msgs []provisioner.Message
+	for i := 0; i < rows; i++ {
+		msgs = append(msgs, provisioner.Message{Seq: uint64(i + 1), Time: int64(i+1) * 1e9, Key: fmt.Sprintf("n%02d.m1.%s.a", i, kind), Op: provisioner.OpPut, Value: []byte{0x01}})
+	}
+	require.NoError(t, db.Apply(provisioner.BucketNeeds, msgs, 0, false))
+	db.SetSynced(provisioner.BucketNeeds, true)
+	s := NewServer(StoreReader(db), Options{})
+	s.ahead.inflight = map[aheadKey]chan struct{}{}
+	s.ahead.jobs = make(chan aheadJob, aheadQueue)
+	s.wideSlots = make(chan struct{}, 1)
+	send := func(i int) bool {
+		t.Helper()
+		r := Request{What: "needs", Module: "m1", Limit: ptr(int64(1))}
+		if i > 0 {
+			r.After = fmt.Sprintf("n%02d.m1.%s.a", i-1, kind)
+		}
+		e := s.takeAhead(&r, FormatMsgpack)
+		taken := e != nil
+		if e == nil {
+			e = &Encoder{}
+			require.NoError(t, s.Answer(context.Background(), &r, FormatMsgpack, e))
+		}
+		s.readNextAhead(&r, FormatMsgpack, e)
+		return taken
+	}
+	run := func() {
+		for len(s.ahead.jobs) > 0 {
+			j := <-s.ahead.jobs
+			s.writeAhead(&j)
+		}
+	}
+
+	send(0)
+	run()
+	require.NoError(t, db.Apply(provisioner.BucketNeeds, []provisioner.Message{{Seq: rows + 1, Time: (rows + 1) * 1e9, Key: "n00.m2." + kind + ".a", Op: provisioner.OpPut, Value: []byte{0x01}}}, 0, false))
+	require.False(t, send(1), "page 1 went stale: the walk is cold")
+	run()
+
+	// Quiet from here: askers of the walk, each at a page of its own, take turns.
+	const askers = 17
+	pos := make([]int, askers)
+	for a := range pos {
+		pos[a] = 2 + 3*a
+	}
+	taken := 0
+	for round := 0; round < 3; round++ {
+		for a := range pos {
+			if send(pos[a]) {
+				taken++
+			}
+			run()
+			pos[a]++
+		}
+	}
+	require.Positive(t, taken, "no commit since the walk went cold: its pages are written ahead again")
+}
