@@ -522,12 +522,16 @@ func (s *Server) aheadReady(r *Request, format Format) bool {
 // fresh reports whether a page written ahead is the answer a request would be given now: not older
 // than aheadTTL, nothing it reads changed since, and min_seq reached. Reached as Answer has it, by
 // the bucket's Reach: a min_seq inside an open history gap is not, though the applied sequence is past
-// it (store.DB.Reach); such a request waits, or is answered 504 when it may not.
+// it (store.DB.Reach); such a request waits, or is answered 504 when it may not. Reach is read before
+// the state: reached then, and the state the page's still, it was reached at the page's state (a
+// commit since would have moved it). Read after, a commit landing between the two (what removed the
+// gap's messages, read to the stream's end) gave a Reach the page's state never had, and the page, a
+// state lacking the gap's write, answered min_seq.
 func (s *Server) fresh(p *aheadPage, r *Request) bool {
 	shape, _ := provisioner.ShapeOfWhat(provisioner.What(r.What))
+	reached := r.MinSeq <= 0 || s.r.Reach(shape.Bucket) >= uint64(r.MinSeq)
 	now := s.aheadState(shape.Bucket)
-	return time.Since(p.made) <= aheadTTL && now.gen != swapping && now == p.state &&
-		(r.MinSeq <= 0 || s.r.Reach(shape.Bucket) >= uint64(r.MinSeq))
+	return reached && time.Since(p.made) <= aheadTTL && now.gen != swapping && now == p.state
 }
 
 // ghostFresh reports whether a page written ahead in place of a cold walk's ghost would be the answer

@@ -404,11 +404,12 @@ func TestReadAhead_NotWrittenOnceAskedFor(t *testing.T) {
 }
 
 // genReader reads whichever of two stores is current, swapped as a seat's rebuild does
-// (Generationer); onApplied, when armed, runs once as Applied is called.
+// (Generationer); onApplied and onReach, when armed, run once as Applied or Reach is called.
 type genReader struct {
 	cur       atomic.Pointer[store.DB]
 	gen       atomic.Uint64
 	onApplied atomic.Pointer[func()]
+	onReach   atomic.Pointer[func()]
 }
 
 func (r *genReader) View() (View, error) { return StoreReader(r.cur.Load()).View() }
@@ -420,7 +421,12 @@ func (r *genReader) Applied(bucket string) (uint64, bool) {
 	return r.cur.Load().Applied(bucket)
 }
 
-func (r *genReader) Reach(bucket string) uint64 { return r.cur.Load().Reach(bucket) }
+func (r *genReader) Reach(bucket string) uint64 {
+	if fn := r.onReach.Swap(nil); fn != nil {
+		(*fn)()
+	}
+	return r.cur.Load().Reach(bucket)
+}
 
 func (r *genReader) Changed(bucket string) <-chan struct{} { return r.cur.Load().Changed(bucket) }
 
@@ -659,4 +665,47 @@ func TestReadAhead_AColdWalkOfManyAskersWarmsOnAQuietBucket(t *testing.T) {
 		}
 	}
 	require.Positive(t, taken, "no commit since the walk went cold: its pages are written ahead again")
+}
+
+// TestReadAhead_NotForAMinSeqReachedByALaterCommit: a page written ahead at a state whose open history
+// gap holds a request's min_seq does not answer it when, as the page is checked, a commit lands that
+// moves the bucket and closes the gap: the page's state never reached min_seq (the write its gap lost
+// may be what the commit removed), and without read-ahead the request is answered from the commit's
+// state. Before, the page's state was compared first and Reach read after it: the commit landed between
+// the two, Reach had min_seq, and the page answered with the as_of of the state inside the gap.
+func TestReadAhead_NotForAMinSeqReachedByALaterCommit(t *testing.T) {
+	db := smallStore(t)
+	kind := provisioner.Registry.Entries[0].Kind
+	var msgs []provisioner.Message
+	for i := 0; i < 4; i++ {
+		msgs = append(msgs, provisioner.Message{Seq: uint64(i + 1), Time: int64(i+1) * 1e9, Key: fmt.Sprintf("n%02d.m1.%s.a", i, kind), Op: provisioner.OpPut, Value: []byte{0x01}})
+	}
+	// 5 was removed before it was read; 6 is read: what removed 5 may come later.
+	msgs = append(msgs, provisioner.Message{Seq: 6, Time: 6e9, Key: "n09.m1." + kind + ".a", Op: provisioner.OpPut, Value: []byte{0x01}})
+	require.NoError(t, db.Apply(provisioner.BucketNeeds, msgs, 0, false))
+	db.SetSynced(provisioner.BucketNeeds, true)
+	require.Equal(t, uint64(4), db.Reach(provisioner.BucketNeeds))
+	gr := &genReader{}
+	gr.cur.Store(db)
+	s := NewServer(gr, Options{})
+	s.ahead.inflight = map[aheadKey]chan struct{}{}
+	s.ahead.jobs = make(chan aheadJob, aheadQueue)
+	s.wideSlots = make(chan struct{}, 1)
+
+	second := Request{What: "needs", Module: "m1", Limit: ptr(int64(1)), After: "n00.m1." + kind + ".a", MinSeq: 6}
+	s.writeAhead(&aheadJob{r: second, format: FormatMsgpack, depth: 1})
+	require.Equal(t, 1, s.Ahead())
+	commit := func() { // what removed 5 (its purge) is read, and the stream's end with it
+		require.NoError(t, db.Apply(provisioner.BucketNeeds, []provisioner.Message{{Seq: 7, Time: 7e9, Key: "n01.m1." + kind + ".a", Op: provisioner.OpDelete}}, 0, false))
+		require.NoError(t, db.CaughtUp(provisioner.BucketNeeds, 7))
+	}
+	gr.onReach.Store(&commit)
+	e := s.takeAhead(&second, FormatMsgpack)
+	require.Nil(t, gr.onReach.Load(), "the commit landed as the page was checked")
+	require.Equal(t, uint64(7), db.Reach(provisioner.BucketNeeds))
+	if e != nil {
+		want := &Encoder{}
+		require.NoError(t, s.Answer(context.Background(), &second, FormatMsgpack, want))
+		require.Equal(t, string(want.Bytes()), string(e.Bytes()), "the page answered is the answer without read-ahead")
+	}
 }
