@@ -32,9 +32,9 @@ import (
 // case for needs on a mesh whose nodes write continuously) is cold: none of its pages is written
 // ahead, since each would most likely be dropped too, a wide answer's writing for nothing on the cores
 // node lookups need. For each of its pages sent the state a page written ahead would have been kept
-// with is noted instead (the walk's ghost, one a walk, the last page sent's: no writing), and the walk
-// is read ahead again from the first of its requests that such a page would have answered: nothing it
-// reads changed since its last page was sent. It is then read one page ahead (probing) until a page written ahead is taken, and
+// with is noted instead (a ghost: no writing), and the walk is read ahead again from the first of its
+// requests that such a page would have answered: nothing it reads changed while its asker read the
+// page before (or, that ghost gone, since the walk's last page was sent). It is then read one page ahead (probing) until a page written ahead is taken, and
 // aheadDepth after. A walk is the request's fields but after, so askers of the same pages share it.
 const (
 	aheadPages = 4
@@ -138,8 +138,11 @@ type readAhead struct {
 	asks  uint64
 	asked [aheadAsked]askedKey
 	// cold holds the walks whose page written ahead went stale before it was asked for, the last
-	// aheadCold of them, oldest first, each with its ghost. Under mu.
-	cold []coldWalk
+	// aheadCold of them, oldest first, each with its latest ghost; ghosts the last aheadGhosts ghosts
+	// of their pages, the nth at nghost % aheadGhosts. Under mu.
+	cold   []coldWalk
+	ghosts [aheadGhosts]aheadGhost
+	nghost uint64
 	// probing holds the walks (walkOf) warmed since (warm), read ahead one page only until one is
 	// taken. Under mu.
 	probing []aheadKey
@@ -148,21 +151,31 @@ type readAhead struct {
 	written, taken atomic.Int64
 }
 
-// aheadCold is how many cold walks are remembered: a walk forgotten is read ahead again (a page or two
-// written for nothing, and it is cold once more).
-const aheadCold = 16
+// aheadCold is how many cold walks are remembered, aheadGhosts how many of their pages' ghosts: a walk
+// forgotten is read ahead again (a page or two written for nothing, and it is cold once more).
+const (
+	aheadCold   = 16
+	aheadGhosts = 16
+)
 
-// coldWalk is a cold walk (walkOf) and its ghost: the state the page after the last of its pages sent
-// would have been written ahead with (made zero when none was sent since it went cold). One a walk, the
-// last page sent's, whoever its asker: when several ask the same walk, any request of it finds the
-// walk's latest, and when that is still current nothing the walk reads changed since its last page was
-// sent. Before, the ghosts were one ring of 16 pages for all cold walks, each found by its page only:
-// with more askers than that between an asker's two pages, its ghost was gone when it came back, and
-// the walk stayed cold for ever on a quiet bucket.
-type coldWalk struct {
-	walk  aheadKey
+// aheadGhost is a page of a cold walk that was not written ahead: the state it would have been kept with.
+type aheadGhost struct {
+	key   aheadKey
 	state aheadState
 	made  time.Time
+}
+
+// coldWalk is a cold walk (walkOf) and its latest ghost (made zero when none was noted since it went
+// cold), whichever page of the walk it was. A request of the walk whose page's own ghost is gone from
+// ghosts (more pages of cold walks sent meanwhile than it holds: many askers) is judged by it: when it
+// is still current nothing the walk reads changed since the walk's last page was sent. Before, such a
+// request found no ghost and the walk stayed cold: with 17 askers at different pages of a walk, each
+// asker's ghost was overwritten before it came back, for ever, on a quiet bucket. The page's own ghost
+// is preferred: another asker's latest ghost may be current where this asker's page would have gone
+// stale (with the walk's latest alone, the walks under writes wrote about a tenth more pages).
+type coldWalk struct {
+	walk  aheadKey
+	ghost aheadGhost
 }
 
 // walkOf is the walk a page belongs to: its key without after.
@@ -301,7 +314,10 @@ func (s *Server) queueAhead(j aheadJob, next string) {
 	key := keyOf(&j.r, j.format)
 	if i := a.coldOf(walkOf(key)); i >= 0 {
 		if j.depth == 1 {
-			a.cold[i].state, a.cold[i].made = st, time.Now()
+			g := aheadGhost{key: key, state: st, made: time.Now()}
+			a.cold[i].ghost = g
+			a.nghost++
+			a.ghosts[a.nghost%aheadGhosts] = g
 		}
 		return
 	}
@@ -534,10 +550,29 @@ func (s *Server) fresh(p *aheadPage, r *Request) bool {
 	return reached && time.Since(p.made) <= aheadTTL && now.gen != swapping && now == p.state
 }
 
-// ghostFresh reports whether a page written ahead in place of a cold walk's ghost would be the answer
-// to r now.
-func (s *Server) ghostFresh(c *coldWalk, r *Request) bool {
-	return !c.made.IsZero() && s.fresh(&aheadPage{state: c.state, made: c.made}, r)
+// takeGhost removes and returns the latest ghost of key's page, if any, else the latest ghost of its
+// walk when the walk is cold; under mu.
+func (a *readAhead) takeGhost(key aheadKey) (aheadGhost, bool) {
+	k := -1
+	for i := range a.ghosts {
+		if g := &a.ghosts[i]; g.key == key && !g.made.IsZero() && (k < 0 || g.made.After(a.ghosts[k].made)) {
+			k = i
+		}
+	}
+	if k >= 0 {
+		g := a.ghosts[k]
+		a.ghosts[k] = aheadGhost{}
+		return g, true
+	}
+	if i := a.coldOf(walkOf(key)); i >= 0 && !a.cold[i].ghost.made.IsZero() {
+		return a.cold[i].ghost, true
+	}
+	return aheadGhost{}, false
+}
+
+// ghostFresh reports whether a page written ahead in place of a ghost would be the answer to r now.
+func (s *Server) ghostFresh(g *aheadGhost, r *Request) bool {
+	return s.fresh(&aheadPage{state: g.state, made: g.made}, r)
 }
 
 // takeAhead returns the page written ahead for a request, when it is the answer the request would be
@@ -561,13 +596,9 @@ func (s *Server) takeAhead(r *Request, format Format) *Encoder {
 	i := a.find(key)
 	if i < 0 {
 		a.ask(key)
-		var c coldWalk
-		ci := a.coldOf(walkOf(key))
-		if ci >= 0 {
-			c = a.cold[ci]
-		}
+		g, ok := a.takeGhost(key)
 		a.mu.Unlock()
-		if ci >= 0 && s.ghostFresh(&c, r) {
+		if ok && s.ghostFresh(&g, r) {
 			// A page written ahead would have answered: the walk is read ahead again from this page.
 			a.mu.Lock()
 			a.warm(walkOf(key))

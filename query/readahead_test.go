@@ -602,10 +602,10 @@ func TestReadAhead_NotForAMinSeqInsideAnOpenGap(t *testing.T) {
 }
 
 // TestReadAhead_AColdWalkOfManyAskersWarmsOnAQuietBucket: a walk gone cold (one page written ahead
-// went stale) that more askers walk than there were ghosts kept (16) warms again once the bucket
-// is quiet. Before, the ghosts were one ring for all cold walks: with 17 askers at different pages of a
-// walk, each asker's ghost was overwritten by the others' before its next request, and the walk stayed
-// cold for ever, on a quiet bucket, no page of it written ahead again.
+// went stale) that more askers walk than ghosts are kept (aheadGhosts) warms again once the bucket is
+// quiet. Before, the ghosts were only one ring for all cold walks, each found by its page: with 17
+// askers at different pages of a walk, each asker's ghost was overwritten by the others' before its
+// next request, and the walk stayed cold for ever, on a quiet bucket, no page of it written ahead again.
 func TestReadAhead_AColdWalkOfManyAskersWarmsOnAQuietBucket(t *testing.T) {
 	db := smallStore(t)
 	kind := provisioner.Registry.Entries[0].Kind
@@ -649,7 +649,7 @@ func TestReadAhead_AColdWalkOfManyAskersWarmsOnAQuietBucket(t *testing.T) {
 	run()
 
 	// Quiet from here: askers of the walk, each at a page of its own, take turns.
-	const askers = 17
+	const askers = aheadGhosts + 1
 	pos := make([]int, askers)
 	for a := range pos {
 		pos[a] = 2 + 3*a
