@@ -613,7 +613,13 @@ func (s *Server) takeAhead(r *Request, format Format) *Encoder {
 	fresh := s.fresh(&p, r)
 	a.mu.Lock()
 	if fresh {
+		// Taken: the walk is read aheadDepth ahead, also when it was cold (the page written before it
+		// went cold, or after the commit that made it so); before, it stayed cold, and its next page
+		// was answered afresh.
 		a.probing = remove(a.probing, walkOf(key))
+		if i := a.coldOf(walkOf(key)); i >= 0 {
+			a.cold = slices.Delete(a.cold, i, i+1)
+		}
 	} else {
 		a.setCold(walkOf(key))
 	}

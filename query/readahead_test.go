@@ -709,3 +709,58 @@ func TestReadAhead_NotForAMinSeqReachedByALaterCommit(t *testing.T) {
 		require.Equal(t, string(want.Bytes()), string(e.Bytes()), "the page answered is the answer without read-ahead")
 	}
 }
+
+// TestReadAhead_AColdWalkWhosePageIsTakenIsWarm: a page of a cold walk written ahead before it went
+// cold (by the worker going on, after a commit) and taken, the answer it would be given, warms the walk:
+// its next page is written ahead. Before, the walk stayed cold after the page was taken, and the next
+// page was answered afresh, the walk warmed only by that request's ghost.
+func TestReadAhead_AColdWalkWhosePageIsTakenIsWarm(t *testing.T) {
+	db := smallStore(t)
+	kind := provisioner.Registry.Entries[0].Kind
+	var msgs []provisioner.Message
+	for i := 0; i < 8; i++ {
+		msgs = append(msgs, provisioner.Message{Seq: uint64(i + 1), Time: int64(i+1) * 1e9, Key: fmt.Sprintf("n%02d.m1.%s.a", i, kind), Op: provisioner.OpPut, Value: []byte{0x01}})
+	}
+	require.NoError(t, db.Apply(provisioner.BucketNeeds, msgs, 0, false))
+	db.SetSynced(provisioner.BucketNeeds, true)
+	s := NewServer(StoreReader(db), Options{})
+	s.ahead.inflight = map[aheadKey]chan struct{}{}
+	s.ahead.jobs = make(chan aheadJob, aheadQueue)
+	s.wideSlots = make(chan struct{}, 1)
+	send := func(i int) bool {
+		t.Helper()
+		r := Request{What: "needs", Module: "m1", Limit: ptr(int64(1))}
+		if i > 0 {
+			r.After = fmt.Sprintf("n%02d.m1.%s.a", i-1, kind)
+		}
+		e := s.takeAhead(&r, FormatMsgpack)
+		taken := e != nil
+		if e == nil {
+			e = &Encoder{}
+			require.NoError(t, s.Answer(context.Background(), &r, FormatMsgpack, e))
+		}
+		s.readNextAhead(&r, FormatMsgpack, e)
+		return taken
+	}
+	runOne := func() {
+		t.Helper()
+		require.NotZero(t, len(s.ahead.jobs))
+		j := <-s.ahead.jobs
+		s.writeAhead(&j)
+	}
+	run := func() {
+		for len(s.ahead.jobs) > 0 {
+			runOne()
+		}
+	}
+
+	send(0)
+	runOne() // page 1, and page 2 queued
+	require.NoError(t, db.Apply(provisioner.BucketNeeds, []provisioner.Message{{Seq: 9, Time: 9e9, Key: "n00.m2." + kind + ".a", Op: provisioner.OpPut, Value: []byte{0x01}}}, 0, false))
+	runOne() // page 2, after the commit
+	require.False(t, send(1), "page 1 went stale: the walk is cold")
+	run()
+	require.True(t, send(2), "page 2 was written after the commit")
+	run()
+	require.True(t, send(3), "a page of the walk was taken: the walk reads ahead again")
+}
