@@ -34,7 +34,7 @@ import (
 // node lookups need. For each of its pages sent the state a page written ahead would have been kept
 // with is noted instead (a ghost: no writing), and the walk is read ahead again from the first of its
 // requests that such a page would have answered: nothing it reads changed while its asker read the
-// page before. It is then read one page ahead (probing) until a page written ahead is taken, and
+// page before (or, that ghost gone, since the walk's last page was sent). It is then read one page ahead (probing) until a page written ahead is taken, and
 // aheadDepth after. A walk is the request's fields but after, so askers of the same pages share it.
 const (
 	aheadPages = 4
@@ -137,13 +137,15 @@ type readAhead struct {
 	// asked holds the last aheadAsked of them, the nth at n % aheadAsked. Under mu.
 	asks  uint64
 	asked [aheadAsked]askedKey
-	// cold holds the walks (walkOf) whose page written ahead went stale before it was asked for, the
-	// last aheadCold of them, oldest first; ghosts the state their pages sent since would have been
-	// written ahead with, the nth at n % aheadGhosts. Under mu.
-	// probing holds the walks warmed since (warm), read ahead one page only until one is taken.
-	cold, probing []aheadKey
-	ghosts        [aheadGhosts]aheadGhost
-	nghost        uint64
+	// cold holds the walks whose page written ahead went stale before it was asked for, the last
+	// aheadCold of them, oldest first, each with its latest ghost; ghosts the last aheadGhosts ghosts
+	// of their pages, the nth at nghost % aheadGhosts. Under mu.
+	cold   []coldWalk
+	ghosts [aheadGhosts]aheadGhost
+	nghost uint64
+	// probing holds the walks (walkOf) warmed since (warm), read ahead one page only until one is
+	// taken. Under mu.
+	probing []aheadKey
 	// How many pages were written ahead, and how many of them answered a request: what the tests
 	// (and a throwaway build measuring the read-ahead) read.
 	written, taken atomic.Int64
@@ -163,30 +165,51 @@ type aheadGhost struct {
 	made  time.Time
 }
 
+// coldWalk is a cold walk (walkOf) and its latest ghost (made zero when none was noted since it went
+// cold), whichever page of the walk it was. A request of the walk whose page's own ghost is gone from
+// ghosts (more pages of cold walks sent meanwhile than it holds: many askers) is judged by it: when it
+// is still current nothing the walk reads changed since the walk's last page was sent. Before, such a
+// request found no ghost and the walk stayed cold: with 17 askers at different pages of a walk, each
+// asker's ghost was overwritten before it came back, for ever, on a quiet bucket. The page's own ghost
+// is preferred: another asker's latest ghost may be current where this asker's page would have gone
+// stale (with the walk's latest alone, the walks under writes wrote about a tenth more pages).
+type coldWalk struct {
+	walk  aheadKey
+	ghost aheadGhost
+}
+
 // walkOf is the walk a page belongs to: its key without after.
 func walkOf(key aheadKey) aheadKey {
 	key.after = ""
 	return key
 }
 
-// isCold reports whether a walk is cold; under mu.
-func (a *readAhead) isCold(walk aheadKey) bool {
-	return slices.Contains(a.cold, walk)
+// coldOf is the index of a walk in cold, or -1; under mu.
+func (a *readAhead) coldOf(walk aheadKey) int {
+	return slices.IndexFunc(a.cold, func(c coldWalk) bool { return c.walk == walk })
 }
 
 // setCold makes a walk cold; under mu.
 func (a *readAhead) setCold(walk aheadKey) {
 	a.probing = remove(a.probing, walk)
-	a.cold = add(a.cold, walk)
+	if a.coldOf(walk) >= 0 {
+		return
+	}
+	if len(a.cold) >= aheadCold {
+		a.cold = slices.Delete(a.cold, 0, 1)
+	}
+	a.cold = append(a.cold, coldWalk{walk: walk})
 }
 
 // warm makes a cold walk read ahead again, one page ahead until one is taken; under mu.
 func (a *readAhead) warm(walk aheadKey) {
-	a.cold = remove(a.cold, walk)
+	if i := a.coldOf(walk); i >= 0 {
+		a.cold = slices.Delete(a.cold, i, i+1)
+	}
 	a.probing = add(a.probing, walk)
 }
 
-// add adds a walk to a list of at most aheadCold, dropping the oldest.
+// add adds a walk to a list of at most aheadCold, dropping the oldest (probing).
 func add(walks []aheadKey, walk aheadKey) []aheadKey {
 	if slices.Contains(walks, walk) {
 		return walks
@@ -202,17 +225,6 @@ func remove(walks []aheadKey, walk aheadKey) []aheadKey {
 		return slices.Delete(walks, i, i+1)
 	}
 	return walks
-}
-
-// takeGhost removes and returns the ghost of key's page, if any; under mu.
-func (a *readAhead) takeGhost(key aheadKey) (aheadGhost, bool) {
-	for i := range a.ghosts {
-		if g := a.ghosts[i]; g.key == key && !g.made.IsZero() {
-			a.ghosts[i] = aheadGhost{}
-			return g, true
-		}
-	}
-	return aheadGhost{}, false
 }
 
 // readsAhead reports whether the next page of a request is written ahead.
@@ -300,10 +312,12 @@ func (s *Server) queueAhead(j aheadJob, next string) {
 		return
 	}
 	key := keyOf(&j.r, j.format)
-	if a.isCold(walkOf(key)) {
+	if i := a.coldOf(walkOf(key)); i >= 0 {
 		if j.depth == 1 {
+			g := aheadGhost{key: key, state: st, made: time.Now()}
+			a.cold[i].ghost = g
 			a.nghost++
-			a.ghosts[a.nghost%aheadGhosts] = aheadGhost{key: key, state: st, made: time.Now()}
+			a.ghosts[a.nghost%aheadGhosts] = g
 		}
 		return
 	}
@@ -524,12 +538,36 @@ func (s *Server) aheadReady(r *Request, format Format) bool {
 // fresh reports whether a page written ahead is the answer a request would be given now: not older
 // than aheadTTL, nothing it reads changed since, and min_seq reached. Reached as Answer has it, by
 // the bucket's Reach: a min_seq inside an open history gap is not, though the applied sequence is past
-// it (store.DB.Reach); such a request waits, or is answered 504 when it may not.
+// it (store.DB.Reach); such a request waits, or is answered 504 when it may not. Reach is read before
+// the state: reached then, and the state the page's still, it was reached at the page's state (a
+// commit since would have moved it). Read after, a commit landing between the two (what removed the
+// gap's messages, read to the stream's end) gave a Reach the page's state never had, and the page, a
+// state lacking the gap's write, answered min_seq.
 func (s *Server) fresh(p *aheadPage, r *Request) bool {
 	shape, _ := provisioner.ShapeOfWhat(provisioner.What(r.What))
+	reached := r.MinSeq <= 0 || s.r.Reach(shape.Bucket) >= uint64(r.MinSeq)
 	now := s.aheadState(shape.Bucket)
-	return time.Since(p.made) <= aheadTTL && now.gen != swapping && now == p.state &&
-		(r.MinSeq <= 0 || s.r.Reach(shape.Bucket) >= uint64(r.MinSeq))
+	return reached && time.Since(p.made) <= aheadTTL && now.gen != swapping && now == p.state
+}
+
+// takeGhost removes and returns the latest ghost of key's page, if any, else the latest ghost of its
+// walk when the walk is cold; under mu.
+func (a *readAhead) takeGhost(key aheadKey) (aheadGhost, bool) {
+	k := -1
+	for i := range a.ghosts {
+		if g := &a.ghosts[i]; g.key == key && !g.made.IsZero() && (k < 0 || g.made.After(a.ghosts[k].made)) {
+			k = i
+		}
+	}
+	if k >= 0 {
+		g := a.ghosts[k]
+		a.ghosts[k] = aheadGhost{}
+		return g, true
+	}
+	if i := a.coldOf(walkOf(key)); i >= 0 && !a.cold[i].ghost.made.IsZero() {
+		return a.cold[i].ghost, true
+	}
+	return aheadGhost{}, false
 }
 
 // ghostFresh reports whether a page written ahead in place of a ghost would be the answer to r now.
@@ -575,7 +613,13 @@ func (s *Server) takeAhead(r *Request, format Format) *Encoder {
 	fresh := s.fresh(&p, r)
 	a.mu.Lock()
 	if fresh {
+		// Taken: the walk is read aheadDepth ahead, also when it was cold (the page written before it
+		// went cold, or after the commit that made it so); before, it stayed cold, and its next page
+		// was answered afresh.
 		a.probing = remove(a.probing, walkOf(key))
+		if i := a.coldOf(walkOf(key)); i >= 0 {
+			a.cold = slices.Delete(a.cold, i, i+1)
+		}
 	} else {
 		a.setCold(walkOf(key))
 	}

@@ -404,11 +404,12 @@ func TestReadAhead_NotWrittenOnceAskedFor(t *testing.T) {
 }
 
 // genReader reads whichever of two stores is current, swapped as a seat's rebuild does
-// (Generationer); onApplied, when armed, runs once as Applied is called.
+// (Generationer); onApplied and onReach, when armed, run once as Applied or Reach is called.
 type genReader struct {
 	cur       atomic.Pointer[store.DB]
 	gen       atomic.Uint64
 	onApplied atomic.Pointer[func()]
+	onReach   atomic.Pointer[func()]
 }
 
 func (r *genReader) View() (View, error) { return StoreReader(r.cur.Load()).View() }
@@ -420,7 +421,12 @@ func (r *genReader) Applied(bucket string) (uint64, bool) {
 	return r.cur.Load().Applied(bucket)
 }
 
-func (r *genReader) Reach(bucket string) uint64 { return r.cur.Load().Reach(bucket) }
+func (r *genReader) Reach(bucket string) uint64 {
+	if fn := r.onReach.Swap(nil); fn != nil {
+		(*fn)()
+	}
+	return r.cur.Load().Reach(bucket)
+}
 
 func (r *genReader) Changed(bucket string) <-chan struct{} { return r.cur.Load().Changed(bucket) }
 
@@ -593,4 +599,168 @@ func TestReadAhead_NotForAMinSeqInsideAnOpenGap(t *testing.T) {
 	e := s.takeAhead(&second, FormatMsgpack)
 	require.NotNil(t, e, "reached: the page is the answer")
 	s.pool.Put(e)
+}
+
+// TestReadAhead_AColdWalkOfManyAskersWarmsOnAQuietBucket: a walk gone cold (one page written ahead
+// went stale) that more askers walk than ghosts are kept (aheadGhosts) warms again once the bucket is
+// quiet. Before, the ghosts were only one ring for all cold walks, each found by its page: with 17
+// askers at different pages of a walk, each asker's ghost was overwritten by the others' before its
+// next request, and the walk stayed cold for ever, on a quiet bucket, no page of it written ahead again.
+func TestReadAhead_AColdWalkOfManyAskersWarmsOnAQuietBucket(t *testing.T) {
+	db := smallStore(t)
+	kind := provisioner.Registry.Entries[0].Kind
+	const rows = 60
+	var msgs []provisioner.Message
+	for i := 0; i < rows; i++ {
+		msgs = append(msgs, provisioner.Message{Seq: uint64(i + 1), Time: int64(i+1) * 1e9, Key: fmt.Sprintf("n%02d.m1.%s.a", i, kind), Op: provisioner.OpPut, Value: []byte{0x01}})
+	}
+	require.NoError(t, db.Apply(provisioner.BucketNeeds, msgs, 0, false))
+	db.SetSynced(provisioner.BucketNeeds, true)
+	s := NewServer(StoreReader(db), Options{})
+	s.ahead.inflight = map[aheadKey]chan struct{}{}
+	s.ahead.jobs = make(chan aheadJob, aheadQueue)
+	s.wideSlots = make(chan struct{}, 1)
+	send := func(i int) bool {
+		t.Helper()
+		r := Request{What: "needs", Module: "m1", Limit: ptr(int64(1))}
+		if i > 0 {
+			r.After = fmt.Sprintf("n%02d.m1.%s.a", i-1, kind)
+		}
+		e := s.takeAhead(&r, FormatMsgpack)
+		taken := e != nil
+		if e == nil {
+			e = &Encoder{}
+			require.NoError(t, s.Answer(context.Background(), &r, FormatMsgpack, e))
+		}
+		s.readNextAhead(&r, FormatMsgpack, e)
+		return taken
+	}
+	run := func() {
+		for len(s.ahead.jobs) > 0 {
+			j := <-s.ahead.jobs
+			s.writeAhead(&j)
+		}
+	}
+
+	send(0)
+	run()
+	require.NoError(t, db.Apply(provisioner.BucketNeeds, []provisioner.Message{{Seq: rows + 1, Time: (rows + 1) * 1e9, Key: "n00.m2." + kind + ".a", Op: provisioner.OpPut, Value: []byte{0x01}}}, 0, false))
+	require.False(t, send(1), "page 1 went stale: the walk is cold")
+	run()
+
+	// Quiet from here: askers of the walk, each at a page of its own, take turns.
+	const askers = aheadGhosts + 1
+	pos := make([]int, askers)
+	for a := range pos {
+		pos[a] = 2 + 3*a
+	}
+	taken := 0
+	for round := 0; round < 3; round++ {
+		for a := range pos {
+			if send(pos[a]) {
+				taken++
+			}
+			run()
+			pos[a]++
+		}
+	}
+	require.Positive(t, taken, "no commit since the walk went cold: its pages are written ahead again")
+}
+
+// TestReadAhead_NotForAMinSeqReachedByALaterCommit: a page written ahead at a state whose open history
+// gap holds a request's min_seq does not answer it when, as the page is checked, a commit lands that
+// moves the bucket and closes the gap: the page's state never reached min_seq (the write its gap lost
+// may be what the commit removed), and without read-ahead the request is answered from the commit's
+// state. Before, the page's state was compared first and Reach read after it: the commit landed between
+// the two, Reach had min_seq, and the page answered with the as_of of the state inside the gap.
+func TestReadAhead_NotForAMinSeqReachedByALaterCommit(t *testing.T) {
+	db := smallStore(t)
+	kind := provisioner.Registry.Entries[0].Kind
+	var msgs []provisioner.Message
+	for i := 0; i < 4; i++ {
+		msgs = append(msgs, provisioner.Message{Seq: uint64(i + 1), Time: int64(i+1) * 1e9, Key: fmt.Sprintf("n%02d.m1.%s.a", i, kind), Op: provisioner.OpPut, Value: []byte{0x01}})
+	}
+	// 5 was removed before it was read; 6 is read: what removed 5 may come later.
+	msgs = append(msgs, provisioner.Message{Seq: 6, Time: 6e9, Key: "n09.m1." + kind + ".a", Op: provisioner.OpPut, Value: []byte{0x01}})
+	require.NoError(t, db.Apply(provisioner.BucketNeeds, msgs, 0, false))
+	db.SetSynced(provisioner.BucketNeeds, true)
+	require.Equal(t, uint64(4), db.Reach(provisioner.BucketNeeds))
+	gr := &genReader{}
+	gr.cur.Store(db)
+	s := NewServer(gr, Options{})
+	s.ahead.inflight = map[aheadKey]chan struct{}{}
+	s.ahead.jobs = make(chan aheadJob, aheadQueue)
+	s.wideSlots = make(chan struct{}, 1)
+
+	second := Request{What: "needs", Module: "m1", Limit: ptr(int64(1)), After: "n00.m1." + kind + ".a", MinSeq: 6}
+	s.writeAhead(&aheadJob{r: second, format: FormatMsgpack, depth: 1})
+	require.Equal(t, 1, s.Ahead())
+	commit := func() { // what removed 5 (its purge) is read, and the stream's end with it
+		require.NoError(t, db.Apply(provisioner.BucketNeeds, []provisioner.Message{{Seq: 7, Time: 7e9, Key: "n01.m1." + kind + ".a", Op: provisioner.OpDelete}}, 0, false))
+		require.NoError(t, db.CaughtUp(provisioner.BucketNeeds, 7))
+	}
+	gr.onReach.Store(&commit)
+	e := s.takeAhead(&second, FormatMsgpack)
+	require.Nil(t, gr.onReach.Load(), "the commit landed as the page was checked")
+	require.Equal(t, uint64(7), db.Reach(provisioner.BucketNeeds))
+	if e != nil {
+		want := &Encoder{}
+		require.NoError(t, s.Answer(context.Background(), &second, FormatMsgpack, want))
+		require.Equal(t, string(want.Bytes()), string(e.Bytes()), "the page answered is the answer without read-ahead")
+	}
+}
+
+// TestReadAhead_AColdWalkWhosePageIsTakenIsWarm: a page of a cold walk written ahead before it went
+// cold (by the worker going on, after a commit) and taken, the answer it would be given, warms the walk:
+// its next page is written ahead. Before, the walk stayed cold after the page was taken, and the next
+// page was answered afresh, the walk warmed only by that request's ghost.
+func TestReadAhead_AColdWalkWhosePageIsTakenIsWarm(t *testing.T) {
+	db := smallStore(t)
+	kind := provisioner.Registry.Entries[0].Kind
+	var msgs []provisioner.Message
+	for i := 0; i < 8; i++ {
+		msgs = append(msgs, provisioner.Message{Seq: uint64(i + 1), Time: int64(i+1) * 1e9, Key: fmt.Sprintf("n%02d.m1.%s.a", i, kind), Op: provisioner.OpPut, Value: []byte{0x01}})
+	}
+	require.NoError(t, db.Apply(provisioner.BucketNeeds, msgs, 0, false))
+	db.SetSynced(provisioner.BucketNeeds, true)
+	s := NewServer(StoreReader(db), Options{})
+	s.ahead.inflight = map[aheadKey]chan struct{}{}
+	s.ahead.jobs = make(chan aheadJob, aheadQueue)
+	s.wideSlots = make(chan struct{}, 1)
+	send := func(i int) bool {
+		t.Helper()
+		r := Request{What: "needs", Module: "m1", Limit: ptr(int64(1))}
+		if i > 0 {
+			r.After = fmt.Sprintf("n%02d.m1.%s.a", i-1, kind)
+		}
+		e := s.takeAhead(&r, FormatMsgpack)
+		taken := e != nil
+		if e == nil {
+			e = &Encoder{}
+			require.NoError(t, s.Answer(context.Background(), &r, FormatMsgpack, e))
+		}
+		s.readNextAhead(&r, FormatMsgpack, e)
+		return taken
+	}
+	runOne := func() {
+		t.Helper()
+		require.NotZero(t, len(s.ahead.jobs))
+		j := <-s.ahead.jobs
+		s.writeAhead(&j)
+	}
+	run := func() {
+		for len(s.ahead.jobs) > 0 {
+			runOne()
+		}
+	}
+
+	send(0)
+	runOne() // page 1, and page 2 queued
+	require.NoError(t, db.Apply(provisioner.BucketNeeds, []provisioner.Message{{Seq: 9, Time: 9e9, Key: "n00.m2." + kind + ".a", Op: provisioner.OpPut, Value: []byte{0x01}}}, 0, false))
+	runOne() // page 2, after the commit
+	require.False(t, send(1), "page 1 went stale: the walk is cold")
+	run()
+	require.True(t, send(2), "page 2 was written after the commit")
+	run()
+	require.True(t, send(3), "a page of the walk was taken: the walk reads ahead again")
 }

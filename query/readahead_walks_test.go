@@ -3,6 +3,7 @@ package query
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -213,4 +214,76 @@ func TestReadAhead_WalksUnderWritesAnswerAsWithout(t *testing.T) {
 	taken := s.ahead.taken.Load()
 	t.Logf("%d pages, %d walks started again, %d commits; %d pages written ahead, %d answered from them", pages.Load(), restarts.Load(), commits.Load(), s.ahead.written.Load(), taken)
 	require.NotZero(t, taken, "no page was answered from read-ahead: the test proves nothing")
+}
+
+// TestReadAhead_QuietWalksAfterACommitAreReadAhead: a module walked through the verb, a commit landing
+// while a page written ahead waits for its asker (the walk goes cold), then walked again and again on a
+// quiet bucket: the walk warms again, and its pages are answered from read-ahead, as on a mesh that
+// never saw the commit (the bench's module walks). Each page is checked against the answer without
+// read-ahead.
+func TestReadAhead_QuietWalksAfterACommitAreReadAhead(t *testing.T) {
+	db := smallStore(t)
+	kind := provisioner.Registry.Entries[0].Kind
+	var msgs []provisioner.Message
+	for i := 0; i < 20; i++ {
+		msgs = append(msgs, provisioner.Message{Seq: uint64(i + 1), Time: int64(i+1) * 1e9, Key: fmt.Sprintf("n%02d.m1.%s.a", i, kind), Op: provisioner.OpPut, Value: []byte{0x01}})
+	}
+	require.NoError(t, db.Apply(provisioner.BucketNeeds, msgs, 0, false))
+	db.SetSynced(provisioner.BucketNeeds, true)
+	ns := natstest.RunServer(t)
+	snc, _ := natstest.Connect(t, ns.ClientURL())
+	s := NewServer(StoreReader(db), Options{Workers: 2})
+	require.NoError(t, s.Start(snc, nil))
+	t.Cleanup(s.Stop)
+	fresh := NewServer(StoreReader(db), Options{NoReadAhead: true})
+	nc, _ := natstest.Connect(t, ns.ClientURL())
+
+	// walk walks module m1, 5 pages of 4, and runs between after the page it is given.
+	walk := func(between func(page int)) {
+		t.Helper()
+		after := ""
+		for page := 0; ; page++ {
+			r := map[string]any{"what": "needs", "module": "m1", "limit": 4}
+			if after != "" {
+				r["after"] = after
+			}
+			body, err := natstest.Body(r, true)
+			require.NoError(t, err)
+			msg, err := nc.Request(Subject, body, 30*time.Second)
+			require.NoError(t, err)
+			req, format, err := DecodeRequest(body)
+			require.NoError(t, err)
+			want := &Encoder{}
+			require.NoError(t, fresh.Answer(context.Background(), &req, format, want))
+			require.Equal(t, string(want.Bytes()), string(msg.Data), "page %d", page)
+			if want.next == "" {
+				return
+			}
+			after = want.next
+			if between != nil {
+				between(page)
+			}
+		}
+	}
+	walk(func(page int) {
+		if page != 1 {
+			return
+		}
+		// The page after this one is written ahead (or being written); a commit to another module
+		// makes it stale.
+		natstest.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+			if s.Ahead() == 0 {
+				return errors.New("no page written ahead")
+			}
+			return nil
+		})
+		require.NoError(t, db.Apply(provisioner.BucketNeeds, []provisioner.Message{{Seq: 21, Time: 21e9, Key: "n00.m2." + kind + ".a", Op: provisioner.OpPut, Value: []byte{0x01}}}, 0, false))
+	})
+	taken := s.ahead.taken.Load()
+	for range 10 {
+		walk(nil)
+	}
+	t.Logf("%d of the quiet walks' 40 later pages answered from read-ahead, %d written ahead in all", s.ahead.taken.Load()-taken, s.ahead.written.Load())
+	// 40 later pages: a walk that stayed cold would have none of them written ahead.
+	require.Greater(t, s.ahead.taken.Load()-taken, int64(10), "pages of the quiet walks answered from read-ahead")
 }
