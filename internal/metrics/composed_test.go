@@ -291,13 +291,21 @@ func TestMetrics_ReadyWaitsOutOneComposedFailure(t *testing.T) {
 // slot is freed.
 func composedHeldByAnother(t *testing.T, ajs jetstream.JetStream, published []byte) jetstream.Stream {
 	t.Helper()
+	s2 := composedOfOneConsumer(t, ajs, published)
+	_, err := s2.CreateConsumer(context.Background(), jetstream.ConsumerConfig{Durable: "other"})
+	require.NoError(t, err)
+	return s2
+}
+
+// composedOfOneConsumer makes composed-n2, one published composition, on a stream that takes one
+// consumer, free for now.
+func composedOfOneConsumer(t *testing.T, ajs jetstream.JetStream, published []byte) jetstream.Stream {
+	t.Helper()
 	ctx := context.Background()
 	s2, err := ajs.CreateStream(ctx, jetstream.StreamConfig{Name: "KV_composed-n2", Subjects: []string{"$KV.composed-n2.>"},
 		MaxMsgsPerSubject: 1, AllowRollup: true, DenyDelete: true, AllowDirect: true, Storage: jetstream.MemoryStorage, MaxConsumers: 1})
 	require.NoError(t, err)
 	_, err = ajs.Publish(ctx, "$KV.composed-n2.web.1", published)
-	require.NoError(t, err)
-	_, err = s2.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: "other"})
 	require.NoError(t, err)
 	return s2
 }

@@ -247,11 +247,7 @@ func TestMetrics_ReadyzNamesASyncedComposedBucketThatCannotBeRead(t *testing.T) 
 	require.NoError(t, err)
 	_, err = kv.Put(ctx, "web.1", publishedComp)
 	require.NoError(t, err)
-	s2, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "KV_composed-n2", Subjects: []string{"$KV.composed-n2.>"},
-		MaxMsgsPerSubject: 1, AllowRollup: true, DenyDelete: true, AllowDirect: true, Storage: jetstream.MemoryStorage, MaxConsumers: 1})
-	require.NoError(t, err)
-	_, err = js.Publish(ctx, "$KV.composed-n2.web.1", publishedComp)
-	require.NoError(t, err)
+	s2 := composedOfOneConsumer(t, js, publishedComp)
 
 	snc, sjs := natstest.Connect(t, url)
 	streams := streaminfo.New(sjs)
@@ -333,13 +329,7 @@ func TestMetrics_ReadyzForgetsAnUnreadableBucketWhoseStreamWasDeleted(t *testing
 	require.NoError(t, err)
 	_, err = kv.Put(ctx, "web.1", publishedComp)
 	require.NoError(t, err)
-	s2, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "KV_composed-n2", Subjects: []string{"$KV.composed-n2.>"},
-		MaxMsgsPerSubject: 1, AllowRollup: true, DenyDelete: true, AllowDirect: true, Storage: jetstream.MemoryStorage, MaxConsumers: 1})
-	require.NoError(t, err)
-	_, err = js.Publish(ctx, "$KV.composed-n2.web.1", publishedComp)
-	require.NoError(t, err)
-	_, err = s2.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: "other"})
-	require.NoError(t, err)
+	composedHeldByAnother(t, js, publishedComp)
 
 	snc, sjs := natstest.Connect(t, url)
 	streams := streaminfo.New(sjs)
