@@ -497,24 +497,15 @@ func TestSeat_MinSeqBounds(t *testing.T) {
 		}
 	}
 	// A wait that a write ends (or that finds it written already): answered with the write in it.
-	type answer struct {
-		a   natstest.Answer
-		err error
-	}
-	done := make(chan answer, 1)
-	go func() {
-		body := []byte(fmt.Sprintf(`{"what":"applied","node":"n9","min_seq":%d,"wait_ms":10000}`, applied+1))
-		a, _, err := natstest.Ask(h.nc, query.Subject, body, false)
-		done <- answer{a, err}
-	}()
+	done := natstest.AskLater(h.nc, query.Subject, []byte(fmt.Sprintf(`{"what":"applied","node":"n9","min_seq":%d,"wait_ms":10000}`, applied+1)))
 	seq, err := kv.Put(context.Background(), "n9.m", mp(t, "late"))
 	require.NoError(t, err)
 	require.Equal(t, applied+1, seq)
 	got := <-done
-	require.NoError(t, got.err)
-	require.Len(t, got.a.Rows, 1)
-	require.Equal(t, "n9.m", got.a.Rows[0]["key"])
-	require.GreaterOrEqual(t, got.a.AsOf, seq)
+	require.NoError(t, got.Err)
+	require.Len(t, got.A.Rows, 1)
+	require.Equal(t, "n9.m", got.A.Rows[0]["key"])
+	require.GreaterOrEqual(t, got.A.AsOf, seq)
 }
 
 // TestSeat_RegistryRowsReadTheValue: CONTRACT section 3, a registry row carries module, bucket,

@@ -76,15 +76,7 @@ func TestSeat_MinSeqAcrossARebuildSwap(t *testing.T) {
 			<-releaseView
 		})
 	})
-	type result struct {
-		a   natstest.Answer
-		err error
-	}
-	answered := make(chan result, 1)
-	go func() {
-		a, _, err := natstest.Ask(h.nc, query.Subject, []byte(fmt.Sprintf(`{"what":"needs","node":%q,"min_seq":%d,"wait_ms":10000}`, node, minSeq)), false)
-		answered <- result{a, err}
-	}()
+	answered := natstest.AskLater(h.nc, query.Subject, []byte(fmt.Sprintf(`{"what":"needs","node":%q,"min_seq":%d,"wait_ms":10000}`, node, minSeq)))
 	select {
 	case <-atView:
 	case <-time.After(10 * time.Second):
@@ -101,7 +93,7 @@ func TestSeat_MinSeqAcrossARebuildSwap(t *testing.T) {
 	seat.SetBeforeView(st, nil)
 
 	// The new store has applied 3: the request waits again rather than answer from it.
-	var early *result
+	var early *natstest.Asked
 	natstest.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
 		select {
 		case r := <-answered:
@@ -115,12 +107,12 @@ func TestSeat_MinSeqAcrossARebuildSwap(t *testing.T) {
 		return nil
 	})
 	if early != nil {
-		require.NoError(t, early.err)
-		require.GreaterOrEqual(t, early.a.AsOf, minSeq, "answered from a store behind min_seq")
+		require.NoError(t, early.Err)
+		require.GreaterOrEqual(t, early.A.AsOf, minSeq, "answered from a store behind min_seq")
 	}
 	put(3, int(minSeq)) // the new stream reaches min_seq
 	r := <-answered
-	require.NoError(t, r.err)
-	require.GreaterOrEqual(t, r.a.AsOf, minSeq)
-	require.Len(t, r.a.Rows, int(minSeq), "the node's needs as of as_of")
+	require.NoError(t, r.Err)
+	require.GreaterOrEqual(t, r.A.AsOf, minSeq)
+	require.Len(t, r.A.Rows, int(minSeq), "the node's needs as of as_of")
 }

@@ -144,15 +144,7 @@ func TestSeat_MinSeqOfAWriteALaterMessageRemovedWaitsForThatMessage(t *testing.T
 			removal := c.remove(key)
 			require.Greater(t, removal, write)
 			asked := gets.Load()
-			type answer struct {
-				a   natstest.Answer
-				err error
-			}
-			answered := make(chan answer, 1)
-			go func() {
-				a, _, err := natstest.Ask(h.nc, query.Subject, []byte(fmt.Sprintf(`{"what":"applied","node":%q,"min_seq":%d,"wait_ms":10000}`, node, write)), false)
-				answered <- answer{a, err}
-			}()
+			answered := natstest.AskLater(h.nc, query.Subject, []byte(fmt.Sprintf(`{"what":"applied","node":%q,"min_seq":%d,"wait_ms":10000}`, node, write)))
 			// The tail asked the stream twice for what it holds past the checkpoint (each try comes
 			// after the one before has done what it does): the request had its chance to be skipped.
 			natstest.CheckFor(t, 20*time.Second, 10*time.Millisecond, func() error {
@@ -163,13 +155,13 @@ func TestSeat_MinSeqOfAWriteALaterMessageRemovedWaitsForThatMessage(t *testing.T
 			})
 			resume()
 			got := natstest.Receive(t, answered, 20*time.Second, "the answer")
-			require.NoError(t, got.err)
-			require.GreaterOrEqual(t, got.a.AsOf, removal, "answered before the message that removed the write was read: the write at min_seq is not in it (%v)", got.a.Rows)
+			require.NoError(t, got.Err)
+			require.GreaterOrEqual(t, got.A.AsOf, removal, "answered before the message that removed the write was read: the write at min_seq is not in it (%v)", got.A.Rows)
 			if c.kept {
-				require.Len(t, got.a.Rows, 1)
-				require.Equal(t, fmt.Sprint(removal), fmt.Sprint(got.a.Rows[0]["revision"]))
+				require.Len(t, got.A.Rows, 1)
+				require.Equal(t, fmt.Sprint(removal), fmt.Sprint(got.A.Rows[0]["revision"]))
 			} else {
-				require.Empty(t, got.a.Rows)
+				require.Empty(t, got.A.Rows)
 			}
 		})
 	}
@@ -208,15 +200,7 @@ func TestSeat_MinSeqOfAMessageRemovedUnreadAcrossARebuild(t *testing.T) {
 	pauseSeatTail(t, js, bucket)
 	write, err := kv.Put(ctx, "n1.b", mp(t, "b"))
 	require.NoError(t, err)
-	type answer struct {
-		a   natstest.Answer
-		err error
-	}
-	answered := make(chan answer, 1)
-	go func() {
-		a, _, err := natstest.Ask(nc, query.Subject, []byte(fmt.Sprintf(`{"what":"applied","node":"n1","min_seq":%d,"wait_ms":10000}`, write)), false)
-		answered <- answer{a, err}
-	}()
+	answered := natstest.AskLater(nc, query.Subject, []byte(fmt.Sprintf(`{"what":"applied","node":"n1","min_seq":%d,"wait_ms":10000}`, write)))
 	natstest.CheckFor(t, 20*time.Second, 10*time.Millisecond, func() error {
 		if n := st.Server.Waiting(); n != 1 {
 			return fmt.Errorf("%d waiting", n)
@@ -237,9 +221,9 @@ func TestSeat_MinSeqOfAMessageRemovedUnreadAcrossARebuild(t *testing.T) {
 	})
 	natstest.DenySeat(t, ns)
 	got := natstest.Receive(t, answered, 20*time.Second, "the answer")
-	require.NoError(t, got.err)
-	require.GreaterOrEqual(t, got.a.AsOf, write)
-	require.Len(t, got.a.Rows, 1, "n1.a alone")
+	require.NoError(t, got.Err)
+	require.GreaterOrEqual(t, got.A.AsOf, write)
+	require.Len(t, got.A.Rows, 1, "n1.a alone")
 }
 
 // TestPlans_MinSeqAcrossANodesBucketPurgedWhileRequestsWait: CONTRACT sections 3 and 6. A node engine
@@ -362,15 +346,7 @@ func TestSeat_MinSeqInsideAnOpenGapWaitsForWhatRemovedIt(t *testing.T) {
 	proxy.Release()
 	waitApplied(between)
 
-	type answer struct {
-		a   natstest.Answer
-		err error
-	}
-	answered := make(chan answer, 1)
-	go func() {
-		a, _, err := natstest.Ask(nc, query.Subject, []byte(fmt.Sprintf(`{"what":"applied","node":"n1","min_seq":%d,"wait_ms":10000}`, write)), false)
-		answered <- answer{a, err}
-	}()
+	answered := natstest.AskLater(nc, query.Subject, []byte(fmt.Sprintf(`{"what":"applied","node":"n1","min_seq":%d,"wait_ms":10000}`, write)))
 	// Answered already (the defect), or waiting: then the seat reads on.
 	natstest.CheckFor(t, 20*time.Second, 10*time.Millisecond, func() error {
 		if len(answered) == 0 && st.Server.Waiting() == 0 {
@@ -381,18 +357,18 @@ func TestSeat_MinSeqInsideAnOpenGapWaitsForWhatRemovedIt(t *testing.T) {
 	_, err = js.ResumeConsumer(ctx, name, consumer)
 	require.NoError(t, err)
 	got := natstest.Receive(t, answered, 20*time.Second, "the answer")
-	require.NoError(t, got.err)
+	require.NoError(t, got.Err)
 	revs := map[string]string{}
-	for _, row := range got.a.Rows {
+	for _, row := range got.A.Rows {
 		revs[fmt.Sprint(row["key"])] = fmt.Sprint(row["revision"])
 	}
-	if got.a.AsOf < removal {
+	if got.A.AsOf < removal {
 		v, _ := st.Store().View()
 		m, _ := v.HistoryMarks(bucket)
 		v.Close()
 		ap, _ := st.Store().Applied(bucket)
 		t.Logf("reach %d, applied %d, history marks %+v, rebuilds %d", st.Store().Reach(bucket), ap, m, st.Rebuilds())
 	}
-	require.GreaterOrEqual(t, got.a.AsOf, removal, "answered before the message that removed the write at min_seq was read: %v", revs)
+	require.GreaterOrEqual(t, got.A.AsOf, removal, "answered before the message that removed the write at min_seq was read: %v", revs)
 	require.Equal(t, map[string]string{"n1.a": fmt.Sprint(removal), "n1.b": fmt.Sprint(between)}, revs)
 }

@@ -217,6 +217,23 @@ type VerbError struct {
 
 func (e *VerbError) Error() string { return fmt.Sprintf("verb error %d: %s", e.Code, e.Description) }
 
+// Asked is what a request sent by AskLater got.
+type Asked struct {
+	A   Answer
+	Err error
+}
+
+// AskLater sends a JSON request (Ask) from a goroutine of its own, for a test that must act while the
+// request waits (a min_seq), and delivers what it got on the channel it returns, which holds it.
+func AskLater(nc *nats.Conn, subject string, body []byte) <-chan Asked {
+	out := make(chan Asked, 1)
+	go func() {
+		a, _, err := Ask(nc, subject, body, false)
+		out <- Asked{a, err}
+	}()
+	return out
+}
+
 // Ask sends a raw request body to the verb and decodes the answer; asMsgpack says how. An error answer
 // is a *VerbError.
 func Ask(nc *nats.Conn, subject string, body []byte, asMsgpack bool) (Answer, []byte, error) {
