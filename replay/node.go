@@ -217,7 +217,7 @@ func (x nodeIndex) HistoryMarks(bucket string) (store.HistoryMarks, error) {
 	return x.np.marks, nil
 }
 
-// SeqAtTime is store.View.SeqAtTime's binary search (seqAtTime) over the stream's messages: the same
+// SeqAtTime is store.View.SeqAtTime's binary search (store.SearchTime) over the stream's messages: the same
 // sequences looked at, so the same answer, even where the stream's times are out of order. The floor
 // is 0: nothing read from a stream is trimmed.
 func (x nodeIndex) SeqAtTime(bucket string, t int64) (uint64, error) {
@@ -225,18 +225,12 @@ func (x nodeIndex) SeqAtTime(bucket string, t int64) (uint64, error) {
 		return x.viewPoints.SeqAtTime(bucket, t)
 	}
 	np := x.np
-	lo, hi := uint64(0), np.last+1
-	for lo < hi {
-		mid := lo + (hi-lo)/2
-		_, ts, ok, err := np.atOrAfter(mid)
-		if err != nil {
-			return 0, err
-		}
-		if !ok || ts > t {
-			hi = mid
-		} else {
-			lo = mid + 1
-		}
+	lo, err := store.SearchTime(np.last+1, t, func(seq uint64) (int64, bool, error) {
+		_, ts, ok, err := np.atOrAfter(seq)
+		return ts, ok, err
+	})
+	if err != nil {
+		return 0, err
 	}
 	return np.before(lo), nil
 }

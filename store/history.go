@@ -747,24 +747,17 @@ func seqAtTime(r pebble.Reader, bucket string, t int64) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	// The smallest m such that the first event at or after m is stamped after t (or there is none).
-	lo, hi := uint64(0), uint64(math.MaxUint64)
-	if last, err := eventBefore(r, bucket, math.MaxUint64); err != nil {
+	last, err := eventBefore(r, bucket, math.MaxUint64)
+	if err != nil {
 		return 0, err
-	} else {
-		hi = last + 1
 	}
-	for lo < hi {
-		mid := lo + (hi-lo)/2
-		_, ts, ok, err := eventAtOrAfter(r, bucket, mid)
-		if err != nil {
-			return 0, err
-		}
-		if !ok || ts > t {
-			hi = mid
-		} else {
-			lo = mid + 1
-		}
+	// The smallest m such that the first event at or after m is stamped after t (or there is none).
+	lo, err := SearchTime(last+1, t, func(seq uint64) (int64, bool, error) {
+		_, ts, ok, err := eventAtOrAfter(r, bucket, seq)
+		return ts, ok, err
+	})
+	if err != nil {
+		return 0, err
 	}
 	n, err := eventBefore(r, bucket, lo)
 	if err != nil {
@@ -774,6 +767,27 @@ func seqAtTime(r pebble.Reader, bucket string, t int64) (uint64, error) {
 		n = marks.Floor
 	}
 	return n, nil
+}
+
+// SearchTime is seqAtTime's binary search, over the sequences below hi: the smallest m such that the
+// first message at or after m (atOrAfter: its time, false when there is none) is stamped after t. A
+// reader of the stream itself (replay's node read) searches with it, so that it looks at the same
+// sequences and finds the same point as the log, even where the stream's times are out of order.
+func SearchTime(hi uint64, t int64, atOrAfter func(seq uint64) (ts int64, ok bool, err error)) (uint64, error) {
+	lo := uint64(0)
+	for lo < hi {
+		mid := lo + (hi-lo)/2
+		ts, ok, err := atOrAfter(mid)
+		if err != nil {
+			return 0, err
+		}
+		if !ok || ts > t {
+			hi = mid
+		} else {
+			lo = mid + 1
+		}
+	}
+	return lo, nil
 }
 
 // SeqAtTime is the last sequence of a bucket whose message is stamped at or before t (Unix ns), as far
