@@ -1,6 +1,7 @@
 package seat_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"path/filepath"
@@ -192,9 +193,19 @@ func TestSeat_AWholeStreamRollupOnAnAddedSubjectEmptiesTheBucket(t *testing.T) {
 	// A key's history read from the stream itself says the gap the store says: closed at the rollup.
 	for _, k := range []string{"n1.m1.config.a", "n4.m1.config.c"} {
 		var want, got []replay.Revision
-		wantH, err := fromNATS.EachRevision(ctx, n, k, func(r *replay.Revision) error { want = append(want, *r); return nil })
+		// A revision's Value is valid only during the call: kept, it is copied (Pebble's blocks are
+		// poisoned once released under the race detector, and the copy kept read 0xff).
+		keep := func(into *[]replay.Revision) func(r *replay.Revision) error {
+			return func(r *replay.Revision) error {
+				rev := *r
+				rev.Value = bytes.Clone(r.Value)
+				*into = append(*into, rev)
+				return nil
+			}
+		}
+		wantH, err := fromNATS.EachRevision(ctx, n, k, keep(&want))
 		require.NoError(t, err)
-		gotH, err := replay.EachRevisionInStream(ctx, h.js, n, k, nil, func(r *replay.Revision) error { got = append(got, *r); return nil })
+		gotH, err := replay.EachRevisionInStream(ctx, h.js, n, k, nil, keep(&got))
 		require.NoError(t, err)
 		require.Equal(t, want, got, k)
 		require.Equal(t, wantH, gotH, k)
