@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"sort"
 	"strings"
@@ -113,6 +114,7 @@ type Projector struct {
 	tailed     map[string]bool          // buckets with a consumer, so Add starts each once
 	asks       map[string]chan struct{} // of each tailed bucket, capacity 1: a request waits on it (Wake, skipRemoved)
 	askedAt    map[string]time.Time     // of each bucket, when a request last waited on it (Wake, TakeAsked): skipRemoved is tried until askedFor after
+	ends       map[string]streamEnd     // of each bucket, the end its newest tail's stream info said as it started (RemovedEnds)
 	waiting    map[string]chan struct{} // missing buckets, woken by a stream-created advisory (missing.go)
 	found      chan string              // streams created, from the advisories, for discover
 	discovered atomic.Bool              // the streams were listed once (always true without Composed)
@@ -177,7 +179,7 @@ func New(js jetstream.JetStream, db *store.DB, opts Options) *Projector {
 	if opts.ParkAfter == 0 {
 		opts.ParkAfter = DefaultParkAfter
 	}
-	p := &Projector{js: js, db: db, opts: opts, log: log, tailed: map[string]bool{}, asks: map[string]chan struct{}{}, askedAt: map[string]time.Time{},
+	p := &Projector{js: js, db: db, opts: opts, log: log, tailed: map[string]bool{}, asks: map[string]chan struct{}{}, askedAt: map[string]time.Time{}, ends: map[string]streamEnd{},
 		setup: make(chan struct{}, maxSettingUp), retrySetup: make(chan struct{}, maxRetrySettingUp),
 		streams: opts.Streams, waiting: map[string]chan struct{}{}, found: make(chan string, 256), parked: map[string]*parkedBucket{},
 		firstListed: make(chan struct{})}
@@ -419,6 +421,9 @@ func (p *Projector) tail(ctx context.Context, bucket string, log *slog.Logger, s
 	}
 	cp := p.db.Checkpoint(bucket)
 	created := info.Created.UnixNano()
+	p.mu.Lock()
+	p.ends[bucket] = streamEnd{last: info.State.LastSeq, created: created}
+	p.mu.Unlock()
 	ver := &verifier{last: time.Now()}
 	if err := p.check(sctx, info, bucket, ver); err != nil {
 		return denied.Cause(sctx, err)
@@ -933,11 +938,23 @@ func (p *Projector) skipRemoved(ctx context.Context, bucket string, created int6
 // stream whose third message, a put, was purged before the seat read it answered without that put.
 // The checkpoint does not move (skipRemoved moves it for a request that waits on it). It reports
 // whether it is done: recorded, or a message is held past applied (the tail reads it, and its jump
-// records the gap); false when the stream could not be asked, to ask again at the next poll.
+// records the gap); false when the stream could not be asked, to ask again at the next poll. A request
+// NATS refuses this user (STREAM.MSG.GET not granted, which only min_seq answers need: docs/accounts.md)
+// is done too, as soon as the connection reports it: asked again at each poll, each try waited out
+// its second with the applier stalled and a permissions violation said, for as long as the tail ran
+// (TestProjector_RemovedEndCheckRefusedIsNotAskedEachPoll). The end is left unrecorded then.
 func (p *Projector) tailRemoved(ctx context.Context, bucket string, applied, last uint64, created int64, log *slog.Logger) bool {
-	gctx, cancel := context.WithTimeout(ctx, time.Second)
+	dctx, unwatch := denied.Context(ctx, p.js.Conn(), func(subject string) bool {
+		return strings.HasSuffix(subject, ".STREAM.MSG.GET."+provisioner.StreamName(bucket))
+	})
+	defer unwatch()
+	gctx, cancel := context.WithTimeout(dctx, time.Second)
 	defer cancel()
 	if _, found, err := p.firstHeld(gctx, bucket, applied+1); err != nil || found {
+		if err != nil && ctx.Err() == nil && dctx.Err() != nil {
+			log.Debug("the stream's end was not checked for messages removed before they were read", "err", denied.Cause(dctx, err))
+			return true
+		}
 		return err == nil
 	}
 	if err := p.db.TailRemoved(bucket, last, created); err != nil {
@@ -949,6 +966,58 @@ func (p *Projector) tailRemoved(ctx context.Context, bucket string, applied, las
 	}
 	log.Debug("the stream's last messages were removed before they were read", "applied_seq", applied, "last_seq", last)
 	return true
+}
+
+// RemovedEnds records, for each bucket keep keeps, the last messages of its stream removed before they
+// were read, as tailRemoved does, once the Projector has stopped: up to the end its newest tail's
+// stream info said as it started, past the applied sequence, when the stream's leader holds no message
+// past that sequence (firstHeld). A fill (replay.Fill, replay.FromNATS) stops as soon as each bucket
+// has read what its stream holds, before a tail's own check of its end had a poll to run, and the
+// composed-<node> buckets it found by listing are named nowhere else: their removed end went
+// unrecorded, and a rebuilt state dir or a --nats read answered a point among the removed messages as
+// if they had never been written. Each bucket with such an end costs one STREAM.MSG.GET; the others
+// cost nothing. A stream that cannot be asked leaves its bucket as it is, said (a seat reading the
+// state dir records it once its tail has read that end); a refusal of the request by NATS ends the
+// asking at once, said once. Only the store's errors are returned.
+func (p *Projector) RemovedEnds(ctx context.Context, keep func(bucket string) bool) error {
+	p.mu.Lock()
+	ends := maps.Clone(p.ends)
+	p.mu.Unlock()
+	dctx, unwatch := denied.Context(ctx, p.js.Conn(), func(subject string) bool { return strings.Contains(subject, ".STREAM.MSG.GET.") })
+	defer unwatch()
+	for _, bucket := range slices.Sorted(maps.Keys(ends)) {
+		end := ends[bucket]
+		if !keep(bucket) {
+			continue
+		}
+		cp := p.db.Checkpoint(bucket)
+		if end.last <= cp.Applied || cp.StreamCreated != 0 && cp.StreamCreated != end.created {
+			continue
+		}
+		gctx, cancel := context.WithTimeout(dctx, 5*time.Second)
+		_, found, err := p.firstHeld(gctx, bucket, cp.Applied+1)
+		cancel()
+		if err != nil {
+			err = denied.Cause(dctx, err)
+			if ctx.Err() != nil {
+				return nil
+			}
+			refused := dctx.Err() != nil // the buckets after it are not asked
+			p.log.Warn("the stream's removed end was not recorded: a point among its removed messages is answered as if they had never been written",
+				"bucket", bucket, "applied_seq", cp.Applied, "last_seq", end.last, "err", err, "asking_stopped", refused)
+			if refused {
+				return nil
+			}
+			continue
+		}
+		if found {
+			continue
+		}
+		if err := p.db.TailRemoved(bucket, end.last, end.created); err != nil {
+			return fmt.Errorf("%s: record the removed end: %w", bucket, err)
+		}
+	}
+	return nil
 }
 
 // firstHeld asks a bucket's stream for the sequence of the first message it holds at or after from,

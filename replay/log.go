@@ -230,7 +230,7 @@ func FromNATS(ctx context.Context, js jetstream.JetStream, buckets []string, sou
 		opts.Composed = true
 	}
 	ends := streamEnds(ctx, js, opts.Buckets)
-	stop, unread, err := fill(ctx, js, l.DB, opts, progress, true)
+	stop, found, unread, err := fill(ctx, js, l.DB, opts, progress, true)
 	l.Unread = unread
 	if err != nil {
 		if errors.Is(err, store.ErrNoSpace) {
@@ -245,6 +245,9 @@ func FromNATS(ctx context.Context, js jetstream.JetStream, buckets []string, sou
 	wait, err := applyUnlessHeld(l.DB, func() error {
 		stop()
 		if err := removedEnds(l.DB, ends, unread); err != nil {
+			return err
+		}
+		if err := found(ctx, unread); err != nil {
 			return err
 		}
 		return l.DB.Flush()
@@ -332,12 +335,15 @@ func Fill(ctx context.Context, js jetstream.JetStream, db *store.DB, opts projec
 		opts.Buckets = provisionerBuckets()
 	}
 	ends := streamEnds(ctx, js, opts.Buckets)
-	stop, unread, err := fill(ctx, js, db, opts, progress, false)
+	stop, found, unread, err := fill(ctx, js, db, opts, progress, false)
 	stop()
 	if err != nil {
 		return unread, err
 	}
-	return unread, removedEnds(db, ends, unread)
+	if err := removedEnds(db, ends, unread); err != nil {
+		return unread, err
+	}
+	return unread, found(ctx, unread)
 }
 
 // streamEnds reads each bucket's stream's info before a fill: the fill reads past its last sequence,
@@ -374,12 +380,15 @@ func removedEnds(db *store.DB, ends map[string]*jetstream.StreamInfo, unread []s
 }
 
 // fill is Fill, but leaves the projector's stop to the caller (stop): it waits for a batch being
-// committed, which a write held for room holds. With roomOrFail, a store out of room (a batch
+// committed, which a write held for room holds. found records, once stop has returned, the removed
+// ends of the composed-<node> buckets the projector found by listing, but those unread
+// (projector.Projector.RemovedEnds): streamEnds knows only the buckets opts names. With roomOrFail, a store out of room (a batch
 // refused for want of it, or a write held) ends the fill with the store's ErrNoSpace, where a seat's
 // or a rebuild's waits for room: a temporary store of a command waited without a word, its progress
 // at 0 for as long as the disk stayed full.
-func fill(ctx context.Context, js jetstream.JetStream, db *store.DB, opts projector.Options, progress Progress, roomOrFail bool) (stop func(), unread []string, err error) {
+func fill(ctx context.Context, js jetstream.JetStream, db *store.DB, opts projector.Options, progress Progress, roomOrFail bool) (stop func(), found func(ctx context.Context, unread []string) error, unread []string, err error) {
 	stop = func() {}
+	found = func(context.Context, []string) error { return nil }
 	if opts.Buckets == nil {
 		for _, s := range provisioner.ProvisionerShapes {
 			opts.Buckets = append(opts.Buckets, s.Bucket)
@@ -392,7 +401,7 @@ func fill(ctx context.Context, js jetstream.JetStream, db *store.DB, opts projec
 			continue
 		}
 		if err != nil {
-			return stop, nil, fmt.Errorf("stream of %s: %w", b, err)
+			return stop, found, nil, fmt.Errorf("stream of %s: %w", b, err)
 		}
 		total += int64(s.CachedInfo().State.Msgs)
 	}
@@ -418,6 +427,14 @@ func fill(ctx context.Context, js jetstream.JetStream, db *store.DB, opts projec
 	p := projector.New(js, db, opts)
 	p.Start(ctx)
 	stop = p.Stop
+	if opts.Composed {
+		named := opts.Buckets
+		found = func(ctx context.Context, unread []string) error {
+			return p.RemovedEnds(ctx, func(b string) bool {
+				return provisioner.IsComposedBucket(b) && !slices.Contains(named, b) && !slices.Contains(unread, b)
+			})
+		}
+	}
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
 	applied := int64(-1)
@@ -444,7 +461,7 @@ func fill(ctx context.Context, js jetstream.JetStream, db *store.DB, opts projec
 			err = db.RoomErr()
 		}
 		if err != nil {
-			return stop, nil, err
+			return stop, found, nil, err
 		}
 		// With Composed, the composed-<node> buckets found by listing count too, once listed.
 		done := !opts.Composed || p.Discovered()
@@ -479,11 +496,11 @@ func fill(ctx context.Context, js jetstream.JetStream, db *store.DB, opts projec
 			if len(unread) == 0 {
 				unread = nil
 			}
-			return stop, unread, nil
+			return stop, found, unread, nil
 		}
 		select {
 		case <-ctx.Done():
-			return stop, nil, ctx.Err()
+			return stop, found, nil, ctx.Err()
 		case <-tick.C:
 		}
 	}

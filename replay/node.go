@@ -53,7 +53,7 @@ func NodeFromNATS(ctx context.Context, js jetstream.JetStream, bucket, node, sou
 		return nil, err
 	}
 	if bucket == provisioner.BucketNeeds {
-		stop, _, err := fill(ctx, js, l.DB, projector.Options{Buckets: []string{provisioner.BucketRegistry}}, nil, true)
+		stop, _, _, err := fill(ctx, js, l.DB, projector.Options{Buckets: []string{provisioner.BucketRegistry}}, nil, true)
 		wait = stop
 		if err != nil {
 			return fail(err)
