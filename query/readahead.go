@@ -34,8 +34,9 @@ import (
 // node lookups need. For each of its pages sent the state a page written ahead would have been kept
 // with is noted instead (a ghost: no writing), and the walk is read ahead again from the first of its
 // requests that such a page would have answered: nothing it reads changed while its asker read the
-// page before (or, that ghost gone, since the walk's last page was sent). It is then read one page ahead (probing) until a page written ahead is taken, and
-// aheadDepth after. A walk is the request's fields but after, so askers of the same pages share it.
+// page before (or, that ghost gone, since the walk's last page was sent). It is then read one page
+// ahead (probing) until a page written ahead is taken, and aheadDepth after. A walk is the request's
+// fields but after, so askers of the same pages share it.
 const (
 	aheadPages = 4
 	aheadTTL   = 2 * time.Second
