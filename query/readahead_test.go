@@ -186,11 +186,8 @@ func TestReadAhead_NoPageDroppedForAFartherOne(t *testing.T) {
 	idle := aheadIdle
 	aheadIdle = time.Hour // no page kept is taken for one whose walk was left
 	t.Cleanup(func() { aheadIdle = idle })
-	s := NewServer(StoreReader(db), Options{})
 	// No worker: the jobs are run here, one by one, and those they queue are dropped.
-	s.ahead.inflight = map[aheadKey]chan struct{}{}
-	s.ahead.jobs = make(chan aheadJob, aheadQueue)
-	s.wideSlots = make(chan struct{}, 1)
+	s := workerless(StoreReader(db))
 	drain := func() {
 		for len(s.ahead.jobs) > 0 {
 			<-s.ahead.jobs
@@ -274,10 +271,7 @@ func TestReadAhead_NoRoomNoWaitForASlot(t *testing.T) {
 		}
 	}
 	require.NoError(t, db.Apply(provisioner.BucketNeeds, msgs, 0, false))
-	s := NewServer(StoreReader(db), Options{})
-	s.ahead.inflight = map[aheadKey]chan struct{}{}
-	s.ahead.jobs = make(chan aheadJob, aheadQueue)
-	s.wideSlots = make(chan struct{}, 1)
+	s := workerless(StoreReader(db))
 	page := func(m, i int) Request {
 		return Request{What: "needs", Module: fmt.Sprintf("m%d", m), Limit: ptr(int64(1)), After: fmt.Sprintf("n%02d.m%d.%s.a", i, m, kind)}
 	}
@@ -357,11 +351,8 @@ func TestReadAhead_NotWrittenOnceAskedFor(t *testing.T) {
 		msgs = append(msgs, provisioner.Message{Seq: uint64(i + 1), Time: int64(i+1) * 1e9, Key: fmt.Sprintf("n%02d.m1.%s.a", i, kind), Op: provisioner.OpPut, Value: []byte{0x01}})
 	}
 	require.NoError(t, db.Apply(provisioner.BucketNeeds, msgs, 0, false))
-	s := NewServer(StoreReader(db), Options{})
 	// No worker: the jobs are run here.
-	s.ahead.inflight = map[aheadKey]chan struct{}{}
-	s.ahead.jobs = make(chan aheadJob, aheadQueue)
-	s.wideSlots = make(chan struct{}, 1)
+	s := workerless(StoreReader(db))
 	first := Request{What: "needs", Module: "m1", Limit: ptr(int64(1))}
 	second := first
 	second.After = "n00.m1." + kind + ".a"
@@ -453,10 +444,7 @@ func TestReadAhead_NotFromTheStoreSwappedOut(t *testing.T) {
 	old, rebuilt := storeOf(0x01), storeOf(0x02)
 	r := &genReader{}
 	r.cur.Store(old)
-	s := NewServer(r, Options{})
-	s.ahead.inflight = map[aheadKey]chan struct{}{}
-	s.ahead.jobs = make(chan aheadJob, aheadQueue)
-	s.wideSlots = make(chan struct{}, 1)
+	s := workerless(r)
 	second := Request{What: "needs", Module: "m1", Limit: ptr(int64(1)), After: "n00.m1." + kind + ".a"}
 
 	// The swap begins as the page's state is read; its view is opened on the old store.
@@ -503,11 +491,8 @@ func TestReadAhead_AColdWalkWaitsForAPageThatWouldBeTaken(t *testing.T) {
 		seq++
 		require.NoError(t, db.Apply(provisioner.BucketNeeds, []provisioner.Message{{Seq: seq, Time: int64(seq) * 1e9, Key: "n00.m2." + kind + ".a", Op: provisioner.OpPut, Value: []byte{0x01}}}, 0, false))
 	}
-	s := NewServer(StoreReader(db), Options{})
 	// No worker: the jobs queued are run here, one by one.
-	s.ahead.inflight = map[aheadKey]chan struct{}{}
-	s.ahead.jobs = make(chan aheadJob, aheadQueue)
-	s.wideSlots = make(chan struct{}, 1)
+	s := workerless(StoreReader(db))
 	page := func(i int) Request {
 		r := Request{What: "needs", Module: "m1", Limit: ptr(int64(1))}
 		if i > 0 {
@@ -580,10 +565,7 @@ func TestReadAhead_NotForAMinSeqInsideAnOpenGap(t *testing.T) {
 	require.NoError(t, db.Apply(provisioner.BucketNeeds, msgs, 0, false))
 	db.SetSynced(provisioner.BucketNeeds, true)
 	require.Equal(t, uint64(4), db.Reach(provisioner.BucketNeeds))
-	s := NewServer(StoreReader(db), Options{})
-	s.ahead.inflight = map[aheadKey]chan struct{}{}
-	s.ahead.jobs = make(chan aheadJob, aheadQueue)
-	s.wideSlots = make(chan struct{}, 1)
+	s := workerless(StoreReader(db))
 
 	second := Request{What: "needs", Module: "m1", Limit: ptr(int64(1)), After: "n00.m1." + kind + ".a", MinSeq: 6}
 	err := s.Answer(context.Background(), &second, FormatMsgpack, &Encoder{})
@@ -616,10 +598,7 @@ func TestReadAhead_AColdWalkOfManyAskersWarmsOnAQuietBucket(t *testing.T) {
 	}
 	require.NoError(t, db.Apply(provisioner.BucketNeeds, msgs, 0, false))
 	db.SetSynced(provisioner.BucketNeeds, true)
-	s := NewServer(StoreReader(db), Options{})
-	s.ahead.inflight = map[aheadKey]chan struct{}{}
-	s.ahead.jobs = make(chan aheadJob, aheadQueue)
-	s.wideSlots = make(chan struct{}, 1)
+	s := workerless(StoreReader(db))
 	send := func(i int) bool {
 		t.Helper()
 		r := Request{What: "needs", Module: "m1", Limit: ptr(int64(1))}
@@ -687,10 +666,7 @@ func TestReadAhead_NotForAMinSeqReachedByALaterCommit(t *testing.T) {
 	require.Equal(t, uint64(4), db.Reach(provisioner.BucketNeeds))
 	gr := &genReader{}
 	gr.cur.Store(db)
-	s := NewServer(gr, Options{})
-	s.ahead.inflight = map[aheadKey]chan struct{}{}
-	s.ahead.jobs = make(chan aheadJob, aheadQueue)
-	s.wideSlots = make(chan struct{}, 1)
+	s := workerless(gr)
 
 	second := Request{What: "needs", Module: "m1", Limit: ptr(int64(1)), After: "n00.m1." + kind + ".a", MinSeq: 6}
 	s.writeAhead(&aheadJob{r: second, format: FormatMsgpack, depth: 1})
@@ -723,10 +699,7 @@ func TestReadAhead_AColdWalkWhosePageIsTakenIsWarm(t *testing.T) {
 	}
 	require.NoError(t, db.Apply(provisioner.BucketNeeds, msgs, 0, false))
 	db.SetSynced(provisioner.BucketNeeds, true)
-	s := NewServer(StoreReader(db), Options{})
-	s.ahead.inflight = map[aheadKey]chan struct{}{}
-	s.ahead.jobs = make(chan aheadJob, aheadQueue)
-	s.wideSlots = make(chan struct{}, 1)
+	s := workerless(StoreReader(db))
 	send := func(i int) bool {
 		t.Helper()
 		r := Request{What: "needs", Module: "m1", Limit: ptr(int64(1))}
@@ -763,4 +736,14 @@ func TestReadAhead_AColdWalkWhosePageIsTakenIsWarm(t *testing.T) {
 	require.True(t, send(2), "page 2 was written after the commit")
 	run()
 	require.True(t, send(3), "a page of the walk was taken: the walk reads ahead again")
+}
+
+// workerless is a Server over r whose read-ahead has no worker: a test runs the jobs queued itself,
+// one wide slot beside them.
+func workerless(r Reader) *Server {
+	s := NewServer(r, Options{})
+	s.ahead.inflight = map[aheadKey]chan struct{}{}
+	s.ahead.jobs = make(chan aheadJob, aheadQueue)
+	s.wideSlots = make(chan struct{}, 1)
+	return s
 }
