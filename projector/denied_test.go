@@ -26,7 +26,31 @@ import (
 // as NATS reports the violation, with the subject refused and what to grant; the other buckets read
 // on, and once the grant is there the bucket is read whole.
 func TestProjector_DeniedConsumerFailsAtOnce(t *testing.T) {
-	ns := natstest.RunServerSeatDenied(t, "$JS.API.CONSUMER.CREATE.KV_composed-n0001.>")
+	// Three tries take three round trips and the backoff between them (0.1 s, then 0.2 s): far less
+	// than one 5 s timeout, however loaded the machine.
+	deniedComposedN0001(t, "$JS.API.CONSUMER.CREATE.KV_composed-n0001.>", 30*time.Second, func(logs string) {
+		require.Contains(t, logs, "grant this NATS user publish on $JS.API.CONSUMER.CREATE.KV_composed-n0001.>", "the warn line names what to grant")
+		require.NotContains(t, logs, "deadline exceeded")
+	})
+}
+
+// TestProjector_DeniedPullFails: a composed-<node> bucket whose pulls the seat's user may not send
+// ($JS.API.CONSUMER.MSG.NEXT.KV_composed-<node>.* not granted) has its consumer created, then waits for
+// messages its pulls never ask for: the server drops each pull, the heartbeats never come, and the
+// consumer, asked after two missed ones, is still there, so the tail read on for ever. It never
+// failed, and readiness, which lets a failing composed bucket go, waited on it for good. The tail fails
+// once heartbeats are missed with the pull refused, naming the grant, and is retried like any failure.
+func TestProjector_DeniedPullFails(t *testing.T) {
+	deniedComposedN0001(t, "$JS.API.CONSUMER.MSG.NEXT.KV_composed-n0001.*", 120*time.Second, nil)
+}
+
+// deniedComposedN0001 runs a projector over composed-n0000 and composed-n0001, the seat's user refused
+// deny: composed-n0000 is read, composed-n0001 becomes Failing within failingIn, every failure of its
+// tail is the refusal with deny as the grant to give, and the log passes check (when set). Then deny is
+// granted, and composed-n0001 is read.
+func deniedComposedN0001(t *testing.T, deny string, failingIn time.Duration, check func(logs string)) {
+	t.Helper()
+	ns := natstest.RunServerSeatDenied(t, deny)
 	_, admin := natstest.Connect(t, ns.ClientURL(), nats.UserInfo("admin", "admin"))
 	composedBuckets(t, admin, 2)
 	_, js := natstest.Connect(t, ns.ClientURL(), nats.UserInfo("seat", "seat"))
@@ -49,9 +73,7 @@ func TestProjector_DeniedConsumerFailsAtOnce(t *testing.T) {
 	p.Start(context.Background())
 	t.Cleanup(p.Stop)
 	waitApplied(t, db, "composed-n0000", 1)
-	// Three tries take three round trips and the backoff between them (0.1 s, then 0.2 s): far less
-	// than one 5 s timeout, however loaded the machine.
-	natstest.CheckFor(t, 30*time.Second, 10*time.Millisecond, func() error {
+	natstest.CheckFor(t, failingIn, 10*time.Millisecond, func() error {
 		if !p.Failing("composed-n0001") {
 			return fmt.Errorf("composed-n0001 not failing yet")
 		}
@@ -61,57 +83,12 @@ func TestProjector_DeniedConsumerFailsAtOnce(t *testing.T) {
 	for _, err := range errs {
 		var de *denied.Error
 		require.True(t, errors.As(err, &de), "a try failed otherwise than refused: %v", err)
-		require.Equal(t, "$JS.API.CONSUMER.CREATE.KV_composed-n0001.>", denied.Grant(de.Subject))
+		require.Equal(t, deny, denied.Grant(de.Subject))
 	}
 	mu.Unlock()
-	require.Contains(t, logs.String(), "grant this NATS user publish on $JS.API.CONSUMER.CREATE.KV_composed-n0001.>", "the warn line names what to grant")
-	require.NotContains(t, logs.String(), "deadline exceeded")
-
-	natstest.DenySeat(t, ns) // granted
-	waitApplied(t, db, "composed-n0001", 1)
-}
-
-// TestProjector_DeniedPullFails: a composed-<node> bucket whose pulls the seat's user may not send
-// ($JS.API.CONSUMER.MSG.NEXT.KV_composed-<node>.* not granted) has its consumer created, then waits for
-// messages its pulls never ask for: the server drops each pull, the heartbeats never come, and the
-// consumer, asked after two missed ones, is still there, so the tail read on for ever. It never
-// failed, and readiness, which lets a failing composed bucket go, waited on it for good. The tail fails
-// once heartbeats are missed with the pull refused, naming the grant, and is retried like any failure.
-func TestProjector_DeniedPullFails(t *testing.T) {
-	ns := natstest.RunServerSeatDenied(t, "$JS.API.CONSUMER.MSG.NEXT.KV_composed-n0001.*")
-	_, admin := natstest.Connect(t, ns.ClientURL(), nats.UserInfo("admin", "admin"))
-	composedBuckets(t, admin, 2)
-	_, js := natstest.Connect(t, ns.ClientURL(), nats.UserInfo("seat", "seat"))
-	db, err := store.OpenState(t.TempDir(), store.Options{})
-	require.NoError(t, err)
-	t.Cleanup(func() { db.Close() })
-
-	var mu sync.Mutex
-	var errs []error
-	p := projector.New(js, db, projector.Options{Buckets: []string{"composed-n0000", "composed-n0001"}, Poll: 20 * time.Millisecond,
-		DiscoverEvery: time.Hour, OnTailError: func(bucket string, err error) {
-			mu.Lock()
-			defer mu.Unlock()
-			if bucket == "composed-n0001" {
-				errs = append(errs, err)
-			}
-		}})
-	p.Start(context.Background())
-	t.Cleanup(p.Stop)
-	waitApplied(t, db, "composed-n0000", 1)
-	natstest.CheckFor(t, 120*time.Second, 20*time.Millisecond, func() error {
-		if !p.Failing("composed-n0001") {
-			return fmt.Errorf("composed-n0001 not failing yet")
-		}
-		return nil
-	})
-	mu.Lock()
-	for _, err := range errs {
-		var de *denied.Error
-		require.True(t, errors.As(err, &de), "a try failed otherwise than refused: %v", err)
-		require.Equal(t, "$JS.API.CONSUMER.MSG.NEXT.KV_composed-n0001.*", denied.Grant(de.Subject))
+	if check != nil {
+		check(logs.String())
 	}
-	mu.Unlock()
 
 	natstest.DenySeat(t, ns) // granted
 	waitApplied(t, db, "composed-n0001", 1)
