@@ -779,16 +779,8 @@ func TestWriter_DeniedPublishFailsAtOnce(t *testing.T) {
 	_, admin := natstest.Connect(t, ns.ClientURL(), nats.UserInfo("admin", "admin"))
 	_, err := admin.CreateKeyValue(context.Background(), jetstream.KeyValueConfig{Bucket: provisioner.BucketRegistry, History: 8})
 	require.NoError(t, err)
-	// The grant below reloads the server's options while the writer retries its passes; nats-server
-	// (2.15.3, stream.go getDirectRequest) reads its options without their lock when it answers a
-	// direct get, which the race detector reports (make race failed so, once). The writer's gets go
-	// through the JetStream API instead, as they do on a stream that does not allow direct gets.
-	s, err := admin.Stream(context.Background(), provisioner.StreamName(provisioner.BucketRegistry))
-	require.NoError(t, err)
-	cfg := s.CachedInfo().Config
-	cfg.AllowDirect = false
-	_, err = admin.UpdateStream(context.Background(), cfg)
-	require.NoError(t, err)
+	// The grant below reloads the server's options while the writer retries its passes.
+	natstest.NoDirectGets(t, admin, provisioner.StreamName(provisioner.BucketRegistry))
 	_, js := natstest.Connect(t, ns.ClientURL(), nats.UserInfo("seat", "seat"))
 
 	var logs natstest.LogBuffer

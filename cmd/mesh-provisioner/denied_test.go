@@ -270,6 +270,10 @@ func TestServe_DeniedComposedBucketSaidAtOnce(t *testing.T) {
 		_, err := admin.Publish(ctx, provisioner.SubjectPrefix(b)+"web.1", []byte{0x81, 0xa6, 's', 't', 'a', 't', 'u', 's', 0xa7, 'p', 'e', 'n', 'd', 'i', 'n', 'g'})
 		require.NoError(t, err)
 	}
+	// The grant below reloads the server's options while the seat's registry writer reads its bucket.
+	_, err := admin.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: provisioner.BucketRegistry, History: 8})
+	require.NoError(t, err)
+	natstest.NoDirectGets(t, admin, provisioner.StreamName(provisioner.BucketRegistry))
 	start := time.Now()
 	s, err := startServe(t.TempDir(), "--nats", ns.ClientURL(), "--user", "seat", "--password", "seat",
 		"--metrics-addr", "127.0.0.1:0", "--log-format", "json")

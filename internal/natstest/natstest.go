@@ -83,6 +83,24 @@ func runServerSeat(tb testing.TB, config string) *server.Server {
 // must name those the server started with.
 var seatDeniedConfs sync.Map
 
+// NoDirectGets makes a stream answer no direct gets, so that a KV's reads of it go through the
+// JetStream API: DenySeat's reload of the server's options, while a direct get of the stream is
+// answered, is a data race inside nats-server 2.15.3 (stream.go getDirectRequest reads the options
+// without their lock), which make race reports (docs/reliability.md).
+func NoDirectGets(tb testing.TB, js jetstream.JetStream, stream string) {
+	tb.Helper()
+	ctx := context.Background()
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		tb.Fatalf("stream %s: %v", stream, err)
+	}
+	cfg := s.CachedInfo().Config
+	cfg.AllowDirect = false
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		tb.Fatalf("stream %s without direct gets: %v", stream, err)
+	}
+}
+
 // DenySeat reloads the permissions of a RunServerSeatDenied server: from now on seat may publish to
 // everything but deny, on the connections it has already as well as on new ones.
 func DenySeat(tb testing.TB, ns *server.Server, deny ...string) {
