@@ -346,10 +346,7 @@ func TestReadAhead_NothingWrittenOnceStopping(t *testing.T) {
 func TestReadAhead_NotWrittenOnceAskedFor(t *testing.T) {
 	db := smallStore(t)
 	kind := provisioner.Registry.Entries[0].Kind
-	var msgs []provisioner.Message
-	for i := 0; i < 4; i++ {
-		msgs = append(msgs, provisioner.Message{Seq: uint64(i + 1), Time: int64(i+1) * 1e9, Key: fmt.Sprintf("n%02d.m1.%s.a", i, kind), Op: provisioner.OpPut, Value: []byte{0x01}})
-	}
+	msgs := oneModuleRows(kind, 4)
 	require.NoError(t, db.Apply(provisioner.BucketNeeds, msgs, 0, false))
 	// No worker: the jobs are run here.
 	s := workerless(StoreReader(db))
@@ -479,10 +476,7 @@ func TestReadAhead_NotFromTheStoreSwappedOut(t *testing.T) {
 func TestReadAhead_AColdWalkWaitsForAPageThatWouldBeTaken(t *testing.T) {
 	db := smallStore(t)
 	kind := provisioner.Registry.Entries[0].Kind
-	var msgs []provisioner.Message
-	for i := 0; i < 8; i++ {
-		msgs = append(msgs, provisioner.Message{Seq: uint64(i + 1), Time: int64(i+1) * 1e9, Key: fmt.Sprintf("n%02d.m1.%s.a", i, kind), Op: provisioner.OpPut, Value: []byte{0x01}})
-	}
+	msgs := oneModuleRows(kind, 8)
 	require.NoError(t, db.Apply(provisioner.BucketNeeds, msgs, 0, false))
 	db.SetSynced(provisioner.BucketNeeds, true)
 	seq := uint64(len(msgs))
@@ -505,14 +499,7 @@ func TestReadAhead_AColdWalkWaitsForAPageThatWouldBeTaken(t *testing.T) {
 	send := func(i int) bool {
 		t.Helper()
 		r := page(i)
-		e := s.takeAhead(&r, FormatMsgpack)
-		taken := e != nil
-		if e == nil {
-			e = &Encoder{}
-			require.NoError(t, s.Answer(context.Background(), &r, FormatMsgpack, e))
-		}
-		s.readNextAhead(&r, FormatMsgpack, e)
-		return taken
+		return answerAsRespond(t, s, &r)
 	}
 	run := func() int { // runs the jobs queued, and those they queue; how many were
 		n := 0
@@ -556,10 +543,7 @@ func TestReadAhead_AColdWalkWaitsForAPageThatWouldBeTaken(t *testing.T) {
 func TestReadAhead_NotForAMinSeqInsideAnOpenGap(t *testing.T) {
 	db := smallStore(t)
 	kind := provisioner.Registry.Entries[0].Kind
-	var msgs []provisioner.Message
-	for i := 0; i < 4; i++ {
-		msgs = append(msgs, provisioner.Message{Seq: uint64(i + 1), Time: int64(i+1) * 1e9, Key: fmt.Sprintf("n%02d.m1.%s.a", i, kind), Op: provisioner.OpPut, Value: []byte{0x01}})
-	}
+	msgs := oneModuleRows(kind, 4)
 	// 5 was removed before it was read; 6 is read: what removed 5 may come later.
 	msgs = append(msgs, provisioner.Message{Seq: 6, Time: 6e9, Key: "n09.m1." + kind + ".a", Op: provisioner.OpPut, Value: []byte{0x01}})
 	require.NoError(t, db.Apply(provisioner.BucketNeeds, msgs, 0, false))
@@ -592,10 +576,7 @@ func TestReadAhead_AColdWalkOfManyAskersWarmsOnAQuietBucket(t *testing.T) {
 	db := smallStore(t)
 	kind := provisioner.Registry.Entries[0].Kind
 	const rows = 60
-	var msgs []provisioner.Message
-	for i := 0; i < rows; i++ {
-		msgs = append(msgs, provisioner.Message{Seq: uint64(i + 1), Time: int64(i+1) * 1e9, Key: fmt.Sprintf("n%02d.m1.%s.a", i, kind), Op: provisioner.OpPut, Value: []byte{0x01}})
-	}
+	msgs := oneModuleRows(kind, rows)
 	require.NoError(t, db.Apply(provisioner.BucketNeeds, msgs, 0, false))
 	db.SetSynced(provisioner.BucketNeeds, true)
 	s := workerless(StoreReader(db))
@@ -605,14 +586,7 @@ func TestReadAhead_AColdWalkOfManyAskersWarmsOnAQuietBucket(t *testing.T) {
 		if i > 0 {
 			r.After = fmt.Sprintf("n%02d.m1.%s.a", i-1, kind)
 		}
-		e := s.takeAhead(&r, FormatMsgpack)
-		taken := e != nil
-		if e == nil {
-			e = &Encoder{}
-			require.NoError(t, s.Answer(context.Background(), &r, FormatMsgpack, e))
-		}
-		s.readNextAhead(&r, FormatMsgpack, e)
-		return taken
+		return answerAsRespond(t, s, &r)
 	}
 	run := func() {
 		for len(s.ahead.jobs) > 0 {
@@ -655,10 +629,7 @@ func TestReadAhead_AColdWalkOfManyAskersWarmsOnAQuietBucket(t *testing.T) {
 func TestReadAhead_NotForAMinSeqReachedByALaterCommit(t *testing.T) {
 	db := smallStore(t)
 	kind := provisioner.Registry.Entries[0].Kind
-	var msgs []provisioner.Message
-	for i := 0; i < 4; i++ {
-		msgs = append(msgs, provisioner.Message{Seq: uint64(i + 1), Time: int64(i+1) * 1e9, Key: fmt.Sprintf("n%02d.m1.%s.a", i, kind), Op: provisioner.OpPut, Value: []byte{0x01}})
-	}
+	msgs := oneModuleRows(kind, 4)
 	// 5 was removed before it was read; 6 is read: what removed 5 may come later.
 	msgs = append(msgs, provisioner.Message{Seq: 6, Time: 6e9, Key: "n09.m1." + kind + ".a", Op: provisioner.OpPut, Value: []byte{0x01}})
 	require.NoError(t, db.Apply(provisioner.BucketNeeds, msgs, 0, false))
@@ -693,10 +664,7 @@ func TestReadAhead_NotForAMinSeqReachedByALaterCommit(t *testing.T) {
 func TestReadAhead_AColdWalkWhosePageIsTakenIsWarm(t *testing.T) {
 	db := smallStore(t)
 	kind := provisioner.Registry.Entries[0].Kind
-	var msgs []provisioner.Message
-	for i := 0; i < 8; i++ {
-		msgs = append(msgs, provisioner.Message{Seq: uint64(i + 1), Time: int64(i+1) * 1e9, Key: fmt.Sprintf("n%02d.m1.%s.a", i, kind), Op: provisioner.OpPut, Value: []byte{0x01}})
-	}
+	msgs := oneModuleRows(kind, 8)
 	require.NoError(t, db.Apply(provisioner.BucketNeeds, msgs, 0, false))
 	db.SetSynced(provisioner.BucketNeeds, true)
 	s := workerless(StoreReader(db))
@@ -706,14 +674,7 @@ func TestReadAhead_AColdWalkWhosePageIsTakenIsWarm(t *testing.T) {
 		if i > 0 {
 			r.After = fmt.Sprintf("n%02d.m1.%s.a", i-1, kind)
 		}
-		e := s.takeAhead(&r, FormatMsgpack)
-		taken := e != nil
-		if e == nil {
-			e = &Encoder{}
-			require.NoError(t, s.Answer(context.Background(), &r, FormatMsgpack, e))
-		}
-		s.readNextAhead(&r, FormatMsgpack, e)
-		return taken
+		return answerAsRespond(t, s, &r)
 	}
 	runOne := func() {
 		t.Helper()
@@ -746,4 +707,27 @@ func workerless(r Reader) *Server {
 	s.ahead.jobs = make(chan aheadJob, aheadQueue)
 	s.wideSlots = make(chan struct{}, 1)
 	return s
+}
+
+// oneModuleRows are n needs of module m1 of kind, one a node (n00, n01, ...), at sequences 1 to n.
+func oneModuleRows(kind string, n int) []provisioner.Message {
+	var msgs []provisioner.Message
+	for i := 0; i < n; i++ {
+		msgs = append(msgs, provisioner.Message{Seq: uint64(i + 1), Time: int64(i+1) * 1e9, Key: fmt.Sprintf("n%02d.m1.%s.a", i, kind), Op: provisioner.OpPut, Value: []byte{0x01}})
+	}
+	return msgs
+}
+
+// answerAsRespond answers r as respond does, from a page written ahead when one is the answer (and says
+// whether it was), else afresh, then queues the job of the page after it.
+func answerAsRespond(t *testing.T, s *Server, r *Request) bool {
+	t.Helper()
+	e := s.takeAhead(r, FormatMsgpack)
+	taken := e != nil
+	if e == nil {
+		e = &Encoder{}
+		require.NoError(t, s.Answer(context.Background(), r, FormatMsgpack, e))
+	}
+	s.readNextAhead(r, FormatMsgpack, e)
+	return taken
 }
