@@ -383,35 +383,7 @@ func TestServer_MinSeqAcrossASwapToAStoreWhoseGapHoldsIt(t *testing.T) {
 	require.Equal(t, uint64(2), after.Reach(bucket))
 	r := &swappingReader{}
 	r.cur.Store(before)
-	ns := natstest.RunServer(t)
-	snc, _ := natstest.Connect(t, ns.ClientURL())
-	s := NewServer(r, Options{Workers: 2, NoReadAhead: true})
-	require.NoError(t, s.Start(snc, nil))
-	t.Cleanup(s.Stop)
-	nc, _ := natstest.Connect(t, ns.ClientURL())
-
-	swap := func() { r.cur.Store(after) }
-	r.beforeView.Store(&swap)
-	answered := make(chan *nats.Msg, 1)
-	go func() {
-		m, err := nc.Request(Subject, []byte(`{"what":"needs","min_seq":4,"wait_ms":10000}`), 10*time.Second)
-		if err != nil {
-			m = &nats.Msg{Data: []byte(err.Error())}
-		}
-		answered <- m
-	}()
-	natstest.CheckFor(t, 10*time.Second, 2*time.Millisecond, func() error {
-		if len(answered) != 0 {
-			return nil
-		}
-		if r.beforeView.Load() != nil || s.Waiting() != 1 {
-			return errors.New("the request has not yet swapped the store and waited again")
-		}
-		return nil
-	})
-	require.Empty(t, answered, "answered from a store whose open gap holds min_seq 4")
-	require.NoError(t, after.CaughtUp(bucket, 5)) // the stream's end read: the gap holds nothing
-	m := natstest.Receive(t, answered, 10*time.Second, "the answer")
+	m := askAcrossTheSwap(t, r, after, bucket, Options{Workers: 2, NoReadAhead: true}, `{"what":"needs","min_seq":4,"wait_ms":10000}`)
 	require.Empty(t, m.Header.Get(micro.ErrorCodeHeader), "%s", m.Data)
 	var a struct {
 		AsOf uint64 `json:"as_of"`
@@ -440,35 +412,8 @@ func TestServer_PlansMinSeqAcrossASwapToAStoreWhoseGapHoldsIt(t *testing.T) {
 	require.Equal(t, uint64(2), after.Reach(bucket))
 	r := &swappingReader{}
 	r.cur.Store(before)
-	ns := natstest.RunServer(t)
-	snc, _ := natstest.Connect(t, ns.ClientURL())
-	s := NewServer(r, Options{Workers: 2, NoReadAhead: true, Plans: Plans(r, func(string) bool { return true }, nil)})
-	require.NoError(t, s.Start(snc, nil))
-	t.Cleanup(s.Stop)
-	nc, _ := natstest.Connect(t, ns.ClientURL())
-
-	swap := func() { r.cur.Store(after) }
-	r.beforeView.Store(&swap)
-	answered := make(chan *nats.Msg, 1)
-	go func() {
-		m, err := nc.Request(Subject, []byte(`{"what":"plans","node":"n1","min_seq":4,"wait_ms":10000}`), 10*time.Second)
-		if err != nil {
-			m = &nats.Msg{Data: []byte(err.Error())}
-		}
-		answered <- m
-	}()
-	natstest.CheckFor(t, 10*time.Second, 2*time.Millisecond, func() error {
-		if len(answered) != 0 {
-			return nil
-		}
-		if r.beforeView.Load() != nil || s.Waiting() != 1 {
-			return errors.New("the request has not yet swapped the store and waited again")
-		}
-		return nil
-	})
-	require.Empty(t, answered, "answered from a store whose open gap holds min_seq 4")
-	require.NoError(t, after.CaughtUp(bucket, 5))
-	m := natstest.Receive(t, answered, 10*time.Second, "the answer")
+	m := askAcrossTheSwap(t, r, after, bucket, Options{Workers: 2, NoReadAhead: true, Plans: Plans(r, func(string) bool { return true }, nil)},
+		`{"what":"plans","node":"n1","min_seq":4,"wait_ms":10000}`)
 	require.Empty(t, m.Header.Get(micro.ErrorCodeHeader), "%s", m.Data)
 	var a struct {
 		AsOf map[string]uint64 `json:"as_of"`
@@ -499,4 +444,41 @@ func TestServer_504InsideAGapSaysWhatIsApplied(t *testing.T) {
 		require.Equal(t, "504", m.Header.Get(micro.ErrorCodeHeader), "%s", m.Data)
 		require.Contains(t, string(m.Data), "(applied 5, but messages up to min_seq were removed", "wait_ms %d", wait)
 	}
+}
+
+// askAcrossTheSwap serves r with opts and sends body, whose min_seq 4 the store after holds back (its
+// open gap of bucket), having r swap to after just before the request's view: the request must wait
+// again, unanswered, rather than answer from after; once after reads the stream's end (the gap holds
+// nothing), it is answered, and its answer returned.
+func askAcrossTheSwap(t *testing.T, r *swappingReader, after *store.DB, bucket string, opts Options, body string) *nats.Msg {
+	t.Helper()
+	ns := natstest.RunServer(t)
+	snc, _ := natstest.Connect(t, ns.ClientURL())
+	s := NewServer(r, opts)
+	require.NoError(t, s.Start(snc, nil))
+	t.Cleanup(s.Stop)
+	nc, _ := natstest.Connect(t, ns.ClientURL())
+
+	swap := func() { r.cur.Store(after) }
+	r.beforeView.Store(&swap)
+	answered := make(chan *nats.Msg, 1)
+	go func() {
+		m, err := nc.Request(Subject, []byte(body), 10*time.Second)
+		if err != nil {
+			m = &nats.Msg{Data: []byte(err.Error())}
+		}
+		answered <- m
+	}()
+	natstest.CheckFor(t, 10*time.Second, 2*time.Millisecond, func() error {
+		if len(answered) != 0 {
+			return nil
+		}
+		if r.beforeView.Load() != nil || s.Waiting() != 1 {
+			return errors.New("the request has not yet swapped the store and waited again")
+		}
+		return nil
+	})
+	require.Empty(t, answered, "answered from a store whose open gap holds min_seq 4")
+	require.NoError(t, after.CaughtUp(bucket, 5)) // the stream's end read: the gap holds nothing
+	return natstest.Receive(t, answered, 10*time.Second, "the answer")
 }
