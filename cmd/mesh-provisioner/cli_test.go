@@ -198,20 +198,22 @@ func TestMain_ExitCodes(t *testing.T) {
 
 // Every subcommand answers --help with its flags and an example, and exits 0.
 func TestMain_HelpOnEveryCommand(t *testing.T) {
-	cmds := []string{"serve", "query"}
+	cmds := []string{"serve", "query", "version"}
 	for name := range extraCommands {
 		cmds = append(cmds, name)
 	}
 	sort.Strings(cmds)
 	for _, name := range cmds {
-		t.Run(name, func(t *testing.T) {
-			code, out, stderr := run(t, name, "--help")
-			require.Equal(t, 0, code)
-			help := out + stderr
-			require.Contains(t, help, "Usage: mesh-provisioner "+name)
-			require.Contains(t, help, "Example")
-			require.Contains(t, help, "mesh-provisioner "+name+" ", "the example runs the command")
-		})
+		for _, flag := range []string{"--help", "-h"} {
+			t.Run(name+" "+flag, func(t *testing.T) {
+				code, out, stderr := run(t, name, flag)
+				require.Equal(t, 0, code, stderr)
+				help := out + stderr
+				require.Contains(t, help, "Usage: mesh-provisioner "+name)
+				require.Contains(t, help, "Example")
+				require.Contains(t, help, "mesh-provisioner "+name+" ", "the example runs the command")
+			})
+		}
 	}
 	// The top-level usage lists every command.
 	code, _, stderr := run(t, "help")

@@ -129,6 +129,17 @@ func (m *Main) Run(ctx context.Context, args []string) error {
 		return (&QueryCommand{Stdout: m.Stdout, Stderr: m.Stderr}).Run(ctx, rest)
 	case "version", "--version", "-version":
 		// --version too: the flag an operator types first, which was an unknown command.
+		if len(rest) == 1 && (rest[0] == "-h" || rest[0] == "--help" || rest[0] == "-help") {
+			// Like every other subcommand's --help: its usage, exit 0, not "takes no arguments".
+			fmt.Fprintf(m.Stderr, `Usage: mesh-provisioner version
+
+Prints the program's version on stdout and exits 0. It takes no flags and asks no server.
+
+Example:
+  mesh-provisioner version    # mesh-provisioner %s
+`, Version)
+			return nil
+		}
 		if len(rest) > 0 {
 			return &usageError{msg: fmt.Sprintf("version takes no arguments, got %q", rest)}
 		}
