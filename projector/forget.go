@@ -107,6 +107,7 @@ func (p *Projector) leave(ctx context.Context, bucket string, created <-chan str
 	delete(p.tailed, bucket)
 	delete(p.asks, bucket)
 	delete(p.askedAt, bucket)
+	delete(p.ends, bucket) // a new tail sets it again; RemovedEnds must not name a forgotten bucket
 	if p.waiting[bucket] == created {
 		delete(p.waiting, bucket)
 	}
@@ -116,6 +117,10 @@ func (p *Projector) leave(ctx context.Context, bucket string, created <-chan str
 	default:
 	}
 	p.mu.Unlock()
+	p.parkMu.Lock()
+	delete(p.asked, bucket) // a request that waits on it again sets it again (Wake)
+	p.parkMu.Unlock()
+	p.failing.Delete(bucket)
 	if !announced {
 		_, err := p.readStream(ctx, bucket)
 		switch {

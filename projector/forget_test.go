@@ -259,3 +259,56 @@ func TestProjector_WakeSkipsOnABucketForgottenAndAddedAgain(t *testing.T) {
 	p.Wake(bucket)
 	natstest.CheckFor(t, 20*time.Second, 20*time.Millisecond, applied(db, bucket, seq))
 }
+
+// TestProjector_ForgottenBucketsLeaveNoEntries: composed-<node> buckets created, read, asked for and
+// deleted, round after round, leave nothing behind in the Projector's per-bucket maps (an entry per
+// forgotten bucket in its stream ends, kept for good, used to grow a seat's memory with every node a
+// mesh ever decommissioned), nor in the store's known buckets.
+func TestProjector_ForgottenBucketsLeaveNoEntries(t *testing.T) {
+	ns := natstest.RunServer(t)
+	_, js := natstest.Connect(t, ns.ClientURL())
+	ctx := context.Background()
+	db, err := store.Open(t.TempDir(), store.Options{})
+	require.NoError(t, err)
+	_, pjs := natstest.Connect(t, ns.ClientURL())
+	p := projector.New(pjs, db, projector.Options{Buckets: []string{}, Composed: true, Poll: 50 * time.Millisecond,
+		Verify: 300 * time.Millisecond, DiscoverEvery: 200 * time.Millisecond})
+	p.Start(ctx)
+	t.Cleanup(func() {
+		p.Stop()
+		db.Close()
+	})
+	empty := map[string]int{}
+	for k := range projector.BucketMaps(p) {
+		empty[k] = 0
+	}
+	states := len(db.Buckets())
+	const buckets = 12
+	for round := range 3 {
+		composedBuckets(t, js, buckets)
+		natstest.CheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
+			for i := range buckets {
+				b := fmt.Sprintf("composed-n%04d", i)
+				if seq, synced := db.Applied(b); seq == 0 || !synced {
+					return fmt.Errorf("round %d: %s: applied %d, synced %v", round, b, seq, synced)
+				}
+			}
+			return nil
+		})
+		for i := range buckets {
+			p.Wake(fmt.Sprintf("composed-n%04d", i)) // as a request waiting on it does
+		}
+		maps := projector.BucketMaps(p)
+		require.Equal(t, buckets, maps["tailed"], "round %d", round)
+		require.Equal(t, buckets, maps["ends"], "round %d", round)
+		for i := range buckets {
+			require.NoError(t, js.DeleteKeyValue(ctx, fmt.Sprintf("composed-n%04d", i)))
+		}
+		natstest.CheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
+			if got := projector.BucketMaps(p); fmt.Sprint(got) != fmt.Sprint(empty) || len(db.Buckets()) != states {
+				return fmt.Errorf("round %d: after every bucket was deleted: maps %v, store buckets %v", round, got, db.Buckets())
+			}
+			return nil
+		})
+	}
+}
