@@ -296,6 +296,20 @@ func (s streamRevisions) EachRevision(ctx context.Context, bucket, key string, f
 	return h, err
 }
 
+// nearKeyer is a revisionSource that can name keys like one it holds no revision of.
+type nearKeyer interface {
+	nearKeys(ctx context.Context, bucket, key string) ([]string, error)
+}
+
+// nearKeysShown is how many keys a history that found none suggests.
+const nearKeysShown = 5
+
+// nearKeys asks the stream for the keys around key (replay.NearKeysInStream): its node's and
+// module's, never the whole bucket's.
+func (s streamRevisions) nearKeys(ctx context.Context, bucket, key string) ([]string, error) {
+	return replay.NearKeysInStream(ctx, s.js, bucket, key, nearKeysShown)
+}
+
 // historyFromStream answers history from the streams: the key's messages alone, and the stream's
 // sequences when some were removed (the gaps), with the progress of that read, which is the long part.
 func (c *ReplayCommand) historyFromStream(ctx context.Context, bucket, key string) error {
@@ -769,6 +783,16 @@ func (c *ReplayCommand) runHistory(ctx context.Context, l revisionSource, source
 			if _, err := l.EachRevision(ctx, bucket, raw, func(*replay.Revision) error { return errFound }); errors.Is(err, errFound) {
 				msg += fmt.Sprintf("; keys are raw, with the collection written in =XX escapes: did you mean %s?", raw)
 			}
+		}
+		if near, ok := l.(nearKeyer); ok && !strings.Contains(msg, "did you mean") {
+			keys, err := near.nearKeys(ctx, bucket, key)
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			if err == nil && len(keys) > 0 {
+				msg += fmt.Sprintf("; did you mean %s?", strings.Join(keys, ", "))
+			}
+			// A suggestion that cannot be asked (a permission, a slow server) leaves the 404 as it is.
 		}
 		if provisioner.HasWildcard(key) {
 			what := bucket

@@ -904,3 +904,84 @@ func TestReplayCommand_HistoryFromTheStreamsWhoseLastMessageWasRemoved(t *testin
 	out, _, _ := runCmd(t, "replay", "history", "needs", keys[2], "--nats", url)
 	require.Contains(t, out, "messages from sequence 3 to 3 were removed from the stream before the seat read them")
 }
+
+// TestReplayCommand_HistoryFromTheStreamsSuggestsKeysNearIt: a history of a key the stream holds no
+// revision of suggests the keys like it, asking the stream only for the subjects around the key (its
+// node and module, its node, the same key on other nodes), never for every key of the bucket, so that a
+// bucket of millions of keys answers as fast as a small one.
+func TestReplayCommand_HistoryFromTheStreamsSuggestsKeysNearIt(t *testing.T) {
+	ns := natstest.RunServer(t)
+	url := ns.ClientURL()
+	nc, js := natstest.Connect(t, url)
+	ctx := context.Background()
+	ops := []fixtures.Op{}
+	for _, k := range []string{"n1.mod-web.config.port", "n1.mod-web.config.host", "n1.mod-db.config.port", "n2.mod-web.config.port"} {
+		ops = append(ops, fixtures.Op{Bucket: provisioner.BucketNeeds, Key: k, Op: provisioner.OpPut, Value: []byte{1}})
+	}
+	for i := 0; i < 200; i++ {
+		ops = append(ops, fixtures.Op{Bucket: provisioner.BucketNeeds, Key: fmt.Sprintf("m%d.mod-x.config.k%d", i%50, i), Op: provisioner.OpPut, Value: []byte{2}})
+	}
+	require.NoError(t, fixtures.Load(ctx, js, ops, 0, nil))
+
+	stream := provisioner.StreamName(provisioner.BucketNeeds)
+	prefix := provisioner.SubjectPrefix(provisioner.BucketNeeds)
+	var mu sync.Mutex
+	var filters []string
+	sub, err := nc.Subscribe("$JS.API.STREAM.INFO."+stream, func(m *nats.Msg) {
+		var req struct {
+			Filter string `json:"subjects_filter"`
+		}
+		_ = json.Unmarshal(m.Data, &req)
+		mu.Lock()
+		filters = append(filters, req.Filter)
+		mu.Unlock()
+	})
+	require.NoError(t, err)
+	require.NoError(t, nc.Flush())
+
+	for _, tc := range []struct {
+		key     string
+		want    []string // the suggestion, in order
+		filters []string // the filters asked, without the prefix
+	}{
+		// A typo in the name: the keys of its node's module, closest first.
+		{"n1.mod-web.config.prot", []string{"n1.mod-web.config.port", "n1.mod-web.config.host"}, []string{"n1.mod-web.>"}},
+		// In the module: none under it, so its node's.
+		{"n1.mod-wbe.config.port", []string{"n1.mod-web.config.port", "n1.mod-db.config.port", "n1.mod-web.config.host"}, []string{"n1.mod-wbe.>", "n1.>"}},
+		// In the node: the same key on the nodes that have it.
+		{"n9.mod-web.config.port", []string{"n1.mod-web.config.port", "n2.mod-web.config.port"}, []string{"n9.mod-web.>", "n9.>", "*.mod-web.config.port"}},
+		// Nothing near: no suggestion.
+		{"zz.q", nil, []string{"zz.>", "*.q"}},
+	} {
+		mu.Lock()
+		filters = nil
+		mu.Unlock()
+		out, errOut, code := runCmd(t, "replay", "history", "needs", tc.key, "--nats", url)
+		require.Equal(t, exitAnswer, code, "%s answered:\n%s", tc.key, out)
+		require.Contains(t, errOut, "404", tc.key)
+		if tc.want == nil {
+			require.NotContains(t, errOut, "did you mean", tc.key)
+		} else {
+			require.Contains(t, errOut, "; did you mean "+strings.Join(tc.want, ", ")+"?", tc.key)
+		}
+		var want []string
+		for _, f := range tc.filters {
+			want = append(want, prefix+f)
+		}
+		natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+			mu.Lock()
+			defer mu.Unlock()
+			var asked []string
+			for _, f := range filters {
+				if f != "" { // the stream's own info, without subjects
+					asked = append(asked, f)
+				}
+			}
+			if !slices.Equal(asked, want) {
+				return fmt.Errorf("%s: asked for subjects %q, want %q", tc.key, asked, want)
+			}
+			return nil
+		})
+	}
+	require.NoError(t, sub.Unsubscribe())
+}
