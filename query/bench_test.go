@@ -16,6 +16,7 @@ import (
 
 	provisioner "github.com/novox/mesh-provisioner"
 	"github.com/novox/mesh-provisioner/fixtures"
+	"github.com/novox/mesh-provisioner/internal/mpk"
 	"github.com/novox/mesh-provisioner/store"
 )
 
@@ -30,31 +31,33 @@ func BenchmarkAnswer(b *testing.B) {
 		name string
 		req  func(r *rand.Rand) Request
 	}{
-		{"node", func(r *rand.Rand) Request { return Request{What: "needs", Node: fixtures.NodeName(r.IntN(nodes))} }},
+		{"node-one-row", func(r *rand.Rand) Request {
+			return Request{What: "needs", Node: fixtures.NodeName(r.IntN(nodes)), Limit: ptr(int64(1))}
+		}},
+		{"node-250", func(r *rand.Rand) Request { return Request{What: "needs", Node: fixtures.NodeName(r.IntN(nodes))} }},
 		{"module", func(r *rand.Rand) Request { return Request{What: "needs", Module: fixtures.ModuleName(r.IntN(50))} }},
 	} {
 		for _, f := range []Format{FormatMsgpack, FormatJSON} {
-			name := tc.name + "/msgpack"
-			if f == FormatJSON {
-				name = tc.name + "/json"
-			}
-			b.Run(name, func(b *testing.B) {
+			b.Run(tc.name+"/"+formatName(f), func(b *testing.B) {
 				r := rand.New(rand.NewPCG(1, 1))
 				var e Encoder
 				e.SetMaxBytes(1 << 20)
+				b.ReportAllocs()
 				rows := 0
 				var ru0, ru1 syscall.Rusage
 				_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru0)
 				for b.Loop() {
 					req := tc.req(r)
-					req.Limit = ptr(int64(MaxLimit))
+					if req.Limit == nil {
+						req.Limit = ptr(int64(MaxLimit))
+					}
 					for {
 						if err := s.Answer(context.Background(), &req, f, &e); err != nil {
 							b.Fatal(err)
 						}
 						n, next := countAnswer(b, e.Bytes(), f)
 						rows += n
-						if next == "" {
+						if next == "" || req.Limit != nil && *req.Limit < MaxLimit {
 							break
 						}
 						req.After = next
@@ -148,4 +151,64 @@ func countAnswer(b *testing.B, data []byte, f Format) (int, string) {
 		b.Fatal(err)
 	}
 	return n, next
+}
+
+// BenchmarkEncoder_Row writes one row of a need, of the fixtures' value, into a reused encoder: the
+// row writer alone, without the store.
+func BenchmarkEncoder_Row(b *testing.B) {
+	value := (fixtures.Mesh{Seed: 1, Nodes: 1, Modules: 1, NeedsPerModule: 1}).OpsOf(provisioner.BucketNeeds)[0].Value
+	row := provisioner.Row{Key: []byte("node-0001.module-01.config.name-0001"), Revision: 123456, Created: 1.7e18 + 123456789, Msgpack: true, Value: value}
+	parts, ok := provisioner.PartsOfStored(provisioner.ShapeNeeds, string(row.Key))
+	if !ok {
+		b.Fatal("the key is out of shape")
+	}
+	for _, f := range []Format{FormatMsgpack, FormatJSON} {
+		b.Run(formatName(f), func(b *testing.B) {
+			var e Encoder
+			b.ReportAllocs()
+			for b.Loop() {
+				e.Reset(f)
+				e.BeginAnswer("needs")
+				for range 250 {
+					if err := e.Row(provisioner.WhatNeeds, &row, &parts); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*250), "ns/row")
+		})
+	}
+}
+
+// BenchmarkDecodeRequest decodes a node lookup's request, as a node client sends it.
+func BenchmarkDecodeRequest(b *testing.B) {
+	for _, tc := range []struct {
+		name string
+		body []byte
+	}{
+		{"json", []byte(`{"what":"needs","node":"node-0001","min_seq":12345,"wait_ms":500}`)},
+		{"msgpack", func() []byte {
+			m := mpk.AppendMapHeader(nil, 4)
+			m = mpk.AppendString(mpk.AppendString(m, "what"), "needs")
+			m = mpk.AppendString(mpk.AppendString(m, "node"), "node-0001")
+			m = mpk.AppendUint(mpk.AppendString(m, "min_seq"), 12345)
+			return mpk.AppendUint(mpk.AppendString(m, "wait_ms"), 500)
+		}()},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, _, err := DecodeRequest(tc.body); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+func formatName(f Format) string {
+	if f == FormatJSON {
+		return "json"
+	}
+	return "msgpack"
 }
