@@ -80,10 +80,13 @@ func TestProjector_AskingStreamsIsBoundedWithoutListing(t *testing.T) {
 	// One ask per bucket every 1.5 intervals would be 60 / 0.3 s = 200 a second.
 	const window = 2 * time.Second
 	infos.Store(0)
+	start := time.Now()
 	time.Sleep(window)
 	got := infos.Load()
-	t.Logf("STREAM.INFO over %v with %d buckets and no listing: %d", window, buckets, got)
-	require.LessOrEqual(t, got, int64(perSecond*window/time.Second)+2, "the asks are bounded")
+	// A loaded machine oversleeps: the bound is of the time that passed, not of the time asked for.
+	elapsed := time.Since(start)
+	t.Logf("STREAM.INFO over %v with %d buckets and no listing: %d", elapsed, buckets, got)
+	require.LessOrEqual(t, got, int64(perSecond*elapsed.Seconds())+2, "the asks are bounded")
 	require.Positive(t, got, "the checks still ask")
 
 	stream, err := js.Stream(ctx, "KV_composed-n0007")
