@@ -69,43 +69,10 @@ func AnswerView(v View, r *Request, e *Encoder, asOf uint64, synced bool) error 
 	}
 
 	e.BeginAnswer(r.What)
-	limit := r.limit()
-	n := 0
-	var next string
-	var last []byte
-	var rowErr error
-	// One Parts for the whole answer, filled in place for each row: a Parts per row would be allocated.
-	var parts provisioner.Parts
-	var pr provisioner.StoredParts
-	err := v.Rows(rg, func(row *provisioner.Row) bool {
-		// The key's bytes live until the callback returns, and so do the parts read from them: they are
-		// written into the answer before it does. No copy of the key is made.
-		ok := pr.Read(shape, unsafe.String(unsafe.SliceData(row.Key), len(row.Key)), &parts)
-		if !ok || !filter(&parts, row) {
-			return true // out-of-shape keys have no row; the filter narrows what the range could not
-		}
-		if n == limit {
-			next = string(last)
-			return false
-		}
-		m := e.mark()
-		if rowErr = e.Row(w, row, &parts); rowErr != nil {
-			return false
-		}
-		if e.rowsFull(row.Key) { // past the rows' share of one NATS message (limits.go)
-			e.rewind(m)
-			if n > 0 {
-				next = string(last)
-				return false
-			}
-			if rowErr = e.rowOmitted(w, row, &parts); rowErr != nil {
-				return false
-			}
-		}
-		last = append(last[:0], row.Key...)
-		n++
-		return true
-	})
+	sc := e.rowScan()
+	sc.w, sc.shape, sc.filter, sc.limit = w, shape, filter, r.limit()
+	err := v.Rows(rg, sc.fn)
+	next, rowErr := sc.done()
 	if err == nil {
 		err = rowErr
 	}
@@ -213,4 +180,74 @@ func Plan(bucket string, r *Request) (provisioner.Range, func(*provisioner.Parts
 		}
 	}
 	return rg, all
+}
+
+// rowScan is an answer's walk of its rows, kept by the Encoder with its callback bound once: a
+// closure over the walk's variables, made for each answer, moved each of them to the heap (seven
+// allocations an answer, and the last key's buffer grown again each time).
+type rowScan struct {
+	e      *Encoder
+	w      provisioner.What
+	shape  provisioner.Shape
+	filter func(*provisioner.Parts, *provisioner.Row) bool
+	limit  int
+	n      int
+	next   string
+	last   []byte // the last row's key, for next
+	err    error
+	// One Parts for the whole answer, filled in place for each row: a Parts per row would be allocated.
+	parts provisioner.Parts
+	pr    provisioner.StoredParts
+	fn    func(*provisioner.Row) bool // row, bound to this scan
+}
+
+// rowScan returns the encoder's scan, emptied for an answer.
+func (e *Encoder) rowScan() *rowScan {
+	if e.scan == nil {
+		e.scan = &rowScan{}
+		e.scan.fn = e.scan.row
+	}
+	sc := e.scan
+	sc.e = e // an Encoder copied by value shares its scan, and each answer names its own encoder
+	sc.n, sc.next, sc.last, sc.err = 0, "", sc.last[:0], nil
+	return sc
+}
+
+// done ends the scan: the answer's next and the error of a row's writing. What the scan holds of the
+// answer's rows and request is let go.
+func (sc *rowScan) done() (string, error) {
+	next, err := sc.next, sc.err
+	sc.e, sc.filter, sc.parts, sc.next, sc.err = nil, nil, provisioner.Parts{}, "", nil
+	return next, err
+}
+
+func (sc *rowScan) row(row *provisioner.Row) bool {
+	e := sc.e
+	// The key's bytes live until the callback returns, and so do the parts read from them: they are
+	// written into the answer before it does. No copy of the key is made.
+	ok := sc.pr.Read(sc.shape, unsafe.String(unsafe.SliceData(row.Key), len(row.Key)), &sc.parts)
+	if !ok || !sc.filter(&sc.parts, row) {
+		return true // out-of-shape keys have no row; the filter narrows what the range could not
+	}
+	if sc.n == sc.limit {
+		sc.next = string(sc.last)
+		return false
+	}
+	m := e.mark()
+	if sc.err = e.Row(sc.w, row, &sc.parts); sc.err != nil {
+		return false
+	}
+	if e.rowsFull(row.Key) { // past the rows' share of one NATS message (limits.go)
+		e.rewind(m)
+		if sc.n > 0 {
+			sc.next = string(sc.last)
+			return false
+		}
+		if sc.err = e.rowOmitted(sc.w, row, &sc.parts); sc.err != nil {
+			return false
+		}
+	}
+	sc.last = append(sc.last[:0], row.Key...)
+	sc.n++
+	return true
 }

@@ -24,6 +24,7 @@ type Encoder struct {
 	max     int    // bound on an answer's size in bytes, 0 for none (limits.go)
 	reserve int    // bytes kept free for the answer's tail (limits.go)
 	next    string // the answer's next, once written (readahead.go)
+	scan    *rowScan
 }
 
 // Reset empties the encoder for an answer in format f.

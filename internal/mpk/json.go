@@ -343,6 +343,14 @@ func appendJSONString(dst []byte, s string, strict bool) ([]byte, bool) {
 	dst = append(dst, '"')
 	start := 0
 	for i := 0; i < len(s); {
+		// Eight bytes at a time while none needs escaping or is past ASCII: most of what an answer
+		// holds (keys, names, plain values) is written in one copy.
+		for i+8 <= len(s) && plain8(binary.LittleEndian.Uint64(unsafe.Slice(unsafe.StringData(s[i:]), 8))) {
+			i += 8
+		}
+		if i == len(s) {
+			break
+		}
 		c := s[i]
 		if c < utf8.RuneSelf {
 			if safe[c] {
@@ -390,6 +398,18 @@ func appendJSONString(dst []byte, s string, strict bool) ([]byte, bool) {
 	}
 	dst = append(dst, s[start:]...)
 	return append(dst, '"'), true
+}
+
+// plain8 reports whether the eight bytes of w are all ASCII that a JSON string holds unescaped: none
+// below 0x20, none '"' or '\\', none with its high bit set.
+func plain8(w uint64) bool {
+	const ones, highs = 0x0101010101010101, 0x8080808080808080
+	ctl := w - 0x20*ones                // a byte below 0x20 borrows into its high bit
+	quote := (w ^ '"'*ones) - ones      // a '"' becomes 0 and borrows
+	backslash := (w ^ '\\'*ones) - ones // likewise a '\\'
+	// A byte with its high bit set fails on its own (w's term); without one, the borrows above are
+	// exact for each byte.
+	return (w|(ctl|quote|backslash)&^w)&highs == 0
 }
 
 const hex = "0123456789abcdef"

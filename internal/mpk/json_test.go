@@ -432,3 +432,27 @@ func badUTF8(b []byte) bool {
 	}
 	return false
 }
+
+// TestPlain8 checks the eight-byte test of AppendJSONString against the byte table, for every byte
+// value at every position among plain bytes and beside each other byte that breaks the run.
+func TestPlain8(t *testing.T) {
+	for pos := range 8 {
+		for c := range 256 {
+			for _, fill := range []byte{'a', 0x00, 0x7f, 0x80, '"'} {
+				var b [8]byte
+				for i := range b {
+					b[i] = 'a'
+				}
+				b[pos] = byte(c)
+				b[(pos+3)%8] = fill
+				want := true
+				for _, x := range b {
+					want = want && x < utf8.RuneSelf && safe[x]
+				}
+				if got := plain8(binary.LittleEndian.Uint64(b[:])); got != want {
+					t.Fatalf("plain8(%q) = %v, want %v", b, got, want)
+				}
+			}
+		}
+	}
+}
