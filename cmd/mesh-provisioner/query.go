@@ -105,6 +105,19 @@ func (c *QueryCommand) Run(ctx context.Context, args []string) (err error) {
 	if c.timeout <= 0 {
 		return &usageError{msg: fmt.Sprintf("--timeout %s: want how long to wait for each answer, above 0", c.timeout)}
 	}
+	// The contract's bounds are checked here, before anything is sent: a wrong number is the command
+	// line's fault (exit 2), not an answer of the seat's (a 400, exit 3).
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if set["limit"] && (c.limit < 1 || c.limit > query.MaxLimit) {
+		return &usageError{msg: fmt.Sprintf("--limit %d: want rows per page from 1 to %d (default 1000)", c.limit, query.MaxLimit)}
+	}
+	if c.minSeq < 0 {
+		return &usageError{msg: fmt.Sprintf("--min-seq %d: want a stream sequence, 1 or more", c.minSeq)}
+	}
+	if maxWait := query.MaxWaitMS * time.Millisecond; c.wait < 0 || c.wait.Milliseconds() > query.MaxWaitMS {
+		return &usageError{msg: fmt.Sprintf("--wait %s: want from 0 to %s (the seat waits at most that for --min-seq)", c.wait, maxWait)}
+	}
 	if c.wait != 0 && c.minSeq == 0 {
 		return &usageError{msg: "--wait is how long the seat may wait for --min-seq: give --min-seq too"}
 	}
