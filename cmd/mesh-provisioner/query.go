@@ -306,10 +306,7 @@ func columns(what string) []string {
 func cell(what, col string, row map[string]any) string {
 	switch {
 	case what == "registry" && col == "where":
-		if v, ok := row["verb"].(string); ok && v != "" {
-			return "verb " + v
-		}
-		return fmt.Sprintf("bucket %v  %v", row["bucket"], row["key_shape"])
+		return whereCell(row)
 	case what == "plans" && (col == "current" || col == "newest"):
 		return planCell(row[col])
 	case col == "value":
@@ -333,6 +330,22 @@ func cell(what, col string, row map[string]any) string {
 		return fmt.Sprint(v)
 	}
 	return "-"
+}
+
+// whereCell says where a kind's values are: a verb, or a bucket with its key shape; "-" for a kind
+// with neither (a value out of shape), never a blank cell or "bucket <nil>".
+func whereCell(row map[string]any) string {
+	if v, _ := row["verb"].(string); v != "" {
+		return "verb " + v
+	}
+	b, _ := row["bucket"].(string)
+	if b == "" {
+		return "-"
+	}
+	if shape, _ := row["key_shape"].(string); shape != "" {
+		return "bucket " + b + "  " + shape
+	}
+	return "bucket " + b
 }
 
 func planCell(v any) string {
