@@ -13,6 +13,8 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
@@ -253,12 +255,21 @@ func tableRows(tw *tabwriter.Writer, what string, a map[string]any, n int) (int,
 func tableEnd(w io.Writer, last map[string]any, rows int) {
 	anoms, _ := last["anomalies"].([]any)
 	if len(anoms) > 0 {
-		fmt.Fprintf(w, "\n%v anomalies (keys or values out of shape):\n", last["anomalies_total"])
+		total := num(last["anomalies_total"])
+		if n, err := strconv.Atoi(total); err == nil && n > len(anoms) {
+			// The answer carries at most 1000: say the list is cut, and of how many.
+			fmt.Fprintf(w, "\nanomalies (%d of %d, the first by key; keys or values out of shape):\n", len(anoms), n)
+		} else {
+			fmt.Fprintf(w, "\n%d anomalies (keys or values out of shape):\n", len(anoms))
+		}
 		tw := newTable(w)
 		fmt.Fprintln(tw, "BUCKET\tKEY\tREVISION\tREASON")
 		for _, x := range anoms {
 			a, _ := x.(map[string]any)
-			fmt.Fprintf(tw, "%v\t%v\t%v\t%v\n", a["bucket"], a["key"], num(a["revision"]), a["reason"])
+			bucket, _ := a["bucket"].(string)
+			key, _ := a["key"].(string)
+			reason, _ := a["reason"].(string)
+			fmt.Fprintf(tw, "%s\t%s\t%v\t%s\n", tableText(bucket), tableText(key), num(a["revision"]), lineText(reason))
 		}
 		tw.Flush()
 	}
@@ -327,9 +338,37 @@ func cell(what, col string, row map[string]any) string {
 		return num(row[col])
 	}
 	if v, ok := row[col]; ok && v != nil {
+		if s, ok := v.(string); ok {
+			return tableText(s)
+		}
 		return fmt.Sprint(v)
 	}
 	return "-"
+}
+
+// tableText is a cell's text: as it is, or quoted as Go quotes a string when it is empty or holds
+// white space, a control character, a quote or bytes that are not printable UTF-8, so each row stays
+// one line, its cells stay apart and aligned, and an empty value is not taken for a missing one ("-").
+// A decoded collection name may hold any of these (`=0A` is a newline).
+func tableText(s string) string {
+	if s == "" || !utf8.ValidString(s) {
+		return strconv.Quote(s)
+	}
+	for _, r := range s {
+		if unicode.IsSpace(r) || !unicode.IsPrint(r) || r == '"' || r == '\'' || r == '`' || r == '\\' {
+			return strconv.Quote(s)
+		}
+	}
+	return s
+}
+
+// lineText is free text for the last column (an anomaly's reason): its spaces kept, quoted only when
+// it would break the line.
+func lineText(s string) string {
+	if strings.IndexFunc(s, func(r rune) bool { return r != ' ' && (unicode.IsSpace(r) || !unicode.IsPrint(r)) }) >= 0 || !utf8.ValidString(s) {
+		return strconv.Quote(s)
+	}
+	return s
 }
 
 // whereCell says where a kind's values are: a verb, or a bucket with its key shape; "-" for a kind

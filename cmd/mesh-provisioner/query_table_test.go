@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -41,4 +42,45 @@ func TestQuery_RegistryWhereNeverBlank(t *testing.T) {
 	require.Equal(t, []string{"odd", "m", "-"}, strings.Fields(table[1]))
 	require.Equal(t, []string{"empty", "m", "-"}, strings.Fields(table[2]))
 	require.Equal(t, []string{"secret", "mesh-vault", "verb", "mesh-vault.secret"}, strings.Fields(table[3]))
+}
+
+// TestQuery_TableQuotesOddCells: a cell that is empty or holds white space, a control character or a
+// quote is printed quoted as Go quotes it, so each row stays one line and its cells stay apart (a
+// decoded collection name may hold any of them: =0A is a newline); the anomalies header says when the
+// answer cut the list (anomalies_total above the rows shown).
+func TestQuery_TableQuotesOddCells(t *testing.T) {
+	odd := []string{"shell zsh", "two\nlines", "tab\there", `say "hi"`, "", "bell\a"}
+	var rows []any
+	for i, c := range odd {
+		rows = append(rows, map[string]any{"key": "n1.x.m", "node": "n1", "collection": c, "collection_key": "x",
+			"contributor": "m", "revision": i + 1, "value": map[string]any{}})
+	}
+	url := fakeSeat(t, map[string]any{"what": "collect", "rows": rows,
+		"anomalies":       []any{map[string]any{"bucket": "mesh-provisioner_collect", "key": "n1.a b", "revision": 9, "reason": "token-count: want 3, have 2"}},
+		"anomalies_total": 2345, "as_of": 9, "synced": true})
+	code, out, stderr := run(t, "query", "collect", "--nats", url)
+	require.Equal(t, 0, code, stderr)
+	table, rest := tableLines(out)
+	require.Len(t, table, 1+len(odd), "a line a row:\n%s", out)
+	for i, c := range odd {
+		require.Equal(t, []string{"n1", strconv.Quote(c), "m", strconv.Itoa(i + 1), "{}"}, fieldsQuoted(table[1+i]), "row %d", i)
+	}
+	require.Contains(t, rest, "anomalies (1 of 2345")
+	require.Contains(t, rest, `mesh-provisioner_collect  "n1.a b"`)
+}
+
+// fieldsQuoted splits a table line as strings.Fields does, but keeps a Go-quoted cell whole.
+func fieldsQuoted(line string) []string {
+	var out []string
+	for line = strings.TrimSpace(line); line != ""; line = strings.TrimSpace(line) {
+		if line[0] == '"' {
+			if q, err := strconv.QuotedPrefix(line); err == nil {
+				out, line = append(out, q), line[len(q):]
+				continue
+			}
+		}
+		f := strings.Fields(line)[0]
+		out, line = append(out, f), line[len(f):]
+	}
+	return out
 }
