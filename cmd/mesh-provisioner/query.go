@@ -321,6 +321,10 @@ func cell(what, col string, row map[string]any) string {
 	case what == "plans" && (col == "current" || col == "newest"):
 		return planCell(row[col])
 	case col == "value":
+		if n, ok := row["value_omitted"]; ok && row["value"] == nil {
+			// Too large for any answer: the bucket still holds it (replay history shows it).
+			return fmt.Sprintf("(omitted: %s bytes, too large to answer)", num(n))
+		}
 		if raw, ok := row["value_raw"]; ok && row["value"] == nil {
 			s, _ := raw.(string)
 			if b, err := base64.StdEncoding.DecodeString(s); err == nil {

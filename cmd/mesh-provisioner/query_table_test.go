@@ -84,3 +84,17 @@ func fieldsQuoted(line string) []string {
 	}
 	return out
 }
+
+// TestQuery_TableSaysOmittedValue: a row answered without its value (value null, value_omitted with
+// its size) says so in VALUE, not "null" as if the value were null.
+func TestQuery_TableSaysOmittedValue(t *testing.T) {
+	url := fakeSeat(t, map[string]any{"what": "applied", "rows": []any{
+		map[string]any{"key": "n1.big", "node": "n1", "module": "big", "revision": 1, "value": nil, "value_omitted": 2000000},
+		map[string]any{"key": "n1.nil", "node": "n1", "module": "nil", "revision": 2, "value": nil},
+	}, "anomalies": []any{}, "anomalies_total": 0, "as_of": 2, "synced": true})
+	code, out, stderr := run(t, "query", "applied", "--nats", url)
+	require.Equal(t, 0, code, stderr)
+	table, _ := tableLines(out)
+	require.Equal(t, []string{"n1", "big", "1", "(omitted:", "2000000", "bytes,", "too", "large", "to", "answer)"}, strings.Fields(table[1]))
+	require.Equal(t, []string{"n1", "nil", "2", "null"}, strings.Fields(table[2]), "a null value is null")
+}
