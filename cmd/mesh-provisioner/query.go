@@ -209,6 +209,10 @@ func (c *QueryCommand) Run(ctx context.Context, args []string) (err error) {
 			}
 		}
 		next, _ := ans["next"].(string)
+		if next != "" && c.onePage {
+			// On stderr, so --json's stdout stays the answers alone.
+			fmt.Fprintf(c.Stderr, "mesh-provisioner: more rows follow: add --after %s for the next page, or leave out --one-page for every page\n", shellWord(next))
+		}
 		if next == "" || c.onePage {
 			break
 		}
@@ -221,6 +225,17 @@ func (c *QueryCommand) Run(ctx context.Context, args []string) (err error) {
 		tableEnd(c.Stdout, last, rows)
 	}
 	return nil
+}
+
+// shellWord is s as one shell word: as it is when it is safe unquoted, else in single quotes.
+func shellWord(s string) string {
+	if s != "" && strings.IndexFunc(s, func(r rune) bool {
+		return !(r < utf8.RuneSelf && (r == '.' || r == '-' || r == '_' || r == '/' || r == '=' || r == ':' ||
+			r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z'))
+	}) < 0 {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
 // tableHeader starts a table of what's rows.

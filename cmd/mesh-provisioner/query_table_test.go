@@ -98,3 +98,17 @@ func TestQuery_TableSaysOmittedValue(t *testing.T) {
 	require.Equal(t, []string{"n1", "big", "1", "(omitted:", "2000000", "bytes,", "too", "large", "to", "answer)"}, strings.Fields(table[1]))
 	require.Equal(t, []string{"n1", "nil", "2", "null"}, strings.Fields(table[2]), "a null value is null")
 }
+
+// TestQuery_OnePageSaysMoreFollow: --one-page stops after the first answer; when that answer had
+// next, stderr says more rows follow and the --after that asks for them.
+func TestQuery_OnePageSaysMoreFollow(t *testing.T) {
+	url := fakeSeat(t, map[string]any{"what": "applied", "rows": []any{
+		map[string]any{"key": "n1.m", "node": "n1", "module": "m", "revision": 1, "value": map[string]any{}},
+	}, "anomalies": []any{}, "anomalies_total": 0, "as_of": 2, "synced": true, "next": "n1.m"})
+	for _, args := range [][]string{{}, {"--json"}} {
+		code, out, stderr := run(t, append([]string{"query", "applied", "--one-page", "--nats", url}, args...)...)
+		require.Equal(t, 0, code, stderr)
+		require.Contains(t, stderr, "more rows follow: add --after n1.m for the next page", "%v", args)
+		require.NotContains(t, out, "more rows follow", "%v: stdout is the answer alone", args)
+	}
+}
