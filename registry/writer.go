@@ -407,6 +407,9 @@ func (w *Writer) strays(ctx context.Context, stream jetstream.Stream) ([]string,
 // name (one published on the raw subject, such as `a:b`) is deleted too.
 func (w *Writer) deleteStray(ctx context.Context, stream jetstream.Stream, subj string) (int, error) {
 	key := strings.TrimPrefix(subj, provisioner.SubjectPrefix(provisioner.BucketRegistry))
+	if wildcard(subj) {
+		return w.deleteWildStray(ctx, stream, subj, key)
+	}
 	last, err := stream.GetLastMsgForSubject(ctx, subj)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return 0, nil
@@ -426,6 +429,67 @@ func (w *Writer) deleteStray(ctx context.Context, stream jetstream.Stream, subj 
 	if _, err := w.js.PublishMsg(ctx, marker, jetstream.WithExpectLastSequencePerSubject(last.Sequence)); err != nil {
 		if lostRace(err) {
 			return 0, nil // changed since it was read; the next pass looks again
+		}
+		return 0, fmt.Errorf("delete stray kind %q: %w", key, err)
+	}
+	w.log.Debug("registry stray deleted", "kind", key, "revision", last.Sequence)
+	return 1, nil
+}
+
+// wildcard reports whether a subject read back from the stream holds a wildcard token (`*`, `>`): a key
+// published on the raw subject may. Such a subject is never a filter here: as a filter it matches
+// other keys, so a read of its last message would get another key's, and a write expecting its
+// last sequence would be checked against another key's.
+func wildcard(subj string) bool {
+	for _, tok := range strings.Split(subj, ".") {
+		if tok == "*" || tok == ">" {
+			return true
+		}
+	}
+	return false
+}
+
+// deleteWildStray deletes a stray whose key holds a wildcard token, read literally: its last message
+// is found by walking the messages its subject matches as a filter and keeping those on the subject
+// itself (a registry stream holds a few hundred messages at most), and the delete is written only
+// while the stream's last sequence is the one read, since the server would check a per-subject
+// expectation against the filter. A write meanwhile makes it wait for the next pass. No table has
+// such a kind, so no newer table's key is ever one.
+func (w *Writer) deleteWildStray(ctx context.Context, stream jetstream.Stream, subj, key string) (int, error) {
+	info, err := stream.Info(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("read stray kind %q: %w", key, err)
+	}
+	end := info.State.LastSeq
+	var last *jetstream.RawStreamMsg
+	for seq := info.State.FirstSeq; seq <= end; {
+		if err := ctx.Err(); err != nil {
+			return 0, err
+		}
+		m, err := stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subj))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			break
+		}
+		if err != nil {
+			return 0, fmt.Errorf("read stray kind %q: %w", key, err)
+		}
+		if m.Sequence > end {
+			break
+		}
+		if m.Subject == subj {
+			last = m
+		}
+		seq = m.Sequence + 1
+	}
+	if last == nil || deleted(last.Header) {
+		return 0, nil
+	}
+	marker := nats.NewMsg(subj)
+	marker.Header.Set(provisioner.HeaderKVOperation, "DEL")
+	marker.Header.Set(provisioner.HeaderRegistryVersion, strconv.FormatUint(w.table.Version, 10))
+	if _, err := w.js.PublishMsg(ctx, marker, jetstream.WithExpectLastSequence(end)); err != nil {
+		if lostRace(err) {
+			return 0, nil // the stream changed since it was read; the next pass looks again
 		}
 		return 0, fmt.Errorf("delete stray kind %q: %w", key, err)
 	}
