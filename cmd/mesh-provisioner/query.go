@@ -59,19 +59,21 @@ func (c *QueryCommand) flags() *flag.FlagSet {
 	fs.StringVar(&c.contrib, "contributor", "", "collect: only this contributor (same as --module)")
 	fs.StringVar(&c.collection, "collection", "", "collect: only this collection, by its decoded name (shell:zsh:normal)")
 	fs.StringVar(&c.kind, "kind", "", "registry and needs: only this kind")
-	fs.StringVar(&c.at, "at", "", "forensics: as of an RFC 3339 time or seq:<n>")
-	fs.IntVar(&c.limit, "limit", 0, "rows per page (default 1000, at most 10000)")
-	fs.StringVar(&c.after, "after", "", "start after this cursor (a previous answer's next)")
-	fs.Int64Var(&c.minSeq, "min-seq", 0, "answer only once the projection has applied this stream sequence")
-	fs.DurationVar(&c.wait, "wait", 0, "how long the seat may wait for --min-seq (at most 10s)")
+	fs.StringVar(&c.at, "at", "", "forensics (the request's at): as of an RFC 3339 time or seq:<n>; past the newest answers the newest")
+	fs.IntVar(&c.limit, "limit", 0, "rows per page, the request's limit: 1 to 10000 (default 1000)")
+	fs.StringVar(&c.after, "after", "", "the request's after: start after this cursor (a previous answer's next)")
+	fs.Int64Var(&c.minSeq, "min-seq", 0, "the request's min_seq: answer only once the projection has applied this stream sequence")
+	fs.DurationVar(&c.wait, "wait", 0, "the request's wait_ms, as a duration: how long the seat may wait for --min-seq, 0 to 10s")
 	fs.DurationVar(&c.timeout, "timeout", 15*time.Second, "how long to wait for each answer")
 	fs.BoolVar(&c.jsonOut, "json", false, "print each answer as one JSON object per line, for scripts")
-	fs.BoolVar(&c.onePage, "one-page", false, "print one page only, not every page")
+	fs.BoolVar(&c.onePage, "one-page", false, "print one page only, not every page (stderr says the --after of the next)")
 	fs.Usage = func() {
 		fmt.Fprint(c.Stderr, `Usage: mesh-provisioner query [WHAT] [flags]
 
 Asks mesh-provisioner.provisioning and prints an aligned table, every page of it (--json for scripts).
-WHAT is registry (the default), needs, applied, collect or plans.
+WHAT is registry (the default), needs, applied, collect or plans: the request's what. The flags
+--node, --module, --contributor, --collection, --kind, --at, --limit, --after, --min-seq and --wait
+are the request's fields of those names (min_seq, and wait_ms in milliseconds).
 
 Examples:
   mesh-provisioner query registry

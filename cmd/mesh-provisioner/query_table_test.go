@@ -112,3 +112,14 @@ func TestQuery_OnePageSaysMoreFollow(t *testing.T) {
 		require.NotContains(t, out, "more rows follow", "%v: stdout is the answer alone", args)
 	}
 }
+
+// TestQuery_HelpNamesTheRequestFields: query --help names the request field each flag sends, as the
+// contract writes them, and the bounds the command checks.
+func TestQuery_HelpNamesTheRequestFields(t *testing.T) {
+	code, _, stderr := run(t, "query", "--help")
+	require.Equal(t, 0, code)
+	for _, field := range []string{"request's what", "request's at", "request's limit: 1 to 10000 (default 1000)", "request's after",
+		"request's min_seq", "request's wait_ms", "0 to 10s"} {
+		require.Contains(t, stderr, field)
+	}
+}
