@@ -19,11 +19,8 @@ import (
 // Its text was used as a filter: the last message of `>` or `gadget.>` was another key's (here a
 // delete marker), so the stray was taken for deleted and stayed for ever.
 func TestWriter_StrayWithWildcardTokensIsDeletedLiterally(t *testing.T) {
-	ns := natstest.RunServer(t)
-	_, js := natstest.Connect(t, ns.ClientURL())
+	js, w := startedOnServer(t)
 	ctx := context.Background()
-	w := start(t, js, nil)
-	waitPasses(t, w, 1)
 	prefix := provisioner.SubjectPrefix(provisioner.BucketRegistry)
 	strays := []string{"*", ">", "gadget.*", "gadget.>"}
 	for _, k := range strays {
