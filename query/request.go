@@ -100,7 +100,7 @@ func DecodeRequest(body []byte) (Request, Format, error) {
 		if len(trimmed) < len(body) {
 			// White space is JSON's: in MessagePack each of those bytes is an integer, an object
 			// before the map.
-			return req, FormatMsgpack, badf("request MessagePack: data before the map")
+			return req, FormatMsgpack, badf("request MessagePack: data before the map (%d bytes of white space; a MessagePack request starts with its map)", len(body)-len(trimmed))
 		}
 		if err := msgpackFields(trimmed); err != nil {
 			return req, FormatMsgpack, err

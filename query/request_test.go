@@ -253,3 +253,26 @@ func TestDecodeRequest_HostileLengthsAllocateNothing(t *testing.T) {
 	_, _, err := DecodeRequest([]byte{0x81, 0xda, 0xff, 0xff, 'a'})
 	require.ErrorContains(t, err, "ends inside the map")
 }
+
+// TestDecodeRequest_WhiteSpaceBeforeMessagePack: white space before a MessagePack map is a bad request
+// that says so, answered in MessagePack; it is not skipped, nor the body read as JSON. White space
+// before a JSON object is JSON's (docs/decisions.md, White space before a MessagePack map).
+func TestDecodeRequest_WhiteSpaceBeforeMessagePack(t *testing.T) {
+	m, err := msgpack.Marshal(map[string]any{"what": "needs"})
+	require.NoError(t, err)
+	for _, ws := range []string{" ", "\t", "\r\n", "\n\n\n"} {
+		t.Run(strconv.Quote(ws), func(t *testing.T) {
+			r, format, err := DecodeRequest(append([]byte(ws), m...))
+			require.Error(t, err)
+			require.Equal(t, 400, Code(err))
+			require.Contains(t, err.Error(), "data before the map ("+strconv.Itoa(len(ws))+" bytes of white space")
+			require.Equal(t, FormatMsgpack, format, "the asker reads MessagePack")
+			require.Empty(t, r.What, "nothing read from it")
+
+			r, format, err = DecodeRequest([]byte(ws + `{"what":"needs"}`))
+			require.NoError(t, err)
+			require.Equal(t, FormatJSON, format)
+			require.Equal(t, "needs", r.What)
+		})
+	}
+}

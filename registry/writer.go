@@ -407,12 +407,31 @@ func (w *Writer) strays(ctx context.Context, stream jetstream.Stream) ([]string,
 // name (one published on the raw subject, such as `a:b`) is deleted too.
 func (w *Writer) deleteStray(ctx context.Context, stream jetstream.Stream, subj string) (int, error) {
 	key := strings.TrimPrefix(subj, provisioner.SubjectPrefix(provisioner.BucketRegistry))
-	last, err := stream.GetLastMsgForSubject(ctx, subj)
-	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return 0, nil
+	var (
+		last   *jetstream.RawStreamMsg
+		expect jetstream.PublishOpt
+		err    error
+	)
+	if wildcard(subj) {
+		var end uint64
+		last, end, err = literalLast(ctx, stream, subj)
+		// The server would check a per-subject expectation against the subject as a filter: the
+		// delete is written only while the stream's last sequence is the one read.
+		expect = jetstream.WithExpectLastSequence(end)
+	} else {
+		last, err = stream.GetLastMsgForSubject(ctx, subj)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			last, err = nil, nil
+		}
+		if last != nil {
+			expect = jetstream.WithExpectLastSequencePerSubject(last.Sequence)
+		}
 	}
 	if err != nil {
 		return 0, fmt.Errorf("read stray kind %q: %w", key, err)
+	}
+	if last == nil {
+		return 0, nil
 	}
 	if w.newer(last, key) {
 		return 0, errNewer // a kind of a newer table, or one it deleted
@@ -423,7 +442,7 @@ func (w *Writer) deleteStray(ctx context.Context, stream jetstream.Stream, subj 
 	marker := nats.NewMsg(subj)
 	marker.Header.Set(provisioner.HeaderKVOperation, "DEL")
 	marker.Header.Set(provisioner.HeaderRegistryVersion, strconv.FormatUint(w.table.Version, 10))
-	if _, err := w.js.PublishMsg(ctx, marker, jetstream.WithExpectLastSequencePerSubject(last.Sequence)); err != nil {
+	if _, err := w.js.PublishMsg(ctx, marker, expect); err != nil {
 		if lostRace(err) {
 			return 0, nil // changed since it was read; the next pass looks again
 		}
@@ -431,6 +450,51 @@ func (w *Writer) deleteStray(ctx context.Context, stream jetstream.Stream, subj 
 	}
 	w.log.Debug("registry stray deleted", "kind", key, "revision", last.Sequence)
 	return 1, nil
+}
+
+// wildcard reports whether a subject read back from the stream holds a wildcard token (`*`, `>`): a key
+// published on the raw subject may. Such a subject is never a filter here: as a filter it matches
+// other keys, so a read of its last message would get another key's, and a write expecting its
+// last sequence would be checked against another key's.
+func wildcard(subj string) bool {
+	for _, tok := range strings.Split(subj, ".") {
+		if tok == "*" || tok == ">" {
+			return true
+		}
+	}
+	return false
+}
+
+// literalLast is the last message on subj itself (nil for none), even when subj holds wildcard
+// tokens, and the stream's last sequence when it was read. It walks the messages subj matches as a
+// filter and keeps those on subj: a registry stream holds a few hundred messages at most.
+func literalLast(ctx context.Context, stream jetstream.Stream, subj string) (*jetstream.RawStreamMsg, uint64, error) {
+	info, err := stream.Info(ctx)
+	if err != nil {
+		return nil, 0, err
+	}
+	end := info.State.LastSeq
+	var last *jetstream.RawStreamMsg
+	for seq := info.State.FirstSeq; seq <= end; {
+		if err := ctx.Err(); err != nil {
+			return nil, 0, err
+		}
+		m, err := stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subj))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			break
+		}
+		if err != nil {
+			return nil, 0, err
+		}
+		if m.Sequence > end {
+			break
+		}
+		if m.Subject == subj {
+			last = m
+		}
+		seq = m.Sequence + 1
+	}
+	return last, end, nil
 }
 
 // errNewer says a key was left alone because its last message is of a newer table than the writer's.

@@ -117,6 +117,16 @@ func start(t *testing.T, js jetstream.JetStream, log *slog.Logger) *registry.Wri
 	return w
 }
 
+// startedOnServer starts a writer of the compiled table on a server of its own, after its first pass.
+func startedOnServer(t *testing.T) (jetstream.JetStream, *registry.Writer) {
+	t.Helper()
+	ns := natstest.RunServer(t)
+	_, js := natstest.Connect(t, ns.ClientURL())
+	w := start(t, js, nil)
+	waitPasses(t, w, 1)
+	return js, w
+}
+
 // waitPasses waits until w has completed at least n passes.
 func waitPasses(t *testing.T, w *registry.Writer, n int) {
 	t.Helper()
@@ -430,11 +440,8 @@ func TestWriter_StopsDuringAPass(t *testing.T) {
 // which the seat answers as a registry entry, so the writer deletes it; one with an empty
 // Nats-Marker-Reason is a marker, which removed the key already, so the writer leaves it.
 func TestWriter_StrayIsWhatTheProjectionReads(t *testing.T) {
-	ns := natstest.RunServer(t)
-	_, js := natstest.Connect(t, ns.ClientURL())
+	js, w := startedOnServer(t)
 	ctx := context.Background()
-	w := start(t, js, nil)
-	waitPasses(t, w, 1)
 	prefix := provisioner.SubjectPrefix(provisioner.BucketRegistry)
 	publish := func(key, header, value string) {
 		m := nats.NewMsg(prefix + key)

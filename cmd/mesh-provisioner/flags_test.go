@@ -195,3 +195,30 @@ func TestCreds_ServeAndQuery(t *testing.T) {
 	require.Equal(t, exitFailure, code)
 	require.Contains(t, stderr, "missing.creds")
 }
+
+// TestQuery_BoundsAreUsageErrors: a --limit outside 1..10000, a --wait above 10s or below 0, or a
+// negative --min-seq is the command line's fault: exit 2 with a message naming the flag, and no
+// request sent (the seat would answer 400, exit 3).
+func TestQuery_BoundsAreUsageErrors(t *testing.T) {
+	ns := natstest.RunServer(t)
+	nc, _ := natstest.Connect(t, ns.ClientURL())
+	sub, err := nc.SubscribeSync(query.Subject)
+	require.NoError(t, err)
+	require.NoError(t, nc.Flush())
+	for _, args := range [][]string{
+		{"--limit", "0"}, {"--limit", "-1"}, {"--limit", "10001"},
+		{"--min-seq", "1", "--wait", "10001ms"}, {"--min-seq", "1", "--wait", "-1s"}, {"--min-seq", "-1"},
+	} {
+		code, _, stderr := run(t, append([]string{"query", "needs", "--nats", ns.ClientURL(), "--timeout", "1s"}, args...)...)
+		require.Equal(t, exitUsage, code, "%v: %s", args, stderr)
+		require.Contains(t, stderr, args[len(args)-2], "%v: names the flag", args)
+	}
+	// The bounds themselves are sent: the first request the subscriber sees is this one.
+	code, _, stderr := run(t, "query", "needs", "--nats", ns.ClientURL(), "--limit", "10000", "--min-seq", "1", "--wait", "10s", "--timeout", "50ms")
+	require.Equal(t, exitFailure, code, "no seat answers: %s", stderr)
+	msg, err := sub.NextMsg(10 * time.Second)
+	require.NoError(t, err)
+	var got map[string]any
+	require.NoError(t, json.Unmarshal(msg.Data, &got))
+	require.Equal(t, map[string]any{"what": "needs", "limit": 10000.0, "min_seq": 1.0, "wait_ms": 10000.0}, got)
+}

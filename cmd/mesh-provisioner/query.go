@@ -13,6 +13,8 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
@@ -57,19 +59,21 @@ func (c *QueryCommand) flags() *flag.FlagSet {
 	fs.StringVar(&c.contrib, "contributor", "", "collect: only this contributor (same as --module)")
 	fs.StringVar(&c.collection, "collection", "", "collect: only this collection, by its decoded name (shell:zsh:normal)")
 	fs.StringVar(&c.kind, "kind", "", "registry and needs: only this kind")
-	fs.StringVar(&c.at, "at", "", "forensics: as of an RFC 3339 time or seq:<n>")
-	fs.IntVar(&c.limit, "limit", 0, "rows per page (default 1000, at most 10000)")
-	fs.StringVar(&c.after, "after", "", "start after this cursor (a previous answer's next)")
-	fs.Int64Var(&c.minSeq, "min-seq", 0, "answer only once the projection has applied this stream sequence")
-	fs.DurationVar(&c.wait, "wait", 0, "how long the seat may wait for --min-seq (at most 10s)")
+	fs.StringVar(&c.at, "at", "", "forensics (the request's at): as of an RFC 3339 time or seq:<n>; past the newest answers the newest")
+	fs.IntVar(&c.limit, "limit", 0, "rows per page, the request's limit: 1 to 10000 (default 1000)")
+	fs.StringVar(&c.after, "after", "", "the request's after: start after this cursor (a previous answer's next)")
+	fs.Int64Var(&c.minSeq, "min-seq", 0, "the request's min_seq: answer only once the projection has applied this stream sequence")
+	fs.DurationVar(&c.wait, "wait", 0, "the request's wait_ms, as a duration: how long the seat may wait for --min-seq, 0 to 10s")
 	fs.DurationVar(&c.timeout, "timeout", 15*time.Second, "how long to wait for each answer")
 	fs.BoolVar(&c.jsonOut, "json", false, "print each answer as one JSON object per line, for scripts")
-	fs.BoolVar(&c.onePage, "one-page", false, "print one page only, not every page")
+	fs.BoolVar(&c.onePage, "one-page", false, "print one page only, not every page (stderr says the --after of the next)")
 	fs.Usage = func() {
 		fmt.Fprint(c.Stderr, `Usage: mesh-provisioner query [WHAT] [flags]
 
 Asks mesh-provisioner.provisioning and prints an aligned table, every page of it (--json for scripts).
-WHAT is registry (the default), needs, applied, collect or plans.
+WHAT is registry (the default), needs, applied, collect or plans: the request's what. The flags
+--node, --module, --contributor, --collection, --kind, --at, --limit, --after, --min-seq and --wait
+are the request's fields of those names (min_seq, and wait_ms in milliseconds).
 
 Examples:
   mesh-provisioner query registry
@@ -104,6 +108,19 @@ func (c *QueryCommand) Run(ctx context.Context, args []string) (err error) {
 	}
 	if c.timeout <= 0 {
 		return &usageError{msg: fmt.Sprintf("--timeout %s: want how long to wait for each answer, above 0", c.timeout)}
+	}
+	// The contract's bounds are checked here, before anything is sent: a wrong number is the command
+	// line's fault (exit 2), not an answer of the seat's (a 400, exit 3).
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if set["limit"] && (c.limit < 1 || c.limit > query.MaxLimit) {
+		return &usageError{msg: fmt.Sprintf("--limit %d: want rows per page from 1 to %d (default 1000)", c.limit, query.MaxLimit)}
+	}
+	if c.minSeq < 0 {
+		return &usageError{msg: fmt.Sprintf("--min-seq %d: want a stream sequence, 1 or more", c.minSeq)}
+	}
+	if maxWait := query.MaxWaitMS * time.Millisecond; c.wait < 0 || c.wait.Milliseconds() > query.MaxWaitMS {
+		return &usageError{msg: fmt.Sprintf("--wait %s: want from 0 to %s (the seat waits at most that for --min-seq)", c.wait, maxWait)}
 	}
 	if c.wait != 0 && c.minSeq == 0 {
 		return &usageError{msg: "--wait is how long the seat may wait for --min-seq: give --min-seq too"}
@@ -194,6 +211,10 @@ func (c *QueryCommand) Run(ctx context.Context, args []string) (err error) {
 			}
 		}
 		next, _ := ans["next"].(string)
+		if next != "" && c.onePage {
+			// On stderr, so --json's stdout stays the answers alone.
+			fmt.Fprintf(c.Stderr, "mesh-provisioner: more rows follow: add --after %s for the next page, or leave out --one-page for every page\n", shellWord(next))
+		}
 		if next == "" || c.onePage {
 			break
 		}
@@ -206,6 +227,17 @@ func (c *QueryCommand) Run(ctx context.Context, args []string) (err error) {
 		tableEnd(c.Stdout, last, rows)
 	}
 	return nil
+}
+
+// shellWord is s as one shell word: as it is when it is safe unquoted, else in single quotes.
+func shellWord(s string) string {
+	if s != "" && strings.IndexFunc(s, func(r rune) bool {
+		return !(r < utf8.RuneSelf && (r == '.' || r == '-' || r == '_' || r == '/' || r == '=' || r == ':' ||
+			r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z'))
+	}) < 0 {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
 // tableHeader starts a table of what's rows.
@@ -240,12 +272,21 @@ func tableRows(tw *tabwriter.Writer, what string, a map[string]any, n int) (int,
 func tableEnd(w io.Writer, last map[string]any, rows int) {
 	anoms, _ := last["anomalies"].([]any)
 	if len(anoms) > 0 {
-		fmt.Fprintf(w, "\n%v anomalies (keys or values out of shape):\n", last["anomalies_total"])
+		total := num(last["anomalies_total"])
+		if n, err := strconv.Atoi(total); err == nil && n > len(anoms) {
+			// The answer carries at most 1000: say the list is cut, and of how many.
+			fmt.Fprintf(w, "\nanomalies (%d of %d, the first by key; keys or values out of shape):\n", len(anoms), n)
+		} else {
+			fmt.Fprintf(w, "\n%d anomalies (keys or values out of shape):\n", len(anoms))
+		}
 		tw := newTable(w)
 		fmt.Fprintln(tw, "BUCKET\tKEY\tREVISION\tREASON")
 		for _, x := range anoms {
 			a, _ := x.(map[string]any)
-			fmt.Fprintf(tw, "%v\t%v\t%v\t%v\n", a["bucket"], a["key"], num(a["revision"]), a["reason"])
+			bucket, _ := a["bucket"].(string)
+			key, _ := a["key"].(string)
+			reason, _ := a["reason"].(string)
+			fmt.Fprintf(tw, "%s\t%s\t%v\t%s\n", tableText(bucket), tableText(key), num(a["revision"]), lineText(reason))
 		}
 		tw.Flush()
 	}
@@ -293,13 +334,14 @@ func columns(what string) []string {
 func cell(what, col string, row map[string]any) string {
 	switch {
 	case what == "registry" && col == "where":
-		if v, ok := row["verb"].(string); ok && v != "" {
-			return "verb " + v
-		}
-		return fmt.Sprintf("bucket %v  %v", row["bucket"], row["key_shape"])
+		return whereCell(row)
 	case what == "plans" && (col == "current" || col == "newest"):
 		return planCell(row[col])
 	case col == "value":
+		if n, ok := row["value_omitted"]; ok && row["value"] == nil {
+			// Too large for any answer: the bucket still holds it (replay history shows it).
+			return fmt.Sprintf("(omitted: %s bytes, too large to answer)", num(n))
+		}
 		if raw, ok := row["value_raw"]; ok && row["value"] == nil {
 			s, _ := raw.(string)
 			if b, err := base64.StdEncoding.DecodeString(s); err == nil {
@@ -317,9 +359,53 @@ func cell(what, col string, row map[string]any) string {
 		return num(row[col])
 	}
 	if v, ok := row[col]; ok && v != nil {
+		if s, ok := v.(string); ok {
+			return tableText(s)
+		}
 		return fmt.Sprint(v)
 	}
 	return "-"
+}
+
+// tableText is a cell's text: as it is, or quoted as Go quotes a string when it is empty or holds
+// white space, a control character, a quote or bytes that are not printable UTF-8, so each row stays
+// one line, its cells stay apart and aligned, and an empty value is not taken for a missing one ("-").
+// A decoded collection name may hold any of these (`=0A` is a newline).
+func tableText(s string) string {
+	if s == "" || !utf8.ValidString(s) {
+		return strconv.Quote(s)
+	}
+	for _, r := range s {
+		if unicode.IsSpace(r) || !unicode.IsPrint(r) || r == '"' || r == '\'' || r == '`' || r == '\\' {
+			return strconv.Quote(s)
+		}
+	}
+	return s
+}
+
+// lineText is free text for the last column (an anomaly's reason): its spaces kept, quoted only when
+// it would break the line.
+func lineText(s string) string {
+	if strings.IndexFunc(s, func(r rune) bool { return r != ' ' && (unicode.IsSpace(r) || !unicode.IsPrint(r)) }) >= 0 || !utf8.ValidString(s) {
+		return strconv.Quote(s)
+	}
+	return s
+}
+
+// whereCell says where a kind's values are: a verb, or a bucket with its key shape; "-" for a kind
+// with neither (a value out of shape), never a blank cell or "bucket <nil>".
+func whereCell(row map[string]any) string {
+	if v, _ := row["verb"].(string); v != "" {
+		return "verb " + v
+	}
+	b, _ := row["bucket"].(string)
+	if b == "" {
+		return "-"
+	}
+	if shape, _ := row["key_shape"].(string); shape != "" {
+		return "bucket " + b + "  " + shape
+	}
+	return "bucket " + b
 }
 
 func planCell(v any) string {
