@@ -1,9 +1,12 @@
 package seat_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -13,6 +16,7 @@ import (
 	provisioner "github.com/novox/mesh-provisioner"
 	"github.com/novox/mesh-provisioner/fixtures"
 	"github.com/novox/mesh-provisioner/internal/natstest"
+	"github.com/novox/mesh-provisioner/replay"
 )
 
 // TestSeat_TTLExpiryEndToEnd: a need put with a per-key TTL (kv.Create with jetstream.KeyTTL), or
@@ -114,6 +118,27 @@ func TestSeat_TTLExpiryEndToEnd(t *testing.T) {
 				require.Empty(t, rowKeys(a.Anomalies), "%s: as of after the expiry", stage)
 			}
 			check("live", false)
+			// Forensics from the streams and from an archive of them agree: the expired keys are gone.
+			archive := filepath.Join(t.TempDir(), "ttl.mph")
+			_, err = replay.ExportNATS(ctx, h.js, nil, archive, "test", nil)
+			require.NoError(t, err)
+			fromArchive, err := replay.FromArchive(ctx, archive, nil)
+			require.NoError(t, err)
+			defer fromArchive.Close()
+			fromNATS, err := replay.FromNATS(ctx, h.js, nil, "test", nil)
+			require.NoError(t, err)
+			defer fromNATS.Close()
+			for name, l := range map[string]*replay.Log{"archive": fromArchive, "nats": fromNATS} {
+				for _, at := range []string{after.Format(time.RFC3339Nano), fmt.Sprintf("seq:%d", markers)} {
+					body, _ := json.Marshal(map[string]any{"what": "needs", "node": "n1", "at": at})
+					out, err := l.Ask(body)
+					require.NoError(t, err, "%s at %s", name, at)
+					var a natstest.Answer
+					require.NoError(t, json.Unmarshal(out, &a), "%s at %s", name, at)
+					require.Equal(t, keys, rowKeys(a.Rows), "%s at %s", name, at)
+					require.Empty(t, rowKeys(a.Anomalies), "%s at %s", name, at)
+				}
+			}
 			stop()
 			require.NoError(t, os.RemoveAll(dir))
 			st, _ = h.startSeat(dir)
@@ -130,4 +155,95 @@ func rowKeys(rows []map[string]any) []string {
 		out = append(out, fmt.Sprint(r["key"]))
 	}
 	return out
+}
+
+// TestPlans_TTLExpiryEndToEnd: a composition put with a per-key TTL into a composed-<node> bucket with
+// markers expires as a need does: its marker forgets the build (the stream no longer holds its
+// history), so the module is held missing with no plan kept, and the anomaly of an out-of-shape
+// composition that expired too is cleared; as of before the expiry the plan shows, after it not, from
+// the seat's log and from the streams.
+func TestPlans_TTLExpiryEndToEnd(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	require.NoError(t, fixtures.CreateBuckets(ctx, h.js, provisioner.BucketHostModules, provisioner.BucketIndexerBuilds))
+	const bucket = provisioner.ComposedPrefix + "n1"
+	kv, err := h.js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucket, History: 4, LimitMarkerTTL: time.Second})
+	require.NoError(t, err)
+	h.load([]fixtures.Op{
+		{Bucket: provisioner.BucketHostModules, Key: "n1.web", Op: provisioner.OpPut, Value: mp(t, map[string]any{"want": 5})},
+		{Bucket: provisioner.BucketIndexerBuilds, Key: "web", Op: provisioner.OpPut, Value: mp(t, map[string]any{"newest": 5})},
+	})
+	for _, key := range []string{"web.5", "web.x"} {
+		_, err := kv.Create(ctx, key, mp(t, map[string]any{"status": "published", "plan": map[string]any{"image": "web:5"}}), jetstream.KeyTTL(time.Second))
+		require.NoError(t, err)
+	}
+	st, _ := h.startPlansSeat(t.TempDir())
+	h.waitPlansCaughtUp(st)
+	current := func(a map[string]any) map[string]any {
+		t.Helper()
+		e, _ := planRow(t, a, "n1.web")["current"].(map[string]any)
+		return e
+	}
+	anomalies := func(a map[string]any) []string {
+		out := []string{}
+		for _, r := range a["anomalies"].([]any) {
+			out = append(out, fmt.Sprint(r.(map[string]any)["key"]))
+		}
+		return out
+	}
+	req := map[string]any{"what": "plans", "node": "n1"}
+	a, err := h.askPlans(req, false)
+	require.NoError(t, err)
+	require.Equal(t, "published", current(a)["status"], "before the expiry")
+	require.Equal(t, json.Number("5"), current(a)["build"])
+	require.Equal(t, []string{"web.x"}, anomalies(a))
+	before := time.Now().UTC()
+
+	stream, err := h.js.Stream(ctx, provisioner.StreamName(bucket))
+	require.NoError(t, err)
+	natstest.CheckFor(t, 15*time.Second, 50*time.Millisecond, func() error {
+		for _, key := range []string{"web.5", "web.x"} {
+			m, err := stream.GetLastMsgForSubject(ctx, provisioner.SubjectPrefix(bucket)+key)
+			if err != nil {
+				return err
+			}
+			if m.Header.Get(jetstream.MarkerReasonHeader) == "" {
+				return fmt.Errorf("%s: no marker yet", key)
+			}
+		}
+		return nil
+	})
+	after := time.Now().UTC()
+	time.Sleep(10 * time.Millisecond)
+	h.waitPlansCaughtUp(st)
+
+	expired := func(a map[string]any, stage string) {
+		t.Helper()
+		require.Equal(t, "held", current(a)["status"], stage)
+		require.Equal(t, "missing", current(a)["held_because"], stage)
+		require.NotContains(t, current(a), "plan", "%s: the marker forgot the build's history", stage)
+		require.Empty(t, anomalies(a), "%s: the expired out-of-shape composition's anomaly is cleared", stage)
+	}
+	a, err = h.askPlans(req, false)
+	require.NoError(t, err)
+	expired(a, "live")
+	a, err = h.askPlans(map[string]any{"what": "plans", "node": "n1", "at": before.Format(time.RFC3339Nano)}, false)
+	require.NoError(t, err)
+	require.Equal(t, "published", current(a)["status"], "as of before the expiry")
+	require.Equal(t, []string{"web.x"}, anomalies(a), "as of before the expiry")
+	a, err = h.askPlans(map[string]any{"what": "plans", "node": "n1", "at": after.Format(time.RFC3339Nano)}, false)
+	require.NoError(t, err)
+	expired(a, "as of after the expiry")
+
+	fromNATS, err := replay.FromNATS(ctx, h.js, nil, "test", nil)
+	require.NoError(t, err)
+	defer fromNATS.Close()
+	body, _ := json.Marshal(map[string]any{"what": "plans", "node": "n1", "at": after.Format(time.RFC3339Nano)})
+	out, err := fromNATS.Ask(body)
+	require.NoError(t, err)
+	var v any
+	dec := json.NewDecoder(bytes.NewReader(out))
+	dec.UseNumber()
+	require.NoError(t, dec.Decode(&v))
+	expired(plain(v).(map[string]any), "from the streams, as of after the expiry")
 }
