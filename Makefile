@@ -2,7 +2,7 @@
 GO ?= go
 BIN := bin/mesh-provisioner
 
-.PHONY: build run test test-short race vet fmt bench bench-quick chaos fuzz clean
+.PHONY: build run test test-short race vet fmt bench bench-quick chaos soak fuzz clean
 
 build:
 	$(GO) build -o $(BIN) ./cmd/mesh-provisioner
@@ -41,6 +41,13 @@ chaos:
 	@log=$$(mktemp); MESH_CHAOS=1 $(GO) test -count=1 -v -timeout 30m ./reliability/ >$$log 2>&1; rc=$$?; \
 		grep -E '^(--- |PASS|FAIL|ok)|restarts consistent|faults survived|requests|seed|restart [0-9]+:|at SIGTERM|updates written' $$log; \
 		if [ $$rc -ne 0 ]; then echo "--- the end of the log:"; tail -n 150 $$log; fi; rm -f $$log; exit $$rc
+
+# The soak: a seat with plans under churn (composed buckets created and deleted, keys put, deleted and
+# expiring, clients asking) for SOAK_FOR, checking that goroutines, the projector's per-bucket
+# entries, open files and the heap stay bounded (docs/reliability.md). Not part of make test.
+SOAK_FOR ?= 3m
+soak:
+	MESH_SOAK=1 MESH_SOAK_FOR=$(SOAK_FOR) $(GO) test -count=1 -v -timeout 60m -run '^TestSoak' ./reliability/
 
 # Fuzzing: each target explores for FUZZTIME (the corpus under testdata/fuzz/ is replayed by every
 # `make test`; what a run finds goes there too, to be kept as a regression seed).

@@ -1,9 +1,6 @@
 package projector
 
-import (
-	"sync"
-	"time"
-)
+import "time"
 
 // SetAfterForget has fn called each time a deleted bucket's forgetting has committed, before the
 // bucket leaves the tailed ones (forget.go): where a stream created again at that instant used to be
@@ -36,21 +33,3 @@ func SetBeforeParkRead(p *Projector, fn func(bucket string)) { p.beforeParkRead 
 // reads it (park.go, quietSince): a test of a stream quiet for longer than a long ParkAfter does not
 // wait for it. Set it before Start.
 func SetAged(p *Projector, fn func(bucket string) time.Duration) { p.aged = fn }
-
-// BucketMaps is how many entries the Projector's per-bucket maps hold, by map: a bucket it no longer
-// tails (forgotten) must leave each of them.
-func BucketMaps(p *Projector) map[string]int {
-	out := map[string]int{}
-	p.mu.Lock()
-	out["tailed"], out["asks"], out["askedAt"], out["ends"], out["waiting"] = len(p.tailed), len(p.asks), len(p.askedAt), len(p.ends), len(p.waiting)
-	p.mu.Unlock()
-	p.parkMu.Lock()
-	out["parked"], out["asked"] = len(p.parked), len(p.asked)
-	p.parkMu.Unlock()
-	count := func(m *sync.Map) (n int) {
-		m.Range(func(any, any) bool { n++; return true })
-		return n
-	}
-	out["missing"], out["failing"] = count(&p.missing), count(&p.failing)
-	return out
-}

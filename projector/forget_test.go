@@ -279,7 +279,7 @@ func TestProjector_ForgottenBucketsLeaveNoEntries(t *testing.T) {
 		db.Close()
 	})
 	empty := map[string]int{}
-	for k := range projector.BucketMaps(p) {
+	for k := range p.BucketEntries() {
 		empty[k] = 0
 	}
 	states := len(db.Buckets())
@@ -298,14 +298,14 @@ func TestProjector_ForgottenBucketsLeaveNoEntries(t *testing.T) {
 		for i := range buckets {
 			p.Wake(fmt.Sprintf("composed-n%04d", i)) // as a request waiting on it does
 		}
-		maps := projector.BucketMaps(p)
+		maps := p.BucketEntries()
 		require.Equal(t, buckets, maps["tailed"], "round %d", round)
 		require.Equal(t, buckets, maps["ends"], "round %d", round)
 		for i := range buckets {
 			require.NoError(t, js.DeleteKeyValue(ctx, fmt.Sprintf("composed-n%04d", i)))
 		}
 		natstest.CheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
-			if got := projector.BucketMaps(p); fmt.Sprint(got) != fmt.Sprint(empty) || len(db.Buckets()) != states {
+			if got := p.BucketEntries(); fmt.Sprint(got) != fmt.Sprint(empty) || len(db.Buckets()) != states {
 				return fmt.Errorf("round %d: after every bucket was deleted: maps %v, store buckets %v", round, got, db.Buckets())
 			}
 			return nil

@@ -1351,6 +1351,25 @@ func (p *Projector) Buckets() []string {
 	return out
 }
 
+// BucketEntries is how many entries the Projector's per-bucket maps hold, by map: each bucket it
+// tails has at most one in each, and a bucket it no longer tails (forgotten) none. A soak test watches
+// them stay bounded while buckets come and go.
+func (p *Projector) BucketEntries() map[string]int {
+	out := map[string]int{}
+	p.mu.Lock()
+	out["tailed"], out["asks"], out["askedAt"], out["ends"], out["waiting"] = len(p.tailed), len(p.asks), len(p.askedAt), len(p.ends), len(p.waiting)
+	p.mu.Unlock()
+	p.parkMu.Lock()
+	out["parked"], out["asked"] = len(p.parked), len(p.asked)
+	p.parkMu.Unlock()
+	count := func(m *sync.Map) (n int) {
+		m.Range(func(any, any) bool { n++; return true })
+		return n
+	}
+	out["missing"], out["failing"] = count(&p.missing), count(&p.failing)
+	return out
+}
+
 // EachBucket calls fn for every bucket the Projector tails, as Buckets lists them but in no order and
 // without a copy, until fn returns false; it reports whether fn returned true for all. fn must not
 // call the Projector. A plans answer across every node asks it on every page: with thousands of
