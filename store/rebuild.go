@@ -2,7 +2,6 @@ package store
 
 import (
 	"fmt"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -42,6 +41,7 @@ func ResetState(path string, opts Options) (*DB, error) {
 	if err != nil {
 		return nil, err
 	}
+	s.SetLogger(opts.Logger)
 	gen, err := s.NewGeneration()
 	if err != nil {
 		s.Close()
@@ -49,8 +49,8 @@ func ResetState(path string, opts Options) (*DB, error) {
 	}
 	db, err := Open(gen, opts)
 	if err != nil {
+		_ = s.RemoveGeneration(gen, "the start over of the state dir could not open it: "+err.Error())
 		s.Close()
-		os.RemoveAll(gen)
 		return nil, err
 	}
 	if err := s.Swap(gen); err != nil {

@@ -3,6 +3,7 @@ package store
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"sort"
@@ -21,6 +22,7 @@ var ErrLocked = errors.New("store: state dir is in use by another process")
 type StateDir struct {
 	path string
 	lock *os.File
+	log  *slog.Logger // says every generation removed (RemoveGeneration); nil is slog.Default
 }
 
 const (
@@ -147,6 +149,28 @@ func StateDirHint(path string) string {
 // Path is the state dir.
 func (s *StateDir) Path() string { return s.path }
 
+// SetLogger gives the logger that says each generation removed; OpenState sets Options.Logger.
+func (s *StateDir) SetLogger(log *slog.Logger) { s.log = log }
+
+func (s *StateDir) logger() *slog.Logger {
+	if s.log == nil {
+		return slog.Default()
+	}
+	return s.log
+}
+
+// RemoveGeneration removes a generation's directory and logs its path and why: a generation holds the
+// local event log, which the streams may no longer hold, so no removal goes unsaid. A removal that
+// fails is logged as an error and returned.
+func (s *StateDir) RemoveGeneration(dir, why string) error {
+	if err := os.RemoveAll(dir); err != nil {
+		s.logger().Error("could not remove a generation of the state dir", "generation", dir, "why", why, "err", err)
+		return err
+	}
+	s.logger().Info("removed a generation of the state dir", "generation", dir, "why", why)
+	return nil
+}
+
 // Close releases the lock.
 func (s *StateDir) Close() error {
 	if s.lock == nil {
@@ -215,12 +239,13 @@ func (s *StateDir) Swap(dir string) error {
 	if err := syncDir(s.path); err != nil {
 		return fmt.Errorf("swap generation: %w", err)
 	}
-	return s.RemoveOthers(dir)
+	return s.RemoveOthers(dir, "replaced by "+filepath.Base(dir)+", which CURRENT names now")
 }
 
-// RemoveOthers removes every generation but keep: leftovers of a rebuild that did not finish, and
-// generations a swap replaced; and the copies of killed readers (removeStaleCopies).
-func (s *StateDir) RemoveOthers(keep string) error {
+// RemoveOthers removes every generation but keep, logging each with why: leftovers of a rebuild that
+// did not finish, and generations a swap replaced; and the copies of killed readers
+// (removeStaleCopies).
+func (s *StateDir) RemoveOthers(keep, why string) error {
 	removeStaleCopies(s.path)
 	entries, err := os.ReadDir(s.path)
 	if err != nil {
@@ -230,7 +255,7 @@ func (s *StateDir) RemoveOthers(keep string) error {
 		if !strings.HasPrefix(e.Name(), genPrefix) || e.Name() == filepath.Base(keep) {
 			continue
 		}
-		if err := os.RemoveAll(filepath.Join(s.path, e.Name())); err != nil {
+		if err := s.RemoveGeneration(filepath.Join(s.path, e.Name()), why); err != nil {
 			return fmt.Errorf("remove old generation: %w", err)
 		}
 	}

@@ -10,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -197,6 +198,7 @@ func OpenStateContext(ctx context.Context, path string, opts Options) (*DB, erro
 	if err != nil {
 		return nil, err
 	}
+	s.SetLogger(opts.Logger)
 	cur, err := s.Current()
 	if err != nil {
 		s.Close()
@@ -209,7 +211,8 @@ func OpenStateContext(ctx context.Context, path string, opts Options) (*DB, erro
 		}
 		db, err := OpenContext(ctx, cur, opts)
 		if err != nil {
-			os.RemoveAll(cur) // CURRENT does not name it: a start that tries again makes its own
+			// CURRENT does not name it: a start that tries again makes its own.
+			_ = s.RemoveGeneration(cur, "the first open of the state dir failed: "+err.Error())
 			s.Close()
 			return nil, err
 		}
@@ -231,7 +234,7 @@ func OpenStateContext(ctx context.Context, path string, opts Options) (*DB, erro
 		return nil, err
 	}
 	// Leftovers of a rebuild that was killed before its swap are removed.
-	if err := s.RemoveOthers(cur); err != nil {
+	if err := s.RemoveOthers(cur, "not named by CURRENT ("+filepath.Base(cur)+"): left by a rebuild that did not finish, or by a removal cut short"); err != nil {
 		db.Close()
 		s.Close()
 		return nil, err

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -114,6 +113,7 @@ func (c *RebuildCommand) Run(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	sd.SetLogger(log)
 	keep := false // a write held for room: the lock is the fill's, left to the exit (below)
 	defer func() {
 		if !keep {
@@ -203,7 +203,7 @@ func (c *RebuildCommand) fill(ctx context.Context, js jetstream.JetStream, sd *s
 		db, err := store.OpenContext(ctx, gen, opts)
 		if err != nil && resumed && store.NeedsRebuild(err) {
 			log.Warn("the unfinished rebuild does not open; starting over", "err", err)
-			os.RemoveAll(gen)
+			_ = sd.RemoveGeneration(gen, "the unfinished rebuild does not open: "+err.Error())
 			continue
 		}
 		if err != nil && resumed {
@@ -241,8 +241,8 @@ func (c *RebuildCommand) fill(ctx context.Context, js jetstream.JetStream, sd *s
 		if errors.Is(err, projector.ErrCannotResume) && attempt == 0 {
 			// A resumed generation read streams that were recreated since: start over, once.
 			db.Close()
-			os.RemoveAll(gen)
 			log.Warn("the streams changed since the unfinished rebuild; starting over", "err", err)
+			_ = sd.RemoveGeneration(gen, "the streams changed since the unfinished rebuild: "+err.Error())
 			continue
 		}
 		if err != nil {
