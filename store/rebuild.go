@@ -13,9 +13,10 @@ import (
 // new one. A crash at any point leaves a state dir that opens.
 
 // Pending returns the newest generation newer than the current one (a rebuild that did not finish),
-// or "" when there is none.
+// or "" when there is none. The current one is as Resolve finds it: with CURRENT lost, the only
+// complete generation; with two or more, ErrNoCurrent (none is resumed: which is which is unknown).
 func (s *StateDir) Pending() (string, error) {
-	cur, err := s.Current()
+	cur, _, err := s.Resolve()
 	if err != nil {
 		return "", err
 	}

@@ -199,7 +199,7 @@ func OpenStateContext(ctx context.Context, path string, opts Options) (*DB, erro
 		return nil, err
 	}
 	s.SetLogger(opts.Logger)
-	cur, err := s.Current()
+	cur, lost, err := s.Resolve()
 	if err != nil {
 		s.Close()
 		return nil, err
@@ -224,14 +224,22 @@ func OpenStateContext(ctx context.Context, path string, opts Options) (*DB, erro
 		db.state = s
 		return db, nil
 	}
-	if _, err := os.Stat(cur); err != nil {
-		s.Close()
-		return nil, fmt.Errorf("%w: current generation %s: %v", ErrCorrupt, cur, err)
-	}
 	db, err := OpenContext(ctx, cur, opts)
 	if err != nil {
 		s.Close()
 		return nil, err
+	}
+	if lost != "" {
+		s.logger().Warn("the state dir's CURRENT is lost: opened its only generation, writing CURRENT anew", "state", path, "why", lost, "generation", cur)
+		// The only complete generation, opened: CURRENT names it again (Swap removes what else is
+		// there, each logged: generations no store was made in).
+		if err := s.Swap(cur); err != nil {
+			db.Close()
+			s.Close()
+			return nil, err
+		}
+		db.state = s
+		return db, nil
 	}
 	// Leftovers of a rebuild that was killed before its swap are removed.
 	if err := s.RemoveOthers(cur, "not named by CURRENT ("+filepath.Base(cur)+"): left by a rebuild that did not finish, or by a removal cut short"); err != nil {
