@@ -111,12 +111,12 @@ func TestBrokenState_DamagedFiles(t *testing.T) {
 	cases := []struct {
 		name    string
 		flushed bool   // damage the copy whose data is in sstables
-		refuse  bool   // serve must refuse it
+		refuse  bool   // serve must refuse it (a lost CURRENT beside its only generation is not: that one opens, store.Resolve)
 		damage  damage // what is done to the copy
 	}{
-		{"CURRENT garbled", false, true, func(t *testing.T, s string) { write(t, filepath.Join(s, "CURRENT"), []byte("\x00\xffgarbage\n")) }},
-		{"CURRENT empty", false, true, func(t *testing.T, s string) { write(t, filepath.Join(s, "CURRENT"), nil) }},
-		{"CURRENT names a missing generation", false, true, func(t *testing.T, s string) { write(t, filepath.Join(s, "CURRENT"), []byte("gen-000099\n")) }},
+		{"CURRENT garbled", false, false, func(t *testing.T, s string) { write(t, filepath.Join(s, "CURRENT"), []byte("\x00\xffgarbage\n")) }},
+		{"CURRENT empty", false, false, func(t *testing.T, s string) { write(t, filepath.Join(s, "CURRENT"), nil) }},
+		{"CURRENT names a missing generation", false, false, func(t *testing.T, s string) { write(t, filepath.Join(s, "CURRENT"), []byte("gen-000099\n")) }},
 		{"MANIFEST garbled", true, true, func(t *testing.T, s string) { garble(t, newest(genFiles(t, s, "MANIFEST-")), 0) }},
 		{"MANIFEST truncated", true, false, func(t *testing.T, s string) { truncate(t, newest(genFiles(t, s, "MANIFEST-"))) }},
 		{"MANIFEST removed", true, true, func(t *testing.T, s string) { remove(t, genFiles(t, s, "MANIFEST-")...) }},

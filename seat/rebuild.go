@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"sync"
 	"time"
 
@@ -154,12 +153,12 @@ func (s *Seat) rebuildOnce(ctx context.Context) error {
 	s.opening = ""
 	s.mu.Unlock()
 	if err != nil {
-		os.RemoveAll(gen)
+		_ = st.RemoveGeneration(gen, "the rebuild could not open it (it tries again in a new one): "+err.Error())
 		return fmt.Errorf("open the new generation %s (the rebuild tries again by itself; the current generation answers meanwhile): %w", gen, err)
 	}
-	abandon := func() {
+	abandon := func(why string) {
 		ndb.Close()
-		os.RemoveAll(gen)
+		_ = st.RemoveGeneration(gen, "the rebuild filling it was given up: "+why)
 	}
 
 	// Until the swap, a reset of the new projector restarts the rebuild; after it, it is the seat's. One
@@ -215,11 +214,11 @@ func (s *Seat) rebuildOnce(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			p.Stop()
-			abandon()
+			abandon("the seat stopped")
 			return ctx.Err()
 		case err := <-resets:
 			p.Stop()
-			abandon()
+			abandon("a stream changed again during the rebuild: " + err.Error())
 			return fmt.Errorf("a stream changed again during the rebuild: %w", err)
 		case <-tick.C:
 		}

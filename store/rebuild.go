@@ -2,7 +2,6 @@ package store
 
 import (
 	"fmt"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -14,9 +13,10 @@ import (
 // new one. A crash at any point leaves a state dir that opens.
 
 // Pending returns the newest generation newer than the current one (a rebuild that did not finish),
-// or "" when there is none.
+// or "" when there is none. The current one is as Resolve finds it: with CURRENT lost, the only
+// complete generation; with two or more, ErrNoCurrent (none is resumed: which is which is unknown).
 func (s *StateDir) Pending() (string, error) {
-	cur, err := s.Current()
+	cur, _, err := s.Resolve()
 	if err != nil {
 		return "", err
 	}
@@ -42,6 +42,7 @@ func ResetState(path string, opts Options) (*DB, error) {
 	if err != nil {
 		return nil, err
 	}
+	s.SetLogger(opts.Logger)
 	gen, err := s.NewGeneration()
 	if err != nil {
 		s.Close()
@@ -49,8 +50,8 @@ func ResetState(path string, opts Options) (*DB, error) {
 	}
 	db, err := Open(gen, opts)
 	if err != nil {
+		_ = s.RemoveGeneration(gen, "the start over of the state dir could not open it: "+err.Error())
 		s.Close()
-		os.RemoveAll(gen)
 		return nil, err
 	}
 	if err := s.Swap(gen); err != nil {

@@ -3,16 +3,26 @@ package store
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
 	"syscall"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/vfs"
 )
 
 // ErrLocked is returned when another process holds the state dir.
 var ErrLocked = errors.New("store: state dir is in use by another process")
+
+// ErrNoCurrent marks a state dir whose CURRENT is missing, unreadable or names a generation that is
+// gone, beside two or more generations that each hold a store: which one was in use cannot be told
+// (the other is a rebuild that did not finish, or one a swap replaced), so none is opened and none is
+// removed. The operator names the one to keep in CURRENT, or runs `mesh-provisioner rebuild`.
+var ErrNoCurrent = errors.New("store: state dir has no CURRENT")
 
 // StateDir is the --state directory: a LOCK file held with flock for as long as a process uses it, a
 // CURRENT file naming the generation in use, and one Pebble directory per generation (gen-000001, ...).
@@ -21,6 +31,7 @@ var ErrLocked = errors.New("store: state dir is in use by another process")
 type StateDir struct {
 	path string
 	lock *os.File
+	log  *slog.Logger // says every generation removed (RemoveGeneration); nil is slog.Default
 }
 
 const (
@@ -147,6 +158,28 @@ func StateDirHint(path string) string {
 // Path is the state dir.
 func (s *StateDir) Path() string { return s.path }
 
+// SetLogger gives the logger that says each generation removed; OpenState sets Options.Logger.
+func (s *StateDir) SetLogger(log *slog.Logger) { s.log = log }
+
+func (s *StateDir) logger() *slog.Logger {
+	if s.log == nil {
+		return slog.Default()
+	}
+	return s.log
+}
+
+// RemoveGeneration removes a generation's directory and logs its path and why: a generation holds the
+// local event log, which the streams may no longer hold, so no removal goes unsaid. A removal that
+// fails is logged as an error and returned.
+func (s *StateDir) RemoveGeneration(dir, why string) error {
+	if err := os.RemoveAll(dir); err != nil {
+		s.logger().Error("could not remove a generation of the state dir", "generation", dir, "why", why, "err", err)
+		return err
+	}
+	s.logger().Info("removed a generation of the state dir", "generation", dir, "why", why)
+	return nil
+}
+
 // Close releases the lock.
 func (s *StateDir) Close() error {
 	if s.lock == nil {
@@ -171,6 +204,79 @@ func (s *StateDir) Current() (string, error) {
 		return "", fmt.Errorf("%w: %s names %q", ErrCorrupt, currentName, name)
 	}
 	return filepath.Join(s.path, name), nil
+}
+
+// Resolve returns the directory of the current generation. It is the one CURRENT names when that
+// exists; else (CURRENT missing, not naming a generation, or naming one that is gone) the only
+// complete generation, with lost saying why CURRENT did not name it: the caller opens it and rewrites
+// CURRENT (Swap). Two or more
+// complete generations are ErrNoCurrent; none is "" with a CURRENT missing (a first start), and
+// CURRENT's own error (ErrCorrupt) otherwise. A generation is complete when Pebble has made its store
+// there (a manifest it names exists): one NewGeneration made and nothing opened, or whose removal was
+// cut short before its manifest, is not.
+func (s *StateDir) Resolve() (cur, lost string, err error) {
+	cur, curErr := s.Current()
+	if curErr != nil && !errors.Is(curErr, ErrCorrupt) {
+		return "", "", curErr
+	}
+	why := ""
+	switch {
+	case curErr != nil:
+		why = curErr.Error()
+	case cur == "":
+		why = currentName + " is missing"
+	default:
+		_, err := os.Stat(cur)
+		if err == nil {
+			return cur, "", nil
+		}
+		if !errors.Is(err, os.ErrNotExist) {
+			return "", "", fmt.Errorf("current generation %s: %w", cur, err)
+		}
+		why = fmt.Sprintf("%s names %s, which does not exist", currentName, filepath.Base(cur))
+	}
+	complete, err := s.completeGenerations()
+	if err != nil {
+		return "", "", err
+	}
+	switch len(complete) {
+	case 0:
+		if curErr != nil {
+			return "", "", curErr
+		}
+		if cur != "" {
+			return "", "", fmt.Errorf("%w: %s (run `mesh-provisioner rebuild`)", ErrCorrupt, why)
+		}
+		return "", "", nil
+	case 1:
+		return complete[0], why, nil
+	}
+	names := make([]string, len(complete))
+	for i, g := range complete {
+		names[i] = filepath.Base(g)
+	}
+	return "", "", fmt.Errorf("%w: %s: %s, and it holds %d generations (%s): which one was in use cannot be told, so none is opened or removed; write the one to keep into %s (echo %s > %s), or run `mesh-provisioner rebuild` to build a new one from the streams (it replaces them all)",
+		ErrNoCurrent, s.path, why, len(names), strings.Join(names, ", "), filepath.Join(s.path, currentName), names[len(names)-1], filepath.Join(s.path, currentName))
+}
+
+// completeGenerations lists the generations in which Pebble has made a store, oldest first.
+func (s *StateDir) completeGenerations() ([]string, error) {
+	gens, err := s.generations()
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, n := range gens {
+		dir := filepath.Join(s.path, fmt.Sprintf("%s%06d", genPrefix, n))
+		desc, err := pebble.Peek(dir, vfs.Default)
+		if err != nil || !desc.Exists {
+			continue
+		}
+		if _, err := os.Stat(desc.ManifestFilename); err == nil {
+			out = append(out, dir)
+		}
+	}
+	return out, nil
 }
 
 // NewGeneration creates an empty directory for the next generation and returns it.
@@ -215,12 +321,13 @@ func (s *StateDir) Swap(dir string) error {
 	if err := syncDir(s.path); err != nil {
 		return fmt.Errorf("swap generation: %w", err)
 	}
-	return s.RemoveOthers(dir)
+	return s.RemoveOthers(dir, "replaced by "+filepath.Base(dir)+", which CURRENT names now")
 }
 
-// RemoveOthers removes every generation but keep: leftovers of a rebuild that did not finish, and
-// generations a swap replaced; and the copies of killed readers (removeStaleCopies).
-func (s *StateDir) RemoveOthers(keep string) error {
+// RemoveOthers removes every generation but keep, logging each with why: leftovers of a rebuild that
+// did not finish, and generations a swap replaced; and the copies of killed readers
+// (removeStaleCopies).
+func (s *StateDir) RemoveOthers(keep, why string) error {
 	removeStaleCopies(s.path)
 	entries, err := os.ReadDir(s.path)
 	if err != nil {
@@ -230,7 +337,7 @@ func (s *StateDir) RemoveOthers(keep string) error {
 		if !strings.HasPrefix(e.Name(), genPrefix) || e.Name() == filepath.Base(keep) {
 			continue
 		}
-		if err := os.RemoveAll(filepath.Join(s.path, e.Name())); err != nil {
+		if err := s.RemoveGeneration(filepath.Join(s.path, e.Name()), why); err != nil {
 			return fmt.Errorf("remove old generation: %w", err)
 		}
 	}

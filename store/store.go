@@ -10,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -197,7 +198,8 @@ func OpenStateContext(ctx context.Context, path string, opts Options) (*DB, erro
 	if err != nil {
 		return nil, err
 	}
-	cur, err := s.Current()
+	s.SetLogger(opts.Logger)
+	cur, lost, err := s.Resolve()
 	if err != nil {
 		s.Close()
 		return nil, err
@@ -209,7 +211,8 @@ func OpenStateContext(ctx context.Context, path string, opts Options) (*DB, erro
 		}
 		db, err := OpenContext(ctx, cur, opts)
 		if err != nil {
-			os.RemoveAll(cur) // CURRENT does not name it: a start that tries again makes its own
+			// CURRENT does not name it: a start that tries again makes its own.
+			_ = s.RemoveGeneration(cur, "the first open of the state dir failed: "+err.Error())
 			s.Close()
 			return nil, err
 		}
@@ -221,17 +224,25 @@ func OpenStateContext(ctx context.Context, path string, opts Options) (*DB, erro
 		db.state = s
 		return db, nil
 	}
-	if _, err := os.Stat(cur); err != nil {
-		s.Close()
-		return nil, fmt.Errorf("%w: current generation %s: %v", ErrCorrupt, cur, err)
-	}
 	db, err := OpenContext(ctx, cur, opts)
 	if err != nil {
 		s.Close()
 		return nil, err
 	}
+	if lost != "" {
+		s.logger().Warn("the state dir's CURRENT is lost: opened its only generation, writing CURRENT anew", "state", path, "why", lost, "generation", cur)
+		// The only complete generation, opened: CURRENT names it again (Swap removes what else is
+		// there, each logged: generations no store was made in).
+		if err := s.Swap(cur); err != nil {
+			db.Close()
+			s.Close()
+			return nil, err
+		}
+		db.state = s
+		return db, nil
+	}
 	// Leftovers of a rebuild that was killed before its swap are removed.
-	if err := s.RemoveOthers(cur); err != nil {
+	if err := s.RemoveOthers(cur, "not named by CURRENT ("+filepath.Base(cur)+"): left by a rebuild that did not finish, or by a removal cut short"); err != nil {
 		db.Close()
 		s.Close()
 		return nil, err

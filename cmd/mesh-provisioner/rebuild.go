@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -114,6 +113,7 @@ func (c *RebuildCommand) Run(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	sd.SetLogger(log)
 	keep := false // a write held for room: the lock is the fill's, left to the exit (below)
 	defer func() {
 		if !keep {
@@ -203,7 +203,7 @@ func (c *RebuildCommand) fill(ctx context.Context, js jetstream.JetStream, sd *s
 		db, err := store.OpenContext(ctx, gen, opts)
 		if err != nil && resumed && store.NeedsRebuild(err) {
 			log.Warn("the unfinished rebuild does not open; starting over", "err", err)
-			os.RemoveAll(gen)
+			_ = sd.RemoveGeneration(gen, "the unfinished rebuild does not open: "+err.Error())
 			continue
 		}
 		if err != nil && resumed {
@@ -241,8 +241,8 @@ func (c *RebuildCommand) fill(ctx context.Context, js jetstream.JetStream, sd *s
 		if errors.Is(err, projector.ErrCannotResume) && attempt == 0 {
 			// A resumed generation read streams that were recreated since: start over, once.
 			db.Close()
-			os.RemoveAll(gen)
 			log.Warn("the streams changed since the unfinished rebuild; starting over", "err", err)
+			_ = sd.RemoveGeneration(gen, "the streams changed since the unfinished rebuild: "+err.Error())
 			continue
 		}
 		if err != nil {
@@ -278,10 +278,12 @@ func (c *RebuildCommand) fill(ctx context.Context, js jetstream.JetStream, sd *s
 
 // rebuildGeneration is the generation to rebuild into: one a killed rebuild left, or a new one. A
 // CURRENT that cannot be read is a broken state dir, which is what rebuild is for: no generation is
-// known to be newer than the current one, so none is resumed, and the swap writes CURRENT anew.
+// known to be newer than the current one, so none is resumed, and the swap writes CURRENT anew. So is
+// a CURRENT lost beside several generations (store.ErrNoCurrent): none is resumed, and the swap
+// replaces them all, each removal logged.
 func rebuildGeneration(sd *store.StateDir, log *slog.Logger) (string, bool, error) {
 	pending, err := sd.Pending()
-	if errors.Is(err, store.ErrCorrupt) {
+	if errors.Is(err, store.ErrCorrupt) || errors.Is(err, store.ErrNoCurrent) {
 		log.Warn("the state dir is broken; rebuilding it from scratch", "err", err)
 		gen, err := sd.NewGeneration()
 		return gen, false, err
@@ -300,7 +302,8 @@ func rebuildGeneration(sd *store.StateDir, log *slog.Logger) (string, bool, erro
 // provisioner's buckets (hasProvisionerStreams): the rebuild swapped in an empty projection, the local
 // event log with it.
 func checkRebuildSource(ctx context.Context, js jetstream.JetStream, sd *store.StateDir, url string) error {
-	if cur, err := sd.Current(); err != nil || cur == "" {
+	// Generations whose CURRENT is lost (store.ErrNoCurrent) are a projection to lose too.
+	if cur, _, err := sd.Resolve(); !errors.Is(err, store.ErrNoCurrent) && (err != nil || cur == "") {
 		return nil // nothing to lose: a first rebuild, or a broken CURRENT (what rebuild is for)
 	}
 	if err := hasProvisionerStreams(ctx, js, url); err != nil {
