@@ -146,6 +146,25 @@ func TestReplayCommand_CancelStopsEachQuestion(t *testing.T) {
 	}
 }
 
+// Ctrl-C stops a state within its first page: the page counts the state's anomalies, a read of every key
+// of the bucket (of a module's range, every key too, filtered by its parts), which asked no context and
+// ran to its end, millions of keys, before the command looked at it between pages.
+func TestReplayCommand_CancelStopsAStateWithinAPage(t *testing.T) {
+	dir, _ := bigLog(t, 5000, 10)
+	for _, args := range [][]string{
+		{"state", "needs", "--at", "seq:5000"},
+		{"state", "needs", "--at", "seq:5000", "--module", "m1"},
+	} {
+		for _, format := range [][]string{{"--json"}, nil} {
+			var out bytes.Buffer
+			// Asked once before the first page, then at the page's first keys.
+			err := (&ReplayCommand{Stdout: &out, Stderr: io.Discard}).Run(countdown(3), append(append(args, "--state", dir), format...))
+			require.ErrorIs(t, err, context.Canceled, "%v %v", args, format)
+			require.Zero(t, out.Len(), "%v %v: a page was answered", args, format)
+		}
+	}
+}
+
 // Reading an archive stops on Ctrl-C whether or not a progress is told: replay.FromArchive asked its
 // context only when it had a progress to report to, so a caller without one read it to its end.
 func TestFromArchive_CancelWithoutProgress(t *testing.T) {
