@@ -181,3 +181,26 @@ func TestFromArchive_CancelWithoutProgress(t *testing.T) {
 	}
 	require.ErrorIs(t, err, context.Canceled)
 }
+
+// Ctrl-C stops an export as it writes the archive: once every record is spooled, the spool is copied
+// into the archive, gigabytes for a large mesh, with no context asked; an export cancelled then wrote
+// its archive whole. It now leaves none, as one cancelled earlier does.
+func TestExportLog_CancelWhileTheArchiveIsWritten(t *testing.T) {
+	dir, _ := bigLog(t, 5000, 5000)
+	l, err := replay.OpenState(dir)
+	require.NoError(t, err)
+	defer l.Close()
+	archive := filepath.Join(t.TempDir(), "big.mph")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	_, err = replay.ExportLog(ctx, l.DB, archive, "test", func(done, total int64) {
+		if total > 0 && done == total { // told once every record is spooled
+			cancel()
+		}
+	})
+	require.ErrorIs(t, err, context.Canceled)
+	require.NoFileExists(t, archive)
+	left, err := filepath.Glob(filepath.Join(filepath.Dir(archive), ".big.mph.tmp-*"))
+	require.NoError(t, err)
+	require.Empty(t, left, "the archive's temporary file is removed")
+}
