@@ -20,6 +20,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/internal/ctxio"
 	"github.com/novox/mesh-provisioner/internal/denied"
 	"github.com/novox/mesh-provisioner/internal/streamread"
 	"github.com/novox/mesh-provisioner/projector"
@@ -198,7 +199,7 @@ func (w *archiveWriter) finish(ctx context.Context) (err error) {
 	if _, err := w.spool.Seek(0, io.SeekStart); err != nil {
 		return err
 	}
-	if _, err := io.Copy(f, ctxReader{ctx, w.spool}); err != nil {
+	if _, err := io.Copy(f, ctxio.Reader{Ctx: ctx, R: w.spool}); err != nil {
 		return fmt.Errorf("archive records: %w", err)
 	}
 	if err := frame(&archiveRecord{Bucket: -1, Seq: w.count}); err != nil {
@@ -211,19 +212,6 @@ func (w *archiveWriter) finish(ctx context.Context) (err error) {
 		return err
 	}
 	return os.Rename(f.Name(), w.out)
-}
-
-// ctxReader reads r until ctx is done.
-type ctxReader struct {
-	ctx context.Context
-	r   io.Reader
-}
-
-func (c ctxReader) Read(p []byte) (int, error) {
-	if err := c.ctx.Err(); err != nil {
-		return 0, err
-	}
-	return c.r.Read(p)
 }
 
 func gapsOut(gs []store.Gap) []ArchiveGap {

@@ -165,15 +165,21 @@ func TestReplayCommand_CancelStopsAStateWithinAPage(t *testing.T) {
 	}
 }
 
-// Reading an archive stops on Ctrl-C whether or not a progress is told: replay.FromArchive asked its
-// context only when it had a progress to report to, so a caller without one read it to its end.
-func TestFromArchive_CancelWithoutProgress(t *testing.T) {
+// bigLogToExport opens bigLog(5000, 5000), closed at the test's end, and names an archive to write.
+func bigLogToExport(t *testing.T) (*replay.Log, string) {
+	t.Helper()
 	dir, _ := bigLog(t, 5000, 5000)
 	l, err := replay.OpenState(dir)
 	require.NoError(t, err)
-	defer l.Close()
-	archive := filepath.Join(t.TempDir(), "big.mph")
-	_, err = replay.ExportLog(context.Background(), l.DB, archive, "test", nil)
+	t.Cleanup(func() { l.Close() })
+	return l, filepath.Join(t.TempDir(), "big.mph")
+}
+
+// Reading an archive stops on Ctrl-C whether or not a progress is told: replay.FromArchive asked its
+// context only when it had a progress to report to, so a caller without one read it to its end.
+func TestFromArchive_CancelWithoutProgress(t *testing.T) {
+	l, archive := bigLogToExport(t)
+	_, err := replay.ExportLog(context.Background(), l.DB, archive, "test", nil)
 	require.NoError(t, err)
 	a, err := replay.FromArchive(countdown(1), archive, nil)
 	if err == nil {
@@ -186,14 +192,10 @@ func TestFromArchive_CancelWithoutProgress(t *testing.T) {
 // into the archive, gigabytes for a large mesh, with no context asked; an export cancelled then wrote
 // its archive whole. It now leaves none, as one cancelled earlier does.
 func TestExportLog_CancelWhileTheArchiveIsWritten(t *testing.T) {
-	dir, _ := bigLog(t, 5000, 5000)
-	l, err := replay.OpenState(dir)
-	require.NoError(t, err)
-	defer l.Close()
-	archive := filepath.Join(t.TempDir(), "big.mph")
+	l, archive := bigLogToExport(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	_, err = replay.ExportLog(ctx, l.DB, archive, "test", func(done, total int64) {
+	_, err := replay.ExportLog(ctx, l.DB, archive, "test", func(done, total int64) {
 		if total > 0 && done == total { // told once every record is spooled
 			cancel()
 		}
