@@ -42,7 +42,7 @@ func answer(ctx context.Context, v *store.View, ix pointIndex, r *query.Request,
 	if err != nil {
 		return goneOr(err)
 	}
-	view.cache = cache
+	view.cache, view.ctx = cache, ctx
 	return query.AnswerView(view, r, e, res.Seq, synced)
 }
 

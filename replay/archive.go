@@ -20,6 +20,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/internal/ctxio"
 	"github.com/novox/mesh-provisioner/internal/denied"
 	"github.com/novox/mesh-provisioner/internal/streamread"
 	"github.com/novox/mesh-provisioner/projector"
@@ -160,8 +161,10 @@ func (w *archiveWriter) record(r *archiveRecord) error {
 	return w.enc.Encode(r)
 }
 
-// finish writes the archive: header, the spooled records, end; synced and renamed into place.
-func (w *archiveWriter) finish() (err error) {
+// finish writes the archive: header, the spooled records, end; synced and renamed into place. It stops
+// with ctx's error once ctx is done, asked at each read of the spool: the copy of an archive of
+// millions of messages, gigabytes, ran to its end whatever the operator pressed.
+func (w *archiveWriter) finish(ctx context.Context) (err error) {
 	defer w.abort()
 	if err := w.bw.Flush(); err != nil {
 		return err
@@ -196,7 +199,7 @@ func (w *archiveWriter) finish() (err error) {
 	if _, err := w.spool.Seek(0, io.SeekStart); err != nil {
 		return err
 	}
-	if _, err := io.Copy(f, w.spool); err != nil {
+	if _, err := io.Copy(f, ctxio.Reader{Ctx: ctx, R: w.spool}); err != nil {
 		return fmt.Errorf("archive records: %w", err)
 	}
 	if err := frame(&archiveRecord{Bucket: -1, Seq: w.count}); err != nil {
@@ -317,7 +320,7 @@ func ExportLog(ctx context.Context, db *store.DB, out, tool string, progress Pro
 	if progress != nil {
 		progress(done, done)
 	}
-	return w.header, w.finish()
+	return w.header, w.finish(ctx)
 }
 
 // ExportNATS writes the buckets' raw history from their streams to an archive: every message the
@@ -397,7 +400,7 @@ func ExportNATS(ctx context.Context, js jetstream.JetStream, buckets []string, o
 		w.abort()
 		return ArchiveHeader{}, err
 	}
-	return w.header, w.finish()
+	return w.header, w.finish(ctx)
 }
 
 // exportStream reads one stream from its first message until a message read with nothing pending, or

@@ -16,7 +16,12 @@ import (
 // state are derived on its first page and kept for the pages after it, as the seat keeps them: a walk
 // of a bucket of N keys a page at a time derived them from all N keys on every page, N²/1000 in all.
 // So are the plans' inputs as of a point, applied to a temporary store on the first page (plans.go).
-func (l *Log) Ask(body []byte) ([]byte, error) {
+func (l *Log) Ask(body []byte) ([]byte, error) { return l.AskContext(context.Background(), body) }
+
+// AskContext is Ask, stopped with ctx's error once ctx is done: the first page of a state reads every
+// key of the bucket (or of the node) to count its anomalies, and of plans fills the inputs as of the
+// point, which Ctrl-C did not reach.
+func (l *Log) AskContext(ctx context.Context, body []byte) ([]byte, error) {
 	r, format, err := query.DecodeRequest(body)
 	if err != nil {
 		return nil, err
@@ -40,7 +45,7 @@ func (l *Log) Ask(body []byte) ([]byte, error) {
 	var e query.Encoder
 	e.Reset(format)
 	_, synced := l.DB.Applied(bucketOfWhat(r.What))
-	if err := answer(context.Background(), v, l.pointsOf(v), &r, &e, synced, &l.anomalies, &l.plans); err != nil {
+	if err := answer(ctx, v, l.pointsOf(v), &r, &e, synced, &l.anomalies, &l.plans); err != nil {
 		return nil, err
 	}
 	return append([]byte(nil), e.Bytes()...), nil

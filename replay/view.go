@@ -1,6 +1,8 @@
 package replay
 
 import (
+	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -14,6 +16,9 @@ import (
 // asOf is a query.View of one bucket as of a point, read from the event log: query.AnswerView answers
 // from it exactly as it answers from the live projection, paging and all.
 type asOf struct {
+	// ctx stops a walk of the state (a page, or the anomalies every page counts, which read every key
+	// of the bucket, or of the node): at each key.
+	ctx    context.Context
 	v      *store.View
 	shape  provisioner.Shape
 	n      uint64
@@ -32,7 +37,7 @@ func newAsOf(v *store.View, r Resolved) (*asOf, error) {
 	if !ok {
 		return nil, fmt.Errorf("replay: no shape for bucket %q", r.Bucket)
 	}
-	a := &asOf{v: v, shape: shape, n: r.Seq, key: anomalyKey{store: v.StoreID(), bucket: r.Bucket, seq: r.Seq}}
+	a := &asOf{ctx: context.Background(), v: v, shape: shape, n: r.Seq, key: anomalyKey{store: v.StoreID(), bucket: r.Bucket, seq: r.Seq}}
 	if r.Bucket == provisioner.BucketNeeds && r.Seq > 0 {
 		kinds, n, err := registryKinds(v, r.RegistryAt)
 		if err != nil {
@@ -60,7 +65,11 @@ func indexed(bucket string, p *provisioner.Parts, idx provisioner.Index, value s
 // too: those have no row (only their anomaly), as in the live projection.
 func (a *asOf) Rows(r provisioner.Range, fn func(*provisioner.Row) bool) error {
 	var row provisioner.Row
-	return a.v.StateAt(r.Bucket, r.Prefix, r.After, a.n, func(key []byte, ev *store.Event) bool {
+	var cerr error
+	err := a.v.StateAt(r.Bucket, r.Prefix, r.After, a.n, func(key []byte, ev *store.Event) bool {
+		if cerr = a.ctx.Err(); cerr != nil {
+			return false
+		}
 		parts, err := provisioner.ParseKey(a.shape, string(key))
 		if err != nil || (r.Index != provisioner.IndexPrimary && !indexed(r.Bucket, &parts, r.Index, r.Value)) {
 			return true
@@ -68,6 +77,7 @@ func (a *asOf) Rows(r provisioner.Range, fn func(*provisioner.Row) bool) error {
 		row = provisioner.Row{Key: key, Revision: ev.Seq, Created: ev.Time, Msgpack: mpk.Valid(ev.Value), Value: ev.Value}
 		return fn(&row)
 	})
+	return cmp.Or(err, cerr)
 }
 
 // HasRow reports whether the key had a row in the range as of the point.
@@ -123,7 +133,11 @@ func (a *asOf) Anomalies(bucket, node string, max int, fn func(provisioner.Anoma
 // eachAnomaly calls fn for every anomaly row of the bucket as of the point, narrowed by node, in byte
 // order of raw keys (a key's rows in class order), until fn returns false.
 func (a *asOf) eachAnomaly(bucket, node string, fn func(*provisioner.Anomaly) bool) error {
+	var cerr error
 	each := func(key []byte, ev *store.Event) bool {
+		if cerr = a.ctx.Err(); cerr != nil {
+			return false
+		}
 		for _, an := range a.derive(string(key), ev) {
 			if !fn(&an) {
 				return false
@@ -132,16 +146,16 @@ func (a *asOf) eachAnomaly(bucket, node string, fn func(*provisioner.Anomaly) bo
 		return true
 	}
 	if node == "" {
-		return a.v.StateAt(bucket, "", "", a.n, each)
+		return cmp.Or(a.v.StateAt(bucket, "", "", a.n, each), cerr)
 	}
 	ev, ok, err := a.v.KeyAt(bucket, node, a.n)
 	if err != nil {
 		return err
 	}
 	if ok && !each([]byte(node), &ev) {
-		return nil
+		return cerr
 	}
-	return a.v.StateAt(bucket, node+".", "", a.n, each)
+	return cmp.Or(a.v.StateAt(bucket, node+".", "", a.n, each), cerr)
 }
 
 // derive is the anomaly rows of one live key, in the store's class order: shape, value, kind.

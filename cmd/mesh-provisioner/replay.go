@@ -477,12 +477,12 @@ func (c *ReplayCommand) runState(ctx context.Context, l *replay.Log, req query.R
 	var last map[string]any
 	rows := 0
 	for {
-		// A page is at most a thousand rows: Ctrl-C is read between pages.
+		// Ctrl-C is read between pages, and within one at each key (its anomalies read the whole state).
 		if err := ctx.Err(); err != nil {
 			return err
 		}
 		body, _ := json.Marshal(m)
-		out, err := l.Ask(body)
+		out, err := l.AskContext(ctx, body)
 		if err != nil {
 			return c.answerError(err)
 		}

@@ -146,19 +146,63 @@ func TestReplayCommand_CancelStopsEachQuestion(t *testing.T) {
 	}
 }
 
-// Reading an archive stops on Ctrl-C whether or not a progress is told: replay.FromArchive asked its
-// context only when it had a progress to report to, so a caller without one read it to its end.
-func TestFromArchive_CancelWithoutProgress(t *testing.T) {
+// Ctrl-C stops a state within its first page: the page counts the state's anomalies, a read of every key
+// of the bucket (of a module's range, every key too, filtered by its parts), which asked no context and
+// ran to its end, millions of keys, before the command looked at it between pages.
+func TestReplayCommand_CancelStopsAStateWithinAPage(t *testing.T) {
+	dir, _ := bigLog(t, 5000, 10)
+	for _, args := range [][]string{
+		{"state", "needs", "--at", "seq:5000"},
+		{"state", "needs", "--at", "seq:5000", "--module", "m1"},
+	} {
+		for _, format := range [][]string{{"--json"}, nil} {
+			var out bytes.Buffer
+			// Asked once before the first page, then at the page's first keys.
+			err := (&ReplayCommand{Stdout: &out, Stderr: io.Discard}).Run(countdown(3), append(append(args, "--state", dir), format...))
+			require.ErrorIs(t, err, context.Canceled, "%v %v", args, format)
+			require.Zero(t, out.Len(), "%v %v: a page was answered", args, format)
+		}
+	}
+}
+
+// bigLogToExport opens bigLog(5000, 5000), closed at the test's end, and names an archive to write.
+func bigLogToExport(t *testing.T) (*replay.Log, string) {
+	t.Helper()
 	dir, _ := bigLog(t, 5000, 5000)
 	l, err := replay.OpenState(dir)
 	require.NoError(t, err)
-	defer l.Close()
-	archive := filepath.Join(t.TempDir(), "big.mph")
-	_, err = replay.ExportLog(context.Background(), l.DB, archive, "test", nil)
+	t.Cleanup(func() { l.Close() })
+	return l, filepath.Join(t.TempDir(), "big.mph")
+}
+
+// Reading an archive stops on Ctrl-C whether or not a progress is told: replay.FromArchive asked its
+// context only when it had a progress to report to, so a caller without one read it to its end.
+func TestFromArchive_CancelWithoutProgress(t *testing.T) {
+	l, archive := bigLogToExport(t)
+	_, err := replay.ExportLog(context.Background(), l.DB, archive, "test", nil)
 	require.NoError(t, err)
 	a, err := replay.FromArchive(countdown(1), archive, nil)
 	if err == nil {
 		a.Close()
 	}
 	require.ErrorIs(t, err, context.Canceled)
+}
+
+// Ctrl-C stops an export as it writes the archive: once every record is spooled, the spool is copied
+// into the archive, gigabytes for a large mesh, with no context asked; an export cancelled then wrote
+// its archive whole. It now leaves none, as one cancelled earlier does.
+func TestExportLog_CancelWhileTheArchiveIsWritten(t *testing.T) {
+	l, archive := bigLogToExport(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	_, err := replay.ExportLog(ctx, l.DB, archive, "test", func(done, total int64) {
+		if total > 0 && done == total { // told once every record is spooled
+			cancel()
+		}
+	})
+	require.ErrorIs(t, err, context.Canceled)
+	require.NoFileExists(t, archive)
+	left, err := filepath.Glob(filepath.Join(filepath.Dir(archive), ".big.mph.tmp-*"))
+	require.NoError(t, err)
+	require.Empty(t, left, "the archive's temporary file is removed")
 }

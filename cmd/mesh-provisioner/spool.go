@@ -9,6 +9,8 @@ import (
 	"io"
 	"os"
 	"text/tabwriter"
+
+	"github.com/novox/mesh-provisioner/internal/ctxio"
 )
 
 // spool is one part of an answer written in pieces (the rows a diff added, say), kept in a temporary
@@ -52,21 +54,8 @@ func (s *spool) copyTo(ctx context.Context, w io.Writer) error {
 	if _, err := s.f.Seek(0, io.SeekStart); err != nil {
 		return err
 	}
-	_, err := io.Copy(w, ctxReader{ctx, s.f})
+	_, err := io.Copy(w, ctxio.Reader{Ctx: ctx, R: s.f})
 	return err
-}
-
-// ctxReader reads r until ctx is done: a long copy asks ctx at each read.
-type ctxReader struct {
-	ctx context.Context
-	r   io.Reader
-}
-
-func (c ctxReader) Read(p []byte) (int, error) {
-	if err := c.ctx.Err(); err != nil {
-		return 0, err
-	}
-	return c.r.Read(p)
 }
 
 // reader reads back what was spooled.
