@@ -13,10 +13,10 @@ import (
 // new one. A crash at any point leaves a state dir that opens.
 
 // Pending returns the newest generation newer than the current one (a rebuild that did not finish),
-// or "" when there is none. The current one is as Resolve finds it: with CURRENT lost, the only
-// complete generation; with two or more, ErrNoCurrent (none is resumed: which is which is unknown).
+// or "" when there is none. With no CURRENT, that is the newest generation: a first rebuild killed
+// before its swap, or a CURRENT lost; the rebuild resumes it from its checkpoints either way.
 func (s *StateDir) Pending() (string, error) {
-	cur, _, err := s.Resolve()
+	cur, err := s.Current()
 	if err != nil {
 		return "", err
 	}

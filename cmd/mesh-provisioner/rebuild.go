@@ -278,12 +278,11 @@ func (c *RebuildCommand) fill(ctx context.Context, js jetstream.JetStream, sd *s
 
 // rebuildGeneration is the generation to rebuild into: one a killed rebuild left, or a new one. A
 // CURRENT that cannot be read is a broken state dir, which is what rebuild is for: no generation is
-// known to be newer than the current one, so none is resumed, and the swap writes CURRENT anew. So is
-// a CURRENT lost beside several generations (store.ErrNoCurrent): none is resumed, and the swap
-// replaces them all, each removal logged.
+// known to be newer than the current one, so none is resumed, and the swap writes CURRENT anew (and
+// removes every other generation, each removal logged).
 func rebuildGeneration(sd *store.StateDir, log *slog.Logger) (string, bool, error) {
 	pending, err := sd.Pending()
-	if errors.Is(err, store.ErrCorrupt) || errors.Is(err, store.ErrNoCurrent) {
+	if errors.Is(err, store.ErrCorrupt) {
 		log.Warn("the state dir is broken; rebuilding it from scratch", "err", err)
 		gen, err := sd.NewGeneration()
 		return gen, false, err
@@ -302,8 +301,7 @@ func rebuildGeneration(sd *store.StateDir, log *slog.Logger) (string, bool, erro
 // provisioner's buckets (hasProvisionerStreams): the rebuild swapped in an empty projection, the local
 // event log with it.
 func checkRebuildSource(ctx context.Context, js jetstream.JetStream, sd *store.StateDir, url string) error {
-	// Generations whose CURRENT is lost (store.ErrNoCurrent) are a projection to lose too.
-	if cur, _, err := sd.Resolve(); !errors.Is(err, store.ErrNoCurrent) && (err != nil || cur == "") {
+	if cur, err := sd.Current(); err != nil || cur == "" {
 		return nil // nothing to lose: a first rebuild, or a broken CURRENT (what rebuild is for)
 	}
 	if err := hasProvisionerStreams(ctx, js, url); err != nil {
