@@ -190,7 +190,7 @@
 // the node's build records are deleted, and the node's plan rows recomputed with none, in one batch,
 // so the store equals one that never read the bucket but for the forgotten mark, which the plans as
 // of a time before it consult to refuse what the log can no longer rebuild. Forget and TrimHistory of
-// one bucket exclude each other (historyLock). A composed-<node> bucket whose stream still exists but
+// one bucket exclude each other (lockHistory). A composed-<node> bucket whose stream still exists but
 // cannot be resumed (recreated, purged) is forgotten by ForgetFrom, which in the same batch writes
 // its checkpoint at the stream's first sequence - 1: the log starts afresh there with no gap below,
 // the messages removed before being part of what was forgotten.

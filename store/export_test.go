@@ -77,3 +77,10 @@ func OnTrimBatch(fn func()) (restore func()) {
 	trimIterDone = func(pebble.IteratorStats) { fn() }
 	return func() { trimIterDone = nil }
 }
+
+// HistoryLocks is how many buckets' history locks the store keeps (lockHistory).
+func (db *DB) HistoryLocks() int {
+	db.histMu.Lock()
+	defer db.histMu.Unlock()
+	return len(db.histLocks)
+}

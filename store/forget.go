@@ -29,12 +29,38 @@ func forgottenKey(dst []byte, bucket string) []byte {
 	return append(bucketPrefix(dst, prefixMarks, bucket), forgottenTag)
 }
 
-// historyLock serialises the whole-bucket changes of one bucket's event log: a trim walking it
+// historyLock is one bucket's lock of lockHistory, with how many hold it or wait for it.
+type historyLock struct {
+	sync.Mutex
+	refs int // under DB.histMu
+}
+
+// lockHistory serialises the whole-bucket changes of one bucket's event log: a trim walking it
 // (TrimHistory) and Forget deleting it. Without it a trim that began before the forgetting could
-// write its floor back after it.
-func (db *DB) historyLock(bucket string) *sync.Mutex {
-	l, _ := db.histLocks.LoadOrStore(bucket, &sync.Mutex{})
-	return l.(*sync.Mutex)
+// write its floor back after it. The lock lives only while someone holds it or waits for it: the
+// last unlock drops it, so a seat that reads and forgets thousands of composed-<node> buckets over
+// months does not keep a mutex for each bucket it ever saw.
+func (db *DB) lockHistory(bucket string) (unlock func()) {
+	db.histMu.Lock()
+	l := db.histLocks[bucket]
+	if l == nil {
+		l = &historyLock{}
+		if db.histLocks == nil {
+			db.histLocks = map[string]*historyLock{}
+		}
+		db.histLocks[bucket] = l
+	}
+	l.refs++
+	db.histMu.Unlock()
+	l.Lock()
+	return func() {
+		l.Unlock()
+		db.histMu.Lock()
+		if l.refs--; l.refs == 0 {
+			delete(db.histLocks, bucket)
+		}
+		db.histMu.Unlock()
+	}
 }
 
 // Forget removes everything the store holds of a composed-<node> bucket, in one synced Pebble batch:
@@ -69,9 +95,7 @@ func (db *DB) forget(bucket string, at int64, resume *Checkpoint) error {
 		return fmt.Errorf("store: forget %s: only a composed-<node> bucket is forgotten", bucket)
 	}
 	node, _ := provisioner.ComposedNode(bucket)
-	hl := db.historyLock(bucket)
-	hl.Lock()
-	defer hl.Unlock()
+	defer db.lockHistory(bucket)()
 	db.applyMu.Lock()
 	defer db.applyMu.Unlock()
 	if db.closed.Load() {

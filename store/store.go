@@ -137,8 +137,10 @@ type DB struct {
 	broken   *brokenState   // the first corruption Pebble found (broken.go)
 	// writeFailed is the first write Pebble failed, other than for a full disk (failed.go).
 	writeFailed *failedState
-	// histLocks holds a mutex per bucket for trims and Forget (forget.go).
-	histLocks sync.Map
+	// histLocks holds a mutex per bucket for trims and Forget while one is held or waited for
+	// (lockHistory, forget.go); under histMu.
+	histMu    sync.Mutex
+	histLocks map[string]*historyLock
 
 	// closing ends when the store has closed: the manual compactions it asked Pebble for (compact)
 	// end with it; compactions is those under way.

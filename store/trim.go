@@ -44,9 +44,7 @@ func (db *DB) TrimHistory(ctx context.Context, bucket string, horizon uint64, ho
 	if db.closed.Load() {
 		return 0, ErrClosed
 	}
-	hl := db.historyLock(bucket) // not beside a Forget of the bucket (forget.go)
-	hl.Lock()
-	defer hl.Unlock()
+	defer db.lockHistory(bucket)() // not beside a Forget of the bucket (forget.go)
 	if applied, _ := db.Applied(bucket); horizon > applied {
 		return 0, fmt.Errorf("store: trim %s to %d: only %d is applied", bucket, horizon, applied)
 	}
