@@ -73,14 +73,15 @@ func (w *countingWriter) Write(p []byte) (int, error) { w.n += int64(len(p)); re
 var hotValue = append([]byte{0xda, 0x01, 0x90}, bytes.Repeat([]byte{'a'}, 400)...)
 
 // TestReplayCommand_HistoryHeapIsBoundedByARevision: replay history --json of a key with many
-// revisions holds one revision at a time: the live heap it keeps from the seat's log is a small part
-// of its output, where reading the history into memory (replay.Log.History, the reference measured in
-// the same run) keeps about the output; from the streams it is reported. The figures are logged
-// with 20,000 revisions, or as many as MESH_HEAP_REVISIONS says:
-// MESH_HEAP_REVISIONS=200000 go test -v -run HistoryHeap ./cmd/mesh-provisioner).
+// revisions holds one revision at a time: the live heap it keeps from the seat's log is under half of
+// what reading the history into memory keeps (replay.Log.History, the reference measured in the same
+// run), at 50,000 revisions. With MESH_HEAP_REVISIONS, as many revisions, and the same from the
+// streams, reported only: MESH_HEAP_REVISIONS=200000 go test -v -run HistoryHeap ./cmd/mesh-provisioner.
 func TestReplayCommand_HistoryHeapIsBoundedByARevision(t *testing.T) {
-	revisions := 20_000
-	if n, err := strconv.Atoi(os.Getenv("MESH_HEAP_REVISIONS")); err == nil && n > 0 {
+	revisions := 50_000
+	n, err := strconv.Atoi(os.Getenv("MESH_HEAP_REVISIONS"))
+	measure := err == nil && n > 0
+	if measure {
 		revisions = n
 	}
 	hot := "n1.m1.config.hot"
@@ -134,6 +135,17 @@ func TestReplayCommand_HistoryHeapIsBoundedByARevision(t *testing.T) {
 	held = replay.KeyHistory{}
 	require.NoError(t, l.Close())
 
+	mb := func(n uint64) string { return fmt.Sprintf("%.1f MB", float64(n)/1e6) }
+	t.Logf("history --json of %d revisions (%s of JSON): live heap kept --state %s (one revision: %s); held in memory (Log.History) %s",
+		revisions, mb(uint64(outState)), mb(heapState), mb(heapCold), mb(heapHeld))
+	require.Greater(t, heapHeld, uint64(outState)/2, "the reference holds the history")
+	// Against the reference, with room for what else the test process keeps meanwhile (a package's
+	// tests leave goroutines and servers behind them).
+	require.Less(t, heapState-min(heapState, heapCold), heapHeld/2, "--state kept the history in memory")
+	if !measure {
+		return
+	}
+
 	// The same history from a stream that keeps every revision (the KV API allows 64 a key: the
 	// stream is made by hand, as the KV API would but for that).
 	ns := natstest.RunServer(t)
@@ -167,15 +179,8 @@ func TestReplayCommand_HistoryHeapIsBoundedByARevision(t *testing.T) {
 	_, heapColdNATS := history(cold, "--nats", url)
 	outNATS, heapNATS := history(hot, "--nats", url)
 	require.InDelta(t, outState, outNATS, float64(outState)/10, "the same history from either source (times aside)")
-
-	mb := func(n uint64) string { return fmt.Sprintf("%.1f MB", float64(n)/1e6) }
-	above := func(hot, cold uint64) uint64 { return hot - min(hot, cold) }
-	t.Logf("history --json of %d revisions (%s of JSON): live heap kept --state %s (one revision: %s), --nats %s (one revision: %s); held in memory (Log.History) %s",
-		revisions, mb(uint64(outState)), mb(heapState), mb(heapCold), mb(heapNATS), mb(heapColdNATS), mb(heapHeld))
-	require.Greater(t, heapHeld, uint64(outState)/2, "the reference holds the history")
-	require.Less(t, above(heapState, heapCold), uint64(outState)/4, "--state kept the history in memory")
 	// --nats is reported, not held to it: the nats-server runs in this process, and its caches of the
 	// stream's blocks it reads out are in the same heap (13.8 MB against 8.4 for one revision at
-	// 200,000 revisions, 15.7 MB at 20,000 of 400 bytes: the server's, not the history's, as the flat
-	// figure says).
+	// 200,000 revisions: the server's, not the history's, as the flat figure says).
+	t.Logf("--nats: live heap kept %s (one revision: %s)", mb(heapNATS), mb(heapColdNATS))
 }
