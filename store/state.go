@@ -169,11 +169,12 @@ func (s *StateDir) logger() *slog.Logger {
 // local event log, which the streams may no longer hold, so no removal goes unsaid. A removal that
 // fails is logged as an error and returned.
 func (s *StateDir) RemoveGeneration(dir, why string) error {
+	log := s.logger()
 	if err := os.RemoveAll(dir); err != nil {
-		s.logger().Error("could not remove a generation of the state dir", "generation", dir, "why", why, "err", err)
+		log.Error("could not remove a generation of the state dir", "generation", dir, "why", why, "err", err)
 		return err
 	}
-	s.logger().Info("removed a generation of the state dir", "generation", dir, "why", why)
+	log.Info("removed a generation of the state dir", "generation", dir, "why", why)
 	return nil
 }
 

@@ -234,7 +234,8 @@ func OpenStateContext(ctx context.Context, path string, opts Options) (*DB, erro
 		return nil, err
 	}
 	if lost != "" {
-		s.logger().Warn("the state dir's CURRENT is lost: opened its only generation, writing CURRENT anew", "state", path, "why", lost, "generation", cur)
+		log := s.logger()
+		log.Warn("the state dir's CURRENT is lost: opened its only generation, writing CURRENT anew", "state", path, "why", lost, "generation", cur)
 		// The only complete generation, opened: CURRENT names it again (Swap removes what else is
 		// there, each logged: generations no store was made in).
 		if err := s.Swap(cur); err != nil {
