@@ -6,8 +6,6 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
-
-	"github.com/novox/mesh-provisioner/store"
 )
 
 // A state dir whose CURRENT is lost beside two generations: serve refuses it (exit 1), naming both and
@@ -15,21 +13,12 @@ import (
 func TestServe_LostCurrentTwoGenerationsSaysRebuild(t *testing.T) {
 	url, last := smallMesh(t)
 	dir := filepath.Join(t.TempDir(), "state")
-	_, errOut, code := runCmd(t, "rebuild", "--nats", url, "--state", dir)
-	require.Zero(t, code, errOut)
-	sd, err := store.LockState(dir)
-	require.NoError(t, err)
-	gen, err := sd.NewGeneration()
-	require.NoError(t, err)
-	require.NoError(t, sd.Close())
-	db, err := store.Open(gen, store.Options{})
-	require.NoError(t, err)
-	require.NoError(t, db.Close())
+	rebuiltWithUnfinished(t, url, dir)
 	require.NoError(t, os.Remove(filepath.Join(dir, "CURRENT")))
 	gens := globGens(t, dir)
 	require.Len(t, gens, 2)
 
-	_, errOut, code = runCmd(t, "serve", "--nats", url, "--state", dir)
+	_, errOut, code := runCmd(t, "serve", "--nats", url, "--state", dir)
 	require.Equal(t, exitFailure, code, errOut)
 	for _, want := range []string{"store: state dir has no CURRENT", "gen-000001", "gen-000002", "mesh-provisioner rebuild"} {
 		require.Contains(t, errOut, want)
