@@ -169,7 +169,7 @@ func readMarks(r pebble.Reader, bucket string) (HistoryMarks, error) {
 func (db *DB) loadGaps() error {
 	it, err := db.pdb.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixMarks}, UpperBound: []byte{prefixMarks + 1}})
 	if err != nil {
-		return fmt.Errorf("%w: %s", ErrCorrupt, damage(err))
+		return readErr(err)
 	}
 	defer it.Close()
 	for it.First(); it.Valid(); it.Next() {

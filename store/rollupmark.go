@@ -80,7 +80,7 @@ func (db *DB) finishRollups() error {
 	lo := metaKey(rollupMarkerName)
 	it, err := db.pdb.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: prefixEnd(lo)})
 	if err != nil {
-		return fmt.Errorf("%w: %s", ErrCorrupt, damage(err))
+		return readErr(err)
 	}
 	type marked struct {
 		bucket        string
@@ -98,7 +98,7 @@ func (db *DB) finishRollups() error {
 		todo = append(todo, marked{bucket, m, created})
 	}
 	if err := it.Close(); err != nil {
-		return fmt.Errorf("%w: %s", ErrCorrupt, damage(err))
+		return readErr(err)
 	}
 	db.applyMu.Lock()
 	defer db.applyMu.Unlock()

@@ -323,11 +323,12 @@ func roomToOpen(dir string, fs vfs.FS, minFree int64) error {
 // openErr says why Pebble could not open a state dir: no room, not writable, or (anything else) a
 // broken state that a rebuild replaces.
 func openErr(dir string, err error) error {
+	if a := accessErr(dir, err); a != nil {
+		return a
+	}
 	switch {
 	case errors.Is(err, syscall.ENOSPC):
 		return fmt.Errorf("%w: open %s: %v: free space on that disk (or give --state a larger one), then start again", ErrNoSpace, dir, err)
-	case errors.Is(err, syscall.EROFS), errors.Is(err, syscall.EACCES), errors.Is(err, syscall.EPERM):
-		return fmt.Errorf("open %s: %v: the state dir must be writable by the seat: fix its mount or permissions, or give another --state", dir, err)
 	}
 	return fmt.Errorf("%w: open %s: %v (run `mesh-provisioner rebuild`)", ErrCorrupt, dir, err)
 }

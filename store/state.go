@@ -43,21 +43,18 @@ const (
 // LockState creates the state dir when it does not exist and takes its lock, without waiting.
 func LockState(path string) (*StateDir, error) {
 	if err := os.MkdirAll(path, 0o755); err != nil {
-		return nil, fmt.Errorf("create state dir: %w", err)
+		return nil, fmt.Errorf("create state dir: %w", orAccess(path, err))
 	}
 	f, err := os.OpenFile(filepath.Join(path, lockName), os.O_RDWR|os.O_CREATE, 0o644)
 	if err != nil {
-		if errors.Is(err, syscall.EROFS) || errors.Is(err, syscall.EACCES) || errors.Is(err, syscall.EPERM) {
-			return nil, fmt.Errorf("open state dir lock: %w: the state dir must be writable by the seat: fix its mount or permissions, or give another --state", err)
-		}
-		return nil, fmt.Errorf("open state dir lock: %w", err)
+		return nil, fmt.Errorf("open state dir lock: %w", orAccess(path, err))
 	}
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
 		f.Close()
 		if errors.Is(err, syscall.EWOULDBLOCK) {
 			return nil, fmt.Errorf("%w: %s (stop the other mesh-provisioner, or give this one another --state)", ErrLocked, path)
 		}
-		return nil, fmt.Errorf("lock state dir: %w", err)
+		return nil, fmt.Errorf("lock state dir: %w", orAccess(path, err))
 	}
 	_ = f.Truncate(0)
 	_, _ = fmt.Fprintf(f, "%d\n", os.Getpid())
@@ -172,11 +169,12 @@ func (s *StateDir) logger() *slog.Logger {
 // local event log, which the streams may no longer hold, so no removal goes unsaid. A removal that
 // fails is logged as an error and returned.
 func (s *StateDir) RemoveGeneration(dir, why string) error {
+	log := s.logger()
 	if err := os.RemoveAll(dir); err != nil {
-		s.logger().Error("could not remove a generation of the state dir", "generation", dir, "why", why, "err", err)
+		log.Error("could not remove a generation of the state dir", "generation", dir, "why", why, "err", err)
 		return err
 	}
-	s.logger().Info("removed a generation of the state dir", "generation", dir, "why", why)
+	log.Info("removed a generation of the state dir", "generation", dir, "why", why)
 	return nil
 }
 
@@ -197,7 +195,7 @@ func (s *StateDir) Current() (string, error) {
 		return "", nil
 	}
 	if err != nil {
-		return "", fmt.Errorf("read %s: %w", currentName, err)
+		return "", fmt.Errorf("read %s: %w", currentName, orAccess(filepath.Join(s.path, currentName), err))
 	}
 	name := strings.TrimSpace(string(b))
 	if !strings.HasPrefix(name, genPrefix) || strings.ContainsAny(name, `/\`) {
@@ -231,7 +229,7 @@ func (s *StateDir) Resolve() (cur, lost string, err error) {
 			return cur, "", nil
 		}
 		if !errors.Is(err, os.ErrNotExist) {
-			return "", "", fmt.Errorf("current generation %s: %w", cur, err)
+			return "", "", fmt.Errorf("current generation %s: %w", cur, orAccess(cur, err))
 		}
 		why = fmt.Sprintf("%s names %s, which does not exist", currentName, filepath.Base(cur))
 	}
@@ -269,6 +267,9 @@ func (s *StateDir) completeGenerations() ([]string, error) {
 	for _, n := range gens {
 		dir := filepath.Join(s.path, fmt.Sprintf("%s%06d", genPrefix, n))
 		desc, err := pebble.Peek(dir, vfs.Default)
+		if a := accessErr(dir, err); a != nil {
+			return nil, a
+		}
 		if err != nil || !desc.Exists {
 			continue
 		}
@@ -347,7 +348,7 @@ func (s *StateDir) RemoveOthers(keep, why string) error {
 func (s *StateDir) generations() ([]int, error) {
 	entries, err := os.ReadDir(s.path)
 	if err != nil {
-		return nil, fmt.Errorf("list state dir: %w", err)
+		return nil, fmt.Errorf("list state dir: %w", orAccess(s.path, err))
 	}
 	var gens []int
 	for _, e := range entries {

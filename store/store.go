@@ -47,7 +47,11 @@ var (
 
 // NeedsRebuild reports whether err says the state dir cannot be used as it is and a rebuild from the
 // streams is the way out.
+// An access error (ErrAccess, or an errno of its) never does: the state dir is as it was.
 func NeedsRebuild(err error) bool {
+	if isAccess(err) {
+		return false
+	}
 	return errors.Is(err, ErrCorrupt) || errors.Is(err, ErrSchema) || isPebbleCorruption(err)
 }
 
@@ -232,7 +236,8 @@ func OpenStateContext(ctx context.Context, path string, opts Options) (*DB, erro
 		return nil, err
 	}
 	if lost != "" {
-		s.logger().Warn("the state dir's CURRENT is lost: opened its only generation, writing CURRENT anew", "state", path, "why", lost, "generation", cur)
+		log := s.logger()
+		log.Warn("the state dir's CURRENT is lost: opened its only generation, writing CURRENT anew", "state", path, "why", lost, "generation", cur)
 		// The only complete generation, opened: CURRENT names it again (Swap removes what else is
 		// there, each logged: generations no store was made in).
 		if err := s.Swap(cur); err != nil {
@@ -317,6 +322,9 @@ func OpenContext(ctx context.Context, dir string, opts Options) (*DB, error) {
 	if err := roomToOpen(dir, fs, minFree); err != nil {
 		return nil, err
 	}
+	if err := fdsToOpen(dir); err != nil {
+		return nil, err
+	}
 	// A write that finds the disk full waits for room instead of failing inside Pebble (space.go).
 	space := newSpace(dir, fs, minFree, opts.Logger)
 	po.FS = vfs.OnDiskFull(fs, space.waitForRoom)
@@ -332,7 +340,7 @@ func OpenContext(ctx context.Context, dir string, opts Options) (*DB, error) {
 		anomSeed: maphash.MakeSeed(), space: space, writeFailed: newFailedState(opts.Logger)}
 	if err := db.load(ctx, fresh); err != nil {
 		pdb.Close()
-		return nil, err
+		return nil, orAccess(dir, err)
 	}
 	db.broken = broken
 	db.catchUp = catchUp
@@ -377,7 +385,7 @@ func (db *DB) load(ctx context.Context, fresh bool) error {
 	case errors.Is(err, pebble.ErrNotFound):
 		return fmt.Errorf("%w: %s has no schema version (run `mesh-provisioner rebuild`)", ErrSchema, db.dir)
 	case err != nil:
-		return fmt.Errorf("%w: read schema version: %s (run `mesh-provisioner rebuild`)", ErrCorrupt, damage(err))
+		return fmt.Errorf("read schema version: %w (run `mesh-provisioner rebuild`)", readErr(err))
 	default:
 		have := string(v)
 		closer.Close()
@@ -390,7 +398,7 @@ func (db *DB) load(ctx context.Context, fresh bool) error {
 
 	it, err := db.pdb.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixCheckpoint}, UpperBound: []byte{prefixCheckpoint + 1}})
 	if err != nil {
-		return fmt.Errorf("%w: %s", ErrCorrupt, damage(err))
+		return readErr(err)
 	}
 	for it.First(); it.Valid(); it.Next() {
 		name := string(unesc(nil, it.Key()[1:]))
@@ -403,12 +411,12 @@ func (db *DB) load(ctx context.Context, fresh bool) error {
 		b.setCheckpoint(cp)
 	}
 	if err := it.Close(); err != nil {
-		return fmt.Errorf("%w: %s", ErrCorrupt, damage(err))
+		return readErr(err)
 	}
 
 	it, err = db.pdb.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixAnomaly}, UpperBound: []byte{prefixAnomaly + 1}})
 	if err != nil {
-		return fmt.Errorf("%w: %s", ErrCorrupt, damage(err))
+		return readErr(err)
 	}
 	// Every anomaly row is read at every open, into its bucket's set of hashes (anomset.go) and
 	// per-node counts, with no allocation a row: a key's rows (one a class) are adjacent, so a key is
@@ -483,7 +491,7 @@ func (db *DB) load(ctx context.Context, fresh bool) error {
 		flush()
 	}
 	if err := it.Close(); err != nil {
-		return fmt.Errorf("%w: %s", ErrCorrupt, damage(err))
+		return readErr(err)
 	}
 	// The reconciles below may write (counts a binary before them did not keep): the last look at ctx.
 	if err := stopped(); err != nil {
@@ -499,13 +507,13 @@ func (db *DB) load(ctx context.Context, fresh bool) error {
 	p := bucketPrefix([]byte{}, prefixRow, provisioner.BucketRegistry)
 	it, err = db.pdb.NewIter(&pebble.IterOptions{LowerBound: p, UpperBound: prefixEnd(p)})
 	if err != nil {
-		return fmt.Errorf("%w: %s", ErrCorrupt, damage(err))
+		return readErr(err)
 	}
 	for it.First(); it.Valid(); it.Next() {
 		db.kinds[string(unesc(nil, it.Key()[len(p):]))] = struct{}{}
 	}
 	if err := it.Close(); err != nil {
-		return fmt.Errorf("%w: %s", ErrCorrupt, damage(err))
+		return readErr(err)
 	}
 	if err := db.loadGaps(); err != nil {
 		return err

@@ -265,16 +265,18 @@ func TestServe_StateOfAnotherProgram(t *testing.T) {
 		unchanged(args[0])
 	}
 
-	// A state dir of this program's whose CURRENT is broken is still one: beside its only generation,
-	// serve opens that generation and writes CURRENT anew (a lost CURRENT, store.Open).
+	// A state dir of this program's whose CURRENT is broken is still one: serve opens its only
+	// generation and writes CURRENT anew (store.Resolve).
 	state := filepath.Join(dir, "state")
 	code, stderr = serveOnce(t, "--state", state, "--embedded-store", store)
 	require.Equal(t, exitOK, code, stderr)
 	require.NoError(t, os.WriteFile(filepath.Join(state, "CURRENT"), []byte("MANIFEST-000005\n"), 0o644))
 	code, stderr = serveOnce(t, "--state", state, "--embedded-store", store)
 	require.Equal(t, exitOK, code, stderr)
-	require.Contains(t, stderr, "CURRENT is lost: opened its only generation")
-	require.NotContains(t, stderr, "another program's directory")
+	require.Contains(t, stderr, "the state dir's CURRENT is lost")
+	cur, err := os.ReadFile(filepath.Join(state, "CURRENT"))
+	require.NoError(t, err)
+	require.Equal(t, "gen-000001\n", string(cur))
 }
 
 // TestServe_DemoStoppedPartWayLoadsWholeNextTime: a serve --demo stopped while it loads the demo

@@ -27,19 +27,8 @@ import (
 func TestRebuild_FullDiskKeepsTheUnfinishedRebuild(t *testing.T) {
 	url, last := smallMesh(t)
 	dir := filepath.Join(t.TempDir(), "state")
-	_, errOut, code := runCmd(t, "rebuild", "--nats", url, "--state", dir)
-	require.Zero(t, code, errOut)
-
-	// A rebuild that did not finish: a generation beside the current one, with what it applied.
-	sd, err := store.LockState(dir)
-	require.NoError(t, err)
-	gen, err := sd.NewGeneration()
-	require.NoError(t, err)
-	db, err := store.Open(gen, store.Options{})
-	require.NoError(t, err)
-	require.NoError(t, db.Apply(provisioner.BucketNeeds, []provisioner.Message{{Seq: 1, Key: "n1.m.config.a", Op: provisioner.OpPut, Value: []byte{0x01}}}, 0, true))
-	require.NoError(t, db.Close())
-	require.NoError(t, sd.Close())
+	gen := rebuiltWithUnfinished(t, url, dir)
+	var code int
 
 	// The disk has less than the reserve free.
 	var out, errBuf bytes.Buffer
@@ -50,7 +39,7 @@ func TestRebuild_FullDiskKeepsTheUnfinishedRebuild(t *testing.T) {
 	require.Contains(t, errBuf.String(), "free space on that disk", "says what to do")
 	require.NotContains(t, errBuf.String(), "starting over")
 	require.Contains(t, globGens(t, dir), gen, "the unfinished rebuild is kept")
-	db, err = store.Open(gen, store.Options{})
+	db, err := store.Open(gen, store.Options{})
 	require.NoError(t, err)
 	require.Equal(t, uint64(1), db.Checkpoint(provisioner.BucketNeeds).Applied, "with what it applied")
 	require.NoError(t, db.Close())
@@ -198,4 +187,22 @@ func requireHeldRebuildResumes(t *testing.T, full func(state string, log fmt.Str
 	require.Zero(t, code, errOut)
 	require.Contains(t, errOut+stdout, "resuming a rebuild that did not finish")
 	checkState(t, state, last)
+}
+
+// rebuiltWithUnfinished rebuilds dir from url, then leaves beside it a generation with a need applied,
+// as a rebuild that did not finish leaves it (CURRENT names the first); it returns that generation.
+func rebuiltWithUnfinished(t *testing.T, url, dir string) string {
+	t.Helper()
+	_, errOut, code := runCmd(t, "rebuild", "--nats", url, "--state", dir)
+	require.Zero(t, code, errOut)
+	sd, err := store.LockState(dir)
+	require.NoError(t, err)
+	gen, err := sd.NewGeneration()
+	require.NoError(t, err)
+	db, err := store.Open(gen, store.Options{})
+	require.NoError(t, err)
+	require.NoError(t, db.Apply(provisioner.BucketNeeds, []provisioner.Message{{Seq: 1, Key: "n1.m.config.a", Op: provisioner.OpPut, Value: []byte{0x01}}}, 0, true))
+	require.NoError(t, db.Close())
+	require.NoError(t, sd.Close())
+	return gen
 }

@@ -1,0 +1,97 @@
+package store
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"syscall"
+)
+
+// ErrAccess marks a state dir this process may not use as it is: permission denied (EACCES, EPERM), a
+// read-only file system (EROFS), or no file descriptor left (EMFILE for the process, ENFILE for the
+// system). None of these is a fault of the state dir, which holds what it held: it is never taken for
+// a broken one (NeedsRebuild says no), so never started over nor rebuilt over; the error names the
+// path, the errno and what to fix.
+var ErrAccess = errors.New("store: state dir cannot be accessed")
+
+// accessErrnos are the errnos ErrAccess covers, with their names and what the operator fixes.
+var accessErrnos = []struct {
+	errno syscall.Errno
+	name  string
+	fix   string
+}{
+	{syscall.EACCES, "EACCES", "the state dir must be writable by the seat: give its user read and write access to it and everything in it (chown, chmod), or give another --state"},
+	{syscall.EPERM, "EPERM", "the state dir must be writable by the seat: give its user read and write access to it and everything in it (chown, chmod, chattr -i), or give another --state"},
+	{syscall.EROFS, "EROFS", "the state dir must be writable by the seat, and its file system is mounted read-only: remount it read-write (or fix the unit's ReadWritePaths=), or give another --state"},
+	{syscall.EMFILE, "EMFILE", "the process is out of file descriptors: raise its limit (LimitNOFILE= in the systemd unit, ulimit -n), then start again"},
+	{syscall.ENFILE, "ENFILE", "the system is out of file descriptors: raise fs.file-max or stop what holds them, then start again"},
+}
+
+// accessErr returns err as an ErrAccess on path when err is one of accessErrnos, else nil.
+func accessErr(path string, err error) error {
+	if err == nil || errors.Is(err, ErrAccess) {
+		return nil
+	}
+	for _, a := range accessErrnos {
+		if errors.Is(err, a.errno) {
+			return fmt.Errorf("%w: %s: %s (%v): %s; the state dir is left as it is", ErrAccess, path, a.name, err, a.fix)
+		}
+	}
+	return nil
+}
+
+// orAccess is accessErr(path, err) when err is an access error, else err.
+func orAccess(path string, err error) error {
+	if a := accessErr(path, err); a != nil {
+		return a
+	}
+	return err
+}
+
+// isAccess reports whether err is, or carries, an access error.
+func isAccess(err error) bool {
+	if errors.Is(err, ErrAccess) {
+		return true
+	}
+	for _, a := range accessErrnos {
+		if errors.Is(err, a.errno) {
+			return true
+		}
+	}
+	return false
+}
+
+// corruptRead is a read of the store that failed: an ErrCorrupt, saying Pebble's details
+// (damage), that keeps the error read beneath it, so that one for want of access or of a file
+// descriptor is told from a broken store (isAccess) rather than started over.
+type corruptRead struct{ err error }
+
+func (e corruptRead) Error() string   { return ErrCorrupt.Error() + ": " + damage(e.err) }
+func (e corruptRead) Unwrap() []error { return []error{ErrCorrupt, e.err} }
+
+// readErr is a failed read of the store (corruptRead).
+func readErr(err error) error { return corruptRead{err} }
+
+// minFreeFDs is how many file descriptors an open wants free before it starts: Pebble's open flushes
+// the log it replays and writes a new manifest, and a manifest write that fails for want of a
+// descriptor is fatal to Pebble (it panics on a goroutine of its own, taking the process down), so an
+// open that would run out part way is refused before it begins. An open takes about a dozen.
+const minFreeFDs = 32
+
+// fdsToOpen refuses, as an EMFILE ErrAccess, to open dir when fewer than minFreeFDs descriptors are
+// left under the process's RLIMIT_NOFILE. Where the open descriptors cannot be counted (no
+// /proc/self/fd) it says nothing, and Pebble finds out.
+func fdsToOpen(dir string) error {
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil || lim.Cur > 1<<30 {
+		return nil
+	}
+	open, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return nil
+	}
+	if free := int64(lim.Cur) - int64(len(open)); free < minFreeFDs {
+		return accessErr(dir, fmt.Errorf("%d of %d file descriptors in use, an open wants %d free: %w", len(open), lim.Cur, minFreeFDs, syscall.EMFILE))
+	}
+	return nil
+}
