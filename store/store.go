@@ -210,6 +210,17 @@ func OpenStateContext(ctx context.Context, path string, opts Options) (*DB, erro
 		s.Close()
 		return nil, err
 	}
+	// named makes cur the generation CURRENT names (Swap removes what else is there, each logged)
+	// and gives db the state dir.
+	named := func(db *DB) (*DB, error) {
+		if err := s.Swap(cur); err != nil {
+			db.Close()
+			s.Close()
+			return nil, err
+		}
+		db.state = s
+		return db, nil
+	}
 	if cur == "" {
 		if cur, err = s.NewGeneration(); err != nil {
 			s.Close()
@@ -222,13 +233,7 @@ func OpenStateContext(ctx context.Context, path string, opts Options) (*DB, erro
 			s.Close()
 			return nil, err
 		}
-		if err := s.Swap(cur); err != nil {
-			db.Close()
-			s.Close()
-			return nil, err
-		}
-		db.state = s
-		return db, nil
+		return named(db)
 	}
 	db, err := OpenContext(ctx, cur, opts)
 	if err != nil {
@@ -238,15 +243,9 @@ func OpenStateContext(ctx context.Context, path string, opts Options) (*DB, erro
 	if lost != "" {
 		log := s.logger()
 		log.Warn("the state dir's CURRENT is lost: opened its only generation, writing CURRENT anew", "state", path, "why", lost, "generation", cur)
-		// The only complete generation, opened: CURRENT names it again (Swap removes what else is
-		// there, each logged: generations no store was made in).
-		if err := s.Swap(cur); err != nil {
-			db.Close()
-			s.Close()
-			return nil, err
-		}
-		db.state = s
-		return db, nil
+		// The only complete generation, opened: CURRENT names it again (what else is there holds no
+		// store).
+		return named(db)
 	}
 	// Leftovers of a rebuild that was killed before its swap are removed.
 	if err := s.RemoveOthers(cur, "not named by CURRENT ("+filepath.Base(cur)+"): left by a rebuild that did not finish, or by a removal cut short"); err != nil {
