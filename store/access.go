@@ -14,12 +14,15 @@ import (
 // path, the errno and what to fix.
 var ErrAccess = errors.New("store: state dir cannot be accessed")
 
-// accessErrnos are the errnos ErrAccess covers, with their names and what the operator fixes.
-var accessErrnos = []struct {
+// accessErrno is an errno ErrAccess covers, with its name and what the operator fixes.
+type accessErrno struct {
 	errno syscall.Errno
 	name  string
 	fix   string
-}{
+}
+
+// accessErrnos are the errnos ErrAccess covers.
+var accessErrnos = []accessErrno{
 	{syscall.EACCES, "EACCES", "the state dir must be writable by the seat: give its user read and write access to it and everything in it (chown, chmod), or give another --state"},
 	{syscall.EPERM, "EPERM", "the state dir must be writable by the seat: give its user read and write access to it and everything in it (chown, chmod, chattr -i), or give another --state"},
 	{syscall.EROFS, "EROFS", "the state dir must be writable by the seat, and its file system is mounted read-only: remount it read-write (or fix the unit's ReadWritePaths=), or give another --state"},
@@ -27,15 +30,26 @@ var accessErrnos = []struct {
 	{syscall.ENFILE, "ENFILE", "the system is out of file descriptors: raise fs.file-max or stop what holds them, then start again"},
 }
 
-// accessErr returns err as an ErrAccess on path when err is one of accessErrnos, else nil.
-func accessErr(path string, err error) error {
-	if err == nil || errors.Is(err, ErrAccess) {
+// accessOf is the entry of accessErrnos that err carries, or nil.
+func accessOf(err error) *accessErrno {
+	if err == nil {
 		return nil
 	}
-	for _, a := range accessErrnos {
-		if errors.Is(err, a.errno) {
-			return fmt.Errorf("%w: %s: %s (%v): %s; the state dir is left as it is", ErrAccess, path, a.name, err, a.fix)
+	for i := range accessErrnos {
+		if errors.Is(err, accessErrnos[i].errno) {
+			return &accessErrnos[i]
 		}
+	}
+	return nil
+}
+
+// accessErr returns err as an ErrAccess on path when err is one of accessErrnos, else nil.
+func accessErr(path string, err error) error {
+	if errors.Is(err, ErrAccess) {
+		return nil
+	}
+	if a := accessOf(err); a != nil {
+		return fmt.Errorf("%w: %s: %s (%v): %s; the state dir is left as it is", ErrAccess, path, a.name, err, a.fix)
 	}
 	return nil
 }
@@ -50,15 +64,7 @@ func orAccess(path string, err error) error {
 
 // isAccess reports whether err is, or carries, an access error.
 func isAccess(err error) bool {
-	if errors.Is(err, ErrAccess) {
-		return true
-	}
-	for _, a := range accessErrnos {
-		if errors.Is(err, a.errno) {
-			return true
-		}
-	}
-	return false
+	return errors.Is(err, ErrAccess) || accessOf(err) != nil
 }
 
 // corruptRead is a read of the store that failed: an ErrCorrupt, saying Pebble's details
