@@ -129,6 +129,9 @@ type Projector struct {
 
 	missing sync.Map // bucket -> when its stream was first found missing, not found since (forget.go)
 	failing sync.Map // bucket -> *failures: its tail's failures in a row; see Failing
+	// expiredUnmarked holds the composed-<node> buckets to read again for a TTL'd put that expired
+	// without a marker (expire.go).
+	expiredUnmarked sync.Map
 
 	parkMu  sync.Mutex
 	parked  map[string]*parkedBucket // idle composed-<node> buckets without a consumer (park.go)
@@ -205,6 +208,11 @@ func (p *Projector) Start(ctx context.Context) {
 		}()
 	}
 	p.watchCreated(ctx)
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		p.expireLoop(ctx)
+	}()
 	for _, b := range p.opts.Buckets {
 		p.Add(ctx, b)
 	}
@@ -428,7 +436,12 @@ func (p *Projector) tail(ctx context.Context, bucket string, log *slog.Logger, s
 	if err := p.check(sctx, info, bucket, ver); err != nil {
 		return denied.Cause(sctx, err)
 	}
-	verify := func() error { return p.verify(ctx, bucket, ver) }
+	verify := func() error {
+		if err := p.takeExpired(bucket); err != nil {
+			return err
+		}
+		return p.verify(ctx, bucket, ver)
+	}
 	// The consumer is created here, under ctx, and created again by runBucket from the checkpoint when
 	// it is lost or delivers out of order: internal/streamread says why this is not nats.go's ordered
 	// consumer.
