@@ -74,6 +74,12 @@ type Options struct {
 	// filled once or only read (a reader's copy of a state dir, which would otherwise compact the L0 a
 	// catching-up seat held back, writing it all again on the live disk).
 	BulkLoad bool
+	// MaxOpenFiles is Pebble's Options.MaxOpenFiles, which bounds its table cache; 0 means
+	// MaxOpenFiles(), from the process's RLIMIT_NOFILE (fds.go).
+	MaxOpenFiles int
+	// TableSize is the size of the sstables a flush writes (Pebble's TargetFileSizes[0]; each level
+	// below doubles it); 0 means Pebble's 2 MiB. Tests make stores of many small tables with it.
+	TableSize int64
 }
 
 // Checkpoint is a bucket's position, committed in the same batch as the rows it produced.
@@ -291,6 +297,9 @@ func OpenContext(ctx context.Context, dir string, opts Options) (*DB, error) {
 	if opts.MemTableSize == 0 {
 		opts.MemTableSize = 64 << 20
 	}
+	if opts.MaxOpenFiles == 0 {
+		opts.MaxOpenFiles = MaxOpenFiles()
+	}
 	const memTables = 2 // MemTableStopWritesThreshold
 	// Memtables are reserved from the block cache: without room for them on top, a store under
 	// write load has a block cache of size zero and every read goes to disk.
@@ -307,7 +316,10 @@ func OpenContext(ctx context.Context, dir string, opts Options) (*DB, error) {
 		L0StopWritesThreshold: 32,
 		FormatMajorVersion:    pebble.FormatNewest,
 		Logger:                pebbleLogger{opts.Logger},
+		// The table cache evicts rather than run the process out of descriptors (fds.go).
+		MaxOpenFiles: opts.MaxOpenFiles,
 	}
+	po.TargetFileSizes[0] = opts.TableSize
 	broken := newBrokenState(opts.Logger)
 	catchUp := newCatchUp()
 	if opts.BulkLoad {

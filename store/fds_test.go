@@ -1,0 +1,152 @@
+package store_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/stretchr/testify/require"
+
+	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/store"
+)
+
+// fdsLimit is the RLIMIT_NOFILE the child of TestOpenState_ManyTablesUnderLowFileLimit runs under,
+// and fdsTables more tables than it lets be open at once.
+const (
+	fdsEnv    = "STORE_TEST_FDS_STATE"
+	fdsLimit  = 256
+	fdsTables = 3 * fdsLimit / 2
+	fdsTable  = 1 << 10 // Options.TableSize: small tables, many of them
+	fdsBatch  = 200
+)
+
+// fdsMsgs is a batch of fdsBatch needs from seq on, each with a value of its own that does not
+// compress away.
+func fdsMsgs(seq uint64) []provisioner.Message {
+	msgs := make([]provisioner.Message, 0, fdsBatch)
+	for i := range uint64(fdsBatch) {
+		n := seq + i
+		msgs = append(msgs, put(n, fmt.Sprintf("n%06d.mod-%03d.config.c%d", n, n%7, n), []byte(fmt.Sprintf("\xd9\x40%064x", n*0x9e3779b97f4a7c15))))
+	}
+	return msgs
+}
+
+// A store of more tables than the process may hold open at once keeps answering and applying: its
+// table cache, sized from the limit (store.MaxOpenFiles), closes tables rather than run out. With
+// Pebble's default of 1000 a scan opened every table and failed with EMFILE, or Pebble died on a
+// flush that could not open its output (retried for good: the child hung).
+func TestOpenState_ManyTablesUnderLowFileLimit(t *testing.T) {
+	if dir := os.Getenv(fdsEnv); dir != "" {
+		fdsChild(dir)
+		return
+	}
+	dir := t.TempDir()
+	db, err := store.OpenState(dir, store.Options{TableSize: fdsTable, MinFreeBytes: -1, FS: noSync{vfs.Default}})
+	require.NoError(t, err)
+	var seq uint64 = 1
+	for db.Pebble().Metrics().Total().TablesCount < fdsTables {
+		for range 2 {
+			require.NoError(t, db.Apply(provisioner.BucketNeeds, fdsMsgs(seq), 1, false))
+			seq += fdsBatch
+		}
+		require.NoError(t, db.Pebble().Flush())
+	}
+	require.NoError(t, db.Close())
+
+	// Out of descriptors, Pebble retried its flush for good: the child is stopped after a while
+	// rather than hold the tests up.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestOpenState_ManyTablesUnderLowFileLimit$", "-test.count=1")
+	cmd.Env = append(os.Environ(), fdsEnv+"="+dir)
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	require.NotContains(t, string(out), "WRONG", "%s", out)
+	require.Contains(t, string(out), fmt.Sprintf("read %d rows, then %d", seq-1, seq-1+2*fdsBatch), "%s", out)
+}
+
+// noSync is the disk without its syncs: the tables of TestOpenState_ManyTablesUnderLowFileLimit are
+// written in a fraction of the time, and read back by a process of the same machine.
+type noSync struct{ vfs.FS }
+
+func (fs noSync) Create(name string, c vfs.DiskWriteCategory) (vfs.File, error) {
+	f, err := fs.FS.Create(name, c)
+	return noSyncFile{f}, err
+}
+
+type noSyncFile struct{ vfs.File }
+
+func (noSyncFile) Sync() error                { return nil }
+func (noSyncFile) SyncData() error            { return nil }
+func (noSyncFile) SyncTo(int64) (bool, error) { return true, nil }
+
+func fdsChild(dir string) {
+	lim := syscall.Rlimit{Cur: fdsLimit, Max: fdsLimit}
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		fmt.Println("WRONG: setrlimit:", err)
+		return
+	}
+	db, err := store.OpenState(dir, store.Options{TableSize: fdsTable, MinFreeBytes: -1, FS: noSync{vfs.Default}})
+	if err != nil {
+		fmt.Println("WRONG: open:", err)
+		return
+	}
+	defer db.Close()
+	if n := db.Pebble().Metrics().Total().TablesCount; n < fdsTables {
+		fmt.Println("WRONG: only", n, "tables")
+	}
+	count := func() int {
+		v, err := db.View()
+		if err != nil {
+			fmt.Println("WRONG: view:", err)
+			return -1
+		}
+		defer v.Close()
+		n := 0
+		if err := v.Rows(provisioner.Range{Bucket: provisioner.BucketNeeds, Index: provisioner.IndexPrimary}, func(*provisioner.Row) bool {
+			n++
+			return true
+		}); err != nil {
+			fmt.Println("WRONG: read:", err)
+		}
+		return n
+	}
+	before := count()
+	seq := db.Checkpoint(provisioner.BucketNeeds).Applied + 1
+	for range 2 {
+		if err := db.Apply(provisioner.BucketNeeds, fdsMsgs(seq), 1, false); err != nil {
+			fmt.Println("WRONG: apply:", err)
+		}
+		seq += fdsBatch
+		if err := db.Pebble().Flush(); err != nil {
+			fmt.Println("WRONG: flush:", err)
+		}
+	}
+	fmt.Println("read " + strconv.Itoa(before) + " rows, then " + strconv.Itoa(count()))
+	if err := db.Close(); err != nil && !strings.Contains(err.Error(), "closed") {
+		fmt.Println("WRONG: close:", err)
+	}
+}
+
+func TestMaxOpenFiles_FromLimit(t *testing.T) {
+	for _, tc := range []struct {
+		soft uint64
+		want int
+	}{
+		{64, 74},       // below Pebble's least: its least
+		{256, 74},      // half kept, the rest shared by two stores: 64, raised to Pebble's least
+		{1024, 384},    // 256 kept
+		{65535, 32639}, // LimitNOFILE=65536 (the unit's), less one: Go's raise
+		{1<<63 - 1, (1<<20 - 256) / 2},
+	} {
+		require.Equal(t, tc.want, store.MaxOpenFilesOf(tc.soft), "soft limit %d", tc.soft)
+	}
+}
