@@ -64,9 +64,7 @@ func (p *Projector) expireLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-p.db.ExpiryAdded():
-			if wait != nil && !timer.Stop() {
-				<-timer.C
-			}
+			timer.Stop() // no stale tick is received after it (Go 1.23 timers)
 			continue
 		case <-wait:
 		}
@@ -133,12 +131,12 @@ func (p *Projector) expireOne(ctx context.Context, e store.Expiry, log *slog.Log
 	if err != nil {
 		return fmt.Errorf("%s %q: %w", e.Bucket, e.Key, err)
 	}
-	if found && last.Seq >= e.Seq {
-		return nil // still held, or a later message the tail applies
+	if found && last.Seq == e.Seq {
+		return nil // still held
 	}
 	var lm *provisioner.Message
 	if found {
-		lm = &last
+		lm = &last // older: the put is gone; later: the tail applies it (the store drops a stale entry)
 	}
 	changed, err := p.db.Expire(e, lm)
 	if errors.Is(err, store.ErrExpireComposed) {

@@ -146,3 +146,76 @@ func TestSeat_TTLOverAnOlderRevisionExpires(t *testing.T) {
 	check("restarted after the expiry")
 	_ = live
 }
+
+// TestPlans_TTLOverAnOlderRevisionExpires: the plans' inputs expire as the needs do. A module's want
+// written with a TTL over its older want (mesh-host_modules) is the older want again once the server
+// removed it without a marker; a published composition written with a TTL over an older one of the
+// same build (composed-<node>, History 5) leaves the build's history, so the bucket is read again from
+// its stream and the module's plan is the older composition's, as a rebuild finds it.
+func TestPlans_TTLOverAnOlderRevisionExpires(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	require.NoError(t, fixtures.CreateBuckets(ctx, h.js, provisioner.BucketIndexerBuilds))
+	const composed = provisioner.ComposedPrefix + "n1"
+	cfg := jetstream.KeyValueConfig{History: 5, LimitMarkerTTL: time.Second}
+	cfg.Bucket = provisioner.BucketHostModules
+	hosts, err := h.js.CreateKeyValue(ctx, cfg)
+	require.NoError(t, err)
+	cfg.Bucket = composed
+	comps, err := h.js.CreateKeyValue(ctx, cfg)
+	require.NoError(t, err)
+	st, _ := h.startPlansSeat(t.TempDir())
+
+	putTTL := func(bucket, key string, value []byte) uint64 {
+		ack, err := h.js.Publish(ctx, provisioner.SubjectPrefix(bucket)+key, value, jetstream.WithMsgTTL(time.Second))
+		require.NoError(t, err)
+		return ack.Sequence
+	}
+	_, err = hosts.Put(ctx, "n1.web", mp(t, map[string]any{"want": 5}))
+	require.NoError(t, err)
+	hostTTL := putTTL(provisioner.BucketHostModules, "n1.web", mp(t, map[string]any{"want": 6}))
+	_, err = hosts.Put(ctx, "n1.db", mp(t, map[string]any{"want": 7}))
+	require.NoError(t, err)
+	olderComp, err := comps.Put(ctx, "db.7", mp(t, map[string]any{"status": "published", "plan": "db:7a"}))
+	require.NoError(t, err)
+	compTTL := putTTL(composed, "db.7", mp(t, map[string]any{"status": "published", "plan": "db:7b"}))
+	h.waitPlansCaughtUp(st)
+
+	entry := func(a map[string]any, key string) (want, plan, rev string) {
+		row := planRow(t, a, key)
+		cur, _ := row["current"].(map[string]any)
+		return fmt.Sprint(row["want"]), fmt.Sprint(cur["plan"]), fmt.Sprint(cur["revision"])
+	}
+	a, err := h.askPlans(map[string]any{"what": "plans", "node": "n1"}, false)
+	require.NoError(t, err)
+	want, _, _ := entry(a, "n1.web")
+	require.Equal(t, "6", want, "before it expires")
+	_, plan, _ := entry(a, "n1.db")
+	require.Equal(t, "db:7b", plan, "before it expires")
+
+	natstest.CheckFor(t, 15*time.Second, 50*time.Millisecond, func() error {
+		for bucket, seq := range map[string]uint64{provisioner.BucketHostModules: hostTTL, composed: compTTL} {
+			s, err := h.js.Stream(ctx, provisioner.StreamName(bucket))
+			if err != nil {
+				return err
+			}
+			if _, err := s.GetMsg(ctx, seq); err == nil {
+				return fmt.Errorf("%s: the TTL'd put at %d is still there", bucket, seq)
+			}
+		}
+		return nil
+	})
+	natstest.CheckFor(t, 15*time.Second, 50*time.Millisecond, func() error {
+		a, err := h.askPlans(map[string]any{"what": "plans", "node": "n1"}, false)
+		if err != nil {
+			return err
+		}
+		if want, _, _ := entry(a, "n1.web"); want != "5" {
+			return fmt.Errorf("n1.web wants %s", want)
+		}
+		if _, plan, rev := entry(a, "n1.db"); plan != "db:7a" || rev != fmt.Sprint(olderComp) {
+			return fmt.Errorf("n1.db: plan %s at %s", plan, rev)
+		}
+		return nil
+	})
+}

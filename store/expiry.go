@@ -268,7 +268,8 @@ var ErrExpireComposed = errors.New("store: a composed-<node> bucket's expired pu
 // Expire applies what the stream now holds of a key whose TTL'd put e the server removed without a
 // marker: last is the key's last message in the stream now (below e.Seq), or nil when it holds none.
 // It reports whether anything changed: nothing does when the key's newest message in the store is no
-// longer the put at e.Seq (a later message was applied meanwhile), or last is not below it.
+// longer the put at e.Seq (a later message was applied meanwhile: a stale entry is forgotten), or last
+// is not below it (the put itself: not removed yet; a later message: the tail applies it).
 //
 // The change is as of the expired put's own sequence, as the stream now has it: the put's event leaves
 // the log (by key and by sequence), and last is applied as it was, its event written again at its own
@@ -281,14 +282,11 @@ func (db *DB) Expire(e Expiry, last *provisioner.Message) (bool, error) {
 	if db.closed.Load() {
 		return false, ErrClosed
 	}
-	if provisioner.IsComposedBucket(e.Bucket) {
-		return false, ErrExpireComposed
-	}
 	shape, ok := provisioner.ShapeOf(e.Bucket)
 	if !ok {
 		return false, fmt.Errorf("store: no shape for bucket %q", e.Bucket)
 	}
-	if last != nil && (last.Seq >= e.Seq || last.Key != e.Key || last.Foreign) {
+	if last != nil && (last.Seq == e.Seq || last.Key != e.Key || last.Foreign) {
 		return false, nil
 	}
 	if err := db.writeFailed.failed(); err != nil {
@@ -315,11 +313,20 @@ func (db *DB) Expire(e Expiry, last *provisioner.Message) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	if newest != e.Seq {
-		return false, nil
-	}
 	a := db.newApplier()
 	defer a.close()
+	if newest != e.Seq {
+		// Stale: a later message of the key was applied without forgetting it (an older binary wrote
+		// it); forgotten now, else it would be asked about for good.
+		a.noteExpiry(e.Bucket, &provisioner.Message{Key: e.Key, Op: provisioner.OpDelete})
+		return false, a.finish(e.Bucket, a.checkpoint(e.Bucket), false, false)
+	}
+	if last != nil && last.Seq > e.Seq {
+		return false, nil // a later message: applying it forgets the put's entry
+	}
+	if provisioner.IsComposedBucket(e.Bucket) {
+		return false, ErrExpireComposed
+	}
 	if last == nil {
 		// The put's event becomes a marker's: the key is removed as of it (applier.apply forgets the
 		// pending entry).

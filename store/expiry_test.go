@@ -91,3 +91,54 @@ func TestDB_ExpireOfAPutOverAnOlderRevision(t *testing.T) {
 		require.False(t, put, "as of %d: the expired key is gone", n)
 	}
 }
+
+// BenchmarkApply_PendingExpiries applies 100,000 needs to an empty store and reports the CPU time per
+// message: plain puts with no pending expiry in the store (the lookup is one atomic load), plain puts
+// with 10,000 pending expiries of other keys in it (a lookup under a mutex each), and puts that each
+// carry a TTL (an entry written each).
+// Run using: go test ./store -run x -bench Apply_PendingExpiries -benchtime 3x
+func BenchmarkApply_PendingExpiries(b *testing.B) {
+	const n, pending = 100000, 10000
+	for _, mode := range []string{"plain", "plain-beside-pending", "ttl"} {
+		b.Run(mode, func(b *testing.B) {
+			var cpu time.Duration
+			for i := 0; i < b.N; i++ {
+				db, err := store.Open(b.TempDir(), store.Options{})
+				if err != nil {
+					b.Fatal(err)
+				}
+				seq := uint64(0)
+				apply := func(count int, key func(j int) string, expires int64) {
+					msgs := make([]provisioner.Message, 0, 4096)
+					for j := 0; j < count; j++ {
+						seq++
+						msgs = append(msgs, provisioner.Message{Seq: seq, Time: int64(seq), Key: key(j), Op: provisioner.OpPut,
+							Value: []byte{0x81, 0xa1, 'v', 0x01}, Expires: expires})
+						if len(msgs) == cap(msgs) || j == count-1 {
+							if err := db.Apply(provisioner.BucketNeeds, msgs, 1, false); err != nil {
+								b.Fatal(err)
+							}
+							msgs = msgs[:0]
+						}
+					}
+				}
+				if mode == "plain-beside-pending" {
+					apply(pending, func(j int) string { return fmt.Sprintf("n9.m9.config.ttl-%07d", j) }, int64(time.Hour))
+				}
+				expires := int64(0)
+				if mode == "ttl" {
+					expires = int64(time.Hour)
+				}
+				c0 := cpuTime()
+				apply(n, func(j int) string { return fmt.Sprintf("n%04d.m%02d.config.name-%07d", j%4000, j%25, j) }, expires)
+				cpu += cpuTime() - c0
+				b.StopTimer()
+				if err := db.Close(); err != nil {
+					b.Fatal(err)
+				}
+				b.StartTimer()
+			}
+			b.ReportMetric(float64(cpu)/1e3/float64(n*b.N), "cpu-µs/msg")
+		})
+	}
+}
