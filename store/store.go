@@ -122,9 +122,10 @@ type DB struct {
 	pdb   *pebble.DB
 	cache interface{ Unref() }
 	dir   string
-	id    uint64    // this open's, unique in the process (ID)
-	fds   *fdWatch  // Pebble's opens that found no descriptor (fds.go)
-	state *StateDir // set by OpenState: released on Close
+	id    uint64      // this open's, unique in the process (ID)
+	fds   *fdWatch    // Pebble's opens that found no descriptor (fds.go)
+	bg    *background // Pebble's failed flushes and compactions (background.go)
+	state *StateDir   // set by OpenState: released on Close
 
 	applyMu sync.Mutex // one Apply at a time: anomaly sets and kinds are read and written under it
 	// applying is the bucket whose batch Apply is committing, nil between batches (holdApplying).
@@ -327,7 +328,8 @@ func OpenContext(ctx context.Context, dir string, opts Options) (*DB, error) {
 		catchUp.bulk = true
 		catchUp.update()
 	}
-	listener := pebble.TeeEventListener(*broken.listener(), *catchUp.listener())
+	bg := &background{log: opts.Logger}
+	listener := pebble.TeeEventListener(pebble.TeeEventListener(*broken.listener(), *catchUp.listener()), *bg.listener())
 	po.EventListener = &listener
 	po.Experimental.CompactionScheduler = catchUp.sched
 
@@ -354,7 +356,7 @@ func OpenContext(ctx context.Context, dir string, opts Options) (*DB, error) {
 		return nil, openErr(dir, err)
 	}
 	fds.armed.Store(true)
-	db := &DB{pdb: pdb, dir: dir, fds: fds, id: openCount.Add(1), buckets: map[string]*bucketState{}, kinds: map[string]struct{}{}, openGaps: map[string]Gap{},
+	db := &DB{pdb: pdb, dir: dir, fds: fds, bg: bg, id: openCount.Add(1), buckets: map[string]*bucketState{}, kinds: map[string]struct{}{}, openGaps: map[string]Gap{},
 		anomSeed: maphash.MakeSeed(), space: space, writeFailed: newFailedState(opts.Logger)}
 	if err := db.load(ctx, fresh); err != nil {
 		pdb.Close()
