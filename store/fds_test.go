@@ -2,11 +2,13 @@ package store_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -149,4 +151,73 @@ func TestMaxOpenFiles_FromLimit(t *testing.T) {
 	} {
 		require.Equal(t, tc.want, store.MaxOpenFilesOf(tc.soft), "soft limit %d", tc.soft)
 	}
+}
+
+const (
+	fdsFatalEnv  = "STORE_TEST_FDS_FATAL"
+	fdsFatalExit = 71
+)
+
+// A store that runs out of descriptors where Pebble cannot go on (a memtable's rotation that cannot
+// create its new log: the disk fails it with EMFILE) says so to Options.OnFatal, an ErrNoFDs saying what to do, instead of Pebble's
+// panic, which, its mutex released, ended as a fatal error of the runtime ("unlock of unlocked
+// mutex") and its stacks. What was committed before is kept.
+func TestDB_OutOfFileDescriptorsIsOnFatal(t *testing.T) {
+	if dir := os.Getenv(fdsFatalEnv); dir != "" {
+		fdsFatalChild(dir)
+		return
+	}
+	dir := t.TempDir()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestDB_OutOfFileDescriptorsIsOnFatal$", "-test.count=1")
+	cmd.Env = append(os.Environ(), fdsFatalEnv+"="+dir)
+	out, err := cmd.CombinedOutput()
+	var exit *exec.ExitError
+	require.ErrorAs(t, err, &exit, "%s", out)
+	require.Equal(t, fdsFatalExit, exit.ExitCode(), "%s", out)
+	require.NotContains(t, string(out), "WRONG", "%s", out)
+	require.NotContains(t, string(out), "goroutine ", "%s", out)
+	require.Contains(t, string(out), "FATAL: store: out of file descriptors: the process has no file descriptor left (EMFILE", "%s", out)
+	require.Contains(t, string(out), "LimitNOFILE=", "%s", out)
+
+	db, err := store.OpenState(dir, store.Options{MinFreeBytes: -1})
+	require.NoError(t, err)
+	defer db.Close()
+	require.Equal(t, uint64(fdsBatch), db.Checkpoint(provisioner.BucketNeeds).Applied)
+}
+
+// noFDsFS fails every log Pebble creates with EMFILE while it is set, as a process out of
+// descriptors does: the files and Pebble are real.
+type noFDsFS struct {
+	vfs.FS
+	on *atomic.Bool
+}
+
+func (fs noFDsFS) Create(name string, c vfs.DiskWriteCategory) (vfs.File, error) {
+	if fs.on.Load() && strings.HasSuffix(name, ".log") {
+		return nil, &os.PathError{Op: "open", Path: name, Err: syscall.EMFILE}
+	}
+	return fs.FS.Create(name, c)
+}
+
+func fdsFatalChild(dir string) {
+	var out atomic.Bool
+	db, err := store.OpenState(dir, store.Options{MinFreeBytes: -1, FS: noFDsFS{vfs.Default, &out}, OnFatal: func(err error) {
+		if !errors.Is(err, store.ErrNoFDs) {
+			fmt.Println("WRONG: not ErrNoFDs")
+		}
+		fmt.Println("FATAL:", err)
+		os.Exit(fdsFatalExit)
+	}})
+	if err != nil {
+		fmt.Println("WRONG: open:", err)
+		return
+	}
+	if err := db.Apply(provisioner.BucketNeeds, fdsMsgs(1), 1, true); err != nil {
+		fmt.Println("WRONG: apply:", err)
+		return
+	}
+	// The flush rotates the memtable, whose new log cannot be created.
+	out.Store(true)
+	err = db.Pebble().Flush()
+	fmt.Println("WRONG: the flush returned:", err)
 }
