@@ -761,6 +761,7 @@ func FromArchiveBuckets(ctx context.Context, path string, buckets []string, prog
 		keep[i] = buckets == nil || slices.Contains(buckets, b.Name)
 	}
 	batch := make([]provisioner.Message, 0, 4096)
+	batchBytes := 0 // of the messages in batch: their keys and values
 	cur := -1
 	flush := func() error {
 		if len(batch) == 0 {
@@ -817,7 +818,11 @@ func FromArchiveBuckets(ctx context.Context, path string, buckets []string, prog
 			}
 			continue
 		}
-		if rec.Bucket != cur || len(batch) == cap(batch) {
+		// A batch is applied at 4096 messages or at streamread.MaxBytes of values, whichever comes
+		// first: 4096 values near NATS's max payload were gigabytes in memory, twice (the batch, and
+		// Pebble's copy of it).
+		if rec.Bucket != cur || len(batch) == cap(batch) || batchBytes >= streamread.MaxBytes {
+			batchBytes = 0
 			if err := flush(); err != nil {
 				return fail(err)
 			}
@@ -828,6 +833,7 @@ func FromArchiveBuckets(ctx context.Context, path string, buckets []string, prog
 			return fail(fmt.Errorf("archive %s: record %d: %w", path, n+1, err))
 		}
 		batch = append(batch, m)
+		batchBytes += len(m.Key) + len(m.Value)
 		if err := tick(); err != nil {
 			return fail(err)
 		}
