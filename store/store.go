@@ -335,7 +335,6 @@ func OpenContext(ctx context.Context, dir string, opts Options) (*DB, error) {
 		MaxOpenFiles: opts.MaxOpenFiles,
 	}
 	po.TargetFileSizes[0] = opts.TableSize
-
 	for i := range po.Levels {
 		po.Levels[i].BlockSize = blockSize
 	}
