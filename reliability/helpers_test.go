@@ -451,10 +451,14 @@ func startWriter(tb testing.TB, js jetstream.JetStream, m *mix, chunk, total int
 			// A chunk that fails (the server restarting, a leader moving) is sent again whole: every
 			// key ends as the last write of it in the chunk, as if it had been sent once.
 			ops := m.ops(size)
+			// An attempt is bounded: a JetStream API call to a meta leader that just died waits for
+			// its own 5 s timeout otherwise. The bound doubles with each attempt of the same chunk,
+			// up to 30 s: a chunk of 1000 under the race detector on a loaded machine took longer
+			// than 2 s each time, and every attempt was cut short and sent again (session 16:
+			// TestLoad_ClientsWhileUpdatesStream wrote 12 of 20 chunks in 4 minutes).
+			bound := 2 * time.Second
 			for {
-				// An attempt is bounded: a JetStream API call to a meta leader that just died waits
-				// for its own 5 s timeout otherwise.
-				actx, cancel := context.WithTimeout(ctx, 2*time.Second)
+				actx, cancel := context.WithTimeout(ctx, bound)
 				err := fixtures.Load(actx, js, ops, 512, nil)
 				cancel()
 				if err == nil {
@@ -465,6 +469,7 @@ func startWriter(tb testing.TB, js jetstream.JetStream, m *mix, chunk, total int
 				}
 				w.err.Store(&err)
 				w.retries.Add(1)
+				bound = min(2*bound, 30*time.Second)
 				select {
 				case <-time.After(100 * time.Millisecond):
 				case <-ctx.Done():

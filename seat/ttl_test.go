@@ -25,17 +25,25 @@ import (
 // clears the anomaly of an out-of-shape key that expired the same way; the answer as of a time before
 // the expiry still shows both, as of a time after it neither; and a seat that rebuilds its state dir
 // from the streams answers the same, live and as of both times.
+//
+// The markers must stay in the stream until the rebuild has read them: one removed before (its own
+// TTL, or the bucket's MaxAge) leaves nothing to say the keys expired, and the answers as of after
+// the expiry are 410, as they should be. Each marker lives a minute (LimitMarkerTTL), so key-ttl's
+// bucket keeps a history of 1, where the server leaves a key's own TTL as it is (with more it raises
+// it to the marker's); max-age's MaxAge is lifted once both markers are there. With a marker of a
+// second and a history of 4, markers gone before the rebuild read them failed both cases under the
+// race detector on a loaded machine (session 16).
 func TestSeat_TTLExpiryEndToEnd(t *testing.T) {
 	for _, tc := range []struct {
-		name   string
-		maxAge time.Duration // the bucket's TTL; 0: each key's own
-		marker time.Duration // the bucket's LimitMarkerTTL: the server raises a key's TTL to it
-	}{{name: "key-ttl", marker: time.Second}, {name: "max-age", maxAge: time.Second, marker: time.Minute}} {
+		name    string
+		maxAge  time.Duration // the bucket's TTL; 0: each key's own
+		history uint8
+	}{{name: "key-ttl", history: 1}, {name: "max-age", maxAge: time.Second, history: 4}} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t)
 			ctx := context.Background()
-			kv, err := h.js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: provisioner.BucketNeeds, History: 4,
-				TTL: tc.maxAge, LimitMarkerTTL: tc.marker})
+			cfg := jetstream.KeyValueConfig{Bucket: provisioner.BucketNeeds, History: tc.history, TTL: tc.maxAge, LimitMarkerTTL: time.Minute}
+			kv, err := h.js.CreateKeyValue(ctx, cfg)
 			require.NoError(t, err)
 			require.NoError(t, fixtures.CreateBuckets(ctx, h.js, provisioner.BucketApplied, provisioner.BucketCollect))
 			dir := t.TempDir()
@@ -74,7 +82,7 @@ func TestSeat_TTLExpiryEndToEnd(t *testing.T) {
 			stream, err := h.js.Stream(ctx, provisioner.StreamName(provisioner.BucketNeeds))
 			require.NoError(t, err)
 			var markers uint64
-			natstest.CheckFor(t, 15*time.Second, 50*time.Millisecond, func() error {
+			natstest.CheckFor(t, 15*time.Second, 10*time.Millisecond, func() error {
 				markers = 0
 				for _, key := range []string{good, bad} {
 					m, err := stream.GetLastMsgForSubject(ctx, provisioner.SubjectPrefix(provisioner.BucketNeeds)+key)
@@ -91,6 +99,16 @@ func TestSeat_TTLExpiryEndToEnd(t *testing.T) {
 				}
 				return nil
 			})
+			if tc.maxAge > 0 {
+				// MaxAge would age the markers out a second after they came, before the rebuild
+				// reads them.
+				cfg.TTL = 0
+				_, err := h.js.UpdateKeyValue(ctx, cfg)
+				require.NoError(t, err)
+				info, err := stream.Info(ctx)
+				require.NoError(t, err)
+				require.LessOrEqual(t, info.State.FirstSeq, markers-1, "both markers are kept")
+			}
 			after := time.Now().UTC()
 			// The answers as of a time compare by message time, which has the server's precision.
 			time.Sleep(10 * time.Millisecond)
@@ -167,7 +185,9 @@ func TestPlans_TTLExpiryEndToEnd(t *testing.T) {
 	ctx := context.Background()
 	require.NoError(t, fixtures.CreateBuckets(ctx, h.js, provisioner.BucketHostModules, provisioner.BucketIndexerBuilds))
 	const bucket = provisioner.ComposedPrefix + "n1"
-	kv, err := h.js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucket, History: 4, LimitMarkerTTL: time.Second})
+	// Markers of a minute, with a history of 1 so that the compositions' TTL of a second stays as it is
+	// (TestSeat_TTLExpiryEndToEnd says why): the markers are still in the stream when it is read.
+	kv, err := h.js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucket, History: 1, LimitMarkerTTL: time.Minute})
 	require.NoError(t, err)
 	h.load([]fixtures.Op{
 		{Bucket: provisioner.BucketHostModules, Key: "n1.web", Op: provisioner.OpPut, Value: mp(t, map[string]any{"want": 5})},
