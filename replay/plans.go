@@ -11,6 +11,7 @@ import (
 	"sync"
 
 	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/internal/streamread"
 	"github.com/novox/mesh-provisioner/query"
 	"github.com/novox/mesh-provisioner/store"
 )
@@ -326,6 +327,7 @@ func (v resolvedView) Checkpoint(bucket string) (store.Checkpoint, error) {
 // copyEvents applies a bucket's logged events up to seq to another store, in batches, until ctx ends.
 func copyEvents(ctx context.Context, v *store.View, to *store.DB, bucket string, seq uint64) error {
 	var batch []provisioner.Message
+	batchBytes := 0 // of the messages in batch: their keys and values
 	var applyErr error
 	flush := func() bool {
 		if len(batch) == 0 {
@@ -347,7 +349,12 @@ func copyEvents(ctx context.Context, v *store.View, to *store.DB, bucket string,
 		m := ev.Message(key)
 		m.Value = append([]byte(nil), m.Value...)
 		batch = append(batch, m)
-		return len(batch) < 4096 || flush()
+		// Applied at 4096 messages or streamread.MaxBytes of values, whichever comes first.
+		if batchBytes += len(m.Key) + len(m.Value); len(batch) < 4096 && batchBytes < streamread.MaxBytes {
+			return true
+		}
+		batchBytes = 0
+		return flush()
 	})
 	if err != nil {
 		return err

@@ -84,3 +84,6 @@ func (db *DB) HistoryLocks() int {
 	defer db.histMu.Unlock()
 	return len(db.histLocks)
 }
+
+// MaxOpenFilesOf is maxOpenFiles.
+var MaxOpenFilesOf = maxOpenFiles

@@ -74,6 +74,16 @@ type Options struct {
 	// filled once or only read (a reader's copy of a state dir, which would otherwise compact the L0 a
 	// catching-up seat held back, writing it all again on the live disk).
 	BulkLoad bool
+	// MaxOpenFiles is Pebble's Options.MaxOpenFiles, which bounds its table cache; 0 means
+	// MaxOpenFiles(), from the process's RLIMIT_NOFILE (fds.go).
+	MaxOpenFiles int
+	// TableSize is the size of the sstables a flush writes (Pebble's TargetFileSizes[0]; each level
+	// below doubles it); 0 means Pebble's 2 MiB. Tests make stores of many small tables with it.
+	TableSize int64
+	// OnFatal is called, in place of Pebble's panic, when Pebble cannot go on for want of a file
+	// descriptor (fds.go): an ErrNoFDs that says what ran out and what to do. It should not return
+	// (serve logs it and exits); when it does, or when it is nil, Pebble panics as it would.
+	OnFatal func(error)
 }
 
 // Checkpoint is a bucket's position, committed in the same batch as the rows it produced.
@@ -112,8 +122,10 @@ type DB struct {
 	pdb   *pebble.DB
 	cache interface{ Unref() }
 	dir   string
-	id    uint64    // this open's, unique in the process (ID)
-	state *StateDir // set by OpenState: released on Close
+	id    uint64      // this open's, unique in the process (ID)
+	fds   *fdWatch    // Pebble's opens that found no descriptor (fds.go)
+	bg    *background // Pebble's failed flushes and compactions (background.go)
+	state *StateDir   // set by OpenState: released on Close
 
 	applyMu sync.Mutex // one Apply at a time: anomaly sets and kinds are read and written under it
 	// applying is the bucket whose batch Apply is committing, nil between batches (holdApplying).
@@ -291,6 +303,10 @@ func OpenContext(ctx context.Context, dir string, opts Options) (*DB, error) {
 	if opts.MemTableSize == 0 {
 		opts.MemTableSize = 64 << 20
 	}
+	if opts.MaxOpenFiles == 0 {
+		opts.MaxOpenFiles = MaxOpenFiles()
+	}
+	fds := &fdWatch{fatal: opts.OnFatal}
 	const memTables = 2 // MemTableStopWritesThreshold
 	// Memtables are reserved from the block cache: without room for them on top, a store under
 	// write load has a block cache of size zero and every read goes to disk.
@@ -306,15 +322,19 @@ func OpenContext(ctx context.Context, dir string, opts Options) (*DB, error) {
 		L0CompactionThreshold: 8,
 		L0StopWritesThreshold: 32,
 		FormatMajorVersion:    pebble.FormatNewest,
-		Logger:                pebbleLogger{opts.Logger},
+		Logger:                pebbleLogger{opts.Logger, fds},
+		// The table cache evicts rather than run the process out of descriptors (fds.go).
+		MaxOpenFiles: opts.MaxOpenFiles,
 	}
+	po.TargetFileSizes[0] = opts.TableSize
 	broken := newBrokenState(opts.Logger)
 	catchUp := newCatchUp()
 	if opts.BulkLoad {
 		catchUp.bulk = true
 		catchUp.update()
 	}
-	listener := pebble.TeeEventListener(*broken.listener(), *catchUp.listener())
+	bg := &background{log: opts.Logger}
+	listener := pebble.TeeEventListener(pebble.TeeEventListener(*broken.listener(), *catchUp.listener()), *bg.listener())
 	po.EventListener = &listener
 	po.Experimental.CompactionScheduler = catchUp.sched
 
@@ -331,7 +351,7 @@ func OpenContext(ctx context.Context, dir string, opts Options) (*DB, error) {
 	}
 	// A write that finds the disk full waits for room instead of failing inside Pebble (space.go).
 	space := newSpace(dir, fs, minFree, opts.Logger)
-	po.FS = vfs.OnDiskFull(fs, space.waitForRoom)
+	po.FS = vfs.OnDiskFull(fdFS{fs, fds}, space.waitForRoom)
 	fresh := isEmptyDir(dir)
 	pdb, err := pebble.Open(dir, po)
 	if err != nil {
@@ -340,7 +360,8 @@ func OpenContext(ctx context.Context, dir string, opts Options) (*DB, error) {
 		}
 		return nil, openErr(dir, err)
 	}
-	db := &DB{pdb: pdb, dir: dir, id: openCount.Add(1), buckets: map[string]*bucketState{}, kinds: map[string]struct{}{}, openGaps: map[string]Gap{},
+	fds.armed.Store(true)
+	db := &DB{pdb: pdb, dir: dir, fds: fds, bg: bg, id: openCount.Add(1), buckets: map[string]*bucketState{}, kinds: map[string]struct{}{}, openGaps: map[string]Gap{},
 		anomSeed: maphash.MakeSeed(), space: space, writeFailed: newFailedState(opts.Logger), exp: newExpiries()}
 	if err := db.load(ctx, fresh); err != nil {
 		pdb.Close()
@@ -776,7 +797,10 @@ func (db *DB) Pebble() *pebble.DB { return db.pdb }
 // Dir is the Pebble directory.
 func (db *DB) Dir() string { return db.dir }
 
-type pebbleLogger struct{ l *slog.Logger }
+type pebbleLogger struct {
+	l   *slog.Logger
+	fds *fdWatch // a Fatalf for want of a descriptor goes to its OnFatal (fds.go)
+}
 
 func (p pebbleLogger) Infof(format string, args ...any) {
 	if p.l != nil {
@@ -791,6 +815,10 @@ func (p pebbleLogger) Errorf(format string, args ...any) {
 }
 
 func (p pebbleLogger) Fatalf(format string, args ...any) {
+	msg := fmt.Sprintf(format, args...)
+	if errno, ok := fdsText(msg); ok && p.fds != nil {
+		p.fds.die(fdsErr(errno, "stopped", errors.New(msg)))
+	}
 	if p.l != nil {
 		p.l.Error(fmt.Sprintf(format, args...), "component", "pebble")
 	}

@@ -200,6 +200,7 @@ func (c *RebuildCommand) fill(ctx context.Context, js jetstream.JetStream, sd *s
 		}
 		opts := c.opts
 		opts.Logger = log
+		opts.OnFatal = onFatal(log, stderr)
 		db, err := store.OpenContext(ctx, gen, opts)
 		if err != nil && resumed && store.NeedsRebuild(err) {
 			log.Warn("the unfinished rebuild does not open; starting over", "err", err)

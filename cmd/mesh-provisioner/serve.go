@@ -165,7 +165,8 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 	}()
 	// A signal during the start stops it between its steps (store.OpenContext says which part of the
 	// open cannot be stopped): it returns ctx's error, which main says as "stopped by SIGTERM".
-	db, err = store.OpenStateContext(ctx, c.state, store.Options{Logger: log})
+	fatal := onFatal(log, stderr)
+	db, err = store.OpenStateContext(ctx, c.state, store.Options{Logger: log, OnFatal: fatal})
 	broken := err
 	if err != nil && !store.NeedsRebuild(err) {
 		return err
@@ -218,7 +219,7 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 		// Nothing this binary can answer from: start over, and answer (synced false) while the
 		// projection refills from the streams, as on a first start.
 		log.Warn("the state dir cannot be used; rebuilding it from the streams", "state", c.state, "reason", broken)
-		if db, err = store.ResetState(c.state, store.Options{Logger: log}); err != nil {
+		if db, err = store.ResetState(c.state, store.Options{Logger: log, OnFatal: fatal}); err != nil {
 			return err
 		}
 	}
@@ -249,7 +250,7 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 		}
 	}
 	retention := &store.RetentionOptions{MaxAge: c.historyRetention, MaxBytes: int64(c.historyMaxBytes)}
-	err = runSeat(ctx, nc, js, db, seatConfig{log: log, registryInterval: c.registryInterval, registryReplicas: c.registryReplicas, writeRegistry: !c.noRegistry, stdout: stdout, demo: c.demo, plans: c.plans,
+	err = runSeat(ctx, nc, js, db, seatConfig{log: log, fatal: fatal, registryInterval: c.registryInterval, registryReplicas: c.registryReplicas, writeRegistry: !c.noRegistry, stdout: stdout, demo: c.demo, plans: c.plans,
 		cut:       func() { stdout.cut(); stderr.cut() },
 		retention: retention, ops: ops, streams: streams, started: func() {
 			if c.started != nil {
@@ -275,6 +276,7 @@ func runSeat(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, db *sto
 	log := cfg.log
 	rebuildStore := cfg.store // tests: a file system that fills
 	rebuildStore.Logger = log
+	rebuildStore.OnFatal = cfg.fatal
 	st, err := seat.Start(ctx, nc, js, db, seat.Config{Version: Version, Logger: log, WriteRegistry: cfg.writeRegistry, RegistryInterval: cfg.registryInterval, RegistryReplicas: cfg.registryReplicas,
 		Plans: cfg.plans, Observe: cfg.ops.observe(), OnRebuild: cfg.ops.rebuilds().StartRebuild, Retention: cfg.retention, Store: rebuildStore,
 		Streams: cfg.streams, ListEvery: cfg.ops.poll()})
@@ -412,6 +414,7 @@ func stopUnlessHeld(st *seat.Seat) (dir string, err error) {
 
 type seatConfig struct {
 	log              *slog.Logger
+	fatal            func(error) // the stores' OnFatal (onFatal)
 	registryInterval time.Duration
 	registryReplicas int
 	writeRegistry    bool

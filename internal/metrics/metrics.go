@@ -313,6 +313,13 @@ func (m *Metrics) Ready() error {
 			why = append(why, err.Error())
 		}
 	}
+	if db := src.Store(); db != nil {
+		// Flushes or compactions that keep failing (for want of a descriptor, most often): the seat
+		// answers, but its writes stall once the memtables are full.
+		if err := db.BackgroundErr(); err != nil {
+			why = append(why, err.Error())
+		}
+	}
 	if d, ok := src.(DiscoverSource); ok && !d.Discovered() {
 		why = append(why, "not synced yet: the composed-<node> buckets (the streams have not been listed yet)")
 	}
@@ -561,6 +568,10 @@ var (
 		"1 while compactions wait for a catch-up to reach its stream's end (store/catchup.go), else 0.", nil, nil)
 	descPebbleFlushes = prometheus.NewDesc("mesh_provisioner_pebble_flushes_total",
 		"Memtable flushes since the store opened.", nil, nil)
+	descPebbleBackgroundErrors = prometheus.NewDesc("mesh_provisioner_pebble_background_errors_total",
+		"Flushes and compactions that failed since the store opened; Pebble tries each again (store.DB.BackgroundErrors).", nil, nil)
+	descPebbleOutOfFDs = prometheus.NewDesc("mesh_provisioner_pebble_out_of_fds_total",
+		"Files Pebble could not open since the store opened for want of a file descriptor (EMFILE, ENFILE): tables read, flush and compaction outputs.", nil, nil)
 	descPebbleCacheHits = prometheus.NewDesc("mesh_provisioner_pebble_block_cache_hits_total",
 		"Block cache hits since the store opened.", nil, nil)
 	descPebbleCacheMisses = prometheus.NewDesc("mesh_provisioner_pebble_block_cache_misses_total",
@@ -578,7 +589,7 @@ var (
 func (c seatCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descBuildInfo, descStateSchema, descReady, descSynced, descApplied, descStreamLast, descStreamAge, descLag,
 		descAnomalies, descApplyCount, descComposed, descComposedUnsynced, descComposedFailing, descComposedBehind, descComposedLagMax, descComposedStuck, descParked, descOutOfRoom, descStateFree, descStateReserve, descPebbleDisk, descPebbleCompactions, descPebbleCompactDebt, descPebbleCompacting,
-		descPebbleHeld, descPebbleFlushes, descPebbleCacheHits, descPebbleCacheMisses, descPebbleCacheSize, descPebbleReadAmp,
+		descPebbleHeld, descPebbleFlushes, descPebbleBackgroundErrors, descPebbleOutOfFDs, descPebbleCacheHits, descPebbleCacheMisses, descPebbleCacheSize, descPebbleReadAmp,
 		descPebbleL0Files, descPebbleMemtable} {
 		ch <- d
 	}
@@ -672,6 +683,8 @@ func (c seatCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(descPebbleCompacting, float64(pm.Compact.NumInProgress))
 	gauge(descPebbleHeld, b2f(db.CompactionsHeld()))
 	counter(descPebbleFlushes, float64(pm.Flush.Count))
+	counter(descPebbleBackgroundErrors, float64(db.BackgroundErrors()))
+	counter(descPebbleOutOfFDs, float64(db.OutOfFDs()))
 	counter(descPebbleCacheHits, float64(pm.BlockCache.Hits))
 	counter(descPebbleCacheMisses, float64(pm.BlockCache.Misses))
 	gauge(descPebbleCacheSize, float64(pm.BlockCache.Size))

@@ -1,0 +1,192 @@
+package store
+
+import (
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"syscall"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+)
+
+// A seat's descriptors are mostly Pebble's table cache: every sstable a read or a compaction opens
+// stays open in it until evicted, up to Options.MaxOpenFiles (pebble v2.1.7: the cache holds
+// MaxOpenFiles less 10 tables, at least 64, and Pebble's default is 1000 whatever the limit). The
+// rest of the seat takes few and the kernel's limit (RLIMIT_NOFILE) is the process's, so the store
+// gives Pebble what the limit leaves once the rest has its share, and the table cache closes tables
+// it holds rather than open one past the limit. Go (1.19 on) raises the soft limit to one below the
+// hard one when the process starts (syscall/rlimit.go), so the limit read here is in effect the
+// hard one: LimitNOFILE= in the unit, or ulimit -Hn.
+
+// seatFDs is how many descriptors are kept for everything but Pebble's table caches: the NATS
+// connection, the metrics listener and its clients, the state dir's LOCK, standard streams, the
+// runtime's own (epoll, pipes), and what Pebble opens beside its cache (its log, the MANIFEST, the
+// directory, a flush's and each compaction's outputs: about 10, pebble's numNonFileCacheFiles). An
+// embedded NATS server (serve without --nats) opens files of its own for each stream and a socket
+// per client: it is for trying things, and is not budgeted here. Under a limit of 512 or less the
+// share is half the limit.
+const seatFDs = 256
+
+// minMaxOpenFiles is the least MaxOpenFiles Pebble honours: a table cache of 64, and its 10.
+const minMaxOpenFiles = 64 + 10
+
+// storesAtOnce is how many stores a process holds open at once: a serving seat's, and the new
+// generation a rebuild fills while the seat answers from the first (seat/rebuild.go).
+const storesAtOnce = 2
+
+// maxOpenFiles is the MaxOpenFiles a store gives Pebble under a soft RLIMIT_NOFILE of soft: what
+// the limit leaves once seatFDs are kept, shared by storesAtOnce stores, and never below
+// minMaxOpenFiles (under a limit that low, 128 or so, a store with many tables may still run out).
+func maxOpenFiles(soft uint64) int {
+	const unlimited = 1 << 20 // RLIM_INFINITY, or a limit no kernel grants (Linux's nr_open is 1M)
+	if soft > unlimited {
+		soft = unlimited
+	}
+	n := int(soft)
+	n -= min(seatFDs, n/2)
+	return max(n/storesAtOnce, minMaxOpenFiles)
+}
+
+// MaxOpenFiles is what a store opened now gives Pebble as Options.MaxOpenFiles when Options leaves
+// it 0: maxOpenFiles of the process's soft RLIMIT_NOFILE, or Pebble's default (1000) where the
+// limit cannot be read.
+func MaxOpenFiles() int {
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		return 1000
+	}
+	return maxOpenFiles(lim.Cur)
+}
+
+// ErrNoFDs marks a store that Pebble cannot go on with for want of a file descriptor: the process
+// (EMFILE) or the system (ENFILE) has none left to create its log, its MANIFEST or a marker
+// (Options.OnFatal). The state dir holds every batch committed before; the answer is more
+// descriptors and a start again.
+var ErrNoFDs = errors.New("store: out of file descriptors")
+
+// Where Pebble (v2.1.7) cannot open a file, it goes on or stops as follows:
+//
+//   - a table a read opens (its table cache): the read fails with the error (EMFILE beneath, so not
+//     taken for a broken store: isAccess);
+//   - a flush's or a compaction's output: EventListener.BackgroundError, and the flush or
+//     compaction is tried again (a flush at once, for good: it spins while the descriptors are
+//     gone), the memtables filling meanwhile until writes stall;
+//   - a new MANIFEST or its marker (a flush or compaction done, the MANIFEST rotated): Logger.Fatalf
+//     on the goroutine that installed the version (version_set.go UpdateVersionLocked), a panic
+//     nothing can recover;
+//   - a new log (a memtable rotated, db.go rotateWAL): a panic with its mutex released, which the
+//     unlock deferred above it turns into a fatal error of the runtime.
+//
+// The first two are errors Pebble lives with; the last two end the process whatever is done. So the
+// store watches the files Pebble creates (fdFS): once open, a log, MANIFEST or marker that cannot be
+// created for want of a descriptor is said to Options.OnFatal before Pebble sees it, as is a
+// Logger.Fatalf whose message is one; OnFatal (serve's) logs one line saying what ran out and what
+// to do and exits with its own code, instead of a panic's stack. The open itself is not watched:
+// there Pebble returns the error, an ErrAccess (fdsToOpen).
+
+// fdWatch is what a store knows of Pebble's opens that failed for want of a descriptor.
+type fdWatch struct {
+	fatal func(error) // Options.OnFatal
+	armed atomic.Bool // the store is open: a log or MANIFEST it cannot create is fatal to Pebble
+	out   atomic.Int64
+}
+
+// failed takes an open of Pebble's that failed with err, of the file name.
+func (w *fdWatch) failed(name string, err error) {
+	a := accessOf(err)
+	if a == nil || (a.errno != syscall.EMFILE && a.errno != syscall.ENFILE) {
+		return
+	}
+	w.out.Add(1)
+	if w.armed.Load() && fatalToPebble(name) {
+		w.die(fdsErr(a.errno, "cannot create "+name, err))
+	}
+}
+
+// die says err to OnFatal, if there is one. When it returns, so does die, and Pebble panics.
+func (w *fdWatch) die(err error) {
+	if w.fatal != nil {
+		w.fatal(err)
+	}
+}
+
+// fatalToPebble reports whether Pebble stops the process when it cannot create the file name: its
+// log (NNNNNN.log), a MANIFEST, or a marker (of the MANIFEST, or of the format version).
+func fatalToPebble(name string) bool {
+	base := filepath.Base(name)
+	return strings.HasSuffix(base, ".log") || strings.HasPrefix(base, "MANIFEST-") || strings.HasPrefix(base, "marker.")
+}
+
+// fdsText reports whether a message of Pebble's says a descriptor ran out, and which errno.
+func fdsText(msg string) (syscall.Errno, bool) {
+	for _, e := range []syscall.Errno{syscall.EMFILE, syscall.ENFILE} {
+		if strings.Contains(msg, e.Error()) {
+			return e, true
+		}
+	}
+	return 0, false
+}
+
+// fdsErr is the ErrNoFDs of errno, saying what failed (what), Pebble's error, the limits and what to do.
+func fdsErr(errno syscall.Errno, what string, err error) error {
+	if errno == syscall.ENFILE {
+		return fmt.Errorf("%w: the system has no file descriptor left (ENFILE): Pebble %s (%v): raise fs.file-max, or stop what holds them, then start again (the state dir keeps every batch committed)", ErrNoFDs, what, err)
+	}
+	var lim syscall.Rlimit
+	_ = syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim)
+	return fmt.Errorf("%w: the process has no file descriptor left (EMFILE, limit %d, hard limit %d): Pebble %s (%v): raise LimitNOFILE= in the systemd unit (the hard limit: Go raises the soft one to it), or ulimit -Hn, then start again (the state dir keeps every batch committed)",
+		ErrNoFDs, lim.Cur, lim.Max, what, err)
+}
+
+// fdFS is the file system Pebble writes through, watching the opens that fail for want of a
+// descriptor (fdWatch).
+type fdFS struct {
+	vfs.FS
+	w *fdWatch
+}
+
+func (fs fdFS) Create(name string, c vfs.DiskWriteCategory) (vfs.File, error) {
+	f, err := fs.FS.Create(name, c)
+	if err != nil {
+		fs.w.failed(name, err)
+	}
+	return f, err
+}
+
+func (fs fdFS) ReuseForWrite(oldname, newname string, c vfs.DiskWriteCategory) (vfs.File, error) {
+	f, err := fs.FS.ReuseForWrite(oldname, newname, c)
+	if err != nil {
+		fs.w.failed(newname, err)
+	}
+	return f, err
+}
+
+func (fs fdFS) OpenReadWrite(name string, c vfs.DiskWriteCategory, opts ...vfs.OpenOption) (vfs.File, error) {
+	f, err := fs.FS.OpenReadWrite(name, c, opts...)
+	if err != nil {
+		fs.w.failed(name, err)
+	}
+	return f, err
+}
+
+func (fs fdFS) Open(name string, opts ...vfs.OpenOption) (vfs.File, error) {
+	f, err := fs.FS.Open(name, opts...)
+	if err != nil {
+		fs.w.failed(name, err)
+	}
+	return f, err
+}
+
+func (fs fdFS) OpenDir(name string) (vfs.File, error) {
+	f, err := fs.FS.OpenDir(name)
+	if err != nil {
+		fs.w.failed(name, err)
+	}
+	return f, err
+}
+
+// OutOfFDs counts Pebble's opens of files that failed for want of a file descriptor (EMFILE, ENFILE)
+// since the store opened: table reads, flush and compaction outputs (which Pebble tries again).
+func (db *DB) OutOfFDs() int64 { return db.fds.out.Load() }

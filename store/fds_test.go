@@ -1,0 +1,223 @@
+package store_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/stretchr/testify/require"
+
+	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/store"
+)
+
+// fdsLimit is the RLIMIT_NOFILE the child of TestOpenState_ManyTablesUnderLowFileLimit runs under,
+// and fdsTables more tables than it lets be open at once.
+const (
+	fdsEnv    = "STORE_TEST_FDS_STATE"
+	fdsLimit  = 256
+	fdsTables = 3 * fdsLimit / 2
+	fdsTable  = 1 << 10 // Options.TableSize: small tables, many of them
+	fdsBatch  = 200
+)
+
+// fdsMsgs is a batch of fdsBatch needs from seq on, each with a value of its own that does not
+// compress away.
+func fdsMsgs(seq uint64) []provisioner.Message {
+	msgs := make([]provisioner.Message, 0, fdsBatch)
+	for i := range uint64(fdsBatch) {
+		n := seq + i
+		msgs = append(msgs, put(n, fmt.Sprintf("n%06d.mod-%03d.config.c%d", n, n%7, n), []byte(fmt.Sprintf("\xd9\x40%064x", n*0x9e3779b97f4a7c15))))
+	}
+	return msgs
+}
+
+// A store of more tables than the process may hold open at once keeps answering and applying: its
+// table cache, sized from the limit (store.MaxOpenFiles), closes tables rather than run out. With
+// Pebble's default of 1000 a scan opened every table and failed with EMFILE, or Pebble died on a
+// flush that could not open its output (retried for good: the child hung).
+func TestOpenState_ManyTablesUnderLowFileLimit(t *testing.T) {
+	if dir := os.Getenv(fdsEnv); dir != "" {
+		fdsChild(dir)
+		return
+	}
+	dir := t.TempDir()
+	db, err := store.OpenState(dir, store.Options{TableSize: fdsTable, MinFreeBytes: -1, FS: noSync{vfs.Default}})
+	require.NoError(t, err)
+	var seq uint64 = 1
+	for db.Pebble().Metrics().Total().TablesCount < fdsTables {
+		for range 2 {
+			require.NoError(t, db.Apply(provisioner.BucketNeeds, fdsMsgs(seq), 1, false))
+			seq += fdsBatch
+		}
+		require.NoError(t, db.Pebble().Flush())
+	}
+	require.NoError(t, db.Close())
+
+	// Out of descriptors, Pebble retried its flush for good: the child is stopped after a while
+	// rather than hold the tests up.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestOpenState_ManyTablesUnderLowFileLimit$", "-test.count=1")
+	cmd.Env = append(os.Environ(), fdsEnv+"="+dir)
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	require.NotContains(t, string(out), "WRONG", "%s", out)
+	require.Contains(t, string(out), fmt.Sprintf("read %d rows, then %d", seq-1, seq-1+2*fdsBatch), "%s", out)
+}
+
+// noSync is the disk without its syncs: the tables of TestOpenState_ManyTablesUnderLowFileLimit are
+// written in a fraction of the time, and read back by a process of the same machine.
+type noSync struct{ vfs.FS }
+
+func (fs noSync) Create(name string, c vfs.DiskWriteCategory) (vfs.File, error) {
+	f, err := fs.FS.Create(name, c)
+	return noSyncFile{f}, err
+}
+
+type noSyncFile struct{ vfs.File }
+
+func (noSyncFile) Sync() error                { return nil }
+func (noSyncFile) SyncData() error            { return nil }
+func (noSyncFile) SyncTo(int64) (bool, error) { return true, nil }
+
+func fdsChild(dir string) {
+	lim := syscall.Rlimit{Cur: fdsLimit, Max: fdsLimit}
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		fmt.Println("WRONG: setrlimit:", err)
+		return
+	}
+	db, err := store.OpenState(dir, store.Options{TableSize: fdsTable, MinFreeBytes: -1, FS: noSync{vfs.Default}})
+	if err != nil {
+		fmt.Println("WRONG: open:", err)
+		return
+	}
+	defer db.Close()
+	if n := db.Pebble().Metrics().Total().TablesCount; n < fdsTables {
+		fmt.Println("WRONG: only", n, "tables")
+	}
+	count := func() int {
+		v, err := db.View()
+		if err != nil {
+			fmt.Println("WRONG: view:", err)
+			return -1
+		}
+		defer v.Close()
+		n := 0
+		if err := v.Rows(provisioner.Range{Bucket: provisioner.BucketNeeds, Index: provisioner.IndexPrimary}, func(*provisioner.Row) bool {
+			n++
+			return true
+		}); err != nil {
+			fmt.Println("WRONG: read:", err)
+		}
+		return n
+	}
+	before := count()
+	seq := db.Checkpoint(provisioner.BucketNeeds).Applied + 1
+	for range 2 {
+		if err := db.Apply(provisioner.BucketNeeds, fdsMsgs(seq), 1, false); err != nil {
+			fmt.Println("WRONG: apply:", err)
+		}
+		seq += fdsBatch
+		if err := db.Pebble().Flush(); err != nil {
+			fmt.Println("WRONG: flush:", err)
+		}
+	}
+	fmt.Println("read " + strconv.Itoa(before) + " rows, then " + strconv.Itoa(count()))
+	if err := db.Close(); err != nil && !strings.Contains(err.Error(), "closed") {
+		fmt.Println("WRONG: close:", err)
+	}
+}
+
+func TestMaxOpenFiles_FromLimit(t *testing.T) {
+	for _, tc := range []struct {
+		soft uint64
+		want int
+	}{
+		{64, 74},       // below Pebble's least: its least
+		{256, 74},      // half kept, the rest shared by two stores: 64, raised to Pebble's least
+		{1024, 384},    // 256 kept
+		{65535, 32639}, // LimitNOFILE=65536 (the unit's), less one: Go's raise
+		{1<<63 - 1, (1<<20 - 256) / 2},
+	} {
+		require.Equal(t, tc.want, store.MaxOpenFilesOf(tc.soft), "soft limit %d", tc.soft)
+	}
+}
+
+const (
+	fdsFatalEnv  = "STORE_TEST_FDS_FATAL"
+	fdsFatalExit = 71
+)
+
+// A store that runs out of descriptors where Pebble cannot go on (a memtable's rotation that cannot
+// create its new log: the disk fails it with EMFILE) says so to Options.OnFatal, an ErrNoFDs saying what to do, instead of Pebble's
+// panic, which, its mutex released, ended as a fatal error of the runtime ("unlock of unlocked
+// mutex") and its stacks. What was committed before is kept.
+func TestDB_OutOfFileDescriptorsIsOnFatal(t *testing.T) {
+	if dir := os.Getenv(fdsFatalEnv); dir != "" {
+		fdsFatalChild(dir)
+		return
+	}
+	dir := t.TempDir()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestDB_OutOfFileDescriptorsIsOnFatal$", "-test.count=1")
+	cmd.Env = append(os.Environ(), fdsFatalEnv+"="+dir)
+	out, err := cmd.CombinedOutput()
+	var exit *exec.ExitError
+	require.ErrorAs(t, err, &exit, "%s", out)
+	require.Equal(t, fdsFatalExit, exit.ExitCode(), "%s", out)
+	require.NotContains(t, string(out), "WRONG", "%s", out)
+	require.NotContains(t, string(out), "goroutine ", "%s", out)
+	require.Contains(t, string(out), "FATAL: store: out of file descriptors: the process has no file descriptor left (EMFILE", "%s", out)
+	require.Contains(t, string(out), "LimitNOFILE=", "%s", out)
+
+	db, err := store.OpenState(dir, store.Options{MinFreeBytes: -1})
+	require.NoError(t, err)
+	defer db.Close()
+	require.Equal(t, uint64(fdsBatch), db.Checkpoint(provisioner.BucketNeeds).Applied)
+}
+
+// noFDsFS fails every log Pebble creates with EMFILE while it is set, as a process out of
+// descriptors does: the files and Pebble are real.
+type noFDsFS struct {
+	vfs.FS
+	on *atomic.Bool
+}
+
+func (fs noFDsFS) Create(name string, c vfs.DiskWriteCategory) (vfs.File, error) {
+	if fs.on.Load() && strings.HasSuffix(name, ".log") {
+		return nil, &os.PathError{Op: "open", Path: name, Err: syscall.EMFILE}
+	}
+	return fs.FS.Create(name, c)
+}
+
+func fdsFatalChild(dir string) {
+	var out atomic.Bool
+	db, err := store.OpenState(dir, store.Options{MinFreeBytes: -1, FS: noFDsFS{vfs.Default, &out}, OnFatal: func(err error) {
+		if !errors.Is(err, store.ErrNoFDs) {
+			fmt.Println("WRONG: not ErrNoFDs")
+		}
+		fmt.Println("FATAL:", err)
+		os.Exit(fdsFatalExit)
+	}})
+	if err != nil {
+		fmt.Println("WRONG: open:", err)
+		return
+	}
+	if err := db.Apply(provisioner.BucketNeeds, fdsMsgs(1), 1, true); err != nil {
+		fmt.Println("WRONG: apply:", err)
+		return
+	}
+	// The flush rotates the memtable, whose new log cannot be created.
+	out.Store(true)
+	err = db.Pebble().Flush()
+	fmt.Println("WRONG: the flush returned:", err)
+}
