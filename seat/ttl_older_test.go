@@ -20,8 +20,9 @@ import (
 // or delete the bucket keeps (History 5) is removed without one. The seat asks the stream once the put
 // is due, and answers what the bucket answers again: the older revision with its own revision, nothing
 // for a Create on a deleted key, the anomalies with them; a TTL'd put overwritten before it expired
-// stays the later put. A seat stopped after the puts and started after they expired finds them again
-// (its store kept them) and answers the same. One server, one wait for every key.
+// stays the later put. A seat that read the puts from the stream's history (as a rebuild reads them),
+// stopped before they expired and started after, finds them again (its store kept them) and answers
+// the same. One server, one wait for every key.
 func TestSeat_TTLOverAnOlderRevisionExpires(t *testing.T) {
 	h := newHarness(t)
 	ctx := context.Background()
@@ -32,11 +33,11 @@ func TestSeat_TTLOverAnOlderRevisionExpires(t *testing.T) {
 	stream, err := h.js.Stream(ctx, provisioner.StreamName(bucket))
 	require.NoError(t, err)
 
-	// live runs throughout; restarted is stopped once it has read the puts and started after they
-	// expired. Both serve the verb, so restarted is stopped before live is asked.
+	// live runs throughout; restarted starts on an empty state dir once the puts are in the stream
+	// (it reads them as a rebuild does), is stopped, and started again after they expired. Both serve
+	// the verb, so restarted is stopped before live is asked.
 	liveDir, restartedDir := t.TempDir(), t.TempDir()
 	live, stopLive := h.startSeat(liveDir)
-	restarted, stopRestarted := h.startSeat(restartedDir)
 
 	const (
 		older    = "n1.m1.config.older"   // v1, then v2 with a TTL: v1 again
@@ -75,11 +76,13 @@ func TestSeat_TTLOverAnOlderRevisionExpires(t *testing.T) {
 	rewroteSeq := put(rewrote, v3)
 	plainSeq := put(plain, v1)
 
+	restarted, stopRestarted := h.startSeat(restartedDir)
 	a, err := h.askErr(map[string]any{"what": "needs", "node": "n1", "min_seq": plainSeq, "wait_ms": 5000}, false)
 	require.NoError(t, err)
 	require.Equal(t, []string{created, notMsgp, older, plain, rewrote}, rowKeys(a.Rows), "before they expire")
 	require.Equal(t, []string{notMsgp, oddShape}, rowKeys(a.Anomalies), "before they expire")
 	h.waitCaughtUp(restarted)
+	t.Logf("the seat to restart stops with %d pending expiries", restarted.Store().Expiries())
 	stopRestarted()
 
 	// The server removes the TTL'd puts without a marker: each key's last message is older.
