@@ -26,6 +26,9 @@ func BenchmarkIngest(b *testing.B) {
 	ctx := context.Background()
 	last := uint64(len(needs))
 	var cpu time.Duration
+	// BENCH_PULL_MESSAGES=8192 pulls by a count of messages, as before pulls were bounded by bytes
+	// (docs/performance.md, session 16).
+	pull, _ := strconv.Atoi(os.Getenv("BENCH_PULL_MESSAGES"))
 	// BENCH_PROFILE=cpu.prof profiles the ingest alone: from an empty store to the last message applied.
 	stopProfile := benchprof.Start(b)
 	b.ResetTimer()
@@ -43,7 +46,7 @@ func BenchmarkIngest(b *testing.B) {
 		if err := db.Apply(provisioner.BucketRegistry, reg, 0, false); err != nil {
 			b.Fatal(err)
 		}
-		p := projector.New(js, db, projector.Options{Buckets: []string{provisioner.BucketNeeds}})
+		p := projector.New(js, db, projector.Options{Buckets: []string{provisioner.BucketNeeds}, PullMessages: pull})
 		p.Start(ctx)
 		for {
 			if seq, _ := db.Applied(provisioner.BucketNeeds); seq >= last {

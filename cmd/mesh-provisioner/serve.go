@@ -23,6 +23,7 @@ import (
 	"github.com/novox/mesh-provisioner/internal/embedded"
 	"github.com/novox/mesh-provisioner/internal/progress"
 	"github.com/novox/mesh-provisioner/internal/streaminfo"
+	"github.com/novox/mesh-provisioner/internal/streamread"
 	"github.com/novox/mesh-provisioner/query"
 	"github.com/novox/mesh-provisioner/seat"
 	"github.com/novox/mesh-provisioner/store"
@@ -531,6 +532,7 @@ func othersData(ctx context.Context, js jetstream.JetStream, ops []fixtures.Op) 
 		}
 		ours[name] = append(ours[name], demoMsgKey(fixtures.OpMsg(op)))
 	}
+	pullBytes := streamread.PullBytes(js.Conn(), 0)
 	for _, name := range streams {
 		st, err := js.Stream(ctx, name)
 		if errors.Is(err, jetstream.ErrStreamNotFound) {
@@ -549,7 +551,8 @@ func othersData(ctx context.Context, js jetstream.JetStream, ops []fixtures.Op) 
 		}
 		next := ours[name] // the ops not yet matched: each message is the first of them it equals
 		for seq := uint64(0); seq < state.LastSeq; {
-			batch, err := cons.Fetch(1000, jetstream.FetchMaxWait(5*time.Second))
+			// At most streamread.PullBytes a pull: a stream of the demo's may hold others' values too.
+			batch, err := cons.Fetch(1000, jetstream.FetchMaxBytes(pullBytes), jetstream.FetchMaxWait(5*time.Second))
 			if err != nil {
 				return nil, fmt.Errorf("read %s: %w", name, err)
 			}
