@@ -70,7 +70,7 @@ func (w *sortedWrites) keyOf(i int32) []byte {
 // pass, and the others sort fewer entries each. The keys of a family share a long prefix in a batch
 // (the family byte, the bucket, often the first characters of the node), so each is sorted by the 16
 // bytes after that prefix held beside its index (sortKey): comparing keys in the arena, each through
-// two indirections and cold cache lines, was a sixth of the CPU of ingest.
+// two indirections and cold cache lines, was a fifth of the store's CPU at a million needs.
 func (w *sortedWrites) writeTo(b *pebble.Batch) error {
 	var start [257]int32
 	for i := range w.ops {
