@@ -1,6 +1,11 @@
 package provisioner
 
-import "strings"
+import (
+	"math"
+	"strconv"
+	"strings"
+	"time"
+)
 
 // Op is what a message of a bucket's stream does to its key.
 type Op uint8
@@ -123,6 +128,39 @@ func RollupMatches(pattern, key string) bool {
 	}
 }
 
+// HeaderTTL is a message's per-message TTL (jetstream.KeyTTL on a KV put or create).
+const HeaderTTL = "Nats-TTL"
+
+// ExpiresOfHeaders reads when the server removes a message stored at t (Unix ns) from its Nats-TTL
+// header, as nats-server reads it (getMessageTTL): "never", a Go duration of at least a second, or a
+// decimal number of seconds; the server expires it at t plus the TTL in whole seconds (a duration is
+// truncated to them). 0 when the message has no TTL, never expires, or has one the server refuses.
+// The server writes the TTL it applies into the stored header (raised to the bucket's LimitMarkerTTL
+// when shorter), so the stored message says its own expiry.
+func ExpiresOfHeaders(h map[string][]string, t int64) int64 {
+	v := h[HeaderTTL]
+	if len(v) == 0 || v[0] == "" {
+		return 0
+	}
+	var secs int64
+	if d, err := time.ParseDuration(v[0]); err == nil {
+		if d < time.Second {
+			return 0
+		}
+		secs = int64(d / time.Second)
+	} else {
+		n, err := strconv.ParseUint(v[0], 10, 63)
+		if err != nil || n == 0 {
+			return 0 // "never" (any case), or a value the server refuses
+		}
+		secs = int64(n)
+	}
+	if secs > (math.MaxInt64-t)/int64(time.Second) {
+		return 0 // past any time a seat will see
+	}
+	return t + secs*int64(time.Second)
+}
+
 // ParseOp reads an operation back from its String form.
 func ParseOp(s string) (Op, bool) {
 	for _, o := range []Op{OpPut, OpDelete, OpPurge, OpExpire} {
@@ -148,6 +186,10 @@ type Message struct {
 	// server applied to every key of the bucket too (RemovesOthers). Key is then the whole subject, Op
 	// is none, and Value is kept for such a rollup alone.
 	Foreign bool
+	// Expires is when the server removes a put carrying a per-message TTL (header Nats-TTL): its time
+	// plus the TTL, Unix nanoseconds (ExpiresOfHeaders); 0 for a put without one and for any other
+	// message. The store remembers such a put while it is its key's newest (store/expiry.go).
+	Expires int64
 }
 
 // Row is one current entry of a bucket as the store holds it. Key and Value alias the store's memory and

@@ -25,17 +25,37 @@ const maxRetrySettingUp = 4
 // Sizes of a composed-<node> bucket's consumer. One node's compositions are few and the mesh has
 // thousands of such buckets, each with its own consumer: a small pipeline each keeps the seat's memory
 // bounded (the batch channel is allocated whole, and the server pushes up to the pull size ahead).
+// Their pulls are counted in messages, never bounded by bytes (PullMaxBytes): nats.go sizes a bytes
+// iterator's buffer for a million messages (8 MB of pointers, allocated whole), which thousands of
+// consumers cannot each have; the count is cut down instead so that it holds no more than the bytes
+// bound's worth of the largest messages the server takes (sizes).
 const (
 	composedBatchSize = 64
 	composedPull      = 128
 )
 
-// sizes returns the batch size and pull size of a bucket's consumer.
-func (p *Projector) sizes(bucket string) (batch, pull int) {
-	if strings.HasPrefix(bucket, provisioner.ComposedPrefix) {
-		return min(p.opts.BatchSize, composedBatchSize), min(p.opts.PullMessages, composedPull)
+// sizes returns the batch size, the pull size in messages and the pulls' bound in bytes of a bucket's
+// consumer (one of the two pull sizes is 0: see streamread.ReadIdle). Every bucket's pulls are bounded
+// by bytes unless Options.PullMessages says otherwise: a composed-<node> bucket's by a count of
+// messages that the server's largest fit in the bound (at least one: composedPull).
+func (p *Projector) sizes(bucket string) (batch, pull, bytes int) {
+	composed := strings.HasPrefix(bucket, provisioner.ComposedPrefix)
+	switch {
+	case p.opts.PullMessages > 0 && composed:
+		return min(p.opts.BatchSize, composedBatchSize), min(p.opts.PullMessages, composedPull), 0
+	case p.opts.PullMessages > 0:
+		return p.opts.BatchSize, p.opts.PullMessages, 0
+	case composed:
+		largest := int(p.js.Conn().MaxPayload()) + streamread.Overhead
+		return min(p.opts.BatchSize, composedBatchSize), min(composedPull, max(1, p.pullBytes()/largest)), 0
 	}
-	return p.opts.BatchSize, p.opts.PullMessages
+	return p.opts.BatchSize, 0, p.pullBytes()
+}
+
+// pullBytes is the bound in bytes of a bucket's pulls and of its pipeline: Options.PullBytes, or
+// streamread.MaxBytes; never below one message of the server's max payload (streamread.PullBytes).
+func (p *Projector) pullBytes() int {
+	return streamread.PullBytes(p.js.Conn(), p.opts.PullBytes)
 }
 
 // composedHeartbeat is the idle heartbeat of a composed-<node> bucket's pulls. A seat tails thousands

@@ -121,6 +121,7 @@ func (p *Projector) leave(ctx context.Context, bucket string, created <-chan str
 	delete(p.asked, bucket) // a request that waits on it again sets it again (Wake)
 	p.parkMu.Unlock()
 	p.failing.Delete(bucket)
+	p.expiredUnmarked.Delete(bucket)
 	if !announced {
 		_, err := p.readStream(ctx, bucket)
 		switch {

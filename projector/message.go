@@ -33,6 +33,9 @@ func messageOf(prefix, subject string, h nats.Header, data []byte, seq uint64, t
 	}
 	if m.Op == provisioner.OpPut {
 		m.Value = data
+		if len(h) > 0 {
+			m.Expires = provisioner.ExpiresOfHeaders(h, t)
+		}
 	}
 	return m
 }

@@ -41,8 +41,15 @@ type Options struct {
 	Buckets []string
 	// BatchSize is the most messages applied in one Pebble batch; 0 means 4096.
 	BatchSize int
-	// PullMessages is how many messages the consumer asks the server for at once; 0 means 8192.
+	// PullMessages, when set, is how many messages the consumer asks the server for at once, with no
+	// bound in bytes on the pulls (tests that pull a message at a time). 0 bounds the pulls by PullBytes.
 	PullMessages int
+	// PullBytes bounds by bytes what a bucket's tail holds in memory: the messages its consumer pulled
+	// and the reader has not read (streamread.ReadIdle), and the values and keys the reader handed over
+	// and the applier has not applied yet. 0 means streamread.PullBytes of the connection, raised to
+	// one message of the server's max payload when it is set below: a message larger than the bound
+	// would never be pulled.
+	PullBytes int
 	// Poll is how often an unsynced bucket asks its consumer whether anything is pending, and how soon
 	// a missing bucket first asks for its stream again (missing.go); 0 means one second.
 	Poll time.Duration
@@ -129,6 +136,9 @@ type Projector struct {
 
 	missing sync.Map // bucket -> when its stream was first found missing, not found since (forget.go)
 	failing sync.Map // bucket -> *failures: its tail's failures in a row; see Failing
+	// expiredUnmarked holds the composed-<node> buckets to read again for a TTL'd put that expired
+	// without a marker (expire.go).
+	expiredUnmarked sync.Map
 
 	parkMu  sync.Mutex
 	parked  map[string]*parkedBucket // idle composed-<node> buckets without a consumer (park.go)
@@ -157,8 +167,8 @@ func New(js jetstream.JetStream, db *store.DB, opts Options) *Projector {
 	if opts.BatchSize <= 0 {
 		opts.BatchSize = 4096
 	}
-	if opts.PullMessages <= 0 {
-		opts.PullMessages = 8192
+	if opts.PullMessages < 0 {
+		opts.PullMessages = 0
 	}
 	if opts.Poll <= 0 {
 		opts.Poll = time.Second
@@ -205,6 +215,11 @@ func (p *Projector) Start(ctx context.Context) {
 		}()
 	}
 	p.watchCreated(ctx)
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		p.expireLoop(ctx)
+	}()
 	for _, b := range p.opts.Buckets {
 		p.Add(ctx, b)
 	}
@@ -388,7 +403,7 @@ func (p *Projector) tail(ctx context.Context, bucket string, log *slog.Logger, s
 	if err := p.awaitRegistry(ctx, bucket); err != nil {
 		return err
 	}
-	batchSize, pull := p.sizes(bucket)
+	batchSize, pull, pullBytes := p.sizes(bucket)
 	// Setting up is a few JetStream API requests; at most maxSettingUp buckets do it at once, and
 	// maxRetrySettingUp more whose tail is failing (settingUp).
 	slots := p.settingUp(bucket)
@@ -428,7 +443,12 @@ func (p *Projector) tail(ctx context.Context, bucket string, log *slog.Logger, s
 	if err := p.check(sctx, info, bucket, ver); err != nil {
 		return denied.Cause(sctx, err)
 	}
-	verify := func() error { return p.verify(ctx, bucket, ver) }
+	verify := func() error {
+		if err := p.takeExpired(bucket); err != nil {
+			return err
+		}
+		return p.verify(ctx, bucket, ver)
+	}
 	// The consumer is created here, under ctx, and created again by runBucket from the checkpoint when
 	// it is lost or delivers out of order: internal/streamread says why this is not nats.go's ordered
 	// consumer.
@@ -444,7 +464,7 @@ func (p *Projector) tail(ctx context.Context, bucket string, log *slog.Logger, s
 	}
 	nc := p.js.Conn()
 	mark := denied.Mark(nc) // the pulls' refusals come after it
-	it, err := streamread.ReadIdle(cons, pull, p.heartbeat(bucket))
+	it, err := streamread.ReadIdle(cons, pull, pullBytes, p.heartbeat(bucket))
 	if err != nil {
 		p.dropConsumer(ctx, stream, name)
 		return err
@@ -480,8 +500,9 @@ func (p *Projector) tail(ctx context.Context, bucket string, log *slog.Logger, s
 	// The reader turns NATS messages into store messages; the applier batches and commits them. The
 	// channel between them is the pipeline: while one batch commits, the next is read and parsed.
 	in := make(chan provisioner.Message, batchSize*2)
-	pending := make(chan uint64, 1) // NumPending after the newest message read
-	var atEnd atomic.Uint64         // the newest sequence read with NumPending 0: it closes history gaps
+	held := newBudget(p.pullBytes()) // the bytes in it and in the batch being applied
+	pending := make(chan uint64, 1)  // NumPending after the newest message read
+	var atEnd atomic.Uint64          // the newest sequence read with NumPending 0: it closes history gaps
 	readErr := make(chan error, 1)
 	rctx, rcancel := context.WithCancel(ctx)
 	defer rcancel()
@@ -491,12 +512,12 @@ func (p *Projector) tail(ctx context.Context, bucket string, log *slog.Logger, s
 		defer rwg.Done()
 		defer close(in)
 		defer it.Stop() // lock-free in nats.go: ends its pulls at once
-		readErr <- p.read(rctx, it, bucket, in, pending, &atEnd, log)
+		readErr <- p.read(rctx, it, bucket, in, held, pending, &atEnd, log)
 	}()
 
 	idle := idleSince{read: start, quiet: quiet, end: info.State.LastSeq, start: startSeq, emptyAtStart: emptyAtStart}
 	skip := func() bool { return p.skipRemoved(ctx, bucket, created, in, log) }
-	applyErr := p.applyLoop(ctx, bucket, batchSize, created, in, pending, &atEnd, verify, skip, cons, log, startSeq, idle)
+	applyErr := p.applyLoop(ctx, bucket, batchSize, created, in, held, pending, &atEnd, verify, skip, cons, log, startSeq, idle)
 	rcancel()
 	rwg.Wait()
 	if errors.Is(applyErr, errParked) && idle.reachedEnd(p.db.Checkpoint(bucket).Applied, atEnd.Load()) {
@@ -606,7 +627,7 @@ func (p *Projector) markSynced(bucket string, log *slog.Logger, from uint64, sta
 
 // read moves messages from the consumer into in until the consumer stops; a consumer lost (no
 // heartbeat, deleted) or out of order ends it with an error.
-func (p *Projector) read(ctx context.Context, it *streamread.Reader, bucket string, in chan<- provisioner.Message, pending chan uint64, atEnd *atomic.Uint64, log *slog.Logger) error {
+func (p *Projector) read(ctx context.Context, it *streamread.Reader, bucket string, in chan<- provisioner.Message, held *budget, pending chan uint64, atEnd *atomic.Uint64, log *slog.Logger) error {
 	prefix := provisioner.SubjectPrefix(bucket)
 	saidForeign := false // said once per tail
 	for {
@@ -630,6 +651,9 @@ func (p *Projector) read(ctx context.Context, it *streamread.Reader, bucket stri
 			saidForeign = true
 			log.Warn("the bucket's stream holds a subject that is no key of the bucket; such messages are passed over",
 				"subject", m.Key, "seq", m.Seq)
+		}
+		if !held.take(ctx, size(m)) {
+			return nil
 		}
 		select {
 		case in <- m:
@@ -660,8 +684,9 @@ func convert(msg jetstream.Msg, md *jetstream.MsgMetadata, prefix string) (provi
 }
 
 // applyLoop takes what the reader has produced, as much as is there up to BatchSize, and commits it as
-// one batch; it retries a failed commit of the same batch with backoff.
-func (p *Projector) applyLoop(ctx context.Context, bucket string, batchSize int, created int64, in <-chan provisioner.Message, pending <-chan uint64,
+// one batch; it retries a failed commit of the same batch with backoff. It gives each batch's bytes
+// back to held once committed: the reader hands over no more than held's bound (a batch is no larger).
+func (p *Projector) applyLoop(ctx context.Context, bucket string, batchSize int, created int64, in <-chan provisioner.Message, held *budget, pending <-chan uint64,
 	atEnd *atomic.Uint64, verify func() error, skip func() bool, cons jetstream.Consumer, log *slog.Logger, startSeq uint64, idle idleSince) error {
 	start := idle.read
 	batch := make([]provisioner.Message, 0, batchSize)
@@ -845,6 +870,7 @@ func (p *Projector) applyLoop(ctx context.Context, bucket string, batchSize int,
 			}
 			bo.reset()
 		}
+		held.give(sizeOf(batch))
 		p.applied.Add(int64(len(batch)))
 		p.caughtUp(ctx, bucket, atEnd, log)
 		askHold()

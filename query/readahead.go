@@ -17,7 +17,8 @@ import (
 //   - the applied sequence and synced flag of the page's bucket, and for needs the registry's applied
 //     sequence (the registry raises and clears the needs' unanswered-kind anomalies), are what they
 //     were before the page's view was opened, and the reader's generation is the same (a rebuild swaps
-//     in a new store). Everything an answer holds is written by a commit that moves one of them. The
+//     in a new store), and so are its rewrites (Rewriter: an expired put applied as the stream now has
+//     it). Everything an answer holds is written by a commit that moves one of them. The
 //     view was opened after they were read, so it saw that state or a later one, and a later one would
 //     have moved them: the page is the answer the request would be given now, byte for byte, with the
 //     as_of and synced it would have;
@@ -61,6 +62,14 @@ type aheadState struct {
 	seq, registry uint64
 	synced        bool
 	gen           uint64
+	rewrites      uint64
+}
+
+// Rewriter is a Reader whose store can change its answers without moving an applied sequence: an
+// expired put applied as the stream now has it (store.DB.Expire). Rewrites counts those changes, and
+// moves once each has committed.
+type Rewriter interface {
+	Rewrites() uint64
 }
 
 // Generationer is a Reader whose store can be swapped for another (a rebuild): Generation is raised
@@ -87,6 +96,9 @@ func (s *Server) generation() uint64 {
 func (s *Server) aheadState(bucket string) aheadState {
 	var st aheadState
 	st.gen = s.generation()
+	if rw, ok := s.r.(Rewriter); ok {
+		st.rewrites = rw.Rewrites()
+	}
 	st.seq, st.synced = s.r.Applied(bucket)
 	if bucket == provisioner.BucketNeeds {
 		st.registry, _ = s.r.Applied(provisioner.BucketRegistry)

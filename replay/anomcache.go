@@ -24,6 +24,7 @@ const anomalyCacheSize = 8
 // the moment (their sequence), and the node narrowed by.
 type anomalyKey struct {
 	store       uint64 // store.DB.ID
+	rewrites    uint64 // store.View.Rewrites: an expired put's event left the log since
 	bucket      string
 	seq         uint64
 	registrySeq uint64

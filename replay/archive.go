@@ -369,9 +369,13 @@ func ExportNATS(ctx context.Context, js jetstream.JetStream, buckets []string, o
 		total += int64(info.State.Msgs)
 		srcs = append(srcs, src{stream: s, info: info, index: w.bucket(ArchiveBucket{Name: b, StreamCreated: info.Created.UTC()})})
 	}
+	pullBytes := exportPullBytes
+	if pullBytes == 0 {
+		pullBytes = streamread.PullBytes(js.Conn(), 0)
+	}
 	for _, s := range srcs {
 		sctx, unwatch := watchComposed(ctx, js, w.header.Buckets[s.index].Name)
-		err := exportStream(sctx, w, s.stream, s.info, s.index, func() {
+		err := exportStream(sctx, w, s.stream, s.info, s.index, pullBytes, func() {
 			if done++; progress != nil && done%4096 == 0 {
 				progress(done, total)
 			}
@@ -412,7 +416,7 @@ func ExportNATS(ctx context.Context, js jetstream.JetStream, buckets []string, o
 // the message after the last one read: nothing is read twice, and what the stream removed in between
 // is a gap, as the projector records it. A stream whose consumer cannot be read again within
 // exportRetryFor is an error.
-func exportStream(ctx context.Context, w *archiveWriter, s jetstream.Stream, info *jetstream.StreamInfo, index int, tick func()) error {
+func exportStream(ctx context.Context, w *archiveWriter, s jetstream.Stream, info *jetstream.StreamInfo, index, pullBytes int, tick func()) error {
 	name := w.header.Buckets[index].Name
 	if info.State.Msgs == 0 {
 		// Emptied, by a purge or an age limit: the messages it held are gone, not absent.
@@ -422,7 +426,7 @@ func exportStream(ctx context.Context, w *archiveWriter, s jetstream.Stream, inf
 		}
 		return nil
 	}
-	e := &streamExport{w: w, index: index, last: info.State.LastSeq, tick: tick}
+	e := &streamExport{w: w, index: index, last: info.State.LastSeq, pullBytes: pullBytes, tick: tick}
 	// giveUp keeps what was read: ExportNATS goes on without a composed-<node> bucket, which the
 	// header lists as unread, and fails on any other. No gap is opened past it: one would make every
 	// plans answer at a later point 410, the other nodes' too, where the list refuses that node alone
@@ -530,6 +534,11 @@ const (
 	exportRetryFor = time.Minute
 )
 
+// exportPullBytes, when set (tests), bounds an export's pulls instead of streamread.PullBytes: pulls
+// of small messages as few as a pull of 4096 messages held, for the tests that lose a consumer or
+// purge the stream while an export reads it.
+var exportPullBytes int
+
 // exportIdle is how long a read waits without a message before it asks the consumer whether anything
 // is left for it.
 const exportIdle = 500 * time.Millisecond
@@ -540,6 +549,8 @@ type streamExport struct {
 	index int
 	last  uint64 // the stream's last sequence when the export began
 	tick  func()
+
+	pullBytes int // the most bytes of messages pulled and not yet read (streamread.PullBytes)
 
 	prev uint64 // the last sequence read
 	gaps []store.Gap
@@ -570,7 +581,7 @@ func (e *streamExport) read(ctx context.Context, s jetstream.Stream) (err error)
 		return err
 	}
 	defer drop()
-	rd, err := streamread.Read(cons, 4096)
+	rd, err := streamread.Read(cons, 0, e.pullBytes)
 	if err != nil {
 		return err
 	}
@@ -750,6 +761,7 @@ func FromArchiveBuckets(ctx context.Context, path string, buckets []string, prog
 		keep[i] = buckets == nil || slices.Contains(buckets, b.Name)
 	}
 	batch := make([]provisioner.Message, 0, 4096)
+	batchBytes := 0 // of the messages in batch: their keys and values
 	cur := -1
 	flush := func() error {
 		if len(batch) == 0 {
@@ -806,7 +818,11 @@ func FromArchiveBuckets(ctx context.Context, path string, buckets []string, prog
 			}
 			continue
 		}
-		if rec.Bucket != cur || len(batch) == cap(batch) {
+		// A batch is applied at 4096 messages or at streamread.MaxBytes of values, whichever comes
+		// first: 4096 values near NATS's max payload were gigabytes in memory, twice (the batch, and
+		// Pebble's copy of it).
+		if rec.Bucket != cur || len(batch) == cap(batch) || batchBytes >= streamread.MaxBytes {
+			batchBytes = 0
 			if err := flush(); err != nil {
 				return fail(err)
 			}
@@ -817,6 +833,7 @@ func FromArchiveBuckets(ctx context.Context, path string, buckets []string, prog
 			return fail(fmt.Errorf("archive %s: record %d: %w", path, n+1, err))
 		}
 		batch = append(batch, m)
+		batchBytes += len(m.Key) + len(m.Value)
 		if err := tick(); err != nil {
 			return fail(err)
 		}

@@ -134,6 +134,8 @@ func consumersCreated(t *testing.T, nc *nats.Conn) *atomic.Int64 {
 // from the message after the last it read: the archive is still the stream, message for message,
 // none missing and none twice.
 func TestExport_AConsumerLostMidwayIsReadAgainFromWhereItStopped(t *testing.T) {
+	// Pulls of a few thousand small messages, so that the export is midway after its first.
+	defer replay.SetExportPullBytes(512 << 10)()
 	ctx := context.Background()
 	t.Run("deleted", func(t *testing.T) {
 		ns := natstest.RunServer(t)
@@ -187,6 +189,8 @@ func TestExport_AConsumerLostMidwayIsReadAgainFromWhereItStopped(t *testing.T) {
 // the server drops each create; a cluster without quorum does the same). nats.go's ordered consumer,
 // which export read with, retried that create with a 10 s request no context reached, for ever.
 func TestExport_CancelWhileAConsumerCreateGoesUnanswered(t *testing.T) {
+	// Pulls of a few thousand small messages, so that the export is midway after its first.
+	defer replay.SetExportPullBytes(512 << 10)()
 	ns := natstest.RunServerSeatDenied(t)
 	url := ns.ClientURL()
 	_, ajs := natstest.Connect(t, url, nats.UserInfo("admin", "admin"))

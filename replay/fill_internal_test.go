@@ -25,3 +25,10 @@ func SetOfflineFS(fs vfs.FS) func() {
 	offlineOptions.FS = fs
 	return func() { offlineOptions.FS = old }
 }
+
+// SetExportPullBytes bounds the pulls of an export to n bytes (exportPullBytes), and returns the undo.
+func SetExportPullBytes(n int) func() {
+	old := exportPullBytes
+	exportPullBytes = n
+	return func() { exportPullBytes = old }
+}

@@ -42,13 +42,14 @@ func EachRevisionInStream(ctx context.Context, js jetstream.JetStream, bucket, k
 		return h, fmt.Errorf("stream of %s: %w", bucket, err)
 	}
 	st, created := s.CachedInfo().State, s.CachedInfo().Created
+	pullBytes := streamread.PullBytes(js.Conn(), 0)
 	if st.Msgs > 0 && !strings.Contains("."+key+".", "..") {
 		// (A key with an empty token names no subject the stream can hold: it has no message.)
 		// The revisions first, as they come: the gaps are said after them, and may take a read of
 		// the whole stream's sequences.
 		subject := provisioner.SubjectPrefix(bucket) + key
 		var rev Revision
-		err = readStream(ctx, s, []string{subject}, false, st.LastSeq, func(msg jetstream.Msg, md *jetstream.MsgMetadata) error {
+		err = readStream(ctx, s, []string{subject}, false, st.LastSeq, pullBytes, func(msg jetstream.Msg, md *jetstream.MsgMetadata) error {
 			m, err := projector.MessageOf(bucket, msg.Subject(), msg.Headers(), msg.Data(), md.Sequence.Stream, md.Timestamp)
 			if err != nil {
 				return err
@@ -60,7 +61,7 @@ func EachRevisionInStream(ctx context.Context, js jetstream.JetStream, bucket, k
 			return h, err
 		}
 	}
-	if h.Gaps, err = streamGaps(ctx, s, st, progress, nil); err != nil {
+	if h.Gaps, err = streamGaps(ctx, s, st, pullBytes, progress, nil); err != nil {
 		return h, err
 	}
 	// The reads are of the stream the info was of: one recreated meanwhile (deleted, and made again
@@ -96,7 +97,7 @@ func BySubject(key string) bool {
 // CaughtUp, TailRemoved), and the removed end an archive of it records: none when no message is
 // missing below the stream's last; else a read of every message's sequence and headers, no data, each
 // message's sequence and time told to each when set.
-func streamGaps(ctx context.Context, s jetstream.Stream, st jetstream.StreamState, progress Progress, each func(msg jetstream.Msg, seq uint64, t int64)) ([]store.Gap, error) {
+func streamGaps(ctx context.Context, s jetstream.Stream, st jetstream.StreamState, pullBytes int, progress Progress, each func(msg jetstream.Msg, seq uint64, t int64)) ([]store.Gap, error) {
 	switch {
 	case st.LastSeq == 0:
 		return nil, nil
@@ -109,7 +110,7 @@ func streamGaps(ctx context.Context, s jetstream.Stream, st jetstream.StreamStat
 	var gaps []store.Gap
 	var open *store.Gap
 	prev, done := uint64(0), int64(0)
-	err := readStream(ctx, s, nil, true, st.LastSeq, func(msg jetstream.Msg, md *jetstream.MsgMetadata) error {
+	err := readStream(ctx, s, nil, true, st.LastSeq, pullBytes, func(msg jetstream.Msg, md *jetstream.MsgMetadata) error {
 		seq := md.Sequence.Stream
 		if each != nil {
 			each(msg, seq, md.Timestamp.UnixNano())
@@ -163,7 +164,7 @@ func streamGaps(ctx context.Context, s jetstream.Stream, st jetstream.StreamStat
 // read goes on from the message after the last one read, through a new consumer. An empty pull that the
 // consumer says was not answered while messages are pending (a server slow to answer; a pull denied)
 // is pulled again, for at most readStall without a message.
-func readStream(ctx context.Context, s jetstream.Stream, subjects []string, headersOnly bool, last uint64, fn func(jetstream.Msg, *jetstream.MsgMetadata) error) error {
+func readStream(ctx context.Context, s jetstream.Stream, subjects []string, headersOnly bool, last uint64, pullBytes int, fn func(jetstream.Msg, *jetstream.MsgMetadata) error) error {
 	var name string // the consumer's, deleted when replaced and when done
 	drop := func() {
 		if name == "" {
@@ -206,10 +207,15 @@ func readStream(ctx context.Context, s jetstream.Stream, subjects []string, head
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		// A pull with no wait answers what is there now. Its end, "no messages", is also what a
-		// pull nobody answered looks like (a user denied the pull, or the reply's inbox), so an empty
-		// one ends the read only when the consumer says nothing is pending.
-		batch, err := cons.FetchNoWait(4096)
+		// A pull answers what is there, up to readBatch messages and pullBytes: with values near
+		// NATS's max payload, a pull of 4096 messages (FetchNoWait, which takes no bound in bytes)
+		// held gigabytes in the client, which nats.go takes in as fast as they come whatever the
+		// reader does. It waits readWait for more when fewer are there, which a read never sees
+		// but at a removal (it returns at the message with nothing pending after it). Its end with
+		// nothing, after readWait, is also what a pull nobody answered looks like (a user denied the
+		// pull, or the reply's inbox), so an empty one ends the read only when the consumer says
+		// nothing is pending.
+		batch, err := cons.Fetch(readBatch, jetstream.FetchMaxBytes(pullBytes), jetstream.FetchMaxWait(readWait))
 		if err != nil {
 			return fmt.Errorf("read: %w", err)
 		}
@@ -275,6 +281,13 @@ func readStream(ctx context.Context, s jetstream.Stream, subjects []string, head
 		}
 	}
 }
+
+// A pull of readStream: at most readBatch messages (and its bytes bound, streamread.PullBytes), waiting
+// at most readWait for them when fewer are there.
+const (
+	readBatch = 4096
+	readWait  = 500 * time.Millisecond
+)
 
 // How readStream pulls again when a pull brought nothing while messages are pending (unanswered, or
 // answered too late): after 50 ms, doubling up to a second, for at most as long without a message as

@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/internal/streamread"
 	"github.com/novox/mesh-provisioner/projector"
 	"github.com/novox/mesh-provisioner/store"
 )
@@ -80,6 +81,7 @@ func NodeFromNATS(ctx context.Context, js jetstream.JetStream, bucket, node, sou
 		}
 		prefix := provisioner.SubjectPrefix(bucket)
 		batch := make([]provisioner.Message, 0, 1024)
+		batchBytes := 0 // of the messages in batch: their keys and values
 		flush := func() error {
 			if len(batch) == 0 {
 				return nil
@@ -90,12 +92,15 @@ func NodeFromNATS(ctx context.Context, js jetstream.JetStream, bucket, node, sou
 			return err
 		}
 		if st.Msgs > 0 {
-			err = readStream(ctx, s, []string{prefix + node, prefix + node + ".>"}, false, st.LastSeq, func(msg jetstream.Msg, md *jetstream.MsgMetadata) error {
+			err = readStream(ctx, s, []string{prefix + node, prefix + node + ".>"}, false, st.LastSeq, streamread.PullBytes(js.Conn(), 0), func(msg jetstream.Msg, md *jetstream.MsgMetadata) error {
 				m, err := projector.MessageOf(bucket, msg.Subject(), msg.Headers(), msg.Data(), md.Sequence.Stream, md.Timestamp)
 				if err != nil {
 					return err
 				}
-				if batch = append(batch, m); len(batch) == cap(batch) {
+				// Applied at 1024 messages or streamread.MaxBytes of values, whichever comes first.
+				batchBytes += len(m.Key) + len(m.Value)
+				if batch = append(batch, m); len(batch) == cap(batch) || batchBytes >= streamread.MaxBytes {
+					batchBytes = 0
 					return flush()
 				}
 				return nil
@@ -132,7 +137,7 @@ func NodeFromNATS(ctx context.Context, js jetstream.JetStream, bucket, node, sou
 			// 16 bytes a message: 18 MB for a million, grown once.
 			np.seqs, np.seqTimes = make([]uint64, 0, st.Msgs), make([]int64, 0, st.Msgs)
 		}
-		np.marks.Gaps, err = streamGaps(ctx, s, st, progress, func(msg jetstream.Msg, seq uint64, t int64) {
+		np.marks.Gaps, err = streamGaps(ctx, s, st, streamread.PullBytes(js.Conn(), 0), progress, func(msg jetstream.Msg, seq uint64, t int64) {
 			// What the whole read applied: the last message it read (none when the stream was emptied).
 			np.cp.Applied = seq
 			if strings.HasPrefix(msg.Subject(), np.prefix) || provisioner.RollupOfHeaders(msg.Headers()) == provisioner.RollupAll {

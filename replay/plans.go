@@ -11,6 +11,7 @@ import (
 	"sync"
 
 	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/internal/streamread"
 	"github.com/novox/mesh-provisioner/query"
 	"github.com/novox/mesh-provisioner/store"
 )
@@ -54,7 +55,7 @@ func answerPlans(ctx context.Context, v *store.View, r *query.Request, e *query.
 		defer pa.close()
 		return pa.answer(r, e, synced)
 	}
-	kept, err := keep.get(ctx, plansKeyOf(v.StoreID(), r.Node, inputs), fill)
+	kept, err := keep.get(ctx, plansKeyOf(v.StoreID(), v.Rewrites(), r.Node, inputs), fill)
 	if err != nil {
 		return err
 	}
@@ -99,15 +100,17 @@ func resolvePlanInputs(v *store.View, node string, p Point) ([]planInput, error)
 }
 
 // plansKey says exactly what a temporary store of plans holds: the store its events were copied from
-// (store.DB.ID: a rebuild swaps in another, whose sequences may be of recreated streams), the node
+// (store.DB.ID: a rebuild swaps in another, whose sequences may be of recreated streams) and its
+// rewrites as the view opened (store.View.Rewrites: an expired put's event left the log), the node
 // narrowed by, and each input bucket copied with its resolved sequence and stream. Every part is
 // length-prefixed or self-delimiting. Two times that resolve alike share a store; a trim changes
 // nothing a key names, since it keeps every point from its floor on exactly and a point below it is
 // refused before the key is made.
 type plansKey string
 
-func plansKeyOf(storeID uint64, node string, inputs []planInput) plansKey {
+func plansKeyOf(storeID, rewrites uint64, node string, inputs []planInput) plansKey {
 	b := binary.AppendUvarint(nil, storeID)
+	b = binary.AppendUvarint(b, rewrites)
 	b = binary.AppendUvarint(b, uint64(len(node)))
 	b = append(b, node...)
 	for _, in := range inputs {
@@ -324,6 +327,7 @@ func (v resolvedView) Checkpoint(bucket string) (store.Checkpoint, error) {
 // copyEvents applies a bucket's logged events up to seq to another store, in batches, until ctx ends.
 func copyEvents(ctx context.Context, v *store.View, to *store.DB, bucket string, seq uint64) error {
 	var batch []provisioner.Message
+	batchBytes := 0 // of the messages in batch: their keys and values
 	var applyErr error
 	flush := func() bool {
 		if len(batch) == 0 {
@@ -345,7 +349,12 @@ func copyEvents(ctx context.Context, v *store.View, to *store.DB, bucket string,
 		m := ev.Message(key)
 		m.Value = append([]byte(nil), m.Value...)
 		batch = append(batch, m)
-		return len(batch) < 4096 || flush()
+		// Applied at 4096 messages or streamread.MaxBytes of values, whichever comes first.
+		if batchBytes += len(m.Key) + len(m.Value); len(batch) < 4096 && batchBytes < streamread.MaxBytes {
+			return true
+		}
+		batchBytes = 0
+		return flush()
 	})
 	if err != nil {
 		return err

@@ -85,6 +85,8 @@ func TestReplay_APurgedStreamIsNotAnEmptyOne(t *testing.T) {
 // An export during which the stream is purged stops where the purge cut it: the archive must not
 // read as a whole one whose stream ended there. Points up to what was read are exact; past it, 410.
 func TestExport_StreamPurgedWhileExportingIsNoWholeArchive(t *testing.T) {
+	// Pulls of a few thousand small messages, so that the export is midway after its first.
+	defer replay.SetExportPullBytes(512 << 10)()
 	ns := natstest.RunServer(t)
 	_, js := natstest.Connect(t, ns.ClientURL())
 	ctx := context.Background()

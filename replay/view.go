@@ -37,7 +37,7 @@ func newAsOf(v *store.View, r Resolved) (*asOf, error) {
 	if !ok {
 		return nil, fmt.Errorf("replay: no shape for bucket %q", r.Bucket)
 	}
-	a := &asOf{ctx: context.Background(), v: v, shape: shape, n: r.Seq, key: anomalyKey{store: v.StoreID(), bucket: r.Bucket, seq: r.Seq}}
+	a := &asOf{ctx: context.Background(), v: v, shape: shape, n: r.Seq, key: anomalyKey{store: v.StoreID(), rewrites: v.Rewrites(), bucket: r.Bucket, seq: r.Seq}}
 	if r.Bucket == provisioner.BucketNeeds && r.Seq > 0 {
 		kinds, n, err := registryKinds(v, r.RegistryAt)
 		if err != nil {

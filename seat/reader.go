@@ -104,6 +104,10 @@ func (r *swapReader) Changed(bucket string) <-chan struct{} { return r.cur.Load(
 // is not an answer of the next (query.Generationer).
 func (r *swapReader) Generation() uint64 { return r.swaps.Load() }
 
+// Rewrites is the current store's (query.Rewriter); a swap moves the generation, which the read-ahead
+// compares too.
+func (r *swapReader) Rewrites() uint64 { return r.cur.Load().db.Rewrites() }
+
 // swap makes db current, and returns once no view of the old store is open. Swaps are made one at a
 // time (the seat's rebuild).
 func (r *swapReader) swap(db *store.DB) {
@@ -125,3 +129,5 @@ func (r *swapReader) PlansView() (query.PlansView, error) {
 }
 
 var _ query.PlansReader = (*swapReader)(nil)
+
+var _ query.Rewriter = (*swapReader)(nil)

@@ -121,6 +121,8 @@ type applier struct {
 	// removing is set while a rollup removes other keys (rollup): their purges share the rollup's
 	// sequence, whose entry by sequence names the rollup's own key alone.
 	removing bool
+	// exp are the pending expiries this batch changed (expiry.go): nil for a key's forgotten.
+	exp map[expKey]*Expiry
 	// unpins says the batch applies a rollup whose removals were committed before it, in parts, while
 	// views read the pinned state before them: its commit lets them read the committed state again.
 	unpins bool
@@ -459,6 +461,7 @@ func (a *applier) finish(bucket string, cp *Checkpoint, sync, moved bool) error 
 		db.schema.Store(schemaRollup)
 	}
 	db.composedAnom = composedAnom
+	a.commitExpiries()
 	for name, c := range a.cps {
 		b := db.known(name)
 		b.cp = *c
@@ -556,6 +559,7 @@ func (a *applier) apply(shape provisioner.Shape, m *provisioner.Message) error {
 	if m.Foreign {
 		return nil // no key of the bucket: its rollup removed them all (applier.rollup)
 	}
+	a.noteExpiry(bucket, m)
 
 	parts, perr := provisioner.ParseKey(shape, m.Key)
 	if perr != nil {

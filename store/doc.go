@@ -53,6 +53,9 @@
 //	                                                           absent: 0)
 //	0x0a <bucket> 00 01 <node>                              -> uvarint anomaly rows whose raw key's first
 //	                                                           token is node (nodeanom.go; absent: none)
+//	0x0b <bucket> 00 01 <raw key>                           -> pending expiry: uvarint seq, varint due
+//	                                                           (Unix ns) of the key's newest message, a
+//	                                                           put with a per-message TTL (expiry.go)
 //
 // A row (and each covering index entry) is: a flags byte (bit 0: the value is one complete MessagePack
 // object), uvarint revision (the stream sequence of the put), varint created (Unix ns), then the value
@@ -183,6 +186,16 @@
 // being kept. The plans as of a point do: replay folds them again from the log, which is why trimming
 // a composed-<node> bucket keeps each key's newest published composition (above). The 'm' index does not cover the rows (a plan can be large); a module's rows are read
 // by key.
+//
+// # Pending expiries
+//
+// A put with a per-message TTL that the server removes while an older message of its key is still in
+// the stream leaves no marker (expiry.go). Apply keeps one 0x0b entry per key whose newest message is
+// such a put, in the message's batch, and deletes it with the key's next message; Open reads them into
+// a heap by due time. Expire, once the projector has asked the stream, applies the key's last message
+// as the stream now holds it: the put's event leaves the log, so every answer from the put's sequence
+// on says what the stream says; the applied sequence does not move, and Rewrites counts such commits
+// for the caches of answers keyed by applied sequences. A composed-<node> bucket is read again instead.
 //
 // # Forgetting a bucket
 //

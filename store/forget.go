@@ -107,7 +107,7 @@ func (db *DB) forget(bucket string, at int64, resume *Checkpoint) error {
 	// The ranges first: the point writes below (the forgotten mark, inside the marks' range, and the
 	// plan rows) come later in the batch, so they win over them.
 	var ranges [][2][]byte
-	for _, p := range []byte{prefixRow, prefixIndex, prefixAnomaly, prefixNodeAnom, prefixHistory, prefixEvent, prefixMarks} {
+	for _, p := range []byte{prefixRow, prefixIndex, prefixAnomaly, prefixNodeAnom, prefixHistory, prefixEvent, prefixMarks, prefixExpiry} {
 		lo := bucketPrefix(nil, p, bucket)
 		ranges = append(ranges, [2][]byte{lo, prefixEnd(lo)})
 	}
@@ -188,6 +188,7 @@ func (db *DB) forget(bucket string, at int64, resume *Checkpoint) error {
 	// Committed: memory follows. Whoever waits on the bucket wakes and finds it unknown.
 	db.composedAnom = composedAnom
 	delete(db.openGaps, bucket)
+	db.exp.dropBucket(bucket)
 	db.mu.Lock()
 	if b, ok := db.buckets[bucket]; ok {
 		delete(db.buckets, bucket)

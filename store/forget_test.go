@@ -57,7 +57,7 @@ func isOf(k, bucket, node string) bool {
 		return k == "\x01composed-anomalies" // the sum of every composed-<node> bucket's anomaly rows
 	case 0x02:
 		return k[1:] == bucket
-	case 0x03, 0x04, 0x05, 0x06, 0x07, 0x09, 0x0a:
+	case 0x03, 0x04, 0x05, 0x06, 0x07, 0x09, 0x0a, 0x0b:
 		return strings.HasPrefix(k[1:], name)
 	case 0x08:
 		return strings.HasPrefix(k[1:], "b"+node+"\x00\x01") || strings.HasPrefix(k[1:], "r"+node+".") ||

@@ -20,6 +20,7 @@ const (
 	prefixPlan       = 0x08
 	prefixMarks      = 0x09 // the event log's floor and gaps (history.go)
 	prefixNodeAnom   = 0x0a // anomaly rows per node (nodeanom.go)
+	prefixExpiry     = 0x0b // TTL'd puts still newest of their key (expiry.go)
 )
 
 // appendEsc appends s with every 0x00 byte written 0x00 0xff, so that the terminator 0x00 0x01 that

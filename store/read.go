@@ -21,6 +21,9 @@ type View struct {
 	snap   *pebble.Snapshot
 	pinned *pinnedState // set when snap is the pinned state's (pin.go), which Close releases
 	key    []byte
+	// rewrites is DB.Rewrites as the view opened (read before its snapshot: a rewrite the snapshot
+	// misses is never counted in it).
+	rewrites uint64
 }
 
 // rows reads rows, anomalies and checkpoints through one iterator, moved between ranges with SetBounds:
@@ -53,8 +56,9 @@ func (db *DB) View() (*View, error) {
 	if db.closed.Load() {
 		return nil, ErrClosed
 	}
+	rewrites := db.rewrites.Load()
 	snap, p := db.viewSnapshot()
-	return &View{rows: rows{db: db, src: snap}, snap: snap, pinned: p}, nil
+	return &View{rows: rows{db: db, src: snap}, snap: snap, pinned: p, rewrites: rewrites}, nil
 }
 
 // Close releases the view.
@@ -247,6 +251,11 @@ func (v *View) Buckets() []string { return v.db.Buckets() }
 
 // StoreID is the ID of the store the view reads.
 func (v *View) StoreID() uint64 { return v.db.id }
+
+// Rewrites is DB.Rewrites as the view opened: a state the log rebuilds as of a point changes only
+// when it moves (an expired put's event leaves the log, store/expiry.go), so whatever keeps answers
+// derived from the log keys them by it too.
+func (v *View) Rewrites() uint64 { return v.rewrites }
 
 // warmRanges are what a node lookup reads besides its rows' index entries: the checkpoints, every
 // bucket's rows (0x02 and 0x03, adjacent) and the per-node anomaly counts.

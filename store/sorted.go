@@ -2,6 +2,8 @@ package store
 
 import (
 	"bytes"
+	"encoding/binary"
+	"math/bits"
 	"slices"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -18,7 +20,16 @@ import (
 type sortedWrites struct {
 	arena []byte
 	ops   []sortedOp
-	order []int32
+	order []sortKey
+}
+
+// sortKey is a write's place in the sort: the 16 bytes of its key that follow the prefix every key of
+// its family shares in this batch, as two big-endian words (zeros past the key's end), and the write's
+// index. Two words decide almost every comparison without reading the arena; equal words (keys that
+// agree on those 16 bytes, or are shorter) are decided by the keys themselves.
+type sortKey struct {
+	hi, lo uint64
+	i      int32
 }
 
 type sortedOp struct {
@@ -56,7 +67,10 @@ func (w *sortedWrites) keyOf(i int32) []byte {
 // Every store key starts with its family byte (store/doc.go), so the writes are first spread by it in
 // one counting pass, then each family is sorted on its own: a family that arrives in order (the event
 // log's sequences; rows and history when a stream holds each node's keys together) is sorted in one
-// pass, and the others sort fewer entries each.
+// pass, and the others sort fewer entries each. The keys of a family share a long prefix in a batch
+// (the family byte, the bucket, often the first characters of the node), so each is sorted by the 16
+// bytes after that prefix held beside its index (sortKey): comparing keys in the arena, each through
+// two indirections and cold cache lines, was a sixth of the CPU of ingest.
 func (w *sortedWrites) writeTo(b *pebble.Batch) error {
 	var start [257]int32
 	for i := range w.ops {
@@ -69,33 +83,82 @@ func (w *sortedWrites) writeTo(b *pebble.Batch) error {
 	w.order = slices.Grow(w.order[:0], len(w.ops))[:len(w.ops)]
 	for i := range w.ops {
 		f := w.arena[w.ops[i].key]
-		w.order[next[f]] = int32(i)
+		w.order[next[f]] = sortKey{i: int32(i)}
 		next[f]++
 	}
-	cmp := func(x, y int32) int {
-		if c := bytes.Compare(w.keyOf(x), w.keyOf(y)); c != 0 {
+	var shared int // the prefix the family being sorted shares
+	cmp := func(x, y sortKey) int {
+		switch {
+		case x.hi != y.hi:
+			return cmpUint64(x.hi, y.hi)
+		case x.lo != y.lo:
+			return cmpUint64(x.lo, y.lo)
+		}
+		if c := bytes.Compare(w.keyOf(x.i)[shared:], w.keyOf(y.i)[shared:]); c != 0 {
 			return c
 		}
-		return int(x - y)
+		return int(x.i - y.i)
 	}
 	for f := 0; f < 256; f++ {
-		if fam := w.order[start[f]:start[f+1]]; len(fam) > 1 {
-			slices.SortFunc(fam, cmp)
+		fam := w.order[start[f]:start[f+1]]
+		if len(fam) <= 1 {
+			continue
 		}
+		first := w.keyOf(fam[0].i)
+		shared = len(first)
+		for _, s := range fam[1:] {
+			shared = commonPrefix(first[:shared], w.keyOf(s.i))
+		}
+		for j := range fam {
+			fam[j].hi, fam[j].lo = words(w.keyOf(fam[j].i)[shared:])
+		}
+		slices.SortFunc(fam, cmp)
 	}
-	for _, i := range w.order {
-		o := &w.ops[i]
+	for _, s := range w.order {
+		o := &w.ops[s.i]
 		var err error
 		if o.del {
-			err = b.Delete(w.keyOf(i), nil)
+			err = b.Delete(w.keyOf(s.i), nil)
 		} else {
-			err = b.Set(w.keyOf(i), w.arena[o.val:o.val+o.vlen], nil)
+			err = b.Set(w.keyOf(s.i), w.arena[o.val:o.val+o.vlen], nil)
 		}
 		if err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+func cmpUint64(x, y uint64) int {
+	if x < y {
+		return -1
+	}
+	return 1
+}
+
+// commonPrefix is the length of the longest prefix a and b share, compared eight bytes at a time.
+func commonPrefix(a, b []byte) int {
+	n := min(len(a), len(b))
+	i := 0
+	for ; i+8 <= n; i += 8 {
+		if x := binary.BigEndian.Uint64(a[i:]) ^ binary.BigEndian.Uint64(b[i:]); x != 0 {
+			return i + bits.LeadingZeros64(x)/8
+		}
+	}
+	for ; i < n && a[i] == b[i]; i++ {
+	}
+	return i
+}
+
+// words is the first 16 bytes of k as two big-endian words, zeros past its end: ordered as the keys
+// are, but for keys that agree on them.
+func words(k []byte) (hi, lo uint64) {
+	if len(k) >= 16 {
+		return binary.BigEndian.Uint64(k), binary.BigEndian.Uint64(k[8:])
+	}
+	var pad [16]byte
+	copy(pad[:], k)
+	return binary.BigEndian.Uint64(pad[:]), binary.BigEndian.Uint64(pad[8:])
 }
 
 // writesCache keeps one sortedWrites between Applies (they are serialised), unless a catch-up batch

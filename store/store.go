@@ -171,6 +171,11 @@ type DB struct {
 	pinMu sync.Mutex
 	pin   *pinnedState
 
+	// exp are the pending expiries of TTL'd puts still newest of their key (expiry.go); rewrites
+	// counts the commits of Expire, which change answers without moving an applied sequence.
+	exp      expiries
+	rewrites atomic.Uint64
+
 	closed atomic.Bool
 }
 
@@ -357,7 +362,7 @@ func OpenContext(ctx context.Context, dir string, opts Options) (*DB, error) {
 	}
 	fds.armed.Store(true)
 	db := &DB{pdb: pdb, dir: dir, fds: fds, bg: bg, id: openCount.Add(1), buckets: map[string]*bucketState{}, kinds: map[string]struct{}{}, openGaps: map[string]Gap{},
-		anomSeed: maphash.MakeSeed(), space: space, writeFailed: newFailedState(opts.Logger)}
+		anomSeed: maphash.MakeSeed(), space: space, writeFailed: newFailedState(opts.Logger), exp: newExpiries()}
 	if err := db.load(ctx, fresh); err != nil {
 		pdb.Close()
 		return nil, orAccess(dir, err)
@@ -536,6 +541,9 @@ func (db *DB) load(ctx context.Context, fresh bool) error {
 		return readErr(err)
 	}
 	if err := db.loadGaps(); err != nil {
+		return err
+	}
+	if err := db.loadExpiries(); err != nil {
 		return err
 	}
 	return db.finishRollups()

@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -81,6 +82,30 @@ const Heartbeat = time.Second
 // CONSUMER.CREATE (and the load) that confirming saves.
 const ConfirmTimeout = 5 * time.Second
 
+// MaxBytes is the most bytes of messages a read holds pulled and not yet read, when the server's max
+// payload is small enough (PullBytes): 32 MiB, a few dozen values of NATS's default max payload (1 MB)
+// and four of the largest it advises (8 MB), where a pull of 4096 messages held 4 and 32 GiB. Reads of
+// small values lose nothing by it: a pull of 32 MiB holds some hundred thousand of them, and the
+// iterator pulls again when half is read (docs/performance.md, session 16).
+const MaxBytes = 32 << 20
+
+// Overhead is what a delivered message counts against a pull's max bytes beyond its payload (headers
+// and data), which the server's max payload bounds: its subject and its reply subject (the
+// consumer's ack subject), each bounded by the server's max control line (4 KiB by default), with
+// room to spare.
+const Overhead = 64 << 10
+
+// PullBytes returns the byte bound of the reads of nc (Read, and the max bytes of a Fetch's pull):
+// bytes (MaxBytes when 0), or the largest message nc's server takes (its max payload and Overhead)
+// when that is larger, so that a pull is never bounded below one message, which it would never
+// deliver.
+func PullBytes(nc *nats.Conn, bytes int) int {
+	if bytes <= 0 {
+		bytes = MaxBytes
+	}
+	return max(bytes, int(nc.MaxPayload())+Overhead)
+}
+
 // ErrOutOfOrder says the consumer delivered a message other than the next one: one was lost on the
 // way (the client dropped it as a slow consumer). The reader creates a new consumer from the last
 // message it read.
@@ -100,16 +125,32 @@ type Reader struct {
 	Refused func() error
 }
 
-// Read starts pulling cons, at most pull messages at once (0: nats.go's default), with Heartbeat.
-func Read(cons jetstream.Consumer, pull int) (*Reader, error) {
-	return ReadIdle(cons, pull, Heartbeat)
+// Read starts pulling cons with Heartbeat: at most bytes of messages pulled and not yet read when
+// bytes > 0 (PullBytes says how large), else at most pull messages (0: nats.go's default).
+func Read(cons jetstream.Consumer, pull, bytes int) (*Reader, error) {
+	return ReadIdle(cons, pull, bytes, Heartbeat)
 }
 
 // ReadIdle is Read with the pulls' idle heartbeat every heartbeat (at most 15 s, half the pulls'
 // expiry): longer for consumers that are many and mostly idle, whose loss may be found later.
-func ReadIdle(cons jetstream.Consumer, pull int, heartbeat time.Duration) (*Reader, error) {
+//
+// A bound in bytes is nats.go's PullMaxBytes: the iterator counts the bytes it asked for and has not
+// handed out (its buffer, and what the server still owes it), and pulls again, for what was read,
+// once that falls below half the bound. It is the one option of nats.go that bounds the client's
+// buffer by bytes: PullMaxMessagesWithBytesLimit bounds each pull's bytes but not the buffer, since
+// after a pull cut short by its max bytes (a 409 from the server) the iterator pulls again at once
+// until it holds its message count; with values near NATS's max payload 4096 messages were
+// gigabytes. PullMaxBytes cannot be given a message count beside it (nats.go asks for a million
+// messages a pull): small values are pulled by the bound's worth, more of them per pull than the
+// count (docs/performance.md, session 16). A bound below the size of the next message never
+// delivers it (the server answers each pull with a 409 and the iterator pulls again without end):
+// bytes must be at least the largest message the stream can deliver, which PullBytes makes sure of.
+func ReadIdle(cons jetstream.Consumer, pull, bytes int, heartbeat time.Duration) (*Reader, error) {
 	opts := []jetstream.PullMessagesOpt{jetstream.PullHeartbeat(heartbeat)}
-	if pull > 0 {
+	switch {
+	case bytes > 0:
+		opts = append(opts, jetstream.PullMaxBytes(bytes))
+	case pull > 0:
 		opts = append(opts, jetstream.PullMaxMessages(pull))
 	}
 	it, err := cons.Messages(opts...)

@@ -1,9 +1,12 @@
 package streamread_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -57,16 +60,19 @@ func seqs(from, to uint64) []uint64 {
 // TestReader_InOrder: a stream is read from its first message, or from the one after a given
 // sequence, every message once and in order, in pulls smaller than the stream; Delivered counts what
 // Next returned.
+// Pulls counted in messages or bounded by bytes (a few messages' worth) read the same.
 func TestReader_InOrder(t *testing.T) {
 	_, s := stream(t, 250)
-	for _, after := range []uint64{0, 1, 200, 249} {
-		cons, err := streamread.Create(context.Background(), s, "", after)
-		require.NoError(t, err)
-		r, err := streamread.Read(cons, 64)
-		require.NoError(t, err)
-		require.Equal(t, seqs(after+1, 250), readAll(t, r, int(250-after)), "after %d", after)
-		require.Equal(t, 250-after, r.Delivered())
-		r.Stop()
+	for _, pull := range []struct{ msgs, bytes int }{{msgs: 64}, {bytes: 500}} {
+		for _, after := range []uint64{0, 1, 200, 249} {
+			cons, err := streamread.Create(context.Background(), s, "", after)
+			require.NoError(t, err)
+			r, err := streamread.Read(cons, pull.msgs, pull.bytes)
+			require.NoError(t, err)
+			require.Equal(t, seqs(after+1, 250), readAll(t, r, int(250-after)), "after %d, pulls %+v", after, pull)
+			require.Equal(t, 250-after, r.Delivered())
+			r.Stop()
+		}
 	}
 }
 
@@ -77,7 +83,7 @@ func TestReader_WaitsUntilCancelled(t *testing.T) {
 	js, s := stream(t, 2)
 	cons, err := streamread.Create(context.Background(), s, "", 0)
 	require.NoError(t, err)
-	r, err := streamread.Read(cons, 0)
+	r, err := streamread.Read(cons, 0, streamread.MaxBytes)
 	require.NoError(t, err)
 	defer r.Stop()
 	readAll(t, r, 2)
@@ -107,7 +113,7 @@ func TestReader_ConsumerDeleted(t *testing.T) {
 	js, s := stream(t, 3)
 	cons, err := streamread.Create(context.Background(), s, "", 0)
 	require.NoError(t, err)
-	r, err := streamread.Read(cons, 0)
+	r, err := streamread.Read(cons, 0, streamread.MaxBytes)
 	require.NoError(t, err)
 	defer r.Stop()
 	readAll(t, r, 3)
@@ -123,7 +129,7 @@ func TestReader_ConsumerDeleted(t *testing.T) {
 	require.NoError(t, err)
 	cons, err = streamread.Create(context.Background(), s, "", 3)
 	require.NoError(t, err)
-	r2, err := streamread.Read(cons, 0)
+	r2, err := streamread.Read(cons, 0, streamread.MaxBytes)
 	require.NoError(t, err)
 	defer r2.Stop()
 	require.Equal(t, []uint64{4}, readAll(t, r2, 1))
@@ -134,7 +140,7 @@ func TestReader_StopEndsAWaitingNext(t *testing.T) {
 	_, s := stream(t, 0)
 	cons, err := streamread.Create(context.Background(), s, "", 0)
 	require.NoError(t, err)
-	r, err := streamread.Read(cons, 0)
+	r, err := streamread.Read(cons, 0, streamread.MaxBytes)
 	require.NoError(t, err)
 	done := make(chan error, 1)
 	go func() {
@@ -198,7 +204,7 @@ func lateHeartbeats(t *testing.T, inFlight bool) {
 	require.NoError(t, err)
 	cons, err := streamread.Create(ctx, s, "", 0)
 	require.NoError(t, err)
-	r, err := streamread.Read(cons, 0)
+	r, err := streamread.Read(cons, 0, streamread.MaxBytes)
 	require.NoError(t, err)
 	defer r.Stop()
 	readAll(t, r, 1)
@@ -251,4 +257,101 @@ func countAPI(t *testing.T, nc *nats.Conn, subject string) *atomic.Int64 {
 	t.Cleanup(func() { _ = sub.Unsubscribe() })
 	require.NoError(t, nc.Flush())
 	return &n
+}
+
+// largeStream creates a stream on subject s.> holding sizes[i] bytes at s.<i>, sequence i+1, on a
+// server taking messages up to maxPayload bytes (0: NATS's default, 1 MB).
+func largeStream(t *testing.T, maxPayload int, sizes []int) (*nats.Conn, jetstream.Stream) {
+	t.Helper()
+	var ns interface{ ClientURL() string }
+	if maxPayload == 0 {
+		ns = natstest.RunServer(t)
+	} else {
+		conf := filepath.Join(t.TempDir(), "nats.conf")
+		require.NoError(t, os.WriteFile(conf, fmt.Appendf(nil, "max_payload: %d\n", maxPayload), 0o644))
+		ns = natstest.RunServerAt(t, "127.0.0.1:-1", t.TempDir(), conf)
+	}
+	nc, js := natstest.Connect(t, ns.ClientURL())
+	ctx := context.Background()
+	s, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}, Storage: jetstream.MemoryStorage})
+	require.NoError(t, err)
+	for i, n := range sizes {
+		data := bytes.Repeat([]byte{byte(i)}, n)
+		_, err := js.Publish(ctx, fmt.Sprintf("s.%d", i), data)
+		require.NoError(t, err)
+	}
+	return nc, s
+}
+
+// TestReader_BoundedByBytes: a read of large values holds no more than its bound of messages pulled
+// and not yet read, where a pull of 4096 messages held the whole stream (every value of it, to be
+// read one at a time), and reads every message in order. The messages the consumer delivered and the
+// Reader has not returned are what the client holds (in nats.go's buffer, or on their way to it): the
+// server's count says so without sampling a heap shared with the server.
+func TestReader_BoundedByBytes(t *testing.T) {
+	const n, size, bound = 24, 256 << 10, 1 << 20 // 6 MiB of values, read 1 MiB at most at a time
+	sizes := make([]int, n)
+	for i := range sizes {
+		sizes[i] = size
+	}
+	_, s := largeStream(t, 0, sizes)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cons, err := streamread.Create(ctx, s, "", 0)
+	require.NoError(t, err)
+	r, err := streamread.Read(cons, 0, bound)
+	require.NoError(t, err)
+	defer r.Stop()
+
+	held := func() int {
+		ci, err := cons.Info(ctx)
+		require.NoError(t, err)
+		return int(ci.Delivered.Consumer - r.Delivered())
+	}
+	for i := range n {
+		msg, md, err := r.Next(ctx)
+		require.NoError(t, err)
+		require.Equal(t, uint64(i+1), md.Sequence.Stream)
+		require.Equal(t, fmt.Sprintf("s.%d", i), msg.Subject())
+		require.Equal(t, bytes.Repeat([]byte{byte(i)}, size), msg.Data())
+		if i == 0 {
+			// Once the pulls the Reader made are done with (cut short by their bytes), or the stream is
+			// delivered to its end: nothing more comes until the Reader reads on.
+			natstest.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+				ci, err := cons.Info(ctx)
+				require.NoError(t, err)
+				if ci.NumWaiting != 0 && ci.NumPending != 0 {
+					return fmt.Errorf("a pull still delivering: %d delivered", ci.Delivered.Consumer)
+				}
+				return nil
+			})
+		}
+		require.LessOrEqual(t, held()*size, bound, "messages delivered and not read after %d read", i+1)
+	}
+}
+
+// TestPullBytes_LargerThanTheBound: a message larger than the bound asked for, which the server's max
+// payload lets through, is pulled all the same (PullBytes raises the bound to that max payload), and
+// so are those around it: a pull bounded below it would never deliver it, and the read would wait for
+// ever.
+func TestPullBytes_LargerThanTheBound(t *testing.T) {
+	const asked, maxPayload = 1 << 20, 2 << 20
+	sizes := []int{10, asked + 512<<10, 20, maxPayload, 30}
+	nc, s := largeStream(t, maxPayload, sizes)
+	bound := streamread.PullBytes(nc, asked)
+	require.Greater(t, bound, maxPayload)
+	require.Equal(t, streamread.MaxBytes, streamread.PullBytes(nc, 0), "the default bound holds a max payload")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cons, err := streamread.Create(ctx, s, "", 0)
+	require.NoError(t, err)
+	r, err := streamread.Read(cons, 0, bound)
+	require.NoError(t, err)
+	defer r.Stop()
+	for i, n := range sizes {
+		msg, md, err := r.Next(ctx)
+		require.NoError(t, err, "message %d", i+1)
+		require.Equal(t, uint64(i+1), md.Sequence.Stream)
+		require.Len(t, msg.Data(), n)
+	}
 }

@@ -1,0 +1,230 @@
+package projector
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/store"
+)
+
+// TTL'd puts that expire without a marker. nats-server writes a marker only for an expiring message
+// that is the last its subject holds; a put with a per-message TTL over an older revision or delete
+// of its key that the bucket keeps is removed silently, and the bucket answers the older one again
+// (store/expiry.go). The store remembers each applied put with a TTL while it is its key's newest; one
+// goroutine of the Projector (expireLoop) waits for the first of them to come due, then asks the
+// stream's leader for the key's last message:
+//
+//   - the put itself: not removed yet (the server removes expired messages on a timer of its own, and
+//     writes a marker when the put is the subject's only message): asked again later, sooner first
+//     (expireSlack, doubling up to expireRetryMax), until a message of the key (the marker, a later
+//     put) makes the store forget it;
+//   - a later message: the tail applies it, which forgets it; asked again later meanwhile, the same;
+//   - an older message, or none: the put is gone, and the store applies what the stream holds now
+//     (store.DB.Expire).
+//
+// A composed-<node> bucket's build records are a fold of its history: one whose put expired so is
+// read again from its stream (forget.go), as a rebuild would read it.
+
+// expireSlack is how long after a put's expiry its stream is first asked: nats-server removes
+// expired messages on a timer, and its clock and the message's time stamp are the server's.
+const expireSlack = time.Second
+
+// expireRetryMax bounds the wait before asking again about a put the stream still holds.
+const expireRetryMax = 5 * time.Minute
+
+// expireAsk bounds one ask of the stream.
+const expireAsk = 5 * time.Second
+
+// expireLoop runs until ctx ends: owned by the Projector (Start), stopped by Stop.
+func (p *Projector) expireLoop(ctx context.Context) {
+	log := p.log.With("component", "expire")
+	bo := backoff{min: time.Second, max: time.Minute}
+	failing := false
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	defer timer.Stop()
+	for {
+		var wait <-chan time.Time
+		if e, ok := p.db.NextExpiry(); ok {
+			d := time.Until(time.Unix(0, e.Due).Add(expireSlack))
+			if d < 0 {
+				d = 0
+			}
+			timer.Reset(d)
+			wait = timer.C
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-p.db.ExpiryAdded():
+			timer.Stop() // no stale tick is received after it (Go 1.23 timers)
+			continue
+		case <-wait:
+		}
+		err := p.expireDue(ctx, log)
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			if !failing {
+				log.Warn("asking the streams about expired puts failed; retrying with backoff", "err", err)
+				failing = true
+			}
+			if !sleep(ctx, bo.next()) {
+				return
+			}
+			continue
+		}
+		if failing {
+			log.Info("recovered")
+			failing = false
+		}
+		bo.reset()
+	}
+}
+
+// expireDue asks about every pending expiry due now, one after another. An ask that fails postpones
+// its expiry as if the stream still held the put, and the first failure is returned once every due
+// one was asked (the loop backs off).
+func (p *Projector) expireDue(ctx context.Context, log *slog.Logger) error {
+	var first error
+	for ctx.Err() == nil {
+		e, ok := p.db.NextExpiry()
+		if !ok || time.Unix(0, e.Due).Add(expireSlack).After(time.Now()) {
+			return first
+		}
+		err := p.expireOne(ctx, e, log)
+		if err != nil {
+			if errors.Is(err, store.ErrClosed) {
+				return err
+			}
+			if first == nil {
+				first = err
+			}
+		}
+		if err != nil || !p.expired(e) {
+			p.db.Postpone(e, time.Now().Add(min(expireSlack<<min(e.Tries, 16), expireRetryMax)).UnixNano())
+		}
+	}
+	return first
+}
+
+// expired reports whether the store no longer holds e as pending (applied, or a later message came).
+func (p *Projector) expired(e store.Expiry) bool {
+	cur, ok := p.db.PendingExpiry(e.Bucket, e.Key)
+	return !ok || cur.Seq != e.Seq
+}
+
+// expireOne asks the stream for the key's last message and, when the put is gone, has the store apply
+// what the stream holds now.
+func (p *Projector) expireOne(ctx context.Context, e store.Expiry, log *slog.Logger) error {
+	actx, cancel := context.WithTimeout(ctx, expireAsk)
+	defer cancel()
+	last, found, err := p.lastOfKey(actx, e.Bucket, e.Key)
+	if err != nil {
+		return fmt.Errorf("%s %q: %w", e.Bucket, e.Key, err)
+	}
+	if found && last.Seq == e.Seq {
+		return nil // still held
+	}
+	var lm *provisioner.Message
+	if found {
+		lm = &last // older: the put is gone; later: the tail applies it (the store drops a stale entry)
+	}
+	changed, err := p.db.Expire(e, lm)
+	if errors.Is(err, store.ErrExpireComposed) {
+		p.rereadExpired(e.Bucket)
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("%s %q: %w", e.Bucket, e.Key, err)
+	}
+	if changed {
+		of := "none"
+		if found {
+			of = fmt.Sprintf("%s at %d", last.Op, last.Seq)
+		}
+		log.Debug("a TTL'd put expired without a marker", "bucket", e.Bucket, "key", e.Key, "seq", e.Seq, "now", of)
+	}
+	return nil
+}
+
+// lastOfKey asks the stream's leader for the last message of a key's subject ($JS.API.STREAM.MSG.GET
+// with last_by_subj): a direct get is answered by any replica from what it holds, and one behind the
+// leader could say an older message is the last while the put was read from the leader.
+func (p *Projector) lastOfKey(ctx context.Context, bucket, key string) (provisioner.Message, bool, error) {
+	subject := provisioner.SubjectPrefix(bucket) + key
+	req, err := json.Marshal(struct {
+		LastFor string `json:"last_by_subj"`
+	}{subject})
+	if err != nil {
+		return provisioner.Message{}, false, err
+	}
+	msg, err := p.js.Conn().RequestWithContext(ctx, APIPrefix(p.js)+"STREAM.MSG.GET."+provisioner.StreamName(bucket), req)
+	if err != nil {
+		return provisioner.Message{}, false, err
+	}
+	var resp struct {
+		Error *struct {
+			Code        int    `json:"code"`
+			ErrCode     int    `json:"err_code"`
+			Description string `json:"description"`
+		} `json:"error"`
+		Message *struct {
+			Subject string    `json:"subject"`
+			Seq     uint64    `json:"seq"`
+			Header  []byte    `json:"hdrs"`
+			Data    []byte    `json:"data"`
+			Time    time.Time `json:"time"`
+		} `json:"message"`
+	}
+	if err := json.Unmarshal(msg.Data, &resp); err != nil {
+		return provisioner.Message{}, false, err
+	}
+	switch {
+	case resp.Error != nil && resp.Error.ErrCode == 10037: // no message found (not 10059: no stream)
+		return provisioner.Message{}, false, nil
+	case resp.Error != nil:
+		return provisioner.Message{}, false, fmt.Errorf("message get: %d %s", resp.Error.Code, resp.Error.Description)
+	case resp.Message == nil || resp.Message.Subject != subject:
+		return provisioner.Message{}, false, fmt.Errorf("message get: no message of %s in the answer %q", subject, msg.Data)
+	}
+	var h nats.Header
+	if len(resp.Message.Header) > 0 {
+		if h, err = nats.DecodeHeadersMsg(resp.Message.Header); err != nil {
+			return provisioner.Message{}, false, fmt.Errorf("message get: headers: %w", err)
+		}
+	}
+	m := messageOf(provisioner.SubjectPrefix(bucket), subject, h, resp.Message.Data, resp.Message.Seq, resp.Message.Time.UnixNano())
+	return m, true, nil
+}
+
+// rereadExpired has a composed-<node> bucket whose TTL'd put expired without a marker read again
+// from its stream: its tail's next check ends it with ErrCannotResume (runBucket forgets it in place
+// and reads it again), a parked one woken for it.
+func (p *Projector) rereadExpired(bucket string) {
+	p.mu.Lock()
+	tailed := p.tailed[bucket]
+	p.mu.Unlock()
+	if !tailed {
+		return
+	}
+	p.expiredUnmarked.Store(bucket, struct{}{})
+	p.Wake(bucket)
+}
+
+// takeExpired reports, once, that a bucket is to be read again for a put that expired without a
+// marker (rereadExpired).
+func (p *Projector) takeExpired(bucket string) error {
+	if _, ok := p.expiredUnmarked.LoadAndDelete(bucket); ok {
+		return fmt.Errorf("%w: a TTL'd put expired without a marker", ErrCannotResume)
+	}
+	return nil
+}
