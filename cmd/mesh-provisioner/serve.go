@@ -25,6 +25,7 @@ import (
 	"github.com/novox/mesh-provisioner/internal/streaminfo"
 	"github.com/novox/mesh-provisioner/internal/streamread"
 	"github.com/novox/mesh-provisioner/query"
+	"github.com/novox/mesh-provisioner/replay"
 	"github.com/novox/mesh-provisioner/seat"
 	"github.com/novox/mesh-provisioner/store"
 )
@@ -167,6 +168,7 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 	// A signal during the start stops it between its steps (store.OpenContext says which part of the
 	// open cannot be stopped): it returns ctx's error, which main says as "stopped by SIGTERM".
 	fatal := onFatal(log, stderr)
+	replay.SetOnFatal(fatal) // the temporary stores of plans answered at a point
 	db, err = store.OpenStateContext(ctx, c.state, store.Options{Logger: log, OnFatal: fatal})
 	broken := err
 	if err != nil && !store.NeedsRebuild(err) {
