@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -83,6 +84,24 @@ func (l *Log) Close() error {
 	return err
 }
 
+// onFatal is the Options.OnFatal of every store the package opens (SetOnFatal).
+var onFatal atomic.Pointer[func(error)]
+
+// SetOnFatal makes fn the Options.OnFatal of every store the package opens from now on: the copy of a
+// state dir or the temporary store a Log reads, and the temporary stores of plans answered at a point
+// (a command's Log's, and a seat's Handler's). Pebble cannot go on when it meets no file descriptor to
+// create its log or MANIFEST with (store/fds.go); without fn it panics. It is one for the process, as
+// the descriptors are; a command sets it before it opens a Log.
+func SetOnFatal(fn func(error)) { onFatal.Store(&fn) }
+
+// withOnFatal is opts with the OnFatal SetOnFatal gave, if any.
+func withOnFatal(opts store.Options) store.Options {
+	if fn := onFatal.Load(); fn != nil {
+		opts.OnFatal = *fn
+	}
+	return opts
+}
+
 // offlineOptions are the store options of a log read by a command: a small cache, and the seat's
 // memtables, so that filling a temporary store from the streams flushes as seldom as a catch-up does
 // (with 16 MiB memtables a million needs took 20-22 s to fill and close, with 64 MiB 15-16 s).
@@ -106,7 +125,7 @@ func OpenState(stateDir string) (*Log, error) {
 	// seat's reserve on the state dir's disk; the seat's own reserve on the copy refused every replay
 	// on a disk below it, telling the reader to give --state a larger one.
 	// Compactions are held too (store.CopyOptions).
-	db, err := store.Open(dir, store.CopyOptions(offlineOptions))
+	db, err := store.Open(dir, withOnFatal(store.CopyOptions(offlineOptions)))
 	if err != nil {
 		store.RemoveCopy(dir)
 		return nil, fmt.Errorf("open the copy of %s: %w", stateDir, err)
@@ -165,7 +184,7 @@ func openUnlessHeld(dir string, opts store.Options) (*store.DB, error) {
 	}
 	done := make(chan opened, 1)
 	go func() {
-		db, err := store.Open(dir, opts)
+		db, err := store.Open(dir, withOnFatal(opts))
 		done <- opened{db, err}
 	}()
 	tick := time.NewTicker(heldPoll)

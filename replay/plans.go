@@ -272,7 +272,7 @@ func fillPlans(ctx context.Context, v *store.View, inputs []planInput) (*plansAt
 	if err != nil {
 		return nil, fmt.Errorf("plans at: %w", err)
 	}
-	tmp, err := store.Open(dir, store.Options{CacheSize: 8 << 20, MemTableSize: 8 << 20, MinFreeBytes: -1})
+	tmp, err := store.Open(dir, withOnFatal(store.Options{CacheSize: 8 << 20, MemTableSize: 8 << 20, MinFreeBytes: -1}))
 	if err != nil {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("plans at: %w", err)

@@ -53,12 +53,26 @@ func maxOpenFiles(soft uint64) int {
 // it 0: maxOpenFiles of the process's soft RLIMIT_NOFILE, or Pebble's default (1000) where the
 // limit cannot be read.
 func MaxOpenFiles() int {
-	var lim syscall.Rlimit
-	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+	soft := FileLimit()
+	if soft == 0 {
 		return 1000
 	}
-	return maxOpenFiles(lim.Cur)
+	return maxOpenFiles(soft)
 }
+
+// FileLimit is the process's soft RLIMIT_NOFILE, the descriptors it may hold (after Go raised it to
+// the hard limit at start), or 0 where it cannot be read.
+func FileLimit() uint64 {
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		return 0
+	}
+	return lim.Cur
+}
+
+// MaxOpenFiles is the Options.MaxOpenFiles the store gave Pebble: the package's MaxOpenFiles() as of
+// its open, unless Options set one.
+func (db *DB) MaxOpenFiles() int { return db.maxOpenFiles }
 
 // ErrNoFDs marks a store that Pebble cannot go on with for want of a file descriptor: the process
 // (EMFILE) or the system (ENFILE) has none left to create its log, its MANIFEST or a marker

@@ -126,6 +126,8 @@ type DB struct {
 	fds   *fdWatch    // Pebble's opens that found no descriptor (fds.go)
 	bg    *background // Pebble's failed flushes and compactions (background.go)
 	state *StateDir   // set by OpenState: released on Close
+	// maxOpenFiles is the Options.MaxOpenFiles Pebble was given (MaxOpenFiles).
+	maxOpenFiles int
 
 	applyMu sync.Mutex // one Apply at a time: anomaly sets and kinds are read and written under it
 	// applying is the bucket whose batch Apply is committing, nil between batches (holdApplying).
@@ -374,7 +376,7 @@ func OpenContext(ctx context.Context, dir string, opts Options) (*DB, error) {
 		return nil, openErr(dir, err)
 	}
 	fds.armed.Store(true)
-	db := &DB{pdb: pdb, dir: dir, fds: fds, bg: bg, id: openCount.Add(1), buckets: map[string]*bucketState{}, kinds: map[string]struct{}{}, openGaps: map[string]Gap{},
+	db := &DB{pdb: pdb, dir: dir, fds: fds, maxOpenFiles: opts.MaxOpenFiles, bg: bg, id: openCount.Add(1), buckets: map[string]*bucketState{}, kinds: map[string]struct{}{}, openGaps: map[string]Gap{},
 		anomSeed: maphash.MakeSeed(), space: space, writeFailed: newFailedState(opts.Logger), exp: newExpiries()}
 	if err := db.load(ctx, fresh); err != nil {
 		pdb.Close()

@@ -88,6 +88,8 @@ func (c *ExportCommand) Run(ctx context.Context, args []string) error {
 	if err := checkOut(c.out, c.force); err != nil {
 		return err
 	}
+	// The copy of --state is a Pebble store: out of descriptors it stops as serve does (onFatal).
+	replay.SetOnFatal(onFatal(nil, c.Stderr))
 	tick, end := lazyBar(c.Stderr, "export")
 	var h replay.ArchiveHeader
 	var err error

@@ -56,18 +56,22 @@ const (
 	// exitIncomplete: the command did its work without some composed-<node> buckets it could not read
 	// (incompleteError), which it names.
 	exitIncomplete = 4
-	// exitNoFDs: the state dir's store could not go on for want of a file descriptor (store.ErrNoFDs,
-	// onFatal); EX_OSERR of sysexits.h.
+	// exitNoFDs: the state dir's store, or a store replay or export opened, could not go on for want
+	// of a file descriptor (store.ErrNoFDs, onFatal); EX_OSERR of sysexits.h.
 	exitNoFDs = 71
 )
 
-// onFatal is the store's OnFatal for serve and rebuild. Pebble meets a descriptor it cannot do
+// onFatal is the store's OnFatal for serve and rebuild, and for the stores replay and export open
+// (replay.SetOnFatal; they have no log: log is nil). Pebble meets a descriptor it cannot do
 // without on a goroutine of its own, where nothing returns an error to main and where it would
 // panic next: the error is said as main says one (and logged), and the process exits with its own
-// code. The one os.Exit outside main: the state dir keeps every batch committed, as a kill would.
+// code. The one os.Exit outside main: the state dir keeps every batch committed, as a kill would,
+// and a command's temporary store is only a copy.
 func onFatal(log *slog.Logger, stderr io.Writer) func(error) {
 	return func(err error) {
-		log.Error("stopping: out of file descriptors", "err", err)
+		if log != nil {
+			log.Error("stopping: out of file descriptors", "err", err)
+		}
 		fmt.Fprintln(stderr, "mesh-provisioner:", err)
 		os.Exit(exitNoFDs)
 	}

@@ -193,12 +193,17 @@ func (c *RebuildCommand) fill(ctx context.Context, js jetstream.JetStream, sd *s
 			return err
 		}
 		filling.Store(&gen)
-		if resumed {
-			log.Info("resuming a rebuild that did not finish", "generation", gen)
-		} else {
-			log.Info("rebuilding", "generation", gen)
-		}
 		opts := c.opts
+		if opts.MaxOpenFiles == 0 {
+			// Chosen here rather than by the open, to be said with the descriptors it is a share of.
+			opts.MaxOpenFiles = store.MaxOpenFiles()
+		}
+		fds := []any{"nofile", store.FileLimit(), "pebble_max_open_files", opts.MaxOpenFiles}
+		if resumed {
+			log.Info("resuming a rebuild that did not finish", append([]any{"generation", gen}, fds...)...)
+		} else {
+			log.Info("rebuilding", append([]any{"generation", gen}, fds...)...)
+		}
 		opts.Logger = log
 		opts.OnFatal = onFatal(log, stderr)
 		db, err := store.OpenContext(ctx, gen, opts)

@@ -156,6 +156,9 @@ func (c *ReplayCommand) Run(ctx context.Context, args []string) error {
 		return &usageError{msg: "replay wants a question: state, history or diff"}
 	}
 	question := args[0]
+	// The stores a question reads (a copy of --state, a temporary store filled from the streams or an
+	// archive, a plans answer's) are Pebble's: out of descriptors they stop as serve does (onFatal).
+	replay.SetOnFatal(onFatal(nil, c.Stderr))
 	// Positional arguments may come before, between or after the flags.
 	pos, err := parseInterleaved(fs, args[1:])
 	if err != nil {

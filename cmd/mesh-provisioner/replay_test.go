@@ -58,6 +58,8 @@ func TestReplayCommand_SourcesAgree(t *testing.T) {
 	out, errOut, code := runCmd(t, "rebuild", "--nats", url, "--state", dir)
 	require.Zero(t, code, errOut)
 	require.Contains(t, out, "rebuilt")
+	// Its start says the descriptors it may hold and its store's share of them.
+	require.Contains(t, errOut, fmt.Sprintf(" nofile=%d pebble_max_open_files=%d", store.FileLimit(), store.MaxOpenFiles()))
 
 	archive := filepath.Join(t.TempDir(), "h.mph")
 	out, errOut, code = runCmd(t, "export", "--state", dir, "--out", archive)

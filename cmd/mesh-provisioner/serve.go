@@ -25,6 +25,7 @@ import (
 	"github.com/novox/mesh-provisioner/internal/streaminfo"
 	"github.com/novox/mesh-provisioner/internal/streamread"
 	"github.com/novox/mesh-provisioner/query"
+	"github.com/novox/mesh-provisioner/replay"
 	"github.com/novox/mesh-provisioner/seat"
 	"github.com/novox/mesh-provisioner/store"
 )
@@ -167,6 +168,7 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 	// A signal during the start stops it between its steps (store.OpenContext says which part of the
 	// open cannot be stopped): it returns ctx's error, which main says as "stopped by SIGTERM".
 	fatal := onFatal(log, stderr)
+	replay.SetOnFatal(fatal) // the temporary stores of plans answered at a point
 	db, err = store.OpenStateContext(ctx, c.state, store.Options{Logger: log, OnFatal: fatal})
 	broken := err
 	if err != nil && !store.NeedsRebuild(err) {
@@ -225,14 +227,16 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 		}
 	}
 	// Every setting, one field per flag (docs/operations.md, Logs): what a seat ran with is read from its
-	// log, not guessed from a unit file and an environment.
+	// log, not guessed from a unit file and an environment. So are the descriptors it may hold and the
+	// share of them its store gave Pebble's table cache (store/fds.go).
 	log.Info("mesh-provisioner starting", "version", Version, "nats", redact(url), "embedded", c.nats.url == "",
 		"embedded_listen", c.embeddedListen, "embedded_store", c.embeddedStore, "embedded_config", c.embeddedConfig,
 		"creds", c.nats.creds, "user", c.nats.user, "inbox_prefix", c.nats.inbox, "state", c.state, "schema", store.SchemaVersion,
 		"write_registry", !c.noRegistry, "registry_interval", c.registryInterval, "registry_replicas", c.registryReplicas,
 		"plans", c.plans, "history_retention", c.historyRetention, "history_max_bytes", int64(c.historyMaxBytes), "demo", c.demo,
 		"metrics_addr", c.ops.metricsAddr, "metrics_poll", c.ops.metricsPoll, "pprof", c.ops.pprof,
-		"log_format", c.logs.format, "log_level", c.logs.level)
+		"log_format", c.logs.format, "log_level", c.logs.level,
+		"nofile", store.FileLimit(), "pebble_max_open_files", db.MaxOpenFiles())
 
 	// One listing of every stream's info for the whole seat: its projectors' stream checks and the lag
 	// metric read it. The seat runs it, as often as the shorter of their intervals.

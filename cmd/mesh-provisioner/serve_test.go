@@ -18,6 +18,7 @@ import (
 	"github.com/novox/mesh-provisioner/internal/metrics/metricstest"
 	"github.com/novox/mesh-provisioner/internal/natstest"
 	"github.com/novox/mesh-provisioner/query"
+	"github.com/novox/mesh-provisioner/store"
 )
 
 // waitReady polls until /readyz answers 200 and every bucket's lag is 0: a bucket whose stream did not
@@ -156,6 +157,10 @@ func TestServe_MetricsAndLogs(t *testing.T) {
 			for _, k := range []string{"version", "nats", "state", "schema", "write_registry", "registry_interval", "metrics_addr", "log_format", "log_level"} {
 				require.Contains(t, cfg, k)
 			}
+			// And the descriptors it may hold, of which its store gave Pebble's table cache its share
+			// (the test's process is the seat's).
+			require.EqualValues(t, store.FileLimit(), cfg["nofile"])
+			require.EqualValues(t, store.MaxOpenFiles(), cfg["pebble_max_open_files"])
 		}
 	}
 }
