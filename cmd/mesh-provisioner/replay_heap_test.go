@@ -85,7 +85,7 @@ func TestReplayCommand_HistoryHeapIsBoundedByARevision(t *testing.T) {
 		revisions = n
 	}
 	if raceEnabled && !measure {
-		// Five histories of 50,000 revisions through Pebble's invariant checks took over 3 minutes on a
+		// Three histories of 50,000 revisions through Pebble's invariant checks took over 3 minutes on a
 		// loaded machine, and the package's whole run passed make race's 15 minutes (session 16). What
 		// this test measures is the heap, which those checks' allocations blur; the race detector reads
 		// histories in replay's and the other replay command tests.
