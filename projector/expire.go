@@ -2,7 +2,6 @@ package projector
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -11,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/internal/msgget"
 	"github.com/novox/mesh-provisioner/store"
 )
 
@@ -161,49 +161,20 @@ func (p *Projector) expireOne(ctx context.Context, e store.Expiry, log *slog.Log
 // leader could say an older message is the last while the put was read from the leader.
 func (p *Projector) lastOfKey(ctx context.Context, bucket, key string) (provisioner.Message, bool, error) {
 	subject := provisioner.SubjectPrefix(bucket) + key
-	req, err := json.Marshal(struct {
-		LastFor string `json:"last_by_subj"`
-	}{subject})
-	if err != nil {
-		return provisioner.Message{}, false, err
-	}
-	msg, err := p.js.Conn().RequestWithContext(ctx, APIPrefix(p.js)+"STREAM.MSG.GET."+provisioner.StreamName(bucket), req)
-	if err != nil {
-		return provisioner.Message{}, false, err
-	}
-	var resp struct {
-		Error *struct {
-			Code        int    `json:"code"`
-			ErrCode     int    `json:"err_code"`
-			Description string `json:"description"`
-		} `json:"error"`
-		Message *struct {
-			Subject string    `json:"subject"`
-			Seq     uint64    `json:"seq"`
-			Header  []byte    `json:"hdrs"`
-			Data    []byte    `json:"data"`
-			Time    time.Time `json:"time"`
-		} `json:"message"`
-	}
-	if err := json.Unmarshal(msg.Data, &resp); err != nil {
-		return provisioner.Message{}, false, err
-	}
+	last, found, err := msgget.Get(ctx, p.js.Conn(), APIPrefix(p.js), provisioner.StreamName(bucket), msgget.Request{Last: subject})
 	switch {
-	case resp.Error != nil && resp.Error.ErrCode == 10037: // no message found (not 10059: no stream)
-		return provisioner.Message{}, false, nil
-	case resp.Error != nil:
-		return provisioner.Message{}, false, fmt.Errorf("message get: %d %s", resp.Error.Code, resp.Error.Description)
-	case resp.Message == nil || resp.Message.Subject != subject:
-		return provisioner.Message{}, false, fmt.Errorf("message get: no message of %s in the answer %q", subject, msg.Data)
+	case err != nil || !found:
+		return provisioner.Message{}, false, err
+	case last.Subject != subject:
+		return provisioner.Message{}, false, fmt.Errorf("message get: a message of %s in the answer, asked for %s", last.Subject, subject)
 	}
 	var h nats.Header
-	if len(resp.Message.Header) > 0 {
-		if h, err = nats.DecodeHeadersMsg(resp.Message.Header); err != nil {
+	if len(last.Header) > 0 {
+		if h, err = nats.DecodeHeadersMsg(last.Header); err != nil {
 			return provisioner.Message{}, false, fmt.Errorf("message get: headers: %w", err)
 		}
 	}
-	m := messageOf(provisioner.SubjectPrefix(bucket), subject, h, resp.Message.Data, resp.Message.Seq, resp.Message.Time.UnixNano())
-	return m, true, nil
+	return messageOf(provisioner.SubjectPrefix(bucket), subject, h, last.Data, last.Seq, last.Time.UnixNano()), true, nil
 }
 
 // rereadExpired has a composed-<node> bucket whose TTL'd put expired without a marker read again

@@ -13,7 +13,6 @@ package projector
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -30,6 +29,7 @@ import (
 
 	provisioner "github.com/novox/mesh-provisioner"
 	"github.com/novox/mesh-provisioner/internal/denied"
+	"github.com/novox/mesh-provisioner/internal/msgget"
 	"github.com/novox/mesh-provisioner/internal/streaminfo"
 	"github.com/novox/mesh-provisioner/internal/streamread"
 	"github.com/novox/mesh-provisioner/store"
@@ -1052,38 +1052,17 @@ func (p *Projector) RemovedEnds(ctx context.Context, keep func(bucket string) bo
 // follower that has not yet stored a message the leader took (and its info counted) would say there is
 // none, and skipRemoved would skip a live write.
 func (p *Projector) firstHeld(ctx context.Context, bucket string, from uint64) (seq uint64, found bool, err error) {
-	req, err := json.Marshal(struct {
-		Seq     uint64 `json:"seq"`
-		NextFor string `json:"next_by_subj"`
-	}{from, ">"})
-	if err != nil {
-		return 0, false, err
-	}
-	msg, err := p.js.Conn().RequestWithContext(ctx, APIPrefix(p.js)+"STREAM.MSG.GET."+provisioner.StreamName(bucket), req)
-	if err != nil {
-		return 0, false, err
-	}
-	var resp struct {
-		Error *struct {
-			Code        int    `json:"code"`
-			Description string `json:"description"`
-		} `json:"error"`
-		Message *struct {
-			Seq uint64 `json:"seq"`
-		} `json:"message"`
-	}
-	if err := json.Unmarshal(msg.Data, &resp); err != nil {
-		return 0, false, err
-	}
+	m, found, err := msgget.Get(ctx, p.js.Conn(), APIPrefix(p.js), provisioner.StreamName(bucket), msgget.Request{Seq: from, Next: ">"})
+	var ae *msgget.APIError
 	switch {
-	case resp.Error != nil && resp.Error.Code == 404:
+	case errors.As(err, &ae) && ae.Code == 404: // no stream either
 		return 0, false, nil
-	case resp.Error != nil:
-		return 0, false, fmt.Errorf("message get: %d %s", resp.Error.Code, resp.Error.Description)
-	case resp.Message == nil || resp.Message.Seq < from:
-		return 0, false, fmt.Errorf("message get: no message in the answer %q", msg.Data)
+	case err != nil || !found:
+		return 0, false, err
+	case m.Seq < from:
+		return 0, false, fmt.Errorf("message get: message %d in the answer, asked from %d", m.Seq, from)
 	}
-	return resp.Message.Seq, true, nil
+	return m.Seq, true, nil
 }
 
 // APIPrefix is the prefix of js's JetStream API subjects, as nats.go builds it.

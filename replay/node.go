@@ -2,7 +2,6 @@ package replay
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"path/filepath"
@@ -15,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/internal/msgget"
 	"github.com/novox/mesh-provisioner/internal/streamread"
 	"github.com/novox/mesh-provisioner/projector"
 	"github.com/novox/mesh-provisioner/store"
@@ -330,57 +330,28 @@ var errNoMessage = errors.New("replay: no message of the bucket there")
 // subjects), "next_by_subj" the first of the bucket's subjects at or after seq, "last_by_subj" the
 // last of them. It returns its sequence and time; ok is false when there is none.
 func (np *nodePoints) get(seq uint64, by string) (uint64, int64, bool, error) {
-	var q struct {
-		Seq  uint64 `json:"seq,omitempty"`
-		Next string `json:"next_by_subj,omitempty"`
-		Last string `json:"last_by_subj,omitempty"`
-	}
+	req := msgget.Request{Seq: seq}
 	switch by {
 	case "last_by_subj":
-		q.Last = np.prefix + ">"
+		req = msgget.Request{Last: np.prefix + ">"}
 	case "next_by_subj":
-		q.Seq, q.Next = seq, np.prefix+">"
-	default:
-		q.Seq = seq
-	}
-	req, err := json.Marshal(q)
-	if err != nil {
-		return 0, 0, false, err
+		req.Next = np.prefix + ">"
 	}
 	ctx, cancel := context.WithTimeout(np.ctx, 10*time.Second)
 	defer cancel()
-	msg, err := np.nc.RequestWithContext(ctx, np.api+"STREAM.MSG.GET."+np.stream, req)
-	if err != nil {
-		return 0, 0, false, fmt.Errorf("time of message %d of %s: %w", seq, np.stream, err)
-	}
-	var resp struct {
-		Error *struct {
-			Code        int    `json:"code"`
-			ErrCode     int    `json:"err_code"`
-			Description string `json:"description"`
-		} `json:"error"`
-		Message *struct {
-			Subject string    `json:"subject"`
-			Seq     uint64    `json:"seq"`
-			Time    time.Time `json:"time"`
-			Header  []byte    `json:"hdrs"`
-		} `json:"message"`
-	}
-	if err := json.Unmarshal(msg.Data, &resp); err != nil {
-		return 0, 0, false, fmt.Errorf("time of message %d of %s: %w", seq, np.stream, err)
-	}
+	m, found, err := msgget.Get(ctx, np.nc, np.api, np.stream, req)
 	switch {
-	case resp.Error != nil && resp.Error.ErrCode == int(jetstream.JSErrCodeMessageNotFound):
+	case err != nil:
+		return 0, 0, false, fmt.Errorf("time of message %d of %s: %w", seq, np.stream, err)
+	case !found:
 		return 0, 0, false, nil
-	case resp.Error != nil:
-		return 0, 0, false, fmt.Errorf("time of message %d of %s: %d %s", seq, np.stream, resp.Error.Code, resp.Error.Description)
-	case resp.Message == nil || resp.Message.Seq < seq:
-		return 0, 0, false, fmt.Errorf("time of message %d of %s: no message in the answer %q", seq, np.stream, msg.Data)
+	case m.Seq < seq:
+		return 0, 0, false, fmt.Errorf("time of message %d of %s: message %d in the answer", seq, np.stream, m.Seq)
 	}
-	if !strings.HasPrefix(resp.Message.Subject, np.prefix) && !foreignRollsAll(resp.Message.Header) {
+	if !strings.HasPrefix(m.Subject, np.prefix) && !foreignRollsAll(m.Header) {
 		return 0, 0, true, nil // foreign: the log keeps it only when it rolls the whole stream up
 	}
-	return resp.Message.Seq, resp.Message.Time.UnixNano(), true, nil
+	return m.Seq, m.Time.UnixNano(), true, nil
 }
 
 // foreignRollsAll reports whether a foreign message's headers (NATS/1.0 wire form) roll the whole

@@ -1,0 +1,67 @@
+package msgget_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/require"
+
+	"github.com/novox/mesh-provisioner/internal/msgget"
+	"github.com/novox/mesh-provisioner/internal/natstest"
+)
+
+// TestGet: a message by sequence, the next of a subject from a sequence and the last of a subject,
+// with its headers and data; a message the stream does not hold is not found, no error; a stream that
+// is not there is an APIError.
+func TestGet(t *testing.T) {
+	ns := natstest.RunServer(t)
+	nc, js := natstest.Connect(t, ns.ClientURL())
+	ctx := context.Background()
+	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "b", History: 5, Storage: jetstream.MemoryStorage})
+	require.NoError(t, err)
+	for _, put := range []struct{ key, value string }{{"x", "1"}, {"y", "2"}, {"x", "3"}} {
+		_, err := kv.PutString(ctx, put.key, put.value)
+		require.NoError(t, err)
+	}
+	require.NoError(t, kv.Delete(ctx, "y"))
+	get := func(req msgget.Request) (msgget.Msg, bool) {
+		t.Helper()
+		m, found, err := msgget.Get(ctx, nc, jetstream.DefaultAPIPrefix, "KV_b", req)
+		require.NoError(t, err)
+		return m, found
+	}
+
+	m, found := get(msgget.Request{Seq: 2})
+	require.True(t, found)
+	require.Equal(t, "$KV.b.y", m.Subject)
+	require.Equal(t, uint64(2), m.Seq)
+	require.Equal(t, "2", string(m.Data))
+	require.False(t, m.Time.IsZero())
+
+	m, found = get(msgget.Request{Seq: 2, Next: "$KV.b.x"})
+	require.True(t, found)
+	require.Equal(t, uint64(3), m.Seq)
+	require.Equal(t, "3", string(m.Data))
+
+	m, found = get(msgget.Request{Last: "$KV.b.y"})
+	require.True(t, found)
+	require.Equal(t, uint64(4), m.Seq)
+	h, err := nats.DecodeHeadersMsg(m.Header)
+	require.NoError(t, err)
+	require.Equal(t, "DEL", h.Get("KV-Operation"))
+
+	_, found = get(msgget.Request{Seq: 5, Next: ">"})
+	require.False(t, found, "nothing past the last message")
+	_, found = get(msgget.Request{Last: "$KV.b.z"})
+	require.False(t, found, "a subject never written")
+
+	_, found, err = msgget.Get(ctx, nc, jetstream.DefaultAPIPrefix, "KV_gone", msgget.Request{Seq: 1})
+	require.False(t, found)
+	var ae *msgget.APIError
+	require.True(t, errors.As(err, &ae), "%v", err)
+	require.Equal(t, 404, ae.Code)
+	require.Equal(t, int(jetstream.JSErrCodeStreamNotFound), ae.ErrCode)
+}
