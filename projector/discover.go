@@ -35,9 +35,10 @@ const (
 )
 
 // sizes returns the batch size, the pull size in messages and the pulls' bound in bytes of a bucket's
-// consumer (one of the two pull sizes is 0: see streamread.ReadIdle). Every bucket's pulls are bounded
-// by bytes unless Options.PullMessages says otherwise: a composed-<node> bucket's by a count of
-// messages that the server's largest fit in the bound (at least one: composedPull).
+// consumer (see streamread.ReadIdle). Every bucket's pulls are bounded by bytes unless
+// Options.PullMessages says otherwise: a fixed bucket's each pull, with fixedPull messages held at most;
+// a composed-<node> bucket's by a count of messages that the server's largest fit in the bound (at
+// least one: composedPull).
 func (p *Projector) sizes(bucket string) (batch, pull, bytes int) {
 	composed := strings.HasPrefix(bucket, provisioner.ComposedPrefix)
 	switch {
@@ -49,8 +50,14 @@ func (p *Projector) sizes(bucket string) (batch, pull, bytes int) {
 		largest := int(p.js.Conn().MaxPayload()) + streamread.Overhead
 		return min(p.opts.BatchSize, composedBatchSize), min(composedPull, max(1, p.pullBytes()/largest)), 0
 	}
-	return p.opts.BatchSize, 0, p.pullBytes()
+	return p.opts.BatchSize, fixedPull, p.pullBytes()
 }
+
+// fixedPull is how many messages a tail of one of the seat's fixed buckets holds pulled and not yet
+// read, each pull also bounded by the bytes of pullBytes (streamread.ReadIdle with both): a bound in
+// bytes alone makes nats.go allocate a channel of a million messages per tail, which cost the seat
+// 60-80 MiB of peak RSS at 1,000,000 keys (docs/performance.md, session 16).
+const fixedPull = 8192
 
 // pullBytes is the bound in bytes of a bucket's pulls and of its pipeline: Options.PullBytes, or
 // streamread.MaxBytes; never below one message of the server's max payload (streamread.PullBytes).

@@ -126,7 +126,8 @@ type Reader struct {
 }
 
 // Read starts pulling cons with Heartbeat: at most bytes of messages pulled and not yet read when
-// bytes > 0 (PullBytes says how large), else at most pull messages (0: nats.go's default).
+// bytes > 0 (PullBytes says how large), else at most pull messages (0: nats.go's default); with both,
+// at most pull messages held and each pull at most bytes (below).
 func Read(cons jetstream.Consumer, pull, bytes int) (*Reader, error) {
 	return ReadIdle(cons, pull, bytes, Heartbeat)
 }
@@ -145,9 +146,18 @@ func Read(cons jetstream.Consumer, pull, bytes int) (*Reader, error) {
 // count (docs/performance.md, session 16). A bound below the size of the next message never
 // delivers it (the server answers each pull with a 409 and the iterator pulls again without end):
 // bytes must be at least the largest message the stream can deliver, which PullBytes makes sure of.
+//
+// That buffer costs memory of its own: nats.go makes the iterator's channel for a million messages,
+// 8 MB of pointers, allocated and zeroed whole and scanned by every garbage collection. A seat's few
+// long-lived tails measured 60-80 MiB more peak RSS at 1,000,000 keys with it (docs/performance.md,
+// session 16), so they pass both: PullMaxMessagesWithBytesLimit holds at most pull messages (a
+// channel of that many) and bounds each pull by bytes; what it does not bound is a run of pulls each
+// cut short by max bytes while the reader falls behind, up to pull messages of the largest size.
 func ReadIdle(cons jetstream.Consumer, pull, bytes int, heartbeat time.Duration) (*Reader, error) {
 	opts := []jetstream.PullMessagesOpt{jetstream.PullHeartbeat(heartbeat)}
 	switch {
+	case bytes > 0 && pull > 0:
+		opts = append(opts, jetstream.PullMaxMessagesWithBytesLimit(pull, bytes))
 	case bytes > 0:
 		opts = append(opts, jetstream.PullMaxBytes(bytes))
 	case pull > 0:
