@@ -1,11 +1,9 @@
 package store_test
 
 import (
-	"bytes"
 	"log/slog"
 	"os"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -15,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/internal/natstest"
 	"github.com/novox/mesh-provisioner/store"
 )
 
@@ -32,30 +31,12 @@ func (fs noTablesFS) Create(name string, c vfs.DiskWriteCategory) (vfs.File, err
 	return fs.FS.Create(name, c)
 }
 
-// syncBuffer is a log's output read while it is written.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // A flush that cannot create its table is tried again by Pebble, at once and for good: the store
 // counts the failures, logs the first, says them (BackgroundErr, the seat's /readyz) once they
 // persist, with what to do, and logs once that they are over when the flush is done.
 func TestDB_BackgroundErrorsAreSaid(t *testing.T) {
 	var out atomic.Bool
-	var logs syncBuffer
+	var logs natstest.LogBuffer
 	log := slog.New(slog.NewTextHandler(&logs, nil))
 	db, err := store.Open(t.TempDir(), store.Options{MinFreeBytes: -1, Logger: log, FS: noTablesFS{vfs.Default, &out}})
 	require.NoError(t, err)
