@@ -9,13 +9,12 @@ import (
 	"path/filepath"
 	"strings"
 	"sync/atomic"
-	"syscall"
 	"testing"
 
-	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/stretchr/testify/require"
 
 	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/internal/faultfs"
 	"github.com/novox/mesh-provisioner/replay"
 	"github.com/novox/mesh-provisioner/store"
 )
@@ -24,20 +23,6 @@ const (
 	noFDsEnv  = "REPLAY_TEST_NO_FDS" // the child's source: state:<dir> or archive:<file>
 	noFDsExit = 71
 )
-
-// noFDsFS fails every log Pebble creates with EMFILE once on is set, as a process out of descriptors
-// does (store's TestDB_OutOfFileDescriptorsIsOnFatal): the files and Pebble are real.
-type noFDsFS struct {
-	vfs.FS
-	on *atomic.Bool
-}
-
-func (fs noFDsFS) Create(name string, c vfs.DiskWriteCategory) (vfs.File, error) {
-	if fs.on.Load() && strings.HasSuffix(name, ".log") {
-		return nil, &os.PathError{Op: "open", Path: name, Err: syscall.EMFILE}
-	}
-	return fs.FS.Create(name, c)
-}
 
 func noFDsMsgs(seq uint64) []provisioner.Message {
 	var msgs []provisioner.Message
@@ -84,7 +69,7 @@ func TestSetOnFatal_LogStores(t *testing.T) {
 // left for the new log.
 func noFDsChild(src string) {
 	var on atomic.Bool
-	defer replay.SetOfflineFS(noFDsFS{vfs.Default, &on})()
+	defer replay.SetOfflineFS(faultfs.NoDescriptors(".log", &on))()
 	replay.SetOnFatal(func(err error) {
 		if !errors.Is(err, store.ErrNoFDs) {
 			fmt.Println("WRONG: not ErrNoFDs")

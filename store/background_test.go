@@ -2,34 +2,18 @@ package store_test
 
 import (
 	"log/slog"
-	"os"
 	"strings"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
-	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/stretchr/testify/require"
 
 	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/internal/faultfs"
 	"github.com/novox/mesh-provisioner/internal/natstest"
 	"github.com/novox/mesh-provisioner/store"
 )
-
-// noTablesFS fails every table Pebble creates with EMFILE while it is set, as a process out of
-// descriptors does: the files and Pebble are real.
-type noTablesFS struct {
-	vfs.FS
-	on *atomic.Bool
-}
-
-func (fs noTablesFS) Create(name string, c vfs.DiskWriteCategory) (vfs.File, error) {
-	if fs.on.Load() && strings.HasSuffix(name, ".sst") {
-		return nil, &os.PathError{Op: "open", Path: name, Err: syscall.EMFILE}
-	}
-	return fs.FS.Create(name, c)
-}
 
 // A flush that cannot create its table is tried again by Pebble, at once and for good: the store
 // counts the failures, logs the first, says them (BackgroundErr, the seat's /readyz) once they
@@ -38,7 +22,7 @@ func TestDB_BackgroundErrorsAreSaid(t *testing.T) {
 	var out atomic.Bool
 	var logs natstest.LogBuffer
 	log := slog.New(slog.NewTextHandler(&logs, nil))
-	db, err := store.Open(t.TempDir(), store.Options{MinFreeBytes: -1, Logger: log, FS: noTablesFS{vfs.Default, &out}})
+	db, err := store.Open(t.TempDir(), store.Options{MinFreeBytes: -1, Logger: log, FS: faultfs.NoDescriptors(".sst", &out)})
 	require.NoError(t, err)
 	defer db.Close()
 	require.NoError(t, db.Apply(provisioner.BucketNeeds, []provisioner.Message{put(1, "n1.m.config.x", []byte{0xc0})}, 1, false))

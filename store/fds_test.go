@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/internal/faultfs"
 	"github.com/novox/mesh-provisioner/store"
 )
 
@@ -185,23 +186,9 @@ func TestDB_OutOfFileDescriptorsIsOnFatal(t *testing.T) {
 	require.Equal(t, uint64(fdsBatch), db.Checkpoint(provisioner.BucketNeeds).Applied)
 }
 
-// noFDsFS fails every log Pebble creates with EMFILE while it is set, as a process out of
-// descriptors does: the files and Pebble are real.
-type noFDsFS struct {
-	vfs.FS
-	on *atomic.Bool
-}
-
-func (fs noFDsFS) Create(name string, c vfs.DiskWriteCategory) (vfs.File, error) {
-	if fs.on.Load() && strings.HasSuffix(name, ".log") {
-		return nil, &os.PathError{Op: "open", Path: name, Err: syscall.EMFILE}
-	}
-	return fs.FS.Create(name, c)
-}
-
 func fdsFatalChild(dir string) {
 	var out atomic.Bool
-	db, err := store.OpenState(dir, store.Options{MinFreeBytes: -1, FS: noFDsFS{vfs.Default, &out}, OnFatal: func(err error) {
+	db, err := store.OpenState(dir, store.Options{MinFreeBytes: -1, FS: faultfs.NoDescriptors(".log", &out), OnFatal: func(err error) {
 		if !errors.Is(err, store.ErrNoFDs) {
 			fmt.Println("WRONG: not ErrNoFDs")
 		}

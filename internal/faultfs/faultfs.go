@@ -154,3 +154,23 @@ func FillTo(t testing.TB, path string, leave int64) {
 		}
 	}
 }
+
+// NoDescriptors wraps the disk so that a file Pebble creates whose name ends in suffix (".sst" a
+// table, ".log" a write-ahead log) fails with EMFILE while out is set, as in a process out of
+// descriptors; every other operation goes through.
+func NoDescriptors(suffix string, out *atomic.Bool) vfs.FS {
+	return noDescriptors{vfs.Default, suffix, out}
+}
+
+type noDescriptors struct {
+	vfs.FS
+	suffix string
+	out    *atomic.Bool
+}
+
+func (fs noDescriptors) Create(name string, c vfs.DiskWriteCategory) (vfs.File, error) {
+	if fs.out.Load() && strings.HasSuffix(name, fs.suffix) {
+		return nil, &os.PathError{Op: "open", Path: name, Err: syscall.EMFILE}
+	}
+	return fs.FS.Create(name, c)
+}

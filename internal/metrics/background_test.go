@@ -1,35 +1,18 @@
 package metrics_test
 
 import (
-	"os"
-	"strings"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
-	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/stretchr/testify/require"
 
 	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/internal/faultfs"
 	"github.com/novox/mesh-provisioner/internal/metrics"
 	"github.com/novox/mesh-provisioner/internal/metrics/metricstest"
 	"github.com/novox/mesh-provisioner/store"
 )
-
-// noTablesFS fails every table Pebble creates with EMFILE while it is set, as a process out of
-// descriptors does: the files and Pebble are real.
-type noTablesFS struct {
-	vfs.FS
-	on *atomic.Bool
-}
-
-func (fs noTablesFS) Create(name string, c vfs.DiskWriteCategory) (vfs.File, error) {
-	if fs.on.Load() && strings.HasSuffix(name, ".sst") {
-		return nil, &os.PathError{Op: "open", Path: name, Err: syscall.EMFILE}
-	}
-	return fs.FS.Create(name, c)
-}
 
 // TestMetrics_ReadyzSaysFlushesFailing: a store whose flushes keep failing for want of a descriptor
 // (Pebble tries them again for good, and writes stall once the memtables are full) makes /readyz
@@ -37,7 +20,7 @@ func (fs noTablesFS) Create(name string, c vfs.DiskWriteCategory) (vfs.File, err
 // /readyz is 200 again.
 func TestMetrics_ReadyzSaysFlushesFailing(t *testing.T) {
 	var out atomic.Bool
-	db, err := store.Open(t.TempDir(), store.Options{MinFreeBytes: -1, FS: noTablesFS{vfs.Default, &out}})
+	db, err := store.Open(t.TempDir(), store.Options{MinFreeBytes: -1, FS: faultfs.NoDescriptors(".sst", &out)})
 	require.NoError(t, err)
 	defer db.Close()
 	require.NoError(t, db.Apply(provisioner.BucketNeeds, []provisioner.Message{{Seq: 1, Time: 1, Key: "n1.m.config.x", Op: provisioner.OpPut, Value: []byte{0xc0}}}, 1, false))
