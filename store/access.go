@@ -26,9 +26,17 @@ var accessErrnos = []accessErrno{
 	{syscall.EACCES, "EACCES", "the state dir must be writable by the seat: give its user read and write access to it and everything in it (chown, chmod), or give another --state"},
 	{syscall.EPERM, "EPERM", "the state dir must be writable by the seat: give its user read and write access to it and everything in it (chown, chmod, chattr -i), or give another --state"},
 	{syscall.EROFS, "EROFS", "the state dir must be writable by the seat, and its file system is mounted read-only: remount it read-write (or fix the unit's ReadWritePaths=), or give another --state"},
-	{syscall.EMFILE, "EMFILE", "the process is out of file descriptors: raise its limit (LimitNOFILE= in the systemd unit, ulimit -n), then start again"},
-	{syscall.ENFILE, "ENFILE", "the system is out of file descriptors: raise fs.file-max or stop what holds them, then start again"},
+	{syscall.EMFILE, "EMFILE", "the process is out of file descriptors: " + fixEMFILE + ", then start again"},
+	{syscall.ENFILE, "ENFILE", "the system is out of file descriptors: " + fixENFILE + ", then start again"},
 }
+
+// What to do when file descriptors run out, said by an open (accessErrnos), a failing flush (bgFix)
+// and Pebble stopping for want of one (fdsErr). The hard limit is what counts: Go raises the soft
+// limit to it at start (docs/decisions.md, h124), so `ulimit -n` alone changes nothing.
+const (
+	fixEMFILE = "raise LimitNOFILE= in the systemd unit (the hard limit: Go raises the soft one to it), or ulimit -Hn"
+	fixENFILE = "raise fs.file-max, or stop what holds them"
+)
 
 // accessOf is the entry of accessErrnos that err carries, or nil.
 func accessOf(err error) *accessErrno {

@@ -92,9 +92,9 @@ func bgFix(err error) string {
 	if a := accessOf(err); a != nil {
 		switch a.errno {
 		case syscall.EMFILE:
-			return "the process is out of file descriptors: raise LimitNOFILE= in the systemd unit (the hard limit: Go raises the soft one to it), or ulimit -Hn, and restart the seat; Pebble tries again meanwhile"
+			return "the process is out of file descriptors: " + fixEMFILE + ", and restart the seat; Pebble tries again meanwhile"
 		case syscall.ENFILE:
-			return "the system is out of file descriptors: raise fs.file-max or stop what holds them; Pebble tries again meanwhile"
+			return "the system is out of file descriptors: " + fixENFILE + "; Pebble tries again meanwhile"
 		}
 		return a.fix
 	}

@@ -146,12 +146,12 @@ func fdsText(msg string) (syscall.Errno, bool) {
 // fdsErr is the ErrNoFDs of errno, saying what failed (what), Pebble's error, the limits and what to do.
 func fdsErr(errno syscall.Errno, what string, err error) error {
 	if errno == syscall.ENFILE {
-		return fmt.Errorf("%w: the system has no file descriptor left (ENFILE): Pebble %s (%v): raise fs.file-max, or stop what holds them, then start again (the state dir keeps every batch committed)", ErrNoFDs, what, err)
+		return fmt.Errorf("%w: the system has no file descriptor left (ENFILE): Pebble %s (%v): %s, then start again (the state dir keeps every batch committed)", ErrNoFDs, what, err, fixENFILE)
 	}
 	var lim syscall.Rlimit
 	_ = syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim)
-	return fmt.Errorf("%w: the process has no file descriptor left (EMFILE, limit %d, hard limit %d): Pebble %s (%v): raise LimitNOFILE= in the systemd unit (the hard limit: Go raises the soft one to it), or ulimit -Hn, then start again (the state dir keeps every batch committed)",
-		ErrNoFDs, lim.Cur, lim.Max, what, err)
+	return fmt.Errorf("%w: the process has no file descriptor left (EMFILE, limit %d, hard limit %d): Pebble %s (%v): %s, then start again (the state dir keeps every batch committed)",
+		ErrNoFDs, lim.Cur, lim.Max, what, err, fixEMFILE)
 }
 
 // fdFS is the file system Pebble writes through, watching the opens that fail for want of a
