@@ -3,6 +3,7 @@ package reliability_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -38,9 +39,9 @@ func TestFault_ServerRestartsMidIngest(t *testing.T) {
 	ops := faultMesh.Ops()
 	require.NoError(t, fixtures.Load(context.Background(), js, ops, 0, nil))
 
-	var logs logBuffer
+	var logs natstest.LogBuffer
 	// Small batches and pulls, so that the history takes a while to read.
-	s := startSeatWith(t, url, t.TempDir(), seat.Config{WriteRegistry: true, Logger: logs.logger(),
+	s := startSeatWith(t, url, t.TempDir(), seat.Config{WriteRegistry: true, Logger: slog.New(slog.NewTextHandler(&logs, nil)),
 		Projector: projector.Options{BatchSize: 64, PullMessages: 128}})
 	w := startWriter(t, js, newMix(1, 50), 100, 0)
 	natstest.CheckFor(t, 10*time.Second, time.Millisecond, func() error {

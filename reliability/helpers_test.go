@@ -3,7 +3,6 @@ package reliability_test
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -222,26 +221,6 @@ func startSeatWith(tb testing.TB, url, dir string, cfg seat.Config, opts ...nats
 	tb.Cleanup(s.stop)
 	return s
 }
-
-// logBuffer collects a seat's log lines, safely from its goroutines.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf strings.Builder
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-func (b *logBuffer) logger() *slog.Logger { return slog.New(slog.NewTextHandler(b, nil)) }
 
 // waitAnswering waits until the verb answers a registry request.
 func waitAnswering(tb testing.TB, nc *nats.Conn, timeout time.Duration, p *proc) {
