@@ -20,14 +20,39 @@ import (
 // hard one when the process starts (syscall/rlimit.go), so the limit read here is in effect the
 // hard one: LimitNOFILE= in the unit, or ulimit -Hn.
 
-// seatFDs is how many descriptors are kept for everything but Pebble's table caches: the NATS
-// connection, the metrics listener and its clients, the state dir's LOCK, standard streams, the
-// runtime's own (epoll, pipes), and what Pebble opens beside its cache (its log, the MANIFEST, the
-// directory, a flush's and each compaction's outputs: about 10, pebble's numNonFileCacheFiles). An
-// embedded NATS server (serve without --nats) opens files of its own for each stream and a socket
-// per client: it is for trying things, and is not budgeted here. Under a limit of 512 or less the
-// share is half the limit.
+// seatFDs is how many descriptors are kept for everything but Pebble's table caches, split as the
+// constants below say (a stated split, so that a share that grows is seen to take from another).
+// Under a limit of 512 or less the share is half the limit.
 const seatFDs = 256
+
+// The split of seatFDs.
+const (
+	// runtimeFDs: standard streams, the runtime's epoll, eventfd and pipe, the state dir's LOCK and
+	// the rebuild's, a replay's or export's archive, a config or creds file being read.
+	runtimeFDs = 16
+	// natsFDs: the process's NATS connections, a socket each (serve holds one, kept across
+	// reconnects; the commands one or two).
+	natsFDs = 8
+	// pebbleOwnFDs: what each store's Pebble opens beside its table cache (its log and the next, the
+	// MANIFEST, the directory and its markers, a flush's and the compactions' outputs: about 10,
+	// pebble's numNonFileCacheFiles), for storesAtOnce stores.
+	pebbleOwnFDs = storesAtOnce * 16
+	// MetricsConns is the most connections the metrics listener (--metrics-addr,
+	// internal/metrics.Server) serves at once; it holds two more, its listening socket and the
+	// connection it accepted to wait for a place. Past them a client waits in the kernel's accept
+	// queue, which holds no descriptor of the process.
+	MetricsConns = 64
+	// embeddedFDs is the rest: an embedded NATS server's listener, its side of each client's
+	// connection and its store's lock. Its streams' message blocks are not in it (one file per
+	// stream written in the last half minute or so, docs/operations.md): thousands of
+	// composed-<node> buckets would not fit any fixed share, and a seat with that many nodes runs
+	// against a NATS server of its own.
+	embeddedFDs = seatFDs - runtimeFDs - natsFDs - pebbleOwnFDs - (MetricsConns + 2)
+)
+
+// The split fits in seatFDs, and leaves the embedded server at least 64: this fails to compile
+// otherwise.
+const _ = uint(embeddedFDs - 64)
 
 // minMaxOpenFiles is the least MaxOpenFiles Pebble honours: a table cache of 64, and its 10.
 const minMaxOpenFiles = 64 + 10
