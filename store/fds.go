@@ -43,10 +43,9 @@ const (
 	// queue, which holds no descriptor of the process.
 	MetricsConns = 64
 	// embeddedFDs is the rest: an embedded NATS server's listener, its side of each client's
-	// connection and its store's lock. Its streams' message blocks are not in it (one file per
-	// stream written in the last half minute or so, docs/operations.md): thousands of
-	// composed-<node> buckets would not fit any fixed share, and a seat with that many nodes runs
-	// against a NATS server of its own.
+	// connection and its store's lock. Its streams' message blocks are not in it: a file per stream
+	// written in the last minute or two, thousands with as many composed-<node> buckets, which no
+	// fixed share holds; KeepForEmbeddedServer gives them a store's share instead.
 	embeddedFDs = seatFDs - runtimeFDs - natsFDs - pebbleOwnFDs - (MetricsConns + 2)
 )
 
@@ -61,28 +60,47 @@ const minMaxOpenFiles = 64 + 10
 // generation a rebuild fills while the seat answers from the first (seat/rebuild.go).
 const storesAtOnce = 2
 
+// withEmbedded is set when the process runs an embedded NATS server (KeepForEmbeddedServer).
+var withEmbedded atomic.Bool
+
+// KeepForEmbeddedServer has the stores opened from now on leave a store's share of the descriptors
+// to an embedded NATS server in the same process (serve without --nats calls it before it opens the
+// state dir). nats-server's file store holds the last message block of every stream written in the
+// last minute or two open (closed at its sync, every 2 minutes, once idle 30 s: filestore.go
+// syncBlocks, closeFDsIdle): measured, 2,000 composed-<node> buckets each written once held 2,000
+// files until their sync, and none once idle. A share as large as a store's takes the bursts of a
+// mesh of thousands of nodes (21,759 of LimitNOFILE=65536), and costs the stores only table cache
+// they rarely fill (a third instead of half of what is left: tens of thousands of tables are tens
+// of GB of state dir).
+func KeepForEmbeddedServer() { withEmbedded.Store(true) }
+
 // maxOpenFiles is the MaxOpenFiles a store gives Pebble under a soft RLIMIT_NOFILE of soft: what
-// the limit leaves once seatFDs are kept, shared by storesAtOnce stores, and never below
-// minMaxOpenFiles (under a limit that low, 128 or so, a store with many tables may still run out).
-func maxOpenFiles(soft uint64) int {
+// the limit leaves once seatFDs are kept, shared by storesAtOnce stores (and an embedded server,
+// KeepForEmbeddedServer), and never below minMaxOpenFiles (under a limit that low, 128 or so, a
+// store with many tables may still run out).
+func maxOpenFiles(soft uint64, embedded bool) int {
 	const unlimited = 1 << 20 // RLIM_INFINITY, or a limit no kernel grants (Linux's nr_open is 1M)
 	if soft > unlimited {
 		soft = unlimited
 	}
 	n := int(soft)
 	n -= min(seatFDs, n/2)
-	return max(n/storesAtOnce, minMaxOpenFiles)
+	shares := storesAtOnce
+	if embedded {
+		shares++
+	}
+	return max(n/shares, minMaxOpenFiles)
 }
 
 // MaxOpenFiles is what a store opened now gives Pebble as Options.MaxOpenFiles when Options leaves
-// it 0: maxOpenFiles of the process's soft RLIMIT_NOFILE, or Pebble's default (1000) where the
+// it 0: maxOpenFiles of the process's soft RLIMIT_NOFILE (and of KeepForEmbeddedServer), or Pebble's default (1000) where the
 // limit cannot be read.
 func MaxOpenFiles() int {
 	soft := FileLimit()
 	if soft == 0 {
 		return 1000
 	}
-	return maxOpenFiles(soft)
+	return maxOpenFiles(soft, withEmbedded.Load())
 }
 
 // FileLimit is the process's soft RLIMIT_NOFILE, the descriptors it may hold (after Go raised it to
