@@ -247,3 +247,10 @@ func (fs fdFS) OpenDir(name string) (vfs.File, error) {
 // OutOfFDs counts Pebble's opens of files that failed for want of a file descriptor (EMFILE, ENFILE)
 // since the store opened: table reads, flush and compaction outputs (which Pebble tries again).
 func (db *DB) OutOfFDs() int64 { return db.fds.out.Load() }
+
+// IsOutOfFDs reports whether err is a failure for want of a file descriptor (EMFILE, ENFILE): a read
+// that could not open a table of the state dir, say. Such a read may work when asked again, once
+// descriptors are back; the state dir is fine.
+func IsOutOfFDs(err error) bool {
+	return errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) || errors.Is(err, ErrNoFDs)
+}
