@@ -91,7 +91,7 @@ func listen(addr string, h http.Handler, log *slog.Logger, lim limits) (*Server,
 // keep-alives stay off until half the places are free again (freed).
 func (s *Server) full() {
 	if s.shed.CompareAndSwap(false, true) {
-		s.log.Warn("the metrics listener holds as many connections as it may; idle ones are closed and new ones wait", "max_conns", cap(s.ln.slots))
+		s.log.Warn("metrics listener full: idle connections closed, new ones wait", "max_conns", cap(s.ln.slots))
 		s.srv.SetKeepAlivesEnabled(false)
 	}
 }
@@ -100,7 +100,7 @@ func (s *Server) full() {
 func (s *Server) freed(open int) {
 	if open <= cap(s.ln.slots)/2 && s.shed.CompareAndSwap(true, false) {
 		s.srv.SetKeepAlivesEnabled(true)
-		s.log.Info("the metrics listener takes connections again", "open", open)
+		s.log.Info("metrics listener full: recovered", "open", open)
 	}
 }
 
