@@ -18,14 +18,15 @@ import (
 // taken port is an error at start, not a log line later; Close shuts it down and waits for its
 // goroutine.
 //
-// Its descriptors are bounded: it holds at most store.MetricsConns connections at once (the share of
-// the process's descriptors store/fds.go keeps for it), and one more in hand waiting for a place; a
-// client past them waits in the kernel's accept queue, which costs the process no descriptor. Go's server alone accepts
-// every connection it is offered, so a scraper storm or a slowloris could take every descriptor of the
-// process and, with them, the state dir's (Pebble stops when it cannot create its log). At the cap
-// the idle keep-alive connections are closed and keep-alives are off until half the cap is free
-// again, so that idle scrapers do not keep /healthz from its prober; a connection that sends its
-// headers slowly holds its place for at most ReadHeaderTimeout.
+// Its descriptors are bounded: it serves at most store.MetricsConns connections at once (the share
+// of the process's descriptors store/fds.go keeps for it) and holds one more waiting for a place; a
+// client past them waits in the kernel's accept queue, which costs the process no descriptor. Go's
+// server alone accepts every connection it is offered, so a scraper storm or a slowloris could take
+// every descriptor of the process and, with them, the state dir's (Pebble stops when it cannot
+// create its log). When a client comes at the cap, the idle keep-alive connections are closed and
+// keep-alives stay off until half the places are free again, so that idle scrapers do not keep
+// /healthz from its prober; a connection that sends its headers slowly holds its place for at most
+// ReadHeaderTimeout.
 type Server struct {
 	srv  *http.Server
 	ln   *limitListener
