@@ -129,6 +129,20 @@ const (
 // errBusy is the error of a request that found the workers' queue full.
 var errBusy = errors.New("busy")
 
+// errOutOfFDs is the error of an answer whose read could not open a file of the state dir for want
+// of a file descriptor (store.IsOutOfFDs). Its text starts with OutOfFDsText, by which a client
+// tells it from the other 500s: the contract has no code for "ask again" (docs/decisions.md, h130).
+var errOutOfFDs = errors.New(OutOfFDsText)
+
+// OutOfFDsText starts the text of an answer 500 that failed because the seat ran out of file
+// descriptors: asked again shortly, or of another seat, it may be answered.
+const OutOfFDsText = "the seat is out of file descriptors"
+
+// outOfFDs is err, a read that failed for want of a descriptor, as the verb says it.
+func outOfFDs(err error) error {
+	return fmt.Errorf("%w: it could not open a file of its state dir (%v): ask again shortly, or ask another seat; its operator raises its limit (LimitNOFILE= of the unit)", errOutOfFDs, err)
+}
+
 // Server serves the verb.
 type Server struct {
 	r    Reader
@@ -185,6 +199,7 @@ type Server struct {
 	ahead        readAhead
 
 	answered [len(answerCodes)]atomic.Int64 // answers by code (Answered)
+	outOfFDs atomic.Int64                   // answers 500 for want of a file descriptor (OutOfFDs)
 }
 
 // answerCodes are the codes a verb answer can carry (Code), in the order Server.answered counts them.
@@ -678,9 +693,18 @@ func (s *Server) respond(j job) {
 // the handler has returned, when micro no longer reads what req.Error records, so it sends the same
 // headers with Respond.
 func (s *Server) answerError(req responder, r *Request, format Format, err error, start time.Time, inline bool) {
+	if store.IsOutOfFDs(err) && !errors.Is(err, errOutOfFDs) {
+		err = outOfFDs(err)
+	}
 	code := Code(err)
 	msg := clipText(err.Error())
-	if code == 500 && !errors.Is(err, errBusy) {
+	switch {
+	case errors.Is(err, errOutOfFDs):
+		// Logged at the 1st, 2nd, 4th, 8th... of them: a burst says itself without a line per answer.
+		if n := s.outOfFDs.Add(1); n&(n-1) == 0 {
+			s.log.Warn("answers fail: the seat is out of file descriptors", "answers", n, "err", err)
+		}
+	case code == 500 && !errors.Is(err, errBusy):
 		s.log.Error("answer failed", "what", r.What, "err", err)
 	}
 	body := ErrorBody(format, msg)
@@ -730,6 +754,11 @@ func (s *Server) Answered() map[string]int64 {
 	}
 	return m
 }
+
+// OutOfFDs is how many answers failed since the Server started because a read could not open a
+// file of the state dir for want of a file descriptor: answered 500, their text starting with
+// OutOfFDsText.
+func (s *Server) OutOfFDs() int64 { return s.outOfFDs.Load() }
 
 // ErrorBody is the body of an error answer: {"error": "..."} in the request's format.
 func ErrorBody(format Format, msg string) []byte {

@@ -25,6 +25,10 @@ func (s *Seat) MessagesApplied() int64 {
 // BucketsParked is how many composed-<node> buckets are idle without a consumer (projector/park.go).
 func (s *Seat) BucketsParked() int { return s.Current().ParkedCount() }
 
+// AnswersOutOfFDs is how many answers failed for want of a file descriptor to read the state dir
+// (query.Server.OutOfFDs).
+func (s *Seat) AnswersOutOfFDs() int64 { return s.Server.OutOfFDs() }
+
 // Unsynced lists, in order, the buckets the projector tails that have not caught up with their stream
 // since start. With plans, the composed-<node> buckets are tailed once the streams were listed
 // (Discovered): an empty list before says nothing of them.

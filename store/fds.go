@@ -20,14 +20,38 @@ import (
 // hard one when the process starts (syscall/rlimit.go), so the limit read here is in effect the
 // hard one: LimitNOFILE= in the unit, or ulimit -Hn.
 
-// seatFDs is how many descriptors are kept for everything but Pebble's table caches: the NATS
-// connection, the metrics listener and its clients, the state dir's LOCK, standard streams, the
-// runtime's own (epoll, pipes), and what Pebble opens beside its cache (its log, the MANIFEST, the
-// directory, a flush's and each compaction's outputs: about 10, pebble's numNonFileCacheFiles). An
-// embedded NATS server (serve without --nats) opens files of its own for each stream and a socket
-// per client: it is for trying things, and is not budgeted here. Under a limit of 512 or less the
-// share is half the limit.
+// seatFDs is how many descriptors are kept for everything but Pebble's table caches, split as the
+// constants below say (a stated split, so that a share that grows is seen to take from another).
+// Under a limit of 512 or less the share is half the limit.
 const seatFDs = 256
+
+// The split of seatFDs.
+const (
+	// runtimeFDs: standard streams, the runtime's epoll, eventfd and pipe, the state dir's LOCK and
+	// the rebuild's, a replay's or export's archive, a config or creds file being read.
+	runtimeFDs = 16
+	// natsFDs: the process's NATS connections, a socket each (serve holds one, kept across
+	// reconnects; the commands one or two).
+	natsFDs = 8
+	// pebbleOwnFDs: what each store's Pebble opens beside its table cache (its log and the next, the
+	// MANIFEST, the directory and its markers, a flush's and the compactions' outputs: about 10,
+	// pebble's numNonFileCacheFiles), for storesAtOnce stores.
+	pebbleOwnFDs = storesAtOnce * 16
+	// MetricsConns is the most connections the metrics listener (--metrics-addr,
+	// internal/metrics.Server) serves at once; it holds two more, its listening socket and the
+	// connection it accepted to wait for a place. Past them a client waits in the kernel's accept
+	// queue, which holds no descriptor of the process.
+	MetricsConns = 64
+	// embeddedFDs is the rest: an embedded NATS server's listener, its side of each client's
+	// connection and its store's lock. Its streams' message blocks are not in it: a file per stream
+	// written in the last minute or two, thousands with as many composed-<node> buckets, which no
+	// fixed share holds; KeepForEmbeddedServer gives them a store's share instead.
+	embeddedFDs = seatFDs - runtimeFDs - natsFDs - pebbleOwnFDs - (MetricsConns + 2)
+)
+
+// The split fits in seatFDs, and leaves the embedded server at least 64: this fails to compile
+// otherwise.
+const _ = uint(embeddedFDs - 64)
 
 // minMaxOpenFiles is the least MaxOpenFiles Pebble honours: a table cache of 64, and its 10.
 const minMaxOpenFiles = 64 + 10
@@ -36,28 +60,47 @@ const minMaxOpenFiles = 64 + 10
 // generation a rebuild fills while the seat answers from the first (seat/rebuild.go).
 const storesAtOnce = 2
 
+// withEmbedded is set when the process runs an embedded NATS server (KeepForEmbeddedServer).
+var withEmbedded atomic.Bool
+
+// KeepForEmbeddedServer has the stores opened from now on leave a store's share of the descriptors
+// to an embedded NATS server in the same process (serve without --nats calls it before it opens the
+// state dir). nats-server's file store holds the last message block of every stream written in the
+// last minute or two open (closed at its sync, every 2 minutes, once idle 30 s: filestore.go
+// syncBlocks, closeFDsIdle): measured, 2,000 composed-<node> buckets each written once held 2,000
+// files until their sync, and none once idle. A share as large as a store's takes the bursts of a
+// mesh of thousands of nodes (21,759 of LimitNOFILE=65536), and costs the stores only table cache
+// they rarely fill (a third instead of half of what is left: tens of thousands of tables are tens
+// of GB of state dir).
+func KeepForEmbeddedServer() { withEmbedded.Store(true) }
+
 // maxOpenFiles is the MaxOpenFiles a store gives Pebble under a soft RLIMIT_NOFILE of soft: what
-// the limit leaves once seatFDs are kept, shared by storesAtOnce stores, and never below
-// minMaxOpenFiles (under a limit that low, 128 or so, a store with many tables may still run out).
-func maxOpenFiles(soft uint64) int {
+// the limit leaves once seatFDs are kept, shared by storesAtOnce stores (and an embedded server,
+// KeepForEmbeddedServer), and never below minMaxOpenFiles (under a limit that low, 128 or so, a
+// store with many tables may still run out).
+func maxOpenFiles(soft uint64, embedded bool) int {
 	const unlimited = 1 << 20 // RLIM_INFINITY, or a limit no kernel grants (Linux's nr_open is 1M)
 	if soft > unlimited {
 		soft = unlimited
 	}
 	n := int(soft)
 	n -= min(seatFDs, n/2)
-	return max(n/storesAtOnce, minMaxOpenFiles)
+	shares := storesAtOnce
+	if embedded {
+		shares++
+	}
+	return max(n/shares, minMaxOpenFiles)
 }
 
 // MaxOpenFiles is what a store opened now gives Pebble as Options.MaxOpenFiles when Options leaves
-// it 0: maxOpenFiles of the process's soft RLIMIT_NOFILE, or Pebble's default (1000) where the
+// it 0: maxOpenFiles of the process's soft RLIMIT_NOFILE (and of KeepForEmbeddedServer), or Pebble's default (1000) where the
 // limit cannot be read.
 func MaxOpenFiles() int {
 	soft := FileLimit()
 	if soft == 0 {
 		return 1000
 	}
-	return maxOpenFiles(soft)
+	return maxOpenFiles(soft, withEmbedded.Load())
 }
 
 // FileLimit is the process's soft RLIMIT_NOFILE, the descriptors it may hold (after Go raised it to
@@ -204,3 +247,10 @@ func (fs fdFS) OpenDir(name string) (vfs.File, error) {
 // OutOfFDs counts Pebble's opens of files that failed for want of a file descriptor (EMFILE, ENFILE)
 // since the store opened: table reads, flush and compaction outputs (which Pebble tries again).
 func (db *DB) OutOfFDs() int64 { return db.fds.out.Load() }
+
+// IsOutOfFDs reports whether err is a failure for want of a file descriptor (EMFILE, ENFILE): a read
+// that could not open a table of the state dir, say. Such a read may work when asked again, once
+// descriptors are back; the state dir is fine.
+func IsOutOfFDs(err error) bool {
+	return errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) || errors.Is(err, ErrNoFDs)
+}

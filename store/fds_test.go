@@ -141,16 +141,20 @@ func fdsChild(dir string) {
 
 func TestMaxOpenFiles_FromLimit(t *testing.T) {
 	for _, tc := range []struct {
-		soft uint64
-		want int
+		soft     uint64
+		embedded bool // an embedded NATS server takes a store's share
+		want     int
 	}{
-		{64, 74},       // below Pebble's least: its least
-		{256, 74},      // half kept, the rest shared by two stores: 64, raised to Pebble's least
-		{1024, 384},    // 256 kept
-		{65535, 32639}, // LimitNOFILE=65536 (the unit's), less one: Go's raise
-		{1<<63 - 1, (1<<20 - 256) / 2},
+		{64, false, 74},       // below Pebble's least: its least
+		{256, false, 74},      // half kept, the rest shared by two stores: 64, raised to Pebble's least
+		{1024, false, 384},    // 256 kept
+		{65535, false, 32639}, // LimitNOFILE=65536 (the unit's), less one: Go's raise
+		{1<<63 - 1, false, (1<<20 - 256) / 2},
+		{1024, true, 256},
+		{65535, true, 21759},
+		{256, true, 74},
 	} {
-		require.Equal(t, tc.want, store.MaxOpenFilesOf(tc.soft), "soft limit %d", tc.soft)
+		require.Equal(t, tc.want, store.MaxOpenFilesOf(tc.soft, tc.embedded), "soft limit %d, embedded %v", tc.soft, tc.embedded)
 	}
 }
 

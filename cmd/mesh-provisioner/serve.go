@@ -169,6 +169,9 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 	// open cannot be stopped): it returns ctx's error, which main says as "stopped by SIGTERM".
 	fatal := onFatal(log, stderr)
 	replay.SetOnFatal(fatal) // the temporary stores of plans answered at a point
+	if url == "" {
+		store.KeepForEmbeddedServer() // its streams' files, one per stream written lately
+	}
 	db, err = store.OpenStateContext(ctx, c.state, store.Options{Logger: log, OnFatal: fatal})
 	broken := err
 	if err != nil && !store.NeedsRebuild(err) {

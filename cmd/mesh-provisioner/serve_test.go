@@ -251,3 +251,19 @@ func TestServe_RegistryIntervalMustBePositive(t *testing.T) {
 		require.Contains(t, stderr, "--no-registry")
 	}
 }
+
+// serve without --nats runs an embedded server in its process, whose streams' files (one per stream
+// written lately: thousands with as many composed-<node> buckets) take a store's share of the
+// descriptors: the store gives Pebble a third of what the limit leaves, not half.
+func TestServe_EmbeddedServerTakesAStoresShare(t *testing.T) {
+	t.Setenv("NATS_URL", "")
+	s, err := startServe(t.TempDir(), "--plans=false", "--log-format", "json")
+	require.NoError(t, err)
+	defer func() { require.NoError(t, s.stop()) }()
+	started := logLines(s, "mesh-provisioner starting")
+	require.Len(t, started, 1)
+	soft := int(store.FileLimit())
+	left := soft - min(256, soft/2)
+	require.EqualValues(t, soft, started[0]["nofile"])
+	require.EqualValues(t, max(left/3, 74), started[0]["pebble_max_open_files"], "limit %d", soft)
+}

@@ -174,3 +174,23 @@ func (fs noDescriptors) Create(name string, c vfs.DiskWriteCategory) (vfs.File, 
 	}
 	return fs.FS.Create(name, c)
 }
+
+// NoDescriptorsToRead wraps the disk so that opening an existing file whose name ends in suffix
+// (".sst": a table a read opens into Pebble's table cache) fails with EMFILE while out is set; every
+// other operation goes through.
+func NoDescriptorsToRead(suffix string, out *atomic.Bool) vfs.FS {
+	return noDescriptorsToRead{vfs.Default, suffix, out}
+}
+
+type noDescriptorsToRead struct {
+	vfs.FS
+	suffix string
+	out    *atomic.Bool
+}
+
+func (fs noDescriptorsToRead) Open(name string, opts ...vfs.OpenOption) (vfs.File, error) {
+	if fs.out.Load() && strings.HasSuffix(name, fs.suffix) {
+		return nil, &os.PathError{Op: "open", Path: name, Err: syscall.EMFILE}
+	}
+	return fs.FS.Open(name, opts...)
+}

@@ -1,6 +1,7 @@
 package metrics
 
 import (
+	"net/http"
 	"time"
 )
 
@@ -42,4 +43,11 @@ func (m *Metrics) Shown() []string {
 		return nil
 	}
 	return shownBuckets(src)
+}
+
+// ListenCapped is Listen holding at most maxConns connections, with timeouts of 10 minutes, so that
+// a test's connections are held for as long as it needs them.
+func ListenCapped(addr string, h http.Handler, maxConns int) (*Server, error) {
+	const long = 10 * time.Minute
+	return listen(addr, h, nil, limits{maxConns: maxConns, readHeaderTimeout: long, readTimeout: long, writeTimeout: long, idleTimeout: long})
 }

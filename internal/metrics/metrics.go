@@ -62,6 +62,12 @@ type Parker interface {
 	BucketsParked() int
 }
 
+// FDSource is a Source that counts the answers that failed for want of a file descriptor (a seat,
+// seat.Seat.AnswersOutOfFDs): mesh_provisioner_answers_out_of_fds_total.
+type FDSource interface {
+	AnswersOutOfFDs() int64
+}
+
 // RoomSource is a Source that says when its state dir is out of room (a seat, seat.Seat.OutOfRoom):
 // /readyz is 503 with that in its body, and mesh_provisioner_state_out_of_room is 1.
 type RoomSource interface {
@@ -572,6 +578,8 @@ var (
 		"Flushes and compactions that failed since the store opened; Pebble tries each again (store.DB.BackgroundErrors).", nil, nil)
 	descPebbleOutOfFDs = prometheus.NewDesc("mesh_provisioner_pebble_out_of_fds_total",
 		"Files Pebble could not open since the store opened for want of a file descriptor (EMFILE, ENFILE): tables read, flush and compaction outputs.", nil, nil)
+	descAnswersOutOfFDs = prometheus.NewDesc("mesh_provisioner_answers_out_of_fds_total",
+		"Verb answers 500 since the seat started because a read could not open a file of the state dir for want of a file descriptor (their text starts \"the seat is out of file descriptors\"; asked again they may be answered).", nil, nil)
 	descPebbleCacheHits = prometheus.NewDesc("mesh_provisioner_pebble_block_cache_hits_total",
 		"Block cache hits since the store opened.", nil, nil)
 	descPebbleCacheMisses = prometheus.NewDesc("mesh_provisioner_pebble_block_cache_misses_total",
@@ -589,7 +597,7 @@ var (
 func (c seatCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descBuildInfo, descStateSchema, descReady, descSynced, descApplied, descStreamLast, descStreamAge, descLag,
 		descAnomalies, descApplyCount, descComposed, descComposedUnsynced, descComposedFailing, descComposedBehind, descComposedLagMax, descComposedStuck, descParked, descOutOfRoom, descStateFree, descStateReserve, descPebbleDisk, descPebbleCompactions, descPebbleCompactDebt, descPebbleCompacting,
-		descPebbleHeld, descPebbleFlushes, descPebbleBackgroundErrors, descPebbleOutOfFDs, descPebbleCacheHits, descPebbleCacheMisses, descPebbleCacheSize, descPebbleReadAmp,
+		descPebbleHeld, descPebbleFlushes, descPebbleBackgroundErrors, descPebbleOutOfFDs, descAnswersOutOfFDs, descPebbleCacheHits, descPebbleCacheMisses, descPebbleCacheSize, descPebbleReadAmp,
 		descPebbleL0Files, descPebbleMemtable} {
 		ch <- d
 	}
@@ -662,6 +670,9 @@ func (c seatCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(descApplyCount, float64(src.MessagesApplied()))
 	if p, ok := src.(Parker); ok {
 		gauge(descParked, float64(p.BucketsParked()))
+	}
+	if f, ok := src.(FDSource); ok {
+		counter(descAnswersOutOfFDs, float64(f.AnswersOutOfFDs()))
 	}
 	if r, ok := src.(RoomSource); ok {
 		gauge(descOutOfRoom, b2f(r.OutOfRoom() != nil))

@@ -7,20 +7,57 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"sync"
+	"sync/atomic"
 	"time"
+
+	"github.com/novox/mesh-provisioner/store"
 )
 
 // Server is the HTTP listener of /metrics, /healthz and /readyz. Listen binds before it returns, so a
 // taken port is an error at start, not a log line later; Close shuts it down and waits for its
 // goroutine.
+//
+// Its descriptors are bounded: it serves at most store.MetricsConns connections at once (the share
+// of the process's descriptors store/fds.go keeps for it) and holds one more waiting for a place; a
+// client past them waits in the kernel's accept queue, which costs the process no descriptor. Go's
+// server alone accepts every connection it is offered, so a scraper storm or a slowloris could take
+// every descriptor of the process and, with them, the state dir's (Pebble stops when it cannot
+// create its log). When a client comes at the cap, the idle keep-alive connections are closed and
+// keep-alives stay off until half the places are free again, so that idle scrapers do not keep
+// /healthz from its prober; a connection that sends its headers slowly holds its place for at most
+// ReadHeaderTimeout.
 type Server struct {
 	srv  *http.Server
-	ln   net.Listener
+	ln   *limitListener
+	log  *slog.Logger
+	shed atomic.Bool // keep-alives are off: the cap was reached
 	done chan error
+}
+
+// limits are a Server's bounds; Listen's are defaultLimits.
+type limits struct {
+	maxConns          int
+	readHeaderTimeout time.Duration // a request's headers, from the connection's accept or last request
+	readTimeout       time.Duration // the whole request
+	writeTimeout      time.Duration // an answer (pprof's profile and trace must fit in it)
+	idleTimeout       time.Duration // a keep-alive connection between requests
+}
+
+var defaultLimits = limits{
+	maxConns:          store.MetricsConns,
+	readHeaderTimeout: 5 * time.Second,
+	readTimeout:       10 * time.Second,
+	writeTimeout:      time.Minute,
+	idleTimeout:       30 * time.Second,
 }
 
 // Listen binds addr (host:port; port 0 picks a free one) and serves h on it.
 func Listen(addr string, h http.Handler, log *slog.Logger) (*Server, error) {
+	return listen(addr, h, log, defaultLimits)
+}
+
+func listen(addr string, h http.Handler, log *slog.Logger, lim limits) (*Server, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("metrics listener: %w", err)
@@ -31,14 +68,18 @@ func Listen(addr string, h http.Handler, log *slog.Logger) (*Server, error) {
 	s := &Server{
 		srv: &http.Server{
 			Handler:           h,
-			ReadHeaderTimeout: 5 * time.Second,
+			ReadHeaderTimeout: lim.readHeaderTimeout,
+			ReadTimeout:       lim.readTimeout,
+			WriteTimeout:      lim.writeTimeout,
+			IdleTimeout:       lim.idleTimeout,
 			ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 		},
-		ln:   ln,
+		log:  log,
 		done: make(chan error, 1),
 	}
+	s.ln = &limitListener{Listener: ln, slots: make(chan struct{}, lim.maxConns), closed: make(chan struct{}), full: s.full, freed: s.freed}
 	go func() {
-		err := s.srv.Serve(ln)
+		err := s.srv.Serve(s.ln)
 		if errors.Is(err, http.ErrServerClosed) {
 			err = nil
 		}
@@ -47,8 +88,28 @@ func Listen(addr string, h http.Handler, log *slog.Logger) (*Server, error) {
 	return s, nil
 }
 
+// full is called when a client comes and every place is taken: idle connections are closed, and
+// keep-alives stay off until half the places are free again (freed).
+func (s *Server) full() {
+	if s.shed.CompareAndSwap(false, true) {
+		s.log.Warn("metrics listener full: idle connections closed, new ones wait", "max_conns", cap(s.ln.slots))
+		s.srv.SetKeepAlivesEnabled(false)
+	}
+}
+
+// freed is called when a connection closed, with how many are still open.
+func (s *Server) freed(open int) {
+	if open <= cap(s.ln.slots)/2 && s.shed.CompareAndSwap(true, false) {
+		s.srv.SetKeepAlivesEnabled(true)
+		s.log.Info("metrics listener full: recovered", "open", open)
+	}
+}
+
 // Addr is the address the listener is bound to.
 func (s *Server) Addr() string { return s.ln.Addr().String() }
+
+// Conns is how many connections the Server holds open.
+func (s *Server) Conns() int { return int(s.ln.open.Load()) }
 
 // Close stops taking connections, lets requests in flight finish for up to five seconds, and waits
 // for the serving goroutine.
@@ -61,6 +122,63 @@ func (s *Server) Close() error {
 	}
 	if serr := <-s.done; err == nil {
 		err = serr
+	}
+	return err
+}
+
+// limitListener holds at most cap(slots) connections open, and one more in hand: a connection
+// accepted while every slot is taken waits for one (after full is called) before Accept returns it.
+// Taking it from the kernel's queue first is what tells a client waiting from a server merely at its
+// cap, so that idle keep-alive connections are closed only for someone (golang.org/x/net/netutil's
+// LimitListener waits for a slot before it accepts instead, and cannot tell).
+type limitListener struct {
+	net.Listener
+	slots     chan struct{}
+	open      atomic.Int64
+	closed    chan struct{}
+	closeOnce sync.Once
+	full      func()
+	freed     func(open int)
+}
+
+func (l *limitListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	select {
+	case l.slots <- struct{}{}:
+	default:
+		l.full()
+		select {
+		case l.slots <- struct{}{}:
+		case <-l.closed:
+			c.Close()
+			return nil, net.ErrClosed
+		}
+	}
+	l.open.Add(1)
+	return &limitConn{Conn: c, l: l}, nil
+}
+
+// Close closes the listener, and an Accept waiting for a place returns (http.Server.Shutdown calls it).
+func (l *limitListener) Close() error {
+	l.closeOnce.Do(func() { close(l.closed) })
+	return l.Listener.Close()
+}
+
+type limitConn struct {
+	net.Conn
+	l        *limitListener
+	released atomic.Bool
+}
+
+func (c *limitConn) Close() error {
+	err := c.Conn.Close()
+	if c.released.CompareAndSwap(false, true) {
+		n := c.l.open.Add(-1)
+		<-c.l.slots
+		c.l.freed(int(n))
 	}
 	return err
 }
