@@ -800,7 +800,11 @@ func (db *DB) Close() error {
 	var err error
 	if db.writeFailed.failed() == nil {
 		if db.noWAL {
-			// Pebble's Close drops the memtables, which no log holds.
+			// Pebble's Close drops the memtables, which no log holds. Flushed here they leave
+			// compactions held as they were (catchUp.closing): at a rebuild's end they were the 16th
+			// flush, and Close waited for a compaction of much of what was written, which the serve
+			// that opens the generation compacts again.
+			db.catchUp.closing.Store(true)
 			err = db.pdb.Flush()
 		} else {
 			err = db.pdb.LogData(nil, pebble.Sync)
