@@ -46,7 +46,7 @@ type catchUp struct {
 	// flushes do not count towards maxHeldFlushes, so they do not start compactions that Close would
 	// wait for and the next open redo.
 	closing atomic.Bool
-	sched  *gateScheduler
+	sched   *gateScheduler
 }
 
 func newCatchUp() *catchUp {
