@@ -39,10 +39,13 @@ func TestOpen_NoWALKilledKeepsBatchesWithTheirCheckpoints(t *testing.T) {
 	}
 	require.NoError(t, db.Flush(), "Flush does nothing without a log")
 
-	// What a kill leaves: the files as the flushes wrote them, not the memtable being filled.
+	// What a kill leaves: the files as the flushes wrote them, not the memtable being filled. Copied
+	// once no flush runs or waits (one memtable left, the mutable one), so that no file changes
+	// under the copy.
 	natstest.CheckFor(t, 10*time.Second, time.Millisecond, func() error {
-		if n := db.Pebble().Metrics().Flush.NumInProgress; n > 0 {
-			return fmt.Errorf("%d flushes in progress", n)
+		m := db.Pebble().Metrics()
+		if m.Flush.NumInProgress > 0 || m.MemTable.Count > 1 {
+			return fmt.Errorf("%d flushes in progress, %d memtables", m.Flush.NumInProgress, m.MemTable.Count)
 		}
 		return nil
 	})
