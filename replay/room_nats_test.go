@@ -40,7 +40,7 @@ func TestTempStore_AWriteHeldForRoomEndsTheRead(t *testing.T) {
 	fromNATS := func() (*replay.Log, error) { return replay.FromNATS(context.Background(), js, nil, "nats", nil) }
 	for name, full := range map[string]func(tmp string) fmt.Stringer{
 		"in the fill": func(tmp string) fmt.Stringer {
-			return faultfs.LogsGrown{Glob: filepath.Join(tmp, "mesh-provisioner-read-*", "*.log"), Min: 32 << 10}
+			return faultfs.FilesGrown{Glob: filepath.Join(tmp, "mesh-provisioner-read-*", "*.log"), Min: 32 << 10}
 		},
 		"in the open": func(string) fmt.Stringer { return fullNow{} },
 	} {

@@ -248,7 +248,9 @@ func (a *applier) clearAnomaly(bucket, key string, classes byte) {
 // With sync the batch is synced to disk before Apply returns; without, it may stay in Pebble's WAL
 // buffer until the next synced commit, so a crash can lose it (the projector syncs each batch that
 // reaches the stream's end) — the checkpoint never runs ahead of the rows either way, because both are
-// in the same batch, and what is lost is read again from the stream. A message whose rollup removed
+// in the same batch, and what is lost is read again from the stream. A store without a log
+// (Options.NoWAL) syncs nothing: its batches are durable once their memtable is flushed, at Close at
+// the latest, and a crash keeps the batches of the memtables flushed before it. A message whose rollup removed
 // other keys from the stream (provisioner.Message.RemovesOthers) removes them from the projection
 // too, and is committed in a batch that starts with it.
 func (db *DB) Apply(bucket string, msgs []provisioner.Message, streamCreated int64, sync bool) error {

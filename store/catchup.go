@@ -42,7 +42,11 @@ type catchUp struct {
 	flushes atomic.Int32
 	// manual counts CompactAll calls under way: they open the gate, or they would wait for it.
 	manual atomic.Int32
-	sched  *gateScheduler
+	// closing is set by the Close of a store without a log before it flushes its memtables: those
+	// flushes do not count towards maxHeldFlushes, so they do not start compactions that Close would
+	// wait for and the next open redo.
+	closing atomic.Bool
+	sched   *gateScheduler
 }
 
 func newCatchUp() *catchUp {
@@ -58,8 +62,8 @@ func (c *catchUp) holding() bool {
 
 func (c *catchUp) listener() *pebble.EventListener {
 	return &pebble.EventListener{FlushEnd: func(info pebble.FlushInfo) {
-		if info.Err != nil || len(info.Output) == 0 {
-			return // nothing reached L0
+		if info.Err != nil || len(info.Output) == 0 || c.closing.Load() {
+			return // nothing reached L0, or Close's own flush
 		}
 		if c.held.Load() && c.flushes.Add(1) == maxHeldFlushes {
 			c.sched.wake()

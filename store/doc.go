@@ -5,7 +5,9 @@
 //
 //   - Apply writes everything one batch of messages produces (rows, index entries, anomaly rows, event
 //     log entries and the bucket's checkpoint) in one Pebble batch: a crash never separates a checkpoint
-//     from the rows it stands for, and the checkpoint never runs ahead of them.
+//     from the rows it stands for, and the checkpoint never runs ahead of them. A store without a log
+//     (Options.NoWAL, a rebuild's generation) keeps that: Pebble flushes whole memtables oldest first,
+//     so a crash leaves it after some earlier batch, and its Close flushes the rest.
 //   - Apply skips a message at or below the bucket's applied sequence: delivering it twice changes
 //     nothing.
 //   - Applies are serialised (one writer); reads go through a View, a Pebble snapshot, so one answer

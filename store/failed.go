@@ -88,6 +88,9 @@ func (db *DB) commit(b *pebble.Batch, opts *pebble.WriteOptions) (err error) {
 			err = db.writeFailed.fail(db.dir, r)
 		}
 	}()
+	if db.noWAL {
+		opts = pebble.NoSync // there is no log to sync (Options.NoWAL); Pebble refuses the ask
+	}
 	return b.Commit(opts)
 }
 

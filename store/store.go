@@ -84,6 +84,13 @@ type Options struct {
 	// descriptor (fds.go): an ErrNoFDs that says what ran out and what to do. It should not return
 	// (serve logs it and exits); when it does, or when it is nil, Pebble panics as it would.
 	OnFatal func(error)
+	// NoWAL writes no write-ahead log (Pebble's DisableWAL): a commit lives in the memtable until the
+	// memtable is flushed to a table, when it fills and at Close; Flush does nothing, and a commit asked
+	// to sync does not. Pebble flushes whole memtables oldest first, so a crash leaves the store as it
+	// was after some earlier batch, each checkpoint with the rows it covers, and the next open reads on
+	// from there. For a store filled from the streams that nothing answers from until it is closed: a
+	// rebuild's generation, which writes each byte once to its tables instead of also to a log.
+	NoWAL bool
 }
 
 // Checkpoint is a bucket's position, committed in the same batch as the rows it produced.
@@ -128,6 +135,8 @@ type DB struct {
 	state *StateDir   // set by OpenState: released on Close
 	// maxOpenFiles is the Options.MaxOpenFiles Pebble was given (MaxOpenFiles).
 	maxOpenFiles int
+	// noWAL: Options.NoWAL. Only Close makes the commits durable, by flushing the memtables.
+	noWAL bool
 
 	applyMu sync.Mutex // one Apply at a time: anomaly sets and kinds are read and written under it
 	// applying is the bucket whose batch Apply is committing, nil between batches (holdApplying).
@@ -337,6 +346,7 @@ func OpenContext(ctx context.Context, dir string, opts Options) (*DB, error) {
 		Logger:                pebbleLogger{opts.Logger, fds},
 		// The table cache evicts rather than run the process out of descriptors (fds.go).
 		MaxOpenFiles: opts.MaxOpenFiles,
+		DisableWAL:   opts.NoWAL,
 	}
 	po.TargetFileSizes[0] = opts.TableSize
 	for i := range po.Levels {
@@ -376,7 +386,7 @@ func OpenContext(ctx context.Context, dir string, opts Options) (*DB, error) {
 		return nil, openErr(dir, err)
 	}
 	fds.armed.Store(true)
-	db := &DB{pdb: pdb, dir: dir, fds: fds, maxOpenFiles: opts.MaxOpenFiles, bg: bg, id: openCount.Add(1), buckets: map[string]*bucketState{}, kinds: map[string]struct{}{}, openGaps: map[string]Gap{},
+	db := &DB{pdb: pdb, dir: dir, fds: fds, maxOpenFiles: opts.MaxOpenFiles, noWAL: opts.NoWAL, bg: bg, id: openCount.Add(1), buckets: map[string]*bucketState{}, kinds: map[string]struct{}{}, openGaps: map[string]Gap{},
 		anomSeed: maphash.MakeSeed(), space: space, writeFailed: newFailedState(opts.Logger), exp: newExpiries()}
 	if err := db.load(ctx, fresh); err != nil {
 		pdb.Close()
@@ -420,6 +430,13 @@ func (db *DB) load(ctx context.Context, fresh bool) error {
 	case errors.Is(err, pebble.ErrNotFound) && fresh:
 		if err := db.set(metaKey("schema"), []byte(fmt.Sprint(schemaBase)), pebble.Sync); err != nil {
 			return fmt.Errorf("write schema version: %w", err)
+		}
+		if db.noWAL {
+			// Without a log the version is durable once flushed: a crash before the first full
+			// memtable leaves a store that opens empty (and is resumed), not one without a version.
+			if err := db.pdb.Flush(); err != nil {
+				return fmt.Errorf("write schema version: %w", err)
+			}
 		}
 		db.schema.Store(schemaBase)
 	case errors.Is(err, pebble.ErrNotFound):
@@ -754,7 +771,8 @@ func (db *DB) Changed(bucket string) <-chan struct{} {
 	return db.created
 }
 
-// Flush syncs everything committed so far to disk.
+// Flush syncs everything committed so far to disk; without a log (Options.NoWAL) it does nothing:
+// Close writes the memtables out.
 func (db *DB) Flush() error {
 	if db.closed.Load() {
 		return ErrClosed
@@ -762,10 +780,14 @@ func (db *DB) Flush() error {
 	if err := db.writeFailed.failed(); err != nil {
 		return err // Pebble takes no write any more (failed.go)
 	}
+	if db.noWAL {
+		return nil
+	}
 	return db.pdb.LogData(nil, pebble.Sync)
 }
 
-// Close syncs and closes the store, and releases the state dir's lock when it holds it.
+// Close syncs and closes the store (without a log, flushes its memtables to tables), and releases the
+// state dir's lock when it holds it.
 func (db *DB) Close() error {
 	if !db.closed.CompareAndSwap(false, true) {
 		return nil
@@ -777,7 +799,16 @@ func (db *DB) Close() error {
 	defer db.applyMu.Unlock()
 	var err error
 	if db.writeFailed.failed() == nil {
-		err = db.pdb.LogData(nil, pebble.Sync)
+		if db.noWAL {
+			// Pebble's Close drops the memtables, which no log holds. Flushed here they leave
+			// compactions held as they were (catchUp.closing): at a rebuild's end they were the 16th
+			// flush, and Close waited for a compaction of much of what was written, which the serve
+			// that opens the generation compacts again.
+			db.catchUp.closing.Store(true)
+			err = db.pdb.Flush()
+		} else {
+			err = db.pdb.LogData(nil, pebble.Sync)
+		}
 		if cerr := db.pdb.Close(); err == nil {
 			err = cerr
 		}

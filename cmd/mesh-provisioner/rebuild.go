@@ -206,6 +206,11 @@ func (c *RebuildCommand) fill(ctx context.Context, js jetstream.JetStream, sd *s
 		}
 		opts.Logger = log
 		opts.OnFatal = onFatal(log, stderr)
+		// Nothing answers from the generation until it is swapped in, after its Close has flushed
+		// every memtable: no log, whose bytes were a second, uncompressed copy of all the fill
+		// writes. Killed before, it keeps the batches its flushed memtables hold, each with its
+		// checkpoint, and the next rebuild resumes from there (docs/decisions.md, h131).
+		opts.NoWAL = true
 		db, err := store.OpenContext(ctx, gen, opts)
 		if err != nil && resumed && store.NeedsRebuild(err) {
 			log.Warn("the unfinished rebuild does not open; starting over", "err", err)

@@ -58,10 +58,20 @@ func TestRebuild_FullDiskKeepsTheUnfinishedRebuild(t *testing.T) {
 // of room, exits as stopped by the signal, and keeps the generation: the next rebuild, room back,
 // resumes it and finishes.
 func TestRebuild_SignalWhileAWriteWaitsForRoom(t *testing.T) {
-	requireHeldRebuildResumes(t, func(state string, _ fmt.Stringer) fmt.Stringer {
-		return faultfs.LogsGrown{Glob: filepath.Join(state, "gen-*", "*.log"), Min: 32 << 10}
-	}, bySignal)
+	requireHeldRebuildResumes(t, tablesGrown, inTheFill(bySignal))
 }
+
+// tablesGrown is "full" once the generation's tables hold 32 KiB: a flush of the fill's memtables
+// (heldMemTable) has written them, and the next write of a flush waits for room while the fill goes
+// on until both memtables are full. A rebuild's generation writes no log (store.Options.NoWAL), so
+// its tables are the fill's only writes before its close.
+func tablesGrown(state string, _ fmt.Stringer) fmt.Stringer {
+	return faultfs.FilesGrown{Glob: filepath.Join(state, "gen-*", "*.sst"), Min: 32 << 10}
+}
+
+// heldMemTable is the memtable size of the rebuilds of requireHeldRebuildResumes: small, so that the
+// fill of its mesh flushes tables many times over before it ends.
+const heldMemTable = 64 << 10
 
 // finalBarLogged is "full" once the rebuild's log holds the last line of its progress bar ("... in
 // 1.2s"): the fill has caught up, and what is left is the generation's close, then the swap.
@@ -99,10 +109,8 @@ func bySignal(t *testing.T, _ *RebuildCommand, cancel context.CancelFunc) func(e
 // (stopOnDenied), and while a write of its generation waited for room it ended "context canceled",
 // neither naming what was refused nor what to grant. It says the refusal, and keeps the generation.
 func TestRebuild_DeniedWhileAWriteWaitsForRoom(t *testing.T) {
-	requireHeldRebuildResumes(t, func(state string, _ fmt.Stringer) fmt.Stringer {
-		return faultfs.LogsGrown{Glob: filepath.Join(state, "gen-*", "*.log"), Min: 32 << 10}
-	},
-		func(t *testing.T, cmd *RebuildCommand, _ context.CancelFunc) func(err error) {
+	requireHeldRebuildResumes(t, tablesGrown,
+		inTheFill(func(t *testing.T, cmd *RebuildCommand, _ context.CancelFunc) func(err error) {
 			// What the connection's error handler does on a violation (natsflags.go); cmd.nats.denied
 			// was set before the fill started, whose held write the caller saw.
 			cmd.nats.deny(cmd.nats.permissionError(fmt.Errorf("%w: Permissions Violation for Publish to \"$JS.API.CONSUMER.CREATE.KV_mesh-provisioner_needs\"", nats.ErrPermissionViolation)))
@@ -113,7 +121,17 @@ func TestRebuild_DeniedWhileAWriteWaitsForRoom(t *testing.T) {
 				require.Contains(t, err.Error(), "grant this NATS user")
 				require.Contains(t, err.Error(), "run rebuild again to resume")
 			}
-		})
+		}))
+}
+
+// inTheFill is stop, once it has required that the write held is one of the fill's: its progress bar
+// has not reached its end (not the generation's close, which TestRebuild_SignalWhileTheCloseWaitsForRoom
+// holds).
+func inTheFill(stop func(t *testing.T, cmd *RebuildCommand, cancel context.CancelFunc) func(err error)) func(t *testing.T, cmd *RebuildCommand, cancel context.CancelFunc) func(err error) {
+	return func(t *testing.T, cmd *RebuildCommand, cancel context.CancelFunc) func(err error) {
+		require.NotRegexp(t, finalBarLine, cmd.Stderr.(fmt.Stringer).String(), "the write held is the close's, not the fill's")
+		return stop(t, cmd, cancel)
+	}
 }
 
 // requireHeldRebuildResumes runs a rebuild whose disk fills once full (given the state dir and the
@@ -136,7 +154,7 @@ func requireHeldRebuildResumes(t *testing.T, full func(state string, log fmt.Str
 	state := filepath.Join(t.TempDir(), "state")
 	var out, errBuf natstest.LogBuffer
 	fs, room := faultfs.FullOnceLogged(t, full(state, &errBuf), "full")
-	cmd := &RebuildCommand{Stdout: &out, Stderr: &errBuf, opts: store.Options{FS: fs, MinFreeBytes: 1 << 20}}
+	cmd := &RebuildCommand{Stdout: &out, Stderr: &errBuf, opts: store.Options{FS: fs, MinFreeBytes: 1 << 20, MemTableSize: heldMemTable}}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan error, 1)

@@ -30,7 +30,8 @@ func buildBinary(t *testing.T, dir string) string {
 }
 
 // pendingBytes is how much the newest generation, when CURRENT does not name it, has written to its
-// WAL and tables.
+// tables (and logs: a rebuild's generation writes none, store.Options.NoWAL, so what a kill at
+// killAt leaves is its memtables flushed before).
 func pendingBytes(dir string) int64 {
 	gens, _ := filepath.Glob(filepath.Join(dir, "gen-*"))
 	var newest string

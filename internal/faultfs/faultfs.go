@@ -109,15 +109,16 @@ func TryTmpfs(t testing.TB, size int) (string, error) {
 	return dir, nil
 }
 
-// LogsGrown is "full" once the files its Glob matches (Pebble's logs: "gen-*/*.log") hold Min bytes,
-// "" before: a line for FullOnceLogged to wait for, so that the disk fills in the middle of a fill,
-// after the open's look at its room.
-type LogsGrown struct {
+// FilesGrown is "full" once the files its Glob matches hold Min bytes, "" before: a line for
+// FullOnceLogged to wait for, so that the disk fills in the middle of a fill, after the open's look at
+// its room. Pebble's logs ("gen-*/*.log") grow with every commit; a store without a log (a rebuild's
+// generation, store.Options.NoWAL) writes only tables ("gen-*/*.sst"), as its memtables flush.
+type FilesGrown struct {
 	Glob string
 	Min  int64
 }
 
-func (w LogsGrown) String() string {
+func (w FilesGrown) String() string {
 	logs, _ := filepath.Glob(w.Glob)
 	var n int64
 	for _, l := range logs {
