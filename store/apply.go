@@ -38,11 +38,11 @@ func decodeRowValue(b []byte, r *provisioner.Row) error {
 	r.Msgpack = b[0]&flagMsgpack != 0
 	b = b[1:]
 	var n int
-	if r.Revision, n = uvarint(b); n <= 0 {
+	if r.Revision, n = binary.Uvarint(b); n <= 0 {
 		return fmt.Errorf("%w: row revision", ErrCorrupt)
 	}
 	b = b[n:]
-	if r.Created, n = varint(b); n <= 0 {
+	if r.Created, n = binary.Varint(b); n <= 0 {
 		return fmt.Errorf("%w: row time", ErrCorrupt)
 	}
 	r.Value = b[n:]
