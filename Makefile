@@ -4,14 +4,8 @@ BIN := bin/mesh-provisioner
 
 .PHONY: build run test test-short race vet fmt bench bench-quick chaos soak fuzz clean
 
-# The seat is built with profile-guided optimization from cmd/mesh-provisioner/seat.pgo, a CPU profile
-# of a seat walking modules at 1,000,000 keys (docs/performance.md, Session 17: about 6-10% less seat
-# CPU a walk). Named so that a plain `go build` (the tests' builds of the binary) does not use it: the
-# first build with a new profile recompiles every dependency, minutes on a loaded machine.
-PGO := cmd/mesh-provisioner/seat.pgo
-
 build:
-	$(GO) build -pgo=$(PGO) -o $(BIN) ./cmd/mesh-provisioner
+	$(GO) build -o $(BIN) ./cmd/mesh-provisioner
 
 # The main job: the seat on an embedded NATS server, with a synthetic demo mesh loaded, and its
 # metrics, /healthz and /readyz on 127.0.0.1:9464.
