@@ -80,7 +80,13 @@ func isAccess(err error) bool {
 // descriptor is told from a broken store (isAccess) rather than started over.
 type corruptRead struct{ err error }
 
-func (e corruptRead) Error() string   { return ErrCorrupt.Error() + ": " + damage(e.err) }
+func (e corruptRead) Error() string {
+	if a := accessOf(e.err); a != nil {
+		// Not broken, and not to be said so: the read wanted a descriptor, or access.
+		return ErrAccess.Error() + ": " + a.name + " (" + damage(e.err) + "): " + a.fix + "; the state dir is left as it is"
+	}
+	return ErrCorrupt.Error() + ": " + damage(e.err)
+}
 func (e corruptRead) Unwrap() []error { return []error{ErrCorrupt, e.err} }
 
 // readErr is a failed read of the store (corruptRead).

@@ -2,7 +2,11 @@ package store
 
 import (
 	"bytes"
+	"errors"
+	"fmt"
 	"math/rand/v2"
+	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -29,5 +33,21 @@ func TestAppendEsc_EveryZeroByte(t *testing.T) {
 		if got := unesc(nil, want); !bytes.Equal(got, b) {
 			t.Fatalf("unesc(%x) = %x, want %x", want, got, b)
 		}
+	}
+}
+
+// A read that failed for want of a descriptor is not said to be a broken state dir (an operator told
+// so would rebuild for nothing), though it stays an ErrCorrupt beneath for the callers that tell the
+// two apart by isAccess.
+func TestReadErr_OutOfDescriptorsIsNotBroken(t *testing.T) {
+	err := readErr(fmt.Errorf("pebble: backing file 000020 error: open x.sst: %w", syscall.EMFILE))
+	if msg := err.Error(); strings.Contains(msg, "broken") || !strings.Contains(msg, "EMFILE") || !strings.Contains(msg, "LimitNOFILE") {
+		t.Fatalf("out of descriptors said as %q", msg)
+	}
+	if !isAccess(err) || !errors.Is(err, syscall.EMFILE) {
+		t.Fatalf("%v: not an access error carrying EMFILE", err)
+	}
+	if msg := readErr(errors.New("pebble: checksum mismatch")).Error(); !strings.Contains(msg, "broken") {
+		t.Fatalf("a damaged read said as %q", msg)
 	}
 }
