@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -90,27 +91,141 @@ func (p *Projector) expireLoop(ctx context.Context) {
 	}
 }
 
-// expireDue asks about every pending expiry due now, one after another. An ask that fails postpones
-// its expiry as if the stream still held the put, and the first failure is returned once every due
-// one was asked (the loop backs off).
+// expireWindow bounds the asks in flight: they share the seat's connection with the tails and the
+// verb, and each is one request of the leader's JetStream API queue (10,000 by default, shared by
+// every client of the server).
+const expireWindow = 32
+
+// expireBatch and expireBatchBytes bound one round of expireDue: how many keys it asks about, and
+// the bytes of the last messages it holds (values, keys, headers) before it stops taking more (the
+// asks in flight then may add up to expireWindow messages more). One round is one commit per bucket.
+const (
+	expireBatch      = 1024
+	expireBatchBytes = 8 << 20
+)
+
+// expireDue asks about every pending expiry due now, in rounds of up to expireBatch keys with up to
+// expireWindow asks in flight, and applies what each round found in one commit per bucket. An ask
+// that fails postpones its expiry as if the stream still held the put, and the first failure is
+// returned once every due one was asked (the loop backs off).
 func (p *Projector) expireDue(ctx context.Context, log *slog.Logger) error {
 	var first error
 	for ctx.Err() == nil {
-		e, ok := p.db.NextExpiry()
-		if !ok || time.Unix(0, e.Due).Add(expireSlack).After(time.Now()) {
+		asked := p.askDue(ctx)
+		if len(asked) == 0 {
 			return first
 		}
-		err := p.expireOne(ctx, e, log)
-		if err != nil {
-			if errors.Is(err, store.ErrClosed) {
-				return err
-			}
-			if first == nil {
-				first = err
-			}
+		err := p.applyAsked(asked, log)
+		if errors.Is(err, store.ErrClosed) {
+			return err
 		}
-		if err != nil || !p.expired(e) {
-			p.db.Postpone(e, time.Now().Add(min(expireSlack<<min(e.Tries, 16), expireRetryMax)).UnixNano())
+		if err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+// asked is a pending expiry taken from the store (store.DB.TakeDue) with its key's last message in the
+// stream, or the ask's error.
+type asked struct {
+	e     store.Expiry
+	last  provisioner.Message
+	found bool
+	err   error
+}
+
+// askDue takes the expiries due now, up to one round's worth, and asks the stream about each, up to
+// expireWindow at once. Each one taken is in the answer, asked or with the error that kept it from it.
+func (p *Projector) askDue(ctx context.Context) []asked {
+	var (
+		mu    sync.Mutex
+		out   []asked
+		taken int
+		bytes int
+		wg    sync.WaitGroup
+	)
+	take := func() (store.Expiry, bool) {
+		mu.Lock()
+		defer mu.Unlock()
+		if taken >= expireBatch || bytes >= expireBatchBytes || ctx.Err() != nil {
+			return store.Expiry{}, false
+		}
+		now := time.Now()
+		// Taken for longer than an ask can last: one the round cannot finish comes due again.
+		e, ok := p.db.TakeDue(now.Add(-expireSlack).UnixNano(), now.Add(2*expireAsk).UnixNano())
+		if ok {
+			taken++
+		}
+		return e, ok
+	}
+	for range expireWindow {
+		wg.Go(func() {
+			for {
+				e, ok := take()
+				if !ok {
+					return
+				}
+				actx, cancel := context.WithTimeout(ctx, expireAsk)
+				a := asked{e: e}
+				p.expireAsks.Add(1)
+				a.last, a.found, a.err = p.lastOfKey(actx, e.Bucket, e.Key)
+				cancel()
+				if a.err != nil {
+					a.err = fmt.Errorf("%s %q: %w", e.Bucket, e.Key, a.err)
+				}
+				mu.Lock()
+				out = append(out, a)
+				bytes += len(a.last.Key) + len(a.last.Value) + 64
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	return out
+}
+
+// applyAsked has the store apply, one commit per bucket, what the stream holds now of the keys whose
+// put is gone, and postpones every other one: still held (the server has not removed it yet), a later
+// message (the tail applies it), or an ask that failed. It returns the first failure.
+func (p *Projector) applyAsked(asked []asked, log *slog.Logger) error {
+	var first error
+	byBucket := map[string][]store.Expired{}
+	for i := range asked {
+		a := &asked[i]
+		switch {
+		case a.err != nil:
+			if first == nil {
+				first = a.err
+			}
+		case a.found && a.last.Seq >= a.e.Seq:
+			// Still held, or a later message: asked again later.
+		case a.found:
+			byBucket[a.e.Bucket] = append(byBucket[a.e.Bucket], store.Expired{Expiry: a.e, Last: &a.last})
+		default:
+			byBucket[a.e.Bucket] = append(byBucket[a.e.Bucket], store.Expired{Expiry: a.e})
+		}
+	}
+	for bucket, items := range byBucket {
+		n, err := p.db.ExpireAll(bucket, items)
+		switch {
+		case errors.Is(err, store.ErrExpireComposed):
+			p.rereadExpired(bucket)
+		case errors.Is(err, store.ErrClosed):
+			return err
+		case err != nil:
+			if first == nil {
+				first = fmt.Errorf("expire %d keys of %s: %w", len(items), bucket, err)
+			}
+		case n > 0:
+			log.Debug("TTL'd puts expired without a marker", "bucket", bucket, "keys", n)
+		}
+	}
+	// Each one taken the store still holds is asked about again later, sooner first.
+	now := time.Now()
+	for i := range asked {
+		if e := asked[i].e; !p.expired(e) {
+			p.db.Postpone(e, now.Add(min(expireSlack<<min(e.Tries, 16), expireRetryMax)).UnixNano())
 		}
 	}
 	return first
@@ -120,40 +235,6 @@ func (p *Projector) expireDue(ctx context.Context, log *slog.Logger) error {
 func (p *Projector) expired(e store.Expiry) bool {
 	cur, ok := p.db.PendingExpiry(e.Bucket, e.Key)
 	return !ok || cur.Seq != e.Seq
-}
-
-// expireOne asks the stream for the key's last message and, when the put is gone, has the store apply
-// what the stream holds now.
-func (p *Projector) expireOne(ctx context.Context, e store.Expiry, log *slog.Logger) error {
-	actx, cancel := context.WithTimeout(ctx, expireAsk)
-	defer cancel()
-	last, found, err := p.lastOfKey(actx, e.Bucket, e.Key)
-	if err != nil {
-		return fmt.Errorf("%s %q: %w", e.Bucket, e.Key, err)
-	}
-	if found && last.Seq == e.Seq {
-		return nil // still held
-	}
-	var lm *provisioner.Message
-	if found {
-		lm = &last // older: the put is gone; later: the tail applies it (the store drops a stale entry)
-	}
-	changed, err := p.db.Expire(e, lm)
-	if errors.Is(err, store.ErrExpireComposed) {
-		p.rereadExpired(e.Bucket)
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("%s %q: %w", e.Bucket, e.Key, err)
-	}
-	if changed {
-		of := "none"
-		if found {
-			of = fmt.Sprintf("%s at %d", last.Op, last.Seq)
-		}
-		log.Debug("a TTL'd put expired without a marker", "bucket", e.Bucket, "key", e.Key, "seq", e.Seq, "now", of)
-	}
-	return nil
 }
 
 // lastOfKey asks the stream's leader for the last message of a key's subject ($JS.API.STREAM.MSG.GET

@@ -139,6 +139,8 @@ type Projector struct {
 	// expiredUnmarked holds the composed-<node> buckets to read again for a TTL'd put that expired
 	// without a marker (expire.go).
 	expiredUnmarked sync.Map
+	// expireAsks counts the asks of expireLoop (ExpireAsks, for tests and benchmarks).
+	expireAsks atomic.Int64
 
 	parkMu  sync.Mutex
 	parked  map[string]*parkedBucket // idle composed-<node> buckets without a consumer (park.go)
