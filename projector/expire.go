@@ -91,75 +91,144 @@ func (p *Projector) expireLoop(ctx context.Context) {
 	}
 }
 
-// expireWindow bounds the asks in flight: they share the seat's connection with the tails and the
-// verb, and each is one request of the leader's JetStream API queue (10,000 by default, shared by
-// every client of the server).
+// expireWindow bounds the asks of a stream's leader in flight: they share the seat's connection with
+// the tails and the verb, and each is one request of the leader's JetStream API queue (10,000 by
+// default, shared by every client of the server).
 const expireWindow = 32
 
-// expireBatch and expireBatchBytes bound one round of expireDue: how many keys it asks about, and
-// the bytes of the last messages it holds (values, keys, headers) before it stops taking more (the
-// asks in flight then may add up to expireWindow messages more). One round is one commit per bucket.
+// expireBatch and expireBatchBytes bound one round of expireDue: how many keys it takes (one direct
+// get asks about them all, msgget.MaxLasts at most), and the bytes of the last messages it holds
+// (values, keys, headers) before it stops asking (the asks in flight then may add up to expireWindow
+// messages more; the direct get one message more). One round is one commit per bucket.
 const (
-	expireBatch      = 1024
+	expireBatch      = msgget.MaxLasts
 	expireBatchBytes = 8 << 20
 )
 
-// expireDue asks about every pending expiry due now, in rounds of up to expireBatch keys with up to
-// expireWindow asks in flight, and applies what each round found in one commit per bucket. An ask
-// that fails postpones its expiry as if the stream still held the put, and the first failure is
-// returned once every due one was asked (the loop backs off).
+// expireNoDirect is how long a stream whose direct get failed (not allowed, denied, no answer) is asked
+// by its leader alone.
+const expireNoDirect = 5 * time.Minute
+
+// expireDue asks about every pending expiry due now, in rounds of up to expireBatch keys, and applies
+// what each round found in one commit per bucket. An ask that fails postpones its expiry as if the
+// stream still held the put, and the first failure is returned once every due one was asked (the loop
+// backs off).
 func (p *Projector) expireDue(ctx context.Context, log *slog.Logger) error {
 	var first error
 	for ctx.Err() == nil {
-		asked := p.askDue(ctx)
-		if len(asked) == 0 {
+		due := p.takeDue()
+		if len(due) == 0 {
 			return first
 		}
-		err := p.applyAsked(asked, log)
-		if errors.Is(err, store.ErrClosed) {
-			return err
+		byBucket := map[string][]store.Expiry{}
+		for _, e := range due {
+			byBucket[e.Bucket] = append(byBucket[e.Bucket], e)
 		}
-		if err != nil && first == nil {
-			first = err
+		for bucket, es := range byBucket {
+			err := p.applyAsked(p.askLasts(ctx, bucket, es, log), log)
+			if errors.Is(err, store.ErrClosed) {
+				return err
+			}
+			if err != nil && first == nil {
+				first = err
+			}
 		}
 	}
 	return first
 }
 
-// asked is a pending expiry taken from the store (store.DB.TakeDue) with its key's last message in the
-// stream, or the ask's error.
-type asked struct {
-	e     store.Expiry
-	last  provisioner.Message
-	found bool
-	err   error
+// takeDue takes the expiries due now, up to one round's worth (store.DB.TakeDue), for longer than a
+// round's asks can last: one the round cannot finish comes due again.
+func (p *Projector) takeDue() []store.Expiry {
+	now := time.Now()
+	var due []store.Expiry
+	for len(due) < expireBatch {
+		e, ok := p.db.TakeDue(now.Add(-expireSlack).UnixNano(), now.Add(3*expireAsk).UnixNano())
+		if !ok {
+			break
+		}
+		due = append(due, e)
+	}
+	return due
 }
 
-// askDue takes the expiries due now, up to one round's worth, and asks the stream about each, up to
-// expireWindow at once. Each one taken is in the answer, asked or with the error that kept it from it.
-func (p *Projector) askDue(ctx context.Context) []asked {
+// asked is a pending expiry taken from the store (store.DB.TakeDue) with its key's last message in the
+// stream, or the ask's error; or not asked at all (the round's bytes ran out), to be given back.
+type asked struct {
+	e        store.Expiry
+	last     provisioner.Message
+	found    bool
+	err      error
+	notAsked bool
+}
+
+// askLasts asks a bucket's stream about its expiries taken: first all at once, by one direct get
+// (msgget.LastOfMany), whose answer stands when the replica that gave it had stored every message the
+// bucket's projection applied (its last sequence at least the applied one, read before asking: it holds
+// the puts, and what it says of them is what it did since); then what that did not settle by the
+// stream's leader, up to expireWindow asks at once. Each expiry taken is in the answer.
+func (p *Projector) askLasts(ctx context.Context, bucket string, es []store.Expiry, log *slog.Logger) []asked {
+	out := make([]asked, 0, len(es))
+	bytes := 0
+	if !p.expireDirectOff && time.Now().After(p.expireNoDirect[bucket]) {
+		applied, _ := p.db.Applied(bucket)
+		prefix := provisioner.SubjectPrefix(bucket)
+		subjects := make([]string, len(es))
+		for i, e := range es {
+			subjects[i] = prefix + e.Key
+		}
+		dctx, cancel := context.WithTimeout(ctx, expireAsk)
+		lasts, err := msgget.LastOfMany(dctx, p.js.Conn(), APIPrefix(p.js), provisioner.StreamName(bucket), subjects, expireBatchBytes)
+		cancel()
+		p.expireAsks.Add(1)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			log.Debug("a direct get of expired puts' keys failed; asking the stream's leader", "bucket", bucket, "err", err)
+			if p.expireNoDirect == nil {
+				p.expireNoDirect = map[string]time.Time{}
+			}
+			p.expireNoDirect[bucket] = time.Now().Add(expireNoDirect)
+		case err == nil && lasts.UpTo >= applied:
+			found := make(map[string]*msgget.Last, len(lasts.Msgs))
+			for i := range lasts.Msgs {
+				found[lasts.Msgs[i].Subject] = &lasts.Msgs[i]
+				bytes += len(lasts.Msgs[i].Subject) + len(lasts.Msgs[i].Data) + 64
+			}
+			rest := es[:0:0]
+			for i, e := range es {
+				if l := found[subjects[i]]; l != nil {
+					out = append(out, asked{e: e, found: true, last: messageOf(prefix, l.Subject, l.Header, l.Data, l.Seq, l.Time.UnixNano())})
+				} else if lasts.Complete {
+					out = append(out, asked{e: e})
+				} else {
+					rest = append(rest, e)
+				}
+			}
+			es = rest
+		}
+	}
+	if len(es) == 0 {
+		return out
+	}
 	var (
-		mu    sync.Mutex
-		out   []asked
-		taken int
-		bytes int
-		wg    sync.WaitGroup
+		mu   sync.Mutex
+		next int
+		wg   sync.WaitGroup
 	)
 	take := func() (store.Expiry, bool) {
 		mu.Lock()
 		defer mu.Unlock()
-		if taken >= expireBatch || bytes >= expireBatchBytes || ctx.Err() != nil {
+		for next < len(es) && (bytes >= expireBatchBytes || ctx.Err() != nil) {
+			out = append(out, asked{e: es[next], notAsked: true})
+			next++
+		}
+		if next == len(es) {
 			return store.Expiry{}, false
 		}
-		now := time.Now()
-		// Taken for longer than an ask can last: one the round cannot finish comes due again.
-		e, ok := p.db.TakeDue(now.Add(-expireSlack).UnixNano(), now.Add(2*expireAsk).UnixNano())
-		if ok {
-			taken++
-		}
-		return e, ok
+		next++
+		return es[next-1], true
 	}
-	for range expireWindow {
+	for range min(expireWindow, len(es)) {
 		wg.Go(func() {
 			for {
 				e, ok := take()
@@ -194,6 +263,8 @@ func (p *Projector) applyAsked(asked []asked, log *slog.Logger) error {
 	for i := range asked {
 		a := &asked[i]
 		switch {
+		case a.notAsked:
+			p.db.Release(a.e)
 		case a.err != nil:
 			if first == nil {
 				first = a.err
@@ -224,7 +295,7 @@ func (p *Projector) applyAsked(asked []asked, log *slog.Logger) error {
 	// Each one taken the store still holds is asked about again later, sooner first.
 	now := time.Now()
 	for i := range asked {
-		if e := asked[i].e; !p.expired(e) {
+		if e := asked[i].e; !asked[i].notAsked && !p.expired(e) {
 			p.db.Postpone(e, now.Add(min(expireSlack<<min(e.Tries, 16), expireRetryMax)).UnixNano())
 		}
 	}

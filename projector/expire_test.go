@@ -20,7 +20,8 @@ import (
 // with its own revision), and a put the store holds as due whose stream still holds it (here a put
 // whose TTL is an hour, written into the store as due now) is kept, asked about again later. The
 // store is written as the stream holds it, so the projector's tails have nothing to read: what changes
-// is the expiry loop's doing alone.
+// is the expiry loop's doing alone. Asked by one direct get of every key, and by the stream's leader
+// key by key, the same.
 func TestProjector_ManyTTLdPutsExpireTogether(t *testing.T) {
 	const n = 300
 	const bucket = provisioner.BucketNeeds
@@ -63,47 +64,60 @@ func TestProjector_ManyTTLdPutsExpireTogether(t *testing.T) {
 
 	info, err := stream.Info(ctx)
 	require.NoError(t, err)
-	db, err := store.Open(t.TempDir(), store.Options{})
-	require.NoError(t, err)
-	require.NoError(t, db.Apply(bucket, msgs, info.Created.UnixNano(), false))
-	require.Equal(t, n+1, db.Expiries())
+	// The same store twice: one projector asks by a direct get first, the other the leader alone.
+	check := map[string]func(){}
+	for _, direct := range []bool{true, false} {
+		name := map[bool]string{true: "direct get", false: "leader alone"}[direct]
+		db, err := store.Open(t.TempDir(), store.Options{})
+		require.NoError(t, err)
+		require.NoError(t, db.Apply(bucket, msgs, info.Created.UnixNano(), false))
+		require.Equal(t, n+1, db.Expiries())
+		p := projector.New(js, db, projector.Options{Buckets: []string{bucket}})
+		projector.SetExpireDirect(p, direct)
+		p.Start(ctx)
+		t.Cleanup(func() {
+			p.Stop()
+			require.NoError(t, db.Close())
+		})
+		check[name] = func() {
+			natstest.CheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
+				if left := db.Expiries(); left != 1 {
+					return fmt.Errorf("%s: %d pending expiries", name, left)
+				}
+				if e, _ := db.PendingExpiry(bucket, kept); e.Tries == 0 {
+					return fmt.Errorf("%s: the kept put not asked about yet", name)
+				}
+				return nil
+			})
+			e, ok := db.PendingExpiry(bucket, kept)
+			require.True(t, ok, "%s: the put the stream still holds is still pending", name)
+			require.Equal(t, keptSeq, e.Seq, name)
+			if asks := projector.ExpireAsks(p); direct {
+				require.Less(t, asks, int64(n/10), "%s: a few gets of many keys each", name)
+			} else {
+				require.GreaterOrEqual(t, asks, int64(n), "%s: a get a key", name)
+			}
 
-	p := projector.New(js, db, projector.Options{Buckets: []string{bucket}})
-	p.Start(ctx)
-	t.Cleanup(func() {
-		p.Stop()
-		require.NoError(t, db.Close())
-	})
-	natstest.CheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
-		if left := db.Expiries(); left != 1 {
-			return fmt.Errorf("%d pending expiries", left)
+			v, err := db.View()
+			require.NoError(t, err)
+			defer v.Close()
+			rows := map[string]uint64{}
+			require.NoError(t, v.Rows(provisioner.Range{Bucket: bucket, Index: provisioner.IndexPrimary}, func(r *provisioner.Row) bool {
+				rows[string(r.Key)] = r.Revision
+				want := v1
+				if string(r.Key) == kept {
+					want = v2
+				}
+				require.Equal(t, want, r.Value, "%s: value of %s", name, r.Key)
+				return true
+			}))
+			want := map[string]uint64{kept: keptSeq}
+			for i := range n {
+				want[key(i)] = older[key(i)]
+			}
+			require.Equal(t, want, rows, "%s: every expired put answers its older revision again; the kept one its put", name)
 		}
-		if e, _ := db.PendingExpiry(bucket, kept); e.Tries == 0 {
-			return fmt.Errorf("the kept put not asked about yet")
-		}
-		return nil
-	})
-	e, ok := db.PendingExpiry(bucket, kept)
-	require.True(t, ok, "the put the stream still holds is still pending")
-	require.Equal(t, keptSeq, e.Seq)
-	require.Positive(t, e.Tries, "asked about, and postponed")
-
-	v, err := db.View()
-	require.NoError(t, err)
-	defer v.Close()
-	rows := map[string]uint64{}
-	require.NoError(t, v.Rows(provisioner.Range{Bucket: bucket, Index: provisioner.IndexPrimary}, func(r *provisioner.Row) bool {
-		rows[string(r.Key)] = r.Revision
-		want := v1
-		if string(r.Key) == kept {
-			want = v2
-		}
-		require.Equal(t, want, r.Value, "value of %s", r.Key)
-		return true
-	}))
-	want := map[string]uint64{kept: keptSeq}
-	for i := range n {
-		want[key(i)] = older[key(i)]
 	}
-	require.Equal(t, want, rows, "every expired put answers its older revision again; the kept one its put")
+	check["direct get"]()
+	check["leader alone"]()
 }

@@ -275,6 +275,17 @@ func (db *DB) TakeDue(now, lease int64) (Expiry, bool) {
 	return e, true
 }
 
+// Release gives back a pending expiry taken (TakeDue) and not asked about: it is due again as it was
+// when taken, when it is still the one e names.
+func (db *DB) Release(e Expiry) {
+	db.exp.mu.Lock()
+	defer db.exp.mu.Unlock()
+	if cur := db.exp.lookup(e.Bucket, e.Key); cur != nil && cur.Seq == e.Seq {
+		cur.Due = e.Due
+		heap.Fix(&db.exp.queue, cur.index)
+	}
+}
+
 // Rewrites counts the commits that changed the store without moving an applied sequence (Expire):
 // a cache of answers keyed by applied sequences keys by it too.
 func (db *DB) Rewrites() uint64 { return db.rewrites.Load() }
