@@ -1,6 +1,7 @@
 package store
 
 import (
+	"bytes"
 	"container/heap"
 	"encoding/binary"
 	"errors"
@@ -345,10 +346,18 @@ func (db *DB) ExpireAll(bucket string, items []Expired) (int, error) {
 	}
 	a := db.newApplier()
 	defer a.close()
+	// One iterator over the bucket's log for every key's newest event: one a key cost more than the
+	// rest of its expiry.
+	lower := bucketPrefix(nil, prefixHistory, bucket)
+	log, err := db.pdb.NewIter(&pebble.IterOptions{LowerBound: lower, UpperBound: prefixEnd(lower)})
+	if err != nil {
+		return 0, readErr(err)
+	}
+	defer log.Close()
 	changed, wrote := 0, false
 	var live uint64 // the lowest older put that is its key's newest again
-	for _, it := range items {
-		e, last := it.Expiry, it.Last
+	for _, item := range items {
+		e, last := item.Expiry, item.Last
 		if e.Bucket != bucket {
 			return 0, fmt.Errorf("store: expire %s %q with the keys of %s", e.Bucket, e.Key, bucket)
 		}
@@ -362,7 +371,7 @@ func (db *DB) ExpireAll(bucket string, items []Expired) (int, error) {
 			continue
 		}
 		// The key's newest event must be the put: the pending entry says so, the log is the proof.
-		newest, err := db.newestEvent(bucket, e.Key)
+		newest, err := newestEventAt(log, bucket, e.Key)
 		if err != nil {
 			return 0, err
 		}
@@ -428,19 +437,15 @@ func (db *DB) ExpireAll(bucket string, items []Expired) (int, error) {
 	return changed, nil
 }
 
-// newestEvent is the sequence of a key's newest event in the log, 0 when it has none.
-func (db *DB) newestEvent(bucket, key string) (uint64, error) {
+// newestEventAt is the sequence of a key's newest event in the log, 0 when it has none, read by an
+// iterator over the bucket's log.
+func newestEventAt(it *pebble.Iterator, bucket, key string) (uint64, error) {
 	start := historyKeyStart(nil, bucket, key)
-	it, err := db.pdb.NewIter(&pebble.IterOptions{LowerBound: start, UpperBound: prefixEnd(start)})
-	if err != nil {
-		return 0, err
-	}
-	defer it.Close()
-	if !it.Last() {
+	if !it.SeekLT(prefixEnd(start)) || !bytes.HasPrefix(it.Key(), start) {
 		return 0, it.Error()
 	}
 	k := it.Key()
-	if len(k) < len(start)+8 {
+	if len(k) != len(start)+8 {
 		return 0, fmt.Errorf("%w: event key", ErrCorrupt)
 	}
 	return binary.BigEndian.Uint64(k[len(k)-8:]), nil
