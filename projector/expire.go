@@ -20,7 +20,12 @@ import (
 // of its key that the bucket keeps is removed silently, and the bucket answers the older one again
 // (store/expiry.go). The store remembers each applied put with a TTL while it is its key's newest; one
 // goroutine of the Projector (expireLoop) waits for the first of them to come due, then asks the
-// stream's leader for the key's last message:
+// stream for the key's last message, of every key due at once (a mesh that writes TTL'd puts in bulk
+// has them come due together): a round takes up to expireBatch due keys, asks each bucket's stream
+// about all of them by one direct get (msgget.LastOfMany), whose answer stands only when the replica
+// that gave it had stored every message the projection applied, asks the stream's leader about the
+// rest (expireWindow at once), and has the store apply the round in one commit per bucket
+// (store.DB.ExpireAll). What it finds of each key:
 //
 //   - the put itself: not removed yet (the server removes expired messages on a timer of its own, and
 //     writes a marker when the put is the subject's only message): asked again later, sooner first
@@ -28,7 +33,11 @@ import (
 //     put) makes the store forget it;
 //   - a later message: the tail applies it, which forgets it; asked again later meanwhile, the same;
 //   - an older message, or none: the put is gone, and the store applies what the stream holds now
-//     (store.DB.Expire).
+//     (store.DB.ExpireAll);
+//   - no answer (a timeout, no leader): asked again later, the same, and the loop backs off.
+//
+// An expiry is taken from the store for the round (store.DB.TakeDue) and given back, postponed or
+// forgotten by it; one the round could not finish comes due again when its take runs out.
 //
 // A composed-<node> bucket's build records are a fold of its history: one whose put expired so is
 // read again from its stream (forget.go), as a rebuild would read it.
