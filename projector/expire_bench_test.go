@@ -25,7 +25,7 @@ import (
 // pending expiry), in wall time and in this process's CPU time (the projector, Pebble and the embedded
 // server that answers the asks), and asks of the stream a key (a direct get of many keys is one).
 // Run using: go test ./projector -run x -bench Expire -benchtime 1x (BENCH_PROFILE=cpu.prof profiles
-// that part alone).
+// that part alone; BENCH_EXPIRE_DIRECT=0 asks the stream's leader alone, key by key).
 func BenchmarkExpire(b *testing.B) {
 	n := 20000
 	if v, err := strconv.Atoi(os.Getenv("BENCH_EXPIRE_KEYS")); err == nil && v > 0 {
@@ -89,6 +89,7 @@ func BenchmarkExpire(b *testing.B) {
 		cpu0, t0 := cpuTime(), time.Now()
 		b.StartTimer()
 		p = projector.New(js, db, projector.Options{Buckets: []string{provisioner.BucketNeeds}})
+		projector.SetExpireDirect(p, os.Getenv("BENCH_EXPIRE_DIRECT") != "0")
 		p.Start(ctx)
 		for db.Expiries() > 0 {
 			time.Sleep(time.Millisecond)
