@@ -32,7 +32,7 @@ func BenchmarkExpire(b *testing.B) {
 		n = v
 	}
 	// Long enough for every put to be applied before the first comes due.
-	ttl := 5*time.Second + time.Duration(n)*300*time.Microsecond
+	ttl := 5*time.Second + time.Duration(n)*time.Millisecond
 	ctx := context.Background()
 	var wall, cpu time.Duration
 	var asks int64
