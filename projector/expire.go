@@ -175,7 +175,8 @@ type asked struct {
 // (msgget.LastOfMany), whose answer stands when the replica that gave it had stored every message the
 // bucket's projection applied (its last sequence at least the applied one, read before asking: it holds
 // the puts, and what it says of them is what it did since); then what that did not settle by the
-// stream's leader, up to expireWindow asks at once. Each expiry taken is in the answer.
+// stream's leader, up to expireWindow asks at once, none more once one failed (the loop backs off
+// before the rest are asked). Each expiry taken is in the answer.
 func (p *Projector) askLasts(ctx context.Context, bucket string, es []store.Expiry, log *slog.Logger) []asked {
 	out := make([]asked, 0, len(es))
 	bytes := 0
@@ -220,14 +221,15 @@ func (p *Projector) askLasts(ctx context.Context, bucket string, es []store.Expi
 		return out
 	}
 	var (
-		mu   sync.Mutex
-		next int
-		wg   sync.WaitGroup
+		mu     sync.Mutex
+		next   int
+		failed bool // an ask failed: the rest wait for the loop's backoff (a leader gone, NATS down)
+		wg     sync.WaitGroup
 	)
 	take := func() (store.Expiry, bool) {
 		mu.Lock()
 		defer mu.Unlock()
-		for next < len(es) && (bytes >= expireBatchBytes || ctx.Err() != nil) {
+		for next < len(es) && (bytes >= expireBatchBytes || failed || ctx.Err() != nil) {
 			out = append(out, asked{e: es[next], notAsked: true})
 			next++
 		}
@@ -255,6 +257,7 @@ func (p *Projector) askLasts(ctx context.Context, bucket string, es []store.Expi
 				mu.Lock()
 				out = append(out, a)
 				bytes += len(a.last.Key) + len(a.last.Value) + 64
+				failed = failed || a.err != nil
 				mu.Unlock()
 			}
 		})
