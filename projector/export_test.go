@@ -33,3 +33,10 @@ func SetBeforeParkRead(p *Projector, fn func(bucket string)) { p.beforeParkRead 
 // reads it (park.go, quietSince): a test of a stream quiet for longer than a long ParkAfter does not
 // wait for it. Set it before Start.
 func SetAged(p *Projector, fn func(bucket string) time.Duration) { p.aged = fn }
+
+// ExpireAsks is how many times expireLoop asked a stream for a key's last message.
+func ExpireAsks(p *Projector) int64 { return p.expireAsks.Load() }
+
+// SetExpireDirect has the expire loop ask about many keys by one direct get first (on, the default), or
+// ask the streams' leaders alone. Set it before Start.
+func SetExpireDirect(p *Projector, on bool) { p.expireDirectOff = !on }

@@ -139,6 +139,14 @@ type Projector struct {
 	// expiredUnmarked holds the composed-<node> buckets to read again for a TTL'd put that expired
 	// without a marker (expire.go).
 	expiredUnmarked sync.Map
+	// expireAsks counts the asks of expireLoop (ExpireAsks, for tests and benchmarks): a direct get of
+	// many keys is one.
+	expireAsks atomic.Int64
+	// expireNoDirect holds, by bucket, until when its stream is asked by its leader alone (expire.go);
+	// the expire loop's alone.
+	expireNoDirect map[string]time.Time
+	// expireDirectOff has the expire loop ask streams' leaders alone (SetExpireDirect, for tests).
+	expireDirectOff bool
 
 	parkMu  sync.Mutex
 	parked  map[string]*parkedBucket // idle composed-<node> buckets without a consumer (park.go)

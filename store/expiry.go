@@ -1,6 +1,7 @@
 package store
 
 import (
+	"bytes"
 	"container/heap"
 	"encoding/binary"
 	"errors"
@@ -257,6 +258,35 @@ func (db *DB) Postpone(e Expiry, due int64) {
 	}
 }
 
+// TakeDue returns the pending expiry due first when it is due at or before now, and moves it to be
+// due again at lease (its Tries unchanged), so that the next TakeDue returns the next one: whoever
+// takes it asks about it and then Postpones it, or has it forgotten; when they cannot, it comes due
+// again at lease.
+func (db *DB) TakeDue(now, lease int64) (Expiry, bool) {
+	db.exp.mu.Lock()
+	defer db.exp.mu.Unlock()
+	if len(db.exp.queue) == 0 || db.exp.queue[0].Due > now {
+		return Expiry{}, false
+	}
+	first := db.exp.queue[0]
+	e := *first
+	e.index = 0
+	first.Due = lease
+	heap.Fix(&db.exp.queue, 0)
+	return e, true
+}
+
+// Release gives back a pending expiry taken (TakeDue) and not asked about: it is due again as it was
+// when taken, when it is still the one e names.
+func (db *DB) Release(e Expiry) {
+	db.exp.mu.Lock()
+	defer db.exp.mu.Unlock()
+	if cur := db.exp.lookup(e.Bucket, e.Key); cur != nil && cur.Seq == e.Seq {
+		cur.Due = e.Due
+		heap.Fix(&db.exp.queue, cur.index)
+	}
+}
+
 // Rewrites counts the commits that changed the store without moving an applied sequence (Expire):
 // a cache of answers keyed by applied sequences keys by it too.
 func (db *DB) Rewrites() uint64 { return db.rewrites.Load() }
@@ -279,105 +309,143 @@ var ErrExpireComposed = errors.New("store: a composed-<node> bucket's expired pu
 // as of any point from the put on, replay of the log and a rebuild from the streams all say the same:
 // the stream holds no trace of the put, and the log holds none either.
 func (db *DB) Expire(e Expiry, last *provisioner.Message) (bool, error) {
+	n, err := db.ExpireAll(e.Bucket, []Expired{{Expiry: e, Last: last}})
+	return n > 0, err
+}
+
+// Expired is a pending expiry with what its key's stream holds now, for ExpireAll: Last is the key's
+// last message, nil when there is none.
+type Expired struct {
+	Expiry
+	Last *provisioner.Message
+}
+
+// ExpireAll is Expire for many keys of one bucket (each at most once) in one commit: a mesh that
+// writes TTL'd puts in bulk has them come due together. It reports how many changed; a
+// composed-<node> bucket's that would change make it ErrExpireComposed, and nothing is written.
+func (db *DB) ExpireAll(bucket string, items []Expired) (int, error) {
 	if db.closed.Load() {
-		return false, ErrClosed
+		return 0, ErrClosed
 	}
-	shape, ok := provisioner.ShapeOf(e.Bucket)
+	shape, ok := provisioner.ShapeOf(bucket)
 	if !ok {
-		return false, fmt.Errorf("store: no shape for bucket %q", e.Bucket)
-	}
-	if last != nil && (last.Seq == e.Seq || last.Key != e.Key || last.Foreign) {
-		return false, nil
+		return 0, fmt.Errorf("store: no shape for bucket %q", bucket)
 	}
 	if err := db.writeFailed.failed(); err != nil {
-		return false, err
+		return 0, err
 	}
 	// Below the applied sequence: not beside a trim walking the bucket's log (lockHistory).
-	defer db.lockHistory(e.Bucket)()
+	defer db.lockHistory(bucket)()
 	db.applyMu.Lock()
 	defer db.applyMu.Unlock()
 	if db.closed.Load() {
-		return false, ErrClosed
+		return 0, ErrClosed
 	}
 	if err := db.checkRoom(); err != nil {
-		return false, err
-	}
-	db.exp.mu.Lock()
-	cur := db.exp.lookup(e.Bucket, e.Key)
-	db.exp.mu.Unlock()
-	if cur == nil || cur.Seq != e.Seq {
-		return false, nil
-	}
-	// The key's newest event must be the put: the pending entry says so, the log is the proof.
-	newest, err := db.newestEvent(e.Bucket, e.Key)
-	if err != nil {
-		return false, err
+		return 0, err
 	}
 	a := db.newApplier()
 	defer a.close()
-	if newest != e.Seq {
-		// Stale: a later message of the key was applied without forgetting it (an older binary wrote
-		// it); forgotten now, else it would be asked about for good.
-		a.noteExpiry(e.Bucket, &provisioner.Message{Key: e.Key, Op: provisioner.OpDelete})
-		return false, a.finish(e.Bucket, a.checkpoint(e.Bucket), false, false)
-	}
-	if last != nil && last.Seq > e.Seq {
-		return false, nil // a later message: applying it forgets the put's entry
-	}
-	if provisioner.IsComposedBucket(e.Bucket) {
-		return false, ErrExpireComposed
-	}
-	if last == nil {
-		// The put's event becomes a marker's: the key is removed as of it (applier.apply forgets the
-		// pending entry).
-		put, err := db.eventTimeOf(e.Bucket, e.Key, e.Seq)
-		if err != nil {
-			return false, err
-		}
-		if err := a.apply(shape, &provisioner.Message{Seq: e.Seq, Time: put, Key: e.Key, Op: provisioner.OpExpire}); err != nil {
-			return false, fmt.Errorf("expire %s %q: %w", e.Bucket, e.Key, err)
-		}
-	} else {
-		a.delete(historyKey(nil, e.Bucket, e.Key, e.Seq))
-		a.delete(eventKey(nil, e.Bucket, e.Seq))
-		// Its event as it was written (with its rollup, whose removals stand), its row, anomalies and
-		// derived state; its pending expiry replaces the put's when it carries a TTL too.
-		m := *last
-		if err := a.apply(shape, &m); err != nil {
-			return false, fmt.Errorf("expire %s %q: %w", e.Bucket, e.Key, err)
-		}
-		if m.Op == provisioner.OpPut {
-			// The older put is its key's newest again: no event below LiveBelow's mark was live, and
-			// this one is now.
-			checked, err := db.liveChecked(e.Bucket)
-			if err != nil {
-				return false, err
-			}
-			if checked > m.Seq {
-				a.set(liveCheckedKey(nil, e.Bucket), binary.AppendUvarint(nil, m.Seq))
-			}
-		}
-	}
-	if err := a.finish(e.Bucket, a.checkpoint(e.Bucket), false, false); err != nil {
-		return false, err
-	}
-	db.rewrites.Add(1)
-	return true, nil
-}
-
-// newestEvent is the sequence of a key's newest event in the log, 0 when it has none.
-func (db *DB) newestEvent(bucket, key string) (uint64, error) {
-	start := historyKeyStart(nil, bucket, key)
-	it, err := db.pdb.NewIter(&pebble.IterOptions{LowerBound: start, UpperBound: prefixEnd(start)})
+	// One iterator over the bucket's log for every key's newest event: one a key cost more than the
+	// rest of its expiry.
+	lower := bucketPrefix(nil, prefixHistory, bucket)
+	log, err := db.pdb.NewIter(&pebble.IterOptions{LowerBound: lower, UpperBound: prefixEnd(lower)})
 	if err != nil {
+		return 0, readErr(err)
+	}
+	defer log.Close()
+	changed, wrote := 0, false
+	var live uint64 // the lowest older put that is its key's newest again
+	for _, item := range items {
+		e, last := item.Expiry, item.Last
+		if e.Bucket != bucket {
+			return 0, fmt.Errorf("store: expire %s %q with the keys of %s", e.Bucket, e.Key, bucket)
+		}
+		if last != nil && (last.Seq == e.Seq || last.Key != e.Key || last.Foreign) {
+			continue
+		}
+		db.exp.mu.Lock()
+		cur := db.exp.lookup(bucket, e.Key)
+		db.exp.mu.Unlock()
+		if cur == nil || cur.Seq != e.Seq {
+			continue
+		}
+		// The key's newest event must be the put: the pending entry says so, the log is the proof.
+		newest, err := newestEventAt(log, bucket, e.Key)
+		if err != nil {
+			return 0, err
+		}
+		if newest != e.Seq {
+			// Stale: a later message of the key was applied without forgetting it (an older binary
+			// wrote it); forgotten now, else it would be asked about for good.
+			a.noteExpiry(bucket, &provisioner.Message{Key: e.Key, Op: provisioner.OpDelete})
+			wrote = true
+			continue
+		}
+		if last != nil && last.Seq > e.Seq {
+			continue // a later message: applying it forgets the put's entry
+		}
+		if provisioner.IsComposedBucket(bucket) {
+			return 0, ErrExpireComposed
+		}
+		if last == nil {
+			// The put's event becomes a marker's: the key is removed as of it (applier.apply forgets
+			// the pending entry).
+			put, err := db.eventTimeOf(bucket, e.Key, e.Seq)
+			if err != nil {
+				return 0, err
+			}
+			if err := a.apply(shape, &provisioner.Message{Seq: e.Seq, Time: put, Key: e.Key, Op: provisioner.OpExpire}); err != nil {
+				return 0, fmt.Errorf("expire %s %q: %w", bucket, e.Key, err)
+			}
+		} else {
+			a.delete(historyKey(nil, bucket, e.Key, e.Seq))
+			a.delete(eventKey(nil, bucket, e.Seq))
+			// Its event as it was written (with its rollup, whose removals stand), its row, anomalies
+			// and derived state; its pending expiry replaces the put's when it carries a TTL too.
+			m := *last
+			if err := a.apply(shape, &m); err != nil {
+				return 0, fmt.Errorf("expire %s %q: %w", bucket, e.Key, err)
+			}
+			if m.Op == provisioner.OpPut && (live == 0 || m.Seq < live) {
+				live = m.Seq
+			}
+		}
+		changed++
+		wrote = true
+	}
+	if !wrote {
+		return 0, nil
+	}
+	if live > 0 {
+		// An older put is its key's newest again: no event below LiveBelow's mark was live, and this
+		// one is now.
+		checked, err := db.liveChecked(bucket)
+		if err != nil {
+			return 0, err
+		}
+		if checked > live {
+			a.set(liveCheckedKey(nil, bucket), binary.AppendUvarint(nil, live))
+		}
+	}
+	if err := a.finish(bucket, a.checkpoint(bucket), false, false); err != nil {
 		return 0, err
 	}
-	defer it.Close()
-	if !it.Last() {
+	if changed > 0 {
+		db.rewrites.Add(1)
+	}
+	return changed, nil
+}
+
+// newestEventAt is the sequence of a key's newest event in the log, 0 when it has none, read by an
+// iterator over the bucket's log.
+func newestEventAt(it *pebble.Iterator, bucket, key string) (uint64, error) {
+	start := historyKeyStart(nil, bucket, key)
+	if !it.SeekLT(prefixEnd(start)) || !bytes.HasPrefix(it.Key(), start) {
 		return 0, it.Error()
 	}
 	k := it.Key()
-	if len(k) < len(start)+8 {
+	if len(k) != len(start)+8 {
 		return 0, fmt.Errorf("%w: event key", ErrCorrupt)
 	}
 	return binary.BigEndian.Uint64(k[len(k)-8:]), nil

@@ -1,13 +1,16 @@
-// Package msgget asks a stream's leader for one stored message ($JS.API.STREAM.MSG.GET), never a
-// direct get. A KV stream allows direct gets, which any replica answers from what it holds: a follower
-// that has not yet stored a message the leader took would say there is none, or name an older one, where
-// the seat needs what the leader holds (the first message still held, a key's last message).
+// Package msgget asks a stream's leader for one stored message ($JS.API.STREAM.MSG.GET), not a direct
+// get. A KV stream allows direct gets, which any replica answers from what it holds: a follower that has
+// not yet stored a message the leader took would say there is none, or name an older one, where the seat
+// needs what the leader holds (the first message still held, a key's last message). LastOfMany is the
+// one direct get here, many keys' last messages at once, with the answering replica's last sequence
+// for its caller to check.
 package msgget
 
 import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -71,4 +74,87 @@ func Get(ctx context.Context, nc *nats.Conn, api, stream string, req Request) (m
 		return Msg{}, false, fmt.Errorf("message get: no message in the answer %q", reply.Data)
 	}
 	return *resp.Message, true, nil
+}
+
+// MaxLasts is the most subjects one LastOfMany asks about: nats-server answers a multi_last get of
+// more with 413 Too Many Results.
+const MaxLasts = 1024
+
+// Last is a subject's last message as a direct get answers it.
+type Last struct {
+	Subject string
+	Seq     uint64
+	Time    time.Time
+	Header  nats.Header // the message's own headers, with the direct get's Nats-* ones added
+	Data    []byte
+}
+
+// Lasts is a multi_last direct get's answer.
+type Lasts struct {
+	// Msgs are the last messages of the subjects asked about that the stream holds, by sequence.
+	Msgs []Last
+	// UpTo is the answering replica's last sequence: every message up to it was stored there. 0 when
+	// it did not say (an answer with no message at all).
+	UpTo uint64
+	// Complete is false when maxBytes cut the answer short: a subject with no message in Msgs may then
+	// hold one.
+	Complete bool
+}
+
+// LastOfMany asks stream for the last message of each subject (at most MaxLasts, none a wildcard) by
+// one direct get ($JS.API.DIRECT.GET.<stream> with multi_last), whose messages stop once maxBytes of
+// them were sent (the one that passes it included). Unlike Get, any replica of the stream may answer
+// (nats-server has no leader-only direct get): a caller that needs what the leader holds checks UpTo
+// against a sequence it read from the leader. A stream that does not allow direct gets, or a denied
+// subject, is an error (no responders, or ctx's deadline).
+func LastOfMany(ctx context.Context, nc *nats.Conn, api, stream string, subjects []string, maxBytes int) (Lasts, error) {
+	if len(subjects) > MaxLasts {
+		return Lasts{}, fmt.Errorf("direct get: %d subjects, at most %d", len(subjects), MaxLasts)
+	}
+	body, err := json.Marshal(struct {
+		MultiLast []string `json:"multi_last"`
+		MaxBytes  int      `json:"max_bytes,omitempty"`
+	}{subjects, maxBytes})
+	if err != nil {
+		return Lasts{}, err
+	}
+	inbox := nc.NewRespInbox()
+	sub, err := nc.SubscribeSync(inbox)
+	if err != nil {
+		return Lasts{}, err
+	}
+	defer sub.Unsubscribe()
+	if err := nc.PublishRequest(api+"DIRECT.GET."+stream, inbox, body); err != nil {
+		return Lasts{}, err
+	}
+	var out Lasts
+	for {
+		m, err := sub.NextMsgWithContext(ctx)
+		if err != nil {
+			return Lasts{}, fmt.Errorf("direct get: %w", err)
+		}
+		switch status := m.Header.Get("Status"); status {
+		case "":
+		case "204": // end of batch
+			out.UpTo, _ = strconv.ParseUint(m.Header.Get("Nats-UpTo-Sequence"), 10, 64)
+			pending, _ := strconv.ParseUint(m.Header.Get("Nats-Num-Pending"), 10, 64)
+			out.Complete = pending == 0
+			return out, nil
+		case "404": // none of the subjects holds a message
+			return Lasts{Complete: true}, nil
+		case "503":
+			return Lasts{}, fmt.Errorf("direct get: %w", nats.ErrNoResponders)
+		default:
+			return Lasts{}, fmt.Errorf("direct get: %s %s", status, m.Header.Get("Description"))
+		}
+		seq, err := strconv.ParseUint(m.Header.Get("Nats-Sequence"), 10, 64)
+		if err != nil {
+			return Lasts{}, fmt.Errorf("direct get: sequence: %w", err)
+		}
+		t, err := time.Parse(time.RFC3339Nano, m.Header.Get("Nats-Time-Stamp"))
+		if err != nil {
+			return Lasts{}, fmt.Errorf("direct get: time stamp: %w", err)
+		}
+		out.Msgs = append(out.Msgs, Last{Subject: m.Header.Get("Nats-Subject"), Seq: seq, Time: t, Header: m.Header, Data: m.Data})
+	}
 }

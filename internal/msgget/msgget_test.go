@@ -65,3 +65,49 @@ func TestGet(t *testing.T) {
 	require.Equal(t, 404, ae.Code)
 	require.Equal(t, int(jetstream.JSErrCodeStreamNotFound), ae.ErrCode)
 }
+
+// TestLastOfMany: the last message of each subject asked about, with its headers, data, sequence and
+// time; a subject never written is not in the answer, which is complete and says the stream's last
+// sequence; cut by max bytes it says it is not complete; none of the subjects written is an empty
+// complete answer; a stream that does not allow direct gets is an error.
+func TestLastOfMany(t *testing.T) {
+	ns := natstest.RunServer(t)
+	nc, js := natstest.Connect(t, ns.ClientURL())
+	ctx := context.Background()
+	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "b", History: 5, Storage: jetstream.MemoryStorage})
+	require.NoError(t, err)
+	for _, put := range []struct{ key, value string }{{"x", "1"}, {"y", "2"}, {"x", "3"}, {"w", "4"}} {
+		_, err := kv.PutString(ctx, put.key, put.value)
+		require.NoError(t, err)
+	}
+	require.NoError(t, kv.Delete(ctx, "y"))
+	api := jetstream.DefaultAPIPrefix
+
+	l, err := msgget.LastOfMany(ctx, nc, api, "KV_b", []string{"$KV.b.x", "$KV.b.y", "$KV.b.z"}, 0)
+	require.NoError(t, err)
+	require.True(t, l.Complete)
+	require.Equal(t, uint64(5), l.UpTo)
+	require.Len(t, l.Msgs, 2)
+	require.Equal(t, "$KV.b.x", l.Msgs[0].Subject)
+	require.Equal(t, uint64(3), l.Msgs[0].Seq)
+	require.Equal(t, "3", string(l.Msgs[0].Data))
+	require.False(t, l.Msgs[0].Time.IsZero())
+	require.Equal(t, "$KV.b.y", l.Msgs[1].Subject)
+	require.Equal(t, uint64(5), l.Msgs[1].Seq)
+	require.Equal(t, "DEL", l.Msgs[1].Header.Get("KV-Operation"))
+
+	l, err = msgget.LastOfMany(ctx, nc, api, "KV_b", []string{"$KV.b.x", "$KV.b.y", "$KV.b.w"}, 1)
+	require.NoError(t, err)
+	require.False(t, l.Complete, "cut after the first message")
+	require.Len(t, l.Msgs, 1)
+
+	l, err = msgget.LastOfMany(ctx, nc, api, "KV_b", []string{"$KV.b.z"}, 0)
+	require.NoError(t, err)
+	require.True(t, l.Complete)
+	require.Empty(t, l.Msgs)
+
+	_, err = js.CreateStream(ctx, jetstream.StreamConfig{Name: "nodirect", Subjects: []string{"nd.>"}, Storage: jetstream.MemoryStorage})
+	require.NoError(t, err)
+	_, err = msgget.LastOfMany(ctx, nc, api, "nodirect", []string{"nd.x"}, 0)
+	require.ErrorIs(t, err, nats.ErrNoResponders)
+}
