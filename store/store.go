@@ -125,6 +125,7 @@ type DB struct {
 	id    uint64      // this open's, unique in the process (ID)
 	fds   *fdWatch    // Pebble's opens that found no descriptor (fds.go)
 	bg    *background // Pebble's failed flushes and compactions (background.go)
+	giver *heapGiver  // gives the C heap's free pages back after each flush begins (cheap.go)
 	state *StateDir   // set by OpenState: released on Close
 	// maxOpenFiles is the Options.MaxOpenFiles Pebble was given (MaxOpenFiles).
 	maxOpenFiles int
@@ -349,7 +350,9 @@ func OpenContext(ctx context.Context, dir string, opts Options) (*DB, error) {
 		catchUp.update()
 	}
 	bg := &background{log: opts.Logger}
-	listener := pebble.TeeEventListener(pebble.TeeEventListener(*broken.listener(), *catchUp.listener()), *bg.listener())
+	giver := newHeapGiver()
+	listener := pebble.TeeEventListener(pebble.TeeEventListener(*broken.listener(), *catchUp.listener()),
+		pebble.TeeEventListener(*bg.listener(), *giver.listener()))
 	po.EventListener = &listener
 	po.Experimental.CompactionScheduler = catchUp.sched
 
@@ -384,6 +387,8 @@ func OpenContext(ctx context.Context, dir string, opts Options) (*DB, error) {
 	}
 	db.broken = broken
 	db.catchUp = catchUp
+	db.giver = giver
+	giver.start()
 	onHold := db.holdApplying
 	space.onHold.Store(&onHold)
 	db.closing, db.endCompactions = context.WithCancel(context.Background())
@@ -788,6 +793,7 @@ func (db *DB) Close() error {
 	// Only now, with no compaction left to schedule, are the manual ones still queued let go (compact).
 	db.endCompactions()
 	db.compactions.Wait()
+	db.giver.stop()
 	if db.state != nil {
 		if serr := db.state.Close(); err == nil {
 			err = serr
