@@ -14,21 +14,35 @@ import (
 // memtable's reservation evicts blocks for its room, and glibc keeps the evicted blocks' pages: the
 // memtables' pages came on top of them, and a restarted seat that had walked every index and then took
 // 400,000 writes reached 389 MiB (docs/performance.md, Session 17). A memtable is made just before the
-// flush of the one it replaces begins, so at each flush's start the C heap's free pages are given back
+// flush of the one it replaces begins; so at a flush's start, when the C heap holds an eighth of the
+// cache's size more free than at its lowest since the last look, its free pages are given back
 // (cheap.Trim), on a goroutine of the store's own: Pebble calls its listener under its lock. What the
-// process holds of Pebble's part then stays within the cache's size, as Pebble counts it.
+// process holds of Pebble's part then stays near the cache's size, as Pebble counts it.
+//
+// Only then: pages given back are faulted in again when blocks are allocated there (about 25 µs a
+// page on the machines measured). A trim at every flush made the bench's module walks cost about 60%
+// more seat CPU.
 
-// heapGiver gives the C heap's free pages back after each flush begins.
+// heapGiver gives the C heap's free pages back after a flush begins, when blocks freed since make
+// up an eighth of the cache.
 type heapGiver struct {
-	kick  chan struct{} // a trim is due; holds one
-	quit  chan struct{}
-	done  chan struct{}
-	trims atomic.Int64 // trims done since the open
+	kick chan struct{} // a flush began; holds one
+	quit chan struct{}
+	done chan struct{}
+	// room is how much more the C heap may hold free than at its lowest before a trim: an eighth of
+	// the cache's size.
+	room int64
+	// low is the least the C heap held free at a look since the last trim (the look after a trim
+	// starts it again), -1 before the first; under run.
+	low    int64
+	checks atomic.Int64 // flushes looked at since the open
+	trims  atomic.Int64 // trims done since the open
 }
 
-// newHeapGiver makes a heapGiver whose listener may be asked at once; its goroutine starts with start.
-func newHeapGiver() *heapGiver {
-	return &heapGiver{kick: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{})}
+// newHeapGiver makes a heapGiver for a cache of capacity bytes, whose listener may be asked at once;
+// its goroutine starts with start.
+func newHeapGiver(capacity int64) *heapGiver {
+	return &heapGiver{room: capacity / 8, low: -1, kick: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{})}
 }
 
 // start starts the goroutine, which stop ends: once the store is open.
@@ -41,13 +55,27 @@ func (g *heapGiver) run() {
 		case <-g.quit:
 			return
 		case <-g.kick:
-			cheap.Trim()
-			g.trims.Add(1)
+			g.look(cheap.Free())
 		}
 	}
 }
 
-// due asks for a trim; asked again before it ran, it trims once. It never waits, and asked after stop
+// look decides on a flush begun, the C heap holding free bytes free: a trim when that is room more
+// than the least it held at a look since the last trim.
+func (g *heapGiver) look(free int64) {
+	g.checks.Add(1)
+	if g.low < 0 || free < g.low {
+		g.low = free
+		return
+	}
+	if free-g.low >= g.room {
+		cheap.Trim()
+		g.trims.Add(1)
+		g.low = free // the free chunks stay free, their pages given back
+	}
+}
+
+// due says a flush began; said again before it was looked at, it is looked at once. It never waits, and asked after stop
 // it does nothing.
 func (g *heapGiver) due() {
 	select {

@@ -323,7 +323,8 @@ func OpenContext(ctx context.Context, dir string, opts Options) (*DB, error) {
 	const memTables = 2 // MemTableStopWritesThreshold
 	// Memtables are reserved from the block cache: without room for them on top, a store under
 	// write load has a block cache of size zero and every read goes to disk.
-	cache := pebble.NewCache(opts.CacheSize + memTables*int64(opts.MemTableSize))
+	capacity := opts.CacheSize + memTables*int64(opts.MemTableSize)
+	cache := pebble.NewCache(capacity)
 	defer cache.Unref() // the DB holds its own reference
 	po := &pebble.Options{
 		Cache:        cache,
@@ -350,7 +351,7 @@ func OpenContext(ctx context.Context, dir string, opts Options) (*DB, error) {
 		catchUp.update()
 	}
 	bg := &background{log: opts.Logger}
-	giver := newHeapGiver()
+	giver := newHeapGiver(capacity)
 	listener := pebble.TeeEventListener(pebble.TeeEventListener(*broken.listener(), *catchUp.listener()),
 		pebble.TeeEventListener(*bg.listener(), *giver.listener()))
 	po.EventListener = &listener
@@ -780,6 +781,7 @@ func (db *DB) Close() error {
 	db.compactMu.Unlock() //nolint:staticcheck // an empty critical section: a barrier
 	db.applyMu.Lock()
 	defer db.applyMu.Unlock()
+	db.giver.stop()
 	var err error
 	if db.writeFailed.failed() == nil {
 		err = db.pdb.LogData(nil, pebble.Sync)
@@ -793,7 +795,6 @@ func (db *DB) Close() error {
 	// Only now, with no compaction left to schedule, are the manual ones still queued let go (compact).
 	db.endCompactions()
 	db.compactions.Wait()
-	db.giver.stop()
 	if db.state != nil {
 		if serr := db.state.Close(); err == nil {
 			err = serr

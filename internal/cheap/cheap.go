@@ -10,3 +10,7 @@ package cheap
 // Trim gives the C heap's free pages back to the system (glibc malloc_trim). It walks the heap's free
 // chunks under the arena's lock: about a millisecond for a heap of a few hundred MiB.
 func Trim() { trim() }
+
+// Free is how many bytes the C heap holds free (glibc mallinfo2's fordblks): freed, not yet reused,
+// whether or not a trim gave their pages back already. 0 without cgo.
+func Free() int64 { return free() }

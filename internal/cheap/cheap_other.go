@@ -3,3 +3,5 @@
 package cheap
 
 func trim() {}
+
+func free() int64 { return 0 }
