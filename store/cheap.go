@@ -20,8 +20,9 @@ import (
 // process holds of Pebble's part then stays near the cache's size, as Pebble counts it.
 //
 // Only then: pages given back are faulted in again when blocks are allocated there (about 25 µs a
-// page on the machines measured). A trim at every flush made the bench's module walks cost about 60%
-// more seat CPU.
+// page on the machines measured), and a flush that freed little has nothing worth giving back. (A
+// trim at every flush looked 60% dearer on the bench's module walks in one pair of runs, not in a later
+// pair at a higher load.)
 
 // heapGiver gives the C heap's free pages back after a flush begins, when blocks freed since make
 // up an eighth of the cache.
@@ -32,8 +33,8 @@ type heapGiver struct {
 	// room is how much more the C heap may hold free than at its lowest before a trim: an eighth of
 	// the cache's size.
 	room int64
-	// low is the least the C heap held free at a look since the last trim (the look after a trim
-	// starts it again), -1 before the first; under run.
+	// low is the least the C heap held free at a look since the last trim, or at that trim; -1
+	// before the first look; under run.
 	low    int64
 	checks atomic.Int64 // flushes looked at since the open
 	trims  atomic.Int64 // trims done since the open

@@ -58,7 +58,9 @@ func NeedsRebuild(err error) bool {
 // Options tune the Pebble store. The zero value is usable.
 type Options struct {
 	// CacheSize is Pebble's block cache in bytes; 0 means 128 MiB. Pebble reserves its memtables from
-	// the same cache, so the cache is made that much larger: CacheSize is what blocks get.
+	// the same cache, so the cache is made that much larger: CacheSize is what blocks get at least, and
+	// while the memtables are small (after an open, with few writes) blocks take their share too
+	// (docs/decisions.md, Session 17).
 	CacheSize int64
 	// MemTableSize is the size of one memtable in bytes; 0 means 64 MiB.
 	MemTableSize uint64
