@@ -58,7 +58,9 @@ func NeedsRebuild(err error) bool {
 // Options tune the Pebble store. The zero value is usable.
 type Options struct {
 	// CacheSize is Pebble's block cache in bytes; 0 means 128 MiB. Pebble reserves its memtables from
-	// the same cache, so the cache is made that much larger: CacheSize is what blocks get.
+	// the same cache, so the cache is made that much larger: CacheSize is what blocks get at least, and
+	// while the memtables are small (after an open, with few writes) blocks take their share too
+	// (docs/decisions.md, Session 17).
 	CacheSize int64
 	// MemTableSize is the size of one memtable in bytes; 0 means 64 MiB.
 	MemTableSize uint64
@@ -132,6 +134,7 @@ type DB struct {
 	id    uint64      // this open's, unique in the process (ID)
 	fds   *fdWatch    // Pebble's opens that found no descriptor (fds.go)
 	bg    *background // Pebble's failed flushes and compactions (background.go)
+	giver *heapGiver  // gives the C heap's free pages back after each flush begins (cheap.go)
 	state *StateDir   // set by OpenState: released on Close
 	// maxOpenFiles is the Options.MaxOpenFiles Pebble was given (MaxOpenFiles).
 	maxOpenFiles int
@@ -331,7 +334,8 @@ func OpenContext(ctx context.Context, dir string, opts Options) (*DB, error) {
 	const memTables = 2 // MemTableStopWritesThreshold
 	// Memtables are reserved from the block cache: without room for them on top, a store under
 	// write load has a block cache of size zero and every read goes to disk.
-	cache := pebble.NewCache(opts.CacheSize + memTables*int64(opts.MemTableSize))
+	capacity := opts.CacheSize + memTables*int64(opts.MemTableSize)
+	cache := pebble.NewCache(capacity)
 	defer cache.Unref() // the DB holds its own reference
 	po := &pebble.Options{
 		Cache:        cache,
@@ -359,7 +363,9 @@ func OpenContext(ctx context.Context, dir string, opts Options) (*DB, error) {
 		catchUp.update()
 	}
 	bg := &background{log: opts.Logger}
-	listener := pebble.TeeEventListener(pebble.TeeEventListener(*broken.listener(), *catchUp.listener()), *bg.listener())
+	giver := newHeapGiver(capacity)
+	listener := pebble.TeeEventListener(pebble.TeeEventListener(*broken.listener(), *catchUp.listener()),
+		pebble.TeeEventListener(*bg.listener(), *giver.listener()))
 	po.EventListener = &listener
 	po.Experimental.CompactionScheduler = catchUp.sched
 
@@ -394,6 +400,8 @@ func OpenContext(ctx context.Context, dir string, opts Options) (*DB, error) {
 	}
 	db.broken = broken
 	db.catchUp = catchUp
+	db.giver = giver
+	giver.start()
 	onHold := db.holdApplying
 	space.onHold.Store(&onHold)
 	db.closing, db.endCompactions = context.WithCancel(context.Background())
@@ -797,6 +805,7 @@ func (db *DB) Close() error {
 	db.compactMu.Unlock() //nolint:staticcheck // an empty critical section: a barrier
 	db.applyMu.Lock()
 	defer db.applyMu.Unlock()
+	db.giver.stop()
 	var err error
 	if db.writeFailed.failed() == nil {
 		if db.noWAL {

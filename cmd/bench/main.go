@@ -15,7 +15,9 @@
 //   - node, module and collection lookups: the verb against a direct KV watch of the same keys
 //   - scale: the node lookup at a tenth of the keys and at all of them
 //   - rebuild: `mesh-provisioner rebuild` of every bucket against the stream limit's time for them
-//   - memory: the seat's peak RSS while ingesting and while serving
+//   - memory: the seat's peak RSS while ingesting, while serving and walking every index once, and
+//     after a restart walking every index and taking writes (BENCH_MEMORY_ONLY=1 skips ingest and
+//     rebuild, to measure these alone)
 //   - concurrency: verb answers per second from 8 clients while updates stream in
 package main
 
@@ -233,14 +235,24 @@ func (b *bench) run() error {
 		return err
 	}
 	servingPeak := stopSample()
-	b.add("memory", fmt.Sprintf("seat peak RSS %s during ingest, %s while serving", mib(ingestHWM), mib(servingPeak)),
-		"VmHWM of the seat process after catching up with every key; highest VmRSS sampled every 50 ms during the lookups")
-	b.stopSeat()
-
-	if err := b.ingest(ctx); err != nil {
+	walk, err := b.walkEverything(ctx)
+	if err != nil {
 		return err
 	}
-	return b.rebuild(ctx)
+	b.add("memory", fmt.Sprintf("seat peak RSS %s during ingest, %s while serving, %s walking every index once (then %s)",
+		mib(ingestHWM), mib(servingPeak), mib(walk.peak), walk.split),
+		fmt.Sprintf("VmHWM of the seat process after catching up with every key; highest VmRSS sampled every 50 ms during the lookups, then during one walk of every page of every module, kind, collection and contributor (%d rows, MessagePack); %s", walk.rows, splitHow))
+	b.stopSeat()
+
+	if os.Getenv("BENCH_MEMORY_ONLY") == "" {
+		if err := b.ingest(ctx); err != nil {
+			return err
+		}
+		if err := b.rebuild(ctx); err != nil {
+			return err
+		}
+	}
+	return b.restarted(ctx, filepath.Join(dir, "state"), partB.Ops())
 }
 
 func (b *bench) load(ctx context.Context, ops []fixtures.Op) error {
@@ -253,9 +265,10 @@ func (b *bench) load(ctx context.Context, ops []fixtures.Op) error {
 }
 
 func (b *bench) startSeat(state string) error {
-	args := []string{"serve", "--nats", b.url, "--state", state, "--log-format", "json"}
-	// BENCH_SEAT_ARGS adds flags to the seat's, e.g. "--metrics-addr 127.0.0.1:9465 --pprof" to profile
-	// it while the bench runs (go tool pprof http://127.0.0.1:9465/debug/pprof/profile?seconds=10).
+	args := []string{"serve", "--nats", b.url, "--state", state, "--log-format", "json", "--metrics-addr", "127.0.0.1:0"}
+	// The memory rows read the seat's /metrics, at the address it logs. BENCH_SEAT_ARGS adds flags to
+	// the seat's, e.g. "--metrics-addr 127.0.0.1:9465 --pprof" to profile it while the bench runs (go
+	// tool pprof http://127.0.0.1:9465/debug/pprof/profile?seconds=10).
 	args = append(args, strings.Fields(os.Getenv("BENCH_SEAT_ARGS"))...)
 	cmd := exec.Command(b.bin, args...)
 	cmd.Stdout = io.Discard

@@ -15,6 +15,9 @@ import (
 	"strings"
 	"sync/atomic"
 	"syscall"
+
+	// One malloc arena for Pebble's blocks, set as the program loads (its doc says why).
+	_ "github.com/novox/mesh-provisioner/internal/cheap/onearena"
 )
 
 // Version is set at build time with -ldflags "-X main.Version=...".
