@@ -248,6 +248,7 @@ func TestBrokenState_ReadOnly(t *testing.T) {
 // its log saying what to do), and once there is room again catches up and equals the buckets. A seat
 // started on a disk already full refuses or waits the same way.
 func TestBrokenState_DiskFills(t *testing.T) {
+	t.Parallel()
 	if os.Geteuid() != 0 {
 		t.Skip("needs to mount a tmpfs (root): a full disk cannot be made otherwise here")
 	}
