@@ -11,6 +11,7 @@ import (
 // TestBudget_TakeWaitsForGive: a take that does not fit waits until the applier gives back, and a
 // message larger than the whole budget goes once nothing is held, never waits for ever.
 func TestBudget_TakeWaitsForGive(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	b := newBudget(100)
 	require.True(t, b.take(ctx, 60))

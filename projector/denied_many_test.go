@@ -26,6 +26,7 @@ import (
 // /readyz held at 503 for good). Every refusal the connection reports is seen: each bucket fails at
 // once, naming its own grant, and is read whole once granted.
 func TestProjector_DeniedBucketsFailTogether(t *testing.T) {
+	t.Parallel()
 	const n = 9
 	var buckets, deny []string
 	want := map[string]string{} // bucket -> the grant its refusal names

@@ -26,6 +26,7 @@ import (
 // as NATS reports the violation, with the subject refused and what to grant; the other buckets read
 // on, and once the grant is there the bucket is read whole.
 func TestProjector_DeniedConsumerFailsAtOnce(t *testing.T) {
+	t.Parallel()
 	// Three tries take three round trips and the backoff between them (0.1 s, then 0.2 s): far less
 	// than one 5 s timeout, however loaded the machine.
 	deniedComposedN0001(t, "$JS.API.CONSUMER.CREATE.KV_composed-n0001.>", 30*time.Second, func(logs string) {
@@ -41,6 +42,7 @@ func TestProjector_DeniedConsumerFailsAtOnce(t *testing.T) {
 // failed, and readiness, which lets a failing composed bucket go, waited on it for good. The tail fails
 // once heartbeats are missed with the pull refused, naming the grant, and is retried like any failure.
 func TestProjector_DeniedPullFails(t *testing.T) {
+	t.Parallel()
 	deniedComposedN0001(t, "$JS.API.CONSUMER.MSG.NEXT.KV_composed-n0001.*", 120*time.Second, nil)
 }
 

@@ -23,6 +23,7 @@ import (
 // advisories still tails every composed-<node> bucket, those there at start and those created later,
 // found by listing the streams.
 func TestProjector_DiscoversComposedByListing(t *testing.T) {
+	t.Parallel()
 	ns := natstest.RunServerSeatNoAdvisories(t)
 	_, nodeJS := natstest.Connect(t, ns.ClientURL(), nats.UserInfo("admin", "admin"))
 	_, seatJS := natstest.Connect(t, ns.ClientURL(), nats.UserInfo("seat", "seat"))
@@ -79,6 +80,7 @@ func TestProjector_DiscoversComposedByListing(t *testing.T) {
 // listing is denied, discovery lists the names itself. The requests are counted on $JS.API.> by a
 // subscriber of the account.
 func TestProjector_DiscoveryReadsTheSharedListing(t *testing.T) {
+	t.Parallel()
 	const every = 100 * time.Millisecond
 	const intervals = 10
 	run := func(t *testing.T, ns *server.Server, admin, seat []nats.Option, listDelay ...time.Duration) (names, lists int64) {

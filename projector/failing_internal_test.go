@@ -14,6 +14,7 @@ import (
 // bucket is synced, so readiness, which lets go of a Failing composed bucket, does not take it back
 // while the bucket catches up.
 func TestProjector_FailingCountsInARowAndLastsUntilSynced(t *testing.T) {
+	t.Parallel()
 	db, err := store.Open(t.TempDir(), store.Options{})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, db.Close()) })
@@ -68,6 +69,7 @@ func TestProjector_FailingCountsInARowAndLastsUntilSynced(t *testing.T) {
 // counted on top of the old one, so a single failure (a timeout on a loaded server) named the bucket
 // Unreadable at once and sent it to the Failing buckets' set-up slots.
 func TestProjector_FailuresAfterCatchingUpAreANewRow(t *testing.T) {
+	t.Parallel()
 	db, err := store.Open(t.TempDir(), store.Options{})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, db.Close()) })

@@ -23,6 +23,7 @@ import (
 // the log during the incident learned nothing of the rollup that emptied the bucket, and was told it
 // was passed over when it came first. Each such rollup is now said, with its subject and sequence.
 func TestProjector_SaysAWholeStreamRollupOnAnAddedSubject(t *testing.T) {
+	t.Parallel()
 	ns := natstest.RunServer(t)
 	_, js := natstest.Connect(t, ns.ClientURL())
 	ctx := context.Background()

@@ -18,6 +18,7 @@ import (
 // new consumer reads the stream once it is found. Without the advisory, a bucket whose stream is not
 // found leaves for good. There is no discovery here (Options.Composed is off): only leave can tail it.
 func TestLeave_AnnouncedBeforeItLeft(t *testing.T) {
+	t.Parallel()
 	ns := natstest.RunServer(t)
 	_, js := natstest.Connect(t, ns.ClientURL())
 	db, err := store.Open(t.TempDir(), store.Options{})

@@ -28,6 +28,7 @@ import (
 // then finds the stream recreated, and the bucket is forgotten and read again from the new stream's
 // first message, by the same consumer goroutine, with no reset either.
 func TestProjector_DeletedStreamIsConfirmedThenForgotten(t *testing.T) {
+	t.Parallel()
 	const verify = 800 * time.Millisecond
 	ns := natstest.RunServer(t)
 	nc, js := natstest.Connect(t, ns.ClientURL())
@@ -134,6 +135,7 @@ func TestProjector_DeletedStreamIsConfirmedThenForgotten(t *testing.T) {
 // nothing with it; without advisories (an account that may not subscribe to them) there is none at
 // all. The test hook recreates the stream at that very point.
 func TestProjector_CreatedAgainAsItIsForgotten(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name string
 		run  func(testing.TB) *server.Server
@@ -222,6 +224,7 @@ func TestProjector_CreatedAgainAsItIsForgotten(t *testing.T) {
 // reached there as on any bucket (skipRemoved), not left to its whole wait. The listing runs once an
 // hour: the bucket, parked, is woken by requests alone, and reads nothing the test does not ask for.
 func TestProjector_WakeSkipsOnABucketForgottenAndAddedAgain(t *testing.T) {
+	t.Parallel()
 	ns := natstest.RunServer(t)
 	_, js := natstest.Connect(t, ns.ClientURL())
 	ctx := context.Background()
@@ -265,6 +268,7 @@ func TestProjector_WakeSkipsOnABucketForgottenAndAddedAgain(t *testing.T) {
 // forgotten bucket in its stream ends, kept for good, used to grow a seat's memory with every node a
 // mesh ever decommissioned), nor in the store's known buckets.
 func TestProjector_ForgottenBucketsLeaveNoEntries(t *testing.T) {
+	t.Parallel()
 	ns := natstest.RunServer(t)
 	_, js := natstest.Connect(t, ns.ClientURL())
 	ctx := context.Background()

@@ -24,6 +24,7 @@ import (
 // CONSUMER.INFO, and before that a new consumer; a composed-<node> bucket is answered within a
 // listing interval once parked anyway.
 func TestProjector_ComposedPullsHeartbeatLess(t *testing.T) {
+	t.Parallel()
 	ns := natstest.RunServer(t)
 	nc, js := natstest.Connect(t, ns.ClientURL())
 	ctx := context.Background()

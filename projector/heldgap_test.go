@@ -26,6 +26,7 @@ import (
 // started behind it, held every min_seq from 2 on, and each request waited its wait_ms for a 504 with
 // its own write applied.
 func TestProjector_HoldOfAGapIsReleasedWithoutAnEndRead(t *testing.T) {
+	t.Parallel()
 	ns := natstest.RunServer(t)
 	ctx := context.Background()
 	_, js := natstest.Connect(t, ns.ClientURL())

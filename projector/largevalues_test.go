@@ -30,6 +30,7 @@ func bin32(n int, b byte) []byte {
 // is applied, in order, each row with its value, and the largest message (one whole max payload) goes
 // through whatever bound was asked for (Options.PullBytes is raised to it).
 func TestProjector_LargeValuesInBoundedPulls(t *testing.T) {
+	t.Parallel()
 	ns := natstest.RunServer(t)
 	nc, js := natstest.Connect(t, ns.ClientURL())
 	ctx := context.Background()

@@ -21,6 +21,7 @@ import (
 // live, and one of them purged (no marker; the stream's first sequence moves past it) must still be
 // found, and the bucket read again without it, rather than answered from the projection for good.
 func TestProjector_LiveMarkOfARecreatedStream(t *testing.T) {
+	t.Parallel()
 	ns := natstest.RunServer(t)
 	_, js := natstest.Connect(t, ns.ClientURL())
 	ctx := context.Background()

@@ -18,6 +18,7 @@ import (
 // intervals, so a seat's registry, created as its projector started, was answered empty for 20 s
 // (TestQueryCommand_InboxPrefix failed so, 1 run in 50 beside other tests).
 func TestAwaitStream_AdvisoryBeforeTheStreamIsFound(t *testing.T) {
+	t.Parallel()
 	ns := natstest.RunServer(t)
 	_, js := natstest.Connect(t, ns.ClientURL())
 	db, err := store.Open(t.TempDir(), store.Options{})

@@ -22,6 +22,7 @@ import (
 // runs they ask nothing: each listing looks for them. Without one (a user denied $JS.API.STREAM.LIST)
 // they ask with a backoff up to the listing's interval. Either way a bucket created later is tailed.
 func TestProjector_MissingBucketsWaitOnTheListing(t *testing.T) {
+	t.Parallel()
 	const poll = 20 * time.Millisecond
 	const every = 200 * time.Millisecond
 	const intervals = 6

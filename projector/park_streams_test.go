@@ -40,6 +40,7 @@ func forgotten(t *testing.T, db *store.DB, bucket string) {
 // again within one listing, and writes as many messages as before, so the new stream ends at the
 // same sequence: its creation time tells it apart, and the bucket is read again from it.
 func TestProjector_ParkedBucketStreamRecreated(t *testing.T) {
+	t.Parallel()
 	ns := natstest.RunServer(t)
 	_, js := natstest.Connect(t, ns.ClientURL())
 	ctx := context.Background()
@@ -74,6 +75,7 @@ func TestProjector_ParkedBucketStreamRecreated(t *testing.T) {
 // TestProjector_ParkedBucketKeyPurgedOrAged: a key purged (a message) and messages removed by the
 // bucket's age limit (no message; the listing's first sequence moves) each wake a parked bucket.
 func TestProjector_ParkedBucketKeyPurgedOrAged(t *testing.T) {
+	t.Parallel()
 	ns := natstest.RunServer(t)
 	_, js := natstest.Connect(t, ns.ClientURL())
 	ctx := context.Background()
@@ -100,6 +102,7 @@ func TestProjector_ParkedBucketKeyPurgedOrAged(t *testing.T) {
 // (every parked bucket tails again, and parks once the listing is back). Either way what is written
 // after the restart is read, and the stream, back as it was, is not read again from scratch.
 func TestProjector_ParkedBucketServerRestart(t *testing.T) {
+	t.Parallel()
 	for _, every := range []time.Duration{100 * time.Millisecond, 3 * time.Second} {
 		t.Run("listing every "+every.String(), func(t *testing.T) {
 			listen := fmt.Sprintf("127.0.0.1:%d", natstest.FreePort(t))
@@ -145,6 +148,7 @@ func TestProjector_ParkedBucketServerRestart(t *testing.T) {
 // TestProjector_ParkedBucketsListedInPages: with more streams than one page of the listing (256),
 // a write to a bucket on any page wakes it.
 func TestProjector_ParkedBucketsListedInPages(t *testing.T) {
+	t.Parallel()
 	ns := natstest.RunServer(t)
 	_, js := natstest.Connect(t, ns.ClientURL())
 	ctx := context.Background()
@@ -171,6 +175,7 @@ func TestProjector_ParkedBucketsListedInPages(t *testing.T) {
 // so nothing would tell a parked bucket its stream changed: no bucket parks, whether the Projector
 // lists itself or shares a listing, and a write is read at once.
 func TestProjector_NoParkingWithoutListing(t *testing.T) {
+	t.Parallel()
 	ns := natstest.RunServerDeniedStreamList(t)
 	_, js := natstest.Connect(t, ns.ClientURL(), nats.UserInfo("admin", "admin"))
 	ctx := context.Background()
@@ -209,6 +214,7 @@ func TestProjector_NoParkingWithoutListing(t *testing.T) {
 // from the old checkpoint, and answered the request with the old stream's keys and the new stream's
 // messages past that checkpoint, its first ones never read, until a listing came (here, an hour).
 func TestProjector_WokenBucketOfARecreatedStream(t *testing.T) {
+	t.Parallel()
 	ns := natstest.RunServer(t)
 	_, js := natstest.Connect(t, ns.ClientURL())
 	ctx := context.Background()
@@ -273,6 +279,7 @@ func (j gatedSetup) CreateConsumer(ctx context.Context, stream string, cfg jetst
 // it created its consumer by name on the new stream from the old checkpoint, and answered the old
 // stream's keys with the new one's messages past that checkpoint until a listing came (an hour here).
 func TestProjector_TailAfterItsStreamWasRecreated(t *testing.T) {
+	t.Parallel()
 	ns := natstest.RunServer(t)
 	_, js := natstest.Connect(t, ns.ClientURL())
 	ctx := context.Background()

@@ -54,6 +54,7 @@ func waitApplied(t *testing.T, db *store.DB, bucket string, seq uint64) {
 // listing that reports its stream changed makes it tail again, whatever changed: a new message, a
 // purge, a deletion. The fixed buckets keep their consumers.
 func TestProjector_IdleComposedBucketParks(t *testing.T) {
+	t.Parallel()
 	ns := natstest.RunServer(t)
 	_, js := natstest.Connect(t, ns.ClientURL())
 	ctx := context.Background()
@@ -108,6 +109,7 @@ func TestProjector_IdleComposedBucketParks(t *testing.T) {
 // makes a parked bucket read at once, long before the next listing; and once the listing stops, every
 // parked bucket tails again and none parks, since nothing would tell it its stream changed.
 func TestProjector_ParkedBucketWokenOrListingStopped(t *testing.T) {
+	t.Parallel()
 	ns := natstest.RunServer(t)
 	_, js := natstest.Connect(t, ns.ClientURL())
 	ctx := context.Background()
@@ -186,6 +188,7 @@ func parkingOn(t *testing.T, pjs jetstream.JetStream, poller *streaminfo.Poller,
 // purge must be found as the bucket parks, not when the node next writes. The stream checks are an
 // hour apart here, so the purge always comes after the last one.
 func TestProjector_PurgedJustBeforeParking(t *testing.T) {
+	t.Parallel()
 	ns := natstest.RunServer(t)
 	_, js := natstest.Connect(t, ns.ClientURL())
 	ctx := context.Background()
@@ -214,6 +217,7 @@ func TestProjector_PurgedJustBeforeParking(t *testing.T) {
 // while its idle bucket is parking, after the park read its stream's info and before it waits: the
 // Wake must not be lost. The listing runs once an hour here, so only the Wake can make the bucket read.
 func TestProjector_WakeWhileParking(t *testing.T) {
+	t.Parallel()
 	ns := natstest.RunServer(t)
 	_, js := natstest.Connect(t, ns.ClientURL())
 	ctx := context.Background()
@@ -258,6 +262,7 @@ func TestProjector_WakeWhileParking(t *testing.T) {
 // give up in turn for good, and its log must know what it never read. The listing runs only when
 // the test lists.
 func TestProjector_ParksPastMessagesRemovedUnread(t *testing.T) {
+	t.Parallel()
 	ns := natstest.RunServer(t)
 	nc, js := natstest.Connect(t, ns.ClientURL())
 	ctx := context.Background()
@@ -319,6 +324,7 @@ func TestProjector_ParksPastMessagesRemovedUnread(t *testing.T) {
 // is past the key's message, and nothing is left to read up to its last: the key must go from the
 // projection, as it went from the bucket.
 func TestProjector_ParkedKeyExpiredUnread(t *testing.T) {
+	t.Parallel()
 	ns := natstest.RunServer(t)
 	_, js := natstest.Connect(t, ns.ClientURL())
 	ctx := context.Background()
@@ -390,6 +396,7 @@ func (j slowListing) ListStreams(ctx context.Context, opts ...jetstream.StreamLi
 // interval still runs: buckets park, and a write to one is read by the listing. Taken for a listing
 // that stopped, it woke every parked bucket at each tick and let none park.
 func TestProjector_ParksWithAListingSlowerThanItsInterval(t *testing.T) {
+	t.Parallel()
 	ns := natstest.RunServer(t)
 	_, js := natstest.Connect(t, ns.ClientURL())
 	ctx := context.Background()

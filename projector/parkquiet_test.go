@@ -83,6 +83,7 @@ func stillTailing(t *testing.T, p *projector.Projector, js jetstream.JetStream, 
 // written just now keeps its consumer, and so does a quiet one written as its tail starts: the write
 // read makes it a bucket written just now.
 func TestProjector_QuietStreamParksOnceRead(t *testing.T) {
+	t.Parallel()
 	ns := natstest.RunServer(t)
 	nc, js := natstest.Connect(t, ns.ClientURL())
 	ctx := context.Background()
@@ -125,6 +126,7 @@ func TestProjector_QuietStreamParksOnceRead(t *testing.T) {
 // before the parking read its stream's info is in that info, and the bucket tails again; one written
 // after that info was read is reported by the next listing, which wakes the bucket.
 func TestProjector_WriteRacingAQuietParking(t *testing.T) {
+	t.Parallel()
 	ns := natstest.RunServer(t)
 	_, js := natstest.Connect(t, ns.ClientURL())
 	ctx := context.Background()
@@ -193,6 +195,7 @@ func (j failingInfo) Stream(ctx context.Context, name string) (jetstream.Stream,
 // a new consumer, and says why; and the tail after it waits ParkAfter before it parks again, however
 // quiet its stream: a parking that keeps failing costs a consumer per ParkAfter, not one per Poll.
 func TestProjector_ParkingWhoseInfoFails(t *testing.T) {
+	t.Parallel()
 	ns := natstest.RunServer(t)
 	nc, js := natstest.Connect(t, ns.ClientURL())
 	composedBuckets(t, js, 1)
@@ -224,6 +227,7 @@ func TestProjector_ParkingWhoseInfoFails(t *testing.T) {
 // answered 504). A bucket a request asked for waits ParkAfter after the request before it parks, as
 // a bucket woken by one always did before quiet streams parked once read.
 func TestProjector_RequestKeepsAQuietBucketReading(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name   string
 		parked bool // the request comes while the bucket is parked; else while its first tail reads
@@ -289,6 +293,7 @@ func TestProjector_RequestKeepsAQuietBucketReading(t *testing.T) {
 // kept its consumer for ParkAfter (an hour here), then tailed again once more for ParkAfter, as if a
 // message had come after it read the end.
 func TestProjector_QuietStreamWhoseLastMessageIsGoneParksOnceRead(t *testing.T) {
+	t.Parallel()
 	ns := natstest.RunServer(t)
 	nc, js := natstest.Connect(t, ns.ClientURL())
 	ctx := context.Background()
@@ -312,6 +317,7 @@ func TestProjector_QuietStreamWhoseLastMessageIsGoneParksOnceRead(t *testing.T) 
 // sequence, moves the checkpoint there (docs/decisions.md, "min_seq of a message removed unread"), so
 // that the request is answered. Before, the checkpoint stayed at the last message read for good.
 func TestProjector_WakeSkipsMessagesRemovedUnread(t *testing.T) {
+	t.Parallel()
 	ns := natstest.RunServer(t)
 	_, js := natstest.Connect(t, ns.ClientURL())
 	ctx := context.Background()

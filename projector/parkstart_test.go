@@ -126,6 +126,7 @@ func (r restartable) runToSynced(buckets []string, seq uint64) {
 // projector was down is read at start as before; the one started parked reads what is written to it
 // at the next listing.
 func TestProjector_StartsParkedWhenUnchanged(t *testing.T) {
+	t.Parallel()
 	ns := natstest.RunServer(t)
 	nc, js := natstest.Connect(t, ns.ClientURL())
 	ctx := context.Background()
@@ -225,6 +226,7 @@ func TestProjector_StartsParkedWhenUnchanged(t *testing.T) {
 // wakes it (min_seq), long before the next listing (an hour here); also when the request comes as it
 // parks, after it looked at the listing, which showed nothing new.
 func TestProjector_StartedParkedWokenByRequest(t *testing.T) {
+	t.Parallel()
 	ns := natstest.RunServer(t)
 	nc, js := natstest.Connect(t, ns.ClientURL())
 	ctx := context.Background()
@@ -273,6 +275,7 @@ func TestProjector_StartedParkedWokenByRequest(t *testing.T) {
 // TestProjector_NoStartParkedWithoutListing: a seat user denied $JS.API.STREAM.LIST never gets a
 // listing: every bucket starts with a consumer, as before, and reads what is written.
 func TestProjector_NoStartParkedWithoutListing(t *testing.T) {
+	t.Parallel()
 	ns := natstest.RunServerDeniedStreamList(t)
 	nc, js := natstest.Connect(t, ns.ClientURL(), nats.UserInfo("admin", "admin"))
 	ctx := context.Background()
@@ -310,6 +313,7 @@ func TestProjector_NoStartParkedWithoutListing(t *testing.T) {
 // messages: the bucket tails as before, with a consumer, rather than park on a listing it cannot
 // judge.
 func TestProjector_NoStartParkedWithoutStreamCreation(t *testing.T) {
+	t.Parallel()
 	ns := natstest.RunServer(t)
 	nc, js := natstest.Connect(t, ns.ClientURL())
 	composedBuckets(t, js, 1)
@@ -339,6 +343,7 @@ func TestProjector_NoStartParkedWithoutStreamCreation(t *testing.T) {
 // Before, the bucket kept the wake and read only after that listing (here one that gets no answer,
 // given up after its first page is 5 s late): the request waited for it, or timed out.
 func TestProjector_WokenWhileWaitingForTheFirstListing(t *testing.T) {
+	t.Parallel()
 	ns := natstest.RunServer(t)
 	_, js := natstest.Connect(t, ns.ClientURL())
 	ctx := context.Background()
@@ -391,6 +396,7 @@ func TestProjector_WokenWhileWaitingForTheFirstListing(t *testing.T) {
 // written after the listing read its stream, used to be lost: the bucket started parked on that
 // listing and read it only at the next one.
 func TestProjector_WakeBeforeTheBucketRuns(t *testing.T) {
+	t.Parallel()
 	ns := natstest.RunServer(t)
 	_, js := natstest.Connect(t, ns.ClientURL())
 	ctx := context.Background()
@@ -444,6 +450,7 @@ func TestProjector_WakeBeforeTheBucketRuns(t *testing.T) {
 // sequence for good, took it for a stream written while the projector was down, and every start set a
 // consumer up for it again.
 func TestProjector_StartsParkedWhenItsRemovedEndIsUnchanged(t *testing.T) {
+	t.Parallel()
 	ns := natstest.RunServer(t)
 	nc, js := natstest.Connect(t, ns.ClientURL())
 	ctx := context.Background()
@@ -488,6 +495,7 @@ func TestProjector_StartsParkedWhenItsRemovedEndIsUnchanged(t *testing.T) {
 // starts below the checkpoint + 1 since the skip, hid the removed end (store.DB.RemovedEnd), and every
 // start set a consumer up for the bucket again.
 func TestProjector_StartsParkedAfterASkipThenARemovedEnd(t *testing.T) {
+	t.Parallel()
 	ns := natstest.RunServer(t)
 	nc, js := natstest.Connect(t, ns.ClientURL())
 	ctx := context.Background()

@@ -19,6 +19,7 @@ import (
 // the needs must follow at once rather than at the next poll. Before, a seat started ahead of its own
 // registry answered needs as empty and unsynced for a whole poll.
 func TestProjector_NeedsDoNotWaitAPollForAMissingRegistry(t *testing.T) {
+	t.Parallel()
 	js, db, needs := twelveNeeds(t)
 	ctx := context.Background()
 	const poll = time.Minute
@@ -40,6 +41,7 @@ func TestProjector_NeedsDoNotWaitAPollForAMissingRegistry(t *testing.T) {
 // TestProjector_NeedsDoNotWaitAPollForAMissingRegistry fail so under the race detector). The test
 // holds the last message's count back until its batch is applied.
 func TestProjector_SyncedWhenTheEndIsCountedAfterItsBatch(t *testing.T) {
+	t.Parallel()
 	js, db, needs := twelveNeeds(t)
 	ctx := context.Background()
 	p := projector.New(js, db, projector.Options{Buckets: []string{provisioner.BucketNeeds}, Poll: time.Minute})

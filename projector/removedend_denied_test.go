@@ -26,6 +26,7 @@ import (
 // violation each poll, and the applier stalled a second each time. A refusal ends the check for the
 // tail at once.
 func TestProjector_RemovedEndCheckRefusedIsNotAskedEachPoll(t *testing.T) {
+	t.Parallel()
 	ns := natstest.RunServerSeatDenied(t, "$JS.API.STREAM.MSG.GET.>")
 	_, admin := natstest.Connect(t, ns.ClientURL(), nats.UserInfo("admin", "admin"))
 	ctx := context.Background()

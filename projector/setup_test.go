@@ -26,6 +26,7 @@ import (
 // (woken by a change, read again, or new) waited behind them, for ever here, where the requests that
 // get no answer wait for an hour. Once Failing, they set up in slots of their own.
 func TestProjector_FailingBucketsLeaveSetUpToTheOthers(t *testing.T) {
+	t.Parallel()
 	const failing = 20
 	ns := natstest.RunServerSeatDenied(t)
 	url := ns.ClientURL()

@@ -16,6 +16,7 @@ import (
 // tail: 60-80 MiB more peak RSS at 1,000,000 keys); a composed-<node> bucket's pulls are a count the
 // largest messages fit in the bound; Options.PullMessages is a count alone.
 func TestSizes_EveryTailBoundedByBytesAndCount(t *testing.T) {
+	t.Parallel()
 	ns := natstest.RunServer(t)
 	_, js := natstest.Connect(t, ns.ClientURL())
 	db, err := store.Open(t.TempDir(), store.Options{})

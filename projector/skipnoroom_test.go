@@ -27,6 +27,7 @@ import (
 // ParkAfter, for each such bucket, for as long as the disk stayed full). Once there is room the skip
 // is recorded: nothing is lost.
 func TestProjector_SkipOutOfRoomSaysNothing(t *testing.T) {
+	t.Parallel()
 	root := faultfs.Tmpfs(t, 256<<20)
 	ns := natstest.RunServer(t)
 	_, js := natstest.Connect(t, ns.ClientURL())

@@ -69,6 +69,7 @@ func waitReached(t *testing.T, db *store.DB, bucket string, seq uint64) {
 // lived and died with the tail that took the request's Wake: the next tail never looked, and the
 // request waited its whole wait_ms for a 504.
 func TestProjector_SkipOutlivesTheTailARequestWokeIt(t *testing.T) {
+	t.Parallel()
 	ns := natstest.RunServerSeatDenied(t)
 	ctx := context.Background()
 	_, js := natstest.Connect(t, ns.ClientURL(), nats.UserInfo("admin", "admin"))
@@ -136,6 +137,7 @@ func TestProjector_SkipOutlivesTheTailARequestWokeIt(t *testing.T) {
 // read with nothing pending after it, and its checkpoint no longer the one it started from), and no
 // later request was ever skipped on it: 504 after the whole wait_ms.
 func TestProjector_SkipsASecondRemovalBeforeAnyRead(t *testing.T) {
+	t.Parallel()
 	ns := natstest.RunServer(t)
 	ctx := context.Background()
 	_, js := natstest.Connect(t, ns.ClientURL())
@@ -190,6 +192,7 @@ func TestProjector_SkipsASecondRemovalBeforeAnyRead(t *testing.T) {
 // nothing was pending after it, which no message ever did: the request waited its whole wait_ms for a
 // 504, and so did every request on the bucket until its next write.
 func TestProjector_SkipsWhenThePendingMessageWasRemovedUnread(t *testing.T) {
+	t.Parallel()
 	ns := natstest.RunServer(t)
 	ctx := context.Background()
 	_, js := natstest.Connect(t, ns.ClientURL())

@@ -15,6 +15,7 @@ import (
 // buckets, before they park) deletes their consumers rather than leave each on the server until its
 // inactive threshold, 5 minutes later.
 func TestProjector_StopDeletesItsConsumers(t *testing.T) {
+	t.Parallel()
 	ns := natstest.RunServer(t)
 	_, js := natstest.Connect(t, ns.ClientURL())
 	const n = 3
@@ -40,6 +41,7 @@ func TestProjector_StopDeletesItsConsumers(t *testing.T) {
 // thousands of buckets left up to 16 such consumers (as many as are set up at once) to the server's
 // inactive threshold, 5 minutes (3 and 11 in two of six stops of 1,000 buckets mid-read).
 func TestProjector_StopWhileAConsumerIsCreated(t *testing.T) {
+	t.Parallel()
 	ns := natstest.RunServer(t)
 	_, js := natstest.Connect(t, ns.ClientURL())
 	composedBuckets(t, js, 1)

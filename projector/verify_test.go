@@ -22,6 +22,7 @@ import (
 // finds a purge. The JetStream API requests are counted by a plain subscriber of the same
 // account, which receives every request the projector's connection sends.
 func TestProjector_VerifyListsStreamsNotEachBucket(t *testing.T) {
+	t.Parallel()
 	const buckets = 300
 	const verify = 400 * time.Millisecond
 	ns := natstest.RunServer(t)
@@ -66,6 +67,7 @@ func TestProjector_VerifyListsStreamsNotEachBucket(t *testing.T) {
 // Options.AskPerSecond times a second in all, not once per bucket per interval, and a purge is still
 // found.
 func TestProjector_AskingStreamsIsBoundedWithoutListing(t *testing.T) {
+	t.Parallel()
 	const buckets = 60
 	const verify = 200 * time.Millisecond
 	const perSecond = 20

@@ -106,6 +106,7 @@ func lastLine(s string) string {
 // on it: each either refuses with an error that says to rebuild (never a panic) or serves answers
 // equal to the buckets. A damage Pebble cannot see past must be refused.
 func TestBrokenState_DamagedFiles(t *testing.T) {
+	t.Parallel()
 	e := newBrokenEnv(t)
 	type damage func(t *testing.T, state string)
 	cases := []struct {
@@ -179,6 +180,7 @@ func TestBrokenState_DamagedFiles(t *testing.T) {
 // buckets: the reads that meet bad blocks fail (never a wrong answer), and serve stops with exit 1 and
 // an error saying to rebuild, instead of Pebble's default fatal log line (a panic).
 func TestBrokenState_CorruptionWhileServing(t *testing.T) {
+	t.Parallel()
 	e := newBrokenEnv(t)
 	state := t.TempDir()
 	copyDir(t, e.flushed, state)
@@ -218,6 +220,7 @@ func TestBrokenState_CorruptionWhileServing(t *testing.T) {
 // must be writable (a rebuild would not help). Permission bits do not stop root, so as root the
 // state dir is put on a tmpfs remounted read-only instead, when this process may mount.
 func TestBrokenState_ReadOnly(t *testing.T) {
+	t.Parallel()
 	e := newBrokenEnv(t)
 	state := filepath.Join(t.TempDir(), "state")
 	if os.Geteuid() == 0 {
@@ -245,6 +248,7 @@ func TestBrokenState_ReadOnly(t *testing.T) {
 // its log saying what to do), and once there is room again catches up and equals the buckets. A seat
 // started on a disk already full refuses or waits the same way.
 func TestBrokenState_DiskFills(t *testing.T) {
+	t.Parallel()
 	if os.Geteuid() != 0 {
 		t.Skip("needs to mount a tmpfs (root): a full disk cannot be made otherwise here")
 	}

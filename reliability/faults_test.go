@@ -31,6 +31,7 @@ var faultMesh = fixtures.Mesh{Seed: 5, Nodes: 400, Modules: 6, NeedsPerModule: 4
 // buckets' history and starts it again on the same port and store: the projector reconnects with
 // backoff and resumes from what it committed, and once caught up every bucket equals the verb.
 func TestFault_ServerRestartsMidIngest(t *testing.T) {
+	t.Parallel()
 	listen := fmt.Sprintf("127.0.0.1:%d", natstest.FreePort(t))
 	storeDir := t.TempDir()
 	ns := natstest.RunServerAt(t, listen, storeDir, "")
@@ -98,6 +99,7 @@ func grepLines(s string, words ...string) string {
 // leader of the needs stream: the seat moves on each time, and its answers equal the buckets as read
 // through a surviving server.
 func TestFault_ClusterFailover(t *testing.T) {
+	t.Parallel()
 	c := natstest.RunCluster(t, 3)
 	ctx := context.Background()
 	_, js := natstest.Connect(t, c.URLs())
@@ -175,6 +177,7 @@ func TestFault_ClusterFailover(t *testing.T) {
 // dir and connection) in the verb's queue group, and kills one with SIGKILL while clients ask in a
 // loop: every request is answered, by a retry at most once, when it was in flight to the killed seat.
 func TestFault_QueueGroupSeatKilled(t *testing.T) {
+	t.Parallel()
 	url := runServer(t, "")
 	nc, js := natstest.Connect(t, url)
 	require.NoError(t, fixtures.Load(context.Background(), js, hostileMesh.Ops(), 0, nil))

@@ -38,7 +38,12 @@ var bin struct {
 	err  error
 }
 
+// TestMain runs four of the parallel tests at once: the faults', the broken state dirs' and the
+// hostile requests' tests mostly wait on servers, child processes and retries (natstest.Parallel); the
+// full disk is a tmpfs of its own. The crash loop, the graceful stop and the load test, which make
+// their own load, and the soak run alone, before them.
 func TestMain(m *testing.M) {
+	natstest.Parallel(4)
 	code := m.Run()
 	if bin.dir != "" {
 		os.RemoveAll(bin.dir)

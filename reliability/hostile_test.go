@@ -50,6 +50,7 @@ func stillServing(tb testing.TB, nc *nats.Conn) {
 // in JSON and in MessagePack. The server allows larger messages here, so the seat's own bound is what
 // is tested (with NATS' default max_payload of 1 MiB the client refuses to send more).
 func TestHostile_RequestSize(t *testing.T) {
+	t.Parallel()
 	url := runServer(t, "max_payload: 4MB")
 	_, js := natstest.Connect(t, url)
 	require.NoError(t, fixtures.Load(context.Background(), js, hostileMesh.Ops(), 0, nil))
@@ -96,6 +97,7 @@ func TestHostile_RequestSize(t *testing.T) {
 // TestHostile_Requests sends what a broken or hostile client could: each is a 400 with the reason in
 // the header and the body, or a correct answer, and the seat answers the next request.
 func TestHostile_Requests(t *testing.T) {
+	t.Parallel()
 	url := runServer(t, "")
 	_, js := natstest.Connect(t, url)
 	require.NoError(t, fixtures.Load(context.Background(), js, hostileMesh.Ops(), 0, nil))
@@ -185,6 +187,7 @@ func hostileValues() map[string][]byte {
 // values that are not MessagePack (or too deep to render) as value_raw with an anomaly, the others as
 // they are, and the answers equal the buckets in both formats.
 func TestHostile_Values(t *testing.T) {
+	t.Parallel()
 	url := runServer(t, "")
 	_, js := natstest.Connect(t, url)
 	var ops []fixtures.Op
@@ -219,6 +222,7 @@ func TestHostile_Values(t *testing.T) {
 // in shape and out of it, many of them: each is answered or said as an anomaly, and every answer
 // still fits in a NATS message.
 func TestHostile_LongKeys(t *testing.T) {
+	t.Parallel()
 	url := runServer(t, "")
 	nc, js := natstest.Connect(t, url)
 	require.NoError(t, fixtures.Load(context.Background(), js, hostileMesh.Ops(), 0, nil))

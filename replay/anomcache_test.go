@@ -126,6 +126,7 @@ func TestHandler_PagesDeriveAnomaliesOnce(t *testing.T) {
 // below the floor (the registry's, or the bucket's own), is refused as gone, as an answer that derives
 // them is: the cache is read only after the point is resolved and checked.
 func TestHandler_KeptAnomaliesNeverAnswerATrimmedPoint(t *testing.T) {
+	t.Parallel()
 	for _, trimmed := range []string{provisioner.BucketNeeds, provisioner.BucketRegistry} {
 		t.Run(trimmed, func(t *testing.T) {
 			db, err := store.OpenState(t.TempDir(), store.Options{})

@@ -18,6 +18,7 @@ import (
 // the log is closed. (Close used to close the store under the Ask's open view: pebble panicked,
 // "element has outstanding references", and took the process with it.)
 func TestLog_CloseWhileAsking(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	db, err := store.OpenState(dir, store.Options{})
 	require.NoError(t, err)

@@ -241,6 +241,7 @@ func TestExport_CancelWhileAConsumerCreateGoesUnanswered(t *testing.T) {
 // under the command's context too: cancelled while the server leaves every consumer create unanswered,
 // it ends at once.
 func TestFromNATS_CancelWhileConsumerCreatesGoUnanswered(t *testing.T) {
+	t.Parallel()
 	ns := natstest.RunServerSeatDenied(t, "$JS.API.CONSUMER.CREATE.>")
 	url := ns.ClientURL()
 	_, ajs := natstest.Connect(t, url, nats.UserInfo("admin", "admin"))
@@ -316,6 +317,7 @@ func TestFromNATS_AStreamThatCannotBeReadIsSaid(t *testing.T) {
 // A cancelled export deletes the consumer it was reading through: it was left to its inactive
 // threshold, five minutes on the server for each Ctrl-C.
 func TestExport_CancelDeletesItsConsumer(t *testing.T) {
+	t.Parallel()
 	ns := natstest.RunServer(t)
 	_, js := natstest.Connect(t, ns.ClientURL())
 	s := needsWithHistory(t, js, 24000)
@@ -334,6 +336,7 @@ func TestExport_CancelDeletesItsConsumer(t *testing.T) {
 // An export cancelled while its consumer's creation has no answer yet deletes that consumer too, by
 // the name it gave it: the server may have created it (natstest.AnswerLost: it did).
 func TestExport_CancelWhileTheCreationIsUnansweredDeletesTheConsumer(t *testing.T) {
+	t.Parallel()
 	ns := natstest.RunServer(t)
 	_, js := natstest.Connect(t, ns.ClientURL())
 	s := needsWithHistory(t, js, 100)

@@ -21,6 +21,7 @@ import (
 // subject purged) refuses a point among the removed messages, as the streams' own read and their
 // archive do: it answered seq:3 with two keys, as if the third put had never been written.
 func TestFill_RecordsTheStreamsRemovedEnd(t *testing.T) {
+	t.Parallel()
 	ns := natstest.RunServer(t)
 	_, js := natstest.Connect(t, ns.ClientURL())
 	ctx := context.Background()
@@ -56,6 +57,7 @@ func TestFill_RecordsTheStreamsRemovedEnd(t *testing.T) {
 // (projector.tailRemoved) had a poll to run: seq:2 of composed-n1, a composition whose subject was
 // purged unread, was answered as if it had never been written.
 func TestFill_RecordsAComposedBucketsRemovedEnd(t *testing.T) {
+	t.Parallel()
 	ns := natstest.RunServer(t)
 	_, js := natstest.Connect(t, ns.ClientURL())
 	ctx := context.Background()

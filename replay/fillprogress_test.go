@@ -18,6 +18,7 @@ import (
 // rebuild's progress went past it ("12973/12948 messages"), since the total was counted before the
 // projector listed those buckets.
 func TestFill_ComposedBucketsCountInTheTotal(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	ns := natstest.RunServer(t)
 	_, js := natstest.Connect(t, ns.ClientURL())

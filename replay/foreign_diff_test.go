@@ -19,6 +19,7 @@ import (
 // and nothing of the subject's logged form (" " + subject); a time point at the rollup answers the
 // empty bucket, and the history of a removed key ends with its purge at the rollup.
 func TestDiff_AcrossAWholeStreamRollupOnAnAddedSubject(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	db, err := store.OpenState(t.TempDir(), store.Options{})
 	require.NoError(t, err)

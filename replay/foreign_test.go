@@ -18,6 +18,7 @@ import (
 // the log does, before and after it. Plans as of a time after such a rollup of a composed-<node>
 // bucket forget the builds it removed, as the live answer does.
 func TestExportLog_AWholeStreamRollupOnAnAddedSubject(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	db, err := store.OpenState(t.TempDir(), store.Options{})
 	require.NoError(t, err)

@@ -20,6 +20,7 @@ import (
 // every node, as replay --state does, and answers another node and later times alike. Such an archive
 // is version 2; one without a forgotten bucket is still version 1, which older tools read.
 func TestExport_CarriesForgottenMarks(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	db, err := store.OpenState(t.TempDir(), store.Options{})
 	require.NoError(t, err)

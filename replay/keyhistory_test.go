@@ -40,6 +40,7 @@ func keyHistory(t *testing.T, each func(fn func(*replay.Revision) error) (replay
 // streams said were not the stream's (a message removed later not seen, the gap closed too early).
 // It now sees that the consumer delivered more than it read, and reads on from the last message it read.
 func TestEachRevisionInStream_AnAnswerLateBeyondItsFetchIsNotLost(t *testing.T) {
+	t.Parallel()
 	ns := natstest.RunServer(t)
 	admin, js := natstest.Connect(t, ns.ClientURL())
 	ctx := context.Background()
@@ -122,6 +123,7 @@ func consumers(t *testing.T, s jetstream.Stream) int {
 // stream's sequences, or by an error of its caller, the read deletes its consumer: none is left on the
 // server for its inactive threshold (five minutes).
 func TestEachRevisionInStream_StoppedLeavesNoConsumer(t *testing.T) {
+	t.Parallel()
 	ns := natstest.RunServer(t)
 	_, js := natstest.Connect(t, ns.ClientURL())
 	ctx := context.Background()
@@ -175,6 +177,7 @@ func TestEachRevisionInStream_StoppedLeavesNoConsumer(t *testing.T) {
 // its key's history was read from the stream gave the revisions of the one and the gaps of the other,
 // with no word of it. Read as the store reads it (Fill), such a stream is refused; so is it here.
 func TestEachRevisionInStream_AStreamRecreatedMeanwhileIsRefused(t *testing.T) {
+	t.Parallel()
 	ns := natstest.RunServer(t)
 	_, js := natstest.Connect(t, ns.ClientURL())
 	ctx := context.Background()

@@ -20,6 +20,7 @@ import (
 // of a stream whose values go up to the server's max payload (pulls bounded by bytes, each of them
 // delivered whatever its size) read every revision, in order, each with its value.
 func TestLargeValues_EveryReaderReadsEveryMessageInOrder(t *testing.T) {
+	t.Parallel()
 	ns := natstest.RunServer(t)
 	nc, js := natstest.Connect(t, ns.ClientURL())
 	ctx := context.Background()

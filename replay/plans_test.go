@@ -122,6 +122,7 @@ func livePlans(t *testing.T, db *store.DB) string {
 // answers: the kept plans are read from the log, and the trim keeps what they need. (A trim
 // interrupted and resumed keeps the same: store's TestDB_InterruptedTrimKeepsTheLastPlanKept.)
 func TestPlansAt_AfterTrim(t *testing.T) {
+	t.Parallel()
 	db, err := store.OpenState(t.TempDir(), store.Options{})
 	require.NoError(t, err)
 	defer db.Close()
@@ -165,6 +166,7 @@ func TestPlansAt_AfterTrim(t *testing.T) {
 // nothing, which a trim removes with the rest of its key). They said the last event the log still
 // held below it, so an answer as of sequence 3 read as one that had not seen 2 and 3.
 func TestPlansAt_AsOfAtAFloorWhoseEventWasTrimmed(t *testing.T) {
+	t.Parallel()
 	db, err := store.OpenState(t.TempDir(), store.Options{})
 	require.NoError(t, err)
 	defer db.Close()
@@ -216,6 +218,7 @@ func TestPlansAt_AsOfAtAFloorWhoseEventWasTrimmed(t *testing.T) {
 // the plan the live answer had forgotten (held refused at m1 2's plan, not missing), and a module
 // whose builds the wildcard purged still published.
 func TestPlansAt_ARollupInAComposedBucket(t *testing.T) {
+	t.Parallel()
 	db, err := store.OpenState(t.TempDir(), store.Options{})
 	require.NoError(t, err)
 	defer db.Close()

@@ -13,6 +13,7 @@ import (
 // date-time (section 5.6: offsets, fractions of any length, lower-case t and z, the leap second) is a
 // point, and nothing else is.
 func TestParsePoint(t *testing.T) {
+	t.Parallel()
 	utc := func(s string) time.Time {
 		tm, err := time.Parse(time.RFC3339Nano, s)
 		require.NoError(t, err)

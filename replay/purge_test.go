@@ -52,6 +52,7 @@ func requireGone(t *testing.T, l *replay.Log, p replay.Point) {
 // is one the log cannot rebuild (410), not the empty state. Before the stream was created, and at
 // seq:0, the state is empty as ever.
 func TestReplay_APurgedStreamIsNotAnEmptyOne(t *testing.T) {
+	t.Parallel()
 	ns := natstest.RunServer(t)
 	_, js := natstest.Connect(t, ns.ClientURL())
 	ctx := context.Background()
@@ -126,6 +127,7 @@ func TestExport_StreamPurgedWhileExportingIsNoWholeArchive(t *testing.T) {
 // holds, with nothing pending after it, and the check meant for a read cut short took any message left
 // before that end for one. The archive is written, with the removed end as a gap.
 func TestExport_AStreamWhoseLastMessageWasRemoved(t *testing.T) {
+	t.Parallel()
 	ns := natstest.RunServer(t)
 	_, js := natstest.Connect(t, ns.ClientURL())
 	ctx := context.Background()
@@ -219,6 +221,7 @@ func TestFromArchive_DamagedArchivesAreRefused(t *testing.T) {
 // An export interrupted midway (the first SIGINT cancels the command's context) leaves nothing: no
 // file of the archive's name for a later replay to read as whole, and no spool or temporary file.
 func TestExport_InterruptedLeavesNothing(t *testing.T) {
+	t.Parallel()
 	ns := natstest.RunServer(t)
 	_, js := natstest.Connect(t, ns.ClientURL())
 	needsPuts(t, js, 10000)

@@ -247,6 +247,7 @@ func (r *recording) checkStates(l *replay.Log, name string) {
 }
 
 func TestReplay_StateAtFivePointsFromTheLocalLog(t *testing.T) {
+	t.Parallel()
 	r := record(t)
 	// While the seat runs: replay reads a private copy of the state dir.
 	l, err := replay.OpenState(r.dir)
@@ -266,6 +267,7 @@ func TestReplay_StateAtFivePointsFromTheLocalLog(t *testing.T) {
 }
 
 func TestReplay_DiffListsExactlyTheChanges(t *testing.T) {
+	t.Parallel()
 	r := record(t)
 	l, err := replay.OpenState(r.dir)
 	require.NoError(t, err)
@@ -367,6 +369,7 @@ func TestReplay_DiffListsExactlyTheChanges(t *testing.T) {
 }
 
 func TestReplay_HistoryOutlivesTheBucketsHistory(t *testing.T) {
+	t.Parallel()
 	r := record(t)
 	ctx := context.Background()
 	kv, err := r.js.KeyValue(ctx, provisioner.BucketNeeds)
@@ -399,6 +402,7 @@ func TestReplay_HistoryOutlivesTheBucketsHistory(t *testing.T) {
 }
 
 func TestReplay_ArchiveAnswersAsTheLocalLog(t *testing.T) {
+	t.Parallel()
 	r := record(t)
 	ctx := context.Background()
 	l, err := replay.OpenState(r.dir)
@@ -437,6 +441,7 @@ func TestReplay_ArchiveAnswersAsTheLocalLog(t *testing.T) {
 }
 
 func TestReplay_FromTheStreamsKnowsWhatTheyDropped(t *testing.T) {
+	t.Parallel()
 	r := record(t)
 	ctx := context.Background()
 	fromNATS, err := replay.FromNATS(ctx, r.js, nil, "nats", nil)
@@ -474,6 +479,7 @@ func TestReplay_FromTheStreamsKnowsWhatTheyDropped(t *testing.T) {
 }
 
 func TestReplay_VerbAtEqualsReplayState(t *testing.T) {
+	t.Parallel()
 	r := record(t)
 	l, err := replay.OpenState(r.dir)
 	require.NoError(t, err)
@@ -563,6 +569,7 @@ func TestReplay_VerbAtEqualsReplayState(t *testing.T) {
 // TestParsePoint_RFC3339 reads times as RFC 3339 writes them, lower-case t and z included, and
 // refuses what it does not.
 func TestParsePoint_RFC3339(t *testing.T) {
+	t.Parallel()
 	want := time.Date(2026, 11, 2, 3, 12, 0, 500_000_000, time.UTC)
 	for _, s := range []string{"2026-11-02T03:12:00.5Z", "2026-11-02t03:12:00.5z", "2026-11-02T04:12:00.5+01:00"} {
 		p, err := replay.ParsePoint(s)

@@ -15,6 +15,7 @@ import (
 // (or give --state a larger one)"), just when an operator in an incident needed it. A reader keeps no
 // reserve: where its copy goes already leaves the seat's (store.CopyCurrent).
 func TestOpenState_ReaderKeepsNoReserve(t *testing.T) {
+	t.Parallel()
 	l := openStateOfOneNeed(t)
 	_, reserve, _ := l.DB.Room()
 	require.Negative(t, reserve, "the copy is opened keeping a writer's reserve of %d bytes", reserve)
@@ -24,6 +25,7 @@ func TestOpenState_ReaderKeepsNoReserve(t *testing.T) {
 // --state in that incident opened a copy that compacted the held L0 at once, writing it all again on
 // the live disk, which the copy's cost did not count and with no reserve kept. The copy only reads.
 func TestOpenState_CopyHoldsCompactions(t *testing.T) {
+	t.Parallel()
 	l := openStateOfOneNeed(t)
 	require.True(t, l.DB.CompactionsHeld(), "the copy compacts what the seat held back")
 }

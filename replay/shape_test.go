@@ -18,6 +18,7 @@ import (
 // of a point (the verb's at, replay): the log keeps every key, and the rows read from it were split
 // by token count alone. The live answer had no such row.
 func TestAsk_AnOutOfShapeKeyHasNoRowAsOfAPoint(t *testing.T) {
+	t.Parallel()
 	db, err := store.Open(t.TempDir(), store.Options{})
 	require.NoError(t, err)
 	l := &replay.Log{DB: db}

@@ -125,6 +125,7 @@ func askAs(t *testing.T, u *user, req string) natstest.Answer {
 }
 
 func TestAccounts_LeastPrivilege(t *testing.T) {
+	t.Parallel()
 	ns := natstest.RunServerAt(t, "127.0.0.1:-1", t.TempDir(), accountsConf)
 	url := ns.ClientURL()
 	ctx := context.Background()
@@ -289,6 +290,7 @@ func TestAccounts_LeastPrivilege(t *testing.T) {
 // `Nats-Rollup: all`, removes node n2's keys from the bucket. With the stream's allow_rollup_hdrs
 // off, the same publish and a KV purge are refused, while puts and deletes go on.
 func TestAccounts_ANodesRollupReachesEveryNode(t *testing.T) {
+	t.Parallel()
 	ns := natstest.RunServerAt(t, "127.0.0.1:-1", t.TempDir(), accountsConf)
 	url := ns.ClientURL()
 	ctx := context.Background()

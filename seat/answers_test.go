@@ -53,6 +53,7 @@ func prefixMesh(t *testing.T) []fixtures.Op {
 // TestSeat_FiltersOnPrefixNames: CONTRACT section 3, each filter matches its value exactly on every
 // what, alone and combined, and paging with limit 1, 2, 10000 and the default loses and repeats no row.
 func TestSeat_FiltersOnPrefixNames(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	h.load(prefixMesh(t))
 	st, _ := h.startSeat(t.TempDir())
@@ -110,6 +111,7 @@ func verbCode(err error) int {
 // TestSeat_CursorOfAnotherAnswer: a cursor names a row of the answer it came from; as the cursor of
 // another answer (another what, another narrowing, a key no row has) it is 404, in both formats.
 func TestSeat_CursorOfAnotherAnswer(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	h.load(prefixMesh(t))
 	st, _ := h.startSeat(t.TempDir())
@@ -156,6 +158,7 @@ func TestSeat_CursorOfAnotherAnswer(t *testing.T) {
 // it; a key added ahead of the cursor is seen, one added behind it is not; a key deleted or purged
 // ahead of the cursor is not; and a cursor whose row was deleted is 404.
 func TestSeat_PagingWhileKeysChange(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	var ops []fixtures.Op
 	for i := 0; i < 40; i += 2 {
@@ -273,6 +276,7 @@ func TestSeat_PagingWhileKeysChange(t *testing.T) {
 // the bucket's stream since start: a seat restarted on its state dir answers from its checkpoint with
 // synced false while it cannot read what came since, and as_of never goes back across its answers.
 func TestSeat_SyncedSinceStart(t *testing.T) {
+	t.Parallel()
 	ns := natstest.RunServerSeatDenied(t)
 	url := ns.ClientURL()
 	_, admin := natstest.Connect(t, url, nats.UserInfo("admin", "admin"))
@@ -346,6 +350,7 @@ func TestSeat_SyncedSinceStart(t *testing.T) {
 // seq:0 and a time before the first message are empty (not 410), a sequence past the end is the newest
 // state, and a point in the middle holds exactly the keys put by then, walked page by page.
 func TestSeat_AtPages(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	before := time.Now().Add(-time.Hour).UTC().Format(time.RFC3339Nano)
 	h.load(prefixMesh(t))
@@ -428,6 +433,7 @@ func TestSeat_AtPages(t *testing.T) {
 // group, and whichever answers, the answer is the same bytes: rows, anomalies, as_of, cursors and
 // errors alike, so a walk may page on from one seat to the other.
 func TestSeat_SeatsAnswerAlike(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	h.load(prefixMesh(t))
 	st1, _ := h.startSeat(t.TempDir())
@@ -471,6 +477,7 @@ func TestSeat_SeatsAnswerAlike(t *testing.T) {
 // TestSeat_MinSeqBounds: CONTRACT section 3, min_seq answers once applied and 504 exactly when it is
 // not reached within wait_ms; wait_ms 0 and 10000 are its bounds, 10001 is a bad request.
 func TestSeat_MinSeqBounds(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	h.load(prefixMesh(t))
 	st, _ := h.startSeat(t.TempDir())
@@ -513,6 +520,7 @@ func TestSeat_MinSeqBounds(t *testing.T) {
 // value's: also for a value that holds a field more, as a newer seat's table may (a rolling upgrade),
 // or one field of another type, which the row leaves out alone.
 func TestSeat_RegistryRowsReadTheValue(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	ctx := context.Background()
 	require.NoError(t, fixtures.CreateBuckets(ctx, h.js, provisioner.BucketRegistry, provisioner.BucketNeeds, provisioner.BucketApplied, provisioner.BucketCollect))
@@ -563,6 +571,7 @@ func TestSeat_RegistryRowsReadTheValue(t *testing.T) {
 // TestSeat_PageSizes: CONTRACT section 3, limit is rows per answer, 1000 by default and at most 10000:
 // a walk of 2,500 rows is pages of 1000, 1000 and 500 by default, and one page at 10000.
 func TestSeat_PageSizes(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	var ops []fixtures.Op
 	for i := 0; i < 2500; i++ {
@@ -607,6 +616,7 @@ func TestSeat_PageSizes(t *testing.T) {
 // --registry-interval (an hour here), so the needs of that kind are unanswered for moments only. An
 // edit or a stray waits for the pass.
 func TestSeat_RegistryLossIsWrittenAgainAtOnce(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	ctx := context.Background()
 	require.NoError(t, fixtures.CreateBuckets(ctx, h.js, provisioner.BucketNeeds, provisioner.BucketApplied, provisioner.BucketCollect))
@@ -658,6 +668,7 @@ func TestSeat_RegistryLossIsWrittenAgainAtOnce(t *testing.T) {
 // registry write each kind once between them, keep it at one revision, and put back a lost kind with
 // one write between them.
 func TestSeat_TwoSeatsStartingAtOnce(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	ctx := context.Background()
 	require.NoError(t, fixtures.CreateBuckets(ctx, h.js, provisioner.BucketNeeds, provisioner.BucketApplied, provisioner.BucketCollect))

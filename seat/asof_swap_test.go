@@ -180,6 +180,7 @@ func awaitRebuilt(t *testing.T, st *seat.Seat) {
 // projection gone back in time. The swap now waits until the new store has applied, bucket by bucket,
 // what the replaced one had (waking a parked bucket to read it).
 func TestSeat_AsOfNeverGoesBackAcrossARebuildSwap(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	sc := fixtures.Plans()
 	h.load(sc.Before)
@@ -205,6 +206,7 @@ func TestSeat_AsOfNeverGoesBackAcrossARebuildSwap(t *testing.T) {
 // confirmed deleted) does not hold the swap: the seat swaps in after its bound, and says once which
 // buckets were behind.
 func TestSeat_RebuildSwapWaitIsBounded(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	sc := fixtures.Plans()
 	h.load(sc.Before)
@@ -238,6 +240,7 @@ func TestSeat_RebuildSwapWaitIsBounded(t *testing.T) {
 // rebuild still swaps in, and answers as the buckets are. (Waiting for either, it swapped in only
 // after the hour.)
 func TestSeat_RebuildSwapDoesNotWaitWhereGoingBackIsRight(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	h.load(testMesh.Ops())
 	st, _ := h.startVerifyingSeat()
@@ -269,6 +272,7 @@ func TestSeat_RebuildSwapDoesNotWaitWhereGoingBackIsRight(t *testing.T) {
 // the bucket answers as it is. (The swap used to wait for that removed tail: every rebuild of such a
 // mesh stalled for the whole bound.)
 func TestSeat_RebuildSwapDoesNotWaitForARemovedTail(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	h.load(testMesh.Ops())
 	st, _ := h.startVerifyingSeat()
@@ -333,6 +337,7 @@ func TestSeat_RebuildSwapDoesNotWaitForARemovedTail(t *testing.T) {
 // for good. Now the swap carries it over: the bucket answers unsynced, and another rebuild reads the
 // new stream.
 func TestSeat_ResetDuringTheSwapWaitIsNotLost(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	h.load(testMesh.Ops())
 	st, _ := h.startVerifyingSeat()

@@ -214,6 +214,7 @@ type wireMesh struct {
 }
 
 func TestConformance_Verb(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	ctx := context.Background()
 	for _, b := range []string{provisioner.BucketNeeds, provisioner.BucketApplied, provisioner.BucketCollect} {

@@ -41,6 +41,7 @@ func (h *harness) askAt(what, at string, asMsgpack bool) (natstest.Answer, error
 // them. A time between the stream's creation and the first message the seat read is still unknown
 // (410): the removed messages may have come before it.
 func TestSeat_AtBeforeTheFirstMessageIsEmpty(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	ctx := context.Background()
 	// applied keeps one revision: written five times before the seat starts, its stream starts at 5.
@@ -109,6 +110,7 @@ func TestSeat_AtBeforeTheFirstMessageIsEmpty(t *testing.T) {
 // alone (the raw key's first token ...), at most 1000, in byte order of their raw keys", and
 // anomalies_total counts every one that matched before the cap.
 func TestSeat_AnomaliesCappedAndNarrowedByNodeAlone(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	n := provisioner.BucketNeeds
 	notMsgpack := []byte{0xc1, 'r', 'a', 'w'}
@@ -188,6 +190,7 @@ func TestSeat_AnomaliesCappedAndNarrowedByNodeAlone(t *testing.T) {
 // trimmed; one far in the future (the year 9999) is after every message: the current state. Times
 // outside the years 1678-2262 have no Unix nanosecond count and must not wrap around to another time.
 func TestSeat_AtFarFromNow(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	n := provisioner.BucketNeeds
 	h.load([]fixtures.Op{
@@ -258,6 +261,7 @@ func (h *harness) lastMsg(bucket string) *jetstream.RawStreamMsg {
 // the raw subject with reasons the server never writes, the empty one included, on a key that fits,
 // one whose value is not MessagePack and one out of shape.
 func TestSeat_MarkerOfAnyValueRemovesTheKey(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	n := provisioner.BucketNeeds
 	require.NoError(t, fixtures.CreateBuckets(context.Background(), h.js, n, provisioner.BucketApplied, provisioner.BucketCollect))

@@ -680,6 +680,7 @@ func sameAsModel(t *testing.T, want, got danswer, asMsgpack bool, name string) {
 }
 
 func TestDifferential_EveryPathAgreesWithTheContract(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	ctx := context.Background()
 	// History high enough that no limit removes a message: only purges do.

@@ -34,6 +34,7 @@ import (
 // false), logs once that it is out of room, naming the state dir, and once there is room again
 // catches up by itself: the verb equals the buckets, and every message was applied exactly once.
 func TestSeat_DiskFillsMidIngest(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	h.load(testMesh.Ops())
 
@@ -138,6 +139,7 @@ func whatOf(bucket string) string {
 // a full disk, just when an operator asks where the seat stands. Stats reads what is committed
 // without waiting: it answers, saying the held bucket is not synced.
 func TestSeat_StatsWhileAWriteWaitsForRoom(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	h.load(testMesh.Ops())
 
@@ -185,6 +187,7 @@ func TestSeat_StatsWhileAWriteWaitsForRoom(t *testing.T) {
 // of room (the seat's logger, though Config.Store set none); and once there is room the rebuild goes
 // on and swaps in, answering as the buckets.
 func TestSeat_RebuildWaitsForRoom(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	h.load(testMesh.Ops())
 
@@ -233,6 +236,7 @@ func TestSeat_RebuildWaitsForRoom(t *testing.T) {
 // so (the generation, no room, what to do), leaves no half generation, the current generation keeps
 // answering, and once there is room a retry swaps in.
 func TestSeat_RebuildOpensOnAFullDisk(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	h.load(testMesh.Ops())
 
@@ -295,6 +299,7 @@ func TestSeat_RebuildOpensOnAFullDisk(t *testing.T) {
 // message, and a seat started on it reads that message again and answers as the buckets. Once there is
 // room, the stop that went on by itself ends, and a later Stop returns its result.
 func TestSeat_StopContextWhileAWriteWaitsForRoom(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	h.load(testMesh.Ops())
 
@@ -369,6 +374,7 @@ func TestSeat_StopContextWhileAWriteWaitsForRoom(t *testing.T) {
 // SIGTERM went into a clean stop that waited for the open. It names the generation being opened; once
 // there is room the open goes on and the rebuild swaps in.
 func TestSeat_RebuildOpenWaitsForRoom(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	h.load(testMesh.Ops())
 

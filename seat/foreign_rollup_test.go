@@ -127,6 +127,7 @@ func logKeys(t *testing.T, l *replay.Log, at string) ([]string, error) {
 // before it, and replay from the streams, from an archive of them and from an archive of the local log
 // agree with the seat.
 func TestSeat_AWholeStreamRollupOnAnAddedSubjectEmptiesTheBucket(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	ctx := context.Background()
 	n := provisioner.BucketNeeds
@@ -244,6 +245,7 @@ func TestSeat_AWholeStreamRollupOnAnAddedSubjectEmptiesTheBucket(t *testing.T) {
 // a wildcard token: the added subject's, since a stream's subjects never overlap); every key of the
 // bucket stays, in the seat, in its local log and in replay.
 func TestSeat_ASubjectRollupOnAnAddedSubjectLeavesTheBucket(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	ctx := context.Background()
 	n := provisioner.BucketNeeds
@@ -291,6 +293,7 @@ func TestSeat_ASubjectRollupOnAnAddedSubjectLeavesTheBucket(t *testing.T) {
 // started afresh) or the next hourly pass. Now the kinds go from the projection at once, the writer
 // writes the table back, and the seat answers what the bucket holds, with no rebuild.
 func TestSeat_AWholeStreamRollupOnTheRegistrysAddedSubjectIsWrittenBack(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	ctx := context.Background()
 	require.NoError(t, fixtures.CreateBuckets(ctx, h.js, provisioner.BucketNeeds, provisioner.BucketApplied, provisioner.BucketCollect))

@@ -22,6 +22,7 @@ import (
 // 504 and the bucket never synced, and replay and export of the streams failed the same way. Now it
 // is passed over, and every path answers what follows it.
 func TestSeat_ASubjectAddedToABucketsStreamIsPassedOver(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	ctx := context.Background()
 	n := provisioner.BucketNeeds

@@ -23,6 +23,7 @@ import (
 // what a fresh seat does, and still answers as of a time before; a purge that removed a key the
 // projection still holds is still found, and rebuilds.
 func TestSeat_RestartAfterKeysRewrittenWhileDownDoesNotRebuild(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	ctx := context.Background()
 	ix, err := h.js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: provisioner.BucketIndexerBuilds})

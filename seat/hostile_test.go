@@ -216,6 +216,7 @@ func TestSeat_WaitingRequestsHoldNoBody(t *testing.T) {
 // closing their connection mid-walk) leave at most four pages, and those go once they are two seconds
 // old, without another walk coming to push them out.
 func TestSeat_AbandonedWalksExpire(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	h.load(testMesh.Ops())
 	st, _ := h.startSeat(t.TempDir())
@@ -250,6 +251,7 @@ func TestSeat_AbandonedWalksExpire(t *testing.T) {
 // page is answered, within the connection's max payload, every key once and in order, a value too
 // large for any answer comes as value_omitted with its size, and every other value whole.
 func TestSeat_RowsNearMaxPayload(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	ctx := context.Background()
 	require.NoError(t, fixtures.CreateBuckets(ctx, h.js, provisioner.BucketNeeds, provisioner.BucketApplied, provisioner.BucketCollect))
@@ -310,6 +312,7 @@ func TestSeat_RowsNearMaxPayload(t *testing.T) {
 // projector takes in a mesh, are all answered, 200, none lost; the requests past what the workers take
 // wait in their queue and the subscription's, and are answered in turn.
 func TestSeat_ManyClientsWhileIngesting(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	ops := testMesh.Ops()
 	h.load(ops[:len(ops)/4])

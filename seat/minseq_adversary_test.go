@@ -93,6 +93,7 @@ func (m *rywModel) revisions(key string, seq uint64) []string {
 // time (h95), 8 seeds of 1-12 at 200 steps fail without store.DB.Reach (answered at as_of past a write
 // a later message of its key removed unread, a message between them read first); with it, 0 of 16.
 func TestSeat_MinSeqAdversary(t *testing.T) {
+	t.Parallel()
 	seed, steps := int64(2), 120
 	if s := os.Getenv("RYW_ADVERSARY_SEED"); s != "" {
 		var err error

@@ -26,6 +26,7 @@ import (
 // with three messages). The answer used to come from the new store at once, as_of 3 for a min_seq of
 // hundreds: the request now waits, within its wait_ms, until the new store has applied min_seq.
 func TestSeat_MinSeqAcrossARebuildSwap(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	h.load(testMesh.Ops())
 	st, _ := h.startSeat(t.TempDir())

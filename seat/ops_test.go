@@ -23,6 +23,7 @@ import (
 // An operator's `nats micro info mesh-provisioner` asks $SRV.INFO and $SRV.STATS: the answers must say
 // the version, the schema, the buckets, and per bucket the as_of an answer would carry.
 func TestSeat_DiscoveryInfoAndStats(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	h.load(testMesh.Ops())
 	nc, js := natstest.Connect(t, h.url)
@@ -126,6 +127,7 @@ func TestSeat_AnswerCountedBeforeItIsSent(t *testing.T) {
 // on a state dir of thousands of composed-<node> buckets sent each of their names in every reply (and a
 // fresh one none). The composed buckets are "composed-*" there, whatever the seat held.
 func TestSeat_MicroMetadataNamesNoNode(t *testing.T) {
+	t.Parallel()
 	const composed = 200
 	ns := natstest.RunServer(t)
 	nc, js := natstest.Connect(t, ns.ClientURL())

@@ -27,6 +27,7 @@ import (
 // parks them too, and a composition written after the swap is read by the listing alone (the stream
 // checks' listing, 300 ms here).
 func TestPlans_RebuildWhileParked(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	sc := fixtures.Plans()
 	h.load(sc.Before)
@@ -76,6 +77,7 @@ func TestPlans_RebuildWhileParked(t *testing.T) {
 // yet), is answered from the rebuilt store: its wake must reach the rebuild's projector, not only the
 // stopped one. The listing runs once an hour here, so only the wake can make the bucket read.
 func TestPlans_WakeAtARebuildsSwap(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	sc := fixtures.Plans()
 	h.load(sc.Before)
@@ -151,6 +153,7 @@ func recreateHostModules(t *testing.T, h *harness, sc fixtures.PlansScenario) {
 // synced, and a node engine's min_seq request for a composition it just wrote is answered at once
 // (the listing runs once an hour here: only the request's wake makes the bucket read).
 func TestPlans_RestartStartsParked(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	sc := fixtures.Plans()
 	h.load(sc.Before)

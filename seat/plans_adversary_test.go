@@ -256,6 +256,7 @@ func adversaryCheck(mc *modelCheck) *modelCheck {
 // dir (a rebuild from the streams) must answer the same, and the live seat as of the times between
 // the checks.
 func TestPlans_Adversary(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	model := newPlanModel()
 	w := &modelWriter{h: h, model: model, streams: map[string]jetstream.Stream{}}
@@ -365,6 +366,7 @@ func TestPlans_Adversary(t *testing.T) {
 // stream forgets it, as a rebuild from the stream does, live, as of a time and after a trim. Each node
 // is one history; its module a wants build 2.
 func TestPlans_RollupForgetsThePlanItRemoved(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	model := newPlanModel()
 	w := &modelWriter{h: h, model: model, streams: map[string]jetstream.Stream{}}

@@ -177,6 +177,7 @@ func (h *harness) expectPlans(st *seat.Seat, want map[string]string) {
 // composition held at its published revision, a purged one forgotten, a purged newest build and
 // deleted or purged host rows, and anomalies of each input that clear when fixed or deleted.
 func TestPlans_InputsEndToEnd(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	in := h.planInputs()
 	st, _ := h.startPlansSeat(t.TempDir())
@@ -271,6 +272,7 @@ func TestPlans_InputsEndToEnd(t *testing.T) {
 // and answered for another node; a seat restarted on a state dir that holds the deleted bucket
 // forgets it too. The bucket created again is read from its start, live and at a time.
 func TestPlans_DeletedComposedBucketIsForgotten(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	in := h.planInputs()
 	po := projector.Options{Poll: 50 * time.Millisecond, DiscoverEvery: time.Hour, Verify: 200 * time.Millisecond}

@@ -1041,6 +1041,7 @@ const defaultModelSeed = 26
 // down, on a seat rebuilt from the streams, and as of the times between batches; with composed-<node>
 // buckets created after the seat started, while it was down, and deleted and created again.
 func TestPlans_Model(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	model := newPlanModel()
 	w := &modelWriter{h: h, model: model, streams: map[string]jetstream.Stream{}}

@@ -268,6 +268,7 @@ func (h *harness) golden(name string, answers map[string]any) {
 // compares the answers with the golden files: before the seat starts, and after changes made while it
 // runs, among them a composed-<node> bucket created then.
 func TestPlans_Golden(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	sc := fixtures.Plans()
 	h.load(sc.Before)
@@ -308,6 +309,7 @@ func planRow(t *testing.T, a map[string]any, key string) map[string]any {
 // TestPlans_Rules checks the rules on the golden scenario by name, so that a golden file regenerated
 // without care cannot hide a broken rule.
 func TestPlans_Rules(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	sc := fixtures.Plans()
 	h.load(sc.Before)
@@ -414,6 +416,7 @@ func TestPlans_Rules(t *testing.T) {
 // TestPlans_RestartAndRebuild: the plans answers after a restart on the same state dir, and after a
 // rebuild from the streams into a fresh one, equal those before.
 func TestPlans_RestartAndRebuild(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	sc := fixtures.Plans()
 	h.load(sc.Before)
@@ -438,6 +441,7 @@ func TestPlans_RestartAndRebuild(t *testing.T) {
 
 // TestPlans_Verb covers min_seq, cursors and bad requests of plans.
 func TestPlans_Verb(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	sc := fixtures.Plans()
 	h.load(sc.Before)
@@ -500,6 +504,7 @@ func TestPlans_Verb(t *testing.T) {
 // unread, and the answer named its sequence with the plan before it (TestPlans_Verb, 4 in 600 runs
 // under load before 3a4f1fd). Each round here is one more chance at that moment.
 func TestPlans_MinSeqSeesOwnComposition(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	h.load(fixtures.Plans().Before)
 	st, _ := h.startPlansSeat(t.TempDir())
@@ -522,6 +527,7 @@ func TestPlans_MinSeqSeesOwnComposition(t *testing.T) {
 // TestPlans_OneCompositionRecomputesOneRow: in a mesh of many nodes and modules, a change to one
 // module's composition on one node recomputes that one row, and the answer shows it.
 func TestPlans_OneCompositionRecomputesOneRow(t *testing.T) {
+	t.Parallel()
 	const nodes, modules = 40, 20
 	h := newHarness(t)
 	var ops []fixtures.Op
@@ -563,6 +569,7 @@ func mp(t *testing.T, v any) []byte {
 // comes back on its state dir with the same plans answers. The seat runs in a child process (this
 // test binary, running TestPlans_KillHelper), on the parent's nats-server.
 func TestPlans_SurvivesSIGKILL(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	sc := fixtures.Plans()
 	h.load(sc.Before)
@@ -686,6 +693,7 @@ func TestPlans_KillHelper(t *testing.T) {
 // TestPlans_At: plans asked at a time answer what the live seat answered then, from the event log,
 // after the inputs have moved on (the verb's at, and so `replay state plans --at`).
 func TestPlans_At(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	sc := fixtures.Plans()
 	h.load(sc.Before)
@@ -754,6 +762,7 @@ func TestPlans_At(t *testing.T) {
 // the rows is edge-2.web, whose refusal overwrote the published composition of the same build: the
 // live seat holds it at the plan the refusal overwrote, and so must the answer rebuilt from the log.
 func TestPlans_AtAfterRetention(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	sc := fixtures.Plans()
 	h.load(sc.Before)
@@ -815,6 +824,7 @@ func rowsByKey(rows []any) map[string]string {
 // left, or with none after the purge); once retention has trimmed the log, plans asked at a time at
 // or above the floor answer the same, not the publication of the other spelling.
 func TestPlans_AtAfterRetentionBuildsWrittenDifferently(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	c := provisioner.ComposedPrefix + "n1"
 	comp := func(plan string) []byte { return mp(t, map[string]any{"status": "published", "plan": plan}) }
@@ -857,6 +867,7 @@ func TestPlans_AtAfterRetentionBuildsWrittenDifferently(t *testing.T) {
 // composed-<node> bucket (no consumer: projector/park.go) and asks with min_seq sees it at once, not at
 // the next listing (an hour away here).
 func TestPlans_MinSeqWakesAParkedBucket(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	sc := fixtures.Plans()
 	h.load(sc.Before)
@@ -889,6 +900,7 @@ func TestPlans_MinSeqWakesAParkedBucket(t *testing.T) {
 // a time; never as null alone, nor with U+FFFD for its bad bytes, which would say another plan.
 // MessagePack answers carry it as it is.
 func TestPlans_PlanJSONCannotShow(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	plans := map[string]any{
 		"nan":    map[string]any{"steps": []any{1, map[string]any{"limit": math.NaN()}}},

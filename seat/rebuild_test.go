@@ -85,6 +85,7 @@ func (h *harness) checkAll() {
 }
 
 func TestSeat_RebuildsWhenAStreamIsRecreated(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	h.load(testMesh.Ops())
 	dir := t.TempDir()
@@ -113,6 +114,7 @@ func TestSeat_RebuildsWhenAStreamIsRecreated(t *testing.T) {
 }
 
 func TestSeat_RebuildsWhenAStreamIsPurgedBelowTheCheckpoint(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	h.load(testMesh.Ops())
 	dir := t.TempDir()
@@ -142,6 +144,7 @@ func TestSeat_RebuildsWhenAStreamIsPurgedBelowTheCheckpoint(t *testing.T) {
 }
 
 func TestSeat_DeletedStateDirIsRebuiltFromTheStreams(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	h.load(testMesh.Ops())
 	dir := t.TempDir()
@@ -155,6 +158,7 @@ func TestSeat_DeletedStateDirIsRebuiltFromTheStreams(t *testing.T) {
 }
 
 func TestSeat_BrokenStateDirStartsOver(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	h.load(testMesh.Ops())
 	dir := t.TempDir()
@@ -180,6 +184,7 @@ func TestSeat_BrokenStateDirStartsOver(t *testing.T) {
 }
 
 func TestSeat_RetentionTrimsInTheBackgroundAndAtSays410(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	h.load(testMesh.Ops())
 	nc, js := natstest.Connect(t, h.url)
@@ -266,6 +271,7 @@ func (j *slowListing) ListStreams(ctx context.Context, opts ...jetstream.StreamL
 // rebuild, so discovery finds the buckets only once it lists their names itself (two listing
 // intervals later), long after the fixed buckets caught up.
 func TestPlans_RebuildSwapsInOnceTheComposedBucketsCaughtUp(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	sc := fixtures.Plans()
 	h.load(sc.Before)
@@ -329,6 +335,7 @@ func TestPlans_RebuildSwapsInOnceTheComposedBucketsCaughtUp(t *testing.T) {
 // Failing composed bucket is not waited for by the swap, as readiness does not wait for it: it is
 // read once it can be.
 func TestPlans_RebuildSwapsInPastAComposedBucketThatCannotBeRead(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	sc := fixtures.Plans()
 	h.load(sc.Before)

@@ -32,6 +32,7 @@ import (
 // a request for a sequence not yet written still waits for it. Before, the request waited its whole
 // wait_ms and was answered 504, though nothing was left to read.
 func TestSeat_MinSeqOfAMessageRemovedUnreadIsReached(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	h.load(prefixMesh(t))
 	ctx := context.Background()
@@ -102,6 +103,7 @@ func pauseSeatTail(t *testing.T, js jetstream.JetStream, bucket string) (resume 
 // checkpoint to B - 1 (the first message still held, less one): the answer said as_of B - 1 without
 // the write at A, which the stream held as the key's value up to B - 1.
 func TestSeat_MinSeqOfAWriteALaterMessageRemovedWaitsForThatMessage(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	h.load(prefixMesh(t))
 	st, _ := h.startSeat(t.TempDir())
@@ -175,6 +177,7 @@ func TestSeat_MinSeqOfAWriteALaterMessageRemovedWaitsForThatMessage(t *testing.T
 // looked, and the request was answered 504 after its whole wait_ms. The seat's user may not get
 // messages until the rebuild is in, so that the replaced projector cannot skip for it.
 func TestSeat_MinSeqOfAMessageRemovedUnreadAcrossARebuild(t *testing.T) {
+	t.Parallel()
 	ns := natstest.RunServerSeatDenied(t)
 	ctx := context.Background()
 	nc, js := natstest.Connect(t, ns.ClientURL(), nats.UserInfo("admin", "admin"))
@@ -232,6 +235,7 @@ func TestSeat_MinSeqOfAMessageRemovedUnreadAcrossARebuild(t *testing.T) {
 // read again from what its stream holds, which is nothing up to either write: both requests are
 // answered, as_of past them, none 504.
 func TestPlans_MinSeqAcrossANodesBucketPurgedWhileRequestsWait(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	h.load(fixtures.Plans().Before)
 	st, _ := h.startPlansSeat(t.TempDir())
@@ -285,6 +289,7 @@ func TestPlans_MinSeqAcrossANodesBucketPurgedWhileRequestsWait(t *testing.T) {
 // as_of 3 with the key at revision 1: an answer that claims to include the write at 2 and does not
 // (a lost write).
 func TestSeat_MinSeqInsideAnOpenGapWaitsForWhatRemovedIt(t *testing.T) {
+	t.Parallel()
 	ns := natstest.RunServer(t)
 	ctx := context.Background()
 	nc, js := natstest.Connect(t, ns.ClientURL())

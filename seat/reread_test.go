@@ -25,6 +25,7 @@ import (
 // forgetting are 410 for that node and for every node, and exact for another node; at a time after
 // it, exact (the answer then, even after a later write).
 func TestPlans_ComposedBucketThatCannotBeResumedIsReadAgain(t *testing.T) {
+	t.Parallel()
 	const n3 = "n3"
 	c3 := provisioner.ComposedPrefix + n3
 	po := projector.Options{Poll: 50 * time.Millisecond, DiscoverEvery: time.Hour, Verify: 200 * time.Millisecond}
@@ -158,6 +159,7 @@ func TestPlans_ComposedBucketThatCannotBeResumedIsReadAgain(t *testing.T) {
 // come from another. Another node's bucket whose log cannot rebuild the time (its stream removed
 // messages before the seat read them) refused them with 410 before.
 func TestPlans_AtOfOneNodeReadsOnlyItsComposedBucket(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	in := h.planInputs()
 	ctx := context.Background()

@@ -23,6 +23,7 @@ import (
 // the stream, so the stream's first sequence does not move. The bucket no longer holds those keys;
 // the seat answered them still. Now it answers what the bucket holds.
 func TestSeat_AWildcardPurgeRemovesWhatTheStreamLost(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	ctx := context.Background()
 	n := provisioner.BucketNeeds
@@ -87,6 +88,7 @@ func streamKeys(t *testing.T, js jetstream.JetStream, bucket string) []string {
 // every key of n1 (of the whole bucket for >.x), keys the bucket still holds and answers, until a
 // rebuild brought them back. Each pattern is compared with what the stream holds.
 func TestSeat_ARollupOnAGreaterThanWithTokensAfterItIsLiteral(t *testing.T) {
+	t.Parallel()
 	n := provisioner.BucketNeeds
 	keys := []string{"n1.m1.config.a", "n1.m1.config.x", "n1.m1.>.x", "n1.m2.config.x", "n1.x", "x", "n2.m1.config.x"}
 	for _, pattern := range []string{"n1.>.x", ">.x", "n1.*.>.x", "n1.*.config.>"} {

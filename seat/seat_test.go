@@ -310,6 +310,7 @@ func requests() []map[string]any {
 }
 
 func TestSeat_AnswersEqualBuckets(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	h.load(testMesh.Ops())
 	st, _ := h.startSeat(t.TempDir())
@@ -326,6 +327,7 @@ func TestSeat_AnswersEqualBuckets(t *testing.T) {
 }
 
 func TestSeat_DeletesAndPurges(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	ops := testMesh.Ops()
 	h.load(ops)
@@ -359,6 +361,7 @@ func TestSeat_DeletesAndPurges(t *testing.T) {
 }
 
 func TestSeat_TTLMarkerRemovesKey(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	ctx := context.Background()
 	// A bucket whose keys age out after a second, with markers: the server removes an aged key and
@@ -402,6 +405,7 @@ func TestSeat_TTLMarkerRemovesKey(t *testing.T) {
 }
 
 func TestSeat_RestartResumesFromCheckpoint(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	ops := testMesh.Ops()
 	h.load(ops)
@@ -438,6 +442,7 @@ func TestSeat_RestartResumesFromCheckpoint(t *testing.T) {
 }
 
 func TestSeat_MinSeqSeesOwnWrite(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	h.load(testMesh.Ops())
 	st, _ := h.startSeat(t.TempDir())
@@ -464,6 +469,7 @@ func TestSeat_MinSeqSeesOwnWrite(t *testing.T) {
 }
 
 func TestSeat_BadRequests(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	h.load(testMesh.Ops())
 	st, _ := h.startSeat(t.TempDir())

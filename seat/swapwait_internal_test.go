@@ -12,6 +12,7 @@ import (
 
 // TestReached: when a rebuild's swap stops waiting for a bucket of the new store (swapwait.go).
 func TestReached(t *testing.T) {
+	t.Parallel()
 	c1, c2 := time.Unix(1000, 0), time.Unix(2000, 0)
 	listed := func(created time.Time, first, last uint64) *jetstream.StreamInfo {
 		return &jetstream.StreamInfo{Created: created, State: jetstream.StreamState{FirstSeq: first, LastSeq: last}}

@@ -24,6 +24,7 @@ import (
 // stopped before they expired and started after, finds them again (its store kept them) and answers
 // the same. One server, one wait for every key.
 func TestSeat_TTLOverAnOlderRevisionExpires(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	ctx := context.Background()
 	const bucket = provisioner.BucketNeeds
@@ -156,6 +157,7 @@ func TestSeat_TTLOverAnOlderRevisionExpires(t *testing.T) {
 // same build (composed-<node>, History 5) leaves the build's history, so the bucket is read again from
 // its stream and the module's plan is the older composition's, as a rebuild finds it.
 func TestPlans_TTLOverAnOlderRevisionExpires(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	ctx := context.Background()
 	require.NoError(t, fixtures.CreateBuckets(ctx, h.js, provisioner.BucketIndexerBuilds))

@@ -34,6 +34,7 @@ import (
 // second and a history of 4, markers gone before the rebuild read them failed both cases under the
 // race detector on a loaded machine (session 16).
 func TestSeat_TTLExpiryEndToEnd(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name    string
 		maxAge  time.Duration // the bucket's TTL; 0: each key's own
@@ -181,6 +182,7 @@ func rowKeys(rows []map[string]any) []string {
 // composition that expired too is cleared; as of before the expiry the plan shows, after it not, from
 // the seat's log and from the streams.
 func TestPlans_TTLExpiryEndToEnd(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	ctx := context.Background()
 	require.NoError(t, fixtures.CreateBuckets(ctx, h.js, provisioner.BucketHostModules, provisioner.BucketIndexerBuilds))

@@ -64,6 +64,7 @@ func (h *harness) unanswered() []string {
 }
 
 func TestSeat_UnansweredKindFollowsRegistry(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	ctx := context.Background()
 	require.NoError(t, fixtures.CreateBuckets(ctx, h.js, provisioner.BucketRegistry, provisioner.BucketNeeds,
@@ -136,6 +137,7 @@ func TestSeat_UnansweredKindFollowsRegistry(t *testing.T) {
 // TestSeat_VerbAnswersWhileRegistryFails checks that a registry writer that cannot write leaves the
 // verb answering: here the registry's stream exists but is no KV bucket, so every pass fails.
 func TestSeat_VerbAnswersWhileRegistryFails(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	ctx := context.Background()
 	_, err := h.js.CreateStream(ctx, jetstream.StreamConfig{Name: provisioner.StreamName(provisioner.BucketRegistry),
@@ -181,6 +183,7 @@ func TestSeat_VerbAnswersWhileRegistryFails(t *testing.T) {
 // seat's passes and repairs, and the registry gets no revision from it: the old seat deleted gadget
 // and put port back every interval, so gadget's needs flickered unanswered-kind.
 func TestSeat_RollingUpgradeKeepsTheNewerTablesKinds(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	ctx := context.Background()
 	require.NoError(t, fixtures.CreateBuckets(ctx, h.js, provisioner.BucketNeeds, provisioner.BucketApplied, provisioner.BucketCollect))

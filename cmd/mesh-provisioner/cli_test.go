@@ -198,6 +198,7 @@ func TestMain_ExitCodes(t *testing.T) {
 
 // Every subcommand answers --help with its flags and an example, and exits 0.
 func TestMain_HelpOnEveryCommand(t *testing.T) {
+	t.Parallel()
 	cmds := []string{"serve", "query", "version"}
 	for name := range extraCommands {
 		cmds = append(cmds, name)

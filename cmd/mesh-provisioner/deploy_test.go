@@ -85,6 +85,7 @@ func TestDeploy_MetricNamesExist(t *testing.T) {
 }
 
 func TestDeploy_GrafanaDashboard(t *testing.T) {
+	t.Parallel()
 	var dash struct {
 		UID        string `json:"uid"`
 		Templating struct {
@@ -125,6 +126,7 @@ func TestDeploy_GrafanaDashboard(t *testing.T) {
 }
 
 func TestDeploy_PrometheusRules(t *testing.T) {
+	t.Parallel()
 	var rules struct {
 		Groups []struct {
 			Name  string
@@ -158,6 +160,7 @@ func TestDeploy_PrometheusRules(t *testing.T) {
 // promises (own user, state dir, restart, a signal that drains), and its command line is one serve
 // takes.
 func TestDeploy_SystemdUnit(t *testing.T) {
+	t.Parallel()
 	unit := string(repoFile(t, "deploy/systemd/mesh-provisioner.service"))
 	for _, d := range []string{"User=mesh-provisioner", "StateDirectory=mesh-provisioner", "Restart=on-failure",
 		"KillSignal=SIGTERM", "TimeoutStopSec=", "RestartPreventExitStatus=2", "NoNewPrivileges=yes", "ProtectSystem=strict"} {
@@ -197,6 +200,7 @@ func TestDeploy_SystemdUnit(t *testing.T) {
 
 // The Kubernetes manifest: probes on the paths serve answers, and arguments serve takes.
 func TestDeploy_KubernetesManifest(t *testing.T) {
+	t.Parallel()
 	dec := yaml.NewDecoder(bytes.NewReader(repoFile(t, "deploy/kubernetes/mesh-provisioner.yaml")))
 	kinds := map[string]bool{}
 	for {
@@ -243,6 +247,7 @@ func TestDeploy_KubernetesManifest(t *testing.T) {
 // on a quiet mesh one node's stuck bucket made its lag above 0 and its applied sequence still, and
 // paged. It reads that row only while more than one composed bucket is behind.
 func TestDeploy_OneComposedBucketDoesNotPage(t *testing.T) {
+	t.Parallel()
 	var rules struct {
 		Groups []struct {
 			Rules []struct {
@@ -278,6 +283,7 @@ func TestDeploy_OneComposedBucketDoesNotPage(t *testing.T) {
 // (mesh_provisioner_composed_lag_max); only MeshProvisionerProjectorStuck reads the row, for a lag
 // above 0 with more than one composed bucket behind (TestDeploy_OneComposedBucketDoesNotPage).
 func TestDeploy_LagAlertsReadNoSummedComposedLag(t *testing.T) {
+	t.Parallel()
 	var rules struct {
 		Groups []struct {
 			Rules []struct {
@@ -310,6 +316,7 @@ func TestDeploy_LagAlertsReadNoSummedComposedLag(t *testing.T) {
 // does not, on series a seat serves) pass under promtool, when it is installed (Debian's prometheus
 // package has it), as does promtool's check of the rules.
 func TestDeploy_PrometheusRulesUnitTests(t *testing.T) {
+	t.Parallel()
 	promtool, err := exec.LookPath("promtool")
 	if err != nil {
 		t.Skip("promtool is not installed: the rules' unit tests are not run")

@@ -168,6 +168,7 @@ func TestServe_EmbeddedListenTaken(t *testing.T) {
 // (above), but one this binary cannot read is started over only once NATS is reached: a serve that
 // cannot reach it leaves the state dir as it was, for replay, export or another try.
 func TestServe_BrokenStateDirWaitsForNATS(t *testing.T) {
+	t.Parallel()
 	state := filepath.Join(t.TempDir(), "state")
 	code, stderr := serveOnce(t, "--state", state, "--embedded-store", filepath.Join(t.TempDir(), "nats"))
 	require.Equal(t, exitOK, code, stderr)
@@ -378,7 +379,7 @@ func TestCommands_UnreachableNATSLeavesTheStateDirAsItWas(t *testing.T) {
 // the demo whole.
 func TestServe_DemoStoppedHardPartWayLoadsWholeNextTime(t *testing.T) {
 	t.Setenv("NATS_URL", "")
-	bin := buildBinary(t, t.TempDir())
+	bin := buildBinary(t)
 	for attempt := 1; ; attempt++ {
 		dir := t.TempDir()
 		listen := fmt.Sprintf("127.0.0.1:%d", natstest.FreePort(t))

@@ -190,6 +190,7 @@ func splitShell(s string, env func(string) string) (words []string, comment stri
 }
 
 func TestSplitShell(t *testing.T) {
+	t.Parallel()
 	env := func(k string) string { return map[string]string{"STATE": "/s t", "X": "x"}[k] }
 	cases := []struct {
 		in      string

@@ -200,6 +200,7 @@ func TestCreds_ServeAndQuery(t *testing.T) {
 // negative --min-seq is the command line's fault: exit 2 with a message naming the flag, and no
 // request sent (the seat would answer 400, exit 3).
 func TestQuery_BoundsAreUsageErrors(t *testing.T) {
+	t.Parallel()
 	ns := natstest.RunServer(t)
 	nc, _ := natstest.Connect(t, ns.ClientURL())
 	sub, err := nc.SubscribeSync(query.Subject)

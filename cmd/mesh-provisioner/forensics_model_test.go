@@ -325,6 +325,7 @@ func resolve(src fmSource, bucket string, msgs []fmsg, created time.Time, p fmPo
 }
 
 func TestReplayCommand_HistoryAndDiffAgainstAModel(t *testing.T) {
+	t.Parallel()
 	ns := natstest.RunServer(t)
 	url := ns.ClientURL()
 	nc, js := natstest.Connect(t, url)

@@ -80,7 +80,12 @@ func demoSeat(tb testing.TB) *servedSeat {
 	return demo.seat
 }
 
+// TestMain runs four of the parallel tests at once: most of this package's tests wait on servers,
+// child processes and signals rather than compute (natstest.Parallel). Those that set the environment
+// (NATS_*, TMPDIR) or a package variable, fill a disk, or read the shared demo seat's counters stay
+// sequential.
 func TestMain(m *testing.M) {
+	natstest.Parallel(4)
 	code := m.Run()
 	if demo.seat != nil {
 		if err := demo.seat.stop(); err != nil {
@@ -90,6 +95,9 @@ func TestMain(m *testing.M) {
 	}
 	if demo.dir != "" {
 		os.RemoveAll(demo.dir)
+	}
+	if built.dir != "" {
+		os.RemoveAll(built.dir)
 	}
 	os.Exit(code)
 }

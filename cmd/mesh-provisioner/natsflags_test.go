@@ -71,6 +71,7 @@ func TestNATSFlags_EveryCommand(t *testing.T) {
 // docs/nats-accounts.conf grants: a consumer's name (and a create's filter) and a direct get's key
 // made wildcards, under any JetStream domain's API prefix; other requests as refused.
 func TestNATSFlags_GrantOf(t *testing.T) {
+	t.Parallel()
 	for refused, grant := range map[string]string{
 		"$JS.API.STREAM.INFO.KV_mesh-provisioner_needs":                                         "$JS.API.STREAM.INFO.KV_mesh-provisioner_needs",
 		"$JS.API.STREAM.NAMES":                                                                  "$JS.API.STREAM.NAMES",
@@ -92,6 +93,7 @@ func TestNATSFlags_GrantOf(t *testing.T) {
 // TestNATSFlags_ViolationLog: a violation is logged the first time, then at most once a minute per
 // grant, saying how many it did not log since.
 func TestNATSFlags_ViolationLog(t *testing.T) {
+	t.Parallel()
 	v := &violationLog{seen: map[string]*violationSeen{}}
 	t0 := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 	n, ok := v.say("publish a.>", t0)
@@ -114,6 +116,7 @@ func TestNATSFlags_ViolationLog(t *testing.T) {
 // index past their tokens), and the server's texts with more after the subject (a queue group) are
 // read alike; a refused advisory subscription does not stop a command.
 func TestNATSFlags_OddRefusals(t *testing.T) {
+	t.Parallel()
 	for _, s := range []string{"", ".", "..", "$JS", "$JS.", "$JS.API", "$JS.API.", "$JS.hub.API", "$JS.hub.API.CONSUMER",
 		"$JS.API.CONSUMER", "$JS.API.CONSUMER.CREATE", "$JS.API.CONSUMER.CREATE.S", "$JS.API.CONSUMER.MSG.NEXT.S",
 		"$JS.API.CONSUMER.INFO.S", "$JS.API.DIRECT.GET", "$JS.API.DIRECT.GET.S", "$KV", "$KV.b", "$KV..", "$JS.API.API.API"} {

@@ -20,6 +20,7 @@ import (
 // the last of those: 1,500 rows received, 1,024 printed, the error, and nothing to say the rest of
 // the first page was missing.
 func TestQuery_LaterPageFails(t *testing.T) {
+	t.Parallel()
 	ns := natstest.RunServer(t)
 	nc, _ := natstest.Connect(t, ns.ClientURL())
 	const page = 1500

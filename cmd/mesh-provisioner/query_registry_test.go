@@ -21,6 +21,7 @@ import (
 // TestQueryCommand_RegistryTable checks the table a person reads: a line per kind with its module, and
 // where to find the values, a bucket with its key shape or a verb.
 func TestQueryCommand_RegistryTable(t *testing.T) {
+	t.Parallel()
 	ns := natstest.RunServer(t)
 	nc, js := natstest.Connect(t, ns.ClientURL())
 	db, err := store.OpenState(t.TempDir(), store.Options{})
@@ -72,6 +73,7 @@ func TestQueryCommand_RegistryTable(t *testing.T) {
 // TestQueryCommand_InboxPrefix checks that the program's default inbox prefix fits the seat's user of
 // docs/nats-accounts.conf, and that --inbox-prefix lets a node's user ask.
 func TestQueryCommand_InboxPrefix(t *testing.T) {
+	t.Parallel()
 	ns := natstest.RunServerAt(t, "127.0.0.1:-1", t.TempDir(), "../../docs/nats-accounts.conf")
 	nc, js := natstest.Connect(t, ns.ClientURL(), nats.UserInfo("mesh-provisioner", "provisioner-change-me"),
 		nats.CustomInboxPrefix(defaultInboxPrefix))
@@ -107,6 +109,7 @@ func TestQueryCommand_InboxPrefix(t *testing.T) {
 // a seat that does not answer in time says how long it waited and the flag for it; flags that cannot
 // work are a wrong command line.
 func TestQuery_NoSeatOrNoAnswerSaysWhatToCheck(t *testing.T) {
+	t.Parallel()
 	ns := natstest.RunServer(t)
 	url := ns.ClientURL()
 	code, _, stderr := run(t, "query", "needs", "--nats", url)

@@ -31,6 +31,7 @@ func fakeSeat(t *testing.T, answer map[string]any) string {
 // TestQuery_RegistryWhereNeverBlank: a kind whose value names neither a bucket nor a verb (a hand
 // edit, another table's value) shows "-" in WHERE, not a blank cell or "bucket <nil>  <nil>".
 func TestQuery_RegistryWhereNeverBlank(t *testing.T) {
+	t.Parallel()
 	url := fakeSeat(t, map[string]any{"what": "registry", "rows": []any{
 		map[string]any{"key": "odd", "kind": "odd", "module": "m", "revision": 3, "value": map[string]any{"kind": "odd"}},
 		map[string]any{"key": "empty", "kind": "empty", "module": "m", "bucket": "", "verb": "", "revision": 4, "value": map[string]any{}},
@@ -49,6 +50,7 @@ func TestQuery_RegistryWhereNeverBlank(t *testing.T) {
 // decoded collection name may hold any of them: =0A is a newline); the anomalies header says when the
 // answer cut the list (anomalies_total above the rows shown).
 func TestQuery_TableQuotesOddCells(t *testing.T) {
+	t.Parallel()
 	odd := []string{"shell zsh", "two\nlines", "tab\there", `say "hi"`, "", "bell\a"}
 	var rows []any
 	for i, c := range odd {
@@ -88,6 +90,7 @@ func fieldsQuoted(line string) []string {
 // TestQuery_TableSaysOmittedValue: a row answered without its value (value null, value_omitted with
 // its size) says so in VALUE, not "null" as if the value were null.
 func TestQuery_TableSaysOmittedValue(t *testing.T) {
+	t.Parallel()
 	url := fakeSeat(t, map[string]any{"what": "applied", "rows": []any{
 		map[string]any{"key": "n1.big", "node": "n1", "module": "big", "revision": 1, "value": nil, "value_omitted": 2000000},
 		map[string]any{"key": "n1.nil", "node": "n1", "module": "nil", "revision": 2, "value": nil},
@@ -102,6 +105,7 @@ func TestQuery_TableSaysOmittedValue(t *testing.T) {
 // TestQuery_OnePageSaysMoreFollow: --one-page stops after the first answer; when that answer had
 // next, stderr says more rows follow and the --after that asks for them.
 func TestQuery_OnePageSaysMoreFollow(t *testing.T) {
+	t.Parallel()
 	url := fakeSeat(t, map[string]any{"what": "applied", "rows": []any{
 		map[string]any{"key": "n1.m", "node": "n1", "module": "m", "revision": 1, "value": map[string]any{}},
 	}, "anomalies": []any{}, "anomalies_total": 0, "as_of": 2, "synced": true, "next": "n1.m"})
@@ -116,6 +120,7 @@ func TestQuery_OnePageSaysMoreFollow(t *testing.T) {
 // TestQuery_HelpNamesTheRequestFields: query --help names the request field each flag sends, as the
 // contract writes them, and the bounds the command checks.
 func TestQuery_HelpNamesTheRequestFields(t *testing.T) {
+	t.Parallel()
 	code, _, stderr := run(t, "query", "--help")
 	require.Equal(t, 0, code)
 	for _, field := range []string{"request's what", "request's at", "request's limit: 1 to 10000 (default 1000)", "request's after",

@@ -31,6 +31,7 @@ import (
 // left ran on once there was room, tailing, answering and logging to serve's Stderr after its Run had
 // returned: its stop is begun, and ends it then, and it writes nothing more to the caller's streams.
 func TestServe_SignalWhileARebuildWaitsForRoom(t *testing.T) {
+	t.Parallel()
 	ns, nc, js := smallMeshServer(t)
 
 	var logs natstest.LogBuffer

@@ -25,6 +25,7 @@ import (
 // unfinished rebuild ("starting over", the fill of hours gone) and then failed on the new one. It
 // fails saying the disk is full and keeps the generation, which the next rebuild, room back, resumes.
 func TestRebuild_FullDiskKeepsTheUnfinishedRebuild(t *testing.T) {
+	t.Parallel()
 	url, last := smallMesh(t)
 	dir := filepath.Join(t.TempDir(), "state")
 	gen := rebuiltWithUnfinished(t, url, dir)
@@ -58,6 +59,7 @@ func TestRebuild_FullDiskKeepsTheUnfinishedRebuild(t *testing.T) {
 // of room, exits as stopped by the signal, and keeps the generation: the next rebuild, room back,
 // resumes it and finishes.
 func TestRebuild_SignalWhileAWriteWaitsForRoom(t *testing.T) {
+	t.Parallel()
 	requireHeldRebuildResumes(t, tablesGrown, inTheFill(bySignal))
 }
 
@@ -93,6 +95,7 @@ func (f finalBarLogged) String() string {
 // or a test reading the output raced it; a process exiting in that moment had swapped or not). A fill
 // whose command has stopped swaps nothing: the next rebuild resumes the generation.
 func TestRebuild_SignalWhileTheCloseWaitsForRoom(t *testing.T) {
+	t.Parallel()
 	requireHeldRebuildResumes(t, func(_ string, log fmt.Stringer) fmt.Stringer { return finalBarLogged{log: log} }, bySignal)
 }
 
@@ -109,6 +112,7 @@ func bySignal(t *testing.T, _ *RebuildCommand, cancel context.CancelFunc) func(e
 // (stopOnDenied), and while a write of its generation waited for room it ended "context canceled",
 // neither naming what was refused nor what to grant. It says the refusal, and keeps the generation.
 func TestRebuild_DeniedWhileAWriteWaitsForRoom(t *testing.T) {
+	t.Parallel()
 	requireHeldRebuildResumes(t, tablesGrown,
 		inTheFill(func(t *testing.T, cmd *RebuildCommand, _ context.CancelFunc) func(err error) {
 			// What the connection's error handler does on a violation (natsflags.go); cmd.nats.denied

@@ -15,6 +15,7 @@ import (
 // the local event log. replay and export refuse it too. A state dir with nothing in it yet is rebuilt
 // from such a NATS as before.
 func TestRebuild_ANATSWithoutTheBucketsChangesNothing(t *testing.T) {
+	t.Parallel()
 	url, last := smallMesh(t)
 	dir := filepath.Join(t.TempDir(), "state")
 	_, errOut, code := runCmd(t, "rebuild", "--nats", url, "--state", dir)

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -20,13 +21,30 @@ import (
 	"github.com/novox/mesh-provisioner/store"
 )
 
-// buildBinary builds the command into dir.
-func buildBinary(t *testing.T, dir string) string {
+// built is the command built once per package run, on first use (three tests run it as a child
+// process; each built it, about 6 s of CPU a link), and removed by TestMain.
+var built struct {
+	once sync.Once
+	dir  string
+	path string
+	err  error
+}
+
+// buildBinary returns the path of the command built from this tree.
+func buildBinary(t *testing.T) string {
 	t.Helper()
-	bin := filepath.Join(dir, "mesh-provisioner")
-	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
-	require.NoError(t, err, "go build: %s", out)
-	return bin
+	built.once.Do(func() {
+		built.dir, built.err = os.MkdirTemp("", "mesh-provisioner-bin-")
+		if built.err != nil {
+			return
+		}
+		built.path = filepath.Join(built.dir, "mesh-provisioner")
+		if out, err := exec.Command("go", "build", "-o", built.path, ".").CombinedOutput(); err != nil {
+			built.err = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	require.NoError(t, built.err)
+	return built.path
 }
 
 // pendingBytes is how much the newest generation, when CURRENT does not name it, has written to its
@@ -85,7 +103,8 @@ func startKilled(t *testing.T, bin, url, dir string, killAt int64) bool {
 }
 
 func TestRebuild_KilledMidwayTheNextStartOpensAndFinishes(t *testing.T) {
-	bin := buildBinary(t, t.TempDir())
+	t.Parallel()
+	bin := buildBinary(t)
 	ns := natstest.RunServer(t)
 	_, js := natstest.Connect(t, ns.ClientURL())
 	ctx := context.Background()
@@ -160,6 +179,7 @@ func smallMesh(t *testing.T) (string, map[string]uint64) {
 // rebuild" (serve opens the only generation and writes CURRENT anew, store.Resolve), so rebuild must
 // not refuse it.
 func TestRebuild_BrokenCurrentIsRebuilt(t *testing.T) {
+	t.Parallel()
 	url, last := smallMesh(t)
 	for name, current := range map[string]string{
 		"garbage":        "garbage\n",
@@ -186,6 +206,7 @@ func TestRebuild_BrokenCurrentIsRebuilt(t *testing.T) {
 // one was meant. rebuild writes nothing there (it filled a second state dir beside the seat's and
 // said "rebuilt"), and replay does not answer "no projection yet" alone.
 func TestRebuild_TheParentOfAStateDirIsNotOne(t *testing.T) {
+	t.Parallel()
 	url, last := smallMesh(t)
 	parent := t.TempDir()
 	dir := filepath.Join(parent, "state")

@@ -559,12 +559,8 @@ func (c *ReplayCommand) runDiff(ctx context.Context, l *replay.Log, req query.Re
 	// a whole bucket of millions of keys holds none of its rows in memory.
 	var parts [5]*spool
 	for i := range parts {
-		sp, err := newSpool()
-		if err != nil {
-			return err
-		}
-		defer sp.close()
-		parts[i] = sp
+		parts[i] = newSpool()
+		defer parts[i].close()
 	}
 	var fromSeq, toSeq uint64
 	ordered := func(a, b uint64) error {

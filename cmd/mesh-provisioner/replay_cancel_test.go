@@ -78,6 +78,7 @@ func bigLog(t *testing.T, keys, revisions int) (dir, hot string) {
 // of a key with a long life, or a diff or state of a whole bucket, used to run to its end, printing
 // everything, whatever the operator pressed.
 func TestReplayCommand_CancelStopsEachQuestion(t *testing.T) {
+	t.Parallel()
 	dir, hot := bigLog(t, 5000, 5000)
 	mid := "seq:2500"
 	// Uncancelled, each answer holds a key of node n9, whose keys come last in byte order (the state's
@@ -150,6 +151,7 @@ func TestReplayCommand_CancelStopsEachQuestion(t *testing.T) {
 // of the bucket (of a module's range, every key too, filtered by its parts), which asked no context and
 // ran to its end, millions of keys, before the command looked at it between pages.
 func TestReplayCommand_CancelStopsAStateWithinAPage(t *testing.T) {
+	t.Parallel()
 	dir, _ := bigLog(t, 5000, 10)
 	for _, args := range [][]string{
 		{"state", "needs", "--at", "seq:5000"},
@@ -178,6 +180,7 @@ func bigLogToExport(t *testing.T) (*replay.Log, string) {
 // Reading an archive stops on Ctrl-C whether or not a progress is told: replay.FromArchive asked its
 // context only when it had a progress to report to, so a caller without one read it to its end.
 func TestFromArchive_CancelWithoutProgress(t *testing.T) {
+	t.Parallel()
 	l, archive := bigLogToExport(t)
 	_, err := replay.ExportLog(context.Background(), l.DB, archive, "test", nil)
 	require.NoError(t, err)
@@ -192,6 +195,7 @@ func TestFromArchive_CancelWithoutProgress(t *testing.T) {
 // into the archive, gigabytes for a large mesh, with no context asked; an export cancelled then wrote
 // its archive whole. It now leaves none, as one cancelled earlier does.
 func TestExportLog_CancelWhileTheArchiveIsWritten(t *testing.T) {
+	t.Parallel()
 	l, archive := bigLogToExport(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

@@ -135,6 +135,7 @@ func drawNodeHistory(r *rand.Rand, n int, removals bool) []nodeMsg {
 }
 
 func TestReplayNode_SameAsTheWholeStream(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name       string
 		removals   bool

@@ -37,6 +37,7 @@ func runCmd(t *testing.T, args ...string) (string, string, int) {
 }
 
 func TestReplayCommand_SourcesAgree(t *testing.T) {
+	t.Parallel()
 	ns := natstest.RunServer(t)
 	url := ns.ClientURL()
 	_, js := natstest.Connect(t, url)
@@ -128,6 +129,7 @@ func TestReplayCommand_SourcesAgree(t *testing.T) {
 }
 
 func TestReplayCommand_Errors(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		args []string
 		code int
@@ -174,6 +176,7 @@ func TestReplayCommand_Errors(t *testing.T) {
 }
 
 func TestReplayCommand_PointTheStreamsNoLongerHoldIs410(t *testing.T) {
+	t.Parallel()
 	ns := natstest.RunServer(t)
 	_, js := natstest.Connect(t, ns.ClientURL())
 	ctx := context.Background()
@@ -205,6 +208,7 @@ func TestReplayCommand_PointTheStreamsNoLongerHoldIs410(t *testing.T) {
 // replay and export --state on a broken state dir say so and what to do, and answer nothing: an empty
 // answer from a generation that holds nothing would read as "the bucket was empty then".
 func TestReplayCommand_BrokenStateSaysRebuild(t *testing.T) {
+	t.Parallel()
 	url, _ := smallMesh(t)
 	for name, damage := range map[string]func(t *testing.T, dir string){
 		"CURRENT names a generation that does not exist": func(t *testing.T, dir string) {
@@ -246,6 +250,7 @@ func TestReplayCommand_BrokenStateSaysRebuild(t *testing.T) {
 // log (export --state, the one the docs say to keep before a schema change) answers plans as the log
 // does, and an offline log holds all it ever will, so its plans answers are synced.
 func TestExport_EveryBucketOnceFromEitherSource(t *testing.T) {
+	t.Parallel()
 	ns := natstest.RunServer(t)
 	url := ns.ClientURL()
 	_, js := natstest.Connect(t, url)
@@ -308,6 +313,7 @@ func TestExport_EveryBucketOnceFromEitherSource(t *testing.T) {
 // or an archive of a large mesh takes minutes), with exit 2, alike for state and diff. The source here
 // is a NATS server that is not there: reaching it would fail with exit 1.
 func TestReplayCommand_PointsAreCheckedBeforeTheSourceIsRead(t *testing.T) {
+	t.Parallel()
 	gone := []string{"--nats", "nats://127.0.0.1:1"}
 	for _, tc := range []struct {
 		args []string
@@ -333,6 +339,7 @@ func TestReplayCommand_PointsAreCheckedBeforeTheSourceIsRead(t *testing.T) {
 // diff with --from after --to would list every row added since as removed: refused, also when the two
 // points are of different kinds and only the log can order them.
 func TestReplayCommand_DiffFromAfterToIsRefused(t *testing.T) {
+	t.Parallel()
 	url, last := smallMesh(t)
 	dir := filepath.Join(t.TempDir(), "state")
 	_, errOut, code := runCmd(t, "rebuild", "--nats", url, "--state", dir)
@@ -354,6 +361,7 @@ func TestReplayCommand_DiffFromAfterToIsRefused(t *testing.T) {
 // A flag the question does not read is refused, not ignored: `history --at` would otherwise list every
 // revision, past the point asked.
 func TestReplayCommand_FlagsTheQuestionDoesNotRead(t *testing.T) {
+	t.Parallel()
 	dir := filepath.Join(t.TempDir(), "none")
 	for _, tc := range []struct {
 		args []string
@@ -404,6 +412,7 @@ func TestReplayCommand_OneSource(t *testing.T) {
 // replaced without --force, and a directory or a missing parent is said at once rather than after
 // the whole export (a directory failed at the final rename, naming a temporary file in its parent).
 func TestExport_OutIsCheckedFirstAndNeverReplacedUnasked(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	kept := filepath.Join(dir, "incident.mph")
 	require.NoError(t, os.WriteFile(kept, []byte("evidence"), 0o600))
@@ -452,6 +461,7 @@ func TestExport_OutIsCheckedFirstAndNeverReplacedUnasked(t *testing.T) {
 // its decoded collection name, or with lower-case escapes, is not the raw key either: the answer is
 // still that the log holds no revision of it, but it names the raw key that has them.
 func TestReplayCommand_HistoryOfAKeyAsAnOperatorWritesIt(t *testing.T) {
+	t.Parallel()
 	ns := natstest.RunServer(t)
 	url := ns.ClientURL()
 	_, js := natstest.Connect(t, url)
@@ -501,6 +511,7 @@ func TestReplayCommand_HistoryOfAKeyAsAnOperatorWritesIt(t *testing.T) {
 // `n1.>`, and replay history of that key lists it, as of every other key it names in an anomaly row.
 // It was refused at once as "a wildcard", so the one message that wiped a node could not be looked at.
 func TestReplayCommand_HistoryOfAKeyWithAWildcardToken(t *testing.T) {
+	t.Parallel()
 	ns := natstest.RunServer(t)
 	url := ns.ClientURL()
 	_, js := natstest.Connect(t, url)
@@ -724,6 +735,7 @@ func TestReplay_QuestionBucketsAnswerAsEveryBucket(t *testing.T) {
 // never while it runs. Left, each such copy kept hard links to tables the seat later compacted away,
 // and copies of its WALs, on the state dir's disk for good.
 func TestReplayCommand_KilledReadersCopyIsRemoved(t *testing.T) {
+	t.Parallel()
 	url, _ := smallMesh(t)
 	dir := filepath.Join(t.TempDir(), "state")
 	_, errOut, code := runCmd(t, "rebuild", "--nats", url, "--state", dir)
@@ -764,6 +776,7 @@ func TestReplayCommand_KilledReadersCopyIsRemoved(t *testing.T) {
 // needs keys, docs/performance.md "Session 12"). It now reads the key's own subject, and the stream's
 // sequences (headers only) once some were removed, and answers what an archive of the streams does.
 func TestReplayCommand_HistoryFromTheStreamsReadsTheKeyAlone(t *testing.T) {
+	t.Parallel()
 	ns := natstest.RunServer(t)
 	url := ns.ClientURL()
 	nc, js := natstest.Connect(t, url)
@@ -842,6 +855,7 @@ func TestReplayCommand_HistoryFromTheStreamsReadsTheKeyAlone(t *testing.T) {
 // such a key failed ("create consumer: nats: invalid subject name"), and one with an empty token, a
 // typo, failed with "no responders": each now answers what the archive of the streams does.
 func TestReplayCommand_HistoryFromTheStreamsOfAKeyNoFilterNamesAlone(t *testing.T) {
+	t.Parallel()
 	ns := natstest.RunServer(t)
 	url := ns.ClientURL()
 	_, js := natstest.Connect(t, url)
@@ -879,6 +893,7 @@ func TestReplayCommand_HistoryFromTheStreamsOfAKeyNoFilterNamesAlone(t *testing.
 // archive of the streams says so with a gap open from there, and replay history --nats said nothing
 // of it ("0 revisions", no gap). It now reads the stream's end as the archive does.
 func TestReplayCommand_HistoryFromTheStreamsWhoseLastMessageWasRemoved(t *testing.T) {
+	t.Parallel()
 	ns := natstest.RunServer(t)
 	url := ns.ClientURL()
 	_, js := natstest.Connect(t, url)
@@ -912,6 +927,7 @@ func TestReplayCommand_HistoryFromTheStreamsWhoseLastMessageWasRemoved(t *testin
 // node and module, its node, the same key on other nodes), never for every key of the bucket, so that a
 // bucket of millions of keys answers as fast as a small one.
 func TestReplayCommand_HistoryFromTheStreamsSuggestsKeysNearIt(t *testing.T) {
+	t.Parallel()
 	ns := natstest.RunServer(t)
 	url := ns.ClientURL()
 	nc, js := natstest.Connect(t, url)

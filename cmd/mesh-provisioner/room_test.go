@@ -28,6 +28,7 @@ import (
 // mesh_provisioner_state_out_of_room is 1; the micro stats carry out_of_room. Once there is room, all
 // three clear and /readyz is 200 again.
 func TestServe_ReadyzSaysTheDiskIsFull(t *testing.T) {
+	t.Parallel()
 	ns, nc, js := smallMeshServer(t)
 
 	db, full, _, log, _ := stateOnAFailingDisk(t, syscall.ENOSPC)

@@ -55,6 +55,7 @@ var serveMesh = fixtures.Mesh{Seed: 5, Nodes: 30, Modules: 3, NeedsPerModule: 3,
 // metrics say lag 0 at the streams' last sequences; the logs say the config once, each bucket synced
 // once, and nothing per message or per request.
 func TestServe_MetricsAndLogs(t *testing.T) {
+	t.Parallel()
 	ns := natstest.RunServer(t)
 	nc, js := natstest.Connect(t, ns.ClientURL())
 	require.NoError(t, fixtures.Load(context.Background(), js, serveMesh.Ops(), 256, nil))
@@ -169,6 +170,7 @@ func TestServe_MetricsAndLogs(t *testing.T) {
 // set up before the listing existed): the lag metric asks the streams themselves, and follows new
 // messages instead of showing nothing, or the last value listed.
 func TestServe_LagWithoutStreamListPermission(t *testing.T) {
+	t.Parallel()
 	ns := natstest.RunServerDeniedStreamList(t)
 	ctx := context.Background()
 	_, js := natstest.Connect(t, ns.ClientURL(), nats.UserInfo("admin", "admin"))
@@ -214,6 +216,7 @@ func TestServe_LagWithoutStreamListPermission(t *testing.T) {
 // --pprof serves Go's profiles beside the metrics, and only there: without --metrics-addr it is a usage
 // error, and without --pprof the path is not served.
 func TestServe_Pprof(t *testing.T) {
+	t.Parallel()
 	ns := natstest.RunServer(t)
 	s, err := startServe(t.TempDir(), "--nats", ns.ClientURL(), "--metrics-addr", "127.0.0.1:0", "--pprof")
 	require.NoError(t, err)
@@ -244,6 +247,7 @@ func TestServe_Pprof(t *testing.T) {
 
 // --registry-interval 0 or below is a usage error: the writer took it for an hour without a word.
 func TestServe_RegistryIntervalMustBePositive(t *testing.T) {
+	t.Parallel()
 	for _, v := range []string{"0", "-1m"} {
 		rc, _, stderr := run(t, "serve", "--nats", "nats://127.0.0.1:1", "--registry-interval", v, "--state", filepath.Join(t.TempDir(), "state"))
 		require.Equal(t, 2, rc, stderr)

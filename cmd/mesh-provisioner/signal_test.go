@@ -19,7 +19,8 @@ import (
 // for the signal (130, 143), not as a failure with "context canceled" (exit 1), which a script could
 // not tell from a command that failed.
 func TestMain_StoppedBySignal(t *testing.T) {
-	bin := buildBinary(t, t.TempDir())
+	t.Parallel()
+	bin := buildBinary(t)
 	ns := natstest.RunServer(t)
 	nc, _ := natstest.Connect(t, ns.ClientURL())
 	asked := make(chan struct{}, 4)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -13,41 +14,71 @@ import (
 	"github.com/novox/mesh-provisioner/internal/ctxio"
 )
 
-// spool is one part of an answer written in pieces (the rows a diff added, say), kept in a temporary
-// file until the parts before it are printed, so that a long answer is never held in memory.
+// spool is one part of an answer written in pieces (the rows a diff added, say), kept in memory up to
+// spoolMem and in a temporary file past that, until the parts before it are printed, so that a long
+// answer is never held in memory. A diff writes five of them: each made its temporary file at once,
+// and a diff of a few rows (a node's, as a test asks thousands of) spent most of its time creating and
+// removing five empty files.
 type spool struct {
-	f *os.File
-	w *bufio.Writer
-	n int // pieces written
+	mem []byte   // what was written, while it fits in spoolMem
+	f   *os.File // once it did not
+	w   *bufio.Writer
+	n   int // pieces written
 }
 
-func newSpool() (*spool, error) {
-	f, err := os.CreateTemp("", "mesh-provisioner-replay-")
-	if err != nil {
-		return nil, fmt.Errorf("temporary file: %w", err)
+// spoolMem is how much a spool holds in memory before it writes to a temporary file, and the size of
+// that file's buffer.
+const spoolMem = 1 << 16
+
+func newSpool() *spool { return &spool{} }
+
+// write adds b, moving what was written to a temporary file the first time it outgrows spoolMem.
+func (s *spool) write(b []byte) error {
+	if s.f == nil {
+		if len(s.mem)+len(b) <= spoolMem {
+			s.mem = append(s.mem, b...)
+			return nil
+		}
+		f, err := os.CreateTemp("", "mesh-provisioner-replay-")
+		if err != nil {
+			return fmt.Errorf("temporary file: %w", err)
+		}
+		s.f, s.w = f, bufio.NewWriterSize(f, spoolMem)
+		if _, err := s.w.Write(s.mem); err != nil {
+			return err
+		}
+		s.mem = nil
 	}
-	return &spool{f: f, w: bufio.NewWriterSize(f, 1<<16)}, nil
+	_, err := s.w.Write(b)
+	return err
 }
 
 // element writes one element of a JSON array, with the comma before it.
 func (s *spool) element(b []byte) error {
 	if s.n > 0 {
-		s.w.WriteByte(',')
+		if err := s.write([]byte{','}); err != nil {
+			return err
+		}
 	}
 	s.n++
-	_, err := s.w.Write(b)
-	return err
+	return s.write(b)
 }
 
 // line writes one line of a table.
 func (s *spool) line(format string, args ...any) error {
 	s.n++
-	_, err := fmt.Fprintf(s.w, format, args...)
-	return err
+	return s.write(fmt.Appendf(nil, format, args...))
 }
+
+// inFile reports whether the spool outgrew memory: false for what fits in spoolMem.
+func (s *spool) inFile() bool { return s.f != nil }
 
 // copyTo writes what was spooled to w, and stops with ctx's error once ctx is done.
 func (s *spool) copyTo(ctx context.Context, w io.Writer) error {
+	if s.f == nil {
+		_, err := io.Copy(w, ctxio.Reader{Ctx: ctx, R: bytes.NewReader(s.mem)})
+		return err
+	}
 	if err := s.w.Flush(); err != nil {
 		return err
 	}
@@ -60,18 +91,23 @@ func (s *spool) copyTo(ctx context.Context, w io.Writer) error {
 
 // reader reads back what was spooled.
 func (s *spool) reader() (*bufio.Reader, error) {
+	if s.f == nil {
+		return bufio.NewReader(bytes.NewReader(s.mem)), nil
+	}
 	if err := s.w.Flush(); err != nil {
 		return nil, err
 	}
 	if _, err := s.f.Seek(0, io.SeekStart); err != nil {
 		return nil, err
 	}
-	return bufio.NewReaderSize(s.f, 1<<16), nil
+	return bufio.NewReaderSize(s.f, spoolMem), nil
 }
 
 func (s *spool) close() {
-	s.f.Close()
-	os.Remove(s.f.Name())
+	if s.f != nil {
+		s.f.Close()
+		os.Remove(s.f.Name())
+	}
 }
 
 // tableChunk is how many lines a table aligns at a time: tabwriter holds what it aligns, so a table of

@@ -22,6 +22,7 @@ import (
 // open of a large state dir takes tens of seconds, docs/decisions.md), start the seat, answer, and
 // only then stop. The state dir is left as it was: the next serve answers from it.
 func TestServe_SignalDuringStartStopsIt(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	s, err := startServe(dir)
 	require.NoError(t, err)
@@ -48,6 +49,7 @@ func TestServe_SignalDuringStartStopsIt(t *testing.T) {
 // commits its last batch. It stops as a kill would instead, saying so, and the next start reads
 // what was not written again from the streams.
 func TestServe_SignalWhileTheDiskIsFull(t *testing.T) {
+	t.Parallel()
 	_, nc, js := smallMeshServer(t)
 
 	db, full, logs, log, _ := stateOnAFailingDisk(t, syscall.ENOSPC)
@@ -77,6 +79,7 @@ func TestServe_SignalWhileTheDiskIsFull(t *testing.T) {
 // Pebble panic and serve die with a stack trace. Now serve stops by itself, saying the state dir
 // cannot be written and what to do, and returns store.ErrWriteFailed (exit 1).
 func TestServe_WriteFailsWithEIO(t *testing.T) {
+	t.Parallel()
 	ns, _, js := smallMeshServer(t)
 
 	db, broken, logs, log, _ := stateOnAFailingDisk(t, syscall.EIO)

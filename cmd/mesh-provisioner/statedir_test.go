@@ -11,6 +11,7 @@ import (
 // A state dir whose CURRENT is lost beside two generations: serve refuses it (exit 1), naming both and
 // saying to run rebuild, and leaves both; rebuild then builds it anew, each removal logged.
 func TestServe_LostCurrentTwoGenerationsSaysRebuild(t *testing.T) {
+	t.Parallel()
 	url, last := smallMesh(t)
 	dir := filepath.Join(t.TempDir(), "state")
 	rebuiltWithUnfinished(t, url, dir)

@@ -23,6 +23,7 @@ import (
 // without draining as soon as a write is held, naming the state dir, as for a signal that finds one
 // held; nothing is lost, and the next start reads on from what was committed.
 func TestServe_DiskFillsDuringTheStop(t *testing.T) {
+	t.Parallel()
 	_, nc, js := smallMeshServer(t)
 
 	var logs natstest.LogBuffer

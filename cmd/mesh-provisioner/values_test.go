@@ -26,6 +26,7 @@ import (
 // that are not MessagePack still are. Their JSON (query --json, replay state, diff and history
 // --json) gives the bytes as value_raw.
 func TestTables_ValuesJSONCannotShow(t *testing.T) {
+	t.Parallel()
 	ns := natstest.RunServer(t)
 	url := ns.ClientURL()
 	nc, js := natstest.Connect(t, url)

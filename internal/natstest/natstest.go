@@ -7,6 +7,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"net"
 	"os"
@@ -333,4 +334,24 @@ func Body(req any, asMsgpack bool) ([]byte, error) {
 		return msgpack.Marshal(req)
 	}
 	return json.Marshal(req)
+}
+
+// Parallel sets how many parallel tests of the package run at once (-test.parallel) to n, unless the
+// command line sets it. For a package whose tests mostly wait (on servers, polls, backoffs and
+// timeouts) rather than compute: Go's default, GOMAXPROCS, is 2 on the 2-core machine make test runs
+// on, which kept its cores idle for most of such a package's run (docs/reliability.md, session 17).
+// Call it from TestMain, before m.Run. A test that sets process-wide state (an environment variable,
+// a package variable, GOMAXPROCS, rlimits) or counts the process's goroutines or heap does not call
+// t.Parallel: it runs before the parallel ones start, alone.
+func Parallel(n int) {
+	if !flag.Parsed() {
+		flag.Parse()
+	}
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
+	if !set {
+		if err := flag.Set("test.parallel", strconv.Itoa(n)); err != nil {
+			panic(err)
+		}
+	}
 }
