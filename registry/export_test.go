@@ -7,3 +7,6 @@ func SetRetry(w *Writer, min, max time.Duration) { w.retryMin, w.retryMax = min,
 
 // SetWakeGap shortens the least time between passes that wakes ask for.
 func SetWakeGap(w *Writer, d time.Duration) { w.wakeGap = d }
+
+// ErrDisconnected ends a pass whose connection dropped.
+var ErrDisconnected = errDisconnected

@@ -228,11 +228,43 @@ func (w *Writer) pass(ctx context.Context, lostOnly bool) (int, error) {
 	defer cancel()
 	ctx, unwatch := denied.Context(ctx, w.js.Conn(), registrySubject)
 	defer unwatch()
+	ctx, stop := untilDisconnected(ctx, w.js.Conn())
+	defer stop()
 	n, err := w.passOnce(ctx, lostOnly)
 	if de := denied.Cause(ctx, err); de != err {
 		err = fmt.Errorf("%w (the pass was cut short: %v)", de, err)
+	} else if err != nil && errors.Is(context.Cause(ctx), errDisconnected) {
+		err = fmt.Errorf("%w (the pass was cut short: %v)", errDisconnected, err)
 	}
 	return n, err
+}
+
+// errDisconnected ends a pass whose connection dropped (untilDisconnected).
+var errDisconnected = errors.New("registry pass: the NATS connection dropped; the pass is tried again once it is back")
+
+// untilDisconnected returns a context below ctx that ends, with errDisconnected as its cause, when the
+// connection drops. A request in flight then is never answered (the server that took it is gone), and
+// nats.go keeps waiting for its answer across the reconnect: a pass cut by a server's restart waited
+// out passTimeout, 30 s, before the loop's backoff (250 ms at first) tried again. stop releases the
+// listener and its goroutine.
+func untilDisconnected(ctx context.Context, nc *nats.Conn) (context.Context, func()) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	if nc == nil {
+		return ctx, func() { cancel(nil) }
+	}
+	ch := nc.StatusChanged(nats.DISCONNECTED, nats.RECONNECTING, nats.CLOSED)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if _, ok := <-ch; ok { // closed by stop: the pass is over
+			cancel(errDisconnected)
+		}
+	}()
+	return ctx, func() {
+		nc.RemoveStatusListener(ch)
+		<-done
+		cancel(nil)
+	}
 }
 
 // registrySubject matches the subjects a pass publishes to: the registry's keys, its stream's JetStream

@@ -813,3 +813,41 @@ func TestWriter_DeniedPublishFailsAtOnce(t *testing.T) {
 	waitPasses(t, w, 1)
 	require.NoError(t, equalsContract(t, js))
 }
+
+// A pass whose request the server never answers, because the connection dropped with it in flight,
+// ends at the drop and says so: nats.go keeps waiting for the answer across the reconnect, and a pass
+// cut by a server's restart waited out its 30 s timeout before the writer tried again (seen in
+// TestFault_ServerRestartsMidIngest). Once reconnected, the next pass writes the table.
+func TestWriter_PassEndsWhenTheConnectionDrops(t *testing.T) {
+	ns := natstest.RunServer(t)
+	p := natstest.RunProxy(t, ns.Addr().String())
+	_, js := natstest.Connect(t, p.URL(), nats.ReconnectWait(20*time.Millisecond), nats.MaxReconnects(-1))
+	w := registry.New(js, provisioner.Registry, time.Hour, slog.New(slog.DiscardHandler))
+
+	p.Hold() // the server's answers are held back: the pass's first request waits for its answer
+	sent := func() uint64 {
+		v, err := ns.Varz(nil)
+		require.NoError(t, err)
+		return uint64(v.InMsgs)
+	}
+	before := sent()
+	errc := make(chan error, 1)
+	go func() {
+		_, err := w.Pass(context.Background())
+		errc <- err
+	}()
+	natstest.CheckFor(t, 10*time.Second, time.Millisecond, func() error {
+		if sent() == before {
+			return fmt.Errorf("the pass has sent nothing yet")
+		}
+		return nil
+	})
+	p.Cut()
+	p.Release()
+	err := natstest.Receive(t, errc, 25*time.Second, "the pass to end")
+	require.ErrorIs(t, err, registry.ErrDisconnected, "ended by the drop, not by its timeout")
+
+	n, err := w.Pass(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, len(provisioner.Registry.Entries), n, "the next pass writes every kind")
+}

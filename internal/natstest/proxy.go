@@ -102,6 +102,18 @@ func (p *Proxy) toClient(c, s net.Conn) {
 	}
 }
 
+// Cut closes every connection the Proxy forwards, as a server's restart or a broken link would: what
+// it held back for them is lost with them. It still takes new connections.
+func (p *Proxy) Cut() {
+	p.mu.Lock()
+	cons := p.cons
+	p.cons = nil
+	p.mu.Unlock()
+	for _, c := range cons {
+		_ = c.Close()
+	}
+}
+
 func (p *Proxy) close() {
 	_ = p.ln.Close()
 	p.mu.Lock()
