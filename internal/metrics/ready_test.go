@@ -270,7 +270,18 @@ func TestMetrics_ReadyzNamesASyncedComposedBucketThatCannotBeRead(t *testing.T) 
 		return nil
 	})
 
-	// Someone else takes the stream's one consumer; a composition comes.
+	// Someone else takes the stream's one consumer, once the parked seat's is gone from the server
+	// (parking deletes it; the server may count it a moment longer); a composition comes.
+	natstest.CheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
+		info, err := s2.Info(ctx)
+		if err != nil {
+			return err
+		}
+		if info.State.Consumers != 0 {
+			return fmt.Errorf("the stream still counts %d consumers", info.State.Consumers)
+		}
+		return nil
+	})
 	_, err = s2.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: "other"})
 	require.NoError(t, err)
 	_, err = js.Publish(ctx, "$KV.composed-n2.web.2", publishedComp)
