@@ -10,7 +10,6 @@ import (
 
 	provisioner "github.com/novox/mesh-provisioner"
 	"github.com/novox/mesh-provisioner/internal/faultfs"
-	"github.com/novox/mesh-provisioner/internal/natstest"
 	"github.com/novox/mesh-provisioner/store"
 )
 
@@ -39,12 +38,7 @@ func TestServer_OutOfFileDescriptorsSaysAskAgain(t *testing.T) {
 	}
 	db.SetSynced(provisioner.BucketNeeds, true)
 
-	ns := natstest.RunServer(t)
-	snc, _ := natstest.Connect(t, ns.ClientURL())
-	s := NewServer(StoreReader(db), Options{})
-	require.NoError(t, s.Start(snc, nil))
-	t.Cleanup(s.Stop)
-	nc, _ := natstest.Connect(t, ns.ClientURL())
+	s, nc := serveStore(t, db)
 
 	out.Store(true)
 	ask := []byte(`{"what":"needs","limit":10000}`)

@@ -14,6 +14,7 @@ import (
 
 	provisioner "github.com/novox/mesh-provisioner"
 	"github.com/novox/mesh-provisioner/internal/natstest"
+	"github.com/novox/mesh-provisioner/store"
 )
 
 // serveVerb serves the verb from a small store of needs on a real NATS server, and returns a client
@@ -27,13 +28,21 @@ func serveVerb(t *testing.T) *nats.Conn {
 	}
 	require.NoError(t, db.Apply(provisioner.BucketNeeds, msgs, 1, true))
 	db.SetSynced(provisioner.BucketNeeds, true)
+	_, nc := serveStore(t, db)
+	return nc
+}
+
+// serveStore serves the verb from db on a real NATS server of its own, and returns the Server and a
+// client connection to ask it with.
+func serveStore(t *testing.T, db *store.DB) (*Server, *nats.Conn) {
+	t.Helper()
 	ns := natstest.RunServer(t)
 	snc, _ := natstest.Connect(t, ns.ClientURL())
 	s := NewServer(StoreReader(db), Options{})
 	require.NoError(t, s.Start(snc, nil))
 	t.Cleanup(s.Stop)
 	nc, _ := natstest.Connect(t, ns.ClientURL())
-	return nc
+	return s, nc
 }
 
 // verbAnswer is an answer of the verb as a client reads it: the error code (200 when none) and

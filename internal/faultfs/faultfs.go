@@ -160,38 +160,41 @@ func FillTo(t testing.TB, path string, leave int64) {
 // table, ".log" a write-ahead log) fails with EMFILE while out is set, as in a process out of
 // descriptors; every other operation goes through.
 func NoDescriptors(suffix string, out *atomic.Bool) vfs.FS {
-	return noDescriptors{vfs.Default, suffix, out}
-}
-
-type noDescriptors struct {
-	vfs.FS
-	suffix string
-	out    *atomic.Bool
-}
-
-func (fs noDescriptors) Create(name string, c vfs.DiskWriteCategory) (vfs.File, error) {
-	if fs.out.Load() && strings.HasSuffix(name, fs.suffix) {
-		return nil, &os.PathError{Op: "open", Path: name, Err: syscall.EMFILE}
-	}
-	return fs.FS.Create(name, c)
+	return noDescriptors{vfs.Default, suffix, out, false}
 }
 
 // NoDescriptorsToRead wraps the disk so that opening an existing file whose name ends in suffix
 // (".sst": a table a read opens into Pebble's table cache) fails with EMFILE while out is set; every
 // other operation goes through.
 func NoDescriptorsToRead(suffix string, out *atomic.Bool) vfs.FS {
-	return noDescriptorsToRead{vfs.Default, suffix, out}
+	return noDescriptors{vfs.Default, suffix, out, true}
 }
 
-type noDescriptorsToRead struct {
+type noDescriptors struct {
 	vfs.FS
 	suffix string
 	out    *atomic.Bool
+	reads  bool // opens of existing files fail, not creates
 }
 
-func (fs noDescriptorsToRead) Open(name string, opts ...vfs.OpenOption) (vfs.File, error) {
-	if fs.out.Load() && strings.HasSuffix(name, fs.suffix) {
-		return nil, &os.PathError{Op: "open", Path: name, Err: syscall.EMFILE}
+// fails is the error of a create (reads false) or an open (reads true) of name, or nil.
+func (fs noDescriptors) fails(name string, reads bool) error {
+	if reads == fs.reads && fs.out.Load() && strings.HasSuffix(name, fs.suffix) {
+		return &os.PathError{Op: "open", Path: name, Err: syscall.EMFILE}
+	}
+	return nil
+}
+
+func (fs noDescriptors) Create(name string, c vfs.DiskWriteCategory) (vfs.File, error) {
+	if err := fs.fails(name, false); err != nil {
+		return nil, err
+	}
+	return fs.FS.Create(name, c)
+}
+
+func (fs noDescriptors) Open(name string, opts ...vfs.OpenOption) (vfs.File, error) {
+	if err := fs.fails(name, true); err != nil {
+		return nil, err
 	}
 	return fs.FS.Open(name, opts...)
 }
