@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -96,9 +97,7 @@ func (b *bench) replyFloor(size int) (time.Duration, time.Duration, error) {
 	defer stop()
 	body := []byte{0x81, 0xa4, 'w', 'h', 'a', 't', 0xa5, 'n', 'e', 'e', 'd', 's'} // {"what":"needs"}
 	times := make([]time.Duration, 0, b.lookups)
-	if os.Getenv("BENCH_NODE_GC") == "hold" {
-		defer holdGC()()
-	}
+	runtime.GC() // as before the node lookups
 	for i := 0; i < b.lookups; i++ {
 		start := time.Now()
 		msg, err := b.nc.Request(floorSubject, body, 10*time.Second)
