@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -96,6 +97,7 @@ func (b *bench) replyFloor(size int) (time.Duration, time.Duration, error) {
 	defer stop()
 	body := []byte{0x81, 0xa4, 'w', 'h', 'a', 't', 0xa5, 'n', 'e', 'e', 'd', 's'} // {"what":"needs"}
 	times := make([]time.Duration, 0, b.lookups)
+	runtime.GC() // as before the node lookups
 	for i := 0; i < b.lookups; i++ {
 		start := time.Now()
 		msg, err := b.nc.Request(floorSubject, body, 10*time.Second)
@@ -107,6 +109,8 @@ func (b *bench) replyFloor(size int) (time.Duration, time.Duration, error) {
 			return 0, 0, fmt.Errorf("floor answer of %d bytes, want %d", len(msg.Data), size)
 		}
 	}
+	fmt.Fprintf(os.Stderr, "bench: reply floor: p50 %s p90 %s p99 %s max %s\n",
+		ms(percentile(times, 0.5)), ms(percentile(times, 0.9)), ms(percentile(times, 0.99)), ms(percentile(times, 1)))
 	return percentile(times, 0.5), percentile(times, 0.99), nil
 }
 

@@ -34,6 +34,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"sort"
 	"strconv"
 	"strings"
@@ -402,6 +403,25 @@ func (b *bench) nodeLookups(n int, direct bool) (time.Duration, time.Duration, e
 		}
 	}
 	times := make([]time.Duration, 0, b.lookups)
+	// As testing.B does before a benchmark: the garbage of what ran before (the bench process hosts
+	// the NATS server, whose heap nears 1 GB after a catch-up of a million keys) is collected first,
+	// not by a GC cycle whose mark workers take both cores for 0.2-0.5 s of the timed lookups.
+	runtime.GC()
+	trace := os.Getenv("BENCH_NODE_TRACE") != "" && !direct
+	var traced []lookupTrace
+	var prev traceSample
+	if trace {
+		prev = b.traceSample()
+		if f, err := os.Create(fmt.Sprintf("%s/bench-nodes-%d.pprof", os.TempDir(), n)); err == nil {
+			if pprof.StartCPUProfile(f) == nil {
+				defer func() { pprof.StopCPUProfile(); f.Close() }()
+			}
+		}
+	}
+	series := time.Now()
+	if trace {
+		fmt.Fprintf(os.Stderr, "trace %d nodes: series starts @%.3fs of the bench process\n", n, series.Sub(processStart).Seconds())
+	}
 	cpu0 := b.seatCPU()
 	for i := 0; i < b.lookups; i++ {
 		node := fixtures.NodeName(r.IntN(n))
@@ -420,11 +440,13 @@ func (b *bench) nodeLookups(n int, direct bool) (time.Duration, time.Duration, e
 			}
 			times = append(times, time.Since(start))
 			b.nodeBytes = len(data)
-			var a answer
-			if err := msgpack.Unmarshal(data, &a); err != nil {
+			// Stepped over, not built: building 250 rows' RawMessages made most of the bench
+			// process's garbage, and so its GC cycles, during the timed lookups.
+			got, _, err := countRows(data, false)
+			if err != nil {
 				return 0, 0, err
 			}
-			rows = len(a.Rows)
+			rows = got
 		}
 		if direct {
 			times = append(times, time.Since(start))
@@ -432,11 +454,98 @@ func (b *bench) nodeLookups(n int, direct bool) (time.Duration, time.Duration, e
 		if rows != 250 && rows < 240 {
 			return 0, 0, fmt.Errorf("node %s: %d rows, want about 250", node, rows)
 		}
+		if trace {
+			cur := b.traceSample()
+			traced = append(traced, lookupTrace{i: i, at: start.Sub(series), took: times[len(times)-1], d: cur.minus(prev)})
+			prev = b.traceSample()
+		}
 	}
 	if !direct {
 		b.lookupCPU = (b.seatCPU() - cpu0) / time.Duration(b.lookups)
 	}
+	what := "verb"
+	if direct {
+		what = "direct"
+	}
+	fmt.Fprintf(os.Stderr, "bench: %s lookups of %d nodes: p50 %s p90 %s p99 %s max %s\n", what, n,
+		ms(percentile(times, 0.5)), ms(percentile(times, 0.9)), ms(percentile(times, 0.99)), ms(percentile(times, 1)))
+	if trace {
+		printTrace(n, traced)
+	}
 	return percentile(times, 0.5), percentile(times, 0.99), nil
+}
+
+// processStart is when the bench process started, to set a traced series beside GODEBUG=gctrace=1's
+// times.
+var processStart = time.Now()
+
+// lookupTrace is one node lookup of a traced series (BENCH_NODE_TRACE=1): its place in the series,
+// when it started after the series did, how long it took, and what the processes did meanwhile.
+type lookupTrace struct {
+	i    int
+	at   time.Duration
+	took time.Duration
+	d    traceSample
+}
+
+// traceSample is what the seat's and the bench's threads had done at one moment: run time and time
+// waiting on a run queue (schedstat), the seat's minor faults, and the bench's GC cycles (the bench
+// process runs the NATS server too).
+type traceSample struct {
+	seatRun, seatWait, benchRun, benchWait time.Duration
+	seatMinflt, benchGC                    int64
+}
+
+func (a traceSample) minus(b traceSample) traceSample {
+	return traceSample{a.seatRun - b.seatRun, a.seatWait - b.seatWait, a.benchRun - b.benchRun, a.benchWait - b.benchWait,
+		a.seatMinflt - b.seatMinflt, a.benchGC - b.benchGC}
+}
+
+func schedstat(pid string) (run, wait time.Duration) {
+	tasks, _ := filepath.Glob("/proc/" + pid + "/task/*/schedstat")
+	for _, t := range tasks {
+		data, err := os.ReadFile(t)
+		if err != nil {
+			continue
+		}
+		if fs := strings.Fields(string(data)); len(fs) > 1 {
+			r, _ := strconv.ParseInt(fs[0], 10, 64)
+			w, _ := strconv.ParseInt(fs[1], 10, 64)
+			run += time.Duration(r)
+			wait += time.Duration(w)
+		}
+	}
+	return run, wait
+}
+
+func (b *bench) traceSample() traceSample {
+	var s traceSample
+	if b.seat != nil && b.seat.Process != nil {
+		pid := strconv.Itoa(b.seat.Process.Pid)
+		s.seatRun, s.seatWait = schedstat(pid)
+		if data, err := os.ReadFile("/proc/" + pid + "/stat"); err == nil {
+			if j := bytes.LastIndexByte(data, ')'); j > 0 {
+				if fs := strings.Fields(string(data[j+1:])); len(fs) > 7 {
+					s.seatMinflt, _ = strconv.ParseInt(fs[7], 10, 64)
+				}
+			}
+		}
+	}
+	s.benchRun, s.benchWait = schedstat("self")
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	s.benchGC = int64(ms.NumGC)
+	return s
+}
+
+// printTrace writes a traced series' 12 slowest lookups to stderr.
+func printTrace(n int, ts []lookupTrace) {
+	s := append([]lookupTrace(nil), ts...)
+	sort.Slice(s, func(i, j int) bool { return s[i].took > s[j].took })
+	for _, t := range s[:min(12, len(s))] {
+		fmt.Fprintf(os.Stderr, "  #%d at %s took %s: seat run %s wait %s minflt %d; bench run %s wait %s gc %d\n",
+			t.i, t.at.Round(time.Millisecond), ms(t.took), t.d.seatRun, t.d.seatWait, t.d.seatMinflt, t.d.benchRun, t.d.benchWait, t.d.benchGC)
+	}
 }
 
 // seatCPU is the CPU time the seat's threads have run, from /proc/<pid>/task/*/schedstat (nanoseconds,
