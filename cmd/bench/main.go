@@ -555,19 +555,8 @@ func (b *bench) seatCPU() time.Duration {
 	if b.seat == nil || b.seat.Process == nil {
 		return 0
 	}
-	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/schedstat", b.seat.Process.Pid))
-	var sum time.Duration
-	for _, t := range tasks {
-		data, err := os.ReadFile(t)
-		if err != nil {
-			continue
-		}
-		if fs := strings.Fields(string(data)); len(fs) > 0 {
-			ns, _ := strconv.ParseInt(fs[0], 10, 64)
-			sum += time.Duration(ns)
-		}
-	}
-	return sum
+	run, _ := schedstat(strconv.Itoa(b.seat.Process.Pid))
+	return run
 }
 
 // watchCount reads a KV watch's initial values and counts them: what a client without the seat does.
