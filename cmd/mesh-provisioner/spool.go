@@ -70,9 +70,6 @@ func (s *spool) line(format string, args ...any) error {
 	return s.write(fmt.Appendf(nil, format, args...))
 }
 
-// inFile reports whether the spool outgrew memory: false for what fits in spoolMem.
-func (s *spool) inFile() bool { return s.f != nil }
-
 // copyTo writes what was spooled to w, and stops with ctx's error once ctx is done.
 func (s *spool) copyTo(ctx context.Context, w io.Writer) error {
 	if s.f == nil {

@@ -69,3 +69,6 @@ func TestSpool_MemoryThenFile(t *testing.T) {
 		})
 	}
 }
+
+// inFile reports whether the spool outgrew memory: false for what fits in spoolMem.
+func (s *spool) inFile() bool { return s.f != nil }
