@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -14,6 +15,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 	"github.com/vmihailenco/msgpack/v5"
 
@@ -206,4 +208,89 @@ func heldFDs(t *testing.T, pid int) map[int]bool {
 		held[fd] = true
 	}
 	return held
+}
+
+// serve's embedded server holds at most --embedded-max-conn clients, by default half the descriptors
+// it is left: under `ulimit -n 1024`, 128 (store.EmbeddedMaxConn). A flood of clients past it is
+// refused by the server ("maximum connections exceeded"), this seat's own connection being one of
+// the 128, and the seat goes on applying and answering; once the flood leaves, clients are taken
+// again.
+func TestServe_EmbeddedServerRefusesClientsPastItsBound(t *testing.T) {
+	t.Parallel()
+	bin := buildBinary(t)
+	dir := t.TempDir()
+	cmd := exec.Command("sh", "-c", `ulimit -n 1024 && exec "$0" "$@"`, bin, "serve", "--state", filepath.Join(dir, "state"),
+		"--embedded-listen", "127.0.0.1:0", "--embedded-store", filepath.Join(dir, "nats"), "--plans=false", "--log-format", "json")
+	cmd.Env = append(os.Environ(), "NATS_URL=", "NATS_USER=", "NATS_PASSWORD=", "NATS_CREDS=", "NATS_INBOX_PREFIX=")
+	stderr := &natstest.LogBuffer{}
+	cmd.Stdout, cmd.Stderr = stderr, stderr
+	require.NoError(t, cmd.Start())
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-exited
+	})
+	var start map[string]any
+	natstest.CheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
+		for _, l := range strings.Split(stderr.String(), "\n") {
+			var m map[string]any
+			if json.Unmarshal([]byte(l), &m) == nil && m["msg"] == "mesh-provisioner starting" {
+				start = m
+				return nil
+			}
+		}
+		return fmt.Errorf("no start line:\n%s", stderr.String())
+	})
+	require.EqualValues(t, 1024, start["nofile"])
+	require.EqualValues(t, 256, start["pebble_max_open_files"])
+	require.EqualValues(t, 128, start["embedded_max_conn"])
+	url := fmt.Sprint(start["nats"])
+
+	nc, js := natstest.Connect(t, url)
+	require.NoError(t, fixtures.CreateBuckets(context.Background(), js, provisioner.BucketNeeds))
+
+	// The flood: clients until the server refuses one.
+	var flood []*nats.Conn
+	t.Cleanup(func() {
+		for _, c := range flood {
+			c.Close()
+		}
+	})
+	for {
+		c, err := nats.Connect(url, nats.NoReconnect())
+		if err != nil {
+			break
+		}
+		flood = append(flood, c)
+		require.Less(t, len(flood), 1024, "the embedded server took 1,024 clients under a limit of 1,024")
+	}
+	require.Contains(t, natstest.Greeting(t, url), "-ERR 'maximum connections exceeded'")
+	require.Equal(t, 128, len(flood)+2, "the flood's, the test's and the seat's")
+
+	// The seat applies and answers meanwhile.
+	kv, err := js.KeyValue(context.Background(), provisioner.BucketNeeds)
+	require.NoError(t, err)
+	rev, err := kv.Put(context.Background(), fixtures.NodeName(0)+".mod-000.config.during-the-flood", []byte{0x80})
+	require.NoError(t, err)
+	a, _, err := natstest.Ask(nc, query.Subject, []byte(fmt.Sprintf(`{"what":"needs","node":%q,"min_seq":%d,"wait_ms":10000}`, fixtures.NodeName(0), rev)), false)
+	require.NoError(t, err, "%s", stderr.String())
+	require.Len(t, a.Rows, 1)
+	require.Equal(t, fixtures.NodeName(0)+".mod-000.config.during-the-flood", a.Rows[0]["key"])
+
+	// Once the flood leaves, a client is taken again.
+	for _, c := range flood {
+		c.Close()
+	}
+	flood = nil
+	natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		c, err := nats.Connect(url, nats.NoReconnect())
+		if err == nil {
+			c.Close()
+		}
+		return err
+	})
+	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	require.NoError(t, natstest.Receive(t, exited, 30*time.Second, "serve to stop"), "%s", stderr.String())
+	exited <- nil
 }
