@@ -87,3 +87,6 @@ func (db *DB) HistoryLocks() int {
 
 // MaxOpenFilesOf is maxOpenFiles.
 var MaxOpenFilesOf = maxOpenFiles
+
+// EmbeddedMaxConnOf is embeddedMaxConn.
+var EmbeddedMaxConnOf = embeddedMaxConn

@@ -42,10 +42,11 @@ const (
 	// connection it accepted to wait for a place. Past them a client waits in the kernel's accept
 	// queue, which holds no descriptor of the process.
 	MetricsConns = 64
-	// embeddedFDs is the rest: an embedded NATS server's listener, its side of each client's
-	// connection and its store's lock. Its streams' message blocks are not in it: a file per stream
-	// written in the last minute or two, thousands with as many composed-<node> buckets, which no
-	// fixed share holds; KeepForEmbeddedServer gives them a store's share instead.
+	// embeddedFDs is the rest: an embedded NATS server's listener, its store's lock and what it
+	// opens beside its clients and streams. Those two take a file per client connected and per
+	// stream written in the last minute or two (thousands each with as many nodes and
+	// composed-<node> buckets), which no fixed share holds: KeepForEmbeddedServer gives them a
+	// store's share instead, and EmbeddedMaxConn keeps the clients to half of it.
 	embeddedFDs = seatFDs - runtimeFDs - natsFDs - pebbleOwnFDs - (MetricsConns + 2)
 )
 
@@ -73,6 +74,34 @@ var withEmbedded atomic.Bool
 // they rarely fill (a third instead of half of what is left: tens of thousands of tables are tens
 // of GB of state dir).
 func KeepForEmbeddedServer() { withEmbedded.Store(true) }
+
+// minEmbeddedConns is the fewest client connections EmbeddedMaxConn allows an embedded server: as
+// many as the split of seatFDs leaves it at least (embeddedFDs), enough for the seat's own connection
+// and the commands and clients of a trial, however low the limit.
+const minEmbeddedConns = 64
+
+// embeddedMaxConn is EmbeddedMaxConn under a soft RLIMIT_NOFILE of soft: half the embedded server's
+// share, which is as large as a store's (maxOpenFiles with KeepForEmbeddedServer), and at least
+// minEmbeddedConns. The other half is for its streams' files: a node of a mesh is a client of the
+// server and a composed-<node> stream in it, so a mesh that fits in one half fits in the other.
+func embeddedMaxConn(soft uint64) int {
+	return max(maxOpenFiles(soft, true)/2, minEmbeddedConns)
+}
+
+// EmbeddedMaxConn is the most client connections an embedded NATS server in this process (serve
+// without --nats) is to hold at once, nats-server's max_connections (its default, 65536, is no bound
+// under a limit a seat runs with): past it the server refuses a client ("maximum connections
+// exceeded") rather than take a descriptor the stores keep. It is half the share the stores leave
+// the server (KeepForEmbeddedServer, the start line's pebble_max_open_files), at least 64: 10,879
+// under a soft limit of 65535, 128 under 1024, 64 under 512 or less. Where the limit cannot be read,
+// half of Pebble's default share (1000).
+func EmbeddedMaxConn() int {
+	soft := FileLimit()
+	if soft == 0 {
+		return 1000 / 2
+	}
+	return embeddedMaxConn(soft)
+}
 
 // maxOpenFiles is the MaxOpenFiles a store gives Pebble under a soft RLIMIT_NOFILE of soft: what
 // the limit leaves once seatFDs are kept, shared by storesAtOnce stores (and an embedded server,

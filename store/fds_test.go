@@ -187,6 +187,25 @@ func TestMaxOpenFiles_FromLimit(t *testing.T) {
 	}
 }
 
+// An embedded server's clients get half its share (a store's, when it keeps one: the other half for
+// its streams' files), never fewer than 64.
+func TestEmbeddedMaxConn_FromLimit(t *testing.T) {
+	for _, tc := range []struct {
+		soft uint64
+		want int
+	}{
+		{64, 64},       // a share of Pebble's least, 74: half is 37, raised to the least
+		{512, 64},      // half kept, a third of the rest 85: half is 42
+		{1024, 128},    // a share of 256
+		{4096, 640},    // a share of 1280
+		{65535, 10879}, // LimitNOFILE=65536, less one: Go's raise; a share of 21,759
+		{1<<63 - 1, (1<<20 - 256) / 3 / 2},
+	} {
+		require.Equal(t, tc.want, store.EmbeddedMaxConnOf(tc.soft), "soft limit %d", tc.soft)
+	}
+	require.Equal(t, store.EmbeddedMaxConnOf(store.FileLimit()), store.EmbeddedMaxConn())
+}
+
 const (
 	fdsFatalEnv  = "STORE_TEST_FDS_FATAL"
 	fdsFatalExit = 71

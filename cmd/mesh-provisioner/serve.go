@@ -41,6 +41,7 @@ type ServeCommand struct {
 	embeddedListen   string
 	embeddedStore    string
 	embeddedConfig   string
+	embeddedMaxConn  int
 	demo             bool
 	registryInterval time.Duration
 	registryReplicas int
@@ -64,6 +65,7 @@ func (c *ServeCommand) flags() *flag.FlagSet {
 	fs.StringVar(&c.embeddedListen, "embedded-listen", "127.0.0.1:4222", "with no --nats: where the embedded NATS server listens (port 0: a free one, which the log says)")
 	fs.StringVar(&c.embeddedStore, "embedded-store", "./data/nats", "with no --nats: the embedded server's JetStream store (apart from --state: neither inside the other)")
 	fs.StringVar(&c.embeddedConfig, "embedded-config", "", "with no --nats: a nats-server config file for the embedded server (accounts)")
+	fs.IntVar(&c.embeddedMaxConn, "embedded-max-conn", 0, "with no --nats: the most clients the embedded NATS server holds at once, this seat's connection among them (0: half the descriptors it is left, at least 64, unless --embedded-config sets max_connections)")
 	fs.BoolVar(&c.demo, "demo", false, "load a synthetic mesh into an empty embedded server")
 	fs.DurationVar(&c.registryInterval, "registry-interval", time.Hour, "how often the registry is compared with the table and written where it differs")
 	fs.IntVar(&c.registryReplicas, "registry-replicas", 1, "replicas of the registry bucket when the seat creates it (3 in a cluster; a bucket that exists is used as it is)")
@@ -109,6 +111,9 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 	}
 	if c.ops.pprof && c.ops.metricsAddr == "" {
 		return &usageError{msg: "--pprof serves the profiles on --metrics-addr: give it too"}
+	}
+	if c.embeddedMaxConn < 0 {
+		return &usageError{msg: fmt.Sprintf("--embedded-max-conn %d: want a number of clients, or 0 for half the descriptors the embedded server is left", c.embeddedMaxConn)}
 	}
 	if c.registryInterval <= 0 {
 		// The writer would take it for its default, an hour, without a word.
@@ -184,13 +189,17 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 	if err := c.nats.validate(); err != nil {
 		return err // before an embedded server starts
 	}
+	maxConn := c.embeddedMaxConn // the embedded server's, once it runs
 	if url == "" {
 		unlock, err := lockEmbeddedStore(c.embeddedStore)
 		if err != nil {
 			return err
 		}
 		defer unlock()
-		ns, err := embedded.Start(embedded.Config{Listen: c.embeddedListen, StoreDir: c.embeddedStore, ConfigFile: c.embeddedConfig, Logger: log})
+		// Its clients are bounded (store.EmbeddedMaxConn): past the bound nats-server refuses one rather
+		// than take a descriptor the state dir keeps for its log and tables.
+		ns, err := embedded.Start(embedded.Config{Listen: c.embeddedListen, StoreDir: c.embeddedStore, ConfigFile: c.embeddedConfig, Logger: log,
+			MaxConn: c.embeddedMaxConn, DefaultMaxConn: store.EmbeddedMaxConn()})
 		if errors.Is(err, embedded.ErrListen) {
 			return fmt.Errorf("%w: another process listens there; if it is a NATS server, use it with --nats nats://%s, else give --embedded-listen another address", err, c.embeddedListen)
 		}
@@ -202,6 +211,9 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 			ns.WaitForShutdown()
 		}()
 		url = ns.ClientURL()
+		if vz, err := ns.Varz(nil); err == nil {
+			maxConn = vz.MaxConn
+		}
 		log.Info("embedded NATS server started", "url", url, "store", c.embeddedStore)
 		if _, err := os.Stat(filepath.Join(c.embeddedStore, demoMarker)); err == nil && !c.demo {
 			log.Warn("the embedded server holds part of a demo load that did not finish; serve --demo removes it and loads the demo mesh whole (or remove --embedded-store)", "store", c.embeddedStore)
@@ -234,7 +246,7 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 	// share of them its store gave Pebble's table cache (store/fds.go).
 	log.Info("mesh-provisioner starting", "version", Version, "nats", redact(url), "embedded", c.nats.url == "",
 		"embedded_listen", c.embeddedListen, "embedded_store", c.embeddedStore, "embedded_config", c.embeddedConfig,
-		"creds", c.nats.creds, "user", c.nats.user, "inbox_prefix", c.nats.inbox, "state", c.state, "schema", store.SchemaVersion,
+		"embedded_max_conn", maxConn, "creds", c.nats.creds, "user", c.nats.user, "inbox_prefix", c.nats.inbox, "state", c.state, "schema", store.SchemaVersion,
 		"write_registry", !c.noRegistry, "registry_interval", c.registryInterval, "registry_replicas", c.registryReplicas,
 		"plans", c.plans, "history_retention", c.historyRetention, "history_max_bytes", int64(c.historyMaxBytes), "demo", c.demo,
 		"metrics_addr", c.ops.metricsAddr, "metrics_poll", c.ops.metricsPoll, "pprof", c.ops.pprof,

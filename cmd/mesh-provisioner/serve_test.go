@@ -270,4 +270,22 @@ func TestServe_EmbeddedServerTakesAStoresShare(t *testing.T) {
 	left := soft - min(256, soft/2)
 	require.EqualValues(t, soft, started[0]["nofile"])
 	require.EqualValues(t, max(left/3, 74), started[0]["pebble_max_open_files"], "limit %d", soft)
+	// Its clients get half that share (TestServe_EmbeddedServerRefusesClientsPastItsBound floods them).
+	require.EqualValues(t, max(left/3/2, 64), started[0]["embedded_max_conn"], "limit %d", soft)
+}
+
+// --embedded-max-conn sets the embedded server's bound on its clients; below 0 it is a usage error
+// (nats-server would refuse every client).
+func TestServe_EmbeddedMaxConnFlag(t *testing.T) {
+	t.Setenv("NATS_URL", "")
+	s, err := startServe(t.TempDir(), "--plans=false", "--log-format", "json", "--embedded-max-conn", "5")
+	require.NoError(t, err)
+	started := logLines(s, "mesh-provisioner starting")
+	require.NoError(t, s.stop())
+	require.Len(t, started, 1)
+	require.EqualValues(t, 5, started[0]["embedded_max_conn"])
+
+	rc, _, stderr := run(t, "serve", "--embedded-max-conn", "-1", "--state", filepath.Join(t.TempDir(), "state"))
+	require.Equal(t, 2, rc, stderr)
+	require.Contains(t, stderr, "--embedded-max-conn -1")
 }

@@ -27,6 +27,13 @@ type Config struct {
 	ConfigFile string
 	// Logger, when set, receives the server's notices and errors.
 	Logger *slog.Logger
+	// MaxConn, when above 0, is the most client connections the server holds at once (nats-server's
+	// max_connections), over the config file's: past it a client is refused with "maximum
+	// connections exceeded".
+	MaxConn int
+	// DefaultMaxConn, when above 0, is the most client connections when neither MaxConn nor the
+	// config file says (nats-server's own default is 65536).
+	DefaultMaxConn int
 }
 
 // Start starts a server and waits until it takes connections.
@@ -53,6 +60,12 @@ func Start(cfg Config) (*server.Server, error) {
 		l.Close()
 	}
 	opts.Host, opts.Port = host, port
+	switch {
+	case cfg.MaxConn > 0:
+		opts.MaxConn = cfg.MaxConn
+	case opts.MaxConn == 0 && cfg.DefaultMaxConn > 0:
+		opts.MaxConn = cfg.DefaultMaxConn
+	}
 	opts.JetStream = true
 	opts.StoreDir = cfg.StoreDir
 	opts.NoSigs = true

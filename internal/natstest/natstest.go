@@ -9,6 +9,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -354,4 +355,23 @@ func Parallel(n int) {
 			panic(err)
 		}
 	}
+}
+
+// Greeting is what the NATS server at url says to a client it refuses: its INFO and its -ERR (such as
+// "-ERR 'maximum connections exceeded'"), read until it closes the connection. The client sends
+// nothing: nats.go sends its CONNECT at once, and the server's close of a connection with that unread
+// resets it, often before the -ERR is read (nats.go then says "broken pipe"). A client the server
+// takes is not closed: it is read for 10 s at most.
+func Greeting(tb testing.TB, url string) string {
+	tb.Helper()
+	c, err := net.Dial("tcp", strings.TrimPrefix(url, "nats://"))
+	if err != nil {
+		tb.Fatalf("dial %s: %v", url, err)
+	}
+	defer c.Close()
+	if err := c.SetReadDeadline(time.Now().Add(10 * time.Second)); err != nil {
+		tb.Fatalf("%v", err)
+	}
+	b, _ := io.ReadAll(c)
+	return string(b)
 }
