@@ -198,7 +198,13 @@ func (p *Projector) askLasts(ctx context.Context, bucket string, es []store.Expi
 				p.expireNoDirect = map[string]time.Time{}
 			}
 			p.expireNoDirect[bucket] = time.Now().Add(expireNoDirect)
-		case err == nil && lasts.UpTo >= applied:
+		case err == nil && lasts.UpTo < applied:
+			// Any replica answers a direct get, and one may be behind the leader the tail reads from: it
+			// would name an older message as a key's last, or none, where the stream holds the put.
+			p.expireBehind.Add(1)
+			log.Debug("a direct get of expired puts' keys was answered by a replica behind the projection; asking the stream's leader",
+				"bucket", bucket, "up_to", lasts.UpTo, "applied", applied)
+		case err == nil:
 			found := make(map[string]*msgget.Last, len(lasts.Msgs))
 			for i := range lasts.Msgs {
 				found[lasts.Msgs[i].Subject] = &lasts.Msgs[i]
