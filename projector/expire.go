@@ -200,9 +200,12 @@ func (p *Projector) askLasts(ctx context.Context, bucket string, es []store.Expi
 			p.expireNoDirect[bucket] = time.Now().Add(expireNoDirect)
 		case err == nil && lasts.UpTo < applied:
 			// Any replica answers a direct get, and one may be behind the leader the tail reads from: it
-			// would name an older message as a key's last, or none, where the stream holds the put.
-			p.expireBehind.Add(1)
-			log.Debug("a direct get of expired puts' keys was answered by a replica behind the projection; asking the stream's leader",
+			// would name an older message as a key's last, or none, where the stream holds the put. An
+			// answer with no message at all (404) says no up-to sequence, so it is not told apart from one.
+			if lasts.UpTo > 0 {
+				p.expireBehind.Add(1)
+			}
+			log.Debug("a direct get of expired puts' keys was answered by a replica behind the projection, or with no message and no up-to sequence; asking the stream's leader",
 				"bucket", bucket, "up_to", lasts.UpTo, "applied", applied)
 		case err == nil:
 			found := make(map[string]*msgget.Last, len(lasts.Msgs))

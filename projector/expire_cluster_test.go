@@ -240,3 +240,89 @@ func TestProjector_ExpiryAskedOfALaggingReplica(t *testing.T) {
 	})
 	require.Equal(t, map[string]string{old: fmt.Sprintf("%x@%d", v1, oldSeq)}, projected(t, db, bucket))
 }
+
+// TestProjector_ExpiriesAcrossALeaderChange: TTL'd puts of an R3 bucket come due over a few seconds,
+// half of them over an older revision of their key (removed without a marker: the older revision
+// answers again), half the only message of theirs (removed by a marker); the stream's leader is stopped
+// once the expire loop has begun asking. Nothing is lost and nothing wrong is applied: once a new
+// leader has removed every put, the store holds what the stream does, key by key, and no expiry is
+// pending. The puts that come due later are asked about while a new leader is elected, or once it is.
+func TestProjector_ExpiriesAcrossALeaderChange(t *testing.T) {
+	t.Parallel()
+	const bucket = provisioner.BucketNeeds
+	const n = 40
+	c := natstest.RunCluster(t, 3)
+	ctx := context.Background()
+	_, js := natstest.Connect(t, c.URLs())
+	stream := createR3(t, js, bucket)
+
+	db, err := store.Open(t.TempDir(), store.Options{})
+	require.NoError(t, err)
+	_, pjs := natstest.Connect(t, c.URLs())
+	p := projector.New(pjs, db, projector.Options{Buckets: []string{bucket}})
+	p.Start(ctx)
+	t.Cleanup(func() {
+		p.Stop()
+		require.NoError(t, db.Close())
+	})
+
+	v1, v2 := []byte{0x81, 0xa1, 'v', 0x01}, []byte{0x81, 0xa1, 'v', 0x02}
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("n%d.m1.config.k%02d", i%5, i)
+		if i%2 == 0 {
+			_, err := js.Publish(ctx, provisioner.SubjectPrefix(bucket)+keys[i], v1)
+			require.NoError(t, err)
+		}
+	}
+	var last uint64
+	for i, key := range keys {
+		ack, err := js.Publish(ctx, provisioner.SubjectPrefix(bucket)+key, v2, jetstream.WithMsgTTL(time.Duration(1+i%4)*time.Second))
+		require.NoError(t, err)
+		last = ack.Sequence
+	}
+	waitApplied(t, db, bucket, last)
+	require.Equal(t, n, db.Expiries())
+
+	leader := streamLeader(t, c, stream)
+	natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		if projector.ExpireAsks(p) == 0 {
+			return errors.New("no expiry asked about yet")
+		}
+		return nil
+	})
+	asked := projector.ExpireAsks(p)
+	c.Stop(leader)
+	var survivors []int
+	for i := range c.Servers {
+		if i != leader {
+			survivors = append(survivors, i)
+		}
+	}
+	nc2, _ := natstest.Connect(t, c.URLs(survivors...))
+	natstest.CheckFor(t, 30*time.Second, 50*time.Millisecond, func() error {
+		if n := db.Expiries(); n != 0 {
+			return fmt.Errorf("%d pending expiries", n)
+		}
+		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		want, err := held(actx, nc2, bucket, keys)
+		if err != nil {
+			return err
+		}
+		if got := projected(t, db, bucket); fmt.Sprint(got) != fmt.Sprint(want) {
+			return fmt.Errorf("store %v, stream %v", got, want)
+		}
+		return nil
+	})
+	got := projected(t, db, bucket)
+	require.Len(t, got, n/2, "the keys with an older revision answer it again; the others are gone")
+	for i, key := range keys {
+		if i%2 == 0 {
+			require.Contains(t, got[key], fmt.Sprintf("%x@", v1), key)
+		}
+	}
+	require.NotEqual(t, leader, streamLeader(t, c, stream), "a new leader")
+	require.Greater(t, projector.ExpireAsks(p), asked, "asked again after the leader stopped")
+	t.Logf("%d asks, %d direct gets turned down", projector.ExpireAsks(p), projector.ExpireBehind(p))
+}

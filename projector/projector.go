@@ -143,7 +143,7 @@ type Projector struct {
 	// many keys is one.
 	expireAsks atomic.Int64
 	// expireBehind counts the direct gets of expireLoop whose answer was not used: the replica that gave
-	// it had not stored every message the projection applied (ExpireBehind, for tests).
+	// it said it had not stored every message the projection applied (ExpireBehind, for tests).
 	expireBehind atomic.Int64
 	// expireNoDirect holds, by bucket, until when its stream is asked by its leader alone (expire.go);
 	// the expire loop's alone.
