@@ -174,9 +174,13 @@ type asked struct {
 // askLasts asks a bucket's stream about its expiries taken: first all at once, by one direct get
 // (msgget.LastOfMany), whose answer stands when the replica that gave it had stored every message the
 // bucket's projection applied (its last sequence at least the applied one, read before asking: it holds
-// the puts, and what it says of them is what it did since); then what that did not settle by the
-// stream's leader, up to expireWindow asks at once, none more once one failed (the loop backs off
-// before the rest are asked). Each expiry taken is in the answer.
+// the puts, and what it says of them is what it did since: a replica stores the stream's messages in
+// order, and removes a TTL'd put of a bucket with markers when the leader's removal reaches it); then
+// what that did not settle by the stream's leader, up to expireWindow asks at once, none more once one
+// failed (the loop backs off before the rest are asked). Each expiry taken is in the answer. A replica
+// behind the applied sequence answers when it fell behind after it joined the stream's direct get queue
+// group (nats-server does not let a restarted follower join before it has caught up):
+// TestProjector_ExpiryAskedOfALaggingReplica.
 func (p *Projector) askLasts(ctx context.Context, bucket string, es []store.Expiry, log *slog.Logger) []asked {
 	out := make([]asked, 0, len(es))
 	bytes := 0
