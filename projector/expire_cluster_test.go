@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -65,6 +66,20 @@ func replicaLast(ns *server.Server, stream string) uint64 {
 		}
 	}
 	return 0
+}
+
+// remoteMembers is how many routes of a server carry the other end's interest in subject.
+func remoteMembers(t *testing.T, ns *server.Server, subject string) int {
+	t.Helper()
+	rz, err := ns.Routez(&server.RoutezOptions{Subscriptions: true})
+	require.NoError(t, err)
+	n := 0
+	for _, r := range rz.Routes {
+		if slices.Contains(r.Subs, subject) {
+			n++
+		}
+	}
+	return n
 }
 
 // projected is a bucket's rows in the store: value and revision by key.
@@ -135,10 +150,14 @@ func TestProjector_ExpiryAskedOfALaggingReplica(t *testing.T) {
 	})
 	directSubject := jetstream.DefaultAPIPrefix + "DIRECT.GET." + provisioner.StreamName(bucket)
 	natstest.CheckFor(t, 30*time.Second, 50*time.Millisecond, func() error {
-		// nats-server adds a follower to a stream's direct get queue group once it is caught up.
+		// nats-server adds a follower to a stream's direct get queue group once it is caught up (and
+		// the leader as it leads): S-3 answers them, and knows of another server that does.
 		sz, err := c.Servers[lagging].Subsz(&server.SubszOptions{Subscriptions: true, Account: "$G", Test: directSubject})
 		if err != nil || sz.Total == 0 {
 			return fmt.Errorf("S-3 does not answer direct gets yet (%v)", err)
+		}
+		if n := remoteMembers(t, c.Servers[lagging], directSubject); n == 0 {
+			return errors.New("S-3 knows no other server answers direct gets")
 		}
 		return nil
 	})
@@ -184,11 +203,21 @@ func TestProjector_ExpiryAskedOfALaggingReplica(t *testing.T) {
 	_, err = js.UpdateStream(ctx, cfg)
 	require.NoError(t, err)
 
+	// S-3 hears that the others left the direct get's queue group (the client account's routes flow):
+	// its own replica is the one member it knows of.
+	natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		if n := remoteMembers(t, c.Servers[lagging], directSubject); n > 0 {
+			return fmt.Errorf("S-3 knows %d other servers answer direct gets", n)
+		}
+		return nil
+	})
 	// S-3 answers a direct get, from before both puts.
 	nc3, js3 := natstest.Connect(t, c.URL(lagging))
 	subjects := []string{provisioner.SubjectPrefix(bucket) + old, provisioner.SubjectPrefix(bucket) + fresh}
 	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
-		l, err := msgget.LastOfMany(ctx, nc3, jetstream.DefaultAPIPrefix, provisioner.StreamName(bucket), subjects, 0)
+		actx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		l, err := msgget.LastOfMany(actx, nc3, jetstream.DefaultAPIPrefix, provisioner.StreamName(bucket), subjects, 0)
 		if err != nil {
 			return err
 		}
@@ -229,7 +258,9 @@ func TestProjector_ExpiryAskedOfALaggingReplica(t *testing.T) {
 		if n := db.Expiries(); n != 0 {
 			return fmt.Errorf("%d pending expiries", n)
 		}
-		want, err := held(ctx, nc, bucket, []string{old, fresh})
+		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		want, err := held(actx, nc, bucket, []string{old, fresh})
 		if err != nil {
 			return err
 		}
@@ -293,6 +324,7 @@ func TestProjector_ExpiriesAcrossALeaderChange(t *testing.T) {
 	})
 	asked := projector.ExpireAsks(p)
 	c.Stop(leader)
+	stopped := time.Now()
 	var survivors []int
 	for i := range c.Servers {
 		if i != leader {
@@ -315,6 +347,7 @@ func TestProjector_ExpiriesAcrossALeaderChange(t *testing.T) {
 		}
 		return nil
 	})
+	t.Logf("the store held what the stream does %v after the leader stopped", time.Since(stopped).Round(time.Millisecond))
 	got := projected(t, db, bucket)
 	require.Len(t, got, n/2, "the keys with an older revision answer it again; the others are gone")
 	for i, key := range keys {
