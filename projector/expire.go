@@ -174,9 +174,13 @@ type asked struct {
 // askLasts asks a bucket's stream about its expiries taken: first all at once, by one direct get
 // (msgget.LastOfMany), whose answer stands when the replica that gave it had stored every message the
 // bucket's projection applied (its last sequence at least the applied one, read before asking: it holds
-// the puts, and what it says of them is what it did since); then what that did not settle by the
-// stream's leader, up to expireWindow asks at once, none more once one failed (the loop backs off
-// before the rest are asked). Each expiry taken is in the answer.
+// the puts, and what it says of them is what it did since: a replica stores the stream's messages in
+// order, and removes a TTL'd put of a bucket with markers when the leader's removal reaches it); then
+// what that did not settle by the stream's leader, up to expireWindow asks at once, none more once one
+// failed (the loop backs off before the rest are asked). Each expiry taken is in the answer. A replica
+// behind the applied sequence answers when it fell behind after it joined the stream's direct get queue
+// group (nats-server does not let a restarted follower join before it has caught up):
+// TestProjector_ExpiryAskedOfALaggingReplica.
 func (p *Projector) askLasts(ctx context.Context, bucket string, es []store.Expiry, log *slog.Logger) []asked {
 	out := make([]asked, 0, len(es))
 	bytes := 0
@@ -198,7 +202,16 @@ func (p *Projector) askLasts(ctx context.Context, bucket string, es []store.Expi
 				p.expireNoDirect = map[string]time.Time{}
 			}
 			p.expireNoDirect[bucket] = time.Now().Add(expireNoDirect)
-		case err == nil && lasts.UpTo >= applied:
+		case err == nil && lasts.UpTo < applied:
+			// Any replica answers a direct get, and one may be behind the leader the tail reads from: it
+			// would name an older message as a key's last, or none, where the stream holds the put. An
+			// answer with no message at all (404) says no up-to sequence, so it is not told apart from one.
+			if lasts.UpTo > 0 {
+				p.expireBehind.Add(1)
+			}
+			log.Debug("a direct get of expired puts' keys was answered by a replica behind the projection, or with no message and no up-to sequence; asking the stream's leader",
+				"bucket", bucket, "up_to", lasts.UpTo, "applied", applied)
+		case err == nil:
 			found := make(map[string]*msgget.Last, len(lasts.Msgs))
 			for i := range lasts.Msgs {
 				found[lasts.Msgs[i].Subject] = &lasts.Msgs[i]

@@ -37,6 +37,10 @@ func SetAged(p *Projector, fn func(bucket string) time.Duration) { p.aged = fn }
 // ExpireAsks is how many times expireLoop asked a stream for a key's last message.
 func ExpireAsks(p *Projector) int64 { return p.expireAsks.Load() }
 
+// ExpireBehind is how many of expireLoop's direct gets were answered by a replica behind the projection
+// (an up-to sequence below the applied one), and not used.
+func ExpireBehind(p *Projector) int64 { return p.expireBehind.Load() }
+
 // SetExpireDirect has the expire loop ask about many keys by one direct get first (on, the default), or
 // ask the streams' leaders alone. Set it before Start.
 func SetExpireDirect(p *Projector, on bool) { p.expireDirectOff = !on }

@@ -142,6 +142,9 @@ type Projector struct {
 	// expireAsks counts the asks of expireLoop (ExpireAsks, for tests and benchmarks): a direct get of
 	// many keys is one.
 	expireAsks atomic.Int64
+	// expireBehind counts the direct gets of expireLoop whose answer was not used: the replica that gave
+	// it said it had not stored every message the projection applied (ExpireBehind, for tests).
+	expireBehind atomic.Int64
 	// expireNoDirect holds, by bucket, until when its stream is asked by its leader alone (expire.go);
 	// the expire loop's alone.
 	expireNoDirect map[string]time.Time

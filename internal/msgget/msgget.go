@@ -105,7 +105,11 @@ type Lasts struct {
 // one direct get ($JS.API.DIRECT.GET.<stream> with multi_last), whose messages stop once maxBytes of
 // them were sent (the one that passes it included). Unlike Get, any replica of the stream may answer
 // (nats-server has no leader-only direct get): a caller that needs what the leader holds checks UpTo
-// against a sequence it read from the leader. A stream that does not allow direct gets, or a denied
+// against a sequence it read from the leader. nats-server 2.15 adds a follower to the stream's direct
+// get queue group once it is caught up (checked every 2 s after a leader change: current, or 90% of the
+// entries it knows committed applied), and a mirror with MirrorDirect once fewer than 10 messages
+// behind; neither leaves the group when it falls behind later (a slow follower, one cut off from its
+// leader but not from its clients), and a client's request goes to any member, its own server's or not. A stream that does not allow direct gets, or a denied
 // subject, is an error (no responders, or ctx's deadline).
 func LastOfMany(ctx context.Context, nc *nats.Conn, api, stream string, subjects []string, maxBytes int) (Lasts, error) {
 	if len(subjects) > MaxLasts {

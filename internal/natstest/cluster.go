@@ -30,11 +30,56 @@ type Cluster struct {
 	opts    []*server.Options
 	Servers []*server.Server // nil while a server is stopped
 	started []bool           // whether server i ever started: its URL may be known, so its ports stay
+	held    []*Proxy         // RunClusterHeld: the proxies the held server's routes go through
 }
 
 // RunCluster starts n servers named S-1..S-n in a cluster named "mesh" and waits until JetStream has
 // a meta leader. They are shut down when the test ends.
 func RunCluster(tb testing.TB, n int) *Cluster {
+	tb.Helper()
+	return runCluster(tb, n, -1)
+}
+
+// RunClusterHeld is RunCluster with server held (an index) routed to the others only through
+// proxies of its own, whose traffic to it HoldRoutes holds back: the server keeps running and
+// answering its clients from what it holds (its direct gets among them), while the others' raft
+// appends, heartbeats and answers no longer reach it, as over a congested link from the rest of the
+// cluster. It dials them (it is their proxies' client); they learn of it at an address where nothing
+// listens, so they do not dial it past the proxies.
+func RunClusterHeld(tb testing.TB, n, held int) *Cluster {
+	tb.Helper()
+	return runCluster(tb, n, held)
+}
+
+// HoldRoutes holds back what the other servers send to RunClusterHeld's held server, until
+// ReleaseRoutes; nothing is lost.
+func (c *Cluster) HoldRoutes() {
+	for _, p := range c.held {
+		p.Hold()
+	}
+}
+
+// HoldSystemRoutes holds back, until ReleaseRoutes, what the other servers send to RunClusterHeld's
+// held server on the route each keeps for the system account alone (nats-server pins it by default):
+// its raft groups' appends and heartbeats (the meta group's and its streams', which fall behind), and
+// the JetStream API's answers from other servers to its clients (a stream leader's message get).
+// What its clients' account sends on the other routes still flows: messages, direct gets answered by
+// other servers, and the interest of the other servers' subscriptions (a stream's direct get
+// subscriptions that went away).
+func (c *Cluster) HoldSystemRoutes() {
+	for _, p := range c.held {
+		p.HoldWhere(`"route_account":"$SYS"`)
+	}
+}
+
+// ReleaseRoutes delivers what HoldRoutes held back, and forwards again.
+func (c *Cluster) ReleaseRoutes() {
+	for _, p := range c.held {
+		p.Release()
+	}
+}
+
+func runCluster(tb testing.TB, n, held int) *Cluster {
 	tb.Helper()
 	c := &Cluster{tb: tb, Servers: make([]*server.Server, n), started: make([]bool, n)}
 	routes := make([]string, n)
@@ -56,14 +101,47 @@ func RunCluster(tb testing.TB, n int) *Cluster {
 			NoLog:      true,
 		})
 	}
-	for i := range c.opts {
-		c.Start(i)
-	}
 	tb.Cleanup(func() {
 		for i := range c.Servers {
 			c.Stop(i)
 		}
 	})
+	if held >= 0 {
+		// The others route to each other alone; the held server, started last, routes to each of them
+		// through a proxy to the cluster port it listens on.
+		var rest []string
+		for i := range routes {
+			if i != held {
+				rest = append(rest, routes[i])
+			}
+		}
+		for i, o := range c.opts {
+			o.Routes = server.RoutesFromStr(strings.Join(rest, ","))
+			if i == held {
+				o.Routes = nil
+				o.Cluster.Advertise = fmt.Sprintf("127.0.0.1:%d", FreePort(tb))
+			}
+		}
+	}
+	for i := range c.opts {
+		if i != held {
+			c.Start(i)
+		}
+	}
+	if held >= 0 {
+		// The meta leader among the others: the held server, once held, would lose it.
+		c.WaitMetaLeader(30 * time.Second)
+		var via []string
+		for i, o := range c.opts {
+			if i != held {
+				p := RunProxy(tb, fmt.Sprintf("127.0.0.1:%d", o.Cluster.Port))
+				c.held = append(c.held, p)
+				via = append(via, p.URL())
+			}
+		}
+		c.opts[held].Routes = server.RoutesFromStr(strings.Join(via, ","))
+		c.Start(held)
+	}
 	c.WaitMetaLeader(30 * time.Second)
 	return c
 }

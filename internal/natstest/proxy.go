@@ -1,7 +1,7 @@
 package natstest
 
 import (
-	"io"
+	"bytes"
 	"net"
 	"sync"
 	"testing"
@@ -16,10 +16,17 @@ type Proxy struct {
 	mu     sync.Mutex
 	gate   *sync.Cond // on mu: held is false, or the Proxy closed
 	held   bool       // the server-to-client copiers wait before they write
+	mark   []byte     // HoldWhere: only the connections whose client sent it are held
 	closed bool
 	cons   []net.Conn
 	wg     sync.WaitGroup
 }
+
+// proxyHead is how much of what a client sends first HoldWhere looks at.
+const proxyHead = 16 << 10
+
+// proxyConn is what a forwarded connection's client sent first (up to proxyHead), under Proxy.mu.
+type proxyConn struct{ head []byte }
 
 // RunProxy starts a Proxy to the server at addr (host:port) and closes it when the test ends.
 func RunProxy(tb testing.TB, addr string) *Proxy {
@@ -46,15 +53,16 @@ func RunProxy(tb testing.TB, addr string) *Proxy {
 			p.mu.Lock()
 			p.cons = append(p.cons, c, s)
 			p.mu.Unlock()
+			pc := &proxyConn{}
 			p.wg.Add(2)
 			go func() {
 				defer p.wg.Done()
-				_, _ = io.Copy(s, c)
+				p.toServer(c, s, pc)
 				_ = s.Close()
 			}()
 			go func() {
 				defer p.wg.Done()
-				p.toClient(c, s)
+				p.toClient(c, s, pc)
 				_ = c.Close()
 			}()
 		}
@@ -67,9 +75,15 @@ func RunProxy(tb testing.TB, addr string) *Proxy {
 func (p *Proxy) URL() string { return "nats://" + p.ln.Addr().String() }
 
 // Hold holds back what the server sends until Release.
-func (p *Proxy) Hold() {
+func (p *Proxy) Hold() { p.HoldWhere("") }
+
+// HoldWhere holds back what the server sends until Release, on the connections whose client sent mark
+// among the first bytes it sent (16 KiB), or on every one when mark is empty: a route's handshake
+// names the account a pinned route is for, so one account's route traffic can be held alone.
+func (p *Proxy) HoldWhere(mark string) {
 	p.mu.Lock()
 	p.held = true
+	p.mark = []byte(mark)
 	p.mu.Unlock()
 }
 
@@ -81,13 +95,34 @@ func (p *Proxy) Release() {
 	p.mu.Unlock()
 }
 
-func (p *Proxy) toClient(c, s net.Conn) {
+// toServer forwards what the client sends, keeping the first of it for HoldWhere.
+func (p *Proxy) toServer(c, s net.Conn, pc *proxyConn) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := c.Read(buf)
+		if n > 0 {
+			p.mu.Lock()
+			if room := proxyHead - len(pc.head); room > 0 {
+				pc.head = append(pc.head, buf[:min(n, room)]...)
+			}
+			p.mu.Unlock()
+			if _, werr := s.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+func (p *Proxy) toClient(c, s net.Conn, pc *proxyConn) {
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := s.Read(buf)
 		if n > 0 {
 			p.mu.Lock()
-			for p.held && !p.closed {
+			for p.held && !p.closed && bytes.Contains(pc.head, p.mark) {
 				p.gate.Wait()
 			}
 			p.mu.Unlock()
