@@ -318,7 +318,7 @@ func (b *bench) waitCompacted(n, before, burst int, timeout time.Duration) {
 			waited := time.Since(start)
 			idle := b.waitSeatIdle(2 * time.Minute)
 			b.add(figure, fmt.Sprintf("%s until the seat's compaction after the catch-up ended, then %s until the seat was idle", waited.Round(time.Millisecond), idle.Round(time.Millisecond)),
-				"the seat compacts once a burst of 50,000 messages or more is applied and it goes quiet; lookups are measured after, once the seat's threads ran under a tenth of a core over half a second")
+				"the seat compacts once a burst of 50,000 messages or more is applied and it goes quiet; lookups are measured after, once the seat's threads ran under a tenth of a core for 3 s")
 			return
 		}
 		time.Sleep(100 * time.Millisecond)
@@ -326,20 +326,23 @@ func (b *bench) waitCompacted(n, before, burst int, timeout time.Duration) {
 	b.add(figure, "no compaction logged within "+timeout.String(), "lookups measured without waiting further")
 }
 
-// waitSeatIdle waits until the seat's threads run under a tenth of a core over half a second, or
-// timeout, and returns how long it waited. On a loaded machine the load can pause long enough for the
-// seat to compact in the middle of a burst: the compaction waitCompacted sees is then not the last,
-// and what the seat did after it ran in the timed lookups, its threads' CPU counted as theirs (a run at
-// load 20, docs/performance.md Session 18: settle 0 s, seat CPU 280-620 µs a lookup for 13 rounds of
-// node lookups, 144-190 after).
+// waitSeatIdle waits until the seat's threads have run under a tenth of a core in each half second for
+// longer than the seat waits, quiet, before compacting after a catch-up (nothing applied for a second,
+// looked at every second: up to 2 s), or timeout; it returns how long it waited. On a loaded machine
+// the load can pause long enough for the seat to compact in the middle of a burst: the compaction
+// waitCompacted sees is then not the last, and what the seat did after it ran in the timed lookups,
+// its threads' CPU counted as theirs (docs/performance.md, Session 18: settle 0 s, seat CPU 280-620 µs
+// a lookup for 13 rounds of node lookups, 144-190 after, the compaction 69% of the seat's CPU in a
+// profile of those rounds).
 func (b *bench) waitSeatIdle(timeout time.Duration) time.Duration {
 	start := time.Now()
-	const window = 500 * time.Millisecond
-	for time.Since(start) < timeout {
+	const window, quiet = 500 * time.Millisecond, 3 * time.Second
+	idleSince := time.Now()
+	for time.Since(start) < timeout && time.Since(idleSince) < quiet {
 		cpu0 := b.seatCPU()
 		time.Sleep(window)
-		if b.seatCPU()-cpu0 < window/10 {
-			break
+		if b.seatCPU()-cpu0 >= window/10 {
+			idleSince = time.Now()
 		}
 	}
 	return time.Since(start)
