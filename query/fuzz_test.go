@@ -65,6 +65,13 @@ func nested(header byte, depth int) []byte {
 // checkRequest checks what DecodeRequest promises for a body: every rejection is a 400, and an
 // accepted request satisfies every validation rule and survives a MessagePack round trip unchanged.
 func checkRequest(t *testing.T, body []byte) (Request, Format, error) {
+	// The one-pass reading of a plain MessagePack request reads what the decoder reads.
+	if plain, ok := decodePlainMsgpack(body); ok {
+		dec, err := decodeMsgpack(body)
+		if err != nil || !equalRequest(plain, dec) {
+			t.Fatalf("plain reading %+v, the decoder's %+v (%v)", plain, dec, err)
+		}
+	}
 	req, format, err := DecodeRequest(body)
 	trimmed := bytes.TrimLeft(bytes.TrimPrefix(body, utf8BOM), " \t\r\n")
 	if len(trimmed) > 0 && formatOf(body) != format {

@@ -102,20 +102,251 @@ func DecodeRequest(body []byte) (Request, Format, error) {
 			// before the map.
 			return req, FormatMsgpack, badf("request MessagePack: data before the map (%d bytes of white space; a MessagePack request starts with its map)", len(body)-len(trimmed))
 		}
-		if err := msgpackFields(trimmed); err != nil {
+		if plain, ok := decodePlainMsgpack(trimmed); ok {
+			req = plain
+			return req, FormatMsgpack, req.validate()
+		}
+		req, err := decodeMsgpack(trimmed)
+		if err != nil {
 			return req, FormatMsgpack, err
-		}
-		rd := bytes.NewReader(trimmed)
-		dec := msgpack.NewDecoder(rd)
-		dec.DisallowUnknownFields(true)
-		if err := dec.Decode(&req); err != nil {
-			return req, FormatMsgpack, badf("request MessagePack: %s", err)
-		}
-		if rd.Len() > 0 {
-			return req, FormatMsgpack, badf("request MessagePack: data after the map")
 		}
 		return req, FormatMsgpack, req.validate()
 	}
+}
+
+// decodeMsgpack reads a MessagePack request's fields, checked member by member first (msgpackFields),
+// with the MessagePack decoder: what decodePlainMsgpack leaves, every bad request among it.
+func decodeMsgpack(b []byte) (Request, error) {
+	var req Request
+	if err := msgpackFields(b); err != nil {
+		return req, err
+	}
+	rd := bytes.NewReader(b)
+	dec := msgpack.NewDecoder(rd)
+	dec.DisallowUnknownFields(true)
+	if err := dec.Decode(&req); err != nil {
+		return req, badf("request MessagePack: %s", err)
+	}
+	if rd.Len() > 0 {
+		return req, badf("request MessagePack: data after the map")
+	}
+	return req, nil
+}
+
+// decodePlainMsgpack reads a MessagePack request whose every member is plain, in one pass without the
+// decoder's reflection (which was about 5% of the seat's CPU a node lookup, docs/performance.md,
+// Session 18): a map whose names are distinct request fields written as strings, each string field's
+// value a UTF-8 str or bin or nil, each integer field's an integer an int64 holds or nil, and nothing
+// after the map. It reads the fields as decodeMsgpack would (TestDecodePlainMsgpack_AsTheDecoder, and
+// FuzzDecodeRequest compares the two on every body). For anything else it reports false, and the body
+// is left to decodeMsgpack, which says what is wrong with it.
+func decodePlainMsgpack(b []byte) (Request, bool) {
+	var req Request
+	if len(b) == 0 {
+		return req, false
+	}
+	p := 0
+	var n int
+	switch c := b[0]; {
+	case c&0xf0 == 0x80:
+		n, p = int(c&0x0f), 1
+	case c == 0xde && len(b) >= 3:
+		n, p = int(binary.BigEndian.Uint16(b[1:])), 3
+	case c == 0xdf && len(b) >= 5:
+		n, p = int(binary.BigEndian.Uint32(b[1:])), 5
+	default:
+		return req, false
+	}
+	var seen uint16
+	for i := 0; i < n; i++ {
+		name, q, ok := plainStr(b, p, false)
+		if !ok {
+			return req, false
+		}
+		p = q
+		f, ok := plainField(name)
+		if !ok || seen&(1<<f) != 0 {
+			return req, false
+		}
+		seen |= 1 << f
+		if f >= fieldLimit { // limit, min_seq, wait_ms
+			v, isNil, q, ok := plainInt(b, p)
+			if !ok {
+				return req, false
+			}
+			p = q
+			switch {
+			case f == fieldLimit && !isNil:
+				req.Limit = &v
+			case f == fieldMinSeq:
+				req.MinSeq = v
+			case f == fieldWaitMS:
+				req.WaitMS = v
+			}
+			continue
+		}
+		if p < len(b) && b[p] == 0xc0 {
+			p++ // nil: the field left out
+			continue
+		}
+		v, q, ok := plainStr(b, p, true)
+		if !ok || !utf8.Valid(v) {
+			return req, false
+		}
+		p = q
+		*req.stringField(f) = string(v)
+	}
+	return req, p == len(b)
+}
+
+// The request's fields, as decodePlainMsgpack numbers them: the string fields, then the integer ones.
+const (
+	fieldWhat = iota
+	fieldNode
+	fieldModule
+	fieldContributor
+	fieldCollection
+	fieldKind
+	fieldAfter
+	fieldAt
+	fieldLimit
+	fieldMinSeq
+	fieldWaitMS
+)
+
+// plainField is the number of a request field's name.
+func plainField(name []byte) (int, bool) {
+	switch string(name) {
+	case "what":
+		return fieldWhat, true
+	case "node":
+		return fieldNode, true
+	case "module":
+		return fieldModule, true
+	case "contributor":
+		return fieldContributor, true
+	case "collection":
+		return fieldCollection, true
+	case "kind":
+		return fieldKind, true
+	case "after":
+		return fieldAfter, true
+	case "at":
+		return fieldAt, true
+	case "limit":
+		return fieldLimit, true
+	case "min_seq":
+		return fieldMinSeq, true
+	case "wait_ms":
+		return fieldWaitMS, true
+	}
+	return 0, false
+}
+
+// stringField is the string field numbered f.
+func (r *Request) stringField(f int) *string {
+	switch f {
+	case fieldWhat:
+		return &r.What
+	case fieldNode:
+		return &r.Node
+	case fieldModule:
+		return &r.Module
+	case fieldContributor:
+		return &r.Contributor
+	case fieldCollection:
+		return &r.Collection
+	case fieldKind:
+		return &r.Kind
+	case fieldAfter:
+		return &r.After
+	}
+	return &r.At
+}
+
+// plainStr reads the MessagePack str (or, when bin is set, str or bin) at b[p]: its bytes and the
+// offset after it.
+func plainStr(b []byte, p int, bin bool) ([]byte, int, bool) {
+	if p >= len(b) {
+		return nil, 0, false
+	}
+	c := b[p]
+	var n, h int
+	switch {
+	case c&0xe0 == 0xa0:
+		n, h = int(c&0x1f), 1
+	case c == 0xd9 || bin && c == 0xc4:
+		if len(b)-p < 2 {
+			return nil, 0, false
+		}
+		n, h = int(b[p+1]), 2
+	case c == 0xda || bin && c == 0xc5:
+		if len(b)-p < 3 {
+			return nil, 0, false
+		}
+		n, h = int(binary.BigEndian.Uint16(b[p+1:])), 3
+	case c == 0xdb || bin && c == 0xc6:
+		if len(b)-p < 5 {
+			return nil, 0, false
+		}
+		n, h = int(binary.BigEndian.Uint32(b[p+1:])), 5
+	default:
+		return nil, 0, false
+	}
+	if n > len(b)-p-h {
+		return nil, 0, false
+	}
+	return b[p+h : p+h+n], p + h + n, true
+}
+
+// plainInt reads the MessagePack integer, or nil, at b[p], when an int64 holds it: its value, whether
+// it was nil, and the offset after it.
+func plainInt(b []byte, p int) (int64, bool, int, bool) {
+	if p >= len(b) {
+		return 0, false, 0, false
+	}
+	c := b[p]
+	switch {
+	case c <= 0x7f || c >= 0xe0:
+		return int64(int8(c)), false, p + 1, true // positive and negative fixint
+	case c == 0xc0:
+		return 0, true, p + 1, true
+	}
+	var w int
+	switch c {
+	case 0xcc, 0xd0:
+		w = 1
+	case 0xcd, 0xd1:
+		w = 2
+	case 0xce, 0xd2:
+		w = 4
+	case 0xcf, 0xd3:
+		w = 8
+	default:
+		return 0, false, 0, false
+	}
+	if len(b)-p-1 < w {
+		return 0, false, 0, false
+	}
+	v, next := b[p+1:p+1+w], p+1+w
+	switch c {
+	case 0xcc:
+		return int64(v[0]), false, next, true
+	case 0xcd:
+		return int64(binary.BigEndian.Uint16(v)), false, next, true
+	case 0xce:
+		return int64(binary.BigEndian.Uint32(v)), false, next, true
+	case 0xcf:
+		u := binary.BigEndian.Uint64(v)
+		return int64(u), false, next, u <= math.MaxInt64
+	case 0xd0:
+		return int64(int8(v[0])), false, next, true
+	case 0xd1:
+		return int64(int16(binary.BigEndian.Uint16(v))), false, next, true
+	case 0xd2:
+		return int64(int32(binary.BigEndian.Uint32(v))), false, next, true
+	}
+	return int64(binary.BigEndian.Uint64(v)), false, next, true
 }
 
 // requestFields are the request's field names, exactly as the contract writes them.

@@ -276,3 +276,106 @@ func TestDecodeRequest_WhiteSpaceBeforeMessagePack(t *testing.T) {
 		})
 	}
 }
+
+// TestDecodePlainMsgpack_AsTheDecoder reads every encoding a plain request's members can come in (each
+// string as str of every width and as bin, nil, each integer width signed and unsigned, map headers of
+// every width) in one pass, as the MessagePack decoder reads them; and leaves to the decoder every body
+// that is not plain, so that its error is the one it was.
+func TestDecodePlainMsgpack_AsTheDecoder(t *testing.T) {
+	str := func(b []byte, h []byte, s string) []byte { return append(append(b, h...), s...) }
+	name := func(b []byte, s string) []byte { return str(b, []byte{0xa0 | byte(len(s))}, s) }
+	be := func(n, w int) []byte {
+		out := make([]byte, w)
+		for i := w - 1; i >= 0; i-- {
+			out[i], n = byte(n), n>>8
+		}
+		return out
+	}
+	// A member's value in each encoding: strings of 5 bytes, integers.
+	strs := map[string]func(string) []byte{
+		"fixstr": func(s string) []byte { return str(nil, []byte{0xa0 | byte(len(s))}, s) },
+		"str8":   func(s string) []byte { return str(nil, []byte{0xd9, byte(len(s))}, s) },
+		"str16":  func(s string) []byte { return str(nil, append([]byte{0xda}, be(len(s), 2)...), s) },
+		"str32":  func(s string) []byte { return str(nil, append([]byte{0xdb}, be(len(s), 4)...), s) },
+		"bin8":   func(s string) []byte { return str(nil, []byte{0xc4, byte(len(s))}, s) },
+		"bin16":  func(s string) []byte { return str(nil, append([]byte{0xc5}, be(len(s), 2)...), s) },
+		"bin32":  func(s string) []byte { return str(nil, append([]byte{0xc6}, be(len(s), 4)...), s) },
+		"nil":    func(string) []byte { return []byte{0xc0} },
+	}
+	ints := map[string][]byte{
+		"fixint 7": {0x07}, "negative fixint -3": {0xfd}, "uint8 200": {0xcc, 200}, "uint16": {0xcd, 0x12, 0x34},
+		"uint32": {0xce, 0x01, 0x02, 0x03, 0x04}, "uint64": {0xcf, 0, 0, 0, 1, 2, 3, 4, 5},
+		"int8 -100": {0xd0, 0x9c}, "int16 -2": {0xd1, 0xff, 0xfe}, "int32": {0xd2, 0x00, 0x01, 0x00, 0x00},
+		"int64 -1": {0xd3, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, "int64 max": {0xd3, 0x7f, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff},
+		"uint64 max int64": {0xcf, 0x7f, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, "nil": {0xc0},
+	}
+	headers := map[string]func(n int) []byte{
+		"fixmap": func(n int) []byte { return []byte{0x80 | byte(n)} },
+		"map16":  func(n int) []byte { return append([]byte{0xde}, be(n, 2)...) },
+		"map32":  func(n int) []byte { return append([]byte{0xdf}, be(n, 4)...) },
+	}
+	check := func(t *testing.T, body []byte) Request {
+		t.Helper()
+		plain, ok := decodePlainMsgpack(body)
+		require.True(t, ok, "% x is plain", body)
+		dec, err := decodeMsgpack(body)
+		require.NoError(t, err)
+		require.True(t, equalRequest(plain, dec), "plain %+v, decoder %+v", plain, dec)
+		return plain
+	}
+	strFields := []string{"what", "node", "module", "contributor", "collection", "kind", "after", "at"}
+	for hn, h := range headers {
+		for sn, enc := range strs {
+			t.Run(hn+"/"+sn, func(t *testing.T) {
+				body := h(len(strFields))
+				for i, f := range strFields {
+					body = append(name(body, f), enc(strconv.Itoa(i)+"é-x")...)
+				}
+				r := check(t, body)
+				if sn != "nil" {
+					require.Equal(t, "1é-x", r.Node)
+				}
+			})
+		}
+		for in, v := range ints {
+			t.Run(hn+"/"+in, func(t *testing.T) {
+				body := h(3)
+				for _, f := range []string{"limit", "min_seq", "wait_ms"} {
+					body = append(name(body, f), v...)
+				}
+				r := check(t, body)
+				require.Equal(t, in == "nil", r.Limit == nil)
+			})
+		}
+	}
+	// A node lookup as clients send it, and an empty map.
+	check(t, []byte{0x80})
+	b, err := msgpack.Marshal(map[string]any{"what": "needs", "node": "n1", "limit": 10000, "min_seq": 12345, "wait_ms": 500})
+	require.NoError(t, err)
+	require.Equal(t, Request{What: "needs", Node: "n1", Limit: ptr(int64(10000)), MinSeq: 12345, WaitMS: 500}, check(t, b))
+
+	// Not plain: left to the decoder, and DecodeRequest says what it said before.
+	for _, body := range [][]byte{
+		name([]byte{0x81}, "nod"),                                                      // an unknown field (no value either)
+		append(name([]byte{0x81}, "WHAT"), 0xa1, 'x'),                                  // a name in another case
+		append(name(append(name([]byte{0x82}, "what"), 0xa1, 'x'), "what"), 0xa1, 'y'), // twice
+		append(name([]byte{0x81}, "what"), 0xa2, 0xff, 0xfe),                           // not UTF-8
+		append(name([]byte{0x81}, "what"), 0x07),                                       // an integer for a string
+		append(name([]byte{0x81}, "limit"), 0xa1, '1'),                                 // a string for an integer
+		append(name([]byte{0x81}, "limit"), 0xcb, 0, 0, 0, 0, 0, 0, 0, 0),              // a float
+		append(name([]byte{0x81}, "min_seq"), 0xcf, 0x80, 0, 0, 0, 0, 0, 0, 0),         // past int64
+		append(name([]byte{0x81}, "what"), 0xa5, 'n', 'e'),                             // cut short
+		append(append(name([]byte{0x81}, "what"), 0xa1, 'x'), 0xc0),                    // data after the map
+		{0x81, 0xc4, 4, 'w', 'h', 'a', 't', 0xa1, 'x'},                                 // a name in bin
+		{0x81, 0x01, 0xa1, 'x'},                                                        // an integer name
+		{0x82, 0xa4, 'w', 'h', 'a', 't'},                                               // fewer members than the header says
+	} {
+		_, ok := decodePlainMsgpack(body)
+		require.False(t, ok, "% x", body)
+		_, _, err := DecodeRequest(body)
+		_, old := decodeMsgpack(body)
+		if old != nil {
+			require.EqualError(t, err, old.Error())
+		}
+	}
+}

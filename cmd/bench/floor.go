@@ -56,24 +56,24 @@ func serveFloor(url string, n int, pagesFile string) error {
 }
 
 // startFloor starts the bench's own binary as the bare replier, with args after the server's URL,
-// and returns the func that stops it.
-func (b *bench) startFloor(args ...string) (func(), error) {
+// and returns the func that stops it and its process id (for its CPU time, schedstat).
+func (b *bench) startFloor(args ...string) (func(), string, error) {
 	self, err := os.Executable()
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	cmd := exec.Command(self, append([]string{"-floor-reply", b.url}, args...)...)
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	stop := func() {
 		_ = stdin.Close()
@@ -81,37 +81,41 @@ func (b *bench) startFloor(args ...string) (func(), error) {
 	}
 	if line, err := bufio.NewReader(stdout).ReadString('\n'); err != nil || line != "ready\n" {
 		stop()
-		return nil, fmt.Errorf("floor replier did not start: %q %v", line, err)
+		return nil, "", fmt.Errorf("floor replier did not start: %q %v", line, err)
 	}
-	return stop, nil
+	return stop, strconv.Itoa(cmd.Process.Pid), nil
 }
 
 // replyFloor measures what NATS and two processes alone cost a node lookup: a bare endpoint in another
 // process answering a fixed body of the node answer's size, asked as the node lookups are. It returns
-// the median and p99.
-func (b *bench) replyFloor(size int) (time.Duration, time.Duration, error) {
-	stop, err := b.startFloor("-floor-bytes", strconv.Itoa(size))
+// the median and p99, and the replier's CPU time a reply (its threads' run time over the series, as
+// seatCPU's): what a bare micro reply of those bytes costs a process, beside the seat's a lookup.
+func (b *bench) replyFloor(size int) (time.Duration, time.Duration, time.Duration, error) {
+	stop, pid, err := b.startFloor("-floor-bytes", strconv.Itoa(size))
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
 	defer stop()
 	body := []byte{0x81, 0xa4, 'w', 'h', 'a', 't', 0xa5, 'n', 'e', 'e', 'd', 's'} // {"what":"needs"}
 	times := make([]time.Duration, 0, b.lookups)
 	runtime.GC() // as before the node lookups
+	cpu0, _ := schedstat(pid)
 	for i := 0; i < b.lookups; i++ {
 		start := time.Now()
 		msg, err := b.nc.Request(floorSubject, body, 10*time.Second)
 		if err != nil {
-			return 0, 0, err
+			return 0, 0, 0, err
 		}
 		times = append(times, time.Since(start))
 		if len(msg.Data) != size {
-			return 0, 0, fmt.Errorf("floor answer of %d bytes, want %d", len(msg.Data), size)
+			return 0, 0, 0, fmt.Errorf("floor answer of %d bytes, want %d", len(msg.Data), size)
 		}
 	}
-	fmt.Fprintf(os.Stderr, "bench: reply floor: p50 %s p90 %s p99 %s max %s\n",
-		ms(percentile(times, 0.5)), ms(percentile(times, 0.9)), ms(percentile(times, 0.99)), ms(percentile(times, 1)))
-	return percentile(times, 0.5), percentile(times, 0.99), nil
+	cpu1, _ := schedstat(pid)
+	cpu := (cpu1 - cpu0) / time.Duration(b.lookups)
+	fmt.Fprintf(os.Stderr, "bench: reply floor: p50 %s p90 %s p99 %s max %s; replier CPU %.0f µs a reply\n",
+		ms(percentile(times, 0.5)), ms(percentile(times, 0.9)), ms(percentile(times, 0.99)), ms(percentile(times, 1)), float64(cpu)/1e3)
+	return percentile(times, 0.5), percentile(times, 0.99), cpu, nil
 }
 
 // wideFloor measures what NATS, two processes and the client's reading alone cost a wide lookup (a
@@ -133,7 +137,7 @@ func (b *bench) wideFloor(figure, what string, req map[string]any, direct time.D
 	if err := writePages(file, pages); err != nil {
 		return err
 	}
-	stop, err := b.startFloor("-floor-pages", file)
+	stop, _, err := b.startFloor("-floor-pages", file)
 	if err != nil {
 		return err
 	}

@@ -18,6 +18,9 @@
 //   - memory: the seat's peak RSS while ingesting, while serving and walking every index once, and
 //     after a restart walking every index and taking writes (BENCH_MEMORY_ONLY=1 skips ingest and
 //     rebuild, to measure these alone)
+//
+// BENCH_NODES_ONLY=1 stops after the node lookups, the reply floor and the scale row;
+// BENCH_NODE_ROUNDS=n asks the full-size node series n times (stderr says each).
 //   - concurrency: verb answers per second from 8 clients while updates stream in
 package main
 
@@ -211,6 +214,15 @@ func (b *bench) run() error {
 		return err
 	}
 	fullCPU := b.lookupCPU
+	// BENCH_NODE_ROUNDS=n asks the series n-1 times more, each said on stderr (the table keeps the
+	// first): more samples of the seat's CPU a lookup, or a window to profile the seat in.
+	for r := 1; r < envInt("BENCH_NODE_ROUNDS", 1); r++ {
+		m, _, err := b.nodeLookups(b.nodes, false)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(os.Stderr, "bench: node round %d: median %s, seat CPU %.0f µs a lookup\n", r+1, ms(m), float64(b.lookupCPU)/1e3)
+	}
 	dMedian, dP99, err := b.nodeLookups(b.nodes, true)
 	if err != nil {
 		return err
@@ -218,17 +230,25 @@ func (b *bench) run() error {
 	b.add("node lookup", fmt.Sprintf("verb %s median, %s p99; direct watch %s median, %s p99; %.1f× faster (median)",
 		ms(median), ms(p99), ms(dMedian), ms(dP99), float64(dMedian)/float64(median)),
 		fmt.Sprintf("%d random nodes, ~250 rows each, MessagePack request; direct: KV watch of <node>.> until its initial values are done", b.lookups))
-	fMedian, fP99, err := b.replyFloor(b.nodeBytes)
+	fMedian, fP99, fCPU, err := b.replyFloor(b.nodeBytes)
 	if err != nil {
 		return err
 	}
-	b.add("reply floor", fmt.Sprintf("%s median, %s p99; so a node lookup can be at most %.1f× faster than the direct watch here",
-		ms(fMedian), ms(fP99), float64(dMedian)/float64(fMedian)),
-		fmt.Sprintf("a bare micro endpoint in another process answering a fixed %d-byte body (a node answer's size), asked as the node lookups are: what NATS and two processes alone cost", b.nodeBytes))
+	b.add("reply floor", fmt.Sprintf("%s median, %s p99; so a node lookup can be at most %.1f× faster than the direct watch here; replier CPU %.0f µs a reply",
+		ms(fMedian), ms(fP99), float64(dMedian)/float64(fMedian), float64(fCPU)/1e3),
+		fmt.Sprintf("a bare micro endpoint in another process answering a fixed %d-byte body (a node answer's size), asked as the node lookups are: what NATS and two processes alone cost; replier CPU as the scale row's seat CPU", b.nodeBytes))
 	b.add("scale", fmt.Sprintf("node lookup median %s at %d keys, %s at %d keys; ratio %.2f; seat CPU %.0f µs a lookup, then %.0f µs",
 		ms(smallMedian), b.small*perNode, ms(median), b.nodes*perNode, float64(median)/float64(smallMedian),
 		float64(smallCPU)/1e3, float64(fullCPU)/1e3),
 		"the same node lookup before and after the mesh grew tenfold; seat CPU: its threads' run time (/proc/<pid>/task/*/schedstat) over the lookups")
+	if os.Getenv("BENCH_NODES_ONLY") != "" {
+		// The node lookups alone (BENCH_NODES_ONLY=1): old and new seats alternated in minutes. And what
+		// the seat's background loops cost while nobody asks, beside its CPU a lookup.
+		cpu0, idle := b.seatCPU(), 3*time.Second
+		time.Sleep(idle)
+		fmt.Fprintf(os.Stderr, "bench: idle seat: %.2f ms of CPU a second\n", float64(b.seatCPU()-cpu0)/1e6/idle.Seconds())
+		return nil
+	}
 	if err := b.moduleLookups(ctx); err != nil {
 		return err
 	}
@@ -295,13 +315,37 @@ func (b *bench) waitCompacted(n, before, burst int, timeout time.Duration) {
 	start := time.Now()
 	for time.Since(start) < timeout {
 		if b.compactions() > before {
-			b.add(figure, fmt.Sprintf("%s until the seat's compaction after the catch-up ended", time.Since(start).Round(time.Millisecond)),
-				"the seat compacts once a burst of 50,000 messages or more is applied and it goes quiet; lookups are measured after")
+			waited := time.Since(start)
+			idle := b.waitSeatIdle(2 * time.Minute)
+			b.add(figure, fmt.Sprintf("%s until the seat's compaction after the catch-up ended, then %s until the seat was idle", waited.Round(time.Millisecond), idle.Round(time.Millisecond)),
+				"the seat compacts once a burst of 50,000 messages or more is applied and it goes quiet; lookups are measured after, once the seat's threads ran under a tenth of a core for 3 s")
 			return
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
 	b.add(figure, "no compaction logged within "+timeout.String(), "lookups measured without waiting further")
+}
+
+// waitSeatIdle waits until the seat's threads have run under a tenth of a core in each half second for
+// longer than the seat waits, quiet, before compacting after a catch-up (nothing applied for a second,
+// looked at every second: up to 2 s), or timeout; it returns how long it waited. On a loaded machine
+// the load can pause long enough for the seat to compact in the middle of a burst: the compaction
+// waitCompacted sees is then not the last, and what the seat did after it ran in the timed lookups,
+// its threads' CPU counted as theirs (docs/performance.md, Session 18: settle 0 s, seat CPU 280-620 µs
+// a lookup for 13 rounds of node lookups, 144-190 after, the compaction 69% of the seat's CPU in a
+// profile of those rounds).
+func (b *bench) waitSeatIdle(timeout time.Duration) time.Duration {
+	start := time.Now()
+	const window, quiet = 500 * time.Millisecond, 3 * time.Second
+	idleSince := time.Now()
+	for time.Since(start) < timeout && time.Since(idleSince) < quiet {
+		cpu0 := b.seatCPU()
+		time.Sleep(window)
+		if b.seatCPU()-cpu0 >= window/10 {
+			idleSince = time.Now()
+		}
+	}
+	return time.Since(start)
 }
 
 // compactions is how many compactions after a catch-up the seat has logged.
@@ -696,11 +740,14 @@ const wideRounds = 3
 
 // wideRoundsNow is wideRounds, or BENCH_WIDE_ROUNDS: more samples, or a longer window to profile the
 // seat in (BENCH_SEAT_ARGS).
-func wideRoundsNow() int {
-	if n, err := strconv.Atoi(os.Getenv("BENCH_WIDE_ROUNDS")); err == nil && n > 0 {
+func wideRoundsNow() int { return envInt("BENCH_WIDE_ROUNDS", wideRounds) }
+
+// envInt is the environment variable name as a number above 0, else def.
+func envInt(name string, def int) int {
+	if n, err := strconv.Atoi(os.Getenv(name)); err == nil && n > 0 {
 		return n
 	}
-	return wideRounds
+	return def
 }
 
 // wideCase measures one wide lookup once: the verb in MessagePack and in JSON, and the direct watch; cpu
