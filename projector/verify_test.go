@@ -58,8 +58,10 @@ func TestProjector_VerifyListsStreamsNotEachBucket(t *testing.T) {
 	require.LessOrEqual(t, gotLists, (intervals+2)*pages, "one listing per interval, of about 256 streams a page")
 	require.Positive(t, gotLists)
 	// One info per bucket per interval would be intervals × buckets (1500). A bucket whose listing came
-	// late on a loaded machine asks its own stream, askPerSecond a second in all.
-	require.LessOrEqual(t, gotInfos, lateAsks(steady), "no stream info per bucket: the checks read the listing")
+	// late on a loaded machine asks its own stream when its slot comes, askPerSecond slots a second in
+	// all; a slot that came while its bucket's goroutine waited for a core is asked late, so asks
+	// bunch: a few buckets may, not a tenth of them, beside those of the time that passed.
+	require.LessOrEqual(t, gotInfos, int64(buckets/10)+lateAsks(steady), "no stream info per bucket: the checks read the listing")
 
 	// A check made from the listing finds a purge: the stream's only message is gone while the
 	// projection still rests on it. No consumer notices a purge; only the periodic check does.
