@@ -44,3 +44,8 @@ func ExpireBehind(p *Projector) int64 { return p.expireBehind.Load() }
 // SetExpireDirect has the expire loop ask about many keys by one direct get first (on, the default), or
 // ask the streams' leaders alone. Set it before Start.
 func SetExpireDirect(p *Projector, on bool) { p.expireDirectOff = !on }
+
+// RefreshListing has the stream listing the Projector reads run now rather than at its next interval
+// (streaminfo.Poller.Refresh): a test whose listing runs every hour, so that no stall of a loaded
+// machine looks like a listing that stopped (listingRuns), asks for the next listing when it needs it.
+func RefreshListing(p *Projector) { p.streams.Refresh() }

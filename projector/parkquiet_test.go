@@ -94,7 +94,10 @@ func TestProjector_QuietStreamParksOnceRead(t *testing.T) {
 	creates := countConsumerCreates(t, nc)
 	_, pjs := natstest.Connect(t, ns.ClientURL())
 	var once sync.Once
-	p, db, _ := parkingQuiet(t, pjs, nil, []string{quiet, written}, func(p *projector.Projector) {
+	// The listing every hour: the one at start is all the parking needs, and at 100 ms a stall of the
+	// test process of 200 ms looked like a listing that stopped, which woke the parked bucket for a
+	// second consumer (2, not 1, under -race on a loaded machine).
+	p, db, _ := parkingQuietEvery(t, pjs, nil, time.Hour, []string{quiet, written}, func(p *projector.Projector) {
 		// Called as a tail has its stream's info, before its consumer is created: a write now is read by
 		// the consumer, past that info.
 		projector.SetAged(p, func(bucket string) time.Duration {
@@ -305,7 +308,9 @@ func TestProjector_QuietStreamWhoseLastMessageIsGoneParksOnceRead(t *testing.T) 
 
 	creates := countConsumerCreates(t, nc)
 	_, pjs := natstest.Connect(t, ns.ClientURL())
-	p, db, _ := parkingQuiet(t, pjs, nil, []string{bucket}, nil)
+	// The listing every hour, as TestProjector_QuietStreamParksOnceRead's: the count of consumers must
+	// not take a stall for a stopped listing.
+	p, db, _ := parkingQuietEvery(t, pjs, nil, time.Hour, []string{bucket}, nil)
 	waitApplied(t, db, bucket, 1)
 	waitParked(t, p, js, bucket)
 	require.Equal(t, 1, creates.of(bucket), "one consumer created for the bucket")

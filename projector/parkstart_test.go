@@ -24,6 +24,12 @@ import (
 // restartable runs projectors of the composed-<node> buckets only, one after the other, on one state
 // dir, each with a listing of its own every `every` and parking after an hour: a bucket parked at a
 // start was started parked, not parked after being idle.
+//
+// A test that asserts a bucket stays parked lists every hour, and asks for the next listing when it
+// needs one (projector.RefreshListing): parked buckets all tail again when the listing looks stopped,
+// no listing completed within two intervals and two of its durations (listingRuns), and at 100 ms a
+// stall of 200 ms of a loaded test process was one (TestProjector_StartsParkedWhenUnchanged failed so,
+// at -test.parallel 8).
 type restartable struct {
 	t      *testing.T
 	url    string
@@ -140,7 +146,7 @@ func TestProjector_StartsParkedWhenUnchanged(t *testing.T) {
 		later     = "composed-n0005" // unchanged while down, recreated once started parked
 	)
 	all := []string{unchanged, written, purged, recreated, deleted, later}
-	r := restartable{t: t, url: ns.ClientURL(), dir: t.TempDir(), every: 100 * time.Millisecond, verify: 300 * time.Millisecond}
+	r := restartable{t: t, url: ns.ClientURL(), dir: t.TempDir(), every: time.Hour, verify: 300 * time.Millisecond}
 	r.runToSynced(all, 1)
 
 	// While the projector is down.
@@ -196,6 +202,7 @@ func TestProjector_StartsParkedWhenUnchanged(t *testing.T) {
 	require.NoError(t, err)
 	_, err = kv0.Put(ctx, "web.2", []byte{0x80})
 	require.NoError(t, err)
+	projector.RefreshListing(p)
 	waitApplied(t, db, unchanged, 2)
 	require.Equal(t, 1, creates.of(unchanged))
 
@@ -205,6 +212,7 @@ func TestProjector_StartsParkedWhenUnchanged(t *testing.T) {
 	require.NoError(t, err)
 	_, err = kvl.Put(ctx, "other.8", []byte{0x80})
 	require.NoError(t, err)
+	projector.RefreshListing(p)
 	forgotten(t, db, later)
 	natstest.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error {
 		v, err := db.View()
@@ -459,7 +467,7 @@ func TestProjector_StartsParkedWhenItsRemovedEndIsUnchanged(t *testing.T) {
 	info, err := stream.Info(ctx)
 	require.NoError(t, err)
 
-	r := restartable{t: t, url: ns.ClientURL(), dir: t.TempDir(), every: 100 * time.Millisecond, verify: time.Hour}
+	r := restartable{t: t, url: ns.ClientURL(), dir: t.TempDir(), every: time.Hour, verify: time.Hour}
 	r.runToSynced([]string{bucket}, 1)
 	// What parking it told the store (TestProjector_QuietStreamWhoseLastMessageIsGoneParksOnceRead):
 	// its stream ends at 2, removed unread.
@@ -485,6 +493,7 @@ func TestProjector_StartsParkedWhenItsRemovedEndIsUnchanged(t *testing.T) {
 	// Written to, it is woken by the listing and reads the write.
 	_, err = kv.Put(ctx, "web.3", []byte{0x80})
 	require.NoError(t, err)
+	projector.RefreshListing(p)
 	waitApplied(t, db, bucket, 3)
 }
 
@@ -513,7 +522,7 @@ func TestProjector_StartsParkedAfterASkipThenARemovedEnd(t *testing.T) {
 	}
 
 	first := removeUnread("web.2")
-	r := restartable{t: t, url: ns.ClientURL(), dir: t.TempDir(), every: 100 * time.Millisecond, verify: time.Hour}
+	r := restartable{t: t, url: ns.ClientURL(), dir: t.TempDir(), every: time.Hour, verify: time.Hour}
 	p, db, stop := r.start(nil)
 	waitApplied(t, db, bucket, 1)
 	p.Wake(bucket) // a request for min_seq 2
@@ -549,5 +558,6 @@ func TestProjector_StartsParkedAfterASkipThenARemovedEnd(t *testing.T) {
 	// Written to, it is woken by the listing and reads the write.
 	next, err := kv.Put(ctx, "web.4", []byte{0x80})
 	require.NoError(t, err)
+	projector.RefreshListing(p)
 	waitApplied(t, db, bucket, next)
 }

@@ -195,11 +195,15 @@ func TestPlans_TTLExpiryEndToEnd(t *testing.T) {
 		{Bucket: provisioner.BucketHostModules, Key: "n1.web", Op: provisioner.OpPut, Value: mp(t, map[string]any{"want": 5})},
 		{Bucket: provisioner.BucketIndexerBuilds, Key: "web", Op: provisioner.OpPut, Value: mp(t, map[string]any{"newest": 5})},
 	})
+	// The seat starts and catches up before the compositions are put: their second lasts from the
+	// puts to the ask below, and a seat started inside it (a plans seat, under the race detector on a
+	// loaded machine) outlasted it, so the ask found them expired already.
+	st, _ := h.startPlansSeat(t.TempDir())
+	h.waitPlansCaughtUp(st)
 	for _, key := range []string{"web.5", "web.x"} {
 		_, err := kv.Create(ctx, key, mp(t, map[string]any{"status": "published", "plan": map[string]any{"image": "web:5"}}), jetstream.KeyTTL(time.Second))
 		require.NoError(t, err)
 	}
-	st, _ := h.startPlansSeat(t.TempDir())
 	h.waitPlansCaughtUp(st)
 	current := func(a map[string]any) map[string]any {
 		t.Helper()
