@@ -9,12 +9,14 @@
 // It starts an embedded nats-server, loads a fixtures mesh, runs the real mesh-provisioner binary (-bin)
 // as the seat in a process of its own (so its memory is its own), and measures:
 //
-//   - stream limit: a bare ordered consumer reading the whole needs stream, doing nothing
+//   - stream limit: a bare ordered consumer reading the whole needs stream, doing nothing, in a process
+//     of its own (this binary, -child-limit)
 //   - ingest: the projector on the same stream (and the registry, as serve) from an empty state dir,
-//     in this process
+//     in a process of its own too (this binary, -child-ingest), timed as the stream limit is
 //   - node, module and collection lookups: the verb against a direct KV watch of the same keys
 //   - scale: the node lookup at a tenth of the keys and at all of them
-//   - rebuild: `mesh-provisioner rebuild` of every bucket against the stream limit's time for them
+//   - rebuild: `mesh-provisioner rebuild` of every bucket against the stream limit's time for them (in
+//     its child process, as above)
 //   - memory: the seat's peak RSS while ingesting, while serving and walking every index once, and
 //     after a restart walking every index and taking writes (BENCH_MEMORY_ONLY=1 skips ingest and
 //     rebuild, to measure these alone)
@@ -53,6 +55,9 @@ import (
 
 	provisioner "github.com/novox/mesh-provisioner"
 	"github.com/novox/mesh-provisioner/fixtures"
+	// As cmd/mesh-provisioner does, so the ingest child (-child-ingest) allocates Pebble's blocks as
+	// the seat does: one malloc arena, set as the program loads (its doc says why).
+	_ "github.com/novox/mesh-provisioner/internal/cheap/onearena"
 	"github.com/novox/mesh-provisioner/internal/embedded"
 	"github.com/novox/mesh-provisioner/projector"
 	"github.com/novox/mesh-provisioner/query"
@@ -114,7 +119,24 @@ func main() {
 	floorURL := flag.String("floor-reply", "", "(internal) run as the bare replier of the reply floor, on this NATS URL")
 	floorBytes := flag.Int("floor-bytes", 0, "(internal) the reply floor's body size")
 	floorPages := flag.String("floor-pages", "", "(internal) answer these pages in turn instead (written by writePages)")
+	childLimit := flag.String("child-limit", "", "(internal) run as the stream limit's bare consumer, on this NATS URL")
+	childBuckets := flag.String("child-buckets", provisioner.BucketNeeds, "(internal) the buckets the stream limit reads in turn, comma-separated")
+	childIngest := flag.String("child-ingest", "", "(internal) run as the ingest's projector, on this NATS URL")
+	childState := flag.String("child-state", "", "(internal) the ingest's state dir, empty")
 	flag.Parse()
+	if *childLimit != "" || *childIngest != "" {
+		var err error
+		if *childLimit != "" {
+			err = runChildLimit(*childLimit, strings.Split(*childBuckets, ","))
+		} else {
+			err = runChildIngest(*childIngest, *childState)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "bench child:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if *floorURL != "" {
 		if err := serveFloor(*floorURL, *floorBytes, *floorPages); err != nil {
 			fmt.Fprintln(os.Stderr, "bench floor:", err)
@@ -266,7 +288,7 @@ func (b *bench) run() error {
 	b.stopSeat()
 
 	if os.Getenv("BENCH_MEMORY_ONLY") == "" {
-		if err := b.ingest(ctx); err != nil {
+		if err := b.ingest(); err != nil {
 			return err
 		}
 		if err := b.rebuild(ctx); err != nil {
@@ -886,92 +908,51 @@ func (b *bench) seatStatus(field string) int64 {
 	return 0
 }
 
-// streamLimit reads a whole stream with a bare ordered consumer that does nothing with the messages.
-func (b *bench) streamLimit(ctx context.Context, bucket string) (int, time.Duration, error) {
-	_, msgs, err := b.lastSeq(ctx, bucket)
-	if err != nil {
-		return 0, 0, err
-	}
-	s, err := b.js.Stream(ctx, provisioner.StreamName(bucket))
-	if err != nil {
-		return 0, 0, err
-	}
-	start := time.Now()
-	cons, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
-	if err != nil {
-		return 0, 0, err
-	}
-	it, err := cons.Messages(jetstream.PullMaxMessages(8192))
-	if err != nil {
-		return 0, 0, err
-	}
-	defer it.Stop()
-	n := 0
-	for n < int(msgs) {
-		if _, err := it.Next(); err != nil {
-			return 0, 0, err
-		}
-		n++
-	}
-	return n, time.Since(start), nil
+// streamLimit reads the whole streams of buckets, in turn, with a bare ordered consumer that does nothing
+// with the messages, in a process of its own.
+func (b *bench) streamLimit(buckets ...string) (measured, error) {
+	return b.measureChild("-child-limit", b.url, "-child-buckets", strings.Join(buckets, ","))
 }
 
-// ingest projects the needs stream into an empty store, in this process, as serve does.
-func (b *bench) ingest(ctx context.Context) error {
-	n, limit, err := b.streamLimit(ctx, provisioner.BucketNeeds)
+// ingest projects the needs stream into an empty store, as serve does, in a process of its own, against
+// the stream limit measured the same way.
+func (b *bench) ingest() error {
+	limit, err := b.streamLimit(provisioner.BucketNeeds)
 	if err != nil {
 		return err
 	}
-	limitRate := float64(n) / limit.Seconds()
-	b.add("stream limit", fmt.Sprintf("%.0f msgs/s (%d messages in %s)", limitRate, n, limit.Round(time.Millisecond)),
-		"a bare ordered consumer reading the whole needs stream, doing nothing")
-
-	db, err := store.Open(filepath.Join(b.dir, "ingest"), store.Options{})
+	limitRate := float64(limit.Msgs) / limit.Wall.Seconds()
+	b.add("stream limit", fmt.Sprintf("%.0f msgs/s (%d messages in %s)", limitRate, limit.Msgs, limit.Wall.Round(time.Millisecond)),
+		"a bare ordered consumer reading the whole needs stream, doing nothing, in a process of its own (the bench binary, -child-limit), timed inside it from the consumer's creation to the last message")
+	in, err := b.measureChild("-child-ingest", b.url, "-child-state", filepath.Join(b.dir, "ingest"))
 	if err != nil {
 		return err
 	}
-	defer db.Close()
-	last, _, err := b.lastSeq(ctx, provisioner.BucketNeeds)
-	if err != nil {
-		return err
-	}
-	start := time.Now()
-	// With the registry, as serve tails it: needs wait for it, and a need whose kind it answers
-	// raises no unanswered-kind anomaly. Without it every need would write one.
-	p := projector.New(b.js, db, projector.Options{Buckets: []string{provisioner.BucketRegistry, provisioner.BucketNeeds}})
-	p.Start(ctx)
-	for {
-		if seq, _ := db.Applied(provisioner.BucketNeeds); seq >= last {
-			break
-		}
-		time.Sleep(time.Millisecond)
-	}
-	took := time.Since(start)
-	p.Stop()
-	rate := float64(n) / took.Seconds()
-	b.add("ingest", fmt.Sprintf("%.0f msgs/s (%s); %.2f of the stream limit", rate, took.Round(time.Millisecond), rate/limitRate),
-		"the projector on the same stream (and the registry's, as serve) from an empty state dir, until the last sequence is applied")
+	rate := float64(in.Msgs) / in.Wall.Seconds()
+	b.add("ingest", fmt.Sprintf("%.0f msgs/s (%s); %.2f of the stream limit; CPU a message %.1f µs projecting + %.1f µs in the NATS server's process (the limit: %.1f + %.1f)",
+		rate, in.Wall.Round(time.Millisecond), rate/limitRate, cpuMsg(in.CPU, in.Msgs), cpuMsg(in.ServerCPU, in.Msgs), cpuMsg(limit.CPU, limit.Msgs), cpuMsg(limit.ServerCPU, limit.Msgs)),
+		"the projector on the same stream (and the registry's, as serve) from an empty state dir, in a process of its own (the bench binary, -child-ingest, linking the seat's malloc setting), timed inside it from the projector's start to the last sequence applied, after it connected and opened its store, as the stream limit")
 	return nil
 }
 
 // rebuild runs `mesh-provisioner rebuild` on every bucket, against the stream limit's time for them.
 func (b *bench) rebuild(ctx context.Context) error {
-	var total int
-	var limit time.Duration
+	var buckets []string
 	for _, s := range provisioner.ProvisionerShapes {
-		n, t, err := b.streamLimit(ctx, s.Bucket)
-		if err != nil {
-			return err
-		}
-		total += n
-		limit += t
+		buckets = append(buckets, s.Bucket)
 	}
+	m, err := b.streamLimit(buckets...)
+	if err != nil {
+		return err
+	}
+	total, limit := m.Msgs, m.Wall
 	state := filepath.Join(b.dir, "rebuild")
 	cmd := exec.Command(b.bin, "rebuild", "--nats", b.url, "--state", state)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
+	runtime.GC() // as before the stream limit's child
 	start := time.Now()
-	how := "`mesh-provisioner rebuild` of all four buckets from scratch"
+	how := "`mesh-provisioner rebuild` of all four buckets from scratch, from its process's start to its exit; the stream limit's time is its child's (above) for each bucket in turn, added up"
 	if err := cmd.Run(); err != nil {
 		// Without the rebuild command, a fresh projection of all four buckets in this process.
 		how = "a fresh projection of all four buckets (no rebuild command in this binary: " + tail(strings.TrimSpace(stderr.String()), 80) + ")"
