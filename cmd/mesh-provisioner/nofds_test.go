@@ -57,16 +57,7 @@ func TestServe_OutOfDescriptorsForItsLogExits71(t *testing.T) {
 	state := filepath.Join(dir, "state")
 
 	cmd := exec.Command(bin, "serve", "--nats", ns.ClientURL(), "--state", state, "--no-registry", "--plans=false", "--log-format", "json")
-	cmd.Env = append(os.Environ(), "NATS_URL=", "NATS_USER=", "NATS_PASSWORD=", "NATS_CREDS=", "NATS_INBOX_PREFIX=")
-	stderr := &natstest.LogBuffer{}
-	cmd.Stdout, cmd.Stderr = stderr, stderr
-	require.NoError(t, cmd.Start())
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-exited
-	})
+	stderr, exited := startChild(t, cmd)
 	natstest.CheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
 		a, _, err := natstest.Ask(nc, query.Subject, []byte(`{"what":"needs"}`), false)
 		if err != nil {
@@ -223,16 +214,7 @@ func TestServe_EmbeddedServerRefusesClientsPastItsBound(t *testing.T) {
 	dir := t.TempDir()
 	cmd := exec.Command("sh", "-c", `ulimit -n 1024 && exec "$0" "$@"`, bin, "serve", "--state", filepath.Join(dir, "state"),
 		"--embedded-listen", "127.0.0.1:0", "--embedded-store", filepath.Join(dir, "nats"), "--plans=false", "--log-format", "json")
-	cmd.Env = append(os.Environ(), "NATS_URL=", "NATS_USER=", "NATS_PASSWORD=", "NATS_CREDS=", "NATS_INBOX_PREFIX=")
-	stderr := &natstest.LogBuffer{}
-	cmd.Stdout, cmd.Stderr = stderr, stderr
-	require.NoError(t, cmd.Start())
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-exited
-	})
+	stderr, exited := startChild(t, cmd)
 	var start map[string]any
 	natstest.CheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
 		for _, l := range strings.Split(stderr.String(), "\n") {
@@ -295,4 +277,22 @@ func TestServe_EmbeddedServerRefusesClientsPastItsBound(t *testing.T) {
 	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
 	require.NoError(t, natstest.Receive(t, exited, 30*time.Second, "serve to stop"), "%s", stderr.String())
 	exited <- nil
+}
+
+// startChild starts cmd (the built binary) with the NATS environment cleared and its output in one
+// buffer, and kills and reaps it when the test ends. exited has its Wait's error; a test that reads
+// it puts it back, for that cleanup.
+func startChild(t *testing.T, cmd *exec.Cmd) (*natstest.LogBuffer, chan error) {
+	t.Helper()
+	cmd.Env = append(os.Environ(), "NATS_URL=", "NATS_USER=", "NATS_PASSWORD=", "NATS_CREDS=", "NATS_INBOX_PREFIX=")
+	out := &natstest.LogBuffer{}
+	cmd.Stdout, cmd.Stderr = out, out
+	require.NoError(t, cmd.Start())
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-exited
+	})
+	return out, exited
 }
