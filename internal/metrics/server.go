@@ -33,6 +33,14 @@ type Server struct {
 	log  *slog.Logger
 	shed atomic.Bool // keep-alives are off: the cap was reached
 	done chan error
+	hook hooks
+}
+
+// hooks are points where a test runs something of its own (export_test.go); all nil in production.
+type hooks struct {
+	swapped   func()                         // in full, after it swapped the shed state, before it is applied
+	freed     func(open int)                 // after freed returned, on the goroutine that closed the connection
+	connState func(net.Conn, http.ConnState) // http.Server.ConnState
 }
 
 // limits are a Server's bounds; Listen's are defaultLimits.
@@ -54,10 +62,10 @@ var defaultLimits = limits{
 
 // Listen binds addr (host:port; port 0 picks a free one) and serves h on it.
 func Listen(addr string, h http.Handler, log *slog.Logger) (*Server, error) {
-	return listen(addr, h, log, defaultLimits)
+	return listen(addr, h, log, defaultLimits, hooks{})
 }
 
-func listen(addr string, h http.Handler, log *slog.Logger, lim limits) (*Server, error) {
+func listen(addr string, h http.Handler, log *slog.Logger, lim limits, hk hooks) (*Server, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("metrics listener: %w", err)
@@ -73,11 +81,17 @@ func listen(addr string, h http.Handler, log *slog.Logger, lim limits) (*Server,
 			WriteTimeout:      lim.writeTimeout,
 			IdleTimeout:       lim.idleTimeout,
 			ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+			ConnState:         hk.connState,
 		},
 		log:  log,
 		done: make(chan error, 1),
+		hook: hk,
 	}
-	s.ln = &limitListener{Listener: ln, slots: make(chan struct{}, lim.maxConns), closed: make(chan struct{}), full: s.full, freed: s.freed}
+	freed := s.freed
+	if hk.freed != nil {
+		freed = func(open int) { s.freed(open); hk.freed(open) }
+	}
+	s.ln = &limitListener{Listener: ln, slots: make(chan struct{}, lim.maxConns), closed: make(chan struct{}), full: s.full, freed: freed}
 	go func() {
 		err := s.srv.Serve(s.ln)
 		if errors.Is(err, http.ErrServerClosed) {
@@ -92,6 +106,9 @@ func listen(addr string, h http.Handler, log *slog.Logger, lim limits) (*Server,
 // keep-alives stay off until half the places are free again (freed).
 func (s *Server) full() {
 	if s.shed.CompareAndSwap(false, true) {
+		if s.hook.swapped != nil {
+			s.hook.swapped()
+		}
 		s.log.Warn("metrics listener full: idle connections closed, new ones wait", "max_conns", cap(s.ln.slots))
 		s.srv.SetKeepAlivesEnabled(false)
 	}
