@@ -68,9 +68,9 @@ func ListenHooked(addr string, h http.Handler, maxConns int, log *slog.Logger, h
 		hooks{swapped: hk.Swapped, freed: hk.Freed, connState: hk.ConnState})
 }
 
-// Shedding is whether the Server has keep-alives off because its cap was reached.
-func (s *Server) Shedding() bool { return s.shed.Load() }
+// Shedding is whether the Server has keep-alives off, or is turning them off, because its cap was
+// reached.
+func (s *Server) Shedding() bool { return s.state.Load() != keepAlivesOn }
 
-// Settle returns once the Server's keep-alive setting is its shed state as of the call (full and
-// freed set it before they return).
-func (s *Server) Settle() {}
+// Settle returns once the Server's keep-alive setting is its shed state as of the call.
+func (s *Server) Settle() { s.settle() }
