@@ -16,7 +16,7 @@ import (
 
 // Server is the HTTP listener of /metrics, /healthz and /readyz. Listen binds before it returns, so a
 // taken port is an error at start, not a log line later; Close shuts it down and waits for its
-// goroutine.
+// goroutines.
 //
 // Its descriptors are bounded: it serves at most store.MetricsConns connections at once (the share
 // of the process's descriptors store/fds.go keeps for it) and holds one more waiting for a place; a
@@ -32,8 +32,9 @@ import (
 // The server's keep-alive setting is set by one goroutine only (keepAlives), to the shed state as
 // it reads it after each change: however full and freed interleave, the setting ends as the state
 // says. Turning keep-alives off closes the idle connections on the goroutine that does it, whose
-// Close calls freed there (with http.Server's lock held), so neither a lock nor a wait may be held
-// across it by full or freed; freed only swaps the state and wakes keepAlives.
+// Close calls freed there (with http.Server's lock held), so freed neither locks nor waits: it only
+// swaps the state and wakes keepAlives. full, called on the accepting goroutine, waits for keepAlives
+// to have turned keep-alives off.
 type Server struct {
 	srv   *http.Server
 	ln    *limitListener
