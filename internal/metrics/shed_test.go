@@ -84,6 +84,7 @@ func TestServer_FreedInFullsSwapLeavesKeepAlivesAsTheShedSays(t *testing.T) {
 	const maxConns = 2
 	toClose := make(chan net.Conn, 1)
 	freed := make(chan int, 64)
+	accepted := make(chan struct{}, 64)
 	srv, err := metrics.ListenHooked("127.0.0.1:0", metrics.New(metrics.Options{}).Handler(), maxConns, nil, metrics.Hooks{
 		Swapped: func() {
 			select {
@@ -94,6 +95,11 @@ func TestServer_FreedInFullsSwapLeavesKeepAlivesAsTheShedSays(t *testing.T) {
 			}
 		},
 		Freed: func(open int) { freed <- open },
+		ConnState: func(_ net.Conn, st http.ConnState) {
+			if st == http.StateNew {
+				accepted <- struct{}{}
+			}
+		},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -105,7 +111,8 @@ func TestServer_FreedInFullsSwapLeavesKeepAlivesAsTheShedSays(t *testing.T) {
 	for _, c := range []net.Conn{c1, c2} {
 		fmt.Fprint(c, "GET /healthz HTTP/1.1\r\nHost: x\r\n") // the blank line later
 	}
-	waitFor(t, "the two clients accepted", func() bool { return srv.Conns() == maxConns })
+	<-accepted
+	<-accepted
 
 	toClose <- c1
 	c3 := dial(t, addr) // at the cap: full, and c1 closes in its swap
