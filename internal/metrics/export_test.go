@@ -1,6 +1,8 @@
 package metrics
 
 import (
+	"log/slog"
+	"net"
 	"net/http"
 	"time"
 )
@@ -49,5 +51,26 @@ func (m *Metrics) Shown() []string {
 // a test's connections are held for as long as it needs them.
 func ListenCapped(addr string, h http.Handler, maxConns int) (*Server, error) {
 	const long = 10 * time.Minute
-	return listen(addr, h, nil, limits{maxConns: maxConns, readHeaderTimeout: long, readTimeout: long, writeTimeout: long, idleTimeout: long})
+	return listen(addr, h, nil, limits{maxConns: maxConns, readHeaderTimeout: long, readTimeout: long, writeTimeout: long, idleTimeout: long}, hooks{})
 }
+
+// Hooks are points of a Server's shedding where a test runs something of its own; any may be nil.
+type Hooks struct {
+	Swapped   func()         // in full, after it swapped the shed state and before the shed is applied
+	Freed     func(open int) // after freed returned, with the count it was given
+	ConnState func(net.Conn, http.ConnState)
+}
+
+// ListenHooked is ListenCapped logging to log (nil: nowhere) and calling hk's hooks.
+func ListenHooked(addr string, h http.Handler, maxConns int, log *slog.Logger, hk Hooks) (*Server, error) {
+	const long = 10 * time.Minute
+	return listen(addr, h, log, limits{maxConns: maxConns, readHeaderTimeout: long, readTimeout: long, writeTimeout: long, idleTimeout: long},
+		hooks{swapped: hk.Swapped, freed: hk.Freed, connState: hk.ConnState})
+}
+
+// Shedding is whether the Server has keep-alives off, or is turning them off, because its cap was
+// reached.
+func (s *Server) Shedding() bool { return s.state.Load() != keepAlivesOn }
+
+// Settle returns once the Server's keep-alive setting is its shed state as of the call.
+func (s *Server) Settle() { s.settle() }
