@@ -3,11 +3,13 @@
 package embedded
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -75,7 +77,7 @@ func Start(cfg Config) (*server.Server, error) {
 		return nil, fmt.Errorf("embedded nats-server: %w", err)
 	}
 	if cfg.Logger != nil {
-		ns.SetLoggerV2(slogAdapter{cfg.Logger}, false, false, false)
+		ns.SetLoggerV2(newSlogAdapter(cfg.Logger), false, false, false)
 	}
 	go ns.Start()
 	if !ns.ReadyForConnections(10 * time.Second) {
@@ -106,19 +108,85 @@ func splitListen(listen string) (string, int, error) {
 	return host, port, nil
 }
 
-type slogAdapter struct{ l *slog.Logger }
+// slogAdapter writes the server's lines to the seat's logger, with component nats-server: its notices
+// at debug, its warnings at warn, its errors at error. Repeated lines are rate-limited (limit.go): the
+// summary lines are written on a timer armed while lines are held back, stopped, and the summaries
+// owed written, when the server says it exits.
+type slogAdapter struct {
+	l   *slog.Logger
+	now func() time.Time
 
-func (a slogAdapter) Noticef(format string, v ...any) {
-	a.l.Debug(fmt.Sprintf(format, v...), "component", "nats-server")
+	mu     sync.Mutex
+	lim    *limiter
+	timer  *time.Timer // armed while a summary is owed
+	closed bool        // the server exited: lines pass unlimited, no timer is armed
 }
-func (a slogAdapter) Warnf(format string, v ...any) {
-	a.l.Warn(fmt.Sprintf(format, v...), "component", "nats-server")
+
+func newSlogAdapter(l *slog.Logger) *slogAdapter {
+	return &slogAdapter{l: l, now: time.Now, lim: newLimiter()}
 }
-func (a slogAdapter) Fatalf(format string, v ...any) {
-	a.l.Error(fmt.Sprintf(format, v...), "component", "nats-server")
+
+// serverExiting is the last line nats-server's Shutdown writes (as a notice), before Shutdown returns.
+const serverExiting = "Server Exiting.."
+
+func (a *slogAdapter) Noticef(format string, v ...any) {
+	if format == serverExiting {
+		defer a.close()
+	}
+	a.log(slog.LevelDebug, format, v)
 }
-func (a slogAdapter) Errorf(format string, v ...any) {
-	a.l.Error(fmt.Sprintf(format, v...), "component", "nats-server")
+func (a *slogAdapter) Warnf(format string, v ...any)  { a.log(slog.LevelWarn, format, v) }
+func (a *slogAdapter) Fatalf(format string, v ...any) { a.log(slog.LevelError, format, v) }
+func (a *slogAdapter) Errorf(format string, v ...any) { a.log(slog.LevelError, format, v) }
+func (a *slogAdapter) Debugf(format string, v ...any) {}
+func (a *slogAdapter) Tracef(format string, v ...any) {}
+
+func (a *slogAdapter) log(level slog.Level, format string, v []any) {
+	ctx := context.Background()
+	if !a.l.Enabled(ctx, level) {
+		return
+	}
+	msg := fmt.Sprintf(format, v...)
+	a.mu.Lock()
+	ok, owed := true, []summary(nil)
+	if !a.closed {
+		ok, owed = a.lim.line(a.now(), level, msg)
+		if !ok && a.timer == nil {
+			a.timer = time.AfterFunc(summaryEvery, a.tick)
+		}
+	}
+	a.mu.Unlock()
+	a.summarise(owed)
+	if ok {
+		a.l.Log(ctx, level, msg, "component", "nats-server")
+	}
 }
-func (a slogAdapter) Debugf(format string, v ...any) {}
-func (a slogAdapter) Tracef(format string, v ...any) {}
+
+// tick writes the summaries owed; the next line held back arms the timer again.
+func (a *slogAdapter) tick() {
+	a.mu.Lock()
+	a.timer = nil
+	owed := a.lim.flush(a.now())
+	a.mu.Unlock()
+	a.summarise(owed)
+}
+
+// close stops the timer and writes the summaries owed: nothing held back goes unsaid.
+func (a *slogAdapter) close() {
+	a.mu.Lock()
+	a.closed = true
+	if a.timer != nil {
+		a.timer.Stop()
+		a.timer = nil
+	}
+	owed := a.lim.flush(a.now())
+	a.mu.Unlock()
+	a.summarise(owed)
+}
+
+func (a *slogAdapter) summarise(owed []summary) {
+	for _, s := range owed {
+		a.l.Log(context.Background(), s.level, summaryMsg, "component", "nats-server", "pattern", s.pattern,
+			"suppressed", s.suppressed, "in", s.in.Round(time.Millisecond))
+	}
+}

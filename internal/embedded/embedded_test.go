@@ -1,8 +1,13 @@
 package embedded_test
 
 import (
+	"bytes"
+	"encoding/json"
+	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -66,4 +71,104 @@ func TestStart_ClientsPastMaxConnAreRefused(t *testing.T) {
 	for _, nc := range held {
 		nc.Close()
 	}
+}
+
+// A flood of refused clients is not a flood of lines: nats-server logs each client refused for its
+// password (unlike one past max_connections, next test), and the seat logs the first ten, then their
+// count, at the server's stop at the latest.
+func TestStart_RefusalsAreRateLimited(t *testing.T) {
+	conf := filepath.Join(t.TempDir(), "nats.conf")
+	require.NoError(t, os.WriteFile(conf, []byte("authorization { user: seat, password: right }\n"), 0o600))
+	var log lockedBuffer
+	ns, err := embedded.Start(embedded.Config{Listen: "127.0.0.1:0", StoreDir: t.TempDir(), ConfigFile: conf,
+		Logger: slog.New(slog.NewJSONHandler(&log, nil))})
+	require.NoError(t, err)
+	defer ns.Shutdown()
+	const refused = 500
+	for range refused {
+		_, err := nats.Connect(ns.ClientURL(), nats.UserInfo("seat", "wrong"), nats.NoReconnect())
+		require.ErrorIs(t, err, nats.ErrAuthorization)
+	}
+	ns.Shutdown()
+
+	lines := jsonLines(t, log.String())
+	logged, suppressed := 0, 0
+	for _, m := range lines {
+		msg, _ := m["msg"].(string)
+		switch {
+		case strings.Contains(msg, "authentication error"):
+			require.Regexp(t, `^127\.0\.0\.1:\d+ - cid:\d+ - authentication error - User "seat"$`, msg)
+			require.Equal(t, "ERROR", m["level"])
+			require.Zero(t, suppressed, "the first ones are logged before any summary")
+			logged++
+		case msg == "embedded server: more lines like this were not logged":
+			require.Equal(t, "ERROR", m["level"])
+			require.Equal(t, "nats-server", m["component"])
+			require.Equal(t, `<addr> - cid:<n> - authentication error - User "..."`, m["pattern"])
+			require.NotEmpty(t, m["in"])
+			suppressed += int(m["suppressed"].(float64))
+		}
+	}
+	require.Equal(t, 10, logged)
+	require.Equal(t, refused-logged, suppressed, "each refusal is logged or counted")
+	require.Less(t, len(lines), 30, "far fewer lines than refusals")
+}
+
+// Clients past max_connections: nats-server itself logs at most one refusal a second (and drops the
+// others without a count), and so does the seat.
+func TestStart_RefusalsPastMaxConnAreFewLines(t *testing.T) {
+	var log lockedBuffer
+	ns, err := embedded.Start(embedded.Config{Listen: "127.0.0.1:0", StoreDir: t.TempDir(), MaxConn: 2,
+		Logger: slog.New(slog.NewJSONHandler(&log, nil))})
+	require.NoError(t, err)
+	defer ns.Shutdown()
+	for range 2 {
+		nc, err := nats.Connect(ns.ClientURL(), nats.NoReconnect())
+		require.NoError(t, err)
+		defer nc.Close()
+	}
+	start := time.Now()
+	for range 500 {
+		require.Contains(t, natstest.Greeting(t, ns.ClientURL()), "-ERR 'maximum connections exceeded'")
+	}
+	took := time.Since(start)
+	ns.Shutdown()
+	lines := jsonLines(t, log.String())
+	refusals := 0
+	for _, m := range lines {
+		if m["msg"] != nil && strings.HasSuffix(m["msg"].(string), " - maximum connections exceeded") {
+			refusals++
+		}
+	}
+	require.NotZero(t, refusals)
+	require.LessOrEqual(t, refusals, int(took/time.Second)+2, "at most one a second")
+	require.Less(t, len(lines), 30)
+}
+
+func jsonLines(t *testing.T, log string) []map[string]any {
+	t.Helper()
+	var lines []map[string]any
+	for _, l := range strings.Split(strings.TrimSpace(log), "\n") {
+		var m map[string]any
+		require.NoError(t, json.Unmarshal([]byte(l), &m), l)
+		lines = append(lines, m)
+	}
+	return lines
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
 }
