@@ -1,0 +1,84 @@
+package seat_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/require"
+
+	provisioner "github.com/novox/mesh-provisioner"
+	"github.com/novox/mesh-provisioner/fixtures"
+	"github.com/novox/mesh-provisioner/internal/natstest"
+	"github.com/novox/mesh-provisioner/query"
+)
+
+// Tests of clauses the contract audit of session 18 (h141, docs/decisions.md) found pinned only in
+// part.
+
+// TestSeat_PurgeWithoutRollupAndMarkerWithABody: CONTRACT section 1, "A message with header
+// KV-Operation: DEL or PURGE removes the key from the projection (PURGE also comes with Nats-Rollup:
+// sub). A TTL marker (Nats-Marker-Reason set, any value) removes it as well." Every other test's PURGE
+// carried the rollup, and every marker was empty: here a PURGE published by hand without Nats-Rollup
+// (so the stream keeps the key's earlier messages) and a marker that carries a body remove their keys
+// and clear their anomalies, live, as of a point (before the removals the keys answer, after them
+// not), and in a seat that reads the streams from the start.
+func TestSeat_PurgeWithoutRollupAndMarkerWithABody(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	ctx := context.Background()
+	n := provisioner.BucketNeeds
+	_, err := h.js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: n, History: 10})
+	require.NoError(t, err)
+	require.NoError(t, fixtures.CreateBuckets(ctx, h.js, provisioner.BucketApplied, provisioner.BucketCollect))
+	st, stop := h.startSeat(t.TempDir())
+
+	h.rawMsg(n, "n1.m.config.purged", nil, mp(t, "p"))
+	h.rawMsg(n, "n1.m.config.raw", nil, []byte{0xc1})  // value-not-msgpack
+	h.rawMsg(n, "n1.m.config.marked", nil, mp(t, "m")) //
+	h.rawMsg(n, "n1.out-of-shape", nil, mp(t, "bad"))  // token-count
+	before := h.rawMsg(n, "n1.m.config.kept", nil, mp(t, "k"))
+	h.waitCaughtUp(st)
+
+	purge := nats.Header{"KV-Operation": {"PURGE"}}
+	h.rawMsg(n, "n1.m.config.purged", purge, nil)
+	h.rawMsg(n, "n1.m.config.raw", purge, nil)
+	h.rawMsg(n, "n1.m.config.marked", nats.Header{jetstream.MarkerReasonHeader: {"MaxAge"}}, mp(t, "a body"))
+	h.rawMsg(n, "n1.out-of-shape", nats.Header{jetstream.MarkerReasonHeader: {"Remove"}}, []byte{0xc1})
+	h.waitCaughtUp(st)
+	// Without Nats-Rollup the stream keeps every put: the purge removed nothing from it.
+	stream, err := h.js.Stream(ctx, provisioner.StreamName(n))
+	require.NoError(t, err)
+	info, err := stream.Info(ctx)
+	require.NoError(t, err)
+	require.EqualValues(t, 9, info.State.Msgs, "no message rolled up")
+
+	check := func(what string, req map[string]any, rows []string, anomalies int) {
+		t.Helper()
+		for _, asMsgpack := range []bool{false, true} {
+			body, err := natstest.Body(req, asMsgpack)
+			require.NoError(t, err)
+			a, _, err := natstest.Ask(h.nc, query.Subject, body, asMsgpack)
+			require.NoError(t, err, "%s msgpack=%v", what, asMsgpack)
+			var keys []string
+			for _, r := range a.Rows {
+				keys = append(keys, r["key"].(string))
+			}
+			require.Equal(t, rows, keys, "%s msgpack=%v", what, asMsgpack)
+			require.EqualValues(t, anomalies, a.AnomaliesTotal, "%s msgpack=%v", what, asMsgpack)
+		}
+	}
+	check("live", map[string]any{"what": "needs"}, []string{"n1.m.config.kept"}, 0)
+	check("as of before the removals", map[string]any{"what": "needs", "at": fmt.Sprintf("seq:%d", before)},
+		[]string{"n1.m.config.kept", "n1.m.config.marked", "n1.m.config.purged", "n1.m.config.raw"}, 2)
+	check("as of the end", map[string]any{"what": "needs", "at": fmt.Sprintf("seq:%d", info.State.LastSeq)},
+		[]string{"n1.m.config.kept"}, 0)
+
+	// A seat that reads the streams from their start finds the same.
+	stop()
+	st2, _ := h.startSeat(t.TempDir())
+	h.waitCaughtUp(st2)
+	check("rebuilt", map[string]any{"what": "needs"}, []string{"n1.m.config.kept"}, 0)
+}
