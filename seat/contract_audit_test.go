@@ -13,6 +13,7 @@ import (
 	"github.com/novox/mesh-provisioner/fixtures"
 	"github.com/novox/mesh-provisioner/internal/natstest"
 	"github.com/novox/mesh-provisioner/query"
+	"github.com/novox/mesh-provisioner/replay"
 )
 
 // Tests of clauses the contract audit of session 18 (h141, docs/decisions.md) found pinned only in
@@ -24,7 +25,7 @@ import (
 // carried the rollup, and every marker was empty: here a PURGE published by hand without Nats-Rollup
 // (so the stream keeps the key's earlier messages) and a marker that carries a body remove their keys
 // and clear their anomalies, live, as of a point (before the removals the keys answer, after them
-// not), and in a seat that reads the streams from the start.
+// not), in replay from every source, and in a seat that reads the streams from the start.
 func TestSeat_PurgeWithoutRollupAndMarkerWithABody(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
@@ -33,7 +34,8 @@ func TestSeat_PurgeWithoutRollupAndMarkerWithABody(t *testing.T) {
 	_, err := h.js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: n, History: 10})
 	require.NoError(t, err)
 	require.NoError(t, fixtures.CreateBuckets(ctx, h.js, provisioner.BucketApplied, provisioner.BucketCollect))
-	st, stop := h.startSeat(t.TempDir())
+	dir := t.TempDir()
+	st, stop := h.startSeat(dir)
 
 	h.rawMsg(n, "n1.m.config.purged", nil, mp(t, "p"))
 	h.rawMsg(n, "n1.m.config.raw", nil, []byte{0xc1})  // value-not-msgpack
@@ -75,6 +77,17 @@ func TestSeat_PurgeWithoutRollupAndMarkerWithABody(t *testing.T) {
 		[]string{"n1.m.config.kept", "n1.m.config.marked", "n1.m.config.purged", "n1.m.config.raw"}, 2)
 	check("as of the end", map[string]any{"what": "needs", "at": fmt.Sprintf("seq:%d", info.State.LastSeq)},
 		[]string{"n1.m.config.kept"}, 0)
+
+	// Replay from the streams, an archive of them, the state dir's log and an archive of that agrees.
+	fromNATS, fromNATSArchive, fromState, fromStateArchive := h.replaySources(t, dir)
+	for _, l := range []*replay.Log{fromNATS, fromNATSArchive, fromState, fromStateArchive} {
+		got, err := logKeys(t, l, fmt.Sprintf("seq:%d", before))
+		require.NoError(t, err, l.Source)
+		require.Equal(t, []string{"n1.m.config.kept", "n1.m.config.marked", "n1.m.config.purged", "n1.m.config.raw", "n1.out-of-shape"}, got, l.Source)
+		got, err = logKeys(t, l, fmt.Sprintf("seq:%d", info.State.LastSeq))
+		require.NoError(t, err, l.Source)
+		require.Equal(t, []string{"n1.m.config.kept"}, got, l.Source)
+	}
 
 	// A seat that reads the streams from their start finds the same.
 	stop()
