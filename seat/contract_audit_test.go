@@ -143,3 +143,53 @@ func TestSeat_EveryNarrowingAWhatDoesNotTakeIs400(t *testing.T) {
 		wireFails(t, h.nc, wireBody(t, map[string]any{"what": "collect", "module": "m", "contributor": "n"}, f.msgpack), f.msgpack, 400)
 	}
 }
+
+// TestSeat_CollectAndAppliedAnomaliesNarrowedByNodeAlone: CONTRACT section 3, anomalies are "narrowed
+// by node alone". Pinned before for needs (module and kind narrow rows, not anomalies); here for
+// collect, whose collection, contributor and module narrow rows only (a bad escape stays said
+// whatever collection is asked), and for applied, whose module does.
+func TestSeat_CollectAndAppliedAnomaliesNarrowedByNodeAlone(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	ctx := context.Background()
+	require.NoError(t, fixtures.CreateBuckets(ctx, h.js, provisioner.BucketNeeds, provisioner.BucketApplied, provisioner.BucketCollect))
+	st, _ := h.startSeat(t.TempDir())
+	C, A := provisioner.BucketCollect, provisioner.BucketApplied
+	h.rawMsg(C, "c1.shell=3Azsh.modA", nil, mp(t, "ok"))
+	h.rawMsg(C, "c1.bad=Z.modA", nil, mp(t, "bad-escape"))
+	h.rawMsg(C, "c1.=FF.modB", nil, mp(t, "bad-escape"))
+	h.rawMsg(C, "c1.shell.modA", nil, []byte{0xc1}) // value-not-msgpack, a row too
+	h.rawMsg(C, "c1", nil, mp(t, "token-count"))
+	h.rawMsg(C, "c2.bad=.modA", nil, mp(t, "another node"))
+	h.rawMsg(A, "a1.m1", nil, mp(t, "ok"))
+	h.rawMsg(A, "a1.m2", nil, []byte{0x92, 0x01})
+	h.rawMsg(A, "a1.m3.x", nil, mp(t, "token-count"))
+	h.rawMsg(A, "a2.m1.x", nil, mp(t, "another node"))
+	h.waitCaughtUp(st)
+
+	c1 := []string{"c1", "c1.=FF.modB", "c1.bad=Z.modA", "c1.shell.modA"}
+	a1 := []string{"a1.m2", "a1.m3.x"}
+	for _, f := range wireFormats {
+		for _, tc := range []struct {
+			req         map[string]any
+			rows, anoms []string
+		}{
+			{map[string]any{"what": "collect", "node": "c1"}, []string{"c1.shell.modA", "c1.shell=3Azsh.modA"}, c1},
+			{map[string]any{"what": "collect", "node": "c1", "collection": "shell:zsh"}, []string{"c1.shell=3Azsh.modA"}, c1},
+			{map[string]any{"what": "collect", "node": "c1", "collection": "nothing", "contributor": "modZ"}, nil, c1},
+			{map[string]any{"what": "collect", "node": "c1", "module": "modB"}, nil, c1},
+			{map[string]any{"what": "collect", "collection": "nothing"}, nil, append(append([]string{}, c1...), "c2.bad=.modA")},
+			{map[string]any{"what": "applied", "node": "a1", "module": "m1"}, []string{"a1.m1"}, a1},
+			{map[string]any{"what": "applied", "node": "a1", "module": "nope"}, nil, a1},
+		} {
+			w := wireOK(t, h.nc, tc.req, f.msgpack)
+			require.Equal(t, tc.rows, wireKeys(t, w), "%s %v", f.name, tc.req)
+			var anoms []string
+			for _, a := range w.body["anomalies"].([]any) {
+				anoms = append(anoms, a.(map[string]any)["key"].(string))
+			}
+			require.Equal(t, tc.anoms, anoms, "%s %v", f.name, tc.req)
+			require.EqualValues(t, len(tc.anoms), wireUint(t, w.body["anomalies_total"]), "%s %v", f.name, tc.req)
+		}
+	}
+}
