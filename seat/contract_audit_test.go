@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -192,4 +193,54 @@ func TestSeat_CollectAndAppliedAnomaliesNarrowedByNodeAlone(t *testing.T) {
 			require.EqualValues(t, len(tc.anoms), wireUint(t, w.body["anomalies_total"]), "%s %v", f.name, tc.req)
 		}
 	}
+}
+
+// TestPlans_PurgeWithoutRollupForgetsTheBuild: CONTRACT section 1's removals on a plans input. A
+// composition purged by hand without Nats-Rollup (the stream still holds its published revision) is
+// removed as a KV purge is: the build is missing, and (docs/decisions.md, "a purge or a TTL marker
+// forgets the build") its plan is not kept, live and in a seat that reads the streams from their
+// start, where the published revision comes before the purge; as of before the purge it is published.
+func TestPlans_PurgeWithoutRollupForgetsTheBuild(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	ctx := context.Background()
+	composed := provisioner.ComposedPrefix + "n1"
+	for _, b := range []string{composed, provisioner.BucketHostModules, provisioner.BucketIndexerBuilds} {
+		_, err := h.js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: b, History: 10})
+		require.NoError(t, err)
+	}
+	h.rawMsg(provisioner.BucketHostModules, "n1.web", nil, mp(t, map[string]any{"want": 10}))
+	published := h.rawMsg(composed, "web.10", nil, mp(t, map[string]any{"status": "published", "plan": "web 10"}))
+	st, stop := h.startPlansSeat(t.TempDir())
+	h.waitPlansCaughtUp(st)
+	h.rawMsg(composed, "web.10", nats.Header{"KV-Operation": {"PURGE"}}, nil)
+	h.waitPlansCaughtUp(st)
+
+	current := func(req map[string]any) map[string]any {
+		t.Helper()
+		var out map[string]any
+		for _, asMsgpack := range []bool{false, true} {
+			a, err := h.askPlans(req, asMsgpack)
+			require.NoError(t, err, "%v", req)
+			rows := a["rows"].([]any)
+			require.Len(t, rows, 1, "%v", req)
+			cur := rows[0].(map[string]any)["current"].(map[string]any)
+			delete(cur, "created")
+			if out != nil {
+				require.Equal(t, out, cur, "%v: MessagePack answers what JSON does", req)
+			}
+			out = cur
+		}
+		return out
+	}
+	missing := map[string]any{"status": "held", "held_because": "missing"}
+	require.Equal(t, missing, current(map[string]any{"what": "plans"}), "live")
+	asOfPublished := current(map[string]any{"what": "plans", "at": h.msgTime(composed, published).UTC().Format(time.RFC3339Nano)})
+	require.Equal(t, "published", asOfPublished["status"])
+	require.Equal(t, "web 10", asOfPublished["plan"])
+
+	stop()
+	st2, _ := h.startPlansSeat(t.TempDir())
+	h.waitPlansCaughtUp(st2)
+	require.Equal(t, missing, current(map[string]any{"what": "plans"}), "read from the streams' start")
 }
