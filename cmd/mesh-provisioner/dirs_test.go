@@ -164,6 +164,22 @@ func TestServe_EmbeddedListenTaken(t *testing.T) {
 	require.Contains(t, errb.String(), "--nats nats://"+l.Addr().String())
 }
 
+// TestServe_MetricsAddrTaken: a taken --metrics-addr is said with the flag that moves it, as a taken
+// --embedded-listen is (a second make run said only "address already in use").
+func TestServe_MetricsAddrTaken(t *testing.T) {
+	t.Setenv("NATS_URL", "")
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer l.Close()
+	dir := t.TempDir()
+	var out, errb bytes.Buffer
+	err = NewMain(&out, &errb).Run(context.Background(), []string{"serve", "--state", filepath.Join(dir, "state"),
+		"--embedded-store", filepath.Join(dir, "nats"), "--embedded-listen", "127.0.0.1:0", "--metrics-addr", l.Addr().String()})
+	require.Equal(t, exitFailure, exitCode(err, &errb), errb.String())
+	require.Contains(t, errb.String(), "address already in use")
+	require.Contains(t, errb.String(), "give --metrics-addr another address")
+}
+
 // TestServe_BrokenStateDirWaitsForNATS: the state dir is opened before the embedded server starts
 // (above), but one this binary cannot read is started over only once NATS is reached: a serve that
 // cannot reach it leaves the state dir as it was, for replay, export or another try.

@@ -1,10 +1,13 @@
 package main
 
 import (
+	"errors"
 	"flag"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/pprof"
+	"syscall"
 	"time"
 
 	"github.com/novox/mesh-provisioner/internal/metrics"
@@ -46,6 +49,11 @@ func startOps(f opsFlags, streams *streaminfo.Poller, log *slog.Logger) (*opsSer
 		h, paths = withPprof(h), paths+" /debug/pprof/"
 	}
 	srv, err := metrics.Listen(f.metricsAddr, h, log)
+	if errors.Is(err, syscall.EADDRINUSE) {
+		// Said alone, "address already in use" did not say which flag moves it (a second make run, or
+		// a second seat on one host).
+		return nil, fmt.Errorf("%w: another process listens there (another seat's metrics?): give --metrics-addr another address", err)
+	}
 	if err != nil {
 		return nil, err
 	}

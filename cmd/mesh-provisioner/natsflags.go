@@ -128,6 +128,12 @@ func (f *natsFlags) connect(url, name string, log *slog.Logger) (*nats.Conn, err
 	if errors.Is(err, nats.ErrAuthorization) {
 		return nil, fmt.Errorf("connect to NATS at %s: %w: %s", redact(url), err, f.refusedWho(url))
 	}
+	if errors.Is(err, nats.ErrNoServers) {
+		// Said alone, "no servers available" left an operator at a dead end: after make run's serve
+		// was stopped (its embedded server with it), a rebuild by the README got only this.
+		return nil, fmt.Errorf("connect to NATS at %s: %w: nothing answers there; give the mesh's NATS with --nats or NATS_URL "+
+			"(serve's embedded server, as make run starts it, runs only while that serve does)", redact(url), err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("connect to NATS at %s: %w", redact(url), err)
 	}

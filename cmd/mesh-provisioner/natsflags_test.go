@@ -142,3 +142,15 @@ func TestNATSFlags_OddRefusals(t *testing.T) {
 	}
 	require.Nil(t, f.permissionError(errors.New("nats: timeout")))
 }
+
+// TestNATSFlags_NoServersSaysWhatToDo: a URL where nothing listens (make run's embedded server gone
+// with its serve, the default URL on a host without NATS) is said with what to give instead, and the
+// error is still nats.ErrNoServers for callers that test it.
+func TestNATSFlags_NoServersSaysWhatToDo(t *testing.T) {
+	t.Parallel()
+	f := &natsFlags{}
+	_, err := f.connect("nats://127.0.0.1:1", "test", nil)
+	require.ErrorIs(t, err, nats.ErrNoServers)
+	require.Contains(t, err.Error(), "connect to NATS at nats://127.0.0.1:1: nats: no servers available for connection: ")
+	require.Contains(t, err.Error(), "give the mesh's NATS with --nats or NATS_URL")
+}

@@ -32,6 +32,9 @@ func lazyBar(stderr io.Writer, label string) (report func(done, total int64), en
 		if bar == nil {
 			bar = newBar(stderr, label, "messages", total)
 		}
+		// A total may grow as the read goes (composed-<node> buckets counted once listed): the bar
+		// follows it rather than end past it ("12973/12948 messages").
+		bar.SetTotal(total)
 		bar.Set(done)
 	}
 	end = func() {

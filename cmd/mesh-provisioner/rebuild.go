@@ -244,6 +244,9 @@ func (c *RebuildCommand) fill(ctx context.Context, js jetstream.JetStream, sd *s
 			if bar == nil {
 				bar = progress.New(stderr, log, "rebuild", "messages", total)
 			}
+			// The composed-<node> buckets' messages join the total once listed (replay.Fill): a bar
+			// that kept its first total ended past it ("100% 12973/12948 messages").
+			bar.SetTotal(total)
 			bar.Set(done)
 		})
 		if bar != nil {
