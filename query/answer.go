@@ -68,10 +68,16 @@ func AnswerView(v View, r *Request, e *Encoder, asOf uint64, synced bool) error 
 		rg.After = r.After
 	}
 
+	// The anomalies first, aside: the rows take the room they leave (limits.go).
+	node := r.Node
+	ahead, err := e.writeAhead(func(a *Encoder) error { return a.AnomaliesFrom(v, shape.Bucket, node) })
+	if err != nil {
+		return err
+	}
 	e.BeginAnswer(r.What)
 	sc := e.rowScan()
 	sc.w, sc.shape, sc.filter, sc.limit = w, shape, filter, r.limit()
-	err := v.Rows(rg, sc.fn)
+	err = v.Rows(rg, sc.fn)
 	next, rowErr := sc.done()
 	if err == nil {
 		err = rowErr
@@ -81,9 +87,11 @@ func AnswerView(v View, r *Request, e *Encoder, asOf uint64, synced bool) error 
 	}
 	e.EndRows()
 	e.reserveTail(len(next))
-	node := r.Node
-	if err := e.AnomaliesFrom(v, shape.Bucket, node); err != nil {
-		return err
+	if !e.appendAhead(ahead) {
+		// Larger than a quarter of the bound: written again in place, in what the rows left.
+		if err := e.AnomaliesFrom(v, shape.Bucket, node); err != nil {
+			return err
+		}
 	}
 	e.EndAnswer(asOf, synced, next)
 	return nil

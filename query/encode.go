@@ -25,6 +25,10 @@ type Encoder struct {
 	reserve int    // bytes kept free for the answer's tail (limits.go)
 	next    string // the answer's next, once written (readahead.go)
 	scan    *rowScan
+	// part is the bytes this answer's anomalies take, written ahead of the rows, or -1 when they were
+	// not (limits.go); ahead is the encoder they are written ahead into, reused.
+	part  int
+	ahead *Encoder
 }
 
 // Reset empties the encoder for an answer in format f.
@@ -36,6 +40,7 @@ func (e *Encoder) Reset(f Format) {
 	e.count = e.count[:0]
 	e.reserve = 0
 	e.next = ""
+	e.part = -1
 }
 
 // sep writes the comma before a JSON member and counts a MessagePack member.

@@ -15,8 +15,13 @@ import (
 // all out of shape. Past the bound the message would not be sent at all and the asker would wait for
 // its timeout, so the bound is kept while the answer is written:
 //
-//   - rows stop at three quarters of the bound; the page ends early with next set, as at its limit;
-//   - anomalies stop at what is left but for the tail; anomalies_total still counts every one;
+//   - the answer's anomalies are written first, aside (writeAhead), to know what they take; rows stop
+//     at the bound less what those anomalies take, or less a quarter of the bound when they take
+//     more, and less the tail; the page ends early with next set, as at its limit. A page with few
+//     anomalies thus carries rows up to near the whole bound, and three quarters stay the worst case;
+//   - anomalies follow the rows, as written aside when they fit (byte for byte what writing them in
+//     place gives), else written again in place up to what is left but for the tail;
+//     anomalies_total still counts every one;
 //   - a row that alone would take more than the rows' share is answered without its value:
 //     "value": null and "value_omitted" with the value's size in bytes (the bucket still holds it);
 //   - the text of an error answer, which may quote the request, is clipped to about maxErrorText.
@@ -56,7 +61,59 @@ func (e *Encoder) SetMaxBytes(n int) { e.max = n }
 // rowsFull reports whether a row that was just written (and the key that would follow it as next)
 // takes the answer past the rows' share of the bound.
 func (e *Encoder) rowsFull(key []byte) bool {
-	return e.max > 0 && len(e.buf)+len(key)+tailReserve > e.max-e.max/4
+	return e.max > 0 && len(e.buf)+len(key)+tailReserve > e.rowsShare()
+}
+
+// rowsShare is the bytes the answer may take up to the end of its rows, tail not counted: the bound
+// less what the anomalies written ahead take, or less a quarter of it when they take more or were not
+// written ahead.
+func (e *Encoder) rowsShare() int {
+	q := e.max / 4
+	if e.part >= 0 && e.part < q {
+		q = e.part
+	}
+	return e.max - q
+}
+
+// writeAhead writes, with write, a part of the answer that will follow its rows into an encoder
+// aside, as it would be written in the answer's open map, and notes what it takes (rowsShare). It
+// returns the encoder aside, or nil with nothing written when the answer has no bound.
+func (e *Encoder) writeAhead(write func(a *Encoder) error) (*Encoder, error) {
+	if e.max <= 0 {
+		return nil, nil
+	}
+	if e.ahead == nil {
+		e.ahead = &Encoder{}
+	}
+	a := e.ahead
+	a.Reset(e.f)
+	a.max = e.max
+	a.openMap(-1)
+	if a.f == FormatJSON {
+		a.first[0] = false // members of the answer's map come before the part
+	}
+	head := len(a.buf)
+	if err := write(a); err != nil {
+		return nil, err
+	}
+	e.part = len(a.buf) - head
+	return a, nil
+}
+
+// appendAhead appends the part a written ahead to the answer when it fits in the bound with the tail,
+// and reports whether it did. The bytes are those that writing the part in place gives: the same
+// calls from the same state of the open map, whose members in MessagePack are counted.
+func (e *Encoder) appendAhead(a *Encoder) bool {
+	if a == nil || len(e.buf)+e.part+tailReserve+e.reserve > e.max {
+		return false
+	}
+	e.buf = append(e.buf, a.buf[len(a.buf)-e.part:]...)
+	if e.f == FormatJSON {
+		e.first[len(e.first)-1] = false
+	} else {
+		e.count[len(e.count)-1] += a.count[0]
+	}
+	return true
 }
 
 // mark is a point of the answer to go back to: the buffer's length and the open level's state.

@@ -105,6 +105,11 @@ func AnswerPlans(v PlansView, r *Request, e *Encoder, synced bool) error {
 			return NotFound("after %q: no such row in this answer any more; start again without after", r.After)
 		}
 	}
+	// The anomalies first, aside: the rows take the room they leave (limits.go).
+	ahead, err := e.writeAhead(func(a *Encoder) error { return a.PlanAnomalies(v, r.Node) })
+	if err != nil {
+		return err
+	}
 	e.BeginAnswer(r.What)
 	limit := r.limit()
 	n := 0
@@ -117,7 +122,7 @@ func AnswerPlans(v PlansView, r *Request, e *Encoder, synced bool) error {
 		nodes[r.Node] = struct{}{}
 		asOfBytes += asOfMember(provisioner.ComposedPrefix + r.Node)
 	}
-	err := v.Plans(r.Node, r.Module, r.After, func(row *provisioner.PlanRow) bool {
+	err = v.Plans(r.Node, r.Module, r.After, func(row *provisioner.PlanRow) bool {
 		if n == limit {
 			next = last
 			return false
@@ -129,7 +134,7 @@ func AnswerPlans(v PlansView, r *Request, e *Encoder, synced bool) error {
 		if _, ok := nodes[row.Node]; !ok {
 			grow = asOfMember(provisioner.ComposedPrefix + row.Node)
 		}
-		if n > 0 && e.max > 0 && len(e.buf)+len(key)+tailReserve+asOfBytes+grow > e.max-e.max/4 {
+		if n > 0 && e.max > 0 && len(e.buf)+len(key)+tailReserve+asOfBytes+grow > e.rowsShare() {
 			// Past the rows' share of the bound: the page ends here, as at its limit.
 			e.rewind(m)
 			next = last
@@ -146,8 +151,11 @@ func AnswerPlans(v PlansView, r *Request, e *Encoder, synced bool) error {
 	}
 	e.EndRows()
 	e.reserveTail(len(next) + asOfBytes)
-	if err := e.PlanAnomalies(v, r.Node); err != nil {
-		return err
+	if !e.appendAhead(ahead) {
+		// Larger than a quarter of the bound: written again in place, in what the rows left.
+		if err := e.PlanAnomalies(v, r.Node); err != nil {
+			return err
+		}
 	}
 	buckets := []string{provisioner.BucketHostModules, provisioner.BucketIndexerBuilds}
 	for node := range nodes {
