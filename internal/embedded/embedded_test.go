@@ -1,13 +1,11 @@
 package embedded_test
 
 import (
-	"bytes"
 	"encoding/json"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -79,7 +77,7 @@ func TestStart_ClientsPastMaxConnAreRefused(t *testing.T) {
 func TestStart_RefusalsAreRateLimited(t *testing.T) {
 	conf := filepath.Join(t.TempDir(), "nats.conf")
 	require.NoError(t, os.WriteFile(conf, []byte("authorization { user: seat, password: right }\n"), 0o600))
-	var log lockedBuffer
+	var log natstest.LogBuffer
 	ns, err := embedded.Start(embedded.Config{Listen: "127.0.0.1:0", StoreDir: t.TempDir(), ConfigFile: conf,
 		Logger: slog.New(slog.NewJSONHandler(&log, nil))})
 	require.NoError(t, err)
@@ -117,7 +115,7 @@ func TestStart_RefusalsAreRateLimited(t *testing.T) {
 // Clients past max_connections: nats-server itself logs at most one refusal a second (and drops the
 // others without a count), and so does the seat.
 func TestStart_RefusalsPastMaxConnAreFewLines(t *testing.T) {
-	var log lockedBuffer
+	var log natstest.LogBuffer
 	ns, err := embedded.Start(embedded.Config{Listen: "127.0.0.1:0", StoreDir: t.TempDir(), MaxConn: 2,
 		Logger: slog.New(slog.NewJSONHandler(&log, nil))})
 	require.NoError(t, err)
@@ -154,21 +152,4 @@ func jsonLines(t *testing.T, log string) []map[string]any {
 		lines = append(lines, m)
 	}
 	return lines
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
 }
