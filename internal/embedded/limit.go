@@ -85,16 +85,6 @@ func (l *limiter) line(now time.Time, level slog.Level, msg string) (bool, []sum
 	return false, owed
 }
 
-// pending says whether a summary is owed.
-func (l *limiter) pending() bool {
-	for _, p := range l.patterns {
-		if p.suppressed > 0 {
-			return true
-		}
-	}
-	return false
-}
-
 // flush gives the summaries owed, and forgets the patterns whose window ended and that owe none.
 func (l *limiter) flush(now time.Time) []summary {
 	var out []summary
