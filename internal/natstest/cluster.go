@@ -41,7 +41,7 @@ func RunCluster(tb testing.TB, n int) *Cluster {
 }
 
 // RunClusterHeld is RunCluster with server held (an index) routed to the others only through
-// proxies of its own, whose traffic to it HoldRoutes holds back: the server keeps running and
+// proxies of its own, whose traffic to it HoldSystemRoutes holds back: the server keeps running and
 // answering its clients from what it holds (its direct gets among them), while the others' raft
 // appends, heartbeats and answers no longer reach it, as over a congested link from the rest of the
 // cluster. It dials them (it is their proxies' client); they learn of it at an address where nothing
@@ -49,14 +49,6 @@ func RunCluster(tb testing.TB, n int) *Cluster {
 func RunClusterHeld(tb testing.TB, n, held int) *Cluster {
 	tb.Helper()
 	return runCluster(tb, n, held)
-}
-
-// HoldRoutes holds back what the other servers send to RunClusterHeld's held server, until
-// ReleaseRoutes; nothing is lost.
-func (c *Cluster) HoldRoutes() {
-	for _, p := range c.held {
-		p.Hold()
-	}
 }
 
 // HoldSystemRoutes holds back, until ReleaseRoutes, what the other servers send to RunClusterHeld's
@@ -72,7 +64,7 @@ func (c *Cluster) HoldSystemRoutes() {
 	}
 }
 
-// ReleaseRoutes delivers what HoldRoutes held back, and forwards again.
+// ReleaseRoutes delivers what HoldSystemRoutes held back, and forwards again.
 func (c *Cluster) ReleaseRoutes() {
 	for _, p := range c.held {
 		p.Release()
