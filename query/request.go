@@ -216,31 +216,8 @@ const (
 
 // plainField is the number of a request field's name.
 func plainField(name []byte) (int, bool) {
-	switch string(name) {
-	case "what":
-		return fieldWhat, true
-	case "node":
-		return fieldNode, true
-	case "module":
-		return fieldModule, true
-	case "contributor":
-		return fieldContributor, true
-	case "collection":
-		return fieldCollection, true
-	case "kind":
-		return fieldKind, true
-	case "after":
-		return fieldAfter, true
-	case "at":
-		return fieldAt, true
-	case "limit":
-		return fieldLimit, true
-	case "min_seq":
-		return fieldMinSeq, true
-	case "wait_ms":
-		return fieldWaitMS, true
-	}
-	return 0, false
+	f, ok := requestFields[string(name)]
+	return f, ok
 }
 
 // stringField is the string field numbered f.
@@ -267,36 +244,15 @@ func (r *Request) stringField(f int) *string {
 // plainStr reads the MessagePack str (or, when bin is set, str or bin) at b[p]: its bytes and the
 // offset after it.
 func plainStr(b []byte, p int, bin bool) ([]byte, int, bool) {
-	if p >= len(b) {
+	if p >= len(b) || !bin && b[p] >= 0xc4 && b[p] <= 0xc6 {
 		return nil, 0, false
 	}
-	c := b[p]
-	var n, h int
-	switch {
-	case c&0xe0 == 0xa0:
-		n, h = int(c&0x1f), 1
-	case c == 0xd9 || bin && c == 0xc4:
-		if len(b)-p < 2 {
-			return nil, 0, false
-		}
-		n, h = int(b[p+1]), 2
-	case c == 0xda || bin && c == 0xc5:
-		if len(b)-p < 3 {
-			return nil, 0, false
-		}
-		n, h = int(binary.BigEndian.Uint16(b[p+1:])), 3
-	case c == 0xdb || bin && c == 0xc6:
-		if len(b)-p < 5 {
-			return nil, 0, false
-		}
-		n, h = int(binary.BigEndian.Uint32(b[p+1:])), 5
-	default:
+	n, err := mpk.Skip(b[p:])
+	if err != nil {
 		return nil, 0, false
 	}
-	if n > len(b)-p-h {
-		return nil, 0, false
-	}
-	return b[p+h : p+h+n], p + h + n, true
+	v, ok := msgpackText(b[p : p+n])
+	return v, p + n, ok
 }
 
 // plainInt reads the MessagePack integer, or nil, at b[p], when an int64 holds it: its value, whether
@@ -349,10 +305,12 @@ func plainInt(b []byte, p int) (int64, bool, int, bool) {
 	return int64(binary.BigEndian.Uint64(v)), false, next, true
 }
 
-// requestFields are the request's field names, exactly as the contract writes them.
-var requestFields = map[string]bool{
-	"what": true, "node": true, "module": true, "contributor": true, "collection": true, "kind": true,
-	"limit": true, "after": true, "min_seq": true, "wait_ms": true, "at": true,
+// requestFields are the request's field names, exactly as the contract writes them, with the numbers
+// decodePlainMsgpack gives them.
+var requestFields = map[string]int{
+	"what": fieldWhat, "node": fieldNode, "module": fieldModule, "contributor": fieldContributor,
+	"collection": fieldCollection, "kind": fieldKind, "limit": fieldLimit, "after": fieldAfter,
+	"min_seq": fieldMinSeq, "wait_ms": fieldWaitMS, "at": fieldAt,
 }
 
 // jsonFields checks a JSON request's members before it is decoded, one after the other as
@@ -635,7 +593,7 @@ func bigUint(b []byte) (uint64, bool) {
 }
 
 func checkField(name string, seen map[string]bool) error {
-	if !requestFields[name] {
+	if _, ok := requestFields[name]; !ok {
 		return badf("unknown field %q (fields are what, node, module, contributor, collection, kind, limit, after, min_seq, wait_ms, at)", name)
 	}
 	if seen[name] {
