@@ -214,10 +214,34 @@ const (
 	fieldWaitMS
 )
 
-// plainField is the number of a request field's name.
+// plainField is the number of a request field's name, and whether it is one: the request's fields,
+// exactly as the contract writes them.
 func plainField(name []byte) (int, bool) {
-	f, ok := requestFields[string(name)]
-	return f, ok
+	switch string(name) {
+	case "what":
+		return fieldWhat, true
+	case "node":
+		return fieldNode, true
+	case "module":
+		return fieldModule, true
+	case "contributor":
+		return fieldContributor, true
+	case "collection":
+		return fieldCollection, true
+	case "kind":
+		return fieldKind, true
+	case "after":
+		return fieldAfter, true
+	case "at":
+		return fieldAt, true
+	case "limit":
+		return fieldLimit, true
+	case "min_seq":
+		return fieldMinSeq, true
+	case "wait_ms":
+		return fieldWaitMS, true
+	}
+	return 0, false
 }
 
 // stringField is the string field numbered f.
@@ -303,14 +327,6 @@ func plainInt(b []byte, p int) (int64, bool, int, bool) {
 		return int64(int32(binary.BigEndian.Uint32(v))), false, next, true
 	}
 	return int64(binary.BigEndian.Uint64(v)), false, next, true
-}
-
-// requestFields are the request's field names, exactly as the contract writes them, with the numbers
-// decodePlainMsgpack gives them.
-var requestFields = map[string]int{
-	"what": fieldWhat, "node": fieldNode, "module": fieldModule, "contributor": fieldContributor,
-	"collection": fieldCollection, "kind": fieldKind, "limit": fieldLimit, "after": fieldAfter,
-	"min_seq": fieldMinSeq, "wait_ms": fieldWaitMS, "at": fieldAt,
 }
 
 // jsonFields checks a JSON request's members before it is decoded, one after the other as
@@ -593,7 +609,7 @@ func bigUint(b []byte) (uint64, bool) {
 }
 
 func checkField(name string, seen map[string]bool) error {
-	if _, ok := requestFields[name]; !ok {
+	if _, ok := plainField([]byte(name)); !ok {
 		return badf("unknown field %q (fields are what, node, module, contributor, collection, kind, limit, after, min_seq, wait_ms, at)", name)
 	}
 	if seen[name] {
