@@ -50,8 +50,7 @@ func (m *Metrics) Shown() []string {
 // ListenCapped is Listen holding at most maxConns connections, with timeouts of 10 minutes, so that
 // a test's connections are held for as long as it needs them.
 func ListenCapped(addr string, h http.Handler, maxConns int) (*Server, error) {
-	const long = 10 * time.Minute
-	return listen(addr, h, nil, limits{maxConns: maxConns, readHeaderTimeout: long, readTimeout: long, writeTimeout: long, idleTimeout: long}, hooks{})
+	return ListenHooked(addr, h, maxConns, nil, Hooks{})
 }
 
 // Hooks are points of a Server's shedding where a test runs something of its own; any may be nil.
