@@ -20,10 +20,10 @@
 //   - memory: the seat's peak RSS while ingesting, while serving and walking every index once, and
 //     after a restart walking every index and taking writes (BENCH_MEMORY_ONLY=1 skips ingest and
 //     rebuild, to measure these alone)
+//   - concurrency: verb answers per second from 8 clients while updates stream in
 //
 // BENCH_NODES_ONLY=1 stops after the node lookups, the reply floor and the scale row;
 // BENCH_NODE_ROUNDS=n asks the full-size node series n times (stderr says each).
-//   - concurrency: verb answers per second from 8 clients while updates stream in
 package main
 
 import (
