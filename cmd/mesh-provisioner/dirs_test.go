@@ -151,33 +151,35 @@ func TestServe_SecondServeNeverSharesTheEmbeddedStore(t *testing.T) {
 // TestServe_EmbeddedListenTaken: a taken --embedded-listen is said at once, with what to do; it was
 // found out after 10 s as "did not start within 10s (is the port taken?)".
 func TestServe_EmbeddedListenTaken(t *testing.T) {
-	t.Setenv("NATS_URL", "")
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer l.Close()
-	dir := t.TempDir()
-	var out, errb bytes.Buffer
-	err = NewMain(&out, &errb).Run(context.Background(), []string{"serve", "--state", filepath.Join(dir, "state"),
-		"--embedded-store", filepath.Join(dir, "nats"), "--embedded-listen", l.Addr().String()})
-	require.Equal(t, exitFailure, exitCode(err, &errb), errb.String())
-	require.Contains(t, errb.String(), "address already in use")
-	require.Contains(t, errb.String(), "--nats nats://"+l.Addr().String())
+	taken, stderr := serveOnATakenAddress(t, func(taken string) []string { return []string{"--embedded-listen", taken} })
+	require.Contains(t, stderr, "--nats nats://"+taken)
 }
 
 // TestServe_MetricsAddrTaken: a taken --metrics-addr is said with the flag that moves it, as a taken
 // --embedded-listen is (a second make run said only "address already in use").
 func TestServe_MetricsAddrTaken(t *testing.T) {
+	_, stderr := serveOnATakenAddress(t, func(taken string) []string {
+		return []string{"--embedded-listen", "127.0.0.1:0", "--metrics-addr", taken}
+	})
+	require.Contains(t, stderr, "give --metrics-addr another address")
+}
+
+// serveOnATakenAddress runs serve with the flags flags gives for an address another listener holds,
+// requires that it fails saying the address is in use, and returns that address and serve's stderr.
+func serveOnATakenAddress(t *testing.T, flags func(taken string) []string) (string, string) {
+	t.Helper()
 	t.Setenv("NATS_URL", "")
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	defer l.Close()
 	dir := t.TempDir()
 	var out, errb bytes.Buffer
-	err = NewMain(&out, &errb).Run(context.Background(), []string{"serve", "--state", filepath.Join(dir, "state"),
-		"--embedded-store", filepath.Join(dir, "nats"), "--embedded-listen", "127.0.0.1:0", "--metrics-addr", l.Addr().String()})
+	args := append([]string{"serve", "--state", filepath.Join(dir, "state"), "--embedded-store", filepath.Join(dir, "nats")},
+		flags(l.Addr().String())...)
+	err = NewMain(&out, &errb).Run(context.Background(), args)
 	require.Equal(t, exitFailure, exitCode(err, &errb), errb.String())
 	require.Contains(t, errb.String(), "address already in use")
-	require.Contains(t, errb.String(), "give --metrics-addr another address")
+	return l.Addr().String(), errb.String()
 }
 
 // TestServe_BrokenStateDirWaitsForNATS: the state dir is opened before the embedded server starts
