@@ -17,8 +17,8 @@ import (
 // Lines that differ after normalisation (a stream's or a subject's name, anything normalise does not
 // catch) are bounded as a whole: each level (notices, warnings, errors) logs at most 60 lines a
 // minute, all its patterns together, and counts the others; at most 256 patterns are tracked, and the
-// lines of a new one while the table is full share one budget of 10 a minute per level; a summary
-// names at most 5 patterns, the rest said together in one line. A flood of lines all different is
+// lines of a new one while the table is full share one budget of 10 a minute per level; a round of
+// summaries names at most 5 patterns (and the critical ones), the rest said together in one line. A flood of lines all different is
 // then at most 60 lines and 6 summaries a minute per level, however long it lasts. The lines an
 // operator must see (critical: JetStream out of space or resources, out of descriptors or disk) have
 // a budget of 10 a minute per kind outside all of that, so no flood holds them back, and the server's
@@ -181,41 +181,49 @@ func (l *limiter) prune(now time.Time) {
 	}
 }
 
-// flush gives the summaries owed, and forgets the patterns whose window ended and that owe none. It
-// names at most maxNamedSummaries patterns, those that held back the most lines, and says the others
-// together in one line; then each level's lines held past its budget.
+// flush gives the summaries owed, and forgets the patterns whose window ended and that owe none: the
+// critical groups' first, then at most maxNamedSummaries other patterns, those that held back the
+// most lines, and the rest together in one line; then each level's lines held past its budget.
 func (l *limiter) flush(now time.Time) []summary {
-	var named []summary
-	for _, m := range []map[patternKey]*pattern{l.criticals, l.patterns} {
+	var out, named []summary
+	owed := func(m map[patternKey]*pattern, to *[]summary) {
 		for k, p := range m {
 			if p.suppressed > 0 {
-				named = append(named, summary{summaryMsg, k.level, k.text, 1, p.suppressed, now.Sub(p.since)})
+				*to = append(*to, summary{summaryMsg, k.level, k.text, 1, p.suppressed, now.Sub(p.since)})
 				p.suppressed = 0
 			} else if now.Sub(p.windowStart) >= patternWindow {
 				delete(m, k)
 			}
 		}
 	}
+	// The critical groups' are always named (first; at most one per group and level).
+	owed(l.criticals, &out)
+	owed(l.patterns, &named)
 	for level, p := range l.others {
 		if p.suppressed > 0 {
 			named = append(named, summary{summaryMsg, level, otherPattern, 1, p.suppressed, now.Sub(p.since)})
 			p.suppressed = 0
 		}
 	}
-	sort.Slice(named, func(i, j int) bool {
-		a, b := named[i], named[j]
-		if a.suppressed != b.suppressed {
-			return a.suppressed > b.suppressed
-		}
-		if a.level != b.level {
-			return a.level > b.level
-		}
-		return a.pattern < b.pattern
-	})
-	out := named
-	if len(named) > maxNamedSummaries {
-		out = named[:maxNamedSummaries:maxNamedSummaries]
-		f := summary{msg: foldedMsg, level: slog.LevelDebug, pattern: ""}
+	most := func(s []summary) {
+		sort.Slice(s, func(i, j int) bool {
+			a, b := s[i], s[j]
+			if a.suppressed != b.suppressed {
+				return a.suppressed > b.suppressed
+			}
+			if a.level != b.level {
+				return a.level > b.level
+			}
+			return a.pattern < b.pattern
+		})
+	}
+	most(out)
+	most(named)
+	if len(named) <= maxNamedSummaries {
+		out = append(out, named...)
+	} else {
+		out = append(out, named[:maxNamedSummaries]...)
+		f := summary{msg: foldedMsg, level: slog.LevelDebug}
 		for _, s := range named[maxNamedSummaries:] {
 			f.level = max(f.level, s.level)
 			f.patterns++

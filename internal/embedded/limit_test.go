@@ -144,7 +144,8 @@ func TestLimiter_Criticals(t *testing.T) {
 	require.True(t, l.line(t0.Add(time.Minute), slog.LevelError, "JetStream out of space, will be DISABLED"))
 }
 
-// A flush names the patterns that held back most, and says the others in one line.
+// A flush names the critical groups and the patterns that held back most, and says the others in one
+// line.
 func TestLimiter_FoldsSummaries(t *testing.T) {
 	t0 := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
 	l := newLimiter()
@@ -153,8 +154,14 @@ func TestLimiter_FoldsSummaries(t *testing.T) {
 			l.line(t0, slog.LevelDebug, fmt.Sprintf("stream 's%d' restored", i))
 		}
 	}
+	// A critical group that held back the fewest is named all the same, first.
+	for range linesPerWindow + 1 {
+		l.line(t0, slog.LevelError, "JetStream out of space, will be DISABLED")
+	}
 	owed := l.flush(t0.Add(time.Second))
-	require.Len(t, owed, maxNamedSummaries+2)
+	require.Len(t, owed, 1+maxNamedSummaries+2)
+	require.Equal(t, summary{summaryMsg, slog.LevelError, "JetStream out of", 1, 1, time.Second}, owed[0])
+	owed = owed[1:]
 	for i, s := range owed[:maxNamedSummaries] {
 		require.Equal(t, summary{summaryMsg, slog.LevelDebug, fmt.Sprintf("stream 's%d' restored", 7-i), 1, 8 - i, time.Second}, s)
 	}
