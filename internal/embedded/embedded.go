@@ -133,30 +133,31 @@ func (a *slogAdapter) Noticef(format string, v ...any) {
 	if format == serverExiting {
 		defer a.close()
 	}
-	a.log(slog.LevelDebug, format, v)
+	a.log(slog.LevelDebug, false, format, v)
 }
-func (a *slogAdapter) Warnf(format string, v ...any)  { a.log(slog.LevelWarn, format, v) }
-func (a *slogAdapter) Fatalf(format string, v ...any) { a.log(slog.LevelError, format, v) }
-func (a *slogAdapter) Errorf(format string, v ...any) { a.log(slog.LevelError, format, v) }
+func (a *slogAdapter) Warnf(format string, v ...any) { a.log(slog.LevelWarn, false, format, v) }
+
+// Fatalf's lines always pass: the server stops after one.
+func (a *slogAdapter) Fatalf(format string, v ...any) { a.log(slog.LevelError, true, format, v) }
+func (a *slogAdapter) Errorf(format string, v ...any) { a.log(slog.LevelError, false, format, v) }
 func (a *slogAdapter) Debugf(format string, v ...any) {}
 func (a *slogAdapter) Tracef(format string, v ...any) {}
 
-func (a *slogAdapter) log(level slog.Level, format string, v []any) {
+func (a *slogAdapter) log(level slog.Level, fatal bool, format string, v []any) {
 	ctx := context.Background()
 	if !a.l.Enabled(ctx, level) {
 		return
 	}
 	msg := fmt.Sprintf(format, v...)
 	a.mu.Lock()
-	ok, owed := true, []summary(nil)
-	if !a.closed {
-		ok, owed = a.lim.line(a.now(), level, msg)
+	ok := true
+	if !a.closed && !fatal {
+		ok = a.lim.line(a.now(), level, msg)
 		if !ok && a.timer == nil {
 			a.timer = time.AfterFunc(summaryEvery, a.tick)
 		}
 	}
 	a.mu.Unlock()
-	a.summarise(owed)
 	if ok {
 		a.l.Log(ctx, level, msg, "component", "nats-server")
 	}
@@ -186,7 +187,14 @@ func (a *slogAdapter) close() {
 
 func (a *slogAdapter) summarise(owed []summary) {
 	for _, s := range owed {
-		a.l.Log(context.Background(), s.level, summaryMsg, "component", "nats-server", "pattern", s.pattern,
-			"suppressed", s.suppressed, "in", s.in.Round(time.Millisecond))
+		attrs := []any{"component", "nats-server"}
+		switch s.msg {
+		case summaryMsg:
+			attrs = append(attrs, "pattern", s.pattern)
+		case foldedMsg:
+			attrs = append(attrs, "patterns", s.patterns)
+		}
+		attrs = append(attrs, "suppressed", s.suppressed, "in", s.in.Round(time.Millisecond))
+		a.l.Log(context.Background(), s.level, s.msg, attrs...)
 	}
 }

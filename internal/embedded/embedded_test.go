@@ -1,8 +1,11 @@
 package embedded_test
 
 import (
+	"bufio"
 	"encoding/json"
+	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -141,6 +144,61 @@ func TestStart_RefusalsPastMaxConnAreFewLines(t *testing.T) {
 	require.NotZero(t, refusals)
 	require.LessOrEqual(t, refusals, int(took/time.Second)+2, "at most one a second")
 	require.Less(t, len(lines), 30)
+}
+
+// A client that floods the server with lines all different (its subscriptions' ids, which the
+// server logs as they came, each a pattern of its own): the seat logs at most a minute's budget of
+// them and counts the others, each once.
+func TestStart_DistinctLinesAreBounded(t *testing.T) {
+	conf := filepath.Join(t.TempDir(), "nats.conf")
+	require.NoError(t, os.WriteFile(conf, []byte(`authorization { users: [ {user: seat, password: pw, permissions: { subscribe: { deny: "secret.>" } } } ] }`+"\n"), 0o600))
+	var log natstest.LogBuffer
+	ns, err := embedded.Start(embedded.Config{Listen: "127.0.0.1:0", StoreDir: t.TempDir(), ConfigFile: conf,
+		Logger: slog.New(slog.NewJSONHandler(&log, nil))})
+	require.NoError(t, err)
+	defer ns.Shutdown()
+	c, err := net.Dial("tcp", strings.TrimPrefix(ns.ClientURL(), "nats://"))
+	require.NoError(t, err)
+	defer c.Close()
+	require.NoError(t, c.SetDeadline(time.Now().Add(30*time.Second)))
+	const subs = 3000
+	pong := make(chan error, 1)
+	go func() {
+		// Read the server's -ERRs as they come, up to the PONG after the last SUB.
+		r := bufio.NewReader(c)
+		for {
+			l, err := r.ReadString('\n')
+			if err != nil || l == "PONG\r\n" {
+				pong <- err
+				return
+			}
+		}
+	}()
+	var b strings.Builder
+	b.WriteString(`CONNECT {"user":"seat","pass":"pw","verbose":false,"pedantic":false}` + "\r\n")
+	for i := range subs {
+		fmt.Fprintf(&b, "SUB secret.x sid%dx\r\n", i)
+	}
+	b.WriteString("PING\r\n")
+	_, err = c.Write([]byte(b.String()))
+	require.NoError(t, err)
+	require.NoError(t, <-pong)
+	ns.Shutdown()
+
+	logged, counted := 0, 0
+	for _, m := range jsonLines(t, log.String()) {
+		msg, _ := m["msg"].(string)
+		switch {
+		case strings.Contains(msg, "Subscription Violation"):
+			require.Regexp(t, `Subscription Violation - Subject "secret.x", SID sid\d+x$`, msg)
+			logged++
+		case strings.HasPrefix(msg, "embedded server: ") && strings.Contains(msg, " not logged"):
+			require.Equal(t, "ERROR", m["level"])
+			counted += int(m["suppressed"].(float64))
+		}
+	}
+	require.Equal(t, 60, logged, "a level's lines of a minute")
+	require.Equal(t, subs, logged+counted, "each line logged or counted once")
 }
 
 func jsonLines(t *testing.T, log string) []map[string]any {
