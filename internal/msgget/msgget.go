@@ -99,6 +99,10 @@ type Lasts struct {
 	// Complete is false when maxBytes cut the answer short: a subject with no message in Msgs may then
 	// hold one.
 	Complete bool
+	// Stream is the stream whose store answered (its messages' Nats-Stream header): the one asked, or a
+	// mirror of it with MirrorDirect, which answers for its origin under its own name from its own
+	// store. Empty when no message came (404).
+	Stream string
 }
 
 // LastOfMany asks stream for the last message of each subject (at most MaxLasts, none a wildcard) by
@@ -108,7 +112,8 @@ type Lasts struct {
 // against a sequence it read from the leader. nats-server 2.15 adds a follower to the stream's direct
 // get queue group once it is caught up (checked every 2 s after a leader change: current, or 90% of the
 // entries it knows committed applied), and a mirror with MirrorDirect once fewer than 10 messages
-// behind; neither leaves the group when it falls behind later (a slow follower, one cut off from its
+// behind (Lasts.Stream then names the mirror: it answers from its own store, at the origin's sequences,
+// so UpTo is comparable, but what it removed is its own doing); neither leaves the group when it falls behind later (a slow follower, one cut off from its
 // leader but not from its clients), and a client's request goes to any member, its own server's or not. A stream that does not allow direct gets, or a denied
 // subject, is an error (no responders, or ctx's deadline).
 func LastOfMany(ctx context.Context, nc *nats.Conn, api, stream string, subjects []string, maxBytes int) (Lasts, error) {
@@ -158,6 +163,11 @@ func LastOfMany(ctx context.Context, nc *nats.Conn, api, stream string, subjects
 		t, err := time.Parse(time.RFC3339Nano, m.Header.Get("Nats-Time-Stamp"))
 		if err != nil {
 			return Lasts{}, fmt.Errorf("direct get: time stamp: %w", err)
+		}
+		// nats-server appends its Nats-* headers to the message's own (server/client.go genHeader): the
+		// last value is the server's.
+		if names := m.Header.Values("Nats-Stream"); len(names) > 0 {
+			out.Stream = names[len(names)-1]
 		}
 		out.Msgs = append(out.Msgs, Last{Subject: m.Header.Get("Nats-Subject"), Seq: seq, Time: t, Header: m.Header, Data: m.Data})
 	}

@@ -87,6 +87,7 @@ func TestLastOfMany(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, l.Complete)
 	require.Equal(t, uint64(5), l.UpTo)
+	require.Equal(t, "KV_b", l.Stream, "the stream that answered")
 	require.Len(t, l.Msgs, 2)
 	require.Equal(t, "$KV.b.x", l.Msgs[0].Subject)
 	require.Equal(t, uint64(3), l.Msgs[0].Seq)
@@ -105,6 +106,7 @@ func TestLastOfMany(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, l.Complete)
 	require.Empty(t, l.Msgs)
+	require.Empty(t, l.Stream, "no message, no stream named")
 
 	_, err = js.CreateStream(ctx, jetstream.StreamConfig{Name: "nodirect", Subjects: []string{"nd.>"}, Storage: jetstream.MemoryStorage})
 	require.NoError(t, err)
