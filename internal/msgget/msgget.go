@@ -112,10 +112,11 @@ type Lasts struct {
 // against a sequence it read from the leader. nats-server 2.15 adds a follower to the stream's direct
 // get queue group once it is caught up (checked every 2 s after a leader change: current, or 90% of the
 // entries it knows committed applied), and a mirror with MirrorDirect once fewer than 10 messages
-// behind (Lasts.Stream then names the mirror: it answers from its own store, at the origin's sequences,
-// so UpTo is comparable, but what it removed is its own doing); neither leaves the group when it falls behind later (a slow follower, one cut off from its
-// leader but not from its clients), and a client's request goes to any member, its own server's or not. A stream that does not allow direct gets, or a denied
-// subject, is an error (no responders, or ctx's deadline).
+// behind (Lasts.Stream then names the mirror: it answers from its own store, at the origin's
+// sequences, so UpTo is comparable, but what it removed is its own doing); neither leaves the group
+// when it falls behind later (a slow follower, one cut off from its leader but not from its clients),
+// and a client's request goes to any member, its own server's or not. A stream that does not allow
+// direct gets, or a denied subject, is an error (no responders, or ctx's deadline).
 func LastOfMany(ctx context.Context, nc *nats.Conn, api, stream string, subjects []string, maxBytes int) (Lasts, error) {
 	if len(subjects) > MaxLasts {
 		return Lasts{}, fmt.Errorf("direct get: %d subjects, at most %d", len(subjects), MaxLasts)
