@@ -23,7 +23,8 @@ import (
 // stream for the key's last message, of every key due at once (a mesh that writes TTL'd puts in bulk
 // has them come due together): a round takes up to expireBatch due keys, asks each bucket's stream
 // about all of them by one direct get (msgget.LastOfMany), whose answer stands only when the replica
-// that gave it had stored every message the projection applied, asks the stream's leader about the
+// that gave it had stored every message the projection applied and is one of the stream's own (not a
+// mirror's, which removes what it holds by rules of its own), asks the stream's leader about the
 // rest (expireWindow at once), and has the store apply the round in one commit per bucket
 // (store.DB.ExpireAll). What it finds of each key:
 //
