@@ -50,8 +50,8 @@ const expireSlack = time.Second
 // expireRetryMax bounds the wait before asking again about a put the stream still holds.
 const expireRetryMax = 5 * time.Minute
 
-// expireAsk bounds one ask of the stream.
-const expireAsk = 5 * time.Second
+// expireAsk bounds one ask of the stream. A variable for tests alone (SetExpireAsk).
+var expireAsk = 5 * time.Second
 
 // expireLoop runs until ctx ends: owned by the Projector (Start), stopped by Stop.
 func (p *Projector) expireLoop(ctx context.Context) {

@@ -1,6 +1,9 @@
 package projector
 
-import "time"
+import (
+	"testing"
+	"time"
+)
 
 // SetAfterForget has fn called each time a deleted bucket's forgetting has committed, before the
 // bucket leaves the tailed ones (forget.go): where a stream created again at that instant used to be
@@ -49,3 +52,12 @@ func SetExpireDirect(p *Projector, on bool) { p.expireDirectOff = !on }
 // (streaminfo.Poller.Refresh): a test whose listing runs every hour, so that no stall of a loaded
 // machine looks like a listing that stopped (listingRuns), asks for the next listing when it needs it.
 func RefreshListing(p *Projector) { p.streams.Refresh() }
+
+// SetExpireAsk bounds each ask of every Projector's expire loop by d rather than 5 s until the test
+// ends: a test of a direct get never answered does not wait 5 s for it. The bound is the package's:
+// not for a test that runs in parallel.
+func SetExpireAsk(t testing.TB, d time.Duration) {
+	old := expireAsk
+	expireAsk = d
+	t.Cleanup(func() { expireAsk = old })
+}
