@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -116,4 +117,116 @@ func TestProjector_ExpiryDirectGetToAServerThatStops(t *testing.T) {
 		live:  fmt.Sprintf("%x@%d", v1, liveSeq),
 	}, want)
 	t.Logf("applied %v after the direct get was sent; %d asks", took.Round(time.Millisecond), projector.ExpireAsks(p))
+}
+
+// TestProjector_StopInsideAnExpiryRound: the Projector is stopped while a round asks the stream's
+// leader about more due keys than one window of asks (the seat's connection holds the answers back):
+// Stop returns at once, not when the asks' bound runs out, with no goroutine of the loop left, and
+// nothing applied: each key's row is its put, its expiry still pending (before the round's commit).
+// A Projector started again on the same store, connected straight to the server, applies every one.
+func TestProjector_StopInsideAnExpiryRound(t *testing.T) {
+	t.Parallel()
+	const bucket = provisioner.BucketNeeds
+	const n = 64 // two windows of asks
+	ns := natstest.RunServer(t)
+	nc, js := natstest.Connect(t, ns.ClientURL())
+	ctx := context.Background()
+	_, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucket, History: 5, LimitMarkerTTL: time.Second})
+	require.NoError(t, err)
+	proxy := natstest.RunProxy(t, strings.TrimPrefix(ns.ClientURL(), "nats://"))
+	_, pjs := natstest.Connect(t, proxy.URL())
+
+	getSubject := jetstream.DefaultAPIPrefix + "STREAM.MSG.GET." + provisioner.StreamName(bucket)
+	spy, err := nc.SubscribeSync(getSubject)
+	require.NoError(t, err)
+	require.NoError(t, nc.Flush())
+	v1, v2 := []byte{0x81, 0xa1, 'v', 0x01}, []byte{0x81, 0xa1, 'v', 0x02}
+	keys := make([]string, n)
+	older, puts := map[string]uint64{}, map[string]uint64{}
+	var msgs []provisioner.Message
+	publish := func(key string, value []byte, ttl time.Duration) uint64 {
+		var opts []jetstream.PublishOpt
+		if ttl > 0 {
+			opts = append(opts, jetstream.WithMsgTTL(ttl))
+		}
+		ack, err := js.Publish(ctx, provisioner.SubjectPrefix(bucket)+key, value, opts...)
+		require.NoError(t, err)
+		msgs = append(msgs, provisioner.Message{Seq: ack.Sequence, Time: time.Now().UnixNano(), Key: key, Op: provisioner.OpPut, Value: value})
+		return ack.Sequence
+	}
+	for i := range keys {
+		keys[i] = fmt.Sprintf("n%d.m1.config.k%02d", i%5, i)
+		older[keys[i]] = publish(keys[i], v1, 0)
+	}
+	for _, key := range keys {
+		puts[key] = publish(key, v2, time.Second)
+	}
+	// The store holds what the stream does, every put due now: one round takes them all. The puts'
+	// TTL is a second: the server has removed them when they are asked about again.
+	for i := range msgs[n:] {
+		msgs[n+i].Expires = time.Now().Add(-time.Second).UnixNano()
+	}
+	info, err := js.Stream(ctx, provisioner.StreamName(bucket))
+	require.NoError(t, err)
+	db, err := store.Open(t.TempDir(), store.Options{})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, db.Close()) })
+	require.NoError(t, db.Apply(bucket, msgs, info.CachedInfo().Created.UnixNano(), false))
+	require.Equal(t, n, db.Expiries())
+
+	// The round's asks go out (a window of them); their answers are held back.
+	proxy.Hold()
+	p := projector.New(pjs, db, projector.Options{Buckets: []string{bucket}})
+	projector.SetExpireDirect(p, false)
+	p.Start(ctx)
+	stopped := false
+	t.Cleanup(func() {
+		if !stopped {
+			p.Stop()
+		}
+	})
+	natstest.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if pending, _, _ := spy.Pending(); pending < 32 {
+			return fmt.Errorf("%d asks in flight", pending)
+		}
+		return nil
+	})
+
+	began := time.Now()
+	p.Stop()
+	stopped = true
+	took := time.Since(began)
+	require.Less(t, took, time.Second, "Stop does not wait out the asks' bound (5 s)")
+	stacks := make([]byte, 1<<20)
+	stacks = stacks[:runtime.Stack(stacks, true)]
+	for _, fn := range []string{"(*Projector).expireLoop", "(*Projector).expireDue", "(*Projector).askLasts", "(*Projector).lastOfKey"} {
+		require.NotContains(t, string(stacks), fn, "a goroutine of the expiry loop left after Stop")
+	}
+	proxy.Release()
+
+	// Each key as the round found it: its put, its expiry pending.
+	rows := projected(t, db, bucket)
+	require.Len(t, rows, n)
+	for _, key := range keys {
+		e, ok := db.PendingExpiry(bucket, key)
+		require.True(t, ok, key)
+		require.Equal(t, puts[key], e.Seq, key)
+		require.Equal(t, fmt.Sprintf("%x@%d", v2, puts[key]), rows[key], key)
+	}
+
+	p2 := projector.New(js, db, projector.Options{Buckets: []string{bucket}})
+	p2.Start(ctx)
+	t.Cleanup(p2.Stop)
+	want := map[string]string{}
+	for _, key := range keys {
+		want[key] = fmt.Sprintf("%x@%d", v1, older[key])
+	}
+	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		if n := db.Expiries(); n != 0 {
+			return fmt.Errorf("%d pending expiries", n)
+		}
+		return nil
+	})
+	require.Equal(t, want, projected(t, db, bucket), "every put expired: its older revision again")
+	t.Logf("Stop took %v", took.Round(time.Millisecond))
 }
