@@ -199,8 +199,10 @@ func TestProjector_StopInsideAnExpiryRound(t *testing.T) {
 	require.Less(t, took, time.Second, "Stop does not wait out the asks' bound (5 s)")
 	stacks := make([]byte, 1<<20)
 	stacks = stacks[:runtime.Stack(stacks, true)]
-	for _, fn := range []string{"(*Projector).expireLoop", "(*Projector).expireDue", "(*Projector).askLasts", "(*Projector).lastOfKey"} {
-		require.NotContains(t, string(stacks), fn, "a goroutine of the expiry loop left after Stop")
+	// This Projector's frames (their receiver p; other tests' Projectors run beside this one).
+	for _, fn := range []string{"expireLoop", "expireDue", "askLasts", "lastOfKey"} {
+		frame := fmt.Sprintf("projector.(*Projector).%s(%p", fn, p)
+		require.NotContains(t, string(stacks), frame, "a goroutine of the expiry loop left after Stop")
 	}
 	proxy.Release()
 
