@@ -25,8 +25,9 @@
 // BENCH_NODES_ONLY=1 stops after the node lookups, the reply floor and the scale row;
 // BENCH_NODE_ROUNDS=n asks the full-size node series n times (stderr says each);
 // BENCH_CHILD_PROFILE=<prefix> has each measuring child write a CPU profile of each of its windows, to
-// <prefix>.limit.<bucket> and <prefix>.ingest.needs (the children inherit the environment, so
-// GODEBUG=gctrace=1 traces their GC cycles too).
+// <prefix>.limit.<bucket> and <prefix>.ingest.<bucket> (the rebuild row's limit child writes over the
+// ingest row's needs profile; the children inherit the environment, so GODEBUG=gctrace=1 traces their
+// GC cycles too).
 package main
 
 import (
