@@ -123,6 +123,8 @@ type applier struct {
 	removing bool
 	// exp are the pending expiries this batch changed (expiry.go): nil for a key's forgotten.
 	exp map[expKey]*Expiry
+	// committed says batch committed: close keeps it for the next applier (batchCache).
+	committed bool
 	// unpins says the batch applies a rollup whose removals were committed before it, in parts, while
 	// views read the pinned state before them: its commit lets them read the committed state again.
 	unpins bool
@@ -345,18 +347,47 @@ func (db *DB) removeInParts(shape provisioner.Shape, m *provisioner.Message, str
 	}
 }
 
-// newApplier starts a batch. Batches come from Pebble's pool; letting them keep buffers of a catch-up
-// batch's size saves growing a new one for every batch.
+// newApplier starts a batch: the one the last applier committed, reset (batchCache), else one of
+// Pebble's pool; letting them keep buffers of a catch-up batch's size saves growing a new one for
+// every batch.
 func (db *DB) newApplier() *applier {
-	return &applier{db: db, batch: db.pdb.NewBatch(pebble.WithMaxRetainedSizeBytes(16 << 20)), w: db.writes.take(), anom: map[string]map[string]anomChange{}, cps: map[string]*Checkpoint{}, states: map[string]*bucketState{}}
+	return &applier{db: db, batch: db.batches.take(db.pdb), w: db.writes.take(), anom: map[string]map[string]anomChange{}, cps: map[string]*Checkpoint{}, states: map[string]*bucketState{}}
 }
 
 func (a *applier) close() {
 	if a.anomIt != nil {
 		a.anomIt.Close()
 	}
-	a.batch.Close()
+	a.db.batches.give(a.batch, a.committed)
 	a.db.writes.give(a.w)
+}
+
+// batchCache keeps the Pebble batch of the last applier that committed, reset, for the next one
+// (appliers are serialised under applyMu, as writesCache's are). Closed, a batch went back to Pebble's
+// pool, a sync.Pool, which keeps it in the slot of the P that closed it: the next applier, on the
+// other P as often as not, found none, and its batch started at Pebble's 1 KiB and grew to a
+// catch-up batch's 3 MB by doubling, each step allocated afresh and the batch copied into it (the
+// ingest child at 1,000,000 keys: Batch.grow 1.7% of its CPU, and most of its garbage;
+// docs/performance.md, session 19).
+type batchCache struct{ b *pebble.Batch }
+
+func (c *batchCache) take(pdb *pebble.DB) *pebble.Batch {
+	if b := c.b; b != nil {
+		c.b = nil
+		return b
+	}
+	return pdb.NewBatch(pebble.WithMaxRetainedSizeBytes(16 << 20))
+}
+
+// give keeps a committed batch, reset: Reset drops a buffer past the 16 MiB the batch retains, and
+// one the commit pipeline may still read, as Close does. A batch that did not commit is closed.
+func (c *batchCache) give(b *pebble.Batch, committed bool) {
+	if !committed || c.b != nil {
+		b.Close()
+		return
+	}
+	b.Reset()
+	c.b = b
 }
 
 // applyLocked is Apply of msgs in one Pebble batch, under applyMu.
@@ -453,6 +484,7 @@ func (a *applier) finish(bucket string, cp *Checkpoint, sync, moved bool) error 
 	if err := db.commit(a.batch, opt); err != nil {
 		return fmt.Errorf("commit %s: %w", bucket, err)
 	}
+	a.committed = true
 	if a.unpins {
 		// Before the applied sequence moves: whoever it wakes reads the state after the rollup.
 		db.unpinViews()

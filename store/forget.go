@@ -184,6 +184,7 @@ func (db *DB) forget(bucket string, at int64, resume *Checkpoint) error {
 	if err := db.commit(a.batch, pebble.Sync); err != nil {
 		return fmt.Errorf("forget %s: commit: %w", bucket, err)
 	}
+	a.committed = true
 
 	// Committed: memory follows. Whoever waits on the bucket wakes and finds it unknown.
 	db.composedAnom = composedAnom

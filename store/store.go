@@ -145,6 +145,7 @@ type DB struct {
 	// applying is the bucket whose batch Apply is committing, nil between batches (holdApplying).
 	applying atomic.Pointer[string]
 	writes   writesCache // the sorted writes of Apply, reused under applyMu
+	batches  batchCache  // the Pebble batch of Apply, reused under applyMu
 	catchUp  *catchUp    // holds compactions back while a bucket catches up (catchup.go)
 
 	mu      sync.Mutex // guards buckets and created

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"runtime"
 	"runtime/metrics"
+	"runtime/pprof"
 	"strings"
 	"syscall"
 	"time"
@@ -30,13 +31,14 @@ import (
 // "done " as it closes, so the bench can count its own CPU and GC cycles over the same window.
 
 // childWindow is one timed window of a child: what it read or applied, how long it took, and the
-// child's own CPU time (user and system) and completed GC cycles over it.
+// child's own CPU time (user and system), completed GC cycles and bytes allocated on its heap over it.
 type childWindow struct {
 	Bucket string        `json:"bucket"`
 	Msgs   int           `json:"msgs"`
 	Wall   time.Duration `json:"wall_ns"`
 	CPU    time.Duration `json:"cpu_ns"`
 	GC     uint64        `json:"gc"`
+	Alloc  uint64        `json:"alloc_bytes"`
 }
 
 // measured is a child's windows added up, with the bench process's CPU time and GC cycles over them
@@ -65,8 +67,13 @@ func processCPU() time.Duration {
 }
 
 // gcCycles is how many GC cycles this process has completed (runtime/metrics: no stop of the world).
-func gcCycles() uint64 {
-	s := []metrics.Sample{{Name: "/gc/cycles/total:gc-cycles"}}
+func gcCycles() uint64 { return readMetric("/gc/cycles/total:gc-cycles") }
+
+// heapAllocs is how many bytes this process has allocated on its heap.
+func heapAllocs() uint64 { return readMetric("/gc/heap/allocs:bytes") }
+
+func readMetric(name string) uint64 {
+	s := []metrics.Sample{{Name: name}}
 	metrics.Read(s)
 	if s[0].Value.Kind() != metrics.KindUint64 {
 		return 0
@@ -74,13 +81,22 @@ func gcCycles() uint64 {
 	return s[0].Value.Uint64()
 }
 
-// window times one part of a child: it prints "start", runs f, and prints "done" and the window.
+// childRole is what a child measures, "limit" or "ingest" (main sets it), naming its profiles.
+var childRole string
+
+// window times one part of a child: it prints "start", runs f, and prints "done" and the window. With
+// BENCH_CHILD_PROFILE=<prefix> it writes a CPU profile of the window to <prefix>.<role>.<bucket>.
 func window(bucket string, f func() (int, error)) error {
+	stopProfile, err := startProfile(bucket)
+	if err != nil {
+		return err
+	}
 	fmt.Println("start")
-	cpu0, gc0 := processCPU(), gcCycles()
+	cpu0, gc0, alloc0 := processCPU(), gcCycles(), heapAllocs()
 	start := time.Now()
 	n, err := f()
-	w := childWindow{Bucket: bucket, Msgs: n, Wall: time.Since(start), CPU: processCPU() - cpu0, GC: gcCycles() - gc0}
+	w := childWindow{Bucket: bucket, Msgs: n, Wall: time.Since(start), CPU: processCPU() - cpu0, GC: gcCycles() - gc0, Alloc: heapAllocs() - alloc0}
+	stopProfile()
 	if err != nil {
 		return err
 	}
@@ -90,6 +106,27 @@ func window(bucket string, f func() (int, error)) error {
 	}
 	fmt.Printf("done %s\n", line)
 	return nil
+}
+
+// startProfile starts the CPU profile of a window when BENCH_CHILD_PROFILE asks for one; the function
+// it returns stops it. The profiler's own cost (100 samples a second) is in the window's CPU.
+func startProfile(bucket string) (func(), error) {
+	prefix := os.Getenv("BENCH_CHILD_PROFILE")
+	if prefix == "" {
+		return func() {}, nil
+	}
+	f, err := os.Create(prefix + "." + childRole + "." + bucket)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+	}, nil
 }
 
 // childConnect connects a child to the bench's NATS server.
@@ -240,8 +277,8 @@ func (b *bench) measureChild(args ...string) (measured, error) {
 			m.Wall += w.Wall
 			m.CPU += w.CPU
 			m.GC += w.GC
-			fmt.Fprintf(os.Stderr, "bench: %s %s: %d messages in %s; cpu-µs a message %.2f in the child, %.2f in the bench process (NATS server); GC cycles %d in the child, %d in the bench process\n",
-				args[0], w.Bucket, w.Msgs, w.Wall.Round(time.Millisecond), cpuMsg(w.CPU, w.Msgs), cpuMsg(cpu, w.Msgs), w.GC, gc)
+			fmt.Fprintf(os.Stderr, "bench: %s %s: %d messages in %s; cpu-µs a message %.2f in the child, %.2f in the bench process (NATS server); GC cycles %d in the child (%d heap bytes allocated a message), %d in the bench process\n",
+				args[0], w.Bucket, w.Msgs, w.Wall.Round(time.Millisecond), cpuMsg(w.CPU, w.Msgs), cpuMsg(cpu, w.Msgs), w.GC, w.Alloc/uint64(max(w.Msgs, 1)), gc)
 		}
 	}
 	if err := cmd.Wait(); err != nil {

@@ -23,7 +23,11 @@
 //   - concurrency: verb answers per second from 8 clients while updates stream in
 //
 // BENCH_NODES_ONLY=1 stops after the node lookups, the reply floor and the scale row;
-// BENCH_NODE_ROUNDS=n asks the full-size node series n times (stderr says each).
+// BENCH_NODE_ROUNDS=n asks the full-size node series n times (stderr says each);
+// BENCH_CHILD_PROFILE=<prefix> has each measuring child write a CPU profile of each of its windows, to
+// <prefix>.limit.<bucket> and <prefix>.ingest.<bucket> (the rebuild row's limit child writes over the
+// ingest row's needs profile; the children inherit the environment, so GODEBUG=gctrace=1 traces their
+// GC cycles too).
 package main
 
 import (
@@ -127,8 +131,10 @@ func main() {
 	if *childLimit != "" || *childIngest != "" {
 		var err error
 		if *childLimit != "" {
+			childRole = "limit"
 			err = runChildLimit(*childLimit, strings.Split(*childBuckets, ","))
 		} else {
+			childRole = "ingest"
 			err = runChildIngest(*childIngest, *childState)
 		}
 		if err != nil {
