@@ -100,7 +100,8 @@ func TestProjector_ExpiryDirectGetToAServerThatStops(t *testing.T) {
 		return nil
 	})
 	took := time.Since(asked)
-	require.GreaterOrEqual(t, took, 900*time.Millisecond, "the direct get's bound waited out")
+	// The ask failed (its bound ran out): not timed here, since the bound starts before the spy sees
+	// the get, by as long as a loaded machine likes (877 ms was seen against the bound's 1 s).
 	require.Contains(t, logs.String(), "a direct get of expired puts' keys failed")
 	e, ok := db.PendingExpiry(bucket, later)
 	require.True(t, ok, "the put the stream still holds")
@@ -196,7 +197,9 @@ func TestProjector_StopInsideAnExpiryRound(t *testing.T) {
 	p.Stop()
 	stopped = true
 	took := time.Since(began)
-	require.Less(t, took, time.Second, "Stop does not wait out the asks' bound (5 s)")
+	// Well under the asks' 5 s bound, which a Stop that waited them out would take, with room for a
+	// loaded machine.
+	require.Less(t, took, 3*time.Second, "Stop does not wait out the asks' bound (5 s)")
 	stacks := make([]byte, 1<<20)
 	stacks = stacks[:runtime.Stack(stacks, true)]
 	// This Projector's frames (their receiver p; other tests' Projectors run beside this one).

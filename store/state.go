@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
@@ -40,7 +41,8 @@ const (
 	genPrefix   = "gen-"
 )
 
-// LockState creates the state dir when it does not exist and takes its lock, without waiting.
+// LockState creates the state dir when it does not exist and takes its lock, waiting at most
+// lockGrace for it.
 func LockState(path string) (*StateDir, error) {
 	if err := os.MkdirAll(path, 0o755); err != nil {
 		return nil, fmt.Errorf("create state dir: %w", orAccess(path, err))
@@ -49,7 +51,7 @@ func LockState(path string) (*StateDir, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open state dir lock: %w", orAccess(path, err))
 	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+	if err := Flock(f); err != nil {
 		f.Close()
 		if errors.Is(err, syscall.EWOULDBLOCK) {
 			return nil, fmt.Errorf("%w: %s (stop the other mesh-provisioner, or give this one another --state)", ErrLocked, path)
@@ -59,6 +61,27 @@ func LockState(path string) (*StateDir, error) {
 	_ = f.Truncate(0)
 	_, _ = fmt.Fprintf(f, "%d\n", os.Getpid())
 	return &StateDir{path: path, lock: f}, nil
+}
+
+// A flock belongs to the open file, which a child process this one forks shares from its fork to its
+// exec (Go's descriptors are close-on-exec, so no longer): a lock released here, in a process that
+// starts others, can stay taken for that long, which a loaded machine makes milliseconds (a store
+// closed and opened again in one process, as the tests do beside others that start the binary, was
+// refused as "in use by another process"). A lock still taken after lockGrace is another process's.
+const (
+	lockGrace = 250 * time.Millisecond
+	lockRetry = 10 * time.Millisecond
+)
+
+// Flock takes an exclusive flock of f, waiting at most lockGrace for it: syscall.EWOULDBLOCK when
+// another process holds it.
+func Flock(f *os.File) error {
+	err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+	for waited := time.Duration(0); errors.Is(err, syscall.EWOULDBLOCK) && waited < lockGrace; waited += lockRetry {
+		time.Sleep(lockRetry)
+		err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+	}
+	return err
 }
 
 // ErrNotStateDir marks a --state that holds files of its own and no state dir: most likely the parent

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -134,4 +135,34 @@ func TestOpenState_LostCurrentTwoGenerations(t *testing.T) {
 	require.NoError(t, err)
 	defer db.Close()
 	require.Equal(t, uint64(1), db.Checkpoint(provisioner.BucketNeeds).Applied)
+}
+
+// TestLockState_WaitsOutABriefHold: a lock held a moment longer, as a child this process forks holds
+// it from its fork to its exec, is waited for; one held past the grace is another process's.
+func TestLockState_WaitsOutABriefHold(t *testing.T) {
+	dir := t.TempDir()
+	// A second open of the lock file is a second open file, whose flock excludes the first's as
+	// another process's would.
+	hold := func() *os.File {
+		f, err := os.OpenFile(filepath.Join(dir, "LOCK"), os.O_RDWR|os.O_CREATE, 0o644)
+		require.NoError(t, err)
+		require.NoError(t, store.Flock(f))
+		return f
+	}
+	f := hold()
+	released := make(chan struct{})
+	go func() {
+		defer close(released)
+		time.Sleep(50 * time.Millisecond)
+		f.Close()
+	}()
+	s, err := store.LockState(dir)
+	require.NoError(t, err, "a lock released within the grace")
+	<-released
+	require.NoError(t, s.Close())
+
+	f = hold()
+	defer f.Close()
+	_, err = store.LockState(dir)
+	require.ErrorIs(t, err, store.ErrLocked, "a lock held past the grace")
 }

@@ -731,9 +731,9 @@ func removeDemo(js jetstream.JetStream, ops []fixtures.Op, before map[string]boo
 	return true
 }
 
-// lockEmbeddedStore takes the embedded server's store dir for this process until unlock, without
-// waiting: nats-server locks nothing there, and a second serve given the same --embedded-store (with
-// another --state) would run a second server on the first one's streams.
+// lockEmbeddedStore takes the embedded server's store dir for this process until unlock, waiting no
+// longer than store.Flock's grace: nats-server locks nothing there, and a second serve given the same
+// --embedded-store (with another --state) would run a second server on the first one's streams.
 func lockEmbeddedStore(dir string) (unlock func(), err error) {
 	if err := os.MkdirAll(dir, 0o750); err != nil { // as nats-server makes it
 		return nil, fmt.Errorf("create --embedded-store: %w", err)
@@ -742,7 +742,7 @@ func lockEmbeddedStore(dir string) (unlock func(), err error) {
 	if err != nil {
 		return nil, fmt.Errorf("open --embedded-store: %w", err)
 	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+	if err := store.Flock(f); err != nil {
 		f.Close()
 		if errors.Is(err, syscall.EWOULDBLOCK) {
 			return nil, fmt.Errorf("--embedded-store %s is in use by another embedded server (another mesh-provisioner serve): stop it, or give this one another --embedded-store", dir)
