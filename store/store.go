@@ -93,6 +93,11 @@ type Options struct {
 	// from there. For a store filled from the streams that nothing answers from until it is closed: a
 	// rebuild's generation, which writes each byte once to its tables instead of also to a log.
 	NoWAL bool
+	// FirstFillNoWAL opens a generation that OpenState or ResetState creates (a state dir with none
+	// yet, or one started over) without a log, as NoWAL does; a generation that exists opens as NoWAL
+	// says. DB.NoWAL reports which it was. The seat fills such a store once from the streams, then
+	// answers from a checkpoint of it opened with its log (CheckpointGeneration, seat/relog.go).
+	FirstFillNoWAL bool
 }
 
 // Checkpoint is a bucket's position, committed in the same batch as the rows it produced.
@@ -257,7 +262,7 @@ func OpenStateContext(ctx context.Context, path string, opts Options) (*DB, erro
 			s.Close()
 			return nil, err
 		}
-		db, err := OpenContext(ctx, cur, opts)
+		db, err := OpenContext(ctx, cur, opts.firstFill())
 		if err != nil {
 			// CURRENT does not name it: a start that tries again makes its own.
 			_ = s.RemoveGeneration(cur, "the first open of the state dir failed: "+err.Error())
@@ -287,6 +292,18 @@ func OpenStateContext(ctx context.Context, path string, opts Options) (*DB, erro
 	db.state = s
 	return db, nil
 }
+
+// firstFill is the options of a generation OpenState or ResetState creates.
+func (o Options) firstFill() Options {
+	if o.FirstFillNoWAL {
+		o.NoWAL = true
+	}
+	return o
+}
+
+// NoWAL reports whether the store writes no log (Options.NoWAL, or FirstFillNoWAL on a generation
+// its open created): a crash loses the memtables not yet flushed.
+func (db *DB) NoWAL() bool { return db.noWAL }
 
 // openCount numbers the DBs opened in this process.
 var openCount atomic.Uint64
