@@ -94,9 +94,12 @@ type Options struct {
 	// rebuild's generation, which writes each byte once to its tables instead of also to a log.
 	NoWAL bool
 	// FirstFillNoWAL opens a generation that OpenState or ResetState creates (a state dir with none
-	// yet, or one started over) without a log, as NoWAL does; a generation that exists opens as NoWAL
-	// says. DB.NoWAL reports which it was. The seat fills such a store once from the streams, then
-	// answers from a checkpoint of it opened with its log (CheckpointGeneration, seat/relog.go).
+	// yet, or one started over) without a log, as NoWAL does, and with its compactions held as BulkLoad
+	// does; a generation that exists opens as NoWAL and BulkLoad say. DB.NoWAL reports which it was. The
+	// seat fills such a store once from the streams, then answers from a checkpoint of it opened with
+	// its log (CheckpointGeneration, seat/relog.go), and compacts that one: a compaction of the first
+	// one, once its catch-up no longer held it, would rewrite tables the switch removes, and the swap's
+	// Close of it would wait for it.
 	FirstFillNoWAL bool
 }
 
@@ -296,7 +299,7 @@ func OpenStateContext(ctx context.Context, path string, opts Options) (*DB, erro
 // firstFill is the options of a generation OpenState or ResetState creates.
 func (o Options) firstFill() Options {
 	if o.FirstFillNoWAL {
-		o.NoWAL = true
+		o.NoWAL, o.BulkLoad = true, true
 	}
 	return o
 }
