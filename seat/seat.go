@@ -212,6 +212,7 @@ func (s *Seat) compactAfterCatchUp(ctx context.Context) {
 	// projector that takes over a first catch-up without a log (relog.go) goes on from it.
 	var compacted int64
 	last := int64(-1)
+	seen := s.DB
 	for {
 		select {
 		case <-ctx.Done():
@@ -221,14 +222,18 @@ func (s *Seat) compactAfterCatchUp(ctx context.Context) {
 		n := s.MessagesApplied()
 		quiet := n == last && s.Synced()
 		last = n
-		// A store without a log is about to be checkpointed into one with it (relog.go): that one is
-		// compacted, not this one, whose tables the swap removes.
-		if !quiet || n-compacted < CompactAfter || s.Store().NoWAL() {
+		db := s.Store()
+		// A store without a log is checkpointed into one with it once caught up (relog.go): that one
+		// is compacted, not this one, whose tables the swap removes; at once, as it was swapped in
+		// caught up.
+		switched := seen != db && seen.NoWAL()
+		seen = db
+		if !(quiet || switched) || n-compacted < CompactAfter || db.NoWAL() {
 			continue
 		}
 		compacted = n
 		start := time.Now()
-		if err := s.Store().CompactAll(ctx); err != nil {
+		if err := db.CompactAll(ctx); err != nil {
 			// ErrClosed: a rebuild swapped this store out meanwhile; nothing failed.
 			if ctx.Err() == nil && !errors.Is(err, store.ErrClosed) {
 				s.log.Warn("compaction after catch-up failed; background compactions go on", "err", err)
