@@ -16,8 +16,9 @@ import (
 // back. A rebuild asked for first (a bucket reset) opens its generation with the log, and then nothing
 // more is needed. A kill before the swap leaves CURRENT naming the first generation, which opens (with
 // its log) as it was after one of its batches, each with its checkpoint (whole memtables are flushed,
-// oldest first): the seat reads on from there, and the answers it gave past that point had said
-// synced: false (docs/decisions.md, Session 19).
+// oldest first): the seat reads on from there. Answers it gave past that point may have shown rows the
+// kill lost, most with synced: false, but those of a bucket caught up before the others with synced:
+// true (docs/decisions.md, Session 19).
 
 // relogLoop turns the log on once the first catch-up into a store without one is done. It returns once
 // it has, when a rebuild is asked for (the caller runs it: its generation has a log), or when ctx ends.
