@@ -224,7 +224,11 @@ func (s *Seat) rebuildOnce(ctx context.Context, relog bool) error {
 		s.next, s.nextDB = nil, nil
 		s.mu.Unlock()
 	}()
-	bar := progress.New(io.Discard, s.log, what, "messages", total) // "rebuild", as it was
+	barLog := s.log
+	if relog {
+		barLog = nil // a few messages: its own lines say how long it took
+	}
+	bar := progress.New(io.Discard, barLog, "rebuild", "messages", total)
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
 	for caughtUp := false; !caughtUp; {
