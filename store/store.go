@@ -101,6 +101,9 @@ type Options struct {
 	// one, once its catch-up no longer held it, would rewrite tables the switch removes, and the swap's
 	// Close of it would wait for it.
 	FirstFillNoWAL bool
+
+	// syncByFlush: set by firstFill (FirstFillNoWAL on a generation the open creates).
+	syncByFlush bool
 }
 
 // Checkpoint is a bucket's position, committed in the same batch as the rows it produced.
@@ -148,6 +151,10 @@ type DB struct {
 	maxOpenFiles int
 	// noWAL: Options.NoWAL. Only Close makes the commits durable, by flushing the memtables.
 	noWAL bool
+	// syncByFlush: a first fill's store without a log (Options.FirstFillNoWAL), which the seat answers
+	// from: what a commit asked to sync (Apply's sync, Flush) is made durable by flushing the memtables,
+	// as a bucket caught up at its stream's end answers synced: true, which a kill must not take back.
+	syncByFlush bool
 
 	applyMu sync.Mutex // one Apply at a time: anomaly sets and kinds are read and written under it
 	// applying is the bucket whose batch Apply is committing, nil between batches (holdApplying).
@@ -299,7 +306,7 @@ func OpenStateContext(ctx context.Context, path string, opts Options) (*DB, erro
 // firstFill is the options of a generation OpenState or ResetState creates.
 func (o Options) firstFill() Options {
 	if o.FirstFillNoWAL {
-		o.NoWAL, o.BulkLoad = true, true
+		o.NoWAL, o.BulkLoad, o.syncByFlush = true, true, true
 	}
 	return o
 }
@@ -412,7 +419,7 @@ func OpenContext(ctx context.Context, dir string, opts Options) (*DB, error) {
 		return nil, openErr(dir, err)
 	}
 	fds.armed.Store(true)
-	db := &DB{pdb: pdb, dir: dir, fds: fds, maxOpenFiles: opts.MaxOpenFiles, noWAL: opts.NoWAL, bg: bg, id: openCount.Add(1), buckets: map[string]*bucketState{}, kinds: map[string]struct{}{}, openGaps: map[string]Gap{},
+	db := &DB{pdb: pdb, dir: dir, fds: fds, maxOpenFiles: opts.MaxOpenFiles, noWAL: opts.NoWAL, syncByFlush: opts.NoWAL && opts.syncByFlush, bg: bg, id: openCount.Add(1), buckets: map[string]*bucketState{}, kinds: map[string]struct{}{}, openGaps: map[string]Gap{},
 		anomSeed: maphash.MakeSeed(), space: space, writeFailed: newFailedState(opts.Logger), exp: newExpiries()}
 	if err := db.load(ctx, fresh); err != nil {
 		pdb.Close()
@@ -800,7 +807,8 @@ func (db *DB) Changed(bucket string) <-chan struct{} {
 }
 
 // Flush syncs everything committed so far to disk; without a log (Options.NoWAL) it does nothing:
-// Close writes the memtables out.
+// Close writes the memtables out; but a first fill's store without a log (Options.FirstFillNoWAL),
+// which answers, flushes its memtables to tables.
 func (db *DB) Flush() error {
 	if db.closed.Load() {
 		return ErrClosed
@@ -809,9 +817,26 @@ func (db *DB) Flush() error {
 		return err // Pebble takes no write any more (failed.go)
 	}
 	if db.noWAL {
+		if db.syncByFlush {
+			return db.flushMemTables()
+		}
 		return nil
 	}
 	return db.pdb.LogData(nil, pebble.Sync)
+}
+
+// flushMemTables flushes the memtables of a store without a log to tables, and waits for it: what
+// was committed before it is durable then. Pebble flushes whole memtables, oldest first.
+func (db *DB) flushMemTables() (err error) {
+	if err := db.writeFailed.failed(); err != nil {
+		return err
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = db.writeFailed.fail(db.dir, r)
+		}
+	}()
+	return db.pdb.Flush()
 }
 
 // Close syncs and closes the store (without a log, flushes its memtables to tables), and releases the
