@@ -210,10 +210,12 @@ func TestSeat_FirstFillWithoutLogThenAnswersFromOneWithIt(t *testing.T) {
 	require.GreaterOrEqual(t, have, seq, "the write after the swap was in the log")
 }
 
-// TestSeat_KilledDuringFirstFillReadsOn: a kill before the first fill is checkpointed loses what its
-// memtables held (here all of it: nothing filled one), answers having shown it; the seat started again
-// on what the kill left opens the first generation with its log and reads on to every key.
-func TestSeat_KilledDuringFirstFillReadsOn(t *testing.T) {
+// TestSeat_KilledDuringFirstFillKeepsWhatWasAnsweredSynced: before the first fill is checkpointed into
+// a store with a log, its buckets caught up at their streams' ends answer synced: true from the store
+// without one; a kill then must not take back what they answered, as it does not with a log (each
+// such batch flushed the memtables, store.Options.FirstFillNoWAL). The seat started again on what the
+// kill left opens the first generation with its log and reads on to every key.
+func TestSeat_KilledDuringFirstFillKeepsWhatWasAnsweredSynced(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
 	h.load(testMesh.Ops())
@@ -233,7 +235,7 @@ func TestSeat_KilledDuringFirstFillReadsOn(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("the first fill did not catch up")
 	}
-	// More keys, applied to the store without a log and answered.
+	// More keys, applied to the store without a log and answered synced.
 	var more []fixtures.Op
 	for i := range 40 {
 		more = append(more, fixtures.Op{Bucket: provisioner.BucketNeeds, Key: fmt.Sprintf("%s.mod-late%d.config.k", fixtures.NodeName(i%7), i), Op: provisioner.OpPut, Value: []byte{0x80}})
@@ -241,16 +243,22 @@ func TestSeat_KilledDuringFirstFillReadsOn(t *testing.T) {
 	h.load(more)
 	h.waitCaughtUp(st)
 	require.Same(t, db, st.Store(), "still the first fill's store")
+	a, _, err := natstest.Ask(h.nc, query.Subject, []byte(fmt.Sprintf(`{"what":"needs","node":%q}`, fixtures.NodeName(6))), false)
+	require.NoError(t, err)
+	require.True(t, a.Synced)
 	applied, _ := db.Applied(provisioner.BucketNeeds)
+	require.GreaterOrEqual(t, applied, a.AsOf)
+	require.Greater(t, a.AsOf, uint64(0))
 
 	killed := killedCopy(t, dir)
 	unblock()
 	stop()
 	kdb, err := store.OpenState(killed, store.Options{})
 	require.NoError(t, err)
-	lost, _ := kdb.Applied(provisioner.BucketNeeds)
+	kept, _ := kdb.Applied(provisioner.BucketNeeds)
 	require.NoError(t, kdb.Close())
-	require.Less(t, lost, applied, "the kill lost the memtable the answers were read from")
+	require.GreaterOrEqual(t, kept, a.AsOf, "the kill took back what was answered synced")
+	require.Equal(t, applied, kept, "each batch at the stream's end was flushed")
 
 	st2, db2, _ := h.startFirstFillSeat(killed, nil)
 	require.False(t, db2.NoWAL(), "the first generation, found, opens with its log")
