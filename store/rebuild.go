@@ -112,6 +112,12 @@ func (db *DB) CheckpointGeneration() (string, error) {
 		return "", fmt.Errorf("checkpoint %s: %w", gen, err)
 	}
 	err = db.inBackground(context.Background(), func() error {
+		// Its flush is not counted towards the compactions' wait (catchUp.uncounted, as Close's): at
+		// the wait's last flush, it would start a compaction of the tables just checkpointed, in the
+		// store the checkpoint replaces, which the swap's Close would wait for. Only while it runs:
+		// flushes of what this store is written after it count, as they add to its L0.
+		db.catchUp.uncounted.Add(1)
+		defer db.catchUp.uncounted.Add(-1)
 		if err := db.pdb.Flush(); err != nil {
 			return err
 		}

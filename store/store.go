@@ -95,7 +95,8 @@ type Options struct {
 	NoWAL bool
 	// FirstFillNoWAL opens a generation that OpenState or ResetState creates (a state dir with none
 	// yet, or one started over) without a log, as NoWAL does, and with its compactions held as BulkLoad
-	// does; a generation that exists opens as NoWAL and BulkLoad say. DB.NoWAL reports which it was. The
+	// does (for maxHeldFlushesFirstFill flushes, not maxHeldFlushes), and makes what a commit asked to
+	// sync durable by flushing its memtables (it answers, and synced: true must survive a kill); a generation that exists opens as NoWAL and BulkLoad say. DB.NoWAL reports which it was. The
 	// seat fills such a store once from the streams, then answers from a checkpoint of it opened with
 	// its log (CheckpointGeneration, seat/relog.go), and compacts that one: a compaction of the first
 	// one, once its catch-up no longer held it, would rewrite tables the switch removes, and the swap's
@@ -384,7 +385,11 @@ func OpenContext(ctx context.Context, dir string, opts Options) (*DB, error) {
 		po.Levels[i].BlockSize = blockSize
 	}
 	broken := newBrokenState(opts.Logger)
-	catchUp := newCatchUp()
+	limit := int32(maxHeldFlushes)
+	if opts.NoWAL && opts.syncByFlush {
+		limit = maxHeldFlushesFirstFill // its tables go to the checkpoint the seat compacts
+	}
+	catchUp := newCatchUp(limit)
 	if opts.BulkLoad {
 		catchUp.bulk = true
 		catchUp.update()
