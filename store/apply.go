@@ -251,10 +251,21 @@ func (a *applier) clearAnomaly(bucket, key string, classes byte) {
 // in the same batch, and what is lost is read again from the stream. A store without a log
 // (Options.NoWAL) syncs nothing: its batches are durable once their memtable is flushed, at Close at
 // the latest, and a crash keeps the batches of the memtables flushed before it; but a first fill's
-// (Options.FirstFillNoWAL), which answers, flushes its memtables for a batch with sync. A message whose rollup removed
+// (Options.FirstFillNoWAL), which answers, returns a batch with sync once a flush of its memtables has
+// made it durable (flushgroup.go). A message whose rollup removed
 // other keys from the stream (provisioner.Message.RemovesOthers) removes them from the projection
 // too, and is committed in a batch that starts with it.
 func (db *DB) Apply(bucket string, msgs []provisioner.Message, streamCreated int64, sync bool) error {
+	if err := db.applyAll(bucket, msgs, streamCreated, sync); err != nil || !sync || !db.syncByFlush {
+		return err
+	}
+	// A first fill's store without a log: the batch is durable once a flush that began after its
+	// commit has ended, which the projector waits for before it says the bucket synced (flushgroup.go).
+	return db.flushGroup()
+}
+
+// applyAll is Apply but for a first fill's flush.
+func (db *DB) applyAll(bucket string, msgs []provisioner.Message, streamCreated int64, sync bool) error {
 	if db.closed.Load() {
 		return ErrClosed
 	}
@@ -454,18 +465,6 @@ func (a *applier) finish(bucket string, cp *Checkpoint, sync, moved bool) error 
 	if err := db.commit(a.batch, opt); err != nil {
 		return fmt.Errorf("commit %s: %w", bucket, err)
 	}
-	// A first fill's store without a log makes a synced batch durable by flushing the memtables,
-	// before the applied sequence moves and before the projector says the bucket synced: an answer
-	// with synced: true holds nothing a kill takes back. A few flushes in a fill (one a bucket caught
-	// up, one a batch reaching its stream's end after). If it fails, memory follows the commit all the
-	// same (the batch is in Pebble) and Apply says so: the projector applies again, which skips what
-	// was applied and flushes again.
-	var flushErr error
-	if sync && db.syncByFlush {
-		if err := db.flushMemTables(); err != nil {
-			flushErr = fmt.Errorf("flush %s's synced batch: %w", bucket, err)
-		}
-	}
 	if a.unpins {
 		// Before the applied sequence moves: whoever it wakes reads the state after the rollup.
 		db.unpinViews()
@@ -537,7 +536,7 @@ func (a *applier) finish(bucket string, cp *Checkpoint, sync, moved bool) error 
 		}
 		b.wake()
 	}
-	return flushErr
+	return nil
 }
 
 // kindAnswered reports whether the registry, as this batch leaves it, answers a kind.

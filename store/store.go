@@ -156,6 +156,7 @@ type DB struct {
 	// from: what a commit asked to sync (Apply's sync, Flush) is made durable by flushing the memtables,
 	// as a bucket caught up at its stream's end answers synced: true, which a kill must not take back.
 	syncByFlush bool
+	flushes     flushGroup // syncByFlush's flushes, shared by the commits waiting for one (flushgroup.go)
 
 	applyMu sync.Mutex // one Apply at a time: anomaly sets and kinds are read and written under it
 	// applying is the bucket whose batch Apply is committing, nil between batches (holdApplying).
@@ -823,25 +824,11 @@ func (db *DB) Flush() error {
 	}
 	if db.noWAL {
 		if db.syncByFlush {
-			return db.flushMemTables()
+			return db.flushGroup()
 		}
 		return nil
 	}
 	return db.pdb.LogData(nil, pebble.Sync)
-}
-
-// flushMemTables flushes the memtables of a store without a log to tables, and waits for it: what
-// was committed before it is durable then. Pebble flushes whole memtables, oldest first.
-func (db *DB) flushMemTables() (err error) {
-	if err := db.writeFailed.failed(); err != nil {
-		return err
-	}
-	defer func() {
-		if r := recover(); r != nil {
-			err = db.writeFailed.fail(db.dir, r)
-		}
-	}()
-	return db.pdb.Flush()
 }
 
 // Close syncs and closes the store (without a log, flushes its memtables to tables), and releases the
