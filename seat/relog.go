@@ -17,8 +17,10 @@ import (
 // more is needed. A kill before the swap leaves CURRENT naming the first generation, which opens (with
 // its log) as it was after one of its batches, each with its checkpoint (whole memtables are flushed,
 // oldest first): the seat reads on from there. Answers it gave past that point may have shown rows the
-// kill lost, most with synced: false, but those of a bucket caught up before the others with synced:
-// true (docs/decisions.md, Session 19).
+// kill lost, with synced: false: a batch that reaches its stream's end, after which its bucket answers
+// synced: true, is flushed to tables before the bucket says so (store.Options.FirstFillNoWAL), as a
+// store with a log syncs it; but for one written to a bucket already synced, answered from its commit,
+// a flush before it is durable (docs/decisions.md, Session 19).
 
 // relogLoop turns the log on once the first catch-up into a store without one is done. It returns once
 // it has, when a rebuild is asked for (the caller runs it: its generation has a log), or when ctx ends.
