@@ -158,7 +158,14 @@ func (s *Seat) rebuildOnce(ctx context.Context, relog bool) error {
 	s.mu.Lock()
 	s.opening = gen // a disk that fills during the open holds it: WritesHeld says so
 	s.mu.Unlock()
-	ndb, err := store.Open(gen, s.cfg.Store)
+	opts := s.cfg.Store
+	if relog {
+		// Its L0 is the first fill's flushes: left to Pebble it compacts them into the levels as it
+		// opens, and the compaction after catch-up rewrites them all again (h145b: 168 MB, then about
+		// as much). Held until that compaction, which ends the hold (Seat.compactAfterCatchUp).
+		opts.BulkLoad = true
+	}
+	ndb, err := store.Open(gen, opts)
 	s.mu.Lock()
 	s.opening = ""
 	s.mu.Unlock()

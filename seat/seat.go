@@ -228,12 +228,21 @@ func (s *Seat) compactAfterCatchUp(ctx context.Context) {
 		// caught up.
 		switched := seen != db && seen.NoWAL()
 		seen = db
+		if switched && n-compacted < CompactAfter {
+			// It held its compactions for this one (rebuild.go), which a fill this small does not
+			// need: Pebble's own run.
+			db.EndBulkLoad()
+		}
 		if !(quiet || switched) || n-compacted < CompactAfter || db.NoWAL() {
 			continue
 		}
 		compacted = n
 		start := time.Now()
-		if err := db.CompactAll(ctx); err != nil {
+		err := db.CompactAll(ctx)
+		if switched {
+			db.EndBulkLoad() // held for this compaction (rebuild.go)
+		}
+		if err != nil {
 			// ErrClosed: a rebuild swapped this store out meanwhile; nothing failed.
 			if ctx.Err() == nil && !errors.Is(err, store.ErrClosed) {
 				s.log.Warn("compaction after catch-up failed; background compactions go on", "err", err)

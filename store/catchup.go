@@ -139,6 +139,17 @@ func (db *DB) BulkLoad() {
 	c.update()
 }
 
+// EndBulkLoad ends what BulkLoad (or Options.BulkLoad) began: compactions wait only for catch-ups
+// again, and those that waited run. For the store the seat checkpoints a first fill into, which holds
+// them from its open until the seat's compaction after catch-up (seat/relog.go).
+func (db *DB) EndBulkLoad() {
+	c := db.catchUp
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.bulk = false
+	c.update()
+}
+
 // gateScheduler is Pebble's compaction scheduler with a gate: Pebble's default scheduler (a concurrency
 // limit, ConcurrencyLimitScheduler, whose constructor is not exported) granting nothing while held
 // says so. It grants when Pebble asks (TrySchedule), when a compaction ends, and from a loop of its own

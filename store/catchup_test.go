@@ -159,3 +159,21 @@ func TestFirstFill_HoldsCompactionsLonger(t *testing.T) {
 	require.Eventually(t, func() bool { return compactions(db) > 0 }, 30*time.Second, 10*time.Millisecond,
 		"compactions run again after maxHeldFlushesFirstFill flushes")
 }
+
+// TestEndBulkLoad_CompactionsRunAgain: the store the seat checkpoints a first fill into holds its
+// compactions from its open (Options.BulkLoad) until the seat's compaction after catch-up ends it
+// (EndBulkLoad): then Pebble's own run again.
+func TestEndBulkLoad_CompactionsRunAgain(t *testing.T) {
+	db, err := Open(t.TempDir(), Options{MemTableSize: 4 << 20, BulkLoad: true})
+	require.NoError(t, err)
+	defer db.Close()
+	var seq uint64
+	for i := 0; i < 10; i++ { // past L0CompactionThreshold (8), short of maxHeldFlushes
+		fill(t, db, &seq, 500)
+	}
+	time.Sleep(300 * time.Millisecond)
+	require.Zero(t, compactions(db), "held from the open")
+	db.EndBulkLoad()
+	require.False(t, db.CompactionsHeld())
+	require.Eventually(t, func() bool { return compactions(db) > 0 }, 30*time.Second, 10*time.Millisecond)
+}
