@@ -1201,6 +1201,11 @@ func (p *Projector) checkSynced(ctx context.Context, bucket string, cons jetstre
 	}
 	seq, _ := p.db.Applied(bucket)
 	if ci.NumPending == 0 && seq >= ci.Delivered.Stream {
+		// Its last batch was applied as one of a catch-up, not synced: it is made durable before the
+		// bucket says synced (a first fill's store without a log flushes its memtables).
+		if err := p.db.Flush(); err != nil {
+			return // asked again at the next poll
+		}
 		p.markSynced(bucket, log, startSeq, start)
 	}
 }

@@ -1,8 +1,12 @@
 package seat
 
 import (
+	"context"
 	"errors"
 	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/novox/mesh-provisioner/projector"
 	"github.com/novox/mesh-provisioner/store"
@@ -55,4 +59,18 @@ func SetHeldReset(s *Seat, fn func(bucket string)) {
 // RequestRebuild asks the seat for a rebuild, as a bucket that can no longer be resumed does.
 func RequestRebuild(s *Seat, bucket string) {
 	s.requestRebuild(bucket, errors.New("asked by a test"))
+}
+
+// StartWith is Start with hooks called on the seat before anything of it starts: the setters of this
+// file, for hooks the seat may reach at once.
+func StartWith(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, db *store.DB, cfg Config, hooks func(*Seat)) (*Seat, error) {
+	return start(ctx, nc, js, db, cfg, hooks)
+}
+
+// SetBeforeRelog has fn called as a first fill without a log has caught up, before the seat checkpoints
+// it into a generation with one (relog.go).
+func SetBeforeRelog(s *Seat, fn func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.beforeRelog = fn
 }

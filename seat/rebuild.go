@@ -92,6 +92,7 @@ func (s *Seat) Rebuilds() int {
 }
 
 func (s *Seat) rebuildLoop(ctx context.Context) {
+	s.relogLoop(ctx)
 	for {
 		select {
 		case <-ctx.Done():
@@ -125,40 +126,56 @@ func (s *Seat) rebuildLoop(ctx context.Context) {
 // rebuild fills a new generation and swaps it in, and tells the metrics (Config.OnRebuild) how it ended.
 func (s *Seat) rebuild(ctx context.Context) error {
 	if s.cfg.OnRebuild == nil {
-		return s.rebuildOnce(ctx)
+		return s.rebuildOnce(ctx, false)
 	}
 	done := s.cfg.OnRebuild()
-	err := s.rebuildOnce(ctx)
+	err := s.rebuildOnce(ctx, false)
 	if err == nil || ctx.Err() == nil {
 		done(err)
 	}
 	return err
 }
 
-func (s *Seat) rebuildOnce(ctx context.Context) error {
+// rebuildOnce fills a new generation from the streams and swaps it in; with relog, the new generation
+// is instead a checkpoint of the current store, which has no log, opened with one, and its projector
+// reads on from the checkpoint (relog.go).
+func (s *Seat) rebuildOnce(ctx context.Context, relog bool) error {
 	old := s.Store()
 	st := old.State()
 	if st == nil {
 		return fmt.Errorf("the store was not opened from a state dir: run `mesh-provisioner rebuild`")
 	}
-	gen, err := st.NewGeneration()
+	what, doing := "rebuild", "filling"
+	newGen := st.NewGeneration
+	if relog {
+		what, doing = "switch to a log", "reading on in"
+		newGen = old.CheckpointGeneration
+	}
+	gen, err := newGen()
 	if err != nil {
 		return err
 	}
 	s.mu.Lock()
 	s.opening = gen // a disk that fills during the open holds it: WritesHeld says so
 	s.mu.Unlock()
-	ndb, err := store.Open(gen, s.cfg.Store)
+	opts := s.cfg.Store
+	if relog {
+		// Its L0 is the first fill's flushes: left to Pebble it compacts them into the levels as it
+		// opens, and the compaction after catch-up rewrites them all again (h145b: 168 MB, then about
+		// as much). Held until that compaction, which ends the hold (Seat.compactAfterCatchUp).
+		opts.BulkLoad = true
+	}
+	ndb, err := store.Open(gen, opts)
 	s.mu.Lock()
 	s.opening = ""
 	s.mu.Unlock()
 	if err != nil {
-		_ = st.RemoveGeneration(gen, "the rebuild could not open it (it tries again in a new one): "+err.Error())
-		return fmt.Errorf("open the new generation %s (the rebuild tries again by itself; the current generation answers meanwhile): %w", gen, err)
+		_ = st.RemoveGeneration(gen, "the "+what+" could not open it (it tries again in a new one): "+err.Error())
+		return fmt.Errorf("open the new generation %s (the %s tries again by itself; the current generation answers meanwhile): %w", gen, what, err)
 	}
 	abandon := func(why string) {
 		ndb.Close()
-		_ = st.RemoveGeneration(gen, "the rebuild filling it was given up: "+why)
+		_ = st.RemoveGeneration(gen, "the "+what+" "+doing+" it was given up: "+why)
 	}
 
 	// Until the swap, a reset of the new projector restarts the rebuild; after it, it is the seat's. One
@@ -192,9 +209,16 @@ func (s *Seat) rebuildOnce(ctx context.Context) error {
 		}
 	}))
 	// The new projector lists no bucket before it starts: count those the current one tails.
-	total := s.messages(ctx, s.Current().Buckets())
+	var total int64
+	if !relog { // a relog's projector reads the few messages applied since its checkpoint
+		total = s.messages(ctx, s.Current().Buckets())
+	}
 	start := time.Now()
-	s.log.Info("rebuild started", "generation", gen, "messages", total)
+	if relog {
+		s.log.Info("the first catch-up is done: checkpointed its store into a generation with a log, which reads on from there", "generation", gen, "from", old.Dir())
+	} else {
+		s.log.Info("rebuild started", "generation", gen, "messages", total)
+	}
 	p.Start(s.ctx)
 	s.mu.Lock()
 	s.next, s.nextDB = p, ndb
@@ -207,7 +231,11 @@ func (s *Seat) rebuildOnce(ctx context.Context) error {
 		s.next, s.nextDB = nil, nil
 		s.mu.Unlock()
 	}()
-	bar := progress.New(io.Discard, s.log, "rebuild", "messages", total)
+	barLog := s.log
+	if relog {
+		barLog = nil // a few messages: its own lines say how long it took
+	}
+	bar := progress.New(io.Discard, barLog, "rebuild", "messages", total)
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
 	for caughtUp := false; !caughtUp; {
@@ -218,8 +246,8 @@ func (s *Seat) rebuildOnce(ctx context.Context) error {
 			return ctx.Err()
 		case err := <-resets:
 			p.Stop()
-			abandon("a stream changed again during the rebuild: " + err.Error())
-			return fmt.Errorf("a stream changed again during the rebuild: %w", err)
+			abandon("a stream changed again during the " + what + ": " + err.Error())
+			return fmt.Errorf("a stream changed again during the %s: %w", what, err)
 		case <-tick.C:
 		}
 		bar.Set(p.Applied())
@@ -239,10 +267,13 @@ func (s *Seat) rebuildOnce(ctx context.Context) error {
 	if oldRet != nil {
 		oldRet.Stop()
 	}
-	// Resets the old projector reported while this ran are covered by it; it reports no more.
-	select {
-	case <-s.rebuildCh:
-	default:
+	// Resets the old projector reported while a rebuild ran are covered by it; it reports no more. A
+	// relog's projector read on from a checkpoint: they are left to the rebuild they asked for.
+	if !relog {
+		select {
+		case <-s.rebuildCh:
+		default:
+		}
 	}
 	if wait <= 0 {
 		wait = DefaultSwapWait
@@ -250,7 +281,11 @@ func (s *Seat) rebuildOnce(ctx context.Context) error {
 	waitStart := time.Now()
 	if behind := s.awaitSwap(ctx, old, ndb, p, wait); len(behind) > 0 {
 		// waited is how long it did wait: the bound, or less when the seat stopped meanwhile.
-		s.log.Warn("rebuild swapped in behind the replaced projection: answers of these buckets may carry an older as_of until the new projector reads on",
+		behindMsg := "rebuild swapped in behind the replaced projection: answers of these buckets may carry an older as_of until the new projector reads on"
+		if relog {
+			behindMsg = "switched to the store with a log behind the one without: answers of these buckets may carry an older as_of until its projector reads on"
+		}
+		s.log.Warn(behindMsg,
 			"buckets", len(behind), "first", behind[:min(len(behind), 10)], "waited", time.Since(waitStart).Round(time.Millisecond))
 	}
 	if beforeSwap != nil {
@@ -272,12 +307,22 @@ func (s *Seat) rebuildOnce(ctx context.Context) error {
 	s.appliedBefore += oldProj.Applied()
 	s.cur, s.proj, s.owned = ndb, p, ndb
 	s.retention = s.startRetention(ndb)
-	s.rebuilds++
+	if !relog {
+		s.rebuilds++
+	}
 	s.mu.Unlock()
 	if swapErr != nil {
 		// The new store answers; CURRENT still names the old generation, which the next start opens
-		// and finds out of date again.
+		// and finds out of date again (a relog's: as a kill during the first catch-up leaves it).
+		if relog {
+			s.log.Error("the projection with a log answers, but the state dir could not be switched to it", "err", swapErr)
+			return nil
+		}
 		s.log.Error("the rebuilt projection answers, but the state dir could not be switched to it", "err", swapErr)
+		return nil
+	}
+	if relog {
+		s.log.Info("answering from the store with a log", "generation", gen, "messages_since_checkpoint", p.Applied(), "took", time.Since(start).Round(time.Millisecond))
 		return nil
 	}
 	s.log.Info("rebuild swapped in", "generation", gen, "messages", p.Applied(), "took", time.Since(start).Round(time.Millisecond))

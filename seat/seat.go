@@ -105,18 +105,26 @@ type Seat struct {
 	// from it, so the counter never runs backwards.
 	appliedBefore int64
 
-	beforeSwap func(next *projector.Projector)               // tests: called as a rebuild has stopped the old projector
-	atCaughtUp func(next *projector.Projector, db *store.DB) // tests: called as a rebuild has caught up, before the old projector stops
-	heldReset  func(bucket string)                           // tests: called as a rebuild's projector reports a reset that its swap must carry over
-	swapWait   time.Duration                                 // tests: the swap's wait for the new store (swapwait.go); 0: DefaultSwapWait
+	beforeSwap  func(next *projector.Projector)               // tests: called as a rebuild has stopped the old projector
+	atCaughtUp  func(next *projector.Projector, db *store.DB) // tests: called as a rebuild has caught up, before the old projector stops
+	heldReset   func(bucket string)                           // tests: called as a rebuild's projector reports a reset that its swap must carry over
+	swapWait    time.Duration                                 // tests: the swap's wait for the new store (swapwait.go); 0: DefaultSwapWait
+	beforeRelog func()                                        // tests: called as a first fill without a log has caught up, before its checkpoint (relog.go)
 }
 
 // CompactAfter is how many messages a catch-up must have applied for the seat to compact the store
 // once it is synced.
 var CompactAfter int64 = 50_000
 
-// Start starts a seat on a store, and answers the verb on nc.
+// Start starts a seat on a store, and answers the verb on nc. A store without a log that its state dir
+// made for a first fill (store.Options.FirstFillNoWAL) is answered from until every bucket has caught up,
+// then replaced by a checkpoint of it with a log (relog.go).
 func Start(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, db *store.DB, cfg Config) (*Seat, error) {
+	return start(ctx, nc, js, db, cfg, nil)
+}
+
+// start is Start; hooks, when set, is called before anything starts (tests).
+func start(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, db *store.DB, cfg Config, hooks func(*Seat)) (*Seat, error) {
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -125,6 +133,9 @@ func Start(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, db *store
 		cfg.Store.Logger = log
 	}
 	s := &Seat{DB: db, log: log, nc: nc, cfg: cfg, js: js, cur: db, reader: newSwapReader(db), rebuildCh: make(chan struct{}, 1)}
+	if hooks != nil {
+		hooks(s)
+	}
 	s.ctx, s.cancel = context.WithCancel(ctx)
 	s.streams = cfg.Streams
 	if s.streams == nil {
@@ -197,28 +208,41 @@ func (s *Seat) listEvery() time.Duration {
 func (s *Seat) compactAfterCatchUp(ctx context.Context) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
-	var proj *projector.Projector
-	var compacted, last int64
+	// Counted over every projector (MessagesApplied): a rebuild's counts all it read again, and the
+	// projector that takes over a first catch-up without a log (relog.go) goes on from it.
+	var compacted int64
+	last := int64(-1)
+	seen := s.DB
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
-		p := s.Current()
-		if p != proj {
-			// The seat's first projector, or a rebuild's: its count starts at zero.
-			proj, compacted, last = p, 0, -1
-		}
-		n := p.Applied()
+		n := s.MessagesApplied()
 		quiet := n == last && s.Synced()
 		last = n
-		if !quiet || n-compacted < CompactAfter {
+		db := s.Store()
+		// A store without a log is checkpointed into one with it once caught up (relog.go): that one
+		// is compacted, not this one, whose tables the swap removes; at once, as it was swapped in
+		// caught up.
+		switched := seen != db && seen.NoWAL()
+		seen = db
+		if switched && n-compacted < CompactAfter {
+			// It held its compactions for this one (rebuild.go), which a fill this small does not
+			// need: Pebble's own run.
+			db.EndBulkLoad()
+		}
+		if !(quiet || switched) || n-compacted < CompactAfter || db.NoWAL() {
 			continue
 		}
 		compacted = n
 		start := time.Now()
-		if err := s.Store().CompactAll(ctx); err != nil {
+		err := db.CompactAll(ctx)
+		if switched {
+			db.EndBulkLoad() // held for this compaction (rebuild.go)
+		}
+		if err != nil {
 			// ErrClosed: a rebuild swapped this store out meanwhile; nothing failed.
 			if ctx.Err() == nil && !errors.Is(err, store.ErrClosed) {
 				s.log.Warn("compaction after catch-up failed; background compactions go on", "err", err)

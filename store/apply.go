@@ -252,10 +252,22 @@ func (a *applier) clearAnomaly(bucket, key string, classes byte) {
 // reaches the stream's end) — the checkpoint never runs ahead of the rows either way, because both are
 // in the same batch, and what is lost is read again from the stream. A store without a log
 // (Options.NoWAL) syncs nothing: its batches are durable once their memtable is flushed, at Close at
-// the latest, and a crash keeps the batches of the memtables flushed before it. A message whose rollup removed
+// the latest, and a crash keeps the batches of the memtables flushed before it; but a first fill's
+// (Options.FirstFillNoWAL), which answers, returns a batch with sync once a flush of its memtables has
+// made it durable (flushgroup.go). A message whose rollup removed
 // other keys from the stream (provisioner.Message.RemovesOthers) removes them from the projection
 // too, and is committed in a batch that starts with it.
 func (db *DB) Apply(bucket string, msgs []provisioner.Message, streamCreated int64, sync bool) error {
+	if err := db.applyAll(bucket, msgs, streamCreated, sync); err != nil || !sync || !db.syncByFlush {
+		return err
+	}
+	// A first fill's store without a log: the batch is durable once a flush that began after its
+	// commit has ended, which the projector waits for before it says the bucket synced (flushgroup.go).
+	return db.flushGroup()
+}
+
+// applyAll is Apply but for a first fill's flush.
+func (db *DB) applyAll(bucket string, msgs []provisioner.Message, streamCreated int64, sync bool) error {
 	if db.closed.Load() {
 		return ErrClosed
 	}

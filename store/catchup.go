@@ -32,6 +32,15 @@ var CatchUpBehind uint64 = 50_000
 // 32 sublevels).
 const maxHeldFlushes = 16
 
+// maxHeldFlushesFirstFill is maxHeldFlushes for a first fill's store without a log (FirstFillNoWAL),
+// still short of L0StopWritesThreshold: its tables are checkpointed into the store the seat answers
+// from and compacts, so a compaction of them in the first store is written for nothing, and the swap's
+// Close waits for it. At 1,116,030 messages its fill flushed 17-19 times (docs/performance.md, h145b):
+// at 16, the first store compacted about 160 MB of its tables before the switch. Each flush adds a
+// sublevel at most, so the wait ends 8 sublevels short of the stall, where writes would wait for
+// compactions that wait for flushes.
+const maxHeldFlushesFirstFill = 24
+
 // catchUp tracks which buckets are catching up, and gates compactions on it.
 type catchUp struct {
 	mu      sync.Mutex
@@ -46,26 +55,30 @@ type catchUp struct {
 	// flushes do not count towards maxHeldFlushes, so they do not start compactions that Close would
 	// wait for and the next open redo.
 	closing atomic.Bool
-	sched   *gateScheduler
+	// uncounted is set while CheckpointGeneration flushes: not counted either.
+	uncounted atomic.Int32
+	// limit is how many flushes the wait lasts: maxHeldFlushes, or maxHeldFlushesFirstFill.
+	limit int32
+	sched *gateScheduler
 }
 
-func newCatchUp() *catchUp {
-	c := &catchUp{buckets: map[string]struct{}{}}
+func newCatchUp(limit int32) *catchUp {
+	c := &catchUp{buckets: map[string]struct{}{}, limit: limit}
 	c.sched = newGateScheduler(c.holding)
 	return c
 }
 
 // holding reports whether compactions wait now.
 func (c *catchUp) holding() bool {
-	return c.held.Load() && c.manual.Load() == 0 && c.flushes.Load() < maxHeldFlushes
+	return c.held.Load() && c.manual.Load() == 0 && c.flushes.Load() < c.limit
 }
 
 func (c *catchUp) listener() *pebble.EventListener {
 	return &pebble.EventListener{FlushEnd: func(info pebble.FlushInfo) {
-		if info.Err != nil || len(info.Output) == 0 || c.closing.Load() {
+		if info.Err != nil || len(info.Output) == 0 || c.closing.Load() || c.uncounted.Load() > 0 {
 			return // nothing reached L0, or Close's own flush
 		}
-		if c.held.Load() && c.flushes.Add(1) == maxHeldFlushes {
+		if c.held.Load() && c.flushes.Add(1) == c.limit {
 			c.sched.wake()
 		}
 	}}
@@ -116,12 +129,24 @@ func (db *DB) CompactionsHeld() bool { return db.catchUp.holding() }
 // BulkLoad holds compactions back until the store closes, whatever CatchingUp says: for a store that is
 // filled from scratch and then closed (a rebuild), so Close does not wait for a compaction of everything
 // just written. The seat that opens it next compacts it (Pebble does as soon as it opens, as L0 is over
-// its threshold), while it answers. Like a catch-up, the wait ends after maxHeldFlushes flushes.
+// its threshold), while it answers. Like a catch-up, the wait ends after maxHeldFlushes flushes
+// (maxHeldFlushesFirstFill for a first fill's store, Options.FirstFillNoWAL).
 func (db *DB) BulkLoad() {
 	c := db.catchUp
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.bulk = true
+	c.update()
+}
+
+// EndBulkLoad ends what BulkLoad (or Options.BulkLoad) began: compactions wait only for catch-ups
+// again, and those that waited run. For the store the seat checkpoints a first fill into, which holds
+// them from its open until the seat's compaction after catch-up (seat/relog.go).
+func (db *DB) EndBulkLoad() {
+	c := db.catchUp
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.bulk = false
 	c.update()
 }
 

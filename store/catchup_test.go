@@ -136,3 +136,44 @@ func TestCompact_ACancelledManualCompactionIsNotCancelledInPebble(t *testing.T) 
 		require.NoError(t, db.Close(), "Close does not wait for a compaction that never started")
 	})
 }
+
+// TestFirstFill_HoldsCompactionsLonger: a first fill's store without a log (FirstFillNoWAL), whose tables
+// the seat checkpoints into the store it compacts, holds its compactions past maxHeldFlushes flushes
+// (at 1.1M messages its fill flushed 17-19 times, and compacted its tables for nothing), and still
+// only for maxHeldFlushesFirstFill.
+func TestFirstFill_HoldsCompactionsLonger(t *testing.T) {
+	db, err := OpenState(t.TempDir(), Options{FirstFillNoWAL: true, MemTableSize: 4 << 20, MinFreeBytes: -1})
+	require.NoError(t, err)
+	defer db.Close()
+	require.True(t, db.NoWAL())
+	var seq uint64
+	for i := 0; i < maxHeldFlushes+3; i++ {
+		fill(t, db, &seq, 500)
+	}
+	time.Sleep(300 * time.Millisecond) // the grant loop runs every 100 ms: it had its chances
+	require.Zero(t, compactions(db), "no compaction past maxHeldFlushes")
+	require.True(t, db.CompactionsHeld())
+	for i := maxHeldFlushes + 3; i < maxHeldFlushesFirstFill; i++ {
+		fill(t, db, &seq, 500)
+	}
+	require.Eventually(t, func() bool { return compactions(db) > 0 }, 30*time.Second, 10*time.Millisecond,
+		"compactions run again after maxHeldFlushesFirstFill flushes")
+}
+
+// TestEndBulkLoad_CompactionsRunAgain: the store the seat checkpoints a first fill into holds its
+// compactions from its open (Options.BulkLoad) until the seat's compaction after catch-up ends it
+// (EndBulkLoad): then Pebble's own run again.
+func TestEndBulkLoad_CompactionsRunAgain(t *testing.T) {
+	db, err := Open(t.TempDir(), Options{MemTableSize: 4 << 20, BulkLoad: true})
+	require.NoError(t, err)
+	defer db.Close()
+	var seq uint64
+	for i := 0; i < 10; i++ { // past L0CompactionThreshold (8), short of maxHeldFlushes
+		fill(t, db, &seq, 500)
+	}
+	time.Sleep(300 * time.Millisecond)
+	require.Zero(t, compactions(db), "held from the open")
+	db.EndBulkLoad()
+	require.False(t, db.CompactionsHeld())
+	require.Eventually(t, func() bool { return compactions(db) > 0 }, 30*time.Second, 10*time.Millisecond)
+}

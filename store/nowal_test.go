@@ -99,3 +99,75 @@ func copyFiles(t *testing.T, dir, to string) {
 		require.NoError(t, dst.Close())
 	}
 }
+
+// TestOpenState_FirstFillNoWALOnlyForAGenerationItCreates: FirstFillNoWAL opens without a log only the
+// generation the open makes (an empty state dir, or one started over); one that exists opens with its
+// log. A checkpoint of a store without a log, taken while it is written, opens with one and holds what
+// was committed before it.
+func TestOpenState_FirstFillNoWALOnlyForAGenerationItCreates(t *testing.T) {
+	dir := t.TempDir()
+	opts := store.Options{FirstFillNoWAL: true, MinFreeBytes: -1}
+	db, err := store.OpenState(dir, opts)
+	require.NoError(t, err)
+	require.True(t, db.NoWAL(), "the generation made for the first fill")
+	b := provisioner.BucketNeeds
+	require.NoError(t, db.Apply(b, []provisioner.Message{put(1, "n1.m.config.a", []byte{0x80})}, 1, true))
+	gen, err := db.CheckpointGeneration()
+	require.NoError(t, err)
+	require.NoError(t, db.Apply(b, []provisioner.Message{put(2, "n1.m.config.b", []byte{0x80})}, 1, true))
+	logs, err := filepath.Glob(filepath.Join(db.Dir(), "*.log"))
+	require.NoError(t, err)
+	for _, l := range logs {
+		info, err := os.Stat(l)
+		require.NoError(t, err)
+		require.Zero(t, info.Size(), "no byte in a log: %s", l)
+	}
+	cp, err := store.Open(gen, store.Options{MinFreeBytes: -1})
+	require.NoError(t, err)
+	require.False(t, cp.NoWAL())
+	require.Equal(t, uint64(1), cp.Checkpoint(b).Applied, "the checkpoint holds the commit before it")
+	require.NoError(t, cp.Close())
+	require.NoError(t, db.Close())
+
+	db, err = store.OpenState(dir, opts)
+	require.NoError(t, err)
+	require.False(t, db.NoWAL(), "a generation that exists opens with its log")
+	require.Equal(t, uint64(2), db.Checkpoint(b).Applied, "Close flushed the memtable")
+	require.NoError(t, db.Close())
+
+	db, err = store.ResetState(dir, opts)
+	require.NoError(t, err)
+	require.True(t, db.NoWAL(), "a state dir started over is a first fill")
+	require.NoError(t, db.Close())
+}
+
+// TestOpenState_FirstFillNoWALSyncedIsKeptByAKill: a first fill's store without a log answers, and a
+// bucket caught up at its stream's end answers synced: true; so what a commit asked to sync, or a
+// Flush, must survive a SIGKILL (store.CopyCurrent: the files as written, not the memtables), as it
+// does with a log. A commit not asked to sync (a catch-up's batch) need not: the kill takes it back.
+func TestOpenState_FirstFillNoWALSyncedIsKeptByAKill(t *testing.T) {
+	dir := t.TempDir()
+	db, err := store.OpenState(dir, store.Options{FirstFillNoWAL: true, MinFreeBytes: -1})
+	require.NoError(t, err)
+	defer db.Close()
+	require.True(t, db.NoWAL())
+	b := provisioner.BucketNeeds
+	killedApplied := func() uint64 {
+		t.Helper()
+		cp, err := store.CopyCurrent(dir)
+		require.NoError(t, err)
+		defer func() { require.NoError(t, store.RemoveCopy(cp)) }()
+		kdb, err := store.Open(cp, store.Options{MinFreeBytes: -1})
+		require.NoError(t, err)
+		defer kdb.Close()
+		return kdb.Checkpoint(b).Applied
+	}
+
+	require.NoError(t, db.Apply(b, []provisioner.Message{put(1, "n1.m.config.a", []byte{0x80})}, 1, false))
+	require.Zero(t, killedApplied(), "a batch not asked to sync is in the memtable only")
+	require.NoError(t, db.Apply(b, []provisioner.Message{put(2, "n1.m.config.b", []byte{0x80})}, 1, true))
+	require.Equal(t, uint64(2), killedApplied(), "a batch asked to sync (the stream's end) survives a kill")
+	require.NoError(t, db.Apply(b, []provisioner.Message{put(3, "n1.m.config.c", []byte{0x80})}, 1, false))
+	require.NoError(t, db.Flush())
+	require.Equal(t, uint64(3), killedApplied(), "Flush (the stream's end read after its batch) makes it durable")
+}

@@ -1,7 +1,9 @@
 package store
 
 import (
+	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -48,7 +50,7 @@ func ResetState(path string, opts Options) (*DB, error) {
 		s.Close()
 		return nil, err
 	}
-	db, err := Open(gen, opts)
+	db, err := Open(gen, opts.firstFill())
 	if err != nil {
 		_ = s.RemoveGeneration(gen, "the start over of the state dir could not open it: "+err.Error())
 		s.Close()
@@ -82,4 +84,49 @@ func SwapIn(old, rebuilt *DB) error {
 		return fmt.Errorf("close the replaced generation: %w", closeErr)
 	}
 	return nil
+}
+
+// CheckpointGeneration makes a new generation of db's state dir holding what db has committed, and
+// returns it, for Open with a log: a store opened without one (FirstFillNoWAL) cannot turn it on. db's
+// memtables are flushed, then Pebble's checkpoint of it is taken in the new generation (its tables
+// hard-linked, its manifest and OPTIONS copied: cheap, whatever the size). Commits go on meanwhile: the
+// generation holds every one committed before the call, and maybe some after, up to one of the batches,
+// each with its checkpoint, as a kill would leave them; a projector on it reads on from there. CURRENT
+// still names db's generation (SwapIn makes the new one current), so a crash before the swap leaves the
+// new one a leftover, removed at the next open.
+func (db *DB) CheckpointGeneration() (string, error) {
+	s := db.state
+	if s == nil {
+		return "", fmt.Errorf("store: %s was not opened from a state dir", db.dir)
+	}
+	if err := db.writeFailed.failed(); err != nil {
+		return "", err
+	}
+	gen, err := s.NewGeneration()
+	if err != nil {
+		return "", err
+	}
+	// Pebble makes the directory itself, and refuses one that exists; its number is taken meanwhile by
+	// nothing (the seat makes one generation at a time).
+	if err := os.Remove(gen); err != nil {
+		return "", fmt.Errorf("checkpoint %s: %w", gen, err)
+	}
+	err = db.inBackground(context.Background(), func() error {
+		// Its flush is not counted towards the compactions' wait (catchUp.uncounted, as Close's): at
+		// the wait's last flush, it would start a compaction of the tables just checkpointed, in the
+		// store the checkpoint replaces, which the swap's Close would wait for. Only while it runs:
+		// flushes of what this store is written after it count, as they add to its L0.
+		db.catchUp.uncounted.Add(1)
+		defer db.catchUp.uncounted.Add(-1)
+		if err := db.pdb.Flush(); err != nil {
+			return err
+		}
+		return db.pdb.Checkpoint(gen)
+	})
+	if err != nil {
+		// Pebble removes what it made of a checkpoint that failed; a flush that failed made nothing.
+		_ = os.RemoveAll(gen)
+		return "", fmt.Errorf("checkpoint %s into %s: %w", db.dir, gen, err)
+	}
+	return gen, nil
 }

@@ -93,6 +93,18 @@ type Options struct {
 	// from there. For a store filled from the streams that nothing answers from until it is closed: a
 	// rebuild's generation, which writes each byte once to its tables instead of also to a log.
 	NoWAL bool
+	// FirstFillNoWAL opens a generation that OpenState or ResetState creates (a state dir with none
+	// yet, or one started over) without a log, as NoWAL does, and with its compactions held as BulkLoad
+	// does (for maxHeldFlushesFirstFill flushes, not maxHeldFlushes), and makes what a commit asked to
+	// sync durable by flushing its memtables (it answers, and synced: true must survive a kill); a generation that exists opens as NoWAL and BulkLoad say. DB.NoWAL reports which it was. The
+	// seat fills such a store once from the streams, then answers from a checkpoint of it opened with
+	// its log (CheckpointGeneration, seat/relog.go), and compacts that one: a compaction of the first
+	// one, once its catch-up no longer held it, would rewrite tables the switch removes, and the swap's
+	// Close of it would wait for it.
+	FirstFillNoWAL bool
+
+	// syncByFlush: set by firstFill (FirstFillNoWAL on a generation the open creates).
+	syncByFlush bool
 }
 
 // Checkpoint is a bucket's position, committed in the same batch as the rows it produced.
@@ -140,6 +152,11 @@ type DB struct {
 	maxOpenFiles int
 	// noWAL: Options.NoWAL. Only Close makes the commits durable, by flushing the memtables.
 	noWAL bool
+	// syncByFlush: a first fill's store without a log (Options.FirstFillNoWAL), which the seat answers
+	// from: what a commit asked to sync (Apply's sync, Flush) is made durable by flushing the memtables,
+	// as a bucket caught up at its stream's end answers synced: true, which a kill must not take back.
+	syncByFlush bool
+	flushes     flushGroup // syncByFlush's flushes, shared by the commits waiting for one (flushgroup.go)
 
 	applyMu sync.Mutex // one Apply at a time: anomaly sets and kinds are read and written under it
 	// applying is the bucket whose batch Apply is committing, nil between batches (holdApplying).
@@ -258,7 +275,7 @@ func OpenStateContext(ctx context.Context, path string, opts Options) (*DB, erro
 			s.Close()
 			return nil, err
 		}
-		db, err := OpenContext(ctx, cur, opts)
+		db, err := OpenContext(ctx, cur, opts.firstFill())
 		if err != nil {
 			// CURRENT does not name it: a start that tries again makes its own.
 			_ = s.RemoveGeneration(cur, "the first open of the state dir failed: "+err.Error())
@@ -288,6 +305,18 @@ func OpenStateContext(ctx context.Context, path string, opts Options) (*DB, erro
 	db.state = s
 	return db, nil
 }
+
+// firstFill is the options of a generation OpenState or ResetState creates.
+func (o Options) firstFill() Options {
+	if o.FirstFillNoWAL {
+		o.NoWAL, o.BulkLoad, o.syncByFlush = true, true, true
+	}
+	return o
+}
+
+// NoWAL reports whether the store writes no log (Options.NoWAL, or FirstFillNoWAL on a generation
+// its open created): a crash loses the memtables not yet flushed.
+func (db *DB) NoWAL() bool { return db.noWAL }
 
 // openCount numbers the DBs opened in this process.
 var openCount atomic.Uint64
@@ -358,7 +387,11 @@ func OpenContext(ctx context.Context, dir string, opts Options) (*DB, error) {
 		po.Levels[i].BlockSize = blockSize
 	}
 	broken := newBrokenState(opts.Logger)
-	catchUp := newCatchUp()
+	limit := int32(maxHeldFlushes)
+	if opts.NoWAL && opts.syncByFlush {
+		limit = maxHeldFlushesFirstFill // its tables go to the checkpoint the seat compacts
+	}
+	catchUp := newCatchUp(limit)
 	if opts.BulkLoad {
 		catchUp.bulk = true
 		catchUp.update()
@@ -393,7 +426,7 @@ func OpenContext(ctx context.Context, dir string, opts Options) (*DB, error) {
 		return nil, openErr(dir, err)
 	}
 	fds.armed.Store(true)
-	db := &DB{pdb: pdb, dir: dir, fds: fds, maxOpenFiles: opts.MaxOpenFiles, noWAL: opts.NoWAL, bg: bg, id: openCount.Add(1), buckets: map[string]*bucketState{}, kinds: map[string]struct{}{}, openGaps: map[string]Gap{},
+	db := &DB{pdb: pdb, dir: dir, fds: fds, maxOpenFiles: opts.MaxOpenFiles, noWAL: opts.NoWAL, syncByFlush: opts.NoWAL && opts.syncByFlush, bg: bg, id: openCount.Add(1), buckets: map[string]*bucketState{}, kinds: map[string]struct{}{}, openGaps: map[string]Gap{},
 		anomSeed: maphash.MakeSeed(), space: space, writeFailed: newFailedState(opts.Logger), exp: newExpiries()}
 	if err := db.load(ctx, fresh); err != nil {
 		pdb.Close()
@@ -781,7 +814,8 @@ func (db *DB) Changed(bucket string) <-chan struct{} {
 }
 
 // Flush syncs everything committed so far to disk; without a log (Options.NoWAL) it does nothing:
-// Close writes the memtables out.
+// Close writes the memtables out; but a first fill's store without a log (Options.FirstFillNoWAL),
+// which answers, flushes its memtables to tables.
 func (db *DB) Flush() error {
 	if db.closed.Load() {
 		return ErrClosed
@@ -790,6 +824,9 @@ func (db *DB) Flush() error {
 		return err // Pebble takes no write any more (failed.go)
 	}
 	if db.noWAL {
+		if db.syncByFlush {
+			return db.flushGroup()
+		}
 		return nil
 	}
 	return db.pdb.LogData(nil, pebble.Sync)

@@ -177,7 +177,9 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 	if url == "" {
 		store.KeepForEmbeddedServer() // its streams' files, one per stream written lately
 	}
-	db, err = store.OpenStateContext(ctx, c.state, store.Options{Logger: log, OnFatal: fatal})
+	// A state dir with no generation yet is filled from the streams without a log, which the seat turns
+	// on once caught up (seat/relog.go); so is one started over (below).
+	db, err = store.OpenStateContext(ctx, c.state, store.Options{Logger: log, OnFatal: fatal, FirstFillNoWAL: true})
 	broken := err
 	if err != nil && !store.NeedsRebuild(err) {
 		return err
@@ -237,7 +239,7 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 		// Nothing this binary can answer from: start over, and answer (synced false) while the
 		// projection refills from the streams, as on a first start.
 		log.Warn("the state dir cannot be used; rebuilding it from the streams", "state", c.state, "reason", broken)
-		if db, err = store.ResetState(c.state, store.Options{Logger: log, OnFatal: fatal}); err != nil {
+		if db, err = store.ResetState(c.state, store.Options{Logger: log, OnFatal: fatal, FirstFillNoWAL: true}); err != nil {
 			return err
 		}
 	}

@@ -135,20 +135,28 @@ func TestServe_MetricsAndLogs(t *testing.T) {
 			synced[l.Bucket]++
 		}
 	}
-	// One line per bucket tailed: the four of the provisioner, and the plans' inputs serve tails too.
+	// One line per bucket tailed: the four of the provisioner, and the plans' inputs serve tails too;
+	// once the first fill, which has no log, is checkpointed into a store with one (seat/relog.go), a
+	// second from that store's projector.
+	most := 1
+	if counts["the first catch-up is done: checkpointed its store into a generation with a log, which reads on from there"] > 0 {
+		most = 2
+	}
 	for _, sh := range provisioner.ProvisionerShapes {
-		require.Equal(t, 1, synced[sh.Bucket], "one line for %s:\n%s", sh.Bucket, s.stderr.String())
+		require.GreaterOrEqual(t, synced[sh.Bucket], 1, "a line for %s:\n%s", sh.Bucket, s.stderr.String())
 	}
 	for b, n := range synced {
-		require.Equal(t, 1, n, "one line for %s:\n%s", b, s.stderr.String())
+		require.LessOrEqual(t, n, most, "lines for %s:\n%s", b, s.stderr.String())
 	}
 	// Every info line is one of the few that happen once per start, stop, bucket or hour.
 	once := map[string]bool{"mesh-provisioner starting": true, "metrics listening": true, "answering": true, "bucket synced": true,
-		"registry written": true, "registry kinds lost by someone else written again": true, "registry bucket created": true, "composed buckets found": true, "compacted after catch-up": true, "stopping: draining the verb, committing the last batch": true, "stopped cleanly": true}
+		"registry written": true, "registry kinds lost by someone else written again": true, "registry bucket created": true, "composed buckets found": true, "compacted after catch-up": true, "stopping: draining the verb, committing the last batch": true, "stopped cleanly": true,
+		"the first catch-up is done: checkpointed its store into a generation with a log, which reads on from there": true,
+		"answering from the store with a log": true, "removed a generation of the state dir": true}
 	for _, l := range lines {
 		require.True(t, once[l.Msg] || l.Level != "INFO", "unexpected info line %q", l.Msg)
 	}
-	require.Less(t, len(lines), 20, "no line per message or per request:\n%s", s.stderr.String())
+	require.Less(t, len(lines), 30, "no line per message or per request:\n%s", s.stderr.String())
 
 	// The config line says everything that shapes this seat.
 	for _, raw := range strings.Split(s.stderr.String(), "\n") {
