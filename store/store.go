@@ -866,6 +866,10 @@ func (db *DB) Close() error {
 	// Only now, with no compaction left to schedule, are the manual ones still queued let go (compact).
 	db.endCompactions()
 	db.compactions.Wait()
+	// Apply's buffers go with the store (under applyMu, held): a closed store something still refers
+	// to (Seat.DB is the store a seat started with, which a first fill's switch or a rebuild replaces)
+	// kept a catch-up batch's Pebble batch and sorted writes, some MB each, for its life.
+	db.batches.b, db.writes.w = nil, nil
 	if db.state != nil {
 		if serr := db.state.Close(); err == nil {
 			err = serr
