@@ -166,19 +166,12 @@ func TestProjector_ExpiryAskedOfALaggingReplica(t *testing.T) {
 	v1, v2 := []byte{0x81, 0xa1, 'v', 0x01}, []byte{0x81, 0xa1, 'v', 0x02}
 	var msgs []provisioner.Message
 	publish := func(key string, value []byte, ttl time.Duration) uint64 {
-		var opts []jetstream.PublishOpt
+		m := putWithTTL(t, ctx, js, bucket, key, value, ttl)
 		if ttl > 0 {
-			opts = append(opts, jetstream.WithMsgTTL(ttl))
-		}
-		now := time.Now()
-		ack, err := js.Publish(ctx, provisioner.SubjectPrefix(bucket)+key, value, opts...)
-		require.NoError(t, err)
-		m := provisioner.Message{Seq: ack.Sequence, Time: now.UnixNano(), Key: key, Op: provisioner.OpPut, Value: value}
-		if ttl > 0 {
-			m.Expires = now.Add(-2 * time.Second).UnixNano() // due in the store now; the stream holds it for ttl
+			m.Expires = time.Unix(0, m.Time).Add(-2 * time.Second).UnixNano() // due in the store now; the stream holds it for ttl
 		}
 		msgs = append(msgs, m)
-		return ack.Sequence
+		return m.Seq
 	}
 	oldSeq := publish(old, v1, 0)
 	natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {

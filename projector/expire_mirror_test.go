@@ -51,19 +51,12 @@ func TestProjector_ExpiryNotTakenFromAMirror(t *testing.T) {
 
 			var msgs []provisioner.Message
 			publish := func(key string, value []byte, ttl time.Duration, due time.Time) uint64 {
-				var opts []jetstream.PublishOpt
-				if ttl > 0 {
-					opts = append(opts, jetstream.WithMsgTTL(ttl))
-				}
-				now := time.Now()
-				ack, err := js.Publish(ctx, provisioner.SubjectPrefix(bucket)+key, value, opts...)
-				require.NoError(t, err)
-				m := provisioner.Message{Seq: ack.Sequence, Time: now.UnixNano(), Key: key, Op: provisioner.OpPut, Value: value}
+				m := putWithTTL(t, ctx, js, bucket, key, value, ttl)
 				if ttl > 0 {
 					m.Expires = due.UnixNano()
 				}
 				msgs = append(msgs, m)
-				return ack.Sequence
+				return m.Seq
 			}
 			const gone, kept = "n1.m1.config.gone", "n1.m1.config.kept"
 			v1, v2 := []byte{0x81, 0xa1, 'v', 0x01}, []byte{0x81, 0xa1, 'v', 0x02}

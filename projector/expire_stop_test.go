@@ -60,13 +60,7 @@ func TestProjector_ExpiryDirectGetToAServerThatStops(t *testing.T) {
 	keys := []string{old, only, later, live}
 	v1, v2 := []byte{0x81, 0xa1, 'v', 0x01}, []byte{0x81, 0xa1, 'v', 0x02}
 	publish := func(key string, value []byte, ttl time.Duration) uint64 {
-		var opts []jetstream.PublishOpt
-		if ttl > 0 {
-			opts = append(opts, jetstream.WithMsgTTL(ttl))
-		}
-		ack, err := js.Publish(ctx, provisioner.SubjectPrefix(bucket)+key, value, opts...)
-		require.NoError(t, err)
-		return ack.Sequence
+		return putWithTTL(t, ctx, js, bucket, key, value, ttl).Seq
 	}
 	oldSeq := publish(old, v1, 0)
 	liveSeq := publish(live, v1, 0)
@@ -146,14 +140,9 @@ func TestProjector_StopInsideAnExpiryRound(t *testing.T) {
 	older, puts := map[string]uint64{}, map[string]uint64{}
 	var msgs []provisioner.Message
 	publish := func(key string, value []byte, ttl time.Duration) uint64 {
-		var opts []jetstream.PublishOpt
-		if ttl > 0 {
-			opts = append(opts, jetstream.WithMsgTTL(ttl))
-		}
-		ack, err := js.Publish(ctx, provisioner.SubjectPrefix(bucket)+key, value, opts...)
-		require.NoError(t, err)
-		msgs = append(msgs, provisioner.Message{Seq: ack.Sequence, Time: time.Now().UnixNano(), Key: key, Op: provisioner.OpPut, Value: value})
-		return ack.Sequence
+		m := putWithTTL(t, ctx, js, bucket, key, value, ttl)
+		msgs = append(msgs, m)
+		return m.Seq
 	}
 	for i := range keys {
 		keys[i] = fmt.Sprintf("n%d.m1.config.k%02d", i%5, i)

@@ -35,19 +35,12 @@ func TestProjector_ManyTTLdPutsExpireTogether(t *testing.T) {
 
 	var msgs []provisioner.Message
 	publish := func(key string, value []byte, ttl, due time.Duration) uint64 {
-		var opts []jetstream.PublishOpt
+		m := putWithTTL(t, ctx, js, bucket, key, value, ttl)
 		if ttl > 0 {
-			opts = append(opts, jetstream.WithMsgTTL(ttl))
-		}
-		now := time.Now()
-		ack, err := js.Publish(ctx, provisioner.SubjectPrefix(bucket)+key, value, opts...)
-		require.NoError(t, err)
-		m := provisioner.Message{Seq: ack.Sequence, Time: now.UnixNano(), Key: key, Op: provisioner.OpPut, Value: value}
-		if ttl > 0 {
-			m.Expires = now.Add(due).UnixNano()
+			m.Expires = time.Unix(0, m.Time).Add(due).UnixNano()
 		}
 		msgs = append(msgs, m)
-		return ack.Sequence
+		return m.Seq
 	}
 	key := func(i int) string { return fmt.Sprintf("n%d.m1.config.k%03d", i%7, i) }
 	const kept = "n1.m1.config.kept"
@@ -127,4 +120,19 @@ func TestProjector_ManyTTLdPutsExpireTogether(t *testing.T) {
 	}
 	check["direct get"]()
 	check["leader alone"]()
+}
+
+// putWithTTL publishes a put of key in bucket (with a per-message TTL when ttl > 0) and returns it as
+// the message the projector reads: its sequence, the time just before it was sent, key, value. The
+// caller sets Expires, which each test reckons its own way.
+func putWithTTL(t testing.TB, ctx context.Context, js jetstream.JetStream, bucket, key string, value []byte, ttl time.Duration) provisioner.Message {
+	t.Helper()
+	var opts []jetstream.PublishOpt
+	if ttl > 0 {
+		opts = append(opts, jetstream.WithMsgTTL(ttl))
+	}
+	now := time.Now()
+	ack, err := js.Publish(ctx, provisioner.SubjectPrefix(bucket)+key, value, opts...)
+	require.NoError(t, err)
+	return provisioner.Message{Seq: ack.Sequence, Time: now.UnixNano(), Key: key, Op: provisioner.OpPut, Value: value}
 }
