@@ -299,9 +299,11 @@ func TestProjector_ExpiriesAcrossALeaderChange(t *testing.T) {
 			require.NoError(t, err)
 		}
 	}
+	// TTLs of 3 s at least: every put is read before the first marker comes (with 1 s, a loaded CI
+	// machine applied the markers before the test saw the puts applied: 80 applied, 60 wanted).
 	var last uint64
 	for i, key := range keys {
-		ack, err := js.Publish(ctx, provisioner.SubjectPrefix(bucket)+key, v2, jetstream.WithMsgTTL(time.Duration(1+i%4)*time.Second))
+		ack, err := js.Publish(ctx, provisioner.SubjectPrefix(bucket)+key, v2, jetstream.WithMsgTTL(time.Duration(3+i%4)*time.Second))
 		require.NoError(t, err)
 		last = ack.Sequence
 	}
