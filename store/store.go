@@ -96,10 +96,11 @@ type Options struct {
 	// FirstFillNoWAL opens a generation that OpenState or ResetState creates (a state dir with none
 	// yet, or one started over) without a log, as NoWAL does, and with its compactions held as BulkLoad
 	// does (for maxHeldFlushesFirstFill flushes, not maxHeldFlushes), and makes what a commit asked to
-	// sync durable by flushing its memtables (it answers, and synced: true must survive a kill); a generation that exists opens as NoWAL and BulkLoad say. DB.NoWAL reports which it was. The
-	// seat fills such a store once from the streams, then answers from a checkpoint of it opened with
-	// its log (CheckpointGeneration, seat/relog.go), and compacts that one: a compaction of the first
-	// one, once its catch-up no longer held it, would rewrite tables the switch removes, and the swap's
+	// sync durable by flushing its memtables (it answers, and synced: true must survive a kill); a
+	// generation that exists opens as NoWAL and BulkLoad say. DB.NoWAL reports which it was. The seat
+	// fills such a store once from the streams, then answers from a checkpoint of it opened with its
+	// log (CheckpointGeneration, seat/relog.go), and compacts that one: a compaction of the first one,
+	// once its catch-up no longer held it, would rewrite tables the switch removes, and the swap's
 	// Close of it would wait for it.
 	FirstFillNoWAL bool
 
