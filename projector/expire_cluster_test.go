@@ -226,12 +226,7 @@ func TestProjector_ExpiryAskedOfALaggingReplica(t *testing.T) {
 	require.Equal(t, 2, db.Expiries())
 	before := projected(t, db, bucket)
 	require.Equal(t, map[string]string{old: fmt.Sprintf("%x@%d", v2, putSeq), fresh: fmt.Sprintf("%x@%d", v1, freshSeq)}, before)
-	p := projector.New(js3, db, projector.Options{Buckets: []string{bucket}})
-	p.Start(ctx)
-	t.Cleanup(func() {
-		p.Stop()
-		require.NoError(t, db.Close())
-	})
+	p := startProjector(t, js3, db, projector.Options{Buckets: []string{bucket}})
 
 	// The round: S-3's answer turned down, the leader asked about both keys (its answers held back).
 	natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
@@ -283,12 +278,7 @@ func TestProjector_ExpiriesAcrossALeaderChange(t *testing.T) {
 	db, err := store.Open(t.TempDir(), store.Options{})
 	require.NoError(t, err)
 	_, pjs := natstest.Connect(t, c.URLs())
-	p := projector.New(pjs, db, projector.Options{Buckets: []string{bucket}})
-	p.Start(ctx)
-	t.Cleanup(func() {
-		p.Stop()
-		require.NoError(t, db.Close())
-	})
+	p := startProjector(t, pjs, db, projector.Options{Buckets: []string{bucket}})
 
 	v1, v2 := []byte{0x81, 0xa1, 'v', 0x01}, []byte{0x81, 0xa1, 'v', 0x02}
 	keys := make([]string, n)

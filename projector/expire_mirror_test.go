@@ -98,12 +98,7 @@ func TestProjector_ExpiryNotTakenFromAMirror(t *testing.T) {
 			require.NoError(t, err)
 			require.NoError(t, db.Apply(bucket, msgs, info.CachedInfo().Created.UnixNano(), false))
 			require.Equal(t, 2, db.Expiries())
-			p := projector.New(js, db, projector.Options{Buckets: []string{bucket}})
-			p.Start(ctx)
-			t.Cleanup(func() {
-				p.Stop()
-				require.NoError(t, db.Close())
-			})
+			startProjector(t, js, db, projector.Options{Buckets: []string{bucket}})
 
 			natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
 				if _, ok := db.PendingExpiry(bucket, gone); ok {

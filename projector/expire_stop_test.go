@@ -48,13 +48,8 @@ func TestProjector_ExpiryDirectGetToAServerThatStops(t *testing.T) {
 	db, err := store.Open(t.TempDir(), store.Options{})
 	require.NoError(t, err)
 	logs := &natstest.LogBuffer{}
-	p := projector.New(pjs, db, projector.Options{Buckets: []string{bucket},
+	p := startProjector(t, pjs, db, projector.Options{Buckets: []string{bucket},
 		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
-	p.Start(ctx)
-	t.Cleanup(func() {
-		p.Stop()
-		require.NoError(t, db.Close())
-	})
 
 	const old, only, later, live = "n1.m1.config.old", "n1.m1.config.only", "n1.m1.config.later", "n1.m1.config.live"
 	keys := []string{old, only, later, live}

@@ -136,3 +136,16 @@ func putWithTTL(t testing.TB, ctx context.Context, js jetstream.JetStream, bucke
 	require.NoError(t, err)
 	return provisioner.Message{Seq: ack.Sequence, Time: now.UnixNano(), Key: key, Op: provisioner.OpPut, Value: value}
 }
+
+// startProjector starts a projector of db with opts, stopped and db closed (without error) when the
+// test ends.
+func startProjector(t testing.TB, js jetstream.JetStream, db *store.DB, opts projector.Options) *projector.Projector {
+	t.Helper()
+	p := projector.New(js, db, opts)
+	p.Start(context.Background())
+	t.Cleanup(func() {
+		p.Stop()
+		require.NoError(t, db.Close())
+	})
+	return p
+}

@@ -372,13 +372,8 @@ func TestProjector_WokenWhileWaitingForTheFirstListing(t *testing.T) {
 	_, pjs := natstest.Connect(t, ns.ClientURL())
 	db, err := store.OpenState(r.dir, store.Options{})
 	require.NoError(t, err)
-	p := projector.New(pjs, db, projector.Options{Buckets: []string{}, Composed: true, Poll: 20 * time.Millisecond,
+	p := startProjector(t, pjs, db, projector.Options{Buckets: []string{}, Composed: true, Poll: 20 * time.Millisecond,
 		Verify: time.Hour, DiscoverEvery: time.Hour, ParkAfter: time.Hour, Streams: poller})
-	p.Start(ctx)
-	t.Cleanup(func() {
-		p.Stop()
-		require.NoError(t, db.Close())
-	})
 	_, err = held.NextMsg(10 * time.Second) // the listing is asked for, and held
 	require.NoError(t, err)
 
