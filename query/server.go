@@ -72,6 +72,9 @@ func (s storeReader) View(bucket string) (View, bool, error) {
 
 func (s storeReader) Applied(bucket string) (uint64, bool) { return s.DB.Answered(bucket) }
 
+// Rewrites is as the answers see it (store.DB.AnswerRewrites): the read-ahead's (Rewriter).
+func (s storeReader) Rewrites() uint64 { return s.DB.AnswerRewrites() }
+
 var (
 	_ View = (*store.View)(nil)
 	_ View = (*store.RowsView)(nil)
