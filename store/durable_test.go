@@ -99,6 +99,7 @@ func TestOpenState_FirstFillAnswersSyncedOnlyWhatAKillKeeps(t *testing.T) {
 	require.NoError(t, rv.Close())
 
 	changed = db.Changed(b)
+	rewrites := db.AnswerRewrites()
 	restore()
 	close(release)
 	require.NoError(t, <-applied)
@@ -111,6 +112,7 @@ func TestOpenState_FirstFillAnswersSyncedOnlyWhatAKillKeeps(t *testing.T) {
 	require.Equal(t, uint64(2), seq, "flushed: answered")
 	require.Equal(t, []string{"n1.m.config.a", "n1.m.config.b"}, keys)
 	require.GreaterOrEqual(t, killedApplied(b), seq)
+	require.Greater(t, db.AnswerRewrites(), rewrites, "a page read ahead of the state before is dropped")
 
 	// A batch of the synced bucket not asked to sync (more of its stream to read, an expiry) is
 	// answered once a flush it started has ended.
