@@ -31,7 +31,7 @@ func (s *Server) Answer(ctx context.Context, r *Request, format Format, e *Encod
 	if err := reached(r, shape.Bucket, s.r.Reach(shape.Bucket)); err != nil {
 		return err // before a view is opened: the caller waits (waiters.go) or answers 504
 	}
-	v, err := s.r.View()
+	v, synced, err := s.r.View(shape.Bucket)
 	if err != nil {
 		return err
 	}
@@ -46,7 +46,6 @@ func (s *Server) Answer(ctx context.Context, r *Request, format Format, e *Encod
 	if err := reached(r, shape.Bucket, min(cp.Applied, s.r.Reach(shape.Bucket))); err != nil {
 		return err
 	}
-	_, synced := s.r.Applied(shape.Bucket)
 	return AnswerView(v, r, e, cp.Applied, synced)
 }
 

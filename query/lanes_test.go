@@ -41,7 +41,7 @@ func TestServer_WideAnswersLeaveAWorkerToNodeLookups(t *testing.T) {
 			db := syncedStoreOfThreeNeeds(t)
 			// at and plans answer from the live projection here: what matters is that they are held.
 			answerLive := func(_ context.Context, r *Request, e *Encoder) error {
-				v, err := StoreReader(db).View()
+				v, _, err := StoreReader(db).View(provisioner.BucketNeeds)
 				if err != nil {
 					return err
 				}

@@ -32,7 +32,8 @@ type PlansView interface {
 
 // PlansReader is what the plans answer needs of the projection.
 type PlansReader interface {
-	PlansView() (PlansView, error)
+	// PlansView opens a view for a plans answer that says synced as given (store.DB.AnswerView).
+	PlansView(synced bool) (PlansView, error)
 	Applied(bucket string) (seq uint64, synced bool)
 	Reach(bucket string) uint64
 	Changed(bucket string) <-chan struct{}
@@ -45,8 +46,11 @@ func StorePlans(db *store.DB) PlansReader { return storePlans{db} }
 
 type storePlans struct{ *store.DB }
 
-func (s storePlans) PlansView() (PlansView, error) {
-	v, err := s.DB.View()
+// Applied is as the answers see it (store.DB.Answered).
+func (s storePlans) Applied(bucket string) (uint64, bool) { return s.DB.Answered(bucket) }
+
+func (s storePlans) PlansView(synced bool) (PlansView, error) {
+	v, err := s.DB.AnswerView(synced)
 	if err != nil {
 		return nil, err
 	}
@@ -72,7 +76,10 @@ func Plans(src PlansReader, synced func(node string) bool, wake func(bucket stri
 				return err // the caller waits (waiters.go) or answers 504
 			}
 		}
-		v, err := src.PlansView()
+		// synced before the view, which it chooses: a synced answer reads what a kill cannot take back
+		// (store.DB.AnswerView).
+		synced := synced(r.Node)
+		v, err := src.PlansView(synced)
 		if err != nil {
 			return err
 		}
@@ -88,7 +95,7 @@ func Plans(src PlansReader, synced func(node string) bool, wake func(bucket stri
 				return err
 			}
 		}
-		return AnswerPlans(v, r, e, synced(r.Node))
+		return AnswerPlans(v, r, e, synced)
 	}
 }
 

@@ -400,13 +400,15 @@ type genReader struct {
 	onReach   atomic.Pointer[func()]
 }
 
-func (r *genReader) View() (View, error) { return StoreReader(r.cur.Load()).View() }
+func (r *genReader) View(bucket string) (View, bool, error) {
+	return StoreReader(r.cur.Load()).View(bucket)
+}
 
 func (r *genReader) Applied(bucket string) (uint64, bool) {
 	if fn := r.onApplied.Swap(nil); fn != nil {
 		(*fn)()
 	}
-	return r.cur.Load().Applied(bucket)
+	return r.cur.Load().Answered(bucket)
 }
 
 func (r *genReader) Reach(bucket string) uint64 {

@@ -44,7 +44,12 @@ type View interface {
 
 // Reader is what the verb needs of the projection.
 type Reader interface {
-	View() (View, error)
+	// View opens a view for an answer of bucket, and says whether that answer is synced: the store
+	// chooses what a synced answer reads (store.DB.AnswerRowsView: on a first fill's store without a
+	// log, the state a kill cannot take back).
+	View(bucket string) (View, bool, error)
+	// Applied is the bucket's applied sequence and synced flag as its answers see them
+	// (store.DB.Answered).
 	Applied(bucket string) (seq uint64, synced bool)
 	// Reach is the highest min_seq of a bucket a request is answered for now (store.DB.Reach): the
 	// applied sequence, or less while what removed messages unread may not be read yet.
@@ -57,13 +62,18 @@ func StoreReader(db *store.DB) Reader { return storeReader{db} }
 
 type storeReader struct{ *store.DB }
 
-func (s storeReader) View() (View, error) {
-	v, err := s.DB.RowsView()
+func (s storeReader) View(bucket string) (View, bool, error) {
+	v, synced, err := s.DB.AnswerRowsView(bucket)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
-	return v, nil
+	return v, synced, nil
 }
+
+func (s storeReader) Applied(bucket string) (uint64, bool) { return s.DB.Answered(bucket) }
+
+// Rewrites is as the answers see it (store.DB.AnswerRewrites): the read-ahead's (Rewriter).
+func (s storeReader) Rewrites() uint64 { return s.DB.AnswerRewrites() }
 
 var (
 	_ View = (*store.View)(nil)

@@ -24,13 +24,13 @@ type gatedReader struct {
 	open, most atomic.Int64
 }
 
-func (g *gatedReader) View() (View, error) {
+func (g *gatedReader) View(bucket string) (View, bool, error) {
 	n := g.open.Add(1)
 	for m := g.most.Load(); n > m && !g.most.CompareAndSwap(m, n); m = g.most.Load() {
 	}
 	<-g.gate
 	g.open.Add(-1)
-	return g.Reader.View()
+	return g.Reader.View(bucket)
 }
 
 // codes collects answers on an inbox: how many of each code (200 when none).

@@ -206,17 +206,17 @@ func (r *swappingReader) hook() {
 	}
 }
 
-func (r *swappingReader) View() (View, error) {
+func (r *swappingReader) View(bucket string) (View, bool, error) {
 	r.hook()
-	return StoreReader(r.cur.Load()).View()
+	return StoreReader(r.cur.Load()).View(bucket)
 }
 
-func (r *swappingReader) PlansView() (PlansView, error) {
+func (r *swappingReader) PlansView(synced bool) (PlansView, error) {
 	r.hook()
-	return StorePlans(r.cur.Load()).PlansView()
+	return StorePlans(r.cur.Load()).PlansView(synced)
 }
 
-func (r *swappingReader) Applied(bucket string) (uint64, bool) { return r.cur.Load().Applied(bucket) }
+func (r *swappingReader) Applied(bucket string) (uint64, bool) { return r.cur.Load().Answered(bucket) }
 
 func (r *swappingReader) Reach(bucket string) uint64 { return r.cur.Load().Reach(bucket) }
 

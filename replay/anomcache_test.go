@@ -36,7 +36,7 @@ func TestHandler_PagesDeriveAnomaliesOnce(t *testing.T) {
 	}
 	require.NoError(t, db.Apply(provisioner.BucketNeeds, msgs, 1, false))
 	cur := db // the store the seat reads: a rebuild swaps another in
-	open := func() (*store.View, func(), error) {
+	open := func(bool) (*store.View, func(), error) {
 		v, err := cur.View()
 		if err != nil {
 			return nil, nil, err
@@ -143,7 +143,7 @@ func TestHandler_KeptAnomaliesNeverAnswerATrimmedPoint(t *testing.T) {
 				msgs = append(msgs, provisioner.Message{Seq: uint64(i + 1), Time: int64(i + 3), Key: fmt.Sprintf("n1.m.wish.k%02d", i), Op: provisioner.OpPut, Value: []byte{0x01}})
 			}
 			require.NoError(t, db.Apply(provisioner.BucketNeeds, msgs, 1, false))
-			open := func() (*store.View, func(), error) {
+			open := func(bool) (*store.View, func(), error) {
 				v, err := db.View()
 				if err != nil {
 					return nil, nil, err

@@ -46,9 +46,11 @@ func answer(ctx context.Context, v *store.View, ix pointIndex, r *query.Request,
 	return query.AnswerView(view, r, e, res.Seq, synced)
 }
 
-// Opener opens a consistent read of the current store, with a release to call when done with it (a
-// seat that swaps stores after a rebuild keeps the old one open until every reader has released it).
-type Opener func() (v *store.View, release func(), err error)
+// Opener opens a consistent read of the current store for an answer that says synced as given
+// (store.DB.AnswerView: on a first fill's store without a log, a synced answer reads what a kill
+// cannot take back), with a release to call when done with it (a seat that swaps stores after a
+// rebuild keeps the old one open until every reader has released it).
+type Opener func(synced bool) (v *store.View, release func(), err error)
 
 // Handler answers the verb's at from the store an Opener opens, for a seat. It keeps the anomalies of
 // the last states it answered, and the temporary stores of the plans' inputs as of the last points
@@ -68,17 +70,18 @@ func NewHandler(open Opener, synced func(bucket string) bool) *Handler {
 
 // Answer answers a request with at: a query.AtFunc.
 func (h *Handler) Answer(ctx context.Context, r *query.Request, e *query.Encoder) error {
-	v, release, err := h.open()
-	if err != nil {
-		return err
-	}
-	defer release()
+	// synced before the view, which it chooses.
 	s := false
 	if shape, ok := provisioner.ShapeOfWhat(provisioner.What(r.What)); ok {
 		s = h.synced(shape.Bucket)
 	} else if r.What == string(provisioner.WhatPlans) {
 		s = h.synced(provisioner.BucketHostModules)
 	}
+	v, release, err := h.open(s)
+	if err != nil {
+		return err
+	}
+	defer release()
 	return answer(ctx, v, viewPoints{v}, r, e, s, &h.anomalies, &h.plans)
 }
 

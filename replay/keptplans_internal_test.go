@@ -82,7 +82,7 @@ func plansMesh(t *testing.T, db *store.DB, nodes, modules, want int) {
 
 // openerOf opens views of *cur, the store a seat currently reads.
 func openerOf(cur **store.DB) Opener {
-	return func() (*store.View, func(), error) {
+	return func(bool) (*store.View, func(), error) {
 		v, err := (*cur).View()
 		if err != nil {
 			return nil, nil, err

@@ -49,10 +49,11 @@ func (r *swapReader) acquire() *handle {
 	}
 }
 
-// open is a view of the current store for the forensics answers, and its release.
-func (r *swapReader) open() (*store.View, func(), error) {
+// open is a view of the current store for the forensics and plans answers, and its release: for an
+// answer that says synced, what a kill cannot take back (store.DB.AnswerView).
+func (r *swapReader) open(synced bool) (*store.View, func(), error) {
 	h := r.acquire()
-	v, err := h.db.View()
+	v, err := h.db.AnswerView(synced)
 	if err != nil {
 		h.mu.RUnlock()
 		return nil, nil, err
@@ -60,15 +61,16 @@ func (r *swapReader) open() (*store.View, func(), error) {
 	return v, func() { v.Close(); h.mu.RUnlock() }, nil
 }
 
-// View opens a view of the current store's rows, for the verb's answers.
-func (r *swapReader) View() (query.View, error) {
+// View opens a view of the current store's rows for the verb's answers of bucket, and says whether
+// they are synced (store.DB.AnswerRowsView).
+func (r *swapReader) View(bucket string) (query.View, bool, error) {
 	h := r.acquire()
-	v, err := h.db.RowsView()
+	v, synced, err := h.db.AnswerRowsView(bucket)
 	if err != nil {
 		h.mu.RUnlock()
-		return nil, err
+		return nil, false, err
 	}
-	return &heldRowsView{RowsView: v, h: h}, nil
+	return &heldRowsView{RowsView: v, h: h}, synced, nil
 }
 
 type heldRowsView struct {
@@ -92,7 +94,8 @@ func (v *heldView) Close() error {
 	return nil
 }
 
-func (r *swapReader) Applied(bucket string) (uint64, bool) { return r.cur.Load().db.Applied(bucket) }
+// Applied is as the answers see it (store.DB.Answered).
+func (r *swapReader) Applied(bucket string) (uint64, bool) { return r.cur.Load().db.Answered(bucket) }
 
 func (r *swapReader) Reach(bucket string) uint64 { return r.cur.Load().db.Reach(bucket) }
 
@@ -106,7 +109,7 @@ func (r *swapReader) Generation() uint64 { return r.swaps.Load() }
 
 // Rewrites is the current store's (query.Rewriter); a swap moves the generation, which the read-ahead
 // compares too.
-func (r *swapReader) Rewrites() uint64 { return r.cur.Load().db.Rewrites() }
+func (r *swapReader) Rewrites() uint64 { return r.cur.Load().db.AnswerRewrites() }
 
 // swap makes db current, and returns once no view of the old store is open. Swaps are made one at a
 // time (the seat's rebuild).
@@ -120,8 +123,8 @@ func (r *swapReader) swap(db *store.DB) {
 }
 
 // PlansView opens a view of the current store for a plans answer.
-func (r *swapReader) PlansView() (query.PlansView, error) {
-	v, release, err := r.open()
+func (r *swapReader) PlansView(synced bool) (query.PlansView, error) {
+	v, release, err := r.open(synced)
 	if err != nil {
 		return nil, err
 	}

@@ -27,14 +27,14 @@ func (s *Seat) wakeRegistryOnLoss(ctx context.Context) {
 
 // registryLacksAKind reports whether the synced projection of the registry lacks a kind of the table.
 func (s *Seat) registryLacksAKind() bool {
-	if _, synced := s.reader.Applied(provisioner.BucketRegistry); !synced {
-		return false // not caught up yet: what it lacks may be on its way
-	}
-	v, err := s.reader.View()
+	v, synced, err := s.reader.View(provisioner.BucketRegistry)
 	if err != nil {
 		return false // closed: the seat is stopping, or a rebuild swaps stores and Changed fires again
 	}
 	defer v.Close()
+	if !synced {
+		return false // not caught up yet: what it lacks may be on its way
+	}
 	all := provisioner.Range{Bucket: provisioner.BucketRegistry, Index: provisioner.IndexPrimary}
 	for _, e := range s.Registry.Table().Entries {
 		if ok, err := v.HasRow(all, e.Kind); err == nil && !ok {

@@ -497,6 +497,20 @@ func (a *applier) finish(bucket string, cp *Checkpoint, sync, moved bool) error 
 		return fmt.Errorf("commit %s: %w", bucket, err)
 	}
 	a.committed = true
+	if db.syncByFlush && !sync {
+		// A synced bucket's answers show this batch only once it is flushed (pin.go, the durable
+		// state): one is started, which the batch does not wait for.
+		if db.readsDurable(db.lookup(bucket)) {
+			db.durableSoon()
+		} else {
+			for name := range a.cps {
+				if db.readsDurable(db.lookup(name)) {
+					db.durableSoon()
+					break
+				}
+			}
+		}
+	}
 	if a.unpins {
 		// Before the applied sequence moves: whoever it wakes reads the state after the rollup.
 		db.unpinViews()

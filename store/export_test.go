@@ -90,3 +90,9 @@ var MaxOpenFilesOf = maxOpenFiles
 
 // EmbeddedMaxConnOf is embeddedMaxConn.
 var EmbeddedMaxConnOf = embeddedMaxConn
+
+// HoldFlushes makes every flush of a first fill's store (flushgroup.go) call hold before it begins.
+func HoldFlushes(hold func()) (restore func()) {
+	flushHook = hold
+	return func() { flushHook = nil }
+}

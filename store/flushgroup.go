@@ -55,6 +55,9 @@ func (db *DB) flushGroup() error {
 // flushMemTables flushes the memtables to tables, and waits for it. Under applyMu: no commit meanwhile
 // (those waiting commit together after it), and no Close.
 func (db *DB) flushMemTables() (err error) {
+	if flushHook != nil {
+		flushHook()
+	}
 	db.applyMu.Lock()
 	defer db.applyMu.Unlock()
 	if db.closed.Load() {
@@ -68,5 +71,19 @@ func (db *DB) flushMemTables() (err error) {
 			err = db.writeFailed.fail(db.dir, r)
 		}
 	}()
-	return db.pdb.Flush()
+	if !db.syncByFlush {
+		return db.pdb.Flush()
+	}
+	// The state the flush makes durable, taken with no commit in between: once flushed, the synced
+	// buckets' answers read it (pin.go, the durable state).
+	snap, seqs, rewrites := db.pdb.NewSnapshot(), db.appliedNow(), db.rewrites.Load()
+	if err := db.pdb.Flush(); err != nil {
+		_ = snap.Close()
+		return err
+	}
+	db.setDurable(snap, seqs, rewrites)
+	return nil
 }
+
+// flushHook, when set (tests), is called as a flush of flushGroup is about to take applyMu.
+var flushHook func()

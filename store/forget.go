@@ -185,6 +185,8 @@ func (db *DB) forget(bucket string, at int64, resume *Checkpoint) error {
 		return fmt.Errorf("forget %s: commit: %w", bucket, err)
 	}
 	a.committed = true
+	// The bucket is not synced, but plans answers of synced inputs read the durable state (pin.go).
+	db.durableSoon()
 
 	// Committed: memory follows. Whoever waits on the bucket wakes and finds it unknown.
 	db.composedAnom = composedAnom

@@ -411,6 +411,7 @@ func (db *DB) TailRemoved(bucket string, lastSeq uint64, streamCreated int64) er
 	}
 	db.openGaps[bucket] = g
 	b.setCheckpoint(cp)
+	db.durableSoonIfSynced(bucket)
 	// Nothing is held past the checkpoint: what removed the gap's messages is read or gone (Reach).
 	db.unhold(bucket)
 	return nil
@@ -462,6 +463,7 @@ func (db *DB) SkipRemoved(bucket string, seq uint64, streamCreated int64) (bool,
 	}
 	db.openGaps[bucket] = g
 	b.setCheckpoint(cp)
+	db.durableSoonIfSynced(bucket)
 	// The stream holds nothing past the old checkpoint: what removed the gap's messages is read or
 	// gone, and nothing holds a request up to seq back (Reach). After the sequence: a reader of Reach
 	// loads the sequence first.

@@ -203,6 +203,12 @@ type DB struct {
 	// the store as it was before the first part, so no answer holds part of a rollup's removals.
 	pinMu sync.Mutex
 	pin   *pinnedState
+	// durable is, on a first fill's store (syncByFlush), the state as of the last flush that ended,
+	// which the synced buckets' answers read (pin.go); nil on any other store, and once closed. Under
+	// pinMu. durableMoves counts its changes; kicked says a durableSoon flush is about to start.
+	durable      *pinnedState
+	durableMoves atomic.Uint64
+	kicked       atomic.Bool
 
 	// exp are the pending expiries of TTL'd puts still newest of their key (expiry.go); rewrites
 	// counts the commits of Expire, which change answers without moving an applied sequence.
@@ -220,6 +226,9 @@ type bucketState struct {
 	// prefixNodeAnom; under DB.applyMu.
 	nodeAnom map[string]int64
 	seq      atomic.Uint64 // cp.Applied, readable without the lock
+	// durable is the applied sequence as of DB.durable, on a first fill's store: what the bucket's
+	// answers say once it is synced (DB.Answered).
+	durable atomic.Uint64
 	// held is the first sequence of the bucket's open history gap whose remover may not be read yet,
 	// 0 when none (Reach); stored before seq when both move, so that a reader loading seq first never
 	// pairs a new sequence with an older held.
@@ -432,6 +441,11 @@ func OpenContext(ctx context.Context, dir string, opts Options) (*DB, error) {
 	if err := db.load(ctx, fresh); err != nil {
 		pdb.Close()
 		return nil, orAccess(dir, err)
+	}
+	if db.syncByFlush {
+		// What load found is durable (a new generation, its schema flushed): the synced buckets'
+		// answers read it until the first flush.
+		db.setDurable(pdb.NewSnapshot(), db.appliedNow(), db.rewrites.Load())
 	}
 	db.broken = broken
 	db.catchUp = catchUp
@@ -762,12 +776,18 @@ func (db *DB) Applied(bucket string) (seq uint64, synced bool) {
 // past it the projection has applied: a request for it answered there would claim a write it lacks (a
 // lost write). The gap stops holding once the projector has read to the stream's end since (CaughtUp),
 // or the stream was found to hold nothing past the checkpoint (SkipRemoved, TailRemoved, StreamEndsAt).
+// On a first fill's store a synced bucket's applied sequence is its durable one, which its answers
+// read (Answered, pin.go).
 func (db *DB) Reach(bucket string) uint64 {
 	b := db.lookup(bucket)
 	if b == nil {
 		return 0
 	}
 	seq := b.seq.Load()
+	if db.readsDurable(b) {
+		// Its answers read the durable state (pin.go), at this sequence.
+		seq = b.durable.Load()
+	}
 	if h := b.held.Load(); h != 0 && h <= seq {
 		return h - 1
 	}
@@ -779,6 +799,12 @@ func (db *DB) Reach(bucket string) uint64 {
 // without a commit, and what waits for it (the needs wait for the registry) must not wait for a poll.
 func (db *DB) SetSynced(bucket string, synced bool) {
 	b := db.known(bucket)
+	if synced && db.syncByFlush && !b.synced.Load() && b.seq.Load() > b.durable.Load() {
+		// Once synced its answers read the durable state (pin.go): what the answers not synced showed
+		// is made durable first, so that its as_of does not go back (a checkpoint moved without a
+		// flush: TailRemoved, SkipRemoved). A flush that fails fails the store (failed.go).
+		_ = db.flushGroup()
+	}
 	if b.synced.Swap(synced) == synced {
 		return
 	}
@@ -854,6 +880,7 @@ func (db *DB) Close() error {
 			// that opens the generation compacts again.
 			db.catchUp.closing.Store(true)
 			err = db.pdb.Flush()
+			db.dropDurable()
 		} else {
 			err = db.pdb.LogData(nil, pebble.Sync)
 		}
