@@ -383,14 +383,19 @@ func OpenContext(ctx context.Context, dir string, opts Options) (*DB, error) {
 		MaxOpenFiles: opts.MaxOpenFiles,
 		DisableWAL:   opts.NoWAL,
 	}
+	if opts.BulkLoad {
+		po.L0StopWritesThreshold = l0StopWritesBulk // its wait may outlast 32 sublevels (catchup.go)
+	}
 	po.TargetFileSizes[0] = opts.TableSize
 	for i := range po.Levels {
 		po.Levels[i].BlockSize = blockSize
 	}
 	broken := newBrokenState(opts.Logger)
 	limit := int32(maxHeldFlushes)
-	if opts.NoWAL && opts.syncByFlush {
-		limit = maxHeldFlushesFirstFill // its tables go to the checkpoint the seat compacts
+	if opts.BulkLoad {
+		// A first fill's store, or the checkpoint of one: its tables go to the store the seat
+		// compacts once (catchup.go).
+		limit = maxHeldFlushesFirstFill
 	}
 	catchUp := newCatchUp(limit)
 	if opts.BulkLoad {
@@ -435,6 +440,7 @@ func OpenContext(ctx context.Context, dir string, opts Options) (*DB, error) {
 	}
 	db.broken = broken
 	db.catchUp = catchUp
+	catchUp.opened(func() int32 { return pdb.Metrics().Levels[0].Sublevels })
 	db.giver = giver
 	giver.start()
 	onHold := db.holdApplying
