@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"testing"
 	"time"
 
@@ -263,4 +264,50 @@ func TestEndBulkLoad_CompactionsRunAgain(t *testing.T) {
 	db.EndBulkLoad()
 	require.False(t, db.CompactionsHeld())
 	require.Eventually(t, func() bool { return compactions(db) > 0 }, 30*time.Second, 10*time.Millisecond)
+}
+
+// TestCompactAll_DeepL0InOnePass: the store a first fill is checkpointed into opens with every table in
+// L0 (its fill held its compactions to the end), and the seat's compaction after catch-up writes them
+// into the last level once. When CompactAll opened the gate before its flush, Pebble's own compaction
+// of L0 took the grant first and sent a piece of L0 to L6; L0 then counted in the size that sets the
+// base level, and the manual compaction wrote the rest to L5, and L5 to L6 again (at 523 MB of a
+// first fill, 960-1,111 MB written in 3 of 5 runs; docs/performance.md, Session 20).
+func TestCompactAll_DeepL0InOnePass(t *testing.T) {
+	opts := Options{MemTableSize: 8 << 20, MinFreeBytes: -1, TableSize: 256 << 10}
+	first, err := OpenState(t.TempDir(), Options{FirstFillNoWAL: true, MemTableSize: opts.MemTableSize, MinFreeBytes: -1, TableSize: opts.TableSize})
+	require.NoError(t, err)
+	defer first.Close()
+	r := rand.New(rand.NewPCG(1, 2))
+	var seq uint64
+	for f := 0; f < 24; f++ { // about 100 MB of values that do not compress, past LBaseMaxBytes (64 MiB)
+		msgs := make([]provisioner.Message, 0, 4000)
+		for i := 0; i < 4000; i++ {
+			seq++
+			val := make([]byte, 1024+3)
+			val[0], val[1], val[2] = 0xc5, 0x04, 0x00 // bin 16 of 1024 bytes
+			for j := 3; j < len(val); j++ {
+				val[j] = byte(r.Uint32())
+			}
+			msgs = append(msgs, provisioner.Message{Seq: seq, Time: int64(seq), Key: fmt.Sprintf("n%06d.m%02d.config.x", r.IntN(100000), r.IntN(25)), Op: provisioner.OpPut, Value: val})
+		}
+		require.NoError(t, first.Apply(provisioner.BucketNeeds, msgs, 0, false))
+		require.NoError(t, first.pdb.Flush())
+	}
+	gen, err := first.CheckpointGeneration()
+	require.NoError(t, err)
+	opts.BulkLoad = true
+	db, err := Open(gen, opts)
+	require.NoError(t, err)
+	defer db.Close()
+	for i := 1; i < 7; i++ {
+		require.Zero(t, db.pdb.Metrics().Levels[i].TablesCount)
+	}
+	fill(t, db, &seq, 10) // the switch's projector's few messages, in L0 too
+	require.NoError(t, db.Apply(provisioner.BucketNeeds, []provisioner.Message{{Seq: seq + 1, Time: int64(seq + 1), Key: "n000000.m00.config.y", Op: provisioner.OpPut, Value: []byte{0xc0}}}, 0, false))
+	require.NoError(t, db.CompactAll(context.Background()))
+	m := db.pdb.Metrics()
+	for i, l := range m.Levels {
+		t.Logf("L%d: %d tables, %d MB, %d MB compacted into it", i, l.TablesCount, l.TablesSize>>20, l.TableBytesCompacted>>20)
+	}
+	require.Zero(t, m.Levels[5].TableBytesCompacted, "nothing through L5: L0 went to L6 in one pass")
 }
