@@ -32,21 +32,33 @@ var CatchUpBehind uint64 = 50_000
 // 32 sublevels).
 const maxHeldFlushes = 16
 
-// maxHeldFlushesFirstFill is maxHeldFlushes for a first fill's store without a log (FirstFillNoWAL),
-// still short of L0StopWritesThreshold: its tables are checkpointed into the store the seat answers
-// from and compacts, so a compaction of them in the first store is written for nothing, and the swap's
-// Close waits for it. At 1,116,030 messages its fill flushed 17-19 times (docs/performance.md, h145b):
-// at 16, the first store compacted about 160 MB of its tables before the switch. Each flush adds a
-// sublevel at most, so the wait ends 8 sublevels short of the stall, where writes would wait for
-// compactions that wait for flushes.
-const maxHeldFlushesFirstFill = 24
+// maxHeldFlushesFirstFill is maxHeldFlushes for a first fill's store without a log (FirstFillNoWAL):
+// its tables are checkpointed into the store the seat answers from and compacts once (the seat's
+// compaction after catch-up rewrites every level), so a compaction of them in the first store is
+// written for nothing, and the swap's Close waits for the one in flight. At 1,116,030 messages its fill
+// flushed 17-19 times; at 3,348,030 (12,000 nodes), 41-42 times: held for 24 flushes, as it was, the
+// first store then compacted 15 times before the switch, about 750 of the 1,230 MB it wrote to synced
+// (docs/performance.md, Session 20). Each flush adds an L0 sublevel at most, which every read of the
+// fill merges: 64 bounds a lookup during a fill (answered synced: false) to as many tables of L0, and
+// holds a fill of about 5M messages of that mesh to the end. Such a store stalls writes only past
+// l0StopWritesBulk, which is above it.
+const maxHeldFlushesFirstFill = 64
+
+// l0StopWritesBulk is L0StopWritesThreshold (sublevels) for a store opened with its compactions held
+// (Options.BulkLoad, FirstFillNoWAL): a first fill's store, and the one it is checkpointed into
+// (seat/relog.go), which opens with as many sublevels and counts them towards its wait (catchUp.l0).
+// Both wait for maxHeldFlushesFirstFill flushes at most; past the threshold a flush waits for a
+// compaction, which must not wait for flushes: 8 sublevels to spare, as L0StopWritesThreshold (32)
+// has over maxHeldFlushes for the others.
+const l0StopWritesBulk = maxHeldFlushesFirstFill + 8
 
 // catchUp tracks which buckets are catching up, and gates compactions on it.
 type catchUp struct {
 	mu      sync.Mutex
 	buckets map[string]struct{}
 	bulk    bool // BulkLoad: held until Close
-	// held is set while compactions wait; flushes counts the flushes since they began to wait.
+	// held is set while compactions wait; flushes counts the flushes since they began to wait, from
+	// the L0 sublevels there were then (l0).
 	held    atomic.Bool
 	flushes atomic.Int32
 	// manual counts CompactAll calls under way: they open the gate, or they would wait for it.
@@ -59,6 +71,11 @@ type catchUp struct {
 	uncounted atomic.Int32
 	// limit is how many flushes the wait lasts: maxHeldFlushes, or maxHeldFlushesFirstFill.
 	limit int32
+	// l0 reports the store's L0 sublevels: a wait that begins with L0 deep already (a first fill's
+	// store reopened after a kill, with maxHeldFlushes; the checkpoint of one) ends as many flushes
+	// sooner, so a flush never waits at L0StopWritesThreshold for compactions that wait for flushes.
+	// Set once the store is open; nil before.
+	l0    func() int32
 	sched *gateScheduler
 }
 
@@ -78,7 +95,7 @@ func (c *catchUp) listener() *pebble.EventListener {
 		if info.Err != nil || len(info.Output) == 0 || c.closing.Load() || c.uncounted.Load() > 0 {
 			return // nothing reached L0, or Close's own flush
 		}
-		if c.held.Load() && c.flushes.Add(1) == c.limit {
+		if c.held.Load() && c.flushes.Add(1) >= c.limit {
 			c.sched.wake()
 		}
 	}}
@@ -110,11 +127,31 @@ func (c *catchUp) update() {
 		return
 	}
 	if held {
-		c.flushes.Store(0)
+		c.flushes.Store(c.sublevels())
 	}
 	c.held.Store(held)
 	if !held {
 		c.sched.wake() // the compactions that waited start now
+	}
+}
+
+// sublevels is the store's L0 sublevels now, or 0 before it is open. c.mu is held.
+func (c *catchUp) sublevels() int32 {
+	if c.l0 == nil {
+		return 0
+	}
+	return c.l0()
+}
+
+// opened is called once the store is open: a wait held from the open (Options.BulkLoad) counts the
+// sublevels it opened with.
+func (c *catchUp) opened(l0 func() int32) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.l0 = l0
+	if c.held.Load() {
+		c.flushes.Store(c.sublevels())
+		c.sched.wake()
 	}
 }
 
@@ -130,7 +167,7 @@ func (db *DB) CompactionsHeld() bool { return db.catchUp.holding() }
 // filled from scratch and then closed (a rebuild), so Close does not wait for a compaction of everything
 // just written. The seat that opens it next compacts it (Pebble does as soon as it opens, as L0 is over
 // its threshold), while it answers. Like a catch-up, the wait ends after maxHeldFlushes flushes
-// (maxHeldFlushesFirstFill for a first fill's store, Options.FirstFillNoWAL).
+// (maxHeldFlushesFirstFill for a store opened with it held, Options.BulkLoad or FirstFillNoWAL).
 func (db *DB) BulkLoad() {
 	c := db.catchUp
 	c.mu.Lock()
