@@ -37,8 +37,9 @@ func consume(t *testing.T, cons jetstream.Consumer, pull, bytes int) *consumed {
 	go func() {
 		defer close(c.done)
 		c.err = streamread.Consume(ctx, cons, pull, bytes, streamread.Heartbeat, nil, func(msg jetstream.Msg, md *jetstream.MsgMetadata) error {
+			kept := *md // md is the next message's once handle returned
 			select {
-			case c.msgs <- consumedMsg{msg, md}:
+			case c.msgs <- consumedMsg{msg, &kept}:
 				return nil
 			case <-ctx.Done():
 				return ctx.Err()
