@@ -640,8 +640,9 @@ type reading struct {
 // read moves messages from the consumer into in until ctx ends (nil) or the consumer stops; a
 // consumer lost (no heartbeat, deleted) or out of order ends it with an error. It reads with
 // streamread.Consume, in nats.go's goroutine that delivers them, where a streamread.Reader's Next
-// cost nats.go a timer armed and stopped a message (docs/performance.md, session 20); it pulls
-// from here, and stops its pulls as it returns.
+// cost nats.go a timer armed and stopped a message (docs/performance.md, session 20; a tail whose
+// pulls may hold more than nats.go's Consume keeps, a composed-<node> bucket's counted in messages,
+// still reads with Next there); it pulls from here, and stops its pulls as it returns.
 func (p *Projector) read(ctx context.Context, cons jetstream.Consumer, r reading, bucket string, in chan<- provisioner.Message, held *budget, pending chan uint64, atEnd *atomic.Uint64, log *slog.Logger) error {
 	prefix := provisioner.SubjectPrefix(bucket)
 	saidForeign := false // said once per tail

@@ -301,14 +301,22 @@ func (r *Reader) Stop() { r.it.Stop() }
 // What Next says, Consume says too: a message missed on the way is ErrOutOfOrder; two heartbeats
 // missed (nats.go says so to the error handler, and pulls again) are confirmed with CONSUMER.INFO as
 // Next confirms them, on Consume's own goroutine while nats.go reads on; a status that ends the pulls
-// (the consumer deleted) or the connection closed ends the read with nats.go's error. One difference:
-// nats.go keeps the messages a Consume was delivered and has not handed over in a list bounded by its
-// subscriptions' pending limits (500,000 messages, 64 MiB), where Messages kept them in a channel of
-// pull messages: past those limits it drops a message (ErrOutOfOrder here, as a channel full was).
-// The bounds of the pulls keep a read below them: bytes at most 32 MiB by default (MaxBytes), pull
-// messages bounded by bytes each, or pull messages alone for consumers of a few at a time.
+// (the consumer deleted) or the connection closed ends the read with nats.go's error.
+//
+// One difference, and where Consume reads with Next instead: nats.go keeps the messages a Consume
+// was delivered and has not handed over in a list its subscriptions bound (nats.go's
+// DefaultSubPendingBytesLimit, 64 MiB, with no option to raise it), past which it drops a message,
+// where Messages keeps them in a channel of pull messages, however large. A read bounded by bytes
+// holds at most two pulls' worth (nats.go pulls again when half its count is read, and a pull cut
+// short by its bytes only once read), so at most ConsumeBytes of bytes stays below that bound; a
+// larger bound (a server's max payload past 32 MiB, the projector's PullBytes set so) or a read
+// counted in messages alone, whose bytes the largest message sets, is read with Next and handed to
+// handle from there.
 func Consume(ctx context.Context, cons jetstream.Consumer, pull, bytes int, heartbeat time.Duration, refused func() error,
 	handle func(jetstream.Msg, *jetstream.MsgMetadata) error) error {
+	if bytes <= 0 || bytes > ConsumeBytes {
+		return consumeNext(ctx, cons, pull, bytes, heartbeat, refused, handle)
+	}
 	r := &Reader{cons: cons, Refused: refused}
 	var (
 		mu   sync.Mutex // held while handle runs
@@ -388,6 +396,30 @@ func Consume(ctx context.Context, cons jetstream.Consumer, pull, bytes int, hear
 				return fmt.Errorf("read: %w", *err)
 			}
 			return fmt.Errorf("read: %w", jetstream.ErrMsgIteratorClosed)
+		}
+	}
+}
+
+// ConsumeBytes is the largest byte bound of its pulls that Consume reads with nats.go's Consume: two
+// pulls of it are nats.go's subscriptions' bound on what they keep, 64 MiB (Consume).
+const ConsumeBytes = 32 << 20
+
+// consumeNext is Consume with Next: a read whose pulls may hold more than nats.go's Consume keeps.
+func consumeNext(ctx context.Context, cons jetstream.Consumer, pull, bytes int, heartbeat time.Duration, refused func() error,
+	handle func(jetstream.Msg, *jetstream.MsgMetadata) error) error {
+	r, err := ReadIdle(cons, pull, bytes, heartbeat)
+	if err != nil {
+		return err
+	}
+	defer r.Stop()
+	r.Refused = refused
+	for {
+		msg, md, err := r.Next(ctx)
+		if err != nil {
+			return err
+		}
+		if err := handle(msg, md); err != nil {
+			return err
 		}
 	}
 }
