@@ -475,20 +475,15 @@ func (p *Projector) tail(ctx context.Context, bucket string, log *slog.Logger, s
 	}
 	nc := p.js.Conn()
 	mark := denied.Mark(nc) // the pulls' refusals come after it
-	it, err := streamread.ReadIdle(cons, pull, pullBytes, p.heartbeat(bucket))
-	if err != nil {
-		p.dropConsumer(ctx, stream, name)
-		return err
-	}
 	// A pull of this stream's consumers refused since the consumer was made, whichever came last:
 	// with other buckets' pulls refused too, the connection's last error was theirs at each miss.
 	next := ".CONSUMER.MSG.NEXT." + provisioner.StreamName(bucket) + "."
-	it.Refused = func() error {
+	pulls := reading{pull: pull, bytes: pullBytes, heartbeat: p.heartbeat(bucket), refused: func() error {
 		if v := denied.Since(nc, mark, func(subject string) bool { return strings.Contains(subject, next) }); v != nil {
 			return v
 		}
 		return nil
-	}
+	}}
 	release()
 	ok()
 	// Nothing past the checkpoint when the consumer was created, after the info was read: the tail is
@@ -522,8 +517,7 @@ func (p *Projector) tail(ctx context.Context, bucket string, log *slog.Logger, s
 	go func() {
 		defer rwg.Done()
 		defer close(in)
-		defer it.Stop() // lock-free in nats.go: ends its pulls at once
-		readErr <- p.read(rctx, it, bucket, in, held, pending, &atEnd, log)
+		readErr <- p.read(rctx, cons, pulls, bucket, in, held, pending, &atEnd, log)
 	}()
 
 	idle := idleSince{read: start, quiet: quiet, end: info.State.LastSeq, start: startSeq, emptyAtStart: emptyAtStart}
@@ -636,19 +630,23 @@ func (p *Projector) markSynced(bucket string, log *slog.Logger, from uint64, sta
 	log.Info("bucket synced", "applied_seq", seq, "messages", seq-min(seq, from), "took", time.Since(start).Round(time.Millisecond))
 }
 
-// read moves messages from the consumer into in until the consumer stops; a consumer lost (no
-// heartbeat, deleted) or out of order ends it with an error.
-func (p *Projector) read(ctx context.Context, it *streamread.Reader, bucket string, in chan<- provisioner.Message, held *budget, pending chan uint64, atEnd *atomic.Uint64, log *slog.Logger) error {
+// reading is how a tail pulls its consumer (streamread.Consume).
+type reading struct {
+	pull, bytes int
+	heartbeat   time.Duration
+	refused     func() error
+}
+
+// read moves messages from the consumer into in until ctx ends (nil) or the consumer stops; a
+// consumer lost (no heartbeat, deleted) or out of order ends it with an error. It reads with
+// streamread.Consume, in nats.go's goroutine that delivers them, where a streamread.Reader's Next
+// cost nats.go a timer armed and stopped a message (docs/performance.md, session 20; a tail whose
+// pulls may hold more than nats.go's Consume keeps, a composed-<node> bucket's counted in messages,
+// still reads with Next there); it pulls from here, and stops its pulls as it returns.
+func (p *Projector) read(ctx context.Context, cons jetstream.Consumer, r reading, bucket string, in chan<- provisioner.Message, held *budget, pending chan uint64, atEnd *atomic.Uint64, log *slog.Logger) error {
 	prefix := provisioner.SubjectPrefix(bucket)
 	saidForeign := false // said once per tail
-	for {
-		msg, md, err := it.Next(ctx)
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			return err
-		}
+	err := streamread.Consume(ctx, cons, r.pull, r.bytes, r.heartbeat, r.refused, func(msg jetstream.Msg, md *jetstream.MsgMetadata) error {
 		m, np, err := convert(msg, md, prefix)
 		if err != nil {
 			return err
@@ -664,12 +662,12 @@ func (p *Projector) read(ctx context.Context, it *streamread.Reader, bucket stri
 				"subject", m.Key, "seq", m.Seq)
 		}
 		if !held.take(ctx, size(m)) {
-			return nil
+			return ctx.Err()
 		}
 		select {
 		case in <- m:
 		case <-ctx.Done():
-			return nil
+			return ctx.Err()
 		}
 		if np == 0 {
 			atEnd.Store(m.Seq)
@@ -683,7 +681,12 @@ func (p *Projector) read(ctx context.Context, it *streamread.Reader, bucket stri
 		default:
 		}
 		pending <- np
+		return nil
+	})
+	if ctx.Err() != nil {
+		return nil
 	}
+	return err
 }
 
 // convert reads a stream message as the store applies it; it also returns how many messages were

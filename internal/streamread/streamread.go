@@ -10,7 +10,9 @@
 // or delivers out of order, Next says so and the caller creates a new one from the last sequence it
 // read. Every request is the caller's, so a cancelled context ends the read at once.
 //
-// The projector tails the buckets this way; replay's export reads a stream once this way.
+// Consume reads the same way with a callback, which nats.go calls in the goroutine that delivers the
+// messages: the projector tails the buckets so (it costs less a message than Next); replay's export
+// reads a stream once with Next.
 package streamread
 
 import (
@@ -18,6 +20,8 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -117,8 +121,8 @@ var ErrOutOfOrder = errors.New("streamread: consumer delivered out of order")
 type Reader struct {
 	cons      jetstream.Consumer
 	it        jetstream.MessagesContext
-	delivered uint64 // the consumer's sequence of the last message read
-	inFlight  uint64 // delivered+1 when a miss found messages delivered and not read (stillThere)
+	delivered atomic.Uint64 // the consumer's sequence of the last message read (Consume: written in nats.go's goroutine)
+	inFlight  uint64        // delivered+1 when a miss found messages delivered and not read (stillThere)
 	// next is the option Next reads under, for the context nextCtx: made again only when the context
 	// changes (a context of a type that cannot be compared, none of package context's, every time),
 	// where each message allocated its closure and the slice holding it: 40-45 heap bytes of the
@@ -161,7 +165,26 @@ func Read(cons jetstream.Consumer, pull, bytes int) (*Reader, error) {
 // channel of that many) and bounds each pull by bytes; what it does not bound is a run of pulls each
 // cut short by max bytes while the reader falls behind, up to pull messages of the largest size.
 func ReadIdle(cons jetstream.Consumer, pull, bytes int, heartbeat time.Duration) (*Reader, error) {
-	opts := []jetstream.PullMessagesOpt{jetstream.PullHeartbeat(heartbeat)}
+	var opts []jetstream.PullMessagesOpt
+	for _, o := range pulls(pull, bytes, heartbeat) {
+		opts = append(opts, o)
+	}
+	it, err := cons.Messages(opts...)
+	if err != nil {
+		return nil, fmt.Errorf("consume: %w", err)
+	}
+	return &Reader{cons: cons, it: it}, nil
+}
+
+// pullOpt is an option of both nats.go's Messages and its Consume.
+type pullOpt interface {
+	jetstream.PullMessagesOpt
+	jetstream.PullConsumeOpt
+}
+
+// pulls returns the options of ReadIdle's pulls (and Consume's).
+func pulls(pull, bytes int, heartbeat time.Duration) []pullOpt {
+	opts := []pullOpt{jetstream.PullHeartbeat(heartbeat)}
 	switch {
 	case bytes > 0 && pull > 0:
 		opts = append(opts, jetstream.PullMaxMessagesWithBytesLimit(pull, bytes))
@@ -170,11 +193,7 @@ func ReadIdle(cons jetstream.Consumer, pull, bytes int, heartbeat time.Duration)
 	case pull > 0:
 		opts = append(opts, jetstream.PullMaxMessages(pull))
 	}
-	it, err := cons.Messages(opts...)
-	if err != nil {
-		return nil, fmt.Errorf("consume: %w", err)
-	}
-	return &Reader{cons: cons, it: it}, nil
+	return opts
 }
 
 // Next returns the next message and its metadata, waiting until one comes or ctx ends (ctx.Err()). A
@@ -213,15 +232,25 @@ func (r *Reader) Next(ctx context.Context) (jetstream.Msg, *jetstream.MsgMetadat
 		}
 		return nil, nil, fmt.Errorf("read: %w", err)
 	}
-	md, err := msg.Metadata()
-	if err != nil {
-		return nil, nil, fmt.Errorf("message metadata: %w", err)
+	md := new(jetstream.MsgMetadata)
+	if err := r.inOrder(msg, md); err != nil {
+		return nil, nil, err
 	}
-	if md.Sequence.Consumer != r.delivered+1 {
-		return nil, nil, fmt.Errorf("%w: message %d of the consumer after %d (stream sequence %d)", ErrOutOfOrder, md.Sequence.Consumer, r.delivered, md.Sequence.Stream)
-	}
-	r.delivered = md.Sequence.Consumer
 	return msg, md, nil
+}
+
+// inOrder reads msg's metadata into md (parseMetadata) and counts msg read when it is the consumer's
+// next message.
+func (r *Reader) inOrder(msg jetstream.Msg, md *jetstream.MsgMetadata) error {
+	if err := parseMetadata(msg.Reply(), md); err != nil {
+		return fmt.Errorf("message metadata: %w", err)
+	}
+	delivered := r.delivered.Load()
+	if md.Sequence.Consumer != delivered+1 {
+		return fmt.Errorf("%w: message %d of the consumer after %d (stream sequence %d)", ErrOutOfOrder, md.Sequence.Consumer, delivered, md.Sequence.Stream)
+	}
+	r.delivered.Store(md.Sequence.Consumer)
+	return nil
 }
 
 // stillThere reports whether the consumer, its heartbeats missed, is still on the server, with
@@ -231,25 +260,166 @@ func (r *Reader) stillThere(ctx context.Context) bool {
 	ictx, cancel := context.WithTimeout(ctx, ConfirmTimeout)
 	defer cancel()
 	ci, err := r.cons.Info(ictx)
+	delivered := r.delivered.Load() // after the answer: Consume may read meanwhile
 	switch {
 	case err != nil:
 		return false
-	case ci.Delivered.Consumer == r.delivered:
+	case ci.Delivered.Consumer <= delivered:
 		return true
-	case r.inFlight == r.delivered+1:
+	case r.inFlight == delivered+1:
 		return false // still not come since the last miss: lost on the way
 	default:
 		// Delivered, not yet read: on its way behind the late heartbeats, or lost. Read on once; a
 		// message after a lost one is out of order (ErrOutOfOrder), and another miss with nothing
 		// read meanwhile is a loss.
-		r.inFlight = r.delivered + 1
+		r.inFlight = delivered + 1
 		return true
 	}
 }
 
-// Delivered is the consumer's sequence of the last message Next returned: how many it returned.
-func (r *Reader) Delivered() uint64 { return r.delivered }
+// Delivered is the consumer's sequence of the last message Next returned (or Consume handed on): how
+// many it returned.
+func (r *Reader) Delivered() uint64 { return r.delivered.Load() }
 
 // Stop ends the pulls at once; it takes no lock, so a Next waiting on another goroutine does not hold
 // it up.
 func (r *Reader) Stop() { r.it.Stop() }
+
+// Consume reads cons as ReadIdle and Next do, the other way round: nats.go's Consume hands each
+// message, in the consumer's order, to handle on the goroutine that delivers them, until ctx ends
+// (ctx.Err()), handle fails (its error), or the consumer is lost or delivers out of order (Next's
+// errors). refused, when not nil, is Reader.Refused. Consume returns once no handle runs, nor will:
+// handle must return once ctx ends. The metadata handle is given is the message's until handle
+// returns, then the next one's: one is read into for every message, where Next allocates each.
+//
+// It is what Next costs less of. nats.go's Next arms a heartbeat timer of its own in every call and
+// stops it on the way out (an allocation and three timer operations a message, 5% of the projector's
+// CPU while it catches up, docs/performance.md, session 20), and hands the message over a channel
+// read under a select; Consume keeps one timer for the whole read, stopped and reset around each
+// handle, and calls handle in the goroutine that takes the messages off the connection's.
+//
+// What Next says, Consume says too: a message missed on the way is ErrOutOfOrder; two heartbeats
+// missed (nats.go says so to the error handler, and pulls again) are confirmed with CONSUMER.INFO as
+// Next confirms them, on Consume's own goroutine while nats.go reads on; a status that ends the pulls
+// (the consumer deleted) or the connection closed ends the read with nats.go's error.
+//
+// One difference, and where Consume reads with Next instead: nats.go keeps the messages a Consume
+// was delivered and has not handed over in a list its subscriptions bound (nats.go's
+// DefaultSubPendingBytesLimit, 64 MiB, with no option to raise it), past which it drops a message,
+// where Messages keeps them in a channel of pull messages, however large. A read bounded by bytes
+// holds at most two pulls' worth (nats.go pulls again when half its count is read, and a pull cut
+// short by its bytes only once read), so at most ConsumeBytes of bytes stays below that bound; a
+// larger bound (a server's max payload past 32 MiB, the projector's PullBytes set so) or a read
+// counted in messages alone, whose bytes the largest message sets, is read with Next and handed to
+// handle from there.
+func Consume(ctx context.Context, cons jetstream.Consumer, pull, bytes int, heartbeat time.Duration, refused func() error,
+	handle func(jetstream.Msg, *jetstream.MsgMetadata) error) error {
+	if bytes <= 0 || bytes > ConsumeBytes {
+		return consumeNext(ctx, cons, pull, bytes, heartbeat, refused, handle)
+	}
+	r := &Reader{cons: cons, Refused: refused}
+	var (
+		mu   sync.Mutex // held while handle runs
+		done bool       // set under mu: handle is called no more
+	)
+	failed := make(chan error, 1)
+	missed := make(chan struct{}, 1)
+	var lastErr atomic.Pointer[error] // the last error nats.go said, for a read it ended
+	var md jetstream.MsgMetadata      // each message's in turn, under mu
+	deliver := func(msg jetstream.Msg) {
+		mu.Lock()
+		defer mu.Unlock()
+		if done {
+			return
+		}
+		err := r.inOrder(msg, &md)
+		if err == nil {
+			err = handle(msg, &md)
+		}
+		if err != nil {
+			done = true
+			failed <- err
+		}
+	}
+	opts := []jetstream.PullConsumeOpt{jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+		if errors.Is(err, jetstream.ErrNoHeartbeat) {
+			select {
+			case missed <- struct{}{}:
+			default:
+			}
+			return
+		}
+		lastErr.Store(&err)
+	})}
+	for _, o := range pulls(pull, bytes, heartbeat) {
+		opts = append(opts, o)
+	}
+	cc, err := cons.Consume(deliver, opts...)
+	if err != nil {
+		return fmt.Errorf("consume: %w", err)
+	}
+	defer func() {
+		cc.Stop()
+		mu.Lock()
+		done = true
+		mu.Unlock()
+	}()
+	closed := cc.Closed()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case err := <-failed:
+			return err
+		case <-missed:
+			if r.Refused != nil {
+				if rerr := r.Refused(); rerr != nil {
+					return fmt.Errorf("read: %w", rerr)
+				}
+			}
+			if !r.stillThere(ctx) {
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
+				return fmt.Errorf("read: %w", jetstream.ErrNoHeartbeat)
+			}
+		case <-closed:
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			select {
+			case err := <-failed: // handle's, as nats.go stopped
+				return err
+			default:
+			}
+			if err := lastErr.Load(); err != nil {
+				return fmt.Errorf("read: %w", *err)
+			}
+			return fmt.Errorf("read: %w", jetstream.ErrMsgIteratorClosed)
+		}
+	}
+}
+
+// ConsumeBytes is the largest byte bound of its pulls that Consume reads with nats.go's Consume: two
+// pulls of it are nats.go's subscriptions' bound on what they keep, 64 MiB (Consume).
+const ConsumeBytes = 32 << 20
+
+// consumeNext is Consume with Next: a read whose pulls may hold more than nats.go's Consume keeps.
+func consumeNext(ctx context.Context, cons jetstream.Consumer, pull, bytes int, heartbeat time.Duration, refused func() error,
+	handle func(jetstream.Msg, *jetstream.MsgMetadata) error) error {
+	r, err := ReadIdle(cons, pull, bytes, heartbeat)
+	if err != nil {
+		return err
+	}
+	defer r.Stop()
+	r.Refused = refused
+	for {
+		msg, md, err := r.Next(ctx)
+		if err != nil {
+			return err
+		}
+		if err := handle(msg, md); err != nil {
+			return err
+		}
+	}
+}

@@ -34,14 +34,15 @@ func stream(t *testing.T, n int) (jetstream.JetStream, jetstream.Stream) {
 	return js, s
 }
 
-// readAll reads n messages and returns their stream sequences, checking each message's subject.
-func readAll(t *testing.T, r *streamread.Reader, n int) []uint64 {
+// readAll reads n messages with next (a Reader's Next, or a consumed's next) and returns their stream
+// sequences, checking each message's subject.
+func readAll(t *testing.T, next func(context.Context) (jetstream.Msg, *jetstream.MsgMetadata, error), n int) []uint64 {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	var seqs []uint64
 	for range n {
-		msg, md, err := r.Next(ctx)
+		msg, md, err := next(ctx)
 		require.NoError(t, err)
 		require.Equal(t, fmt.Sprintf("s.%d", md.Sequence.Stream-1), msg.Subject())
 		seqs = append(seqs, md.Sequence.Stream)
@@ -69,7 +70,7 @@ func TestReader_InOrder(t *testing.T) {
 			require.NoError(t, err)
 			r, err := streamread.Read(cons, pull.msgs, pull.bytes)
 			require.NoError(t, err)
-			require.Equal(t, seqs(after+1, 250), readAll(t, r, int(250-after)), "after %d, pulls %+v", after, pull)
+			require.Equal(t, seqs(after+1, 250), readAll(t, r.Next, int(250-after)), "after %d, pulls %+v", after, pull)
 			require.Equal(t, 250-after, r.Delivered())
 			r.Stop()
 		}
@@ -86,7 +87,7 @@ func TestReader_WaitsUntilCancelled(t *testing.T) {
 	r, err := streamread.Read(cons, 0, streamread.MaxBytes)
 	require.NoError(t, err)
 	defer r.Stop()
-	readAll(t, r, 2)
+	readAll(t, r.Next, 2)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -104,7 +105,7 @@ func TestReader_WaitsUntilCancelled(t *testing.T) {
 
 	_, err = js.Publish(context.Background(), "s.2", nil)
 	require.NoError(t, err)
-	require.Equal(t, []uint64{3}, readAll(t, r, 1), "the Reader reads on after a cancelled Next")
+	require.Equal(t, []uint64{3}, readAll(t, r.Next, 1), "the Reader reads on after a cancelled Next")
 }
 
 // TestReader_ConsumerDeleted: a consumer deleted under the reader is an error of Next, not a wait
@@ -116,7 +117,7 @@ func TestReader_ConsumerDeleted(t *testing.T) {
 	r, err := streamread.Read(cons, 0, streamread.MaxBytes)
 	require.NoError(t, err)
 	defer r.Stop()
-	readAll(t, r, 3)
+	readAll(t, r.Next, 3)
 
 	require.NoError(t, s.DeleteConsumer(context.Background(), cons.CachedInfo().Name))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -132,7 +133,7 @@ func TestReader_ConsumerDeleted(t *testing.T) {
 	r2, err := streamread.Read(cons, 0, streamread.MaxBytes)
 	require.NoError(t, err)
 	defer r2.Stop()
-	require.Equal(t, []uint64{4}, readAll(t, r2, 1))
+	require.Equal(t, []uint64{4}, readAll(t, r2.Next, 1))
 }
 
 // TestReader_StopEndsAWaitingNext: Stop, from another goroutine, ends a Next waiting for a message.
@@ -180,14 +181,19 @@ func TestCreate_UnderTheCallersContext(t *testing.T) {
 // from its server for more than two of them, a loaded process) are confirmed with one CONSUMER.INFO,
 // and the Reader reads on from the same consumer, without an error that has its caller create another
 // one: with thousands of idle consumers, each late heartbeat cost a CONSUMER.CREATE.
+//
+// Consume confirms them the same way, on its own goroutine while nats.go reads on.
 func TestReader_LateHeartbeatsOfAConsumerStillThere(t *testing.T) {
-	t.Run("nothing in flight", func(t *testing.T) { lateHeartbeats(t, false) })
-	// The message was delivered while the client heard nothing: it comes behind the late heartbeats,
-	// after the consumer's info says it was delivered.
-	t.Run("a message in flight", func(t *testing.T) { lateHeartbeats(t, true) })
+	for _, consumeIt := range []bool{false, true} {
+		name := map[bool]string{false: "Next", true: "Consume"}[consumeIt]
+		t.Run(name+", nothing in flight", func(t *testing.T) { lateHeartbeats(t, false, consumeIt) })
+		// The message was delivered while the client heard nothing: it comes behind the late
+		// heartbeats, after the consumer's info says it was delivered.
+		t.Run(name+", a message in flight", func(t *testing.T) { lateHeartbeats(t, true, consumeIt) })
+	}
 }
 
-func lateHeartbeats(t *testing.T, inFlight bool) {
+func lateHeartbeats(t *testing.T, inFlight, consumeIt bool) {
 	ns := natstest.RunServer(t)
 	admin, js := natstest.Connect(t, ns.ClientURL())
 	ctx := context.Background()
@@ -204,10 +210,8 @@ func lateHeartbeats(t *testing.T, inFlight bool) {
 	require.NoError(t, err)
 	cons, err := streamread.Create(ctx, s, "", 0)
 	require.NoError(t, err)
-	r, err := streamread.Read(cons, 0, streamread.MaxBytes)
-	require.NoError(t, err)
-	defer r.Stop()
-	readAll(t, r, 1)
+	next, _ := reader(t, cons, 0, streamread.MaxBytes, consumeIt)
+	readAll(t, next, 1)
 
 	type result struct {
 		seq uint64
@@ -217,7 +221,7 @@ func lateHeartbeats(t *testing.T, inFlight bool) {
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		_, md, err := r.Next(ctx)
+		_, md, err := next(ctx)
 		if err != nil {
 			done <- result{err: err}
 			return
@@ -288,7 +292,29 @@ func largeStream(t *testing.T, maxPayload int, sizes []int) (*nats.Conn, jetstre
 // read one at a time), and reads every message in order. The messages the consumer delivered and the
 // Reader has not returned are what the client holds (in nats.go's buffer, or on their way to it): the
 // server's count says so without sampling a heap shared with the server.
+//
+// Consume holds no more: what its handle has not taken (here, one message at a time) is what nats.go
+// holds.
 func TestReader_BoundedByBytes(t *testing.T) {
+	t.Run("Next", func(t *testing.T) { boundedByBytes(t, false) })
+	t.Run("Consume", func(t *testing.T) { boundedByBytes(t, true) })
+}
+
+// reader reads cons with Next (Read) or with Consume, one message a call of next; read is how many
+// next returned.
+func reader(t *testing.T, cons jetstream.Consumer, pull, bytes int, consumeIt bool) (next func(context.Context) (jetstream.Msg, *jetstream.MsgMetadata, error), read func() uint64) {
+	t.Helper()
+	if consumeIt {
+		c := consume(t, cons, pull, bytes)
+		return c.next, c.taken.Load
+	}
+	r, err := streamread.Read(cons, pull, bytes)
+	require.NoError(t, err)
+	t.Cleanup(r.Stop)
+	return r.Next, r.Delivered
+}
+
+func boundedByBytes(t *testing.T, consumeIt bool) {
 	const n, size, bound = 24, 256 << 10, 1 << 20 // 6 MiB of values, read 1 MiB at most at a time
 	sizes := make([]int, n)
 	for i := range sizes {
@@ -299,17 +325,15 @@ func TestReader_BoundedByBytes(t *testing.T) {
 	defer cancel()
 	cons, err := streamread.Create(ctx, s, "", 0)
 	require.NoError(t, err)
-	r, err := streamread.Read(cons, 0, bound)
-	require.NoError(t, err)
-	defer r.Stop()
+	next, read := reader(t, cons, 0, bound, consumeIt)
 
 	held := func() int {
 		ci, err := cons.Info(ctx)
 		require.NoError(t, err)
-		return int(ci.Delivered.Consumer - r.Delivered())
+		return int(ci.Delivered.Consumer - read())
 	}
 	for i := range n {
-		msg, md, err := r.Next(ctx)
+		msg, md, err := next(ctx)
 		require.NoError(t, err)
 		require.Equal(t, uint64(i+1), md.Sequence.Stream)
 		require.Equal(t, fmt.Sprintf("s.%d", i), msg.Subject())
@@ -335,6 +359,11 @@ func TestReader_BoundedByBytes(t *testing.T) {
 // so are those around it: a pull bounded below it would never deliver it, and the read would wait for
 // ever.
 func TestPullBytes_LargerThanTheBound(t *testing.T) {
+	t.Run("Next", func(t *testing.T) { largerThanTheBound(t, false) })
+	t.Run("Consume", func(t *testing.T) { largerThanTheBound(t, true) })
+}
+
+func largerThanTheBound(t *testing.T, consumeIt bool) {
 	const asked, maxPayload = 1 << 20, 2 << 20
 	sizes := []int{10, asked + 512<<10, 20, maxPayload, 30}
 	nc, s := largeStream(t, maxPayload, sizes)
@@ -345,13 +374,48 @@ func TestPullBytes_LargerThanTheBound(t *testing.T) {
 	defer cancel()
 	cons, err := streamread.Create(ctx, s, "", 0)
 	require.NoError(t, err)
-	r, err := streamread.Read(cons, 0, bound)
-	require.NoError(t, err)
-	defer r.Stop()
+	next, _ := reader(t, cons, 0, bound, consumeIt)
 	for i, n := range sizes {
-		msg, md, err := r.Next(ctx)
+		msg, md, err := next(ctx)
 		require.NoError(t, err, "message %d", i+1)
 		require.Equal(t, uint64(i+1), md.Sequence.Stream)
 		require.Len(t, msg.Data(), n)
+	}
+}
+
+// TestReader_ConsumerLostWhileAway: a consumer deleted while the client was cut off from its server
+// (the deletion's notice lost with the connection) is found lost by its missed heartbeats once the
+// client is back: an error, within two heartbeats and a CONSUMER.INFO, not a wait without end. Next
+// and Consume alike.
+func TestReader_ConsumerLostWhileAway(t *testing.T) {
+	for _, consumeIt := range []bool{false, true} {
+		t.Run(map[bool]string{false: "Next", true: "Consume"}[consumeIt], func(t *testing.T) {
+			ns := natstest.RunServer(t)
+			_, js := natstest.Connect(t, ns.ClientURL())
+			ctx := context.Background()
+			s, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}, Storage: jetstream.MemoryStorage})
+			require.NoError(t, err)
+			_, err = js.Publish(ctx, "s.0", nil)
+			require.NoError(t, err)
+			proxy := natstest.RunProxy(t, ns.Addr().String())
+			_, pjs := natstest.Connect(t, proxy.URL())
+			ps, err := pjs.Stream(ctx, "S")
+			require.NoError(t, err)
+			cons, err := streamread.Create(ctx, ps, "", 0)
+			require.NoError(t, err)
+			next, _ := reader(t, cons, 0, streamread.MaxBytes, consumeIt)
+			readAll(t, next, 1)
+
+			proxy.Hold()
+			require.NoError(t, s.DeleteConsumer(ctx, cons.CachedInfo().Name))
+			time.Sleep(100 * time.Millisecond) // the server's notice to the pull, held back
+			proxy.Cut()
+			proxy.Release()
+			rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			defer cancel()
+			_, _, err = next(rctx)
+			require.Error(t, err)
+			require.NotErrorIs(t, err, context.DeadlineExceeded, "the loss is said")
+		})
 	}
 }
