@@ -23,6 +23,12 @@
 //   - concurrency: verb answers per second from 8 clients while updates stream in
 //
 // BENCH_NODES_ONLY=1 stops after the node lookups, the reply floor and the scale row;
+// BENCH_WIDE_ONLY=1 runs the module and collection lookups (and their floors) alone once the mesh is
+// loaded and settled, and stops: old and new seats alternated in 1.5-2.5 minutes a run;
+// BENCH_WIDE_ROUNDS=n measures each wide lookup n times instead of 3 (and walks the floors 5n times);
+// BENCH_WIDE_TRACE=1 says each wide walk on stderr: each page's time from the first request to the
+// page read, and what the seat's and the bench's threads did meanwhile (run and run-queue wait time
+// and timeslices from schedstat, the bench's GC cycles);
 // BENCH_NODE_ROUNDS=n asks the full-size node series n times (stderr says each);
 // BENCH_CHILD_PROFILE=<prefix> has each measuring child write a CPU profile of each of its windows, to
 // <prefix>.limit.<bucket> and <prefix>.ingest.<bucket> (the rebuild row's limit child writes over the
@@ -89,6 +95,8 @@ type bench struct {
 	nodeBytes int
 	// lookupCPU is the seat's CPU time a lookup over the last node lookups (not the direct watch's).
 	lookupCPU time.Duration
+	// pageTimes is, for the last walk, each page's time from the first request to the page read.
+	pageTimes []time.Duration
 }
 
 // syncBuffer is the seat's stderr: written by the command's copier, read by the bench.
@@ -235,6 +243,12 @@ func (b *bench) run() error {
 	ingestHWM := b.seatHWM()
 	b.waitCompacted(2, compactions, len(opsB), 3*time.Minute)
 
+	if os.Getenv("BENCH_WIDE_ONLY") != "" {
+		if err := b.moduleLookups(ctx); err != nil {
+			return err
+		}
+		return b.collectionLookups(ctx)
+	}
 	// Lookups at full size, sampling the seat's RSS meanwhile.
 	stopSample := b.sampleRSS()
 	median, p99, err := b.nodeLookups(b.nodes, false)
@@ -566,35 +580,45 @@ type lookupTrace struct {
 type traceSample struct {
 	seatRun, seatWait, benchRun, benchWait time.Duration
 	seatMinflt, benchGC                    int64
+	seatSlices, benchSlices                int64
 }
 
 func (a traceSample) minus(b traceSample) traceSample {
 	return traceSample{a.seatRun - b.seatRun, a.seatWait - b.seatWait, a.benchRun - b.benchRun, a.benchWait - b.benchWait,
-		a.seatMinflt - b.seatMinflt, a.benchGC - b.benchGC}
+		a.seatMinflt - b.seatMinflt, a.benchGC - b.benchGC, a.seatSlices - b.seatSlices, a.benchSlices - b.benchSlices}
 }
 
 func schedstat(pid string) (run, wait time.Duration) {
+	run, wait, _ = schedstatSlices(pid)
+	return run, wait
+}
+
+// schedstatSlices is schedstat and the threads' timeslices: how many times one was put on a CPU, each
+// wakeup of a blocked thread among them.
+func schedstatSlices(pid string) (run, wait time.Duration, slices int64) {
 	tasks, _ := filepath.Glob("/proc/" + pid + "/task/*/schedstat")
 	for _, t := range tasks {
 		data, err := os.ReadFile(t)
 		if err != nil {
 			continue
 		}
-		if fs := strings.Fields(string(data)); len(fs) > 1 {
+		if fs := strings.Fields(string(data)); len(fs) > 2 {
 			r, _ := strconv.ParseInt(fs[0], 10, 64)
 			w, _ := strconv.ParseInt(fs[1], 10, 64)
+			n, _ := strconv.ParseInt(fs[2], 10, 64)
 			run += time.Duration(r)
 			wait += time.Duration(w)
+			slices += n
 		}
 	}
-	return run, wait
+	return run, wait, slices
 }
 
 func (b *bench) traceSample() traceSample {
 	var s traceSample
 	if b.seat != nil && b.seat.Process != nil {
 		pid := strconv.Itoa(b.seat.Process.Pid)
-		s.seatRun, s.seatWait = schedstat(pid)
+		s.seatRun, s.seatWait, s.seatSlices = schedstatSlices(pid)
 		if data, err := os.ReadFile("/proc/" + pid + "/stat"); err == nil {
 			if j := bytes.LastIndexByte(data, ')'); j > 0 {
 				if fs := strings.Fields(string(data[j+1:])); len(fs) > 7 {
@@ -603,7 +627,7 @@ func (b *bench) traceSample() traceSample {
 			}
 		}
 	}
-	s.benchRun, s.benchWait = schedstat("self")
+	s.benchRun, s.benchWait, s.benchSlices = schedstatSlices("self")
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
 	s.benchGC = int64(ms.NumGC)
@@ -667,6 +691,7 @@ func (b *bench) walk(subject string, req map[string]any, asJSON bool, keep func(
 	}
 	r["limit"] = 10000
 	rows := 0
+	b.pageTimes = b.pageTimes[:0]
 	start := time.Now()
 	for {
 		var body []byte
@@ -694,6 +719,7 @@ func (b *bench) walk(subject string, req map[string]any, asJSON bool, keep func(
 			keep(msg.Data)
 		}
 		rows += n
+		b.pageTimes = append(b.pageTimes, time.Since(start))
 		if next == "" {
 			break
 		}
@@ -781,22 +807,45 @@ func envInt(name string, def int) int {
 // wideCase measures one wide lookup once: the verb in MessagePack and in JSON, and the direct watch; cpu
 // is handed the seat's CPU time over the MessagePack walk (counters the machine's load skews little).
 func (b *bench) wideCase(kv jetstream.KeyValue, c lookupCase, vm, vj, dw, cpu *[]time.Duration) (int, error) {
+	// BENCH_WIDE_TRACE=1: each walk and watch said on stderr, with what the processes did meanwhile
+	// (the samples' own reading of /proc falls partly inside the window, the walk's time does not).
+	trace := os.Getenv("BENCH_WIDE_TRACE") != ""
+	var t0 traceSample
+	begin := func() {
+		if trace {
+			t0 = b.traceSample()
+		}
+	}
+	end := func(what string, took time.Duration, pages []time.Duration) {
+		if !trace {
+			return
+		}
+		d := b.traceSample().minus(t0)
+		fmt.Fprintf(os.Stderr, "  wide %v %s: %s, pages read at %s; seat run %s wait %s slices %d; bench run %s wait %s slices %d, gc %d\n",
+			c.req, what, ms(took), msList(pages), ms(d.seatRun), ms(d.seatWait), d.seatSlices, ms(d.benchRun), ms(d.benchWait), d.benchSlices, d.benchGC)
+	}
+	begin()
 	cpu0 := b.seatCPU()
 	n, t, err := b.allPages(c.req, false)
 	if err != nil {
 		return 0, err
 	}
 	*cpu = append(*cpu, b.seatCPU()-cpu0)
+	end("MessagePack", t, b.pageTimes)
+	begin()
 	_, tj, err := b.allPages(c.req, true)
 	if err != nil {
 		return 0, err
 	}
+	end("JSON", tj, b.pageTimes)
+	begin()
 	start := time.Now()
 	dn, err := watchCount(kv, c.filter)
 	if err != nil {
 		return 0, err
 	}
 	*dw = append(*dw, time.Since(start))
+	end("direct watch", (*dw)[len(*dw)-1], nil)
 	if dn != n {
 		return 0, fmt.Errorf("%v: verb %d rows, direct %d", c.req, n, dn)
 	}
@@ -1039,6 +1088,18 @@ func percentile(ds []time.Duration, p float64) time.Duration {
 }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.3f ms", float64(d)/1e6) }
+
+// msList is durations in milliseconds, comma-separated, "-" for none.
+func msList(ds []time.Duration) string {
+	if len(ds) == 0 {
+		return "-"
+	}
+	s := make([]string, len(ds))
+	for i, d := range ds {
+		s[i] = fmt.Sprintf("%.3f", float64(d)/1e6)
+	}
+	return strings.Join(s, ", ") + " ms"
+}
 
 func mib(n int64) string { return fmt.Sprintf("%.0f MiB", float64(n)/(1<<20)) }
 
