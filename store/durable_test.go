@@ -23,16 +23,6 @@ func TestOpenState_FirstFillAnswersSyncedOnlyWhatAKillKeeps(t *testing.T) {
 	defer db.Close()
 	require.True(t, db.NoWAL())
 	b := provisioner.BucketNeeds
-	killedApplied := func(bucket string) uint64 {
-		t.Helper()
-		cp, err := store.CopyCurrent(dir)
-		require.NoError(t, err)
-		defer func() { require.NoError(t, store.RemoveCopy(cp)) }()
-		kdb, err := store.Open(cp, store.Options{MinFreeBytes: -1})
-		require.NoError(t, err)
-		defer kdb.Close()
-		return kdb.Checkpoint(bucket).Applied
-	}
 	all := provisioner.Range{Bucket: b, Index: provisioner.IndexPrimary}
 	// answered is what each of the synced answers' reads says of b: its sequence, and the rows' keys.
 	answered := func() (uint64, []string) {
@@ -84,7 +74,7 @@ func TestOpenState_FirstFillAnswersSyncedOnlyWhatAKillKeeps(t *testing.T) {
 	seq, keys = answered()
 	require.Equal(t, uint64(1), seq, "a synced answer does not show what is not flushed")
 	require.Equal(t, []string{"n1.m.config.a"}, keys)
-	require.GreaterOrEqual(t, killedApplied(b), seq, "a kill now keeps what was answered synced")
+	require.GreaterOrEqual(t, killedApplied(t, dir, b), seq, "a kill now keeps what was answered synced")
 	// A bucket still catching up answers what is committed (synced: false), flushed or not.
 	require.NoError(t, db.Apply(provisioner.BucketApplied, []provisioner.Message{put(1, "n1.m", []byte{0x80})}, 1, false))
 	aseq, asynced := db.Answered(provisioner.BucketApplied)
@@ -111,7 +101,7 @@ func TestOpenState_FirstFillAnswersSyncedOnlyWhatAKillKeeps(t *testing.T) {
 	seq, keys = answered()
 	require.Equal(t, uint64(2), seq, "flushed: answered")
 	require.Equal(t, []string{"n1.m.config.a", "n1.m.config.b"}, keys)
-	require.GreaterOrEqual(t, killedApplied(b), seq)
+	require.GreaterOrEqual(t, killedApplied(t, dir, b), seq)
 	require.Greater(t, db.AnswerRewrites(), rewrites, "a page read ahead of the state before is dropped")
 
 	// A batch of the synced bucket not asked to sync (more of its stream to read, an expiry) is
@@ -119,7 +109,7 @@ func TestOpenState_FirstFillAnswersSyncedOnlyWhatAKillKeeps(t *testing.T) {
 	require.NoError(t, db.Apply(b, []provisioner.Message{put(3, "n1.m.config.c", []byte{0x80})}, 1, false))
 	require.Eventually(t, func() bool { s, _ := db.Answered(b); return s == 3 }, 10*time.Second, 5*time.Millisecond)
 	seq, _ = answered()
-	require.GreaterOrEqual(t, killedApplied(b), seq)
+	require.GreaterOrEqual(t, killedApplied(t, dir, b), seq)
 
 	// Once synced, a bucket's answers do not go back from what it answered before (synced: false).
 	require.NoError(t, db.Apply(provisioner.BucketApplied, []provisioner.Message{put(2, "n2.m", []byte{0x80})}, 1, false))
@@ -127,7 +117,7 @@ func TestOpenState_FirstFillAnswersSyncedOnlyWhatAKillKeeps(t *testing.T) {
 	aseq, asynced = db.Answered(provisioner.BucketApplied)
 	require.True(t, asynced)
 	require.Equal(t, uint64(2), aseq)
-	require.GreaterOrEqual(t, killedApplied(provisioner.BucketApplied), aseq)
+	require.GreaterOrEqual(t, killedApplied(t, dir, provisioner.BucketApplied), aseq)
 }
 
 // TestOpen_DurableStateOnlyOnAFirstFill: a store with a log, or without one that is no first fill,

@@ -152,22 +152,25 @@ func TestOpenState_FirstFillNoWALSyncedIsKeptByAKill(t *testing.T) {
 	defer db.Close()
 	require.True(t, db.NoWAL())
 	b := provisioner.BucketNeeds
-	killedApplied := func() uint64 {
-		t.Helper()
-		cp, err := store.CopyCurrent(dir)
-		require.NoError(t, err)
-		defer func() { require.NoError(t, store.RemoveCopy(cp)) }()
-		kdb, err := store.Open(cp, store.Options{MinFreeBytes: -1})
-		require.NoError(t, err)
-		defer kdb.Close()
-		return kdb.Checkpoint(b).Applied
-	}
 
 	require.NoError(t, db.Apply(b, []provisioner.Message{put(1, "n1.m.config.a", []byte{0x80})}, 1, false))
-	require.Zero(t, killedApplied(), "a batch not asked to sync is in the memtable only")
+	require.Zero(t, killedApplied(t, dir, b), "a batch not asked to sync is in the memtable only")
 	require.NoError(t, db.Apply(b, []provisioner.Message{put(2, "n1.m.config.b", []byte{0x80})}, 1, true))
-	require.Equal(t, uint64(2), killedApplied(), "a batch asked to sync (the stream's end) survives a kill")
+	require.Equal(t, uint64(2), killedApplied(t, dir, b), "a batch asked to sync (the stream's end) survives a kill")
 	require.NoError(t, db.Apply(b, []provisioner.Message{put(3, "n1.m.config.c", []byte{0x80})}, 1, false))
 	require.NoError(t, db.Flush())
-	require.Equal(t, uint64(3), killedApplied(), "Flush (the stream's end read after its batch) makes it durable")
+	require.Equal(t, uint64(3), killedApplied(t, dir, b), "Flush (the stream's end read after its batch) makes it durable")
+}
+
+// killedApplied is the bucket's applied sequence in what a SIGKILL of the store in dir would leave now
+// (store.CopyCurrent: its files as written, not its memtables).
+func killedApplied(t *testing.T, dir, bucket string) uint64 {
+	t.Helper()
+	cp, err := store.CopyCurrent(dir)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, store.RemoveCopy(cp)) }()
+	kdb, err := store.Open(cp, store.Options{MinFreeBytes: -1})
+	require.NoError(t, err)
+	defer kdb.Close()
+	return kdb.Checkpoint(bucket).Applied
 }
