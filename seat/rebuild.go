@@ -99,26 +99,19 @@ func (s *Seat) rebuildLoop(ctx context.Context) {
 			return
 		case <-s.rebuildCh:
 		}
-		bo := 250 * time.Millisecond
-		failing := false
+		retry := newRetrying(s.log)
 		for {
 			err := s.rebuild(ctx)
-			if err == nil || ctx.Err() != nil {
-				if failing && err == nil {
-					s.log.Info("recovered")
-				}
+			if err == nil {
+				retry.succeeded()
 				break
 			}
-			if !failing {
-				s.log.Error("rebuild failed; retrying with backoff", "err", err)
-				failing = true
+			if ctx.Err() != nil {
+				break
 			}
-			select {
-			case <-ctx.Done():
+			if !retry.failed(ctx, func() { s.log.Error("rebuild failed; retrying with backoff", "err", err) }) {
 				return
-			case <-time.After(bo):
 			}
-			bo = min(bo*2, 30*time.Second)
 		}
 	}
 }

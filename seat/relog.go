@@ -19,8 +19,9 @@ import (
 // oldest first): the seat reads on from there. Answers it gave past that point may have shown rows the
 // kill lost, with synced: false: a batch that reaches its stream's end, after which its bucket answers
 // synced: true, is flushed to tables before the bucket says so (store.Options.FirstFillNoWAL), as a
-// store with a log syncs it; but for one written to a bucket already synced, answered from its commit,
-// a flush before it is durable (docs/decisions.md, Session 19).
+// store with a log syncs it; and a synced bucket's answers read the state as of the last flush that
+// ended, so none shows what a kill takes back (store/pin.go, the durable state; docs/decisions.md,
+// Session 20).
 
 // relogLoop turns the log on once the first catch-up into a store without one is done. It returns once
 // it has, when a rebuild is asked for (the caller runs it: its generation has a log), or when ctx ends.
@@ -30,8 +31,7 @@ func (s *Seat) relogLoop(ctx context.Context) {
 	}
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
-	bo := 250 * time.Millisecond
-	failing := false
+	retry := newRetrying(s.log)
 	for {
 		select {
 		case <-ctx.Done():
@@ -55,23 +55,16 @@ func (s *Seat) relogLoop(ctx context.Context) {
 		}
 		err := s.rebuildOnce(ctx, true)
 		if err == nil {
-			if failing {
-				s.log.Info("recovered")
-			}
+			retry.succeeded()
 			return
 		}
 		if ctx.Err() != nil {
 			return
 		}
-		if !failing {
+		if !retry.failed(ctx, func() {
 			s.log.Error("turning the log on after the first catch-up failed; answering from the store without one meanwhile, retrying with backoff", "err", err)
-			failing = true
-		}
-		select {
-		case <-ctx.Done():
+		}) {
 			return
-		case <-time.After(bo):
 		}
-		bo = min(bo*2, 30*time.Second)
 	}
 }
