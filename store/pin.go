@@ -30,10 +30,14 @@ func (db *DB) pinViews() {
 
 // unpinViews lets views read the committed state again; the pinned snapshot is closed once the last
 // view reading it is closed. Called under applyMu.
-func (db *DB) unpinViews() {
+func (db *DB) unpinViews() { db.letGo(&db.pin) }
+
+// letGo empties slot (db.pin or db.durable) and drops its reference to the state it held: its snapshot
+// is closed once the last view reading it is.
+func (db *DB) letGo(slot **pinnedState) {
 	db.pinMu.Lock()
-	p := db.pin
-	db.pin = nil
+	p := *slot
+	*slot = nil
 	db.pinMu.Unlock()
 	if p != nil {
 		db.release(p)
@@ -132,15 +136,7 @@ func (db *DB) appliedNow() []bucketSeq {
 
 // dropDurable lets the durable state go (Close); its snapshot is closed once the last view reading it
 // is. Called under applyMu.
-func (db *DB) dropDurable() {
-	db.pinMu.Lock()
-	p := db.durable
-	db.durable = nil
-	db.pinMu.Unlock()
-	if p != nil {
-		db.release(p)
-	}
-}
+func (db *DB) dropDurable() { db.letGo(&db.durable) }
 
 // readsDurable reports whether answers of b read the durable state: b is synced, on a first fill's
 // store without a log.
