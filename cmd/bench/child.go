@@ -194,8 +194,11 @@ func readStream(ctx context.Context, s jetstream.Stream, msgs int) (int, error) 
 // runChildIngest is the bench run as the ingest (-child-ingest): the projector on the registry's and
 // the needs' streams, as serve tails them, into an empty store at state, until the needs stream's last
 // sequence (as it was when the child started) is applied. The window opens after the store is open.
-// The store has no log, as serve's first catch-up into an empty state dir (store.Options.FirstFillNoWAL):
-// the seat's checkpoint into a generation with a log and its swap, once caught up (seat/relog.go), come
+// The store is opened as serve opens an empty state dir (store.OpenState with FirstFillNoWAL: no log,
+// compactions held for the first fill's longer hold, a bucket's synced batch made durable by a flush):
+// until Session 21 it was opened with NoWAL alone, whose hold ends after 16 flushes, about the end of a
+// million needs, so the window could include compactions serve's first fill does not run (h153). The
+// seat's checkpoint into a generation with a log and its swap, once caught up (seat/relog.go), come
 // after that catch-up and are outside the window; so is the Close that flushes the last memtables.
 func runChildIngest(url, state string) error {
 	nc, js, err := childConnect(url)
@@ -204,7 +207,7 @@ func runChildIngest(url, state string) error {
 	}
 	defer nc.Close()
 	ctx := context.Background()
-	db, err := store.Open(state, store.Options{NoWAL: true})
+	db, err := store.OpenState(state, store.Options{FirstFillNoWAL: true})
 	if err != nil {
 		return err
 	}
